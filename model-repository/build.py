@@ -1,0 +1,341 @@
+"""Build the sample ONNX model repository used by tests, examples and benchmarks.
+
+The models are generated with the ONNX helper API rather than downloaded, so the repository
+is reproducible offline and stays tiny. Output is byte-identical across runs (fixed producer,
+no timestamps), which lets a test check that the committed files match a fresh build.
+
+Usage: python model-repository/build.py [--out DIR]   (default DIR: this script's folder)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # onnxruntime 1.31 loads IR 8; newer IRs would needlessly narrow support
+PRODUCER_NAME = "oipserve-model-repository"
+PRODUCER_VERSION = "1"
+
+Dims = Sequence[int | str] | None
+
+# OIP datatype suffix (lower-case, as used in model names) -> ONNX element type.
+IDENTITY_TYPES: dict[str, int] = {
+    "bool": TensorProto.BOOL,
+    "uint8": TensorProto.UINT8,
+    "uint16": TensorProto.UINT16,
+    "uint32": TensorProto.UINT32,
+    "uint64": TensorProto.UINT64,
+    "int8": TensorProto.INT8,
+    "int16": TensorProto.INT16,
+    "int32": TensorProto.INT32,
+    "int64": TensorProto.INT64,
+    "fp16": TensorProto.FLOAT16,
+    "fp32": TensorProto.FLOAT,
+    "fp64": TensorProto.DOUBLE,
+    "bf16": TensorProto.BFLOAT16,
+    "bytes": TensorProto.STRING,
+}
+
+SIMPLE_CONFIG = """\
+name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "INPUT1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+instance_group [
+  {
+    count: 1
+    kind: KIND_CPU
+  }
+]
+"""
+
+MATMUL_SIZE = 1024
+MATMUL_SEED = 20240601
+
+
+def _tensor(name: str, elem_type: int, dims: Dims) -> onnx.ValueInfoProto:
+    """Value info whose string dims become symbolic, so ORT reports them as names (-> -1)."""
+    return helper.make_tensor_value_info(name, elem_type, dims)
+
+
+def _model(
+    graph_name: str,
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto] | None = None,
+    doc: str = "",
+) -> onnx.ModelProto:
+    """Assemble and validate a model with the repository-wide opset, IR version and producer."""
+    graph = helper.make_graph(
+        nodes, graph_name, inputs, outputs, initializer=initializers or [], doc_string=doc
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name=PRODUCER_NAME,
+        producer_version=PRODUCER_VERSION,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _write(out: Path, model_name: str, version: int, model: onnx.ModelProto) -> Path:
+    """Write `out/<model>/<version>/model.onnx` (Triton layout) and return its path."""
+    path = out / model_name / str(version) / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def make_simple() -> onnx.ModelProto:
+    """Triton's `simple` example: element-wise sum and difference of two INT32 [-1,16] inputs."""
+    dims: Dims = ["batch", 16]
+    return _model(
+        "simple",
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
+        ],
+        [_tensor("INPUT0", TensorProto.INT32, dims), _tensor("INPUT1", TensorProto.INT32, dims)],
+        [_tensor("OUTPUT0", TensorProto.INT32, dims), _tensor("OUTPUT1", TensorProto.INT32, dims)],
+        doc="OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1",
+    )
+
+
+def build_simple(out: Path) -> str:
+    """Write `simple` and its Triton config.pbtxt."""
+    _write(out, "simple", 1, make_simple())
+    (out / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG, encoding="utf-8")
+    return "simple"
+
+
+def make_identity(type_name: str) -> onnx.ModelProto:
+    """Identity over a [-1,-1] tensor of one OIP datatype, for datatype round-trip tests."""
+    elem_type = IDENTITY_TYPES[type_name]
+    dims: Dims = ["batch", "n"]
+    return _model(
+        f"identity_{type_name}",
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"], name="identity")],
+        [_tensor("INPUT0", elem_type, dims)],
+        [_tensor("OUTPUT0", elem_type, dims)],
+        doc=f"OUTPUT0 = INPUT0 ({type_name})",
+    )
+
+
+def build_identity(out: Path, type_name: str) -> str:
+    """Write `identity_<type_name>`."""
+    name = f"identity_{type_name}"
+    _write(out, name, 1, make_identity(type_name))
+    return name
+
+
+def make_string_upper() -> onnx.ModelProto:
+    """BYTES model: upper-cases each string.
+
+    locale "C" because ORT's default (en_US.UTF-8) is missing on minimal images and then the
+    session fails to load; with "C" only ASCII letters change case. ORT rejects an empty input.
+    """
+    return _model(
+        "string_upper",
+        [
+            helper.make_node(
+                "StringNormalizer",
+                ["INPUT0"],
+                ["OUTPUT0"],
+                name="upper",
+                case_change_action="UPPER",
+                locale="C",
+            )
+        ],
+        [_tensor("INPUT0", TensorProto.STRING, ["n"])],
+        [_tensor("OUTPUT0", TensorProto.STRING, ["n"])],
+        doc="OUTPUT0 = upper(INPUT0), ASCII letters only",
+    )
+
+
+def build_string_upper(out: Path) -> str:
+    """Write `string_upper`."""
+    _write(out, "string_upper", 1, make_string_upper())
+    return "string_upper"
+
+
+def make_versioned(version: int) -> onnx.ModelProto:
+    """`versioned` version N adds N, so a response shows which version served it."""
+    addend = numpy_helper.from_array(np.array(float(version), dtype=np.float32), "ADDEND")
+    return _model(
+        f"versioned_v{version}",
+        [helper.make_node("Add", ["INPUT0", "ADDEND"], ["OUTPUT0"], name="add")],
+        [_tensor("INPUT0", TensorProto.FLOAT, ["n"])],
+        [_tensor("OUTPUT0", TensorProto.FLOAT, ["n"])],
+        initializers=[addend],
+        doc=f"OUTPUT0 = INPUT0 + {version}",
+    )
+
+
+def build_versioned(out: Path) -> str:
+    """Write versions 1 and 2 of `versioned`."""
+    for version in (1, 2):
+        _write(out, "versioned", version, make_versioned(version))
+    return "versioned"
+
+
+def make_reshape() -> onnx.ModelProto:
+    """Reshape(DATA, SHAPE): an incompatible SHAPE makes ORT fail at run time, not load time.
+
+    The output is declared rank 2 with symbolic dims: an unknown-rank output would fail the
+    ONNX checker and ORT would report its shape as [] (indistinguishable from a scalar).
+    Other ranks still run; ORT only logs a shape-mismatch warning.
+    """
+    return _model(
+        "reshape",
+        [helper.make_node("Reshape", ["DATA", "SHAPE"], ["OUTPUT0"], name="reshape")],
+        [_tensor("DATA", TensorProto.FLOAT, ["n"]), _tensor("SHAPE", TensorProto.INT64, ["rank"])],
+        [_tensor("OUTPUT0", TensorProto.FLOAT, ["rows", "cols"])],
+        doc="OUTPUT0 = Reshape(DATA, SHAPE)",
+    )
+
+
+def build_reshape(out: Path) -> str:
+    """Write `reshape`."""
+    _write(out, "reshape", 1, make_reshape())
+    return "reshape"
+
+
+def make_image_nhwc_u8() -> onnx.ModelProto:
+    """UINT8 NHWC image model: per-channel mean plus the pixels echoed back for exact checks."""
+    image_dims: Dims = ["batch", 224, 224, 3]
+    return _model(
+        "image_nhwc_u8",
+        [
+            helper.make_node("Cast", ["image"], ["image_f32"], name="cast", to=TensorProto.FLOAT),
+            helper.make_node(
+                "ReduceMean", ["image_f32"], ["mean"], name="mean", axes=[1, 2], keepdims=0
+            ),
+            helper.make_node("Identity", ["image"], ["pixels"], name="pixels"),
+        ],
+        [_tensor("image", TensorProto.UINT8, image_dims)],
+        [
+            _tensor("mean", TensorProto.FLOAT, ["batch", 3]),
+            _tensor("pixels", TensorProto.UINT8, image_dims),
+        ],
+        doc="mean = per-channel mean over H and W, pixels = image",
+    )
+
+
+def build_image_nhwc_u8(out: Path) -> str:
+    """Write `image_nhwc_u8`."""
+    _write(out, "image_nhwc_u8", 1, make_image_nhwc_u8())
+    return "image_nhwc_u8"
+
+
+def make_image_nchw_fp32() -> onnx.ModelProto:
+    """FP32 NCHW image model that echoes its input, for checking image preprocessing."""
+    dims: Dims = ["batch", 3, 32, 32]
+    return _model(
+        "image_nchw_fp32",
+        [helper.make_node("Identity", ["image"], ["pixels"], name="pixels")],
+        [_tensor("image", TensorProto.FLOAT, dims)],
+        [_tensor("pixels", TensorProto.FLOAT, dims)],
+        doc="pixels = image",
+    )
+
+
+def build_image_nchw_fp32(out: Path) -> str:
+    """Write `image_nchw_fp32`."""
+    _write(out, "image_nchw_fp32", 1, make_image_nchw_fp32())
+    return "image_nchw_fp32"
+
+
+def make_matmul_relu(size: int = MATMUL_SIZE, seed: int = MATMUL_SEED) -> onnx.ModelProto:
+    """Compute-bound benchmark model: Relu(INPUT0 @ W) with a fixed seeded [size,size] W."""
+    rng = np.random.default_rng(seed)
+    # Scaled so activations stay O(1) for unit-variance inputs.
+    weight = (rng.standard_normal((size, size), dtype=np.float32) / np.sqrt(size)).astype(
+        np.float32
+    )
+    return _model(
+        "matmul_relu",
+        [
+            helper.make_node("MatMul", ["INPUT0", "W"], ["matmul"], name="matmul"),
+            helper.make_node("Relu", ["matmul"], ["OUTPUT0"], name="relu"),
+        ],
+        [_tensor("INPUT0", TensorProto.FLOAT, ["batch", size])],
+        [_tensor("OUTPUT0", TensorProto.FLOAT, ["batch", size])],
+        initializers=[numpy_helper.from_array(weight, "W")],
+        doc="OUTPUT0 = Relu(INPUT0 @ W)",
+    )
+
+
+def build_matmul_relu(out: Path) -> str:
+    """Write `matmul_relu` (4 MiB, so benchmarks build it on demand; not in build_all)."""
+    _write(out, "matmul_relu", 1, make_matmul_relu())
+    return "matmul_relu"
+
+
+def _builders() -> list[Callable[[Path], str]]:
+    """Builders for every model of the committed sample repository, in output order."""
+    builders: list[Callable[[Path], str]] = [build_simple]
+    builders += [lambda out, t=t: build_identity(out, t) for t in IDENTITY_TYPES]
+    builders += [
+        build_string_upper,
+        build_versioned,
+        build_reshape,
+        build_image_nhwc_u8,
+        build_image_nchw_fp32,
+    ]
+    return builders
+
+
+def build_all(out: Path) -> list[str]:
+    """Build the sample repository into `out`; return the model names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    return [build(out) for build in _builders()]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent,
+        help="repository folder to write (default: the folder of this script)",
+    )
+    args = parser.parse_args(argv)
+    for name in build_all(args.out):
+        print(name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from oipserve.cli import main
+
+sys.exit(main())

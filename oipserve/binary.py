@@ -1,0 +1,127 @@
+"""The binary tensor data extension: request body layout and response assembly.
+
+A request body is a JSON header of ``Inference-Header-Content-Length`` bytes
+followed by raw tensor chunks, in the order of the inputs that declare
+``parameters.binary_data_size``. The body has already been received into a
+shared-memory lease; this module only computes where each chunk lies there,
+so workers read the client's bytes where the socket put them.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from oipserve.datatypes import ELEMENT_SIZES, element_count
+from oipserve.errors import InvalidInput
+from oipserve.protocol import RequestInput
+
+
+def parse_header_length(text: str | None, body_size: int) -> int | None:
+    """The JSON header's length from ``Inference-Header-Content-Length``, or None if absent."""
+    if text is None:
+        return None
+    value = text.strip()
+    if not value.isdigit():
+        raise InvalidInput(
+            f"Inference-Header-Content-Length must be a non-negative integer, got {text!r}"
+        )
+    length = int(value)
+    if length > body_size:
+        raise InvalidInput(
+            f"Inference-Header-Content-Length is {length} but the body has only {body_size} bytes"
+        )
+    return length
+
+
+def binary_size(tensor: RequestInput) -> int | None:
+    """``parameters.binary_data_size`` of an input, checked, or None if absent."""
+    params = tensor.parameters
+    if not params or "binary_data_size" not in params:
+        return None
+    size = params["binary_data_size"]
+    if type(size) is not int or size < 0:
+        raise InvalidInput(
+            f"binary_data_size of input '{tensor.name}' must be a non-negative integer, "
+            f"got {size!r}"
+        )
+    return size
+
+
+def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[int, int] | None]:
+    """Where each input's binary chunk lies in ``[start, end)``; None for JSON inputs.
+
+    One input that has neither ``data`` nor ``binary_data_size`` takes the
+    remaining bytes (convenient for hand-written clients); two such inputs
+    are ambiguous and rejected.
+    """
+    spans: list[tuple[int, int] | None] = []
+    pos = start
+    unsized: int | None = None
+    for index, tensor in enumerate(inputs):
+        size = binary_size(tensor)
+        has_data = tensor.data is not msgspec.UNSET
+        if size is not None and has_data:
+            raise InvalidInput(
+                f"input '{tensor.name}' has both 'data' and binary_data_size; give one of them"
+            )
+        if size is None:
+            if not has_data:
+                if unsized is not None:
+                    raise InvalidInput(
+                        f"inputs '{inputs[unsized].name}' and '{tensor.name}' have neither "
+                        "'data' nor binary_data_size; with more than one binary input each "
+                        "must give binary_data_size"
+                    )
+                unsized = index
+            spans.append(None)
+            continue
+        if pos + size > end:
+            raise InvalidInput(
+                f"binary_data_size of input '{tensor.name}' is {size}, but only {end - pos} "
+                "bytes of binary data remain in the body"
+            )
+        spans.append((pos, size))
+        pos += size
+    if unsized is not None:
+        spans[unsized] = (pos, end - pos)
+        pos = end
+    if pos != end:
+        raise InvalidInput(
+            f"the body has {end - pos} bytes after the last binary input; "
+            "binary_data_size values must add up to the binary part of the body"
+        )
+    return spans
+
+
+def raw_input_shape(
+    name: str, datatype: str, model_shape: tuple[int, ...], batched: bool, nbytes: int
+) -> list[int]:
+    """Deduce the shape of a raw binary request (Inference-Header-Content-Length: 0)."""
+    if datatype == "BYTES":
+        if [d if d != -1 else 1 for d in model_shape] != [1] * len(model_shape) or len(
+            model_shape
+        ) != 1:
+            raise InvalidInput(
+                f"a raw binary request needs a BYTES input of shape [1]; input '{name}' has "
+                f"{list(model_shape)}"
+            )
+        return [1]
+    shape = list(model_shape)
+    if batched and shape and shape[0] == -1:
+        shape[0] = 1
+    unknown = [i for i, d in enumerate(shape) if d == -1]
+    item = ELEMENT_SIZES[datatype]
+    known = element_count([d for d in shape if d != -1]) * item
+    if len(unknown) > 1:
+        raise InvalidInput(
+            f"the shape of raw input '{name}' cannot be deduced: model shape "
+            f"{list(model_shape)} has more than one variable dimension"
+        )
+    if unknown:
+        if known == 0 or nbytes % known:
+            raise InvalidInput(
+                f"raw input '{name}' has {nbytes} bytes, not a whole number of "
+                f"{datatype} rows of shape {list(model_shape)}"
+            )
+        shape[unknown[0]] = nbytes // known
+    return shape

@@ -1,0 +1,292 @@
+"""Models being served: their versions, metadata, state and instances.
+
+The registry answers "which version serves this request, and is it ready";
+the manager loads versions onto workers and derives each version's metadata
+from the ONNX graph, refined by ``config.pbtxt`` when there is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from oipserve.errors import NotFound, Unavailable
+from oipserve.model_config import ModelConfig
+from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.repository import ModelSource, read_model
+from workers.messages import Loaded, TensorMeta
+
+log = logging.getLogger("oipserve.models")
+
+State = Literal["LOADING", "READY", "UNAVAILABLE", "UNLOADING"]
+PLATFORM = "onnxruntime_onnx"
+
+
+class TensorSpec(msgspec.Struct, frozen=True):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+class ModelVersion:
+    """One version of one model, and the workers that hold a session for it."""
+
+    def __init__(self, name: str, version: str, path: str, config: ModelConfig | None) -> None:
+        self.name = name
+        self.version = version
+        self.key = f"{name}/{version}"
+        self.path = path
+        self.config = config
+        self.max_batch_size = config.max_batch_size if config else 0
+        self.parameters: dict[str, str] = dict(config.parameters) if config else {}
+        self.state: State = "LOADING"
+        self.reason = ""
+        self.inputs: tuple[TensorSpec, ...] = ()
+        self.outputs: tuple[TensorSpec, ...] = ()
+        self.input_map: dict[str, TensorSpec] = {}
+        self.output_map: dict[str, TensorSpec] = {}
+        self.workers: list[WorkerHandle] = []
+        self.providers: dict[int, list[str]] = {}
+
+    def set_metadata(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.input_map = {t.name: t for t in inputs}
+        self.output_map = {t.name: t for t in outputs}
+
+    def pick(self, max_queue: int) -> WorkerHandle:
+        """The worker with the fewest requests in flight, or 503."""
+        best: WorkerHandle | None = None
+        for worker in self.workers:
+            if worker.alive and self.key in worker.models:
+                if best is None or worker.in_flight < best.in_flight:
+                    best = worker
+        if best is None:
+            raise Unavailable(
+                f"model '{self.name}' version {self.version} has no running instance "
+                "(its worker is restarting)",
+                retry_after=1,
+            )
+        if best.in_flight >= max_queue:
+            raise Unavailable(
+                f"model '{self.name}' is overloaded: {best.in_flight} requests queued on "
+                "each of its instances",
+                retry_after=1,
+            )
+        return best
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY" and any(w.alive and self.key in w.models for w in self.workers)
+
+
+def _spec(meta: TensorMeta) -> TensorSpec:
+    return TensorSpec(meta.name, meta.datatype, tuple(meta.shape))
+
+
+def merge_metadata(
+    config: ModelConfig | None, loaded: Loaded
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Tensor metadata from the graph, refined by config.pbtxt; ValueError on a conflict.
+
+    With ``max_batch_size > 0`` a config's dims exclude the batch dimension
+    (Triton's convention), which becomes -1. A config dim of -1 takes the
+    graph's fixed size when it has one.
+    """
+    graph_inputs = [_spec(m) for m in loaded.inputs]
+    graph_outputs = [_spec(m) for m in loaded.outputs]
+    if config is None:
+        return tuple(graph_inputs), tuple(graph_outputs)
+
+    def refine(kind: str, graph: list[TensorSpec], declared: tuple) -> tuple[TensorSpec, ...]:
+        if not declared:
+            return tuple(graph)
+        by_name = {t.name: t for t in graph}
+        refined = []
+        for entry in declared:
+            actual = by_name.get(entry.name)
+            if actual is None:
+                raise ValueError(
+                    f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
+                    f"{sorted(by_name)}"
+                )
+            if entry.data_type != actual.datatype:
+                raise ValueError(
+                    f"config.pbtxt says {kind} '{entry.name}' is {entry.data_type} but the "
+                    f"ONNX graph says {actual.datatype}"
+                )
+            dims = list(entry.dims)
+            if config.max_batch_size > 0:
+                dims = [-1, *dims]
+            if actual.shape and len(actual.shape) != len(dims):
+                raise ValueError(
+                    f"config.pbtxt gives {kind} '{entry.name}' shape {dims} but the ONNX graph "
+                    f"has {list(actual.shape)}"
+                )
+            merged = []
+            for i, dim in enumerate(dims):
+                graph_dim = actual.shape[i] if actual.shape else -1
+                if dim == -1:
+                    merged.append(graph_dim)
+                elif graph_dim not in (-1, dim):
+                    raise ValueError(
+                        f"config.pbtxt gives {kind} '{entry.name}' shape {dims} but the ONNX "
+                        f"graph has {list(actual.shape)}"
+                    )
+                else:
+                    merged.append(dim)
+            refined.append(TensorSpec(entry.name, entry.data_type, tuple(merged)))
+        if kind == "input" and len(refined) != len(graph):
+            missing = sorted(set(by_name) - {t.name for t in refined})
+            raise ValueError(f"config.pbtxt leaves out graph inputs {missing}")
+        return tuple(refined)
+
+    return refine("input", graph_inputs, config.inputs), refine(
+        "output", graph_outputs, config.outputs
+    )
+
+
+class ModelRegistry:
+    """Name -> version -> ModelVersion, plus the set that readiness depends on."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.failed: dict[str, str] = {}
+        self.required: set[str] = set()
+
+    def resolve(self, name: str, version: str | None) -> ModelVersion:
+        versions = self.models.get(name)
+        if versions is None:
+            reason = self.failed.get(name)
+            if reason is not None:
+                raise Unavailable(f"model '{name}' is unavailable: {reason}")
+            raise NotFound(f"unknown model '{name}'")
+        if version is not None:
+            model = versions.get(version)
+            if model is None:
+                raise NotFound(
+                    f"model '{name}' has no version '{version}' (versions: {', '.join(versions)})"
+                )
+        else:
+            ready = [v for v in versions.values() if v.state == "READY"]
+            if not ready:
+                any_version = next(iter(versions.values()))
+                raise Unavailable(
+                    f"model '{name}' has no ready version"
+                    + (f": {any_version.reason}" if any_version.reason else "")
+                )
+            model = max(ready, key=lambda v: int(v.version))
+        if not model.ready:
+            raise Unavailable(
+                f"model '{name}' version {model.version} is not ready"
+                + (f": {model.reason}" if model.reason else ""),
+                retry_after=1,
+            )
+        return model
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """Readiness of a known model (or version); unknown ones are NotFound."""
+        versions = self.models.get(name)
+        if versions is None:
+            if name in self.failed:
+                return False
+            raise NotFound(f"unknown model '{name}'")
+        if version is None:
+            return any(v.ready for v in versions.values())
+        model = versions.get(version)
+        if model is None:
+            raise NotFound(f"model '{name}' has no version '{version}'")
+        return model.ready
+
+    def all_ready(self) -> bool:
+        for name in self.required:
+            versions = self.models.get(name)
+            if not versions or not all(v.ready for v in versions.values()):
+                return False
+        return True
+
+
+class ModelManager:
+    """Loads repository models onto workers and keeps the registry in step."""
+
+    def __init__(self, root: Path, pool: WorkerPool, registry: ModelRegistry) -> None:
+        self.root = root
+        self.pool = pool
+        self.registry = registry
+        self.lock = asyncio.Lock()
+        pool.on_replaced(self._reloaded)
+
+    def providers_for(
+        self, worker: WorkerHandle, model: ModelVersion
+    ) -> list[tuple[str, dict[str, str]]]:
+        return [("CPUExecutionProvider", {})]
+
+    async def load(self, name: str) -> None:
+        """Load (or reload) every version of ``name``; failures leave it UNAVAILABLE."""
+        async with self.lock:
+            source = read_model(self.root, name)
+            await self._load_source(source)
+
+    async def _load_source(self, source: ModelSource) -> None:
+        if source.error is not None:
+            log.error("model '%s' is UNAVAILABLE: %s", source.name, source.error)
+            self.registry.failed[source.name] = source.error
+            return
+        versions = {
+            v: ModelVersion(source.name, v, path, source.config)
+            for v, path in source.versions.items()
+        }
+        await asyncio.gather(*(self._load_version(m) for m in versions.values()))
+        old = self.registry.models.get(source.name, {})
+        self.registry.models[source.name] = versions
+        self.registry.failed.pop(source.name, None)
+        for model in old.values():
+            await self._unload_version(model)
+        for model in versions.values():
+            if model.state == "READY":
+                log.info("model '%s' version %s is READY", model.name, model.version)
+            else:
+                log.error(
+                    "model '%s' version %s is UNAVAILABLE: %s",
+                    model.name,
+                    model.version,
+                    model.reason,
+                )
+
+    async def _load_version(self, model: ModelVersion) -> None:
+        workers = [w for w in self.pool.workers if w.alive]
+        # NOTE: a reload gives the new sessions a fresh key so the old ones can
+        #   finish their in-flight requests under the old key.
+        model.key = f"{model.name}/{model.version}#{id(model)}"
+        try:
+            results = await asyncio.gather(
+                *(w.load(model.key, model.path, self.providers_for(w, model)) for w in workers)
+            )
+            inputs, outputs = merge_metadata(model.config, results[0])
+        except Exception as exc:
+            model.state = "UNAVAILABLE"
+            model.reason = str(exc)
+            for worker in workers:
+                if model.key in worker.models:
+                    await worker.unload(model.key)
+            return
+        model.set_metadata(inputs, outputs)
+        model.workers = workers
+        model.providers = {w.worker_id: r.providers for w, r in zip(workers, results, strict=True)}
+        model.state = "READY"
+
+    async def _unload_version(self, model: ModelVersion) -> None:
+        model.state = "UNLOADING"
+        for worker in model.workers:
+            # Requests already sent to this worker are answered before the Unload.
+            if worker.alive and model.key in worker.models:
+                await worker.unload(model.key)
+        model.state = "UNAVAILABLE"
+        model.reason = "unloaded"
+
+    async def _reloaded(self, worker: WorkerHandle) -> None:
+        log.info("worker %d holds %d model versions again", worker.worker_id, len(worker.models))

@@ -1,0 +1,323 @@
+"""Worker processes as seen from the front: spawn, talk, notice death, replace.
+
+Each worker is a spawned process with a socket pair to the front. Requests
+carry an id; the reply resolves the matching future. A worker's death is seen
+at once through its process sentinel (and the socket closing): its in-flight
+requests fail with 503, its input buffers go back to the pool, and a
+replacement is started with the same models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import socket
+from collections.abc import Awaitable, Callable
+from multiprocessing.context import SpawnProcess
+
+import msgspec
+
+from oipserve.errors import InferenceFailed, InvalidInput, ServerError, Unavailable
+from oipserve.shm import owner_prefix, sweep
+from workers import worker as worker_main
+from workers.messages import (
+    Failed,
+    Forget,
+    FrameSplitter,
+    FromWorker,
+    Infer,
+    InferDone,
+    Loaded,
+    LoadModel,
+    Release,
+    Stop,
+    TensorDesc,
+    Unloaded,
+    UnloadModel,
+    WorkerReady,
+    frame,
+)
+
+log = logging.getLogger("oipserve.pool")
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(FromWorker)
+
+#: Seconds a new worker has to import ONNX Runtime and say it is ready.
+START_TIMEOUT = 120.0
+
+
+class WorkerDied(Unavailable):
+    pass
+
+
+def _error_for(reply: Failed) -> ServerError:
+    if reply.status == 400:
+        return InvalidInput(reply.message)
+    if reply.status == 503:
+        return Unavailable(reply.message)
+    return InferenceFailed(reply.message)
+
+
+class _Protocol(asyncio.Protocol):
+    __slots__ = ("worker", "splitter")
+
+    def __init__(self, worker: WorkerHandle) -> None:
+        self.worker = worker
+        self.splitter = FrameSplitter()
+
+    def data_received(self, data: bytes) -> None:
+        for body in self.splitter.feed(data):
+            self.worker.on_message(_DECODER.decode(body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.worker.on_exit("its connection closed")
+
+
+class WorkerHandle:
+    """One worker process, the requests in flight on it and the models it holds."""
+
+    def __init__(self, worker_id: int, device: str, threads: int, prefix: str) -> None:
+        self.worker_id = worker_id
+        self.device = device
+        self.threads = threads
+        self.segment_prefix = prefix
+        self.process: SpawnProcess | None = None
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future[object]] = {}
+        #: Per pending infer: callbacks run when the worker no longer reads its inputs.
+        self.on_done: dict[int, Callable[[], None]] = {}
+        self.models: dict[str, LoadModel] = {}
+        self.alive = False
+        self.ready = asyncio.Event()
+        self.pid: int | None = None
+        self._next_rid = 0
+        self._death_listeners: list[Callable[[WorkerHandle], None]] = []
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def _rid(self) -> int:
+        self._next_rid += 1
+        return self._next_rid
+
+    async def start(self, loop: asyncio.AbstractEventLoop, log_level: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = socket.socketpair()
+        process = context.Process(
+            target=worker_main.main,
+            args=(theirs, self.segment_prefix, log_level),
+            name=f"oipserve-worker-{self.worker_id}",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        self.process = process
+        self.alive = True
+        self._stopping = False
+        self.ready = asyncio.Event()
+        loop.add_reader(process.sentinel, self.on_exit, "its process exited")
+        transport, _ = await loop.connect_accepted_socket(lambda: _Protocol(self), ours)
+        self.transport = transport  # type: ignore[assignment]
+        try:
+            await asyncio.wait_for(self.ready.wait(), START_TIMEOUT)
+        except TimeoutError:
+            self.kill()
+            raise RuntimeError(
+                f"worker {self.worker_id} did not start in {START_TIMEOUT}s"
+            ) from None
+        if not self.alive:
+            raise RuntimeError(f"worker {self.worker_id} exited during start-up")
+
+    def add_death_listener(self, listener: Callable[[WorkerHandle], None]) -> None:
+        self._death_listeners.append(listener)
+
+    def on_message(self, message: object) -> None:
+        if isinstance(message, InferDone | Failed | Loaded | Unloaded):
+            done = self.on_done.pop(message.rid, None)
+            if done is not None:
+                done()
+            future = self.pending.pop(message.rid, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+            elif isinstance(message, InferDone):
+                # NOTE: nobody waits for these outputs any more (the request was
+                #   cancelled); hand the segment straight back.
+                self.release_outputs(message.segment)
+        elif isinstance(message, WorkerReady):
+            self.pid = message.pid
+            self.ready.set()
+
+    def on_exit(self, why: str) -> None:
+        """Fail everything in flight (once) and tell the pool."""
+        if not self.alive:
+            return
+        self.alive = False
+        loop = asyncio.get_running_loop()
+        if self.process is not None:
+            loop.remove_reader(self.process.sentinel)
+        if self.transport is not None:
+            self.transport.abort()
+        self.ready.set()  # wake a start() that waits
+        error = WorkerDied(
+            f"worker {self.worker_id} ({self.device}) stopped while handling this request: {why}"
+        )
+        for rid, future in list(self.pending.items()):
+            done = self.on_done.pop(rid, None)
+            if done is not None:
+                done()
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+        # The dead process's output segments: nobody else will unlink them.
+        sweep(self.segment_prefix)
+        if not self._stopping:
+            log.error("worker %d (pid %s) died: %s", self.worker_id, self.pid, why)
+            for listener in self._death_listeners:
+                listener(self)
+
+    def send(self, message: object) -> None:
+        if self.transport is not None and self.alive:
+            self.transport.write(frame(_ENCODER, message))
+
+    def call(
+        self, make: Callable[[int], object], on_done: Callable[[], None] | None = None
+    ) -> Awaitable[object]:
+        """Send a request built with a fresh id; the awaitable resolves to the reply."""
+        if not self.alive:
+            raise WorkerDied(f"worker {self.worker_id} ({self.device}) is not running")
+        rid = self._rid()
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = future
+        if on_done is not None:
+            self.on_done[rid] = on_done
+        self.send(make(rid))
+        return future
+
+    async def load(
+        self, key: str, path: str, providers: list[tuple[str, dict[str, str]]]
+    ) -> Loaded:
+        message: LoadModel | None = None
+
+        def make(rid: int) -> LoadModel:
+            nonlocal message
+            message = LoadModel(rid, key, path, self.threads, providers)
+            return message
+
+        reply = await self.call(make)
+        if isinstance(reply, Failed):
+            raise InvalidInput(reply.message)
+        assert isinstance(reply, Loaded) and message is not None
+        self.models[key] = message
+        return reply
+
+    async def unload(self, key: str) -> None:
+        self.models.pop(key, None)
+        if self.alive:
+            await self.call(lambda rid: UnloadModel(rid, key))
+
+    async def infer(
+        self,
+        key: str,
+        inputs: list[TensorDesc],
+        outputs: list[str],
+        on_inputs_free: Callable[[], None],
+    ) -> InferDone:
+        reply = await self.call(lambda rid: Infer(rid, key, inputs, outputs), on_inputs_free)
+        if isinstance(reply, Failed):
+            raise _error_for(reply)
+        return reply  # type: ignore[return-value]
+
+    def release_outputs(self, segment: str) -> None:
+        self.send(Release([segment]))
+
+    def forget_inputs(self, segments: list[str]) -> None:
+        self.send(Forget(segments))
+
+    async def stop(self, timeout: float) -> None:
+        """Ask the worker to stop, wait, then kill it if it does not."""
+        self._stopping = True
+        process = self.process
+        if process is None:
+            return
+        self.send(Stop())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while process.is_alive() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if process.is_alive():
+            log.warning("worker %d did not stop in %.1fs; killing it", self.worker_id, timeout)
+            process.kill()
+        process.join(5)
+        self.on_exit("stopped")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+
+
+class WorkerPool:
+    """All worker processes, by device."""
+
+    def __init__(self, front_pid: int, log_level: str) -> None:
+        self.prefix = owner_prefix(front_pid)
+        self.log_level = log_level
+        self.workers: list[WorkerHandle] = []
+        self._next_id = 0
+        self._replaced: list[Callable[[WorkerHandle], Awaitable[None]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.closing = False
+
+    def on_replaced(self, callback: Callable[[WorkerHandle], Awaitable[None]]) -> None:
+        """``callback(new_worker)`` reloads models on a replacement before it serves."""
+        self._replaced.append(callback)
+
+    async def add_worker(self, device: str, threads: int) -> WorkerHandle:
+        self._next_id += 1
+        handle = WorkerHandle(self._next_id, device, threads, f"{self.prefix}w{self._next_id}-")
+        handle.add_death_listener(self._on_death)
+        self.workers.append(handle)
+        try:
+            await handle.start(asyncio.get_running_loop(), self.log_level)
+        except BaseException:
+            self.workers.remove(handle)
+            handle.kill()
+            raise
+        return handle
+
+    def _on_death(self, dead: WorkerHandle) -> None:
+        if self.closing:
+            return
+        task = asyncio.get_running_loop().create_task(self._replace(dead))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replace(self, dead: WorkerHandle) -> None:
+        """Start a worker in the dead one's place, with the same models."""
+        models = dict(dead.models)
+        dead.models = {}
+        attempt = 0
+        while not self.closing:
+            attempt += 1
+            try:
+                await dead.start(asyncio.get_running_loop(), self.log_level)
+                for key, load in models.items():
+                    await dead.load(key, load.path, load.providers)
+                for callback in self._replaced:
+                    await callback(dead)
+                log.info("worker %d replaced (pid %s)", dead.worker_id, dead.pid)
+                return
+            except Exception:
+                log.exception("replacing worker %d failed (attempt %d)", dead.worker_id, attempt)
+                dead.kill()
+                await asyncio.sleep(min(5.0, 0.5 * attempt))
+
+    async def stop(self, timeout: float) -> None:
+        self.closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(w.stop(timeout) for w in self.workers), return_exceptions=True)
+        sweep(self.prefix)

@@ -1,0 +1,88 @@
+"""One frozen settings object, built once from defaults < environment < flags.
+
+Every flag of ``oipserve serve`` can also come from ``OIPSERVE_<FLAG>`` (dashes
+become underscores, upper case). The object is passed down explicitly; nothing
+reads the environment after start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Literal
+
+import msgspec
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+ENV_PREFIX = "OIPSERVE_"
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model_repository: str
+    host: str = "127.0.0.1"
+    http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    devices: str = "auto"
+    instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    #: Triton's default is 64 MB; ours is 256 MiB so a 64 MiB FP32 tensor fits in JSON too.
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024 * 1024
+    log_level: LogLevel = "info"
+    #: Path of a JSON file describing a fake hardware inventory (tests, dry runs).
+    hardware_inventory: str | None = None
+    #: Requests one worker may have queued before new ones get 503.
+    max_queue_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 256
+    #: Seconds a graceful shutdown waits for in-flight requests.
+    shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+
+
+class SettingsError(ValueError):
+    """A flag or environment value is invalid; the message names it."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oipserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model repository")
+    # NOTE: defaults stay None here so that "not given" can fall back to the
+    #   environment and then to the Settings defaults, in that order.
+    serve.add_argument("--model-repository", metavar="DIR")
+    serve.add_argument("--host")
+    serve.add_argument("--http-port", metavar="PORT", help="0 picks a free port")
+    serve.add_argument("--devices", help="auto | cpu | cuda:0,cuda:1 ...")
+    serve.add_argument("--instances-per-device", metavar="N")
+    serve.add_argument("--max-request-bytes", metavar="N")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--hardware-inventory", metavar="JSON", help="fake inventory file")
+    serve.add_argument("--max-queue-per-worker", metavar="N")
+    serve.add_argument("--shutdown-timeout", metavar="SECONDS")
+    return parser
+
+
+def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, Settings]:
+    """Parse ``argv`` (without the program name) and ``environ`` into (command, Settings)."""
+    args = _parser().parse_args(list(argv))
+    values: dict[str, object] = {}
+    for field in msgspec.structs.fields(Settings):
+        env_value = environ.get(ENV_PREFIX + field.name.upper())
+        if env_value is not None:
+            values[field.name] = env_value
+        flag_value = getattr(args, field.name, None)
+        if flag_value is not None:
+            values[field.name] = flag_value
+    if "model_repository" not in values:
+        raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
+    try:
+        settings = msgspec.convert(values, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(_describe(str(exc))) from None
+    return args.command, settings
+
+
+def _describe(message: str) -> str:
+    """Turn msgspec's ``... - at `$.http_port``` into a flag name a user recognises."""
+    if " - at `$." in message:
+        text, _, path = message.partition(" - at `$.")
+        name = path.rstrip("`")
+        flag = "--" + name.replace("_", "-")
+        return f"invalid value for {flag} (or {ENV_PREFIX}{name.upper()}): {text}"
+    return message

@@ -1,0 +1,269 @@
+"""Shared-memory segments and the pool that reuses them.
+
+Tensor bytes cross between the front and the workers only through POSIX
+shared memory. A segment is created once, kept in a pool by size class and
+reused for later requests, so the hot path makes no ``shm_open``/``unlink``
+calls. Every segment name starts with ``oipserve-<front pid>-`` so that the
+front can sweep all of them (its own and its workers') at shutdown, and so a
+later start can remove what a killed server left behind.
+
+We map ``/dev/shm`` files directly instead of using
+``multiprocessing.shared_memory``: on Python 3.11 that class registers every
+attach with a resource tracker shared by the spawned workers, which unlinks
+segments at the wrong time.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable
+
+SHM_DIR = "/dev/shm"
+NAME_PREFIX = "oipserve-"
+
+#: Smallest segment handed out; tiny requests all share this class.
+MIN_SEGMENT = 64 * 1024
+#: Alignment of tensors placed inside one segment (cache line, and enough for any dtype).
+ALIGNMENT = 64
+
+
+def owner_prefix(front_pid: int) -> str:
+    return f"{NAME_PREFIX}{front_pid}-"
+
+
+def align(offset: int) -> int:
+    return (offset + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+class Segment:
+    """One POSIX shared-memory object mapped into this process."""
+
+    __slots__ = ("name", "size", "_mmap", "buf")
+
+    def __init__(self, name: str, size: int, mapping: mmap.mmap) -> None:
+        self.name = name
+        self.size = size
+        self._mmap = mapping
+        self.buf = memoryview(mapping)
+
+    @classmethod
+    def create(cls, name: str, size: int) -> Segment:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            # NOTE: reserve the pages now. A sparse tmpfs file that later cannot
+            #   grow (a small /dev/shm in a container) kills the writer with SIGBUS;
+            #   fallocate turns that into an OSError here instead.
+            os.posix_fallocate(fd, 0, size)
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            _unlink(name)
+            raise
+        os.close(fd)
+        return cls(name, size, mapping)
+
+    @classmethod
+    def attach(cls, name: str) -> Segment:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(name, size, mapping)
+
+    def unlink(self) -> None:
+        _unlink(self.name)
+
+    def close(self) -> None:
+        self.buf.release()
+        try:
+            self._mmap.close()
+        except BufferError:
+            # NOTE: numpy views made from this segment are still alive (a response
+            #   still being sent); the mapping goes away when the last one does.
+            pass
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass
+
+
+def size_class(nbytes: int) -> int:
+    """Round up to a size class: powers of two with four steps each (waste under 25%)."""
+    if nbytes <= MIN_SEGMENT:
+        return MIN_SEGMENT
+    top = 1 << (nbytes - 1).bit_length()
+    step = top // 8
+    return -(-nbytes // step) * step
+
+
+class Lease:
+    """One segment lent out by a pool until ``release``."""
+
+    __slots__ = ("segment", "pool")
+
+    def __init__(self, segment: Segment, pool: BufferPool) -> None:
+        self.segment = segment
+        self.pool = pool
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    @property
+    def buf(self) -> memoryview:
+        return self.segment.buf
+
+    def release(self) -> None:
+        self.pool.release(self)
+
+
+class BufferPool:
+    """Segments by size class, created on demand and reused.
+
+    ``on_drop`` hears the names of segments the pool unlinks (when it holds
+    too many idle bytes), so that processes which attached them can let go.
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        max_idle_bytes: int = 1024 * 1024 * 1024,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
+        self._prefix = prefix
+        self._counter = 0
+        self._idle: dict[int, list[Segment]] = {}
+        self._idle_bytes = 0
+        self._max_idle_bytes = max_idle_bytes
+        self._leased: dict[str, Segment] = {}
+        self._on_drop = on_drop
+
+    def acquire(self, nbytes: int) -> Lease:
+        size = size_class(nbytes)
+        idle = self._idle.get(size)
+        if idle:
+            segment = idle.pop()
+            self._idle_bytes -= size
+        else:
+            self._counter += 1
+            segment = Segment.create(f"{self._prefix}{self._counter}", size)
+        self._leased[segment.name] = segment
+        return Lease(segment, self)
+
+    def release(self, lease: Lease) -> None:
+        segment = self._leased.pop(lease.segment.name, None)
+        if segment is None:
+            return  # released twice; the first release won
+        if self._idle_bytes + segment.size > self._max_idle_bytes:
+            self._drop(segment)
+            return
+        self._idle.setdefault(segment.size, []).append(segment)
+        self._idle_bytes += segment.size
+
+    def release_by_name(self, name: str) -> None:
+        segment = self._leased.get(name)
+        if segment is not None:
+            self.release(Lease(segment, self))
+
+    @property
+    def leased_count(self) -> int:
+        return len(self._leased)
+
+    @property
+    def total_bytes(self) -> int:
+        return self._idle_bytes + sum(s.size for s in self._leased.values())
+
+    def _drop(self, segment: Segment) -> None:
+        segment.unlink()
+        segment.close()
+        if self._on_drop is not None:
+            self._on_drop(segment.name)
+
+    def close(self) -> None:
+        """Unlink every segment, idle or leased; the pool is unusable afterwards."""
+        for segments in self._idle.values():
+            for segment in segments:
+                segment.unlink()
+                segment.close()
+        for segment in self._leased.values():
+            segment.unlink()
+            segment.close()
+        self._idle.clear()
+        self._leased.clear()
+        self._idle_bytes = 0
+
+
+class SegmentCache:
+    """Segments of another process, attached once by name and kept mapped."""
+
+    def __init__(self) -> None:
+        self._segments: dict[str, Segment] = {}
+
+    def get(self, name: str) -> Segment:
+        segment = self._segments.get(name)
+        if segment is None:
+            segment = Segment.attach(name)
+            self._segments[name] = segment
+        return segment
+
+    def forget(self, name: str) -> None:
+        segment = self._segments.pop(name, None)
+        if segment is not None:
+            segment.close()
+
+    def forget_prefix(self, prefix: str) -> None:
+        for name in [n for n in self._segments if n.startswith(prefix)]:
+            self.forget(name)
+
+    def close(self) -> None:
+        for segment in self._segments.values():
+            segment.close()
+        self._segments.clear()
+
+
+def sweep(prefix: str) -> list[str]:
+    """Unlink every segment whose name starts with ``prefix``; returns the names."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            _unlink(name)
+            removed.append(name)
+    return removed
+
+
+def sweep_stale() -> list[str]:
+    """Remove segments left by oipserve processes that no longer exist (kill -9)."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if not name.startswith(NAME_PREFIX):
+            continue
+        pid_text = name[len(NAME_PREFIX) :].split("-", 1)[0]
+        if pid_text.isdigit() and not _alive(int(pid_text)):
+            _unlink(name)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,152 @@
+"""Tensor values in their JSON (and gRPC typed-contents) form, to and from numpy.
+
+The protocol's JSON carries tensors as nested or flat lists; this is where
+those lists are checked against the declared datatype and shape, strictly:
+no string is parsed as a number, no float is truncated to an integer, no
+integer wraps around.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oipserve.datatypes import (
+    FLOAT_TYPES,
+    INTEGER_TYPES,
+    NUMPY_DTYPES,
+    bf16_to_float32,
+    decode_bytes_elements,
+    float32_to_bf16,
+)
+from oipserve.errors import InvalidInput
+
+_KIND_WORDS = {
+    "b": "booleans",
+    "i": "integers",
+    "u": "integers",
+    "f": "numbers",
+    "U": "strings",
+    "O": "mixed values",
+}
+
+
+def _flatten_strings(name: str, values: list[object], out: list[bytes]) -> None:
+    for value in values:
+        if isinstance(value, str):
+            out.append(value.encode("utf-8"))
+        elif isinstance(value, list):
+            _flatten_strings(name, value, out)
+        elif isinstance(value, bytes):  # gRPC bytes_contents
+            out.append(value)
+        else:
+            raise InvalidInput(
+                f"input '{name}' has datatype BYTES, so 'data' must hold strings, "
+                f"not {type(value).__name__} values"
+            )
+
+
+def bytes_from_values(name: str, values: object, count: int) -> list[bytes]:
+    if not isinstance(values, list):
+        raise InvalidInput(f"'data' of input '{name}' must be an array")
+    out: list[bytes] = []
+    _flatten_strings(name, values, out)
+    if len(out) != count:
+        raise InvalidInput(
+            f"input '{name}': its shape holds {count} elements but 'data' has {len(out)}"
+        )
+    return out
+
+
+def _flat(values: list[object], out: list[object]) -> None:
+    for value in values:
+        if isinstance(value, list):
+            _flat(value, out)
+        else:
+            out.append(value)
+
+
+def _exact_ints(values: list[object]) -> np.ndarray | None:
+    """An object array of the values if every one is a true JSON integer, else None."""
+    flat: list[object] = []
+    _flat(values, flat)
+    if all(type(v) is int for v in flat):
+        return np.array(flat, dtype=object)
+    return None
+
+
+def array_from_values(name: str, datatype: str, values: object, count: int) -> np.ndarray:
+    """A flat numpy array of ``datatype`` from JSON values, or InvalidInput saying why not."""
+    if not isinstance(values, list):
+        raise InvalidInput(f"'data' of input '{name}' must be an array")
+    try:
+        source = np.asarray(values)
+    except (ValueError, OverflowError):
+        raise InvalidInput(
+            f"'data' of input '{name}' is ragged or holds values of mixed types: "
+            "nested arrays must all have the same length"
+        ) from None
+    if source.size != count:
+        raise InvalidInput(
+            f"input '{name}': its shape holds {count} elements but 'data' has {source.size}"
+        )
+    source = source.reshape(-1)
+    if count == 0:
+        return np.empty(0, dtype=NUMPY_DTYPES[datatype])
+    kind = source.dtype.kind
+    got = _KIND_WORDS.get(kind, str(source.dtype))
+    if datatype == "BOOL":
+        if kind != "b":
+            raise InvalidInput(
+                f"input '{name}' has datatype BOOL; 'data' must be true/false, got {got}"
+            )
+        return source
+    if datatype in INTEGER_TYPES:
+        if kind in "fO":
+            # NOTE: numpy infers float64 (or object) when ints span beyond int64,
+            #   e.g. [0, 2**64 - 1]; check such values as exact Python ints instead.
+            exact = _exact_ints(values)
+            if exact is not None:
+                source, kind = exact, "i"
+        if kind not in "iu":
+            raise InvalidInput(
+                f"input '{name}' has datatype {datatype}; 'data' must be integers, got {got}"
+            )
+        target = NUMPY_DTYPES[datatype]
+        info = np.iinfo(target)
+        low, high = source.min(), source.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise InvalidInput(
+                f"input '{name}': value {bad} is out of range for {datatype} "
+                f"[{info.min}, {info.max}]"
+            )
+        return source.astype(target)
+    if datatype in FLOAT_TYPES:
+        if kind not in "iuf":
+            raise InvalidInput(
+                f"input '{name}' has datatype {datatype}; 'data' must be numbers, got {got}"
+            )
+        if datatype == "BF16":
+            converted = float32_to_bf16(source.astype(np.float32))
+            check = bf16_to_float32(converted)
+        else:
+            with np.errstate(over="ignore"):
+                converted = source.astype(NUMPY_DTYPES[datatype])
+            check = converted
+        if not np.isfinite(check).all() and np.isfinite(source.astype(np.float64)).all():
+            raise InvalidInput(f"input '{name}': a value is too large for {datatype}")
+        return converted
+    raise InvalidInput(f"input '{name}': datatype {datatype} cannot be sent as JSON values")
+
+
+def values_from_buffer(datatype: str, data: memoryview, count: int) -> list[object]:
+    """Flat JSON-ready values of an output tensor held in ``data``."""
+    if datatype == "BYTES":
+        return [
+            element.decode("utf-8", errors="replace")
+            for element in decode_bytes_elements(data, count)
+        ]
+    if datatype == "BF16":
+        words = np.frombuffer(data, dtype=np.uint16, count=count)
+        return bf16_to_float32(words).tolist()
+    return np.frombuffer(data, dtype=NUMPY_DTYPES[datatype], count=count).tolist()

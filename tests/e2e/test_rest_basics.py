@@ -1,0 +1,238 @@
+"""Health, metadata and JSON inference over real HTTP, with tritonclient and raw requests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server import ServerProcess
+
+
+def request(
+    server: ServerProcess,
+    method: str,
+    path: str,
+    body: bytes | str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection(server.host_port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.host_port)
+
+
+def test_health(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    status, _, body = request(server, "GET", "/v2/health/live")
+    assert (status, json.loads(body)) == (200, {"live": True})
+    status, _, body = request(server, "GET", "/v2/health/ready")
+    assert (status, json.loads(body)) == (200, {"ready": True})
+
+
+def test_server_metadata(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:
+    meta = client.get_server_metadata()
+    assert meta["name"] == "oipserve"
+    assert "binary_tensor_data" in meta["extensions"]
+    for path in ("/v2", "/v2/"):
+        status, headers, body = request(server, "GET", path)
+        assert status == 200 and json.loads(body) == meta
+        assert headers["content-type"].startswith("application/json")
+
+
+def test_model_metadata(client: httpclient.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("simple")
+    assert meta == {
+        "name": "simple",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ],
+    }
+    assert client.get_model_metadata("versioned")["versions"] == ["1", "2"]
+    assert client.get_model_metadata("versioned", "1")["versions"] == ["1"]
+
+
+def test_model_ready(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:
+    assert client.is_model_ready("simple")
+    assert client.is_model_ready("versioned", "2")
+    status, _, body = request(server, "GET", "/v2/models/simple/versions/1/ready")
+    assert status == 200 and json.loads(body) == {"name": "simple", "ready": True}
+    status, _, body = request(server, "GET", "/v2/models/nope/ready")
+    assert status == 404 and "nope" in json.loads(body)["error"]
+    status, _, body = request(server, "GET", "/v2/models/simple/versions/9/ready")
+    assert status == 404
+
+
+def test_model_config(server: ServerProcess) -> None:
+    status, _, body = request(server, "GET", "/v2/models/simple/config")
+    config = json.loads(body)
+    assert status == 200
+    assert config["max_batch_size"] == 8
+    assert config["input"][0] == {"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}
+
+
+def test_simple_with_tritonclient(client: httpclient.InferenceServerClient) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.ones((1, 16), dtype=np.int32)
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a, binary_data=False)
+    inputs[1].set_data_from_numpy(b, binary_data=False)
+    result = client.infer("simple", inputs, request_id="req-7")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    response = result.get_response()
+    assert response["id"] == "req-7"
+    assert response["model_name"] == "simple" and response["model_version"] == "1"
+
+
+def test_outputs_selects_and_orders(server: ServerProcess) -> None:
+    body = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [2, 16],
+                "datatype": "INT32",
+                "data": [[i for i in range(16)], [2 * i for i in range(16)]],
+            },
+            {"name": "INPUT1", "shape": [2, 16], "datatype": "INT32", "data": [1] * 32},
+        ],
+        "outputs": [{"name": "OUTPUT1"}],
+    }
+    status, _, raw = request(server, "POST", "/v2/models/simple/infer", json.dumps(body))
+    reply = json.loads(raw)
+    assert status == 200, reply
+    assert [o["name"] for o in reply["outputs"]] == ["OUTPUT1"]
+    assert reply["outputs"][0]["shape"] == [2, 16]
+    assert reply["outputs"][0]["data"] == [i - 1 for i in range(16)] + [
+        2 * i - 1 for i in range(16)
+    ]
+    assert "id" not in reply
+    body["outputs"] = [{"name": "OUTPUT1"}, {"name": "OUTPUT0"}]
+    reply = json.loads(request(server, "POST", "/v2/models/simple/infer", json.dumps(body))[2])
+    assert [o["name"] for o in reply["outputs"]] == ["OUTPUT1", "OUTPUT0"]
+
+
+def test_versions_answer_differently(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    data = np.array([1.0, 2.0], dtype=np.float32)
+    answers = {}
+    for version in ("1", "2", ""):
+        inp = httpclient.InferInput("INPUT0", [2], "FP32")
+        inp.set_data_from_numpy(data, binary_data=False)
+        result = client.infer("versioned", [inp], model_version=version)
+        answers[version] = result.as_numpy("OUTPUT0").tolist()
+        assert result.get_response()["model_version"] == (version or "2")
+    assert answers == {"1": [2.0, 3.0], "2": [3.0, 4.0], "": [3.0, 4.0]}
+
+
+ROUND_TRIP = {
+    "BOOL": np.array([[True, False, True]]),
+    "UINT8": np.array([[0, 255, 7]], dtype=np.uint8),
+    "UINT16": np.array([[0, 65535, 7]], dtype=np.uint16),
+    "UINT32": np.array([[0, 2**32 - 1, 7]], dtype=np.uint32),
+    "UINT64": np.array([[0, 2**64 - 1, 7]], dtype=np.uint64),
+    "INT8": np.array([[-128, 127, 0]], dtype=np.int8),
+    "INT16": np.array([[-32768, 32767, 0]], dtype=np.int16),
+    "INT32": np.array([[-(2**31), 2**31 - 1, 0]], dtype=np.int32),
+    "INT64": np.array([[-(2**63), 2**63 - 1, 0]], dtype=np.int64),
+    "FP16": np.array([[0.5, -2.0, 65504.0]], dtype=np.float16),
+    "FP32": np.array([[0.25, -1.5e30, 3.0]], dtype=np.float32),
+    "FP64": np.array([[0.1, -1e300, 3.0]], dtype=np.float64),
+    "BYTES": np.array([["héllo", "", "x" * 300]], dtype=object),
+}
+
+
+@pytest.mark.parametrize("datatype", list(ROUND_TRIP))
+def test_every_datatype_round_trips_as_json(
+    client: httpclient.InferenceServerClient, datatype: str
+) -> None:
+    data = ROUND_TRIP[datatype]
+    inp = httpclient.InferInput("INPUT0", list(data.shape), datatype)
+    inp.set_data_from_numpy(data, binary_data=False)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    result = client.infer(f"identity_{datatype.lower()}", [inp], outputs=[out])
+    got = result.as_numpy("OUTPUT0")
+    assert result.get_output("OUTPUT0")["datatype"] == datatype
+    if datatype == "BYTES":
+        assert [g.decode() if isinstance(g, bytes) else g for g in got.reshape(-1)] == list(
+            data.reshape(-1)
+        )
+    else:
+        assert got.dtype == data.dtype
+        np.testing.assert_array_equal(got, data)
+
+
+def test_bf16_json_round_trip(server: ServerProcess) -> None:
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 3], "datatype": "BF16", "data": [1.0, -2.5, 0.5]}
+        ]
+    }
+    status, _, raw = request(server, "POST", "/v2/models/identity_bf16/infer", json.dumps(body))
+    assert status == 200, raw
+    assert json.loads(raw)["outputs"][0]["data"] == [1.0, -2.5, 0.5]
+
+
+def test_string_model(client: httpclient.InferenceServerClient) -> None:
+    inp = httpclient.InferInput("INPUT0", [2], "BYTES")
+    inp.set_data_from_numpy(np.array(["abc", "Hello"], dtype=object), binary_data=False)
+    result = client.infer("string_upper", [inp])
+    assert result.as_numpy("OUTPUT0").tolist() == [b"ABC", b"HELLO"]
+
+
+def test_nested_and_flat_data_are_equivalent(server: ServerProcess) -> None:
+    def call(data: list) -> list:
+        body = {"inputs": [{"name": "INPUT0", "shape": [2, 2], "datatype": "FP32", "data": data}]}
+        status, _, raw = request(server, "POST", "/v2/models/identity_fp32/infer", json.dumps(body))
+        assert status == 200, raw
+        return json.loads(raw)["outputs"][0]["data"]
+
+    assert call([[1, 2], [3, 4]]) == call([1, 2, 3, 4]) == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_runtime_failure_is_500_and_worker_keeps_serving(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    body = {
+        "inputs": [
+            {"name": "DATA", "shape": [6], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]},
+            {"name": "SHAPE", "shape": [2], "datatype": "INT64", "data": [4, 4]},
+        ]
+    }
+    status, _, raw = request(server, "POST", "/v2/models/reshape/infer", json.dumps(body))
+    assert status == 500
+    assert "onnxruntime" in json.loads(raw)["error"]
+    body["inputs"][1]["data"] = [2, 3]
+    status, _, raw = request(server, "POST", "/v2/models/reshape/infer", json.dumps(body))
+    assert status == 200, raw
+    assert json.loads(raw)["outputs"][0]["shape"] == [2, 3]
+    assert client.is_server_ready()
+
+
+def test_tritonclient_error_surface(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="unknown model 'missing'"):
+        client.get_model_metadata("missing")

@@ -1,0 +1,125 @@
+"""Running a real ``oipserve serve`` subprocess for tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_REPOSITORY = ROOT / "model-repository"
+READY = re.compile(r"ready http://(\S+):(\d+)")
+
+
+class ServerProcess:
+    """One server subprocess; its log is collected so failures can show it."""
+
+    def __init__(
+        self,
+        repository: Path | str = SAMPLE_REPOSITORY,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "oipserve",
+            "serve",
+            "--model-repository",
+            str(repository),
+            "--http-port",
+            "0",
+            *args,
+        ]
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
+            cwd=ROOT,
+        )
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.url = ""
+        self.port = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            match = READY.search(line)
+            if match and not self._ready.is_set():
+                self.url = f"http://{match.group(1)}:{match.group(2)}"
+                self.port = int(match.group(2))
+                self._ready.set()
+        self._ready.set()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def host_port(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def wait_ready(self, timeout: float = 90) -> ServerProcess:
+        if not self._ready.wait(timeout) or not self.url:
+            self.kill()
+            raise RuntimeError(f"server did not become ready:\n{self.log}")
+        return self
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, wait, return the exit code (kill and fail loudly if it hangs)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"server did not stop within {timeout}s:\n{self.log}") from None
+        self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the server's worker processes (children of the front)."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            pids = [int(p) for p in children.read_text().split()]
+        except OSError:
+            return []
+        return [p for p in pids if "spawn_main" in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def shm_entries(pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"oipserve-{pid}-")]
+
+
+def wait_for(predicate: object, timeout: float = 30, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(interval)
+    return False

@@ -1,0 +1,1 @@
+"""Worker processes: ONNX Runtime sessions fed through shared memory."""

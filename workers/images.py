@@ -1,0 +1,562 @@
+"""Turn encoded images (KServe v2 BYTES elements) into model input tensors, the way OVMS does.
+
+OpenVINO Model Server decodes each element with ``cv2.imdecode(..., IMREAD_UNCHANGED)``, so
+pixels arrive as BGR (BGRA with alpha, one channel for grey) with their stored bit depth; it
+casts to the model's element type without scaling *before* a bilinear resize, and only then
+applies colour swap, mean, scale and the NCHW transpose. This module copies that order so a
+model tuned against OVMS gets the same numbers here (see
+``shared/reference/ovms-image-inputs.md``).
+
+Deliberate differences from OVMS, all in the direction of being more useful to ONNX models:
+
+* The layout may be NCHW (detected from the shape or set with the ``layout`` parameter); OVMS
+  needs ``--layout NHWC:NCHW`` for that and otherwise reads C from the last dimension.
+* Resizing happens whenever both height and width are fixed, even with a dynamic batch
+  dimension (OVMS never resizes when any dimension, batch included, is ``-1``).
+* Only JPEG, PNG, BMP and WebP are accepted (by magic bytes); OVMS takes whatever its OpenCV
+  build can read. Truncated JPEG/PNG/WebP files are rejected before decoding because
+  libjpeg in OpenCV 4.x returns a grey-padded image for them instead of failing.
+* Images larger than ``max_pixels`` are refused from their header, before decoding, so a
+  small "decompression bomb" cannot make the worker allocate gigabytes.
+* int8/int32/float16 inputs that need a resize are resized in float32 (OpenCV cannot resize
+  those types, so OVMS fails with an internal error there).
+
+Everything here is pure (no server imports) and thread-safe; cv2 releases the GIL, so a
+caller may decode the elements of a batch from several threads.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+import cv2
+import msgspec
+import numpy as np
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "SUPPORTED_DTYPES",
+    "ImageError",
+    "ImageSpec",
+    "decode_batch",
+    "image_spec_for",
+    "split_length_prefixed",
+]
+
+#: Element types an image can be cast to: the list OVMS accepts (others get INVALID_PRECISION).
+SUPPORTED_DTYPES: frozenset[str] = frozenset(
+    {"uint8", "int8", "uint16", "int16", "int32", "float16", "float32", "float64"}
+)
+
+#: Largest image (width * height, from the file header) decode_batch accepts by default:
+#: 64 Mpx, e.g. 8192x8192. OpenCV's own limit is 2**30, which lets one request pin ~3 GB.
+DEFAULT_MAX_PIXELS: int = 1 << 26
+
+_FORMATS = "JPEG/PNG/BMP/WebP"
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# SOF markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Markers without a length field: TEM and RST0-7 (SOI/EOI are handled separately).
+_JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
+# dtypes cv2.resize(INTER_LINEAR) handles; the others are resized in float32.
+_CV2_RESIZABLE = frozenset({"uint8", "uint16", "int16", "float32", "float64"})
+
+
+class ImageError(ValueError):
+    """A request (or model configuration) the image path cannot serve; the text is for clients.
+
+    Raised for client mistakes (bad bytes, wrong channel count, wrong batch size), which the
+    server should answer with 400 / INVALID_ARGUMENT, and from :func:`image_spec_for` for model
+    configurations that cannot take images.
+    """
+
+
+class ImageSpec(msgspec.Struct, frozen=True):
+    """How one model input takes images; ``-1`` marks a dynamic dimension.
+
+    ``dtype`` is the numpy name of the model input's element type. ``color_order`` is the
+    channel order the model wants (OpenCV decodes to BGR). ``mean``/``scale`` hold one value
+    or one per channel, in the channel order the model sees (after any BGR->RGB swap).
+    """
+
+    layout: Literal["NHWC", "NCHW"]
+    height: int
+    width: int
+    channels: int
+    dtype: str
+    color_order: Literal["BGR", "RGB"] = "BGR"
+    mean: tuple[float, ...] | None = None
+    scale: tuple[float, ...] | None = None
+    batch: int = -1
+
+
+def image_spec_for(
+    input_name: str, shape: Sequence[int], dtype: str, params: Mapping[str, str]
+) -> ImageSpec:
+    """Describe how a model input takes images, or raise ImageError if it cannot.
+
+    ``shape`` is the model input's shape (any negative value = dynamic), ``dtype`` its numpy
+    element type, ``params`` the model's string parameters. Keys read: ``layout`` (NHWC or
+    NCHW), ``color_order`` (BGR or RGB, default BGR), ``mean`` and ``scale`` (comma-separated
+    floats, one value or one per channel, optionally in brackets; float inputs only).
+
+    The input must be 4-D and of a dtype in :data:`SUPPORTED_DTYPES`. Layout rule when no
+    ``layout`` parameter is given, with d1 = shape[1] and d3 = shape[3]:
+
+    * d1 is 1 or 3 and d3 is not 1 or 3  -> NCHW  (e.g. [N,3,224,224], [N,1,28,28]);
+    * d3 is 1, 3 or 4 and d1 is not 1, 3 or 4  -> NHWC  (e.g. [N,224,224,3], [N,-1,-1,4]);
+    * otherwise (both look like channels, e.g. [1,3,3,3], or neither does, e.g.
+      [1,-1,-1,-1]) -> ImageError asking for the ``layout`` parameter.
+
+    The channel dimension must be 1, 3, 4 or dynamic: decoded images never have other counts.
+    """
+    shape = tuple(int(d) for d in shape)
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        np_dtype = None
+    if np_dtype is None or np_dtype.name not in SUPPORTED_DTYPES:
+        raise ImageError(
+            f"input '{input_name}' is not an image input: its element type {dtype!r} cannot"
+            f" hold image pixels (supported: {', '.join(sorted(SUPPORTED_DTYPES))})"
+        )
+    if len(shape) != 4:
+        raise ImageError(
+            f"input '{input_name}' is not an image input: it has {len(shape)} dimensions"
+            f" {list(shape)}, image inputs need 4 (NHWC or NCHW)"
+        )
+    if 0 in shape:
+        raise ImageError(
+            f"input '{input_name}' is not an image input: shape {list(shape)} has a zero dimension"
+        )
+    dims = tuple(-1 if d < 0 else d for d in shape)
+
+    layout = _layout_param(input_name, params.get("layout"))
+    if layout is None:
+        layout = _detect_layout(input_name, dims)
+    if layout == "NCHW":
+        batch, channels, height, width = dims
+    else:
+        batch, height, width, channels = dims
+    if channels not in (-1, 1, 3, 4):
+        raise ImageError(
+            f"input '{input_name}' read as {layout} {list(shape)} has {channels} channels;"
+            " images decode to 1, 3 or 4 channels (is the `layout` parameter right?)"
+        )
+
+    color_param = (params.get("color_order") or "BGR").strip().upper()
+    color_order: Literal["BGR", "RGB"] = "RGB" if color_param == "RGB" else "BGR"
+    if color_param != color_order:
+        raise ImageError(
+            f"input '{input_name}': parameter color_order must be BGR or RGB,"
+            f" not {params['color_order']!r}"
+        )
+    mean = _floats_param(input_name, params, "mean", channels)
+    scale = _floats_param(input_name, params, "scale", channels)
+    if (mean is not None or scale is not None) and np_dtype.kind != "f":
+        raise ImageError(
+            f"input '{input_name}': mean/scale need a floating-point input, not {np_dtype.name}"
+        )
+    if scale is not None and 0.0 in scale:
+        raise ImageError(f"input '{input_name}': parameter scale must not contain 0")
+    return ImageSpec(
+        layout=layout,
+        height=height,
+        width=width,
+        channels=channels,
+        dtype=np_dtype.name,
+        color_order=color_order,
+        mean=mean,
+        scale=scale,
+        batch=batch,
+    )
+
+
+def _layout_param(input_name: str, value: str | None) -> Literal["NHWC", "NCHW"] | None:
+    """Validate the optional ``layout`` parameter (case-insensitive)."""
+    if value is None or not value.strip():
+        return None
+    layout = value.strip().upper()
+    if layout == "NHWC":
+        return "NHWC"
+    if layout == "NCHW":
+        return "NCHW"
+    raise ImageError(f"input '{input_name}': parameter layout must be NHWC or NCHW, not {value!r}")
+
+
+def _detect_layout(input_name: str, dims: tuple[int, ...]) -> Literal["NHWC", "NCHW"]:
+    """Apply the shape rule documented on :func:`image_spec_for`."""
+    d1, d3 = dims[1], dims[3]
+    if d1 in (1, 3) and d3 not in (1, 3):
+        return "NCHW"
+    if d3 in (1, 3, 4) and d1 not in (1, 3, 4):
+        return "NHWC"
+    raise ImageError(
+        f"cannot tell whether image input '{input_name}' with shape {list(dims)} is NHWC or"
+        " NCHW; set the model parameter `layout` to NHWC or NCHW"
+    )
+
+
+def _floats_param(
+    input_name: str, params: Mapping[str, str], key: str, channels: int
+) -> tuple[float, ...] | None:
+    """Parse ``"a,b,c"`` (or ``"[a, b, c]"``) into one value or one per channel."""
+    raw = params.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        values = tuple(float(v) for v in raw.strip().strip("[]").split(","))
+    except ValueError:
+        raise ImageError(
+            f"input '{input_name}': parameter {key} must be comma-separated numbers, not {raw!r}"
+        ) from None
+    if not all(math.isfinite(v) for v in values):
+        raise ImageError(f"input '{input_name}': parameter {key} must be finite, not {raw!r}")
+    allowed = (1, 3, 4) if channels == -1 else (1, channels)
+    if len(values) not in allowed:
+        wanted = "1, 3 or 4" if channels == -1 else f"1 or {channels}"
+        raise ImageError(
+            f"input '{input_name}': parameter {key} has {len(values)} values, expected {wanted}"
+        )
+    return values
+
+
+def split_length_prefixed(input_name: str, buf: memoryview) -> list[memoryview]:
+    """Split the BYTES binary form (uint32 LE length, then the bytes) into zero-copy slices.
+
+    The prefixes must tile the buffer exactly (as OVMS requires); an empty buffer gives no
+    elements. The slices keep ``buf``'s exporter alive, e.g. a shared-memory block cannot be
+    closed while they exist.
+    """
+    view = memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    total = len(view)
+    parts: list[memoryview] = []
+    pos = 0
+    while pos < total:
+        if pos + 4 > total:
+            raise ImageError(
+                f"input '{input_name}': length prefix of element {len(parts)} is truncated"
+                f" ({total - pos} of 4 bytes at offset {pos})"
+            )
+        (length,) = struct.unpack_from("<I", view, pos)
+        start = pos + 4
+        pos = start + length
+        if pos > total:
+            raise ImageError(
+                f"element {len(parts)} of input '{input_name}' declares {length} bytes but only"
+                f" {total - start} remain in the buffer"
+            )
+        parts.append(view[start:pos])
+    return parts
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Per-spec constants, computed once rather than per request."""
+
+    dtype: np.dtype
+    resize_dtype: np.dtype  # type cv2.resize runs in (the model type when OpenCV supports it)
+    compute_dtype: np.dtype | None  # float type for mean/scale, None when not normalising
+    mean: np.ndarray | None
+    scale: np.ndarray | None
+    int_max: int | None  # saturation bound for integer model types
+
+
+@lru_cache(maxsize=256)
+def _plan(spec: ImageSpec) -> _Plan:
+    dtype = np.dtype(spec.dtype)
+    if dtype.name not in SUPPORTED_DTYPES:
+        raise ImageError(f"model input element type {spec.dtype!r} cannot hold image pixels")
+    normalise = spec.mean is not None or spec.scale is not None
+    compute = None
+    if normalise:
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    return _Plan(
+        dtype=dtype,
+        resize_dtype=dtype if dtype.name in _CV2_RESIZABLE else np.dtype(np.float32),
+        compute_dtype=compute,
+        mean=None if spec.mean is None else np.asarray(spec.mean, dtype=compute),
+        scale=None if spec.scale is None else np.asarray(spec.scale, dtype=compute),
+        int_max=int(np.iinfo(dtype).max) if dtype.kind in "iu" else None,
+    )
+
+
+def decode_batch(
+    input_name: str,
+    elements: Sequence[bytes | memoryview],
+    spec: ImageSpec,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> np.ndarray:
+    """Decode encoded images into one model-ready array (NHWC or NCHW, ``spec.dtype``).
+
+    Per image, in OVMS order: decode unchanged (BGR/BGRA/grey, 8 or 16 bit), check the size
+    against the first image when no resize is possible, check channels, cast to the model type
+    with saturation and no scaling, resize bilinearly to the fixed (height, width) if needed,
+    then swap to RGB, subtract ``mean`` and divide by ``scale`` (in float), and write into the
+    preallocated output (through a transposed view for NCHW). With a dynamic height or width
+    nothing is resized: the free dimension takes element 0's size, every image must match it,
+    and a fixed one must already match. Element indices in messages are 0-based.
+    """
+    plan = _plan(spec)
+    count = len(elements)
+    if count == 0:
+        raise ImageError(f"input '{input_name}' has no images")
+    if spec.batch > 0 and count != spec.batch:
+        raise ImageError(
+            f"input '{input_name}' has {count} images but the model takes a batch of exactly"
+            f" {spec.batch}"
+        )
+    for index, element in enumerate(elements):
+        if len(element) == 0:
+            raise ImageError(f"element {index} of input '{input_name}' is empty")
+
+    can_resize = spec.height > 0 and spec.width > 0
+    out: np.ndarray | None = None
+    hwc_out: np.ndarray | None = None  # NHWC view of `out`
+    first_hw = (0, 0)
+    height = width = channels = 0
+    mean_row = scale_row = None
+    for index, element in enumerate(elements):
+        img = _decode_one(input_name, index, element, max_pixels)
+        h, w, c = img.shape
+        if out is None:
+            first_hw = (h, w)
+            channels = spec.channels if spec.channels > 0 else c
+            height = spec.height if spec.height > 0 else h
+            width = spec.width if spec.width > 0 else w
+        elif not can_resize and (h, w) != first_hw:
+            raise ImageError(
+                f"element {index} of input '{input_name}' is {h}x{w} (HxW) but element 0 is"
+                f" {first_hw[0]}x{first_hw[1]}; with a dynamic height/width every image in a"
+                " request must have the same size"
+            )
+        if c != channels:
+            raise ImageError(
+                f"element {index} of input '{input_name}' has {c} channel{'s' * (c != 1)} but"
+                f" the model input takes {channels}"
+            )
+        resize = (h, w) != (height, width)
+        if resize and not can_resize:
+            raise ImageError(
+                f"element {index} of input '{input_name}' is {h}x{w} (HxW) but the model needs"
+                f" {height}x{width}; images are resized only when both height and width are"
+                " fixed"
+            )
+        if out is None:
+            if spec.layout == "NCHW":
+                out = np.empty((count, channels, height, width), dtype=plan.dtype)
+                hwc_out = out.transpose(0, 2, 3, 1)
+            else:
+                out = np.empty((count, height, width, channels), dtype=plan.dtype)
+                hwc_out = out
+            mean_row = _per_pixel_row(input_name, "mean", plan.mean, width, channels)
+            scale_row = _per_pixel_row(input_name, "scale", plan.scale, width, channels)
+        assert hwc_out is not None
+        if spec.color_order == "RGB" and c >= 3:
+            img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB if c == 3 else cv2.COLOR_BGRA2RGBA)
+        _convert_into(img, hwc_out[index], plan, resize, mean_row, scale_row)
+    assert out is not None
+    return out
+
+
+def _convert_into(
+    img: np.ndarray,
+    dst: np.ndarray,
+    plan: _Plan,
+    resize: bool,
+    mean_row: np.ndarray | None,
+    scale_row: np.ndarray | None,
+) -> None:
+    """Cast (saturating), resize and normalise one HxWxC image into ``dst``."""
+    height, width, channels = dst.shape
+    if plan.compute_dtype is not None:
+        # Float model with mean/scale: the cast to float is exact, so no saturation is needed.
+        x = img.astype(plan.compute_dtype)
+        if resize:
+            x = _resize(x, width, height, channels)
+        rows = x.reshape(height, width * channels)  # a view: long inner loops, ~10x faster
+        if mean_row is not None:
+            np.subtract(rows, mean_row, out=rows)
+        if scale_row is not None:
+            np.divide(rows, scale_row, out=rows)
+        dst[...] = x
+        return
+    if plan.int_max is not None and np.iinfo(img.dtype).max > plan.int_max:
+        img = np.minimum(img, plan.int_max)  # OpenCV's saturate_cast; pixels are never < 0
+    if not resize:
+        dst[...] = img
+        return
+    x = _resize(img.astype(plan.resize_dtype, copy=False), width, height, channels)
+    if plan.resize_dtype != plan.dtype and plan.int_max is not None:
+        np.rint(x, out=x)  # int8/int32 resized in float32: round like OpenCV would
+    dst[...] = x
+
+
+def _resize(x: np.ndarray, width: int, height: int, channels: int) -> np.ndarray:
+    """cv2.resize drops a trailing 1-channel axis; put it back."""
+    r = cv2.resize(x, (width, height), interpolation=cv2.INTER_LINEAR)
+    return r.reshape(height, width, channels)
+
+
+def _per_pixel_row(
+    input_name: str, what: str, values: np.ndarray | None, width: int, channels: int
+) -> np.ndarray | None:
+    """Repeat per-channel values along a row so they broadcast over an (H, W*C) view."""
+    if values is None:
+        return None
+    if values.shape[0] not in (1, channels):
+        raise ImageError(
+            f"input '{input_name}' has {channels}-channel images but the model's {what}"
+            f" parameter has {values.shape[0]} values"
+        )
+    return np.tile(np.broadcast_to(values, (channels,)), width)
+
+
+def _decode_one(
+    input_name: str, index: int, element: bytes | memoryview, max_pixels: int
+) -> np.ndarray:
+    """Validate the container and decode one element to an HxWxC uint8/uint16 array."""
+    # One private copy: what is checked is what gets decoded even if the source buffer
+    # (e.g. shared memory) changes meanwhile; bytes(bytes) is free.
+    data = bytes(element)
+    fmt, width, height = _inspect(input_name, index, data)
+    if width * height > max_pixels:
+        raise ImageError(
+            f"element {index} of input '{input_name}' is {width}x{height} pixels, more than the"
+            f" limit of {max_pixels} pixels"
+        )
+    try:
+        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error:
+        img = None
+    if img is None or img.size == 0:
+        raise ImageError(
+            f"element {index} of input '{input_name}' could not be decoded as a {fmt} image"
+            " (corrupt data)"
+        )
+    if img.dtype not in (np.uint8, np.uint16):
+        raise ImageError(
+            f"element {index} of input '{input_name}' has unsupported pixel type {img.dtype}"
+        )
+    if img.ndim == 2:
+        img = img[:, :, np.newaxis]
+    return img
+
+
+def _inspect(input_name: str, index: int, data: bytes) -> tuple[str, int, int]:
+    """Identify the format by magic bytes and check the container is complete.
+
+    Returns (format, width, height) with 0 for a size the header does not state.
+    """
+    if data[:3] == b"\xff\xd8\xff":
+        return "JPEG", *_jpeg_size(input_name, index, data)
+    if data[:8] == _PNG_SIGNATURE:
+        return "PNG", *_png_size(input_name, index, data)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP", *_webp_size(input_name, index, data)
+    if data[:2] == b"BM":
+        return "BMP", *_bmp_size(input_name, index, data)
+    raise ImageError(f"element {index} of input '{input_name}' is not a {_FORMATS} image")
+
+
+def _truncated(input_name: str, index: int, fmt: str) -> ImageError:
+    return ImageError(f"element {index} of input '{input_name}' is a truncated {fmt} image")
+
+
+def _jpeg_size(input_name: str, index: int, data: bytes) -> tuple[int, int]:
+    """Walk the marker segments to the first scan, then require an EOI (FF D9) after it.
+
+    Scan data cannot contain FF D9 (0xFF is byte-stuffed), so a missing EOI means the file
+    was cut; bytes after the EOI are ignored, as libjpeg does. Segment lengths skip embedded
+    EXIF thumbnails, whose own EOI would otherwise fool a plain search.
+    """
+    size = len(data)
+    width = height = 0
+    pos = 2
+    while True:
+        if pos + 4 > size:
+            raise _truncated(input_name, index, "JPEG")
+        if data[pos] != 0xFF:
+            break  # not a marker where one should be: leave the verdict to the decoder
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+            continue
+        if marker in _JPEG_STANDALONE:
+            pos += 2
+            continue
+        if marker == 0xD9:  # EOI before any scan
+            break
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        end = pos + 2 + length
+        if end > size:
+            raise _truncated(input_name, index, "JPEG")
+        if marker in _JPEG_SOF and length >= 7:
+            height, width = struct.unpack_from(">HH", data, pos + 5)
+        pos = end
+        if marker == 0xDA:  # start of scan: entropy-coded data follows
+            break
+    if data.rfind(b"\xff\xd9", pos) < 0:  # rfind: the EOI is normally at the very end
+        raise _truncated(input_name, index, "JPEG")
+    return width, height
+
+
+def _png_size(input_name: str, index: int, data: bytes) -> tuple[int, int]:
+    """Walk the chunks and require an IEND chunk that lies wholly inside the data."""
+    size = len(data)
+    width = height = 0
+    pos = 8
+    while True:
+        if pos + 8 > size:
+            raise _truncated(input_name, index, "PNG")
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        end = pos + 12 + length
+        if end > size:
+            raise _truncated(input_name, index, "PNG")
+        if kind == b"IHDR" and length >= 8:
+            width, height = struct.unpack_from(">II", data, pos + 8)
+        elif kind == b"IEND":
+            return width, height
+        pos = end
+
+
+def _webp_size(input_name: str, index: int, data: bytes) -> tuple[int, int]:
+    """Check the RIFF length and read the canvas size of a VP8/VP8L/VP8X WebP."""
+    (riff_size,) = struct.unpack_from("<I", data, 4)
+    if len(data) < 8 + riff_size:
+        raise _truncated(input_name, index, "WebP")
+    chunk = data[12:16]
+    if len(data) < 30:
+        width = height = 0  # too short for any size field: the decoder will reject it
+    elif chunk == b"VP8X":
+        width = 1 + int.from_bytes(data[24:27], "little")
+        height = 1 + int.from_bytes(data[27:30], "little")
+    elif chunk == b"VP8L":
+        (bits,) = struct.unpack_from("<I", data, 21)
+        width, height = 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    elif chunk == b"VP8 ":
+        w, h = struct.unpack_from("<HH", data, 26)
+        width, height = w & 0x3FFF, h & 0x3FFF
+    else:
+        width = height = 0
+    return width, height
+
+
+def _bmp_size(input_name: str, index: int, data: bytes) -> tuple[int, int]:
+    """Read the DIB header size fields; OpenCV itself rejects short pixel data."""
+    if len(data) < 26:
+        raise _truncated(input_name, index, "BMP")
+    (header_size,) = struct.unpack_from("<I", data, 14)
+    if header_size == 12:  # OS/2 BITMAPCOREHEADER: 16-bit sizes
+        width, height = struct.unpack_from("<HH", data, 18)
+    else:
+        width, height = struct.unpack_from("<ii", data, 18)
+    return abs(width), abs(height)

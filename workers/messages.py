@@ -1,0 +1,149 @@
+"""Messages between the front and a worker process.
+
+Small frozen msgspec Structs, msgpack-encoded, one tagged union each way.
+They describe tensors (segment name, offset, size, dtype, shape) and never
+carry tensor bytes. Frames on the socket are a 4-byte little-endian length
+followed by the msgpack body.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class TensorDesc(msgspec.Struct, frozen=True, array_like=True):
+    """Where one tensor's bytes lie in shared memory."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    segment: str
+    offset: int
+    nbytes: int
+
+
+# ---- front -> worker -------------------------------------------------------
+
+
+class LoadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    key: str
+    path: str
+    intra_op_threads: int
+    #: ONNX Runtime providers in order of preference, each with its options.
+    providers: list[tuple[str, dict[str, str]]]
+
+
+class UnloadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    key: str
+
+
+class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    key: str
+    inputs: list[TensorDesc]
+    #: Output names to compute, in the order wanted; empty means all.
+    outputs: list[str]
+
+
+class Release(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """The front no longer reads these output segments; the worker may reuse them."""
+
+    segments: list[str]
+
+
+class Forget(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """The front unlinked these input segments; the worker should unmap them."""
+
+    segments: list[str]
+
+
+class Stop(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    pass
+
+
+ToWorker = LoadModel | UnloadModel | Infer | Release | Forget | Stop
+
+
+# ---- worker -> front -------------------------------------------------------
+
+
+class WorkerReady(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    pid: int
+    onnxruntime_version: str
+
+
+class Loaded(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    key: str
+    inputs: list[TensorMeta]
+    outputs: list[TensorMeta]
+    #: Providers the session really uses, first is the one that runs the graph.
+    providers: list[str]
+
+
+class Unloaded(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    key: str
+
+
+class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    #: The output segment lent to the front until it sends Release.
+    segment: str
+    outputs: list[TensorDesc]
+    #: Output segments the worker unlinked since its last reply.
+    dropped: list[str]
+
+
+class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """A request failed; ``status`` is the HTTP status the client should see."""
+
+    rid: int
+    status: int
+    message: str
+
+
+FromWorker = WorkerReady | Loaded | Unloaded | InferDone | Failed
+
+
+LENGTH = struct.Struct("<I")
+
+
+def frame(encoder: msgspec.msgpack.Encoder, message: object) -> bytes:
+    body = encoder.encode(message)
+    return LENGTH.pack(len(body)) + body
+
+
+class FrameSplitter:
+    """Accumulates bytes from a stream and yields complete frame bodies."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buffer)
+        while end - pos >= 4:
+            (length,) = LENGTH.unpack_from(buffer, pos)
+            if end - pos - 4 < length:
+                break
+            frames.append(bytes(buffer[pos + 4 : pos + 4 + length]))
+            pos += 4 + length
+        if pos:
+            del buffer[:pos]
+        return frames

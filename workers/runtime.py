@@ -1,0 +1,144 @@
+"""One ONNX Runtime session and the conversions at its edges.
+
+Inputs arrive as numpy views of shared memory (no copy); BYTES become the
+``str`` object arrays ONNX Runtime wants, BF16 becomes an OrtValue. Outputs
+are copied once into the worker's output segment: ONNX Runtime allocates its
+own output buffers when shapes are dynamic, so this copy is the one left.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import numpy as np
+import onnxruntime as ort
+
+from oipserve.datatypes import NUMPY_DTYPES, ONNX_TO_OIP, element_count
+from oipserve.shm import align
+from workers.messages import TensorMeta
+
+_BF16 = 16  # ONNX TensorProto.BFLOAT16
+_LENGTH = struct.Struct("<I")
+
+
+class RequestError(Exception):
+    """Bad request data found only in the worker (e.g. BYTES that are not UTF-8)."""
+
+
+def _dims(shape: list[object] | None) -> list[int]:
+    if shape is None:
+        return []
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def _meta(args: list[ort.NodeArg]) -> list[TensorMeta]:
+    metas = []
+    for arg in args:
+        datatype = ONNX_TO_OIP.get(arg.type)
+        if datatype is None:
+            raise ValueError(f"tensor '{arg.name}' has type {arg.type}, which OIP cannot carry")
+        metas.append(TensorMeta(arg.name, datatype, _dims(arg.shape)))
+    return metas
+
+
+class ModelSession:
+    """A loaded model: its session, metadata, and the run with conversions."""
+
+    def __init__(
+        self, path: str, intra_op_threads: int, providers: list[tuple[str, dict[str, str]]]
+    ) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3
+        # PERF: spinning threads steal the core the front process needs; on a
+        #   small node an idle wait costs less than the spin.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        self.inputs = _meta(self.session.get_inputs())
+        self.outputs = _meta(self.session.get_outputs())
+        self.output_types = {m.name: m.datatype for m in self.outputs}
+        self.input_types = {m.name: m.datatype for m in self.inputs}
+        self.has_bf16 = any(m.datatype == "BF16" for m in self.inputs + self.outputs)
+
+    def feed(self, name: str, datatype: str, shape: list[int], buf: memoryview) -> object:
+        """Build one input from its shared-memory bytes, without copying fixed-width data."""
+        if datatype == "BYTES":
+            return _decode_strings(name, buf, shape)
+        count = element_count(shape)
+        if datatype == "BF16":
+            words = np.frombuffer(buf, dtype=np.uint16, count=count).reshape(shape)
+            return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(words, _BF16)
+        return np.frombuffer(buf, dtype=NUMPY_DTYPES[datatype], count=count).reshape(shape)
+
+    def run(self, output_names: list[str], feeds: dict[str, object]) -> list[object]:
+        if self.has_bf16:
+            values = {
+                k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
+                for k, v in feeds.items()
+            }
+            results = self.session.run_with_ort_values(output_names, values)
+            return [r if r.data_type() == "tensor(bfloat16)" else r.numpy() for r in results]
+        return self.session.run(output_names, feeds)
+
+
+def _decode_strings(name: str, buf: memoryview, shape: list[int]) -> np.ndarray:
+    count = element_count(shape)
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        (length,) = _LENGTH.unpack_from(buf, pos)
+        pos += 4
+        try:
+            out[i] = str(buf[pos : pos + length], "utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(
+                f"element {i} of BYTES input '{name}' is not valid UTF-8, "
+                "which this model's string input requires"
+            ) from None
+        pos += length
+    return out.reshape(shape)
+
+
+def output_size(datatype: str, value: object) -> tuple[list[int], int, object]:
+    """Shape, byte size and a writer-ready form of one output value."""
+    if isinstance(value, ort.OrtValue):  # BF16
+        shape = list(value.shape())
+        return shape, element_count(shape) * 2, value
+    array = np.asarray(value)
+    shape = list(array.shape)
+    if datatype == "BYTES":
+        encoded = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in array.reshape(-1)]
+        return shape, sum(4 + len(e) for e in encoded), encoded
+    return shape, array.nbytes, array
+
+
+def write_output(target: memoryview, offset: int, nbytes: int, prepared: object) -> None:
+    """Copy one prepared output into shared memory at ``offset``."""
+    if isinstance(prepared, list):  # BYTES elements
+        pos = offset
+        for element in prepared:
+            _LENGTH.pack_into(target, pos, len(element))
+            pos += 4
+            target[pos : pos + len(element)] = element
+            pos += len(element)
+        return
+    if isinstance(prepared, ort.OrtValue):
+        dest = np.frombuffer(target, dtype=np.uint8, count=nbytes, offset=offset)
+        ctypes.memmove(dest.ctypes.data, prepared.data_ptr(), nbytes)
+        return
+    array: np.ndarray = prepared  # type: ignore[assignment]
+    dest = np.frombuffer(target, dtype=array.dtype, count=array.size, offset=offset)
+    np.copyto(dest.reshape(array.shape), array, casting="no")
+
+
+def layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Aligned offsets for tensors packed one after another, and the total size."""
+    offsets = []
+    pos = 0
+    for size in sizes:
+        offsets.append(pos)
+        pos = align(pos + size)
+    return offsets, max(pos, 1)

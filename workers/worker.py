@@ -1,0 +1,207 @@
+"""Entry point of a worker process.
+
+A worker owns ONNX Runtime sessions for the models placed on it and serves
+one request at a time, in arrival order, from a socket to the front. It never
+handles SIGINT (the front coordinates shutdown); SIGTERM sent to the worker
+itself makes it finish what it has already received, free its shared memory
+and exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+
+import msgspec
+
+from oipserve.shm import BufferPool, SegmentCache
+from workers import runtime
+from workers.messages import (
+    LENGTH,
+    Failed,
+    Forget,
+    FrameSplitter,
+    Infer,
+    InferDone,
+    Loaded,
+    LoadModel,
+    Release,
+    Stop,
+    TensorDesc,
+    ToWorker,
+    Unloaded,
+    UnloadModel,
+    WorkerReady,
+)
+
+log = logging.getLogger("oipserve.worker")
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, segment_prefix: str) -> None:
+        self.sock = sock
+        self.sessions: dict[str, runtime.ModelSession] = {}
+        self.inputs = SegmentCache()
+        self.dropped: list[str] = []
+        self.outputs = BufferPool(segment_prefix, on_drop=self.dropped.append)
+        self.decoder = msgspec.msgpack.Decoder(ToWorker)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.replies: list[bytes] = []
+
+    def serve(self) -> None:
+        """Read frames until Stop, EOF or SIGTERM; answer each in order."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        terminating = False
+        splitter = FrameSplitter()
+        self.sock.setblocking(False)
+        try:
+            while True:
+                if not terminating:
+                    readable, _, _ = select.select([self.sock, wake_r], [], [])
+                    if wake_r in readable:
+                        os.read(wake_r, 64)
+                        terminating = True  # drain what already arrived, then leave
+                try:
+                    data = self.sock.recv(1 << 20)
+                except BlockingIOError:
+                    if terminating:
+                        return
+                    continue
+                if not data:
+                    return  # the front is gone
+                for body in splitter.feed(data):
+                    if not self.handle(self.decoder.decode(body)):
+                        self.flush()
+                        return
+                self.flush()
+        finally:
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def flush(self) -> None:
+        if not self.replies:
+            return
+        payload = b"".join(self.replies)
+        self.replies.clear()
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            self.sock.setblocking(False)
+
+    def reply(self, message: object) -> None:
+        body = self.encoder.encode(message)
+        self.replies.append(LENGTH.pack(len(body)) + body)
+
+    def handle(self, message: ToWorker) -> bool:
+        """Handle one message; False means stop."""
+        if isinstance(message, Infer):
+            self.infer(message)
+        elif isinstance(message, Release):
+            for name in message.segments:
+                self.outputs.release_by_name(name)
+        elif isinstance(message, Forget):
+            for name in message.segments:
+                self.inputs.forget(name)
+        elif isinstance(message, LoadModel):
+            self.load(message)
+        elif isinstance(message, UnloadModel):
+            self.sessions.pop(message.key, None)
+            self.reply(Unloaded(message.rid, message.key))
+        elif isinstance(message, Stop):
+            return False
+        return True
+
+    def load(self, message: LoadModel) -> None:
+        try:
+            session = runtime.ModelSession(
+                message.path, message.intra_op_threads, message.providers
+            )
+        except Exception as exc:  # ONNX Runtime raises many unrelated types
+            self.reply(Failed(message.rid, 400, f"{type(exc).__name__}: {exc}"))
+            return
+        self.sessions[message.key] = session
+        self.reply(
+            Loaded(
+                message.rid,
+                message.key,
+                session.inputs,
+                session.outputs,
+                session.session.get_providers(),
+            )
+        )
+
+    def infer(self, message: Infer) -> None:
+        session = self.sessions.get(message.key)
+        if session is None:
+            self.reply(Failed(message.rid, 503, f"model '{message.key}' is not loaded here"))
+            return
+        try:
+            feeds = {}
+            for t in message.inputs:
+                segment = self.inputs.get(t.segment)
+                buf = segment.buf[t.offset : t.offset + t.nbytes]
+                feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
+            names = message.outputs or [m.name for m in session.outputs]
+            values = session.run(names, feeds)
+        except runtime.RequestError as exc:
+            self.reply(Failed(message.rid, 400, str(exc)))
+            return
+        except Exception as exc:  # an ONNX Runtime failure: report it and keep serving
+            self.reply(Failed(message.rid, 500, f"onnxruntime: {exc}"))
+            return
+        prepared = []
+        sizes = []
+        for name, value in zip(names, values, strict=True):
+            shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
+            prepared.append((name, shape, nbytes, ready))
+            sizes.append(nbytes)
+        offsets, total = runtime.layout(sizes)
+        try:
+            lease = self.outputs.acquire(total)
+        except OSError as exc:
+            self.reply(Failed(message.rid, 503, f"no shared memory for the outputs: {exc}"))
+            return
+        descs = []
+        for (name, shape, nbytes, ready), offset in zip(prepared, offsets, strict=True):
+            runtime.write_output(lease.buf, offset, nbytes, ready)
+            descs.append(
+                TensorDesc(name, session.output_types[name], shape, lease.name, offset, nbytes)
+            )
+        dropped = self.dropped[:]
+        self.dropped.clear()
+        self.reply(InferDone(message.rid, lease.name, descs, dropped))
+
+    def close(self) -> None:
+        self.outputs.close()
+        self.inputs.close()
+        self.sessions.clear()
+
+
+def main(sock: socket.socket, segment_prefix: str, log_level: str) -> None:
+    """Process entry (spawned): serve until told to stop, then free shared memory."""
+    # NOTE: our own process group: Ctrl-C in a terminal, or a supervisor that
+    #   signals the front's group, reaches only the front, which drains HTTP first
+    #   and then stops the workers. A SIGTERM sent to this pid still drains and exits.
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # handled through the wakeup fd
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    import onnxruntime
+
+    worker = Worker(sock, segment_prefix)
+    worker.reply(WorkerReady(os.getpid(), onnxruntime.__version__))
+    worker.flush()
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+        sock.close()
