@@ -164,9 +164,10 @@ def _compress(parts: list[bytes | memoryview], encoding: str) -> bytes:
     return b"".join(out)
 
 
-async def _stream_views(parts: list[bytes | np.ndarray]) -> AsyncIterator[bytes | np.ndarray]:
-    for part in parts:
-        yield part
+async def _stream_views(parts: list[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
+    while parts:
+        # Hand over each part and drop our reference, so a sent view can be collected.
+        yield parts.pop(0)
 
 
 class _Releaser:
@@ -320,6 +321,8 @@ class ModelResource:
                 )
             if tensor.data is msgspec.UNSET:
                 raise InvalidInput(f"input '{tensor.name}' has no 'data'")
+            if tensor.data is None:
+                raise InvalidInput(f"'data' of input '{tensor.name}' must be an array, not null")
             tensors.append(
                 InputTensor(tensor.name, tensor.datatype, tensor.shape, values=tensor.data)
             )
@@ -384,11 +387,14 @@ class ModelResource:
                 #   The transport may keep a view until the bytes are written, so the
                 #   segment is released only when the last view is collected.
                 releaser = _Releaser(result, len(chunks))
-                views: list[bytes | np.ndarray] = [header]
+                views: list[bytes | memoryview] = [header]
                 for chunk in chunks:
-                    view = np.frombuffer(chunk, dtype=np.uint8)
-                    weakref.finalize(view, releaser)
-                    views.append(view)
+                    # A numpy array can carry a finalizer (a memoryview cannot); the
+                    #   transport holds the memoryview, which holds the array.
+                    owner = np.frombuffer(chunk, dtype=np.uint8)
+                    weakref.finalize(owner, releaser)
+                    views.append(memoryview(owner))
+                del owner
                 resp.content_length = total
                 resp.stream = _stream_views(views)
         if encoding != "identity":

@@ -1,0 +1,1 @@
+"""Generated from proto/grpc_service.proto by scripts/generate_grpc.sh; do not edit."""

@@ -1,0 +1,234 @@
+"""Start-up failures, broken models, SIGTERM draining, shared-memory hygiene, worker death."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.e2e.test_rest_basics import request
+from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oipserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_bad_flag_exits_non_zero_with_message() -> None:
+    result = run_cli("serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", "x")
+    assert result.returncode == 2
+    assert "--http-port" in result.stderr
+
+
+def test_missing_repository_flag() -> None:
+    result = run_cli("serve")
+    assert result.returncode == 2 and "--model-repository is required" in result.stderr
+
+
+def test_unreadable_repository(tmp_path: Path) -> None:
+    result = run_cli("serve", "--model-repository", str(tmp_path / "nope"), "--http-port", "0")
+    assert result.returncode != 0 and "is not a directory" in result.stderr
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(
+            "serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", str(port)
+        )
+    assert result.returncode != 0 and "cannot listen on 127.0.0.1" in result.stderr
+
+
+def test_settings_from_environment_and_flags_win(tmp_path: Path) -> None:
+    env = {"OIPSERVE_MAX_REQUEST_BYTES": "2048", "OIPSERVE_HTTP_PORT": "1"}
+    proc = ServerProcess(env=env).wait_ready()  # --http-port 0 beats the env's 1
+    try:
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 1000], "datatype": "FP32", "data": [1.0] * 1000}
+                ]
+            }
+        )
+        status, _, _ = request(proc, "POST", "/v2/models/identity_fp32/infer", body)
+        assert status == 413
+    finally:
+        assert proc.stop() == 0
+
+
+def test_broken_models_are_unavailable_and_the_rest_is_served(tmp_path: Path) -> None:
+    shutil.copytree(SAMPLE_REPOSITORY / "simple", tmp_path / "simple")
+    (tmp_path / "garbage" / "1").mkdir(parents=True)
+    (tmp_path / "garbage" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", tmp_path / "badconfig")
+    (tmp_path / "badconfig" / "config.pbtxt").write_text("max_batch_size: [oops\n")
+    (tmp_path / "noversion").mkdir()
+    proc = ServerProcess(tmp_path).wait_ready()
+    try:
+        status, _, body = request(proc, "GET", "/v2/health/ready")
+        assert status == 503 and json.loads(body) == {"ready": False}
+        client = httpclient.InferenceServerClient(proc.host_port)
+        assert client.is_model_ready("simple")
+        assert not client.is_model_ready("garbage")
+        a = np.ones((1, 16), dtype=np.int32)
+        inputs = [
+            httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+            httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(a)
+        assert client.infer("simple", inputs).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+        for model in ("garbage", "badconfig", "noversion"):
+            status, _, body = request(proc, "GET", f"/v2/models/{model}")
+            assert status == 503, body
+            assert model in json.loads(body)["error"]
+    finally:
+        assert proc.stop() == 0
+    log = proc.log
+    assert "model 'garbage' version 1 is UNAVAILABLE" in log
+    assert "model 'badconfig' is UNAVAILABLE: config.pbtxt" in log
+    assert "model 'noversion' is UNAVAILABLE: no version directory" in log
+
+
+def test_sigterm_drains_in_flight_requests_and_leaves_no_shared_memory() -> None:
+    proc = ServerProcess().wait_ready()
+    pid = proc.process.pid
+    statuses: list[object] = []
+    started = threading.Event()
+    stop = threading.Event()
+
+    def load() -> None:
+        client = httpclient.InferenceServerClient(proc.host_port, network_timeout=60)
+        x = np.random.default_rng(0).standard_normal((1, 2_000_000)).astype(np.float32)
+        while not stop.is_set():
+            inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
+            inp.set_data_from_numpy(x)
+            try:
+                result = client.infer("identity_fp32", [inp])
+                statuses.append(np.array_equal(result.as_numpy("OUTPUT0"), x))
+            except Exception as exc:  # refused once the server stopped accepting
+                statuses.append(type(exc).__name__)
+                return
+            started.set()
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    assert started.wait(60)
+    assert shm_entries(pid), "the server should be using shared memory under load"
+    code = proc.stop()
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    assert code == 0, proc.log
+    answered = [s for s in statuses if isinstance(s, bool)]
+    assert answered and all(answered), statuses
+    assert shm_entries(pid) == []
+    assert "Traceback" not in proc.log
+
+
+def test_sigint_also_stops_cleanly() -> None:
+    proc = ServerProcess().wait_ready()
+    workers = proc.worker_pids()
+    assert workers
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(60) == 0
+    assert shm_entries(proc.process.pid) == []
+    assert wait_for(lambda: not any(Path(f"/proc/{w}").exists() for w in workers), 10)
+
+
+def test_output_segments_are_reused_not_leaked(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.host_port)
+    x = np.ones((1, 100_000), dtype=np.float32)  # 400 KB: sent as views of the worker segment
+    for _ in range(50):
+        inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
+        inp.set_data_from_numpy(x)
+        assert client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0").shape == x.shape
+    assert len(shm_entries(server.process.pid)) < 40
+
+
+def test_worker_killed_under_load_is_replaced() -> None:
+    proc = ServerProcess().wait_ready()
+    try:
+        client = httpclient.InferenceServerClient(proc.host_port)
+        (worker,) = proc.worker_pids()
+        results: list[object] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            local = httpclient.InferenceServerClient(proc.host_port, network_timeout=30)
+            a = np.ones((1, 16), dtype=np.int32)
+            while not stop.is_set():
+                inputs = [
+                    httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+                    httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+                ]
+                inputs[0].set_data_from_numpy(a)
+                inputs[1].set_data_from_numpy(a)
+                try:
+                    local.infer("simple", inputs)
+                    results.append(200)
+                except Exception as exc:
+                    results.append(str(exc))
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        os.kill(worker, signal.SIGKILL)
+        assert wait_for(lambda: worker not in proc.worker_pids() and proc.worker_pids(), 30)
+        assert wait_for(client.is_server_ready, 60), proc.log
+        time.sleep(0.5)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        errors = [r for r in results if r != 200]
+        assert all("[503]" in str(e) for e in errors), errors[:3]
+        assert results[-1] == 200
+    finally:
+        assert proc.stop() == 0, proc.log
+    assert "worker 1 (pid" in proc.log and "died" in proc.log
+    assert "worker 1 replaced" in proc.log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM])
+def test_worker_sigterm_drains_and_frees_its_memory(signum: int) -> None:
+    proc = ServerProcess().wait_ready()
+    try:
+        (worker,) = proc.worker_pids()
+        client = httpclient.InferenceServerClient(proc.host_port)
+        x = np.ones((1, 100_000), dtype=np.float32)
+        inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
+        inp.set_data_from_numpy(x)
+        client.infer("identity_fp32", [inp])
+        os.kill(worker, signum)
+        assert wait_for(
+            lambda: (
+                not Path(f"/proc/{worker}").exists()
+                or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+            ),
+            20,
+        )
+        assert wait_for(client.is_server_ready, 60)
+        assert client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0").shape == x.shape
+    finally:
+        assert proc.stop() == 0, proc.log

@@ -1,0 +1,183 @@
+"""Every client mistake gets a clear {"error": ...} with the right 4xx, and nothing breaks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.test_rest_basics import request
+from tests.server import ServerProcess
+
+
+def simple_body(**overrides: object) -> dict:
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        ]
+    }
+    body.update(overrides)
+    return body
+
+
+def with_input(index: int, **changes: object) -> dict:
+    body = simple_body()
+    body["inputs"][index].update(changes)
+    return body
+
+
+def post(server: ServerProcess, body: object, model: str = "simple") -> tuple[int, dict]:
+    raw = body if isinstance(body, bytes | str) else json.dumps(body)
+    status, headers, data = request(server, "POST", f"/v2/models/{model}/infer", raw)
+    assert headers["content-type"].startswith("application/json"), data
+    reply = json.loads(data)
+    return status, reply
+
+
+CASES = {
+    "malformed JSON": (b'{"inputs": [', 400, "malformed JSON"),
+    "JSON not an object": (b"[1, 2]", 400, "invalid inference request"),
+    "absurdly deep nesting": (
+        b'{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": '
+        + b"[" * 200_000
+        + b"]" * 200_000
+        + b"}]}",
+        400,
+        "nested too deeply",
+    ),
+    "missing inputs": ({}, 400, "inputs"),
+    "empty inputs": ({"inputs": []}, 400, "at least one input"),
+    "missing field shape": (
+        {"inputs": [{"name": "INPUT0", "datatype": "INT32", "data": [1]}]},
+        400,
+        "shape",
+    ),
+    "missing field datatype": (
+        {"inputs": [{"name": "INPUT0", "shape": [1, 16], "data": [1] * 16}]},
+        400,
+        "datatype",
+    ),
+    "missing data": (
+        {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32"}]},
+        400,
+        "has no 'data'",
+    ),
+    "unknown datatype": (with_input(0, datatype="INT33"), 400, "unknown datatype 'INT33'"),
+    "datatype not the model's": (with_input(0, datatype="FP32"), 400, "expects INT32"),
+    "shape rank": (with_input(0, shape=[16]), 400, "expects [-1, 16]"),
+    "shape fixed dim": (with_input(0, shape=[2, 8]), 400, "expects [-1, 16]"),
+    "negative dimension": (with_input(0, shape=[-1, 16]), 400, "negative dimension"),
+    "batch above max_batch_size": (
+        with_input(0, shape=[9, 16], data=[0] * 144),
+        400,
+        "at most 8",
+    ),
+    "too few elements": (with_input(0, data=list(range(15))), 400, "16 elements but 'data' has 15"),
+    "too many elements": (with_input(0, data=list(range(17))), 400, "16 elements"),
+    "ragged nesting": (with_input(0, shape=[2, 16], data=[[1] * 16, [1] * 15]), 400, "ragged"),
+    "string in INT32": (with_input(0, data=["a"] * 16), 400, "must be integers, got strings"),
+    "float in INT32": (with_input(0, data=[1.5] * 16), 400, "must be integers"),
+    "bool in INT32": (with_input(0, data=[True] * 16), 400, "must be integers, got booleans"),
+    "out of range": (with_input(0, data=[2**31] * 16), 400, "out of range for INT32"),
+    "data not an array": (with_input(0, data=5), 400, "must be an array"),
+    "null data": (with_input(0, data=None), 400, "must be an array"),
+    "unknown input": (with_input(0, name="NOPE"), 400, "unexpected input 'NOPE'"),
+    "duplicate input": (
+        {"inputs": [simple_body()["inputs"][0], simple_body()["inputs"][0]]},
+        400,
+        "more than once",
+    ),
+    "missing required input": (
+        {"inputs": [simple_body()["inputs"][0]]},
+        400,
+        "needs input(s) 'INPUT1'",
+    ),
+    "unknown requested output": (
+        simple_body(outputs=[{"name": "OUTPUT9"}]),
+        400,
+        "unexpected requested output 'OUTPUT9'",
+    ),
+    "parameter value an array": (
+        simple_body(parameters={"x": [1]}),
+        400,
+        "parameters",
+    ),
+    "id not a string": (simple_body(id=5), 400, "id"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_request_is_400_with_message(server: ServerProcess, case: str) -> None:
+    body, status_expected, fragment = CASES[case]
+    status, reply = post(server, body)
+    assert status == status_expected, reply
+    assert set(reply) == {"error"}
+    assert fragment in reply["error"], reply["error"]
+
+
+def test_value_not_representable_in_uint8(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "UINT8", "data": [300]}]}
+    status, reply = post(server, body, "identity_uint8")
+    assert status == 400 and "out of range for UINT8" in reply["error"]
+
+
+def test_string_in_bytes_model_must_be_string(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "BYTES", "data": ["a", 1]}]}
+    status, reply = post(server, body, "string_upper")
+    assert status == 400 and "must hold strings" in reply["error"]
+
+
+def test_float_overflow_in_fp16(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP16", "data": [1e6]}]}
+    status, reply = post(server, body, "identity_fp16")
+    assert status == 400 and "too large for FP16" in reply["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("/v2/models/nope/infer", "unknown model 'nope'"),
+        ("/v2/models/simple/versions/7/infer", "no version '7'"),
+        ("/v2/models/nope", "unknown model"),
+        ("/v2/models/versioned/versions/3", "no version '3'"),
+    ],
+)
+def test_unknown_model_or_version_is_404(server: ServerProcess, path: str, fragment: str) -> None:
+    method = "POST" if path.endswith("infer") else "GET"
+    status, _, raw = request(server, method, path, json.dumps(simple_body()))
+    assert status == 404
+    assert fragment in json.loads(raw)["error"]
+
+
+def test_unknown_route_and_method(server: ServerProcess) -> None:
+    status, _, raw = request(server, "GET", "/v3/whatever")
+    assert status == 404 and "error" in json.loads(raw)
+    status, _, raw = request(server, "DELETE", "/v2/models/simple")
+    assert status == 405 and "error" in json.loads(raw)
+
+
+def test_server_still_serves_after_every_error(server: ServerProcess) -> None:
+    for body, _, _ in CASES.values():
+        post(server, body)
+    status, reply = post(server, simple_body())
+    assert status == 200, reply
+    assert reply["outputs"][0]["data"] == [i + 1 for i in range(16)]
+
+
+def test_body_above_limit_is_413_before_reading() -> None:
+    proc = ServerProcess(args=["--max-request-bytes", "4096"]).wait_ready()
+    try:
+        big = json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 2000], "datatype": "FP32", "data": [0.5] * 2000}
+                ]
+            }
+        )
+        status, reply = post(proc, big, "identity_fp32")
+        assert status == 413 and "limit of 4096 bytes" in reply["error"]
+        status, reply = post(proc, simple_body())
+        assert status == 200, reply
+    finally:
+        assert proc.stop() == 0, proc.log
