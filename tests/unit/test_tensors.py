@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oipserve.datatypes import (
+    bf16_to_float32,
+    count_bytes_elements,
+    decode_bytes_elements,
+    encode_bytes_elements,
+    float32_to_bf16,
+)
+from oipserve.errors import InvalidInput
+from oipserve.tensors import array_from_values, bytes_from_values, values_from_buffer
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values", "expected"),
+    [
+        ("INT32", [[1, 2], [3, 4]], np.array([1, 2, 3, 4], dtype=np.int32)),
+        ("UINT64", [0, 2**64 - 1], np.array([0, 2**64 - 1], dtype=np.uint64)),
+        ("INT64", [-(2**63), 2**63 - 1], np.array([-(2**63), 2**63 - 1], dtype=np.int64)),
+        ("FP32", [1, 2.5], np.array([1.0, 2.5], dtype=np.float32)),
+        ("BOOL", [True, False], np.array([True, False])),
+        ("FP16", [0.5], np.array([0.5], dtype=np.float16)),
+    ],
+)
+def test_good_values(datatype: str, values: list, expected: np.ndarray) -> None:
+    got = array_from_values("x", datatype, values, expected.size)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values", "count", "fragment"),
+    [
+        ("INT32", ["1"], 1, "got strings"),
+        ("INT32", [1.0], 1, "got numbers"),
+        ("INT32", [True], 1, "got booleans"),
+        ("UINT8", [256], 1, "out of range"),
+        ("UINT8", [-1], 1, "out of range"),
+        ("UINT64", [2**64], 1, "out of range"),
+        ("INT64", [2**63], 1, "out of range"),
+        ("BOOL", [1], 1, "true/false"),
+        ("FP32", ["a"], 1, "got strings"),
+        ("FP16", [1e9], 1, "too large"),
+        ("INT32", [1, 2], 3, "3 elements but 'data' has 2"),
+        ("INT32", [[1, 2], [3]], 3, "ragged"),
+        ("INT32", 5, 1, "must be an array"),
+    ],
+)
+def test_bad_values(datatype: str, values: object, count: int, fragment: str) -> None:
+    with pytest.raises(InvalidInput, match=fragment):
+        array_from_values("x", datatype, values, count)
+
+
+def test_bytes_values() -> None:
+    assert bytes_from_values("s", [["a", "é"], [""]], 3) == [b"a", "é".encode(), b""]
+    with pytest.raises(InvalidInput, match="must hold strings"):
+        bytes_from_values("s", [1], 1)
+    with pytest.raises(InvalidInput, match="2 elements"):
+        bytes_from_values("s", ["a"], 2)
+
+
+def test_bytes_codec_round_trip_and_tiling() -> None:
+    blob = encode_bytes_elements([b"ab", b"", b"xyz"])
+    assert count_bytes_elements(memoryview(blob)) == 3
+    assert decode_bytes_elements(memoryview(blob), 3) == [b"ab", b"", b"xyz"]
+    with pytest.raises(ValueError, match="cut off"):
+        count_bytes_elements(memoryview(blob + b"\x01"))
+    with pytest.raises(ValueError, match="declares"):
+        count_bytes_elements(memoryview(blob[:-1]))
+
+
+def test_bf16_conversion_rounds_to_nearest_even() -> None:
+    values = np.array([1.0, -2.5, 3.140625, 1.00390625], dtype=np.float32)
+    words = float32_to_bf16(values)
+    assert bf16_to_float32(words).tolist() == [1.0, -2.5, 3.140625, 1.0]
+
+
+def test_values_from_buffer() -> None:
+    data = np.array([1, 2, 3], dtype=np.int16).tobytes()
+    assert values_from_buffer("INT16", memoryview(data), 3) == [1, 2, 3]
+    blob = encode_bytes_elements([b"hi", b"\xff"])
+    assert values_from_buffer("BYTES", memoryview(blob), 2) == ["hi", "\ufffd"]
