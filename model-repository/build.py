@@ -78,6 +78,27 @@ instance_group [
 ]
 """
 
+# Image preprocessing settings read by the image-input path (docs/images.md).
+IMAGE_RGB_FP32_CONFIG = """\
+name: "image_rgb_fp32"
+platform: "onnxruntime_onnx"
+max_batch_size: 2
+parameters [
+  {
+    key: "color_order"
+    value: { string_value: "RGB" }
+  },
+  {
+    key: "mean"
+    value: { string_value: "10" }
+  },
+  {
+    key: "scale"
+    value: { string_value: "2" }
+  }
+]
+"""
+
 MATMUL_SIZE = 1024
 MATMUL_SEED = 20240601
 
@@ -277,6 +298,43 @@ def build_image_nchw_fp32(out: Path) -> str:
     return "image_nchw_fp32"
 
 
+def make_image_nhwc_fp32() -> onnx.ModelProto:
+    """FP32 NHWC 224x224 model with a small output, for comparing image bytes with tensors."""
+    image_dims: Dims = ["batch", 224, 224, 3]
+    return _model(
+        "image_nhwc_fp32",
+        [helper.make_node("ReduceMean", ["image"], ["mean"], name="mean", axes=[1, 2], keepdims=0)],
+        [_tensor("image", TensorProto.FLOAT, image_dims)],
+        [_tensor("mean", TensorProto.FLOAT, ["batch", 3])],
+        doc="mean = per-channel mean over H and W",
+    )
+
+
+def build_image_nhwc_fp32(out: Path) -> str:
+    """Write `image_nhwc_fp32`."""
+    _write(out, "image_nhwc_fp32", 1, make_image_nhwc_fp32())
+    return "image_nhwc_fp32"
+
+
+def make_image_rgb_fp32() -> onnx.ModelProto:
+    """FP32 NHWC model with free height/width that echoes its input (RGB, mean/scale config)."""
+    dims: Dims = ["batch", "height", "width", 3]
+    return _model(
+        "image_rgb_fp32",
+        [helper.make_node("Identity", ["image"], ["pixels"], name="pixels")],
+        [_tensor("image", TensorProto.FLOAT, dims)],
+        [_tensor("pixels", TensorProto.FLOAT, dims)],
+        doc="pixels = image",
+    )
+
+
+def build_image_rgb_fp32(out: Path) -> str:
+    """Write `image_rgb_fp32` and its config.pbtxt (batch <= 2, RGB, mean 10, scale 2)."""
+    _write(out, "image_rgb_fp32", 1, make_image_rgb_fp32())
+    (out / "image_rgb_fp32" / "config.pbtxt").write_text(IMAGE_RGB_FP32_CONFIG, encoding="utf-8")
+    return "image_rgb_fp32"
+
+
 def make_matmul_relu(size: int = MATMUL_SIZE, seed: int = MATMUL_SEED) -> onnx.ModelProto:
     """Compute-bound benchmark model: Relu(INPUT0 @ W) with a fixed seeded [size,size] W."""
     rng = np.random.default_rng(seed)
@@ -313,6 +371,8 @@ def _builders() -> list[Callable[[Path], str]]:
         build_reshape,
         build_image_nhwc_u8,
         build_image_nchw_fp32,
+        build_image_nhwc_fp32,
+        build_image_rgb_fp32,
     ]
     return builders
 

@@ -21,7 +21,8 @@ def parse_header_length(text: str | None, body_size: int) -> int | None:
     if text is None:
         return None
     value = text.strip()
-    if not value.isdigit():
+    # NOTE: isascii too: str.isdigit accepts '²', which int() then refuses (a 500).
+    if not (value.isascii() and value.isdigit()):
         raise InvalidInput(
             f"Inference-Header-Content-Length must be a non-negative integer, got {text!r}"
         )
@@ -57,6 +58,7 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
     spans: list[tuple[int, int] | None] = []
     pos = start
     unsized: int | None = None
+    last: str | None = None
     for index, tensor in enumerate(inputs):
         size = binary_size(tensor)
         has_data = tensor.data is not msgspec.UNSET
@@ -82,12 +84,14 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
             )
         spans.append((pos, size))
         pos += size
+        last = tensor.name
     if unsized is not None:
         spans[unsized] = (pos, end - pos)
         pos = end
     if pos != end:
+        after = f"binary input '{last}'" if last is not None else "the JSON header"
         raise InvalidInput(
-            f"the body has {end - pos} bytes after the last binary input; "
+            f"the body has {end - pos} unexpected bytes after {after}; "
             "binary_data_size values must add up to the binary part of the body"
         )
     return spans

@@ -31,11 +31,13 @@ from oipserve.datatypes import (
     encode_bytes_elements,
 )
 from oipserve.errors import InvalidInput
+from oipserve.images import image_payload, image_target
 from oipserve.model_config import OIP_TO_TRITON
 from oipserve.models import ModelRegistry, ModelVersion, TensorSpec
 from oipserve.pool import WorkerHandle, WorkerPool
 from oipserve.shm import BufferPool, Lease, SegmentCache, align
 from oipserve.tensors import array_from_values, bytes_from_values
+from workers.images import ImageSpec
 from workers.messages import TensorDesc
 
 log = logging.getLogger("oipserve.dataplane")
@@ -51,7 +53,7 @@ class InputTensor:
     lease, offset, size) holds the data.
     """
 
-    __slots__ = ("name", "datatype", "shape", "values", "raw", "located")
+    __slots__ = ("name", "datatype", "shape", "values", "raw", "located", "image")
 
     def __init__(
         self,
@@ -69,6 +71,8 @@ class InputTensor:
         self.values = values
         self.raw = raw
         self.located = located
+        #: Set by the data plane when the input is encoded images (see oipserve.images).
+        self.image: ImageSpec | None = None
 
 
 class OutputTensor:
@@ -144,7 +148,7 @@ class DataPlane:
             "versions": [version]
             if version is not None
             else [v for v, m in versions.items() if m.state == "READY"],
-            "platform": "onnxruntime_onnx",
+            "platform": model.platform,
             "inputs": [_tensor_metadata(t.name, t.datatype, t.shape) for t in model.inputs],
             "outputs": [_tensor_metadata(t.name, t.datatype, t.shape) for t in model.outputs],
         }
@@ -186,6 +190,10 @@ class DataPlane:
         owned: list[Lease],
     ) -> InferResult:
         """Run one request; ``owned`` leases are released once the worker is done reading."""
+        if model.echo:
+            from oipserve.echo import echo  # noqa: PLC0415 - echo imports this module
+
+            return echo(model, inputs, output_names, owned)
         lease: Lease | None = None
         try:
             placements = self._check(model, inputs, output_names)
@@ -232,6 +240,10 @@ class DataPlane:
             if tensor.name in seen:
                 raise InvalidInput(f"input '{tensor.name}' is given more than once")
             seen.add(tensor.name)
+            tensor.image = image_target(model, spec, tensor)
+            if tensor.image is not None:
+                placements.append((tensor, *_image_payload(tensor)))
+                continue
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(
                     f"input '{tensor.name}' has datatype {tensor.datatype}, but model "
@@ -272,7 +284,15 @@ class DataPlane:
             if tensor.located is not None:
                 held, start, size = tensor.located
                 descs.append(
-                    TensorDesc(tensor.name, tensor.datatype, tensor.shape, held.name, start, size)
+                    TensorDesc(
+                        tensor.name,
+                        tensor.datatype,
+                        tensor.shape,
+                        held.name,
+                        start,
+                        size,
+                        tensor.image,
+                    )
                 )
                 continue
             assert lease is not None
@@ -282,7 +302,15 @@ class DataPlane:
             else:
                 target[offset : offset + nbytes] = data  # type: ignore[index]
             descs.append(
-                TensorDesc(tensor.name, tensor.datatype, tensor.shape, lease.name, offset, nbytes)
+                TensorDesc(
+                    tensor.name,
+                    tensor.datatype,
+                    tensor.shape,
+                    lease.name,
+                    offset,
+                    nbytes,
+                    tensor.image,
+                )
             )
             offset = align(offset + nbytes)
         return descs, lease
@@ -329,6 +357,14 @@ def _payload(tensor: InputTensor) -> tuple[int, object]:
         _check_size(tensor, raw, count)
         return len(raw), raw
     raise InvalidInput(f"input '{tensor.name}' carries no data")
+
+
+def _image_payload(tensor: InputTensor) -> tuple[int, object]:
+    """Like _payload for encoded images: JSON strings are base64 (oipserve.images)."""
+    if tensor.values is not None:
+        blob = image_payload(tensor.name, tensor.values, element_count(tensor.shape))
+        return len(blob), blob
+    return _payload(tensor)
 
 
 def _check_size(tensor: InputTensor, data: memoryview, count: int) -> None:

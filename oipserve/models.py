@@ -14,7 +14,8 @@ from typing import Literal
 
 import msgspec
 
-from oipserve.errors import NotFound, Unavailable
+from hardware import InventoryError, cuda_provider_options
+from oipserve.errors import InvalidInput, NotFound, Unavailable
 from oipserve.model_config import ModelConfig
 from oipserve.pool import WorkerHandle, WorkerPool
 from oipserve.repository import ModelSource, read_model
@@ -51,6 +52,13 @@ class ModelVersion:
         self.output_map: dict[str, TensorSpec] = {}
         self.workers: list[WorkerHandle] = []
         self.providers: dict[int, list[str]] = {}
+        self.platform = PLATFORM
+        #: Echo endpoints are answered by the front (inputs copied to outputs), no session.
+        self.echo = False
+        #: Extra CUDA settings (from worker-load parameters) on top of config parameters.
+        self.cuda_settings: dict[str, str] = {}
+        #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
+        self.placements: dict[int, dict[str, object]] = {}
 
     def set_metadata(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
         self.inputs = inputs
@@ -60,6 +68,8 @@ class ModelVersion:
 
     def pick(self, max_queue: int) -> WorkerHandle:
         """The worker with the fewest requests in flight, or 503."""
+        if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason == "unloaded":
+            raise NotFound(f"model '{self.name}' was unloaded")
         best: WorkerHandle | None = None
         for worker in self.workers:
             if worker.alive and self.key in worker.models:
@@ -81,6 +91,8 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
+        if self.echo:
+            return self.state == "READY"
         return self.state == "READY" and any(w.alive and self.key in w.models for w in self.workers)
 
 
@@ -157,6 +169,8 @@ class ModelRegistry:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.failed: dict[str, str] = {}
         self.required: set[str] = set()
+        #: Names unloaded on request, for a clearer 404.
+        self.unloaded: set[str] = set()
 
     def resolve(self, name: str, version: str | None) -> ModelVersion:
         versions = self.models.get(name)
@@ -164,6 +178,8 @@ class ModelRegistry:
             reason = self.failed.get(name)
             if reason is not None:
                 raise Unavailable(f"model '{name}' is unavailable: {reason}")
+            if name in self.unloaded:
+                raise NotFound(f"model '{name}' is not loaded (it was unloaded)")
             raise NotFound(f"unknown model '{name}'")
         if version is not None:
             model = versions.get(version)
@@ -213,22 +229,59 @@ class ModelRegistry:
 class ModelManager:
     """Loads repository models onto workers and keeps the registry in step."""
 
-    def __init__(self, root: Path, pool: WorkerPool, registry: ModelRegistry) -> None:
+    def __init__(
+        self,
+        root: Path,
+        pool: WorkerPool,
+        registry: ModelRegistry,
+        simulate_devices: bool = False,
+    ) -> None:
         self.root = root
         self.pool = pool
         self.registry = registry
+        #: Fake inventory: GPUs do not exist, so sessions run on the CPU provider while the
+        #: planned CUDA providers are only recorded (``ModelVersion.placements``).
+        self.simulate_devices = simulate_devices
         self.lock = asyncio.Lock()
         pool.on_replaced(self._reloaded)
 
     def providers_for(
         self, worker: WorkerHandle, model: ModelVersion
     ) -> list[tuple[str, dict[str, str]]]:
-        return [("CPUExecutionProvider", {})]
+        """Providers planned for ``model`` on ``worker``'s device; InvalidInput on bad options."""
+        if not worker.device.startswith("cuda:"):
+            return [("CPUExecutionProvider", {})]
+        index = int(worker.device.partition(":")[2])
+        try:
+            options = cuda_provider_options(index, {**model.parameters, **model.cuda_settings})
+        except InventoryError as exc:
+            raise InvalidInput(f"model '{model.name}': {exc}") from None
+        return [("CUDAExecutionProvider", options), ("CPUExecutionProvider", {})]
+
+    def repository_workers(self) -> list[WorkerHandle]:
+        """Workers that hold repository models: those started with the server."""
+        return [w for w in self.pool.workers if w.alive and not w.dedicated]
+
+    async def place(self, model: ModelVersion, worker: WorkerHandle, threads: int | None) -> Loaded:
+        """Create one session of ``model`` on ``worker`` and record what it was given."""
+        planned = self.providers_for(worker, model)
+        sent = [("CPUExecutionProvider", {})] if self.simulate_devices else planned
+        loaded = await worker.load(model.key, model.path, sent, threads)
+        model.placements[worker.worker_id] = {
+            "worker": worker.worker_id,
+            "device": worker.device,
+            "providers": [[name, options] for name, options in planned],
+            "simulated": self.simulate_devices and planned != sent,
+            "session_providers": loaded.providers,
+        }
+        model.providers[worker.worker_id] = loaded.providers
+        return loaded
 
     async def load(self, name: str) -> None:
         """Load (or reload) every version of ``name``; failures leave it UNAVAILABLE."""
         async with self.lock:
             source = read_model(self.root, name)
+            self.registry.unloaded.discard(name)
             await self._load_source(source)
 
     async def _load_source(self, source: ModelSource) -> None:
@@ -258,14 +311,12 @@ class ModelManager:
                 )
 
     async def _load_version(self, model: ModelVersion) -> None:
-        workers = [w for w in self.pool.workers if w.alive]
+        workers = self.repository_workers()
         # NOTE: a reload gives the new sessions a fresh key so the old ones can
         #   finish their in-flight requests under the old key.
         model.key = f"{model.name}/{model.version}#{id(model)}"
         try:
-            results = await asyncio.gather(
-                *(w.load(model.key, model.path, self.providers_for(w, model)) for w in workers)
-            )
+            results = await asyncio.gather(*(self.place(model, w, None) for w in workers))
             inputs, outputs = merge_metadata(model.config, results[0])
         except Exception as exc:
             model.state = "UNAVAILABLE"
@@ -276,7 +327,6 @@ class ModelManager:
             return
         model.set_metadata(inputs, outputs)
         model.workers = workers
-        model.providers = {w.worker_id: r.providers for w, r in zip(workers, results, strict=True)}
         model.state = "READY"
 
     async def _unload_version(self, model: ModelVersion) -> None:
@@ -287,6 +337,37 @@ class ModelManager:
                 await worker.unload(model.key)
         model.state = "UNAVAILABLE"
         model.reason = "unloaded"
+
+    async def unload(self, name: str, version: str | None = None) -> bool:
+        """Unload a repository model (or one version); False if it was not loaded.
+
+        It leaves the registry first, so later requests get 404, then each session
+        is unloaded after the requests already sent to it.
+        """
+        async with self.lock:
+            versions = self.registry.models.get(name)
+            failed = self.registry.failed.pop(name, None)
+            if versions is None:
+                return failed is not None
+            if version is not None:
+                model = versions.get(version)
+                if model is None:
+                    return False
+                gone = [model]
+                remaining = {v: m for v, m in versions.items() if v != version}
+            else:
+                gone = list(versions.values())
+                remaining = {}
+            if remaining:
+                self.registry.models[name] = remaining
+            else:
+                del self.registry.models[name]
+                self.registry.required.discard(name)
+                self.registry.unloaded.add(name)
+            for model in gone:
+                await self._unload_version(model)
+            log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
+            return True
 
     async def _reloaded(self, worker: WorkerHandle) -> None:
         log.info("worker %d holds %d model versions again", worker.worker_id, len(worker.models))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import weakref
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import falcon
 import falcon.asgi
@@ -96,7 +96,8 @@ async def read_body(
         return Body(_decompress(data, encoding, limit) if encoding != "identity" else data)
     # NOTE: place the body so the first binary chunk starts on a 64-byte boundary;
     #   numpy and ONNX Runtime then read it in place instead of copying.
-    pad = (-int(header_length)) % ALIGNMENT if header_length.strip().isdigit() else 0
+    text = header_length.strip()
+    pad = (-int(text)) % ALIGNMENT if text.isascii() and text.isdigit() else 0
     if length is None or encoding != "identity":
         data = await _read_all(req, limit)
         if encoding != "identity":
@@ -281,7 +282,8 @@ class ModelResource:
         if len(target.inputs) != 1:
             raise InvalidInput(
                 f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
-                f"exactly one input; model '{target.name}' has {len(target.inputs)}"
+                f"exactly one input; model '{target.name}' has {len(target.inputs)}: "
+                + ", ".join(f"'{spec.name}'" for spec in target.inputs)
             )
         spec = target.inputs[0]
         nbytes = len(body.data)
@@ -437,8 +439,49 @@ def _serialize_http_error(
     resp.data = ENCODER.encode({"error": message})
 
 
+class _App(falcon.asgi.App):
+    """Falcon's app, with the request size limit enforced before any body byte is read.
+
+    Falcon awaits the first body event before it routes a request, so a
+    responder can answer 413 only once the client has sent body bytes; a
+    client that waits for ``100 Continue``, or the socket buffers, would stall.
+    """
+
+    def __init__(self, limit: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._limit = limit
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # type: ignore[override]
+        if scope["type"] == "http":
+            for key, value in scope["headers"]:
+                if key == b"content-length":
+                    if value.isdigit() and int(value) > self._limit:
+                        await _refuse_too_large(send, int(value), self._limit)  # type: ignore[arg-type]
+                        return
+                    break
+        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+
+
+async def _refuse_too_large(
+    send: Callable[[dict], Awaitable[None]], length: int, limit: int
+) -> None:
+    body = ENCODER.encode(
+        {"error": f"the request body has {length} bytes, more than the limit of {limit} bytes"}
+    )
+    # NOTE: the body is left unread; uvicorn discards it as it arrives, so the
+    #   connection stays usable and a client that sends it all still reads the 413.
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body))],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def create_app(settings: Settings, dataplane: DataPlane) -> falcon.asgi.App:
-    app = falcon.asgi.App(media_type=JSON)
+    app = _App(settings.max_request_bytes, media_type=JSON)
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.default_media_type = JSON
     app.add_error_handler(Exception, _handle_unexpected)

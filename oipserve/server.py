@@ -4,10 +4,10 @@ Start: bind the HTTP socket (fail fast if the port is taken), remove shared
 memory left by dead servers, read the hardware inventory, start the workers,
 load the repository's models, start serving, log ``ready``.
 
-Shutdown (SIGTERM or SIGINT): stop accepting connections, let in-flight
-requests finish (``--shutdown-timeout``), stop the workers (they free their
-own shared memory), unlink the front's segments, sweep anything left under our
-prefix, exit 0.
+Shutdown (SIGTERM or SIGINT): stop accepting connections (HTTP and gRPC), let
+in-flight requests and calls finish (``--shutdown-timeout``), stop the workers
+(they free their own shared memory), unlink the front's segments, sweep
+anything left under our prefix, exit 0.
 """
 
 from __future__ import annotations
@@ -25,10 +25,14 @@ import uvicorn
 
 from hardware import make_inventory_source, parse_devices
 from oipserve.dataplane import DataPlane
+from oipserve.grpc_service import GrpcServer, start_grpc
+from oipserve.http_protocol import CorkedHttpToolsProtocol
+from oipserve.management import Management, startup_models
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.pool import WorkerPool
-from oipserve.repository import check_repository, list_models
+from oipserve.repository import check_repository
 from oipserve.rest import create_app
+from oipserve.rest_admin import add_admin_routes
 from oipserve.settings import Settings
 from oipserve.shm import sweep, sweep_stale
 
@@ -70,9 +74,13 @@ async def serve(settings: Settings) -> int:
     root = Path(settings.model_repository)
     sock = bind_socket(settings.host, settings.http_port)
     try:
+        if settings.grpc_port and settings.grpc_port == settings.http_port:
+            raise ValueError(f"--http-port and --grpc-port are both {settings.http_port}")
         check_repository(root)
-        inventory = make_inventory_source(settings.hardware_inventory).read()
+        inventory_source = make_inventory_source(settings.hardware_inventory)
+        inventory = inventory_source.read()
         devices = parse_devices(inventory, settings.devices)
+        names = startup_models(settings.model_control_mode, settings.load_model, root)
     except Exception as exc:
         sock.close()
         raise StartupError(str(exc)) from None
@@ -81,14 +89,33 @@ async def serve(settings: Settings) -> int:
 
     pool = WorkerPool(os.getpid(), settings.log_level)
     registry = ModelRegistry()
-    manager = ModelManager(root, pool, registry)
+    manager = ModelManager(root, pool, registry, settings.hardware_inventory is not None)
     dataplane = DataPlane(registry, pool, settings.max_queue_per_worker)
+    management = Management(
+        root,
+        inventory_source,
+        pool,
+        registry,
+        manager,
+        [dataplane.worker_gone],
+        settings.shutdown_timeout,
+    )
     server: _UvicornServer | None = None
+    grpc_server: GrpcServer | None = None
+    grpc_stopping: asyncio.Task[None] | None = None
     loop = asyncio.get_running_loop()
+
+    def stop_grpc() -> asyncio.Task[None] | None:
+        """Stop taking gRPC calls now; in-flight ones get ``--shutdown-timeout`` to finish."""
+        nonlocal grpc_stopping
+        if grpc_stopping is None and grpc_server is not None:
+            grpc_stopping = loop.create_task(grpc_server.stop(settings.shutdown_timeout))
+        return grpc_stopping
 
     def on_signal(signum: int) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         dataplane.shutting_down = True
+        stop_grpc()
         if server is not None:
             server.should_exit = True
         else:
@@ -107,18 +134,20 @@ async def serve(settings: Settings) -> int:
                 for _ in range(settings.instances_per_device):
                     worker = await pool.add_worker(device, threads)
                     worker.add_death_listener(dataplane.worker_gone)
-            names = list_models(root)
             registry.required.update(names)
             await asyncio.gather(*(manager.load(name) for name in names))
+            grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
         except asyncio.CancelledError:
             log.info("start-up interrupted")
             return 0
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
 
+        app = create_app(settings, dataplane)
+        add_admin_routes(app, management)
         config = uvicorn.Config(
-            create_app(settings, dataplane),
-            http="httptools",
+            app,
+            http=CorkedHttpToolsProtocol,
             loop="none",
             lifespan="off",
             access_log=False,
@@ -136,11 +165,13 @@ async def serve(settings: Settings) -> int:
                 await asyncio.sleep(0.01)
             if server.started:
                 log.info(
-                    "ready http://%s:%d (%d models, devices: %s)",
+                    "ready http://%s:%d (%d models, devices: %s) grpc=%s:%d",
                     shown,
                     port,
                     len(names),
                     ", ".join(devices),
+                    shown,
+                    grpc_port,
                 )
 
         announcer = loop.create_task(announce())
@@ -149,6 +180,10 @@ async def serve(settings: Settings) -> int:
         return 0
     finally:
         dataplane.shutting_down = True
+        # gRPC calls in flight finish (or time out) before the workers go away.
+        stopping = stop_grpc()
+        if stopping is not None:
+            await stopping
         await pool.stop(settings.shutdown_timeout)
         dataplane.inputs.close()
         dataplane.outputs.close()

@@ -22,6 +22,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     model_repository: str
     host: str = "127.0.0.1"
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8001
+    #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
+    #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
+    grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
     devices: str = "auto"
     instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     #: Triton's default is 64 MB; ours is 256 MiB so a 64 MiB FP32 tensor fits in JSON too.
@@ -33,6 +37,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_queue_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 256
     #: Seconds a graceful shutdown waits for in-flight requests.
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
+    #: --load-model ones. Repository load/unload requests are allowed in both.
+    model_control_mode: Literal["none", "explicit"] = "none"
+    #: Models loaded at start in explicit mode ("*" = all); repeatable or comma-separated.
+    load_model: tuple[str, ...] = ()
 
 
 class SettingsError(ValueError):
@@ -48,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-repository", metavar="DIR")
     serve.add_argument("--host")
     serve.add_argument("--http-port", metavar="PORT", help="0 picks a free port")
+    serve.add_argument("--grpc-port", metavar="PORT", help="0 picks a free port")
+    serve.add_argument("--grpc-max-message-bytes", metavar="N")
     serve.add_argument("--devices", help="auto | cpu | cuda:0,cuda:1 ...")
     serve.add_argument("--instances-per-device", metavar="N")
     serve.add_argument("--max-request-bytes", metavar="N")
@@ -55,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--hardware-inventory", metavar="JSON", help="fake inventory file")
     serve.add_argument("--max-queue-per-worker", metavar="N")
     serve.add_argument("--shutdown-timeout", metavar="SECONDS")
+    serve.add_argument("--model-control-mode", choices=["none", "explicit"])
+    serve.add_argument("--load-model", metavar="NAME", action="append", help="repeatable")
     return parser
 
 
@@ -69,6 +82,10 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         flag_value = getattr(args, field.name, None)
         if flag_value is not None:
             values[field.name] = flag_value
+    names = values.get("load_model")
+    if names is not None:
+        items = [names] if isinstance(names, str) else names
+        values["load_model"] = [n.strip() for i in items for n in i.split(",") if n.strip()]  # type: ignore[union-attr]
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     try:

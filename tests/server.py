@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_REPOSITORY = ROOT / "model-repository"
 READY = re.compile(r"ready http://(\S+):(\d+)")
+GRPC = re.compile(r"grpc=(\S+):(\d+)")
 
 
 class ServerProcess:
@@ -35,6 +36,8 @@ class ServerProcess:
             str(repository),
             "--http-port",
             "0",
+            "--grpc-port",
+            "0",
             *args,
         ]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -50,6 +53,9 @@ class ServerProcess:
         self._ready = threading.Event()
         self.url = ""
         self.port = 0
+        #: ``host:port`` of the gRPC service (as tritonclient.grpc wants it).
+        self.grpc_url = ""
+        self.grpc_port = 0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -61,6 +67,10 @@ class ServerProcess:
             if match and not self._ready.is_set():
                 self.url = f"http://{match.group(1)}:{match.group(2)}"
                 self.port = int(match.group(2))
+                grpc_match = GRPC.search(line)
+                if grpc_match:
+                    self.grpc_url = f"{grpc_match.group(1)}:{grpc_match.group(2)}"
+                    self.grpc_port = int(grpc_match.group(2))
                 self._ready.set()
         self._ready.set()
 

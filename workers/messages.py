@@ -12,6 +12,8 @@ import struct
 
 import msgspec
 
+from workers.images import ImageSpec
+
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     name: str
@@ -28,6 +30,8 @@ class TensorDesc(msgspec.Struct, frozen=True, array_like=True):
     segment: str
     offset: int
     nbytes: int
+    #: Set for an image input: the bytes are length-prefixed encoded images to decode.
+    image: ImageSpec | None = None
 
 
 # ---- front -> worker -------------------------------------------------------

@@ -19,6 +19,7 @@ import msgspec
 
 from oipserve.shm import BufferPool, SegmentCache
 from workers import runtime
+from workers.images import ImageError, decode_batch, split_length_prefixed
 from workers.messages import (
     LENGTH,
     Failed,
@@ -149,10 +150,15 @@ class Worker:
             for t in message.inputs:
                 segment = self.inputs.get(t.segment)
                 buf = segment.buf[t.offset : t.offset + t.nbytes]
-                feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
+                if t.image is not None:  # encoded images: decode here, not in the front
+                    parts = split_length_prefixed(t.name, buf)
+                    feeds[t.name] = decode_batch(t.name, parts, t.image)
+                    del parts  # the views pin the segment's mapping
+                else:
+                    feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
             names = message.outputs or [m.name for m in session.outputs]
             values = session.run(names, feeds)
-        except runtime.RequestError as exc:
+        except (runtime.RequestError, ImageError) as exc:
             self.reply(Failed(message.rid, 400, str(exc)))
             return
         except Exception as exc:  # an ONNX Runtime failure: report it and keep serving

@@ -84,6 +84,14 @@ EXPECTED: dict[str, tuple[Signature, Signature]] = {
         [("image", "tensor(float)", [-1, 3, 32, 32])],
         [("pixels", "tensor(float)", [-1, 3, 32, 32])],
     ),
+    "image_nhwc_fp32": (
+        [("image", "tensor(float)", [-1, 224, 224, 3])],
+        [("mean", "tensor(float)", [-1, 3])],
+    ),
+    "image_rgb_fp32": (
+        [("image", "tensor(float)", [-1, -1, -1, 3])],
+        [("pixels", "tensor(float)", [-1, -1, -1, 3])],
+    ),
 }
 
 
@@ -137,7 +145,8 @@ def test_signature_and_metadata(built: Path, name: str) -> None:
 
 
 def test_files_and_size(built: Path) -> None:
-    expected = [f"{n}/1/model.onnx" for n in EXPECTED] + ["simple/config.pbtxt"]
+    expected = [f"{n}/1/model.onnx" for n in EXPECTED]
+    expected += ["simple/config.pbtxt", "image_rgb_fp32/config.pbtxt"]
     expected.append("versioned/2/model.onnx")
     assert _model_files(built) == sorted(expected)
     total = sum((built / f).stat().st_size for f in expected)

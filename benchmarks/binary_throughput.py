@@ -1,0 +1,287 @@
+"""End-to-end payload throughput of binary vs JSON tensors, beside in-process ONNX Runtime.
+
+Starts its own ``oipserve serve`` (``--http-port 0``) on the sample repository,
+sends bounded, sequential requests to ``identity_fp32`` over one keep-alive
+connection on 127.0.0.1, and prints one row per (size, mode). Request bodies
+are built once before timing, so the numbers measure the server and the
+transport, not the client's encoder. Responses are read whole; the first of
+each kind is decoded and compared with its input.
+
+    python benchmarks/binary_throughput.py [--sizes 64K,1M,16M,64M] [--seconds 3]
+
+MB/s counts payload only: input plus output tensor bytes over wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "identity_fp32"
+READY = re.compile(r"ready http://(\S+?):(\d+)")
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+#: The issue's targets on the 2-core reference machine.
+BINARY_64M_TARGET = 1e9  # bytes of payload per second
+JSON_1M_MAX_RATIO = 10.0
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+
+
+def show_size(nbytes: int) -> str:
+    for unit in ("G", "M", "K"):
+        if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
+            return f"{nbytes // UNITS[unit]} {unit}iB"
+    return f"{nbytes} B"
+
+
+def _serve_help() -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "oipserve", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+
+
+class Server:
+    """An ``oipserve serve`` subprocess; the port comes from its ``ready`` log line."""
+
+    def __init__(self, args: list[str]) -> None:
+        command = [sys.executable, "-m", "oipserve", "serve", "--http-port", "0"]
+        # NOTE: our own gRPC port too, when this build has gRPC, so a running server
+        #   on the default port does not stop the benchmark.
+        if "--grpc-port" in _serve_help():
+            command += ["--grpc-port", "0"]
+        command += ["--model-repository", str(ROOT / "model-repository"), *args]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.address: tuple[str, int] | None = None
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            match = READY.search(line)
+            if match and self.address is None:
+                self.address = (match.group(1), int(match.group(2)))
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 120) -> tuple[str, int]:
+        if not self._ready.wait(timeout) or self.address is None:
+            self.process.kill()
+            raise SystemExit("server did not start:\n" + "".join(self.lines))
+        if self.address[0] not in ("127.0.0.1", "localhost"):
+            raise SystemExit(f"refusing to benchmark a non-local address {self.address}")
+        return self.address
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def binary_request(array: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": list(array.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": array.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    headers = {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return header + array.tobytes(), headers
+
+
+def json_request(array: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    # NOTE: repr of a Python float round-trips float32 exactly, as json.dumps would
+    #   write it; building the text by join is several times faster than json.dumps.
+    values = ",".join(map(repr, array.reshape(-1).tolist()))
+    head = json.dumps({"name": "INPUT0", "shape": list(array.shape), "datatype": "FP32"})
+    body = '{"inputs":[' + head[:-1] + ',"data":[' + values + "]}]}"
+    return body.encode(), {"Content-Type": "application/json"}
+
+
+def check(mode: str, array: np.ndarray, headers: dict[str, str], body: bytes) -> None:
+    """Decode one response and compare it with the input (outside the timing)."""
+    if mode == "binary":
+        length = int(headers["inference-header-content-length"])
+        got = np.frombuffer(body, dtype=np.float32, offset=length)
+    else:
+        got = np.asarray(json.loads(body)["outputs"][0]["data"], dtype=np.float32)
+    if not np.array_equal(got, array.reshape(-1)):
+        raise SystemExit(f"{mode} response differs from its input")
+
+
+def run_case(
+    address: tuple[str, int], mode: str, array: np.ndarray, seconds: float, max_requests: int
+) -> list[float]:
+    body, headers = binary_request(array) if mode == "binary" else json_request(array)
+    conn = http.client.HTTPConnection(*address, timeout=300)
+    path = f"/v2/models/{MODEL}/infer"
+    times: list[float] = []
+    try:
+        conn.request("POST", path, body=body, headers=headers)  # warm-up, checked
+        resp = conn.getresponse()
+        answer = resp.read()
+        if resp.status != 200:
+            raise SystemExit(f"{mode} {array.nbytes} B: HTTP {resp.status}: {answer[:300]!r}")
+        check(mode, array, {k.lower(): v for k, v in resp.getheaders()}, answer)
+        del answer
+        # Checking a large JSON answer outlasts uvicorn's keep-alive timeout (5 s);
+        #   start the timed requests on a fresh connection.
+        conn.close()
+        deadline = time.perf_counter() + seconds
+        while len(times) < max_requests and (len(times) < 2 or time.perf_counter() < deadline):
+            start = time.perf_counter()
+            conn.request("POST", path, body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            times.append(time.perf_counter() - start)
+            if resp.status != 200:
+                raise SystemExit(f"{mode}: HTTP {resp.status}")
+    finally:
+        conn.close()
+    return times
+
+
+def ort_time(session: ort.InferenceSession, array: np.ndarray, repeat: int) -> float:
+    session.run(None, {"INPUT0": array})
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run(None, {"INPUT0": array})
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="64K,1M,16M,64M", help="tensor sizes in bytes")
+    parser.add_argument("--seconds", type=float, default=3.0, help="time budget per row")
+    parser.add_argument("--max-requests", type=int, default=2000, help="cap per row")
+    parser.add_argument("--modes", default="binary,json")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+
+    # JSON text of a 64 MiB FP32 tensor is about 5x its size; raise the limit to fit.
+    server = Server(["--max-request-bytes", str(1 << 30)])
+    address = server.wait_ready()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(
+        str(ROOT / "model-repository" / MODEL / "1" / "model.onnx"),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
+    )
+    rows = []
+    rng = np.random.default_rng(0)
+    try:
+        for size in sizes:
+            array = rng.standard_normal(size // 4, dtype=np.float32).reshape(1, -1)
+            ort_s = ort_time(session, array, 5 if size >= 16 << 20 else 50)
+            p50s: dict[str, float] = {}
+            for mode in modes:
+                limit = args.max_requests if mode == "binary" or size < 16 << 20 else 2
+                times = run_case(address, mode, array, args.seconds, limit)
+                wall = sum(times)
+                p50 = float(np.percentile(times, 50))
+                p50s[mode] = p50
+                rows.append(
+                    {
+                        "size": size,
+                        "mode": mode,
+                        "n": len(times),
+                        "rps": len(times) / wall,
+                        "mbps": 2 * size * len(times) / wall / 1e6,
+                        "p50": p50 * 1e3,
+                        "p99": float(np.percentile(times, 99)) * 1e3,
+                        "ort": ort_s * 1e3,
+                        "ratio": p50s[mode] / p50s["binary"]
+                        if mode == "json" and "binary" in p50s
+                        else None,
+                    }
+                )
+                print(_row(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        code = server.stop()
+    print()
+    print(_table(rows))
+    print()
+    ok = True
+    for row in rows:
+        if row["size"] == 64 << 20 and row["mode"] == "binary":
+            met = row["mbps"] * 1e6 >= BINARY_64M_TARGET
+            ok &= met
+            print(
+                f"64 MiB binary: {row['mbps']:.0f} MB/s of payload "
+                f"(target >= {BINARY_64M_TARGET / 1e6:.0f}): {'met' if met else 'MISSED'}"
+            )
+        if row["size"] == 1 << 20 and row["ratio"] is not None:
+            met = row["ratio"] <= JSON_1M_MAX_RATIO
+            ok &= met
+            print(
+                f"1 MiB JSON/binary time ratio: {row['ratio']:.1f}x "
+                f"(target <= {JSON_1M_MAX_RATIO:.0f}x): {'met' if met else 'MISSED'}"
+            )
+    print(f"server exit code: {code}; cores: {os.cpu_count()}")
+    return 0 if ok and code == 0 else 1
+
+
+HEADER = (
+    "| size | mode | n | req/s | MB/s (in+out) | p50 ms | p99 ms | in-process ORT ms "
+    "| JSON/binary |"
+)
+
+
+def _row(row: dict[str, object]) -> str:
+    ratio = f"{row['ratio']:.1f}x" if row["ratio"] is not None else "-"
+    return (
+        f"| {show_size(row['size'])} | {row['mode']} | {row['n']} | {row['rps']:.1f} | "  # type: ignore[arg-type]
+        f"{row['mbps']:.0f} | {row['p50']:.2f} | {row['p99']:.2f} | {row['ort']:.3f} | {ratio} |"
+    )
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    return "\n".join([HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|", *map(_row, rows)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

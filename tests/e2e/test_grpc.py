@@ -1,0 +1,576 @@
+"""The gRPC service end to end, spoken to by tritonclient.grpc (and its raw stubs).
+
+Read-only tests share the session server; the ones that need a broken model
+or a shutdown start their own.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.server import SAMPLE_REPOSITORY, ServerProcess
+
+ROUND_TRIP = {
+    "BOOL": np.array([[True, False, True]]),
+    "UINT8": np.array([[0, 255, 7]], dtype=np.uint8),
+    "UINT16": np.array([[0, 65535, 7]], dtype=np.uint16),
+    "UINT32": np.array([[0, 2**32 - 1, 7]], dtype=np.uint32),
+    "UINT64": np.array([[0, 2**64 - 1, 7]], dtype=np.uint64),
+    "INT8": np.array([[-128, 127, 0]], dtype=np.int8),
+    "INT16": np.array([[-32768, 32767, 0]], dtype=np.int16),
+    "INT32": np.array([[-(2**31), 2**31 - 1, 0]], dtype=np.int32),
+    "INT64": np.array([[-(2**63), 2**63 - 1, 0]], dtype=np.int64),
+    "FP16": np.array([[0.5, -2.0, 65504.0]], dtype=np.float16),
+    "FP32": np.array([[0.25, -1.5e30, 3.0]], dtype=np.float32),
+    "FP64": np.array([[0.1, -1e300, 3.0]], dtype=np.float64),
+    "BF16": np.array([[1.0, -2.5, 0.5]], dtype=ml_dtypes.bfloat16),
+    "BYTES": np.array([["héllo", "", "x" * 300]], dtype=object),
+}
+
+#: InferTensorContents field per datatype (the typed, non-raw encoding).
+TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def stub(server: ServerProcess) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub]:
+    limit = 512 * 1024 * 1024
+    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    with grpc.insecure_channel(server.grpc_url, options=options) as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def _fail(call: object, code: grpc.StatusCode, match: str | None = None) -> str:
+    """Run ``call``; it must fail with ``code``; returns the message."""
+    with pytest.raises(InferenceServerException) as info:
+        call()  # type: ignore[operator]
+    assert info.value.status() == str(code), info.value
+    if match is not None:
+        assert match in info.value.message(), info.value.message()
+    return info.value.message()
+
+
+def _raw_fail(call: object, code: grpc.StatusCode, match: str | None = None) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        call()  # type: ignore[operator]
+    assert info.value.code() == code, info.value.details()
+    if match is not None:
+        assert match in info.value.details(), info.value.details()
+    return info.value.details()
+
+
+def _simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
+    inputs = [
+        grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
+        grpcclient.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+# ---- health and metadata ------------------------------------------------------
+
+
+def test_health(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("simple")
+    assert client.is_model_ready("versioned", "1")
+    assert client.is_model_ready("versioned", "2")
+    _fail(lambda: client.is_model_ready("nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'")
+    _fail(lambda: client.is_model_ready("versioned", "9"), grpc.StatusCode.NOT_FOUND)
+
+
+def test_metadata_matches_rest(server: ServerProcess, client: grpcclient.InferenceServerClient):
+    rest = httpclient.InferenceServerClient(server.host_port)
+    assert client.get_server_metadata(as_json=True) == rest.get_server_metadata()
+    for name, version in (("simple", ""), ("versioned", ""), ("versioned", "1"), ("reshape", "")):
+        meta = client.get_model_metadata(name, version, as_json=True)
+        for tensor in meta["inputs"] + meta["outputs"]:
+            tensor["shape"] = [int(d) for d in tensor["shape"]]  # int64 renders as str in JSON
+        assert meta == rest.get_model_metadata(name, version)
+
+
+def test_model_config(server: ServerProcess, client: grpcclient.InferenceServerClient) -> None:
+    config = client.get_model_config("simple").config
+    assert config.name == "simple"
+    assert config.max_batch_size == 8
+    assert config.platform == "onnxruntime_onnx" and config.backend == "onnxruntime"
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("INPUT0", 8, [16]),  # TYPE_INT32
+        ("INPUT1", 8, [16]),
+    ]
+    assert [o.name for o in config.output] == ["OUTPUT0", "OUTPUT1"]
+    assert config.instance_group[0].count >= 1
+    rest = httpclient.InferenceServerClient(server.host_port).get_model_config("simple")
+    assert rest["input"][0]["data_type"] == "TYPE_INT32"
+    _fail(lambda: client.get_model_config("nope"), grpc.StatusCode.NOT_FOUND)
+
+
+# ---- inference ------------------------------------------------------------------
+
+
+def test_simple(client: grpcclient.InferenceServerClient) -> None:
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    b = np.ones((2, 16), dtype=np.int32)
+    result = client.infer("simple", _simple_inputs(a, b), request_id="req-7")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    response = result.get_response()
+    assert (response.id, response.model_name, response.model_version) == ("req-7", "simple", "1")
+    assert len(response.raw_output_contents) == 2
+    # Requested outputs select and order.
+    outputs = [
+        grpcclient.InferRequestedOutput("OUTPUT1"),
+        grpcclient.InferRequestedOutput("OUTPUT0"),
+    ]
+    result = client.infer("simple", _simple_inputs(a, b), outputs=outputs)
+    assert [o.name for o in result.get_response().outputs] == ["OUTPUT1", "OUTPUT0"]
+
+
+@pytest.mark.parametrize("datatype", list(ROUND_TRIP))
+def test_every_datatype_raw(client: grpcclient.InferenceServerClient, datatype: str) -> None:
+    data = ROUND_TRIP[datatype]
+    inp = grpcclient.InferInput("INPUT0", list(data.shape), datatype)
+    inp.set_data_from_numpy(data)
+    result = client.infer(f"identity_{datatype.lower()}", [inp])
+    assert result.get_output("OUTPUT0").datatype == datatype
+    got = result.as_numpy("OUTPUT0")
+    if datatype == "BYTES":
+        assert [g.decode() for g in got.reshape(-1)] == list(data.reshape(-1))
+    else:
+        assert got.dtype == data.dtype
+        np.testing.assert_array_equal(got, data)
+
+
+@pytest.mark.parametrize("datatype", list(TYPED_FIELD))
+def test_every_datatype_typed_contents(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, datatype: str
+) -> None:
+    data = ROUND_TRIP[datatype]
+    request = service_pb2.ModelInferRequest(model_name=f"identity_{datatype.lower()}")
+    tensor = request.inputs.add(name="INPUT0", datatype=datatype, shape=list(data.shape))
+    values = data.reshape(-1).tolist()
+    if datatype == "BYTES":
+        values = [v.encode() for v in values]
+    getattr(tensor.contents, TYPED_FIELD[datatype]).extend(values)
+    response = stub.ModelInfer(request)
+    assert not response.outputs[0].HasField("contents")  # always raw
+    (raw,) = response.raw_output_contents
+    if datatype == "BYTES":
+        expected = b"".join(len(v).to_bytes(4, "little") + v for v in values)
+        assert raw == expected
+    else:
+        assert raw == data.tobytes()
+
+
+def test_typed_contents_checked_like_rest(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    request = service_pb2.ModelInferRequest(model_name="identity_int8")
+    tensor = request.inputs.add(name="INPUT0", datatype="INT8", shape=[1, 2])
+    tensor.contents.int_contents.extend([1, 300])
+    _raw_fail(
+        lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "out of range for INT8"
+    )
+    request = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    tensor.contents.int_contents.extend([1, 2])
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "fp32_contents")
+    request = service_pb2.ModelInferRequest(model_name="identity_fp16")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP16", shape=[1, 1])
+    tensor.contents.fp32_contents.append(1.0)
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "raw_input")
+
+
+def test_mixing_raw_and_contents_is_invalid(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+) -> None:
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    first = request.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    first.contents.int_contents.extend(range(16))
+    request.inputs.add(name="INPUT1", datatype="INT32", shape=[1, 16])
+    request.raw_input_contents.append(np.zeros(16, dtype=np.int32).tobytes())
+    _raw_fail(
+        lambda: stub.ModelInfer(request),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "contents field must not be specified when using raw_input_contents",
+    )
+
+
+def test_string_model_and_bytes_raw(client: grpcclient.InferenceServerClient) -> None:
+    inp = grpcclient.InferInput("INPUT0", [2], "BYTES")
+    inp.set_data_from_numpy(np.array([b"abc", b"Hello"], dtype=object))
+    result = client.infer("string_upper", [inp])
+    assert result.as_numpy("OUTPUT0").tolist() == [b"ABC", b"HELLO"]
+
+
+def test_versions(client: grpcclient.InferenceServerClient) -> None:
+    data = np.array([1.0, 2.0], dtype=np.float32)
+    answers = {}
+    for version in ("1", "2", ""):
+        inp = grpcclient.InferInput("INPUT0", [2], "FP32")
+        inp.set_data_from_numpy(data)
+        result = client.infer("versioned", [inp], model_version=version)
+        answers[version] = result.as_numpy("OUTPUT0").tolist()
+        assert result.get_response().model_version == (version or "2")
+    assert answers == {"1": [2.0, 3.0], "2": [3.0, 4.0], "": [3.0, 4.0]}
+    inp = grpcclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(data)
+    _fail(
+        lambda: client.infer("versioned", [inp], model_version="7"),
+        grpc.StatusCode.NOT_FOUND,
+        "no version '7'",
+    )
+
+
+def test_64_mib_tensor(client: grpcclient.InferenceServerClient) -> None:
+    data = np.random.default_rng(1).random((1, 16 * 1024 * 1024), dtype=np.float32)
+    inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    result = client.infer("identity_fp32", [inp])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+
+
+def test_sixteen_concurrent_clients(server: ServerProcess) -> None:
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            with grpcclient.InferenceServerClient(server.grpc_url) as own:
+                for _ in range(10):
+                    rows = int(rng.integers(1, 9))
+                    a = rng.integers(-1000, 1000, (rows, 16), dtype=np.int32)
+                    b = rng.integers(-1000, 1000, (rows, 16), dtype=np.int32)
+                    result = own.infer("simple", _simple_inputs(a, b))
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+                    x = rng.random((1, int(rng.integers(1, 50_000))), dtype=np.float32)
+                    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+                    inp.set_data_from_numpy(x)
+                    out = own.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
+                    np.testing.assert_array_equal(out, x)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors[0]
+
+
+def test_rest_and_grpc_answers_are_identical(
+    server: ServerProcess, client: grpcclient.InferenceServerClient
+) -> None:
+    rest = httpclient.InferenceServerClient(server.host_port)
+    cases: list[tuple[str, list[tuple[str, np.ndarray, str]]]] = [
+        (
+            "simple",
+            [
+                ("INPUT0", np.arange(48, dtype=np.int32).reshape(3, 16), "INT32"),
+                ("INPUT1", np.full((3, 16), 5, dtype=np.int32), "INT32"),
+            ],
+        ),
+        ("string_upper", [("INPUT0", np.array([b"abc", b"dEf"], dtype=object), "BYTES")]),
+    ]
+    cases += [
+        (f"identity_{t.lower()}", [("INPUT0", ROUND_TRIP[t], t)])
+        for t in ROUND_TRIP
+        if t != "BYTES"
+    ]
+    for model, tensors in cases:
+        g_inputs, h_inputs = [], []
+        for name, data, datatype in tensors:
+            g = grpcclient.InferInput(name, list(data.shape), datatype)
+            g.set_data_from_numpy(data)
+            h = httpclient.InferInput(name, list(data.shape), datatype)
+            h.set_data_from_numpy(data, binary_data=True)
+            g_inputs.append(g)
+            h_inputs.append(h)
+        g_result = client.infer(model, g_inputs, request_id="same")
+        h_result = rest.infer(model, h_inputs, request_id="same")
+        g_response, h_response = g_result.get_response(), h_result.get_response()
+        assert (g_response.model_name, g_response.model_version, g_response.id) == (
+            h_response["model_name"],
+            h_response["model_version"],
+            h_response["id"],
+        )
+        h_outputs = {o["name"]: o for o in h_response["outputs"]}
+        assert [o.name for o in g_response.outputs] == list(h_outputs)
+        for output in g_response.outputs:
+            h_out = h_outputs[output.name]
+            assert (output.datatype, list(output.shape)) == (h_out["datatype"], h_out["shape"])
+            g_data, h_data = g_result.as_numpy(output.name), h_result.as_numpy(output.name)
+            assert g_data.dtype == h_data.dtype, model
+            if g_data.dtype == object:
+                assert g_data.tolist() == h_data.tolist(), model
+            else:
+                assert g_data.tobytes() == h_data.tobytes(), model
+
+
+# ---- streaming ------------------------------------------------------------------
+
+
+def _stream_inputs(value: float) -> list[grpcclient.InferInput]:
+    inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+    inp.set_data_from_numpy(np.array([value], dtype=np.float32))
+    return [inp]
+
+
+def test_stream(server: ServerProcess) -> None:
+    results: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        own.start_stream(callback=lambda result, error: results.put((result, error)))
+        for i in range(20):
+            own.async_stream_infer("versioned", _stream_inputs(i), request_id=str(i))
+        own.async_stream_infer("nope", _stream_inputs(0), request_id="bad")
+        own.async_stream_infer("versioned", _stream_inputs(100), model_version="1", request_id="x")
+        got = [results.get(timeout=30) for _ in range(22)]
+        own.stop_stream()
+    for i, (result, error) in enumerate(got[:20]):
+        assert error is None, error
+        assert result.get_response().id == str(i)  # answered in request order
+        assert result.as_numpy("OUTPUT0").tolist() == [i + 2.0]
+    result, error = got[20]
+    assert result is None and "unknown model 'nope'" in str(error)  # in-band, stream goes on
+    result, error = got[21]
+    assert error is None and result.as_numpy("OUTPUT0").tolist() == [101.0]
+
+
+def test_stream_with_triton_grpc_error_header(server: ServerProcess) -> None:
+    results: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        own.start_stream(
+            callback=lambda result, error: results.put((result, error)),
+            headers={"triton_grpc_error": "true"},
+        )
+        own.async_stream_infer("versioned", _stream_inputs(1))
+        own.async_stream_infer("nope", _stream_inputs(0))
+        first = results.get(timeout=30)
+        second = results.get(timeout=30)
+        own.stop_stream()
+    assert first[1] is None
+    assert second[0] is None
+    assert second[1].status() == str(grpc.StatusCode.NOT_FOUND)
+
+
+# ---- error classes -----------------------------------------------------------------
+
+
+def test_invalid_argument_same_message_as_rest(
+    server: ServerProcess, client: grpcclient.InferenceServerClient
+) -> None:
+    a = np.zeros((1, 15), dtype=np.int32)
+    message = _fail(
+        lambda: client.infer("simple", _simple_inputs(a, a)), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    rest = httpclient.InferenceServerClient(server.host_port)
+    inputs = [httpclient.InferInput(n, [1, 15], "INT32") for n in ("INPUT0", "INPUT1")]
+    for inp in inputs:
+        inp.set_data_from_numpy(a)
+    with pytest.raises(InferenceServerException) as info:
+        rest.infer("simple", inputs)
+    assert info.value.message() == message
+    assert "has shape [1, 15]" in message
+    # Unknown datatype, unknown output, too few raw entries.
+    _fail(
+        lambda: client.infer(
+            "simple",
+            _simple_inputs(np.zeros((1, 16), np.int32), np.zeros((1, 16), np.int32)),
+            outputs=[grpcclient.InferRequestedOutput("NOPE")],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected requested output 'NOPE'",
+    )
+
+
+def test_raw_entry_count_and_size_checked(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    request = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(b"\0" * 12)
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "16 bytes")
+    request.raw_input_contents.append(b"\0" * 16)
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "raw_input")
+    request = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name="INPUT0", datatype="FP99", shape=[1])
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "FP99")
+
+
+def test_not_found(client: grpcclient.InferenceServerClient) -> None:
+    _fail(lambda: client.get_model_metadata("missing"), grpc.StatusCode.NOT_FOUND, "missing")
+    _fail(lambda: client.get_model_metadata("simple", "3"), grpc.StatusCode.NOT_FOUND)
+    _fail(
+        lambda: client.infer("missing", _stream_inputs(1)),
+        grpc.StatusCode.NOT_FOUND,
+        "unknown model 'missing'",
+    )
+
+
+def test_internal_runtime_failure(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, client: grpcclient.InferenceServerClient
+) -> None:
+    request = service_pb2.ModelInferRequest(model_name="reshape")
+    data = request.inputs.add(name="DATA", datatype="FP32", shape=[6])
+    data.contents.fp32_contents.extend([1, 2, 3, 4, 5, 6])
+    shape = request.inputs.add(name="SHAPE", datatype="INT64", shape=[2])
+    shape.contents.int64_contents.extend([4, 4])
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INTERNAL, "onnxruntime")
+    del shape.contents.int64_contents[:]
+    shape.contents.int64_contents.extend([2, 3])
+    assert list(stub.ModelInfer(request).outputs[0].shape) == [2, 3]
+    assert client.is_server_ready()
+
+
+def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
+    _fail(lambda: client.get_inference_statistics("simple"), grpc.StatusCode.UNIMPLEMENTED)
+    _fail(lambda: client.get_system_shared_memory_status(), grpc.StatusCode.UNIMPLEMENTED)
+    _fail(lambda: client.get_cuda_shared_memory_status(), grpc.StatusCode.UNIMPLEMENTED)
+    _fail(lambda: client.get_trace_settings(), grpc.StatusCode.UNIMPLEMENTED)
+    _fail(lambda: client.get_log_settings(), grpc.StatusCode.UNIMPLEMENTED)
+
+
+def test_shared_memory_parameters_are_refused(client: grpcclient.InferenceServerClient) -> None:
+    inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_shared_memory("region", 16)
+    _fail(
+        lambda: client.infer("identity_fp32", [inp]),
+        grpc.StatusCode.UNIMPLEMENTED,
+        "shared_memory_region",
+    )
+
+
+@pytest.fixture(scope="module")
+def broken_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A repository with one model whose file is not ONNX: that model is UNAVAILABLE."""
+    root: Path = tmp_path_factory.mktemp("repo")
+    shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    proc = ServerProcess(root).wait_ready()
+    yield proc
+    proc.stop()
+
+
+def test_unavailable(broken_server: ServerProcess) -> None:
+    with grpcclient.InferenceServerClient(broken_server.grpc_url) as own:
+        assert own.is_server_live()
+        assert not own.is_server_ready()  # OK status with ready=false, not an error
+        assert not own.is_model_ready("broken")
+        _fail(lambda: own.infer("broken", _stream_inputs(1)), grpc.StatusCode.UNAVAILABLE)
+        assert own.infer("versioned", _stream_inputs(1)).as_numpy("OUTPUT0").tolist() == [3.0]
+
+
+def test_message_size_limit_is_a_flag(tmp_path: Path) -> None:
+    proc = ServerProcess(
+        tmp_path_repo(tmp_path), args=["--grpc-max-message-bytes", "100000"]
+    ).wait_ready()
+    try:
+        with grpcclient.InferenceServerClient(proc.grpc_url) as own:
+            small = np.zeros((1, 1000), dtype=np.float32)
+            inp = grpcclient.InferInput("INPUT0", [1, 1000], "FP32")
+            inp.set_data_from_numpy(small)
+            assert own.infer("identity_fp32", [inp]).as_numpy("OUTPUT0").shape == (1, 1000)
+            big = np.zeros((1, 100_000), dtype=np.float32)
+            inp = grpcclient.InferInput("INPUT0", [1, 100_000], "FP32")
+            inp.set_data_from_numpy(big)
+            _fail(lambda: own.infer("identity_fp32", [inp]), grpc.StatusCode.RESOURCE_EXHAUSTED)
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def tmp_path_repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", root / "identity_fp32")
+    return root
+
+
+def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
+    """Calls in flight when SIGTERM arrives are answered before the workers stop."""
+    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
+    data = np.random.default_rng(3).random((1, 4 * 1024 * 1024), dtype=np.float32)
+    outcomes: list[object] = []
+    started = threading.Barrier(5)
+
+    def call() -> None:
+        with grpcclient.InferenceServerClient(proc.grpc_url) as own:
+            inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+            inp.set_data_from_numpy(data)
+            started.wait()
+            try:
+                outcomes.append(own.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"))
+            except InferenceServerException as exc:
+                outcomes.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    threading.Event().wait(0.05)
+    assert proc.stop() == 0, proc.log
+    for thread in threads:
+        thread.join(30)
+    assert len(outcomes) == 4
+    for outcome in outcomes:
+        if isinstance(outcome, InferenceServerException):
+            # Only calls that had not reached the server yet may be refused.
+            assert outcome.status() == str(grpc.StatusCode.UNAVAILABLE), outcome
+        else:
+            np.testing.assert_array_equal(outcome, data)
+
+
+def test_repository_rpcs(tmp_path: Path) -> None:
+    root = tmp_path_repo(tmp_path)
+    shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
+    proc = ServerProcess(root).wait_ready()
+    try:
+        with grpcclient.InferenceServerClient(proc.grpc_url) as own:
+            index = own.get_model_repository_index(as_json=True)["models"]
+            assert {(m["name"], m["version"], m["state"]) for m in index} == {
+                ("identity_fp32", "1", "READY"),
+                ("versioned", "1", "READY"),
+                ("versioned", "2", "READY"),
+            }
+            own.unload_model("versioned")
+            _fail(lambda: own.infer("versioned", _stream_inputs(1)), grpc.StatusCode.NOT_FOUND)
+            ready = own.get_model_repository_index(as_json=True)
+            assert [m["name"] for m in ready["models"] if m.get("state") == "READY"] == [
+                "identity_fp32"
+            ]
+            own.load_model("versioned")
+            assert own.is_model_ready("versioned", "2")
+            _fail(lambda: own.load_model("absent"), grpc.StatusCode.NOT_FOUND, "absent")
+    finally:
+        assert proc.stop() == 0, proc.log
