@@ -23,10 +23,10 @@ from oipserve.dataplane import DataPlane, InferResult, InputTensor
 from oipserve.datatypes import NUMPY_DTYPES
 from oipserve.errors import InvalidInput, PayloadTooLarge, ServerError, Unavailable, Unsupported
 from oipserve.models import ModelVersion
-from oipserve.protocol import ENCODER, InferResponse, RequestInput, ResponseOutput, decode_request
+from oipserve.protocol import ENCODER, RequestInput, decode_request, encode_response
 from oipserve.settings import Settings
 from oipserve.shm import ALIGNMENT, BufferPool, Lease
-from oipserve.tensors import values_from_buffer
+from oipserve.tensors import json_values
 
 log = logging.getLogger("oipserve.rest")
 
@@ -340,30 +340,30 @@ class ModelResource:
         all_binary: bool,
     ) -> None:
         try:
-            outputs = []
+            outputs: list[dict[str, object]] = []
             chunks: list[memoryview] = []
             for index, tensor in enumerate(result.outputs):
                 as_binary = flags[index] if flags is not None else all_binary
+                entry: dict[str, object] = {
+                    "name": tensor.name,
+                    "datatype": tensor.datatype,
+                    "shape": tensor.shape,
+                }
                 if as_binary:
-                    outputs.append(
-                        ResponseOutput(
-                            tensor.name,
-                            tensor.datatype,
-                            tensor.shape,
-                            {"binary_data_size": len(tensor.data)},
-                        )
-                    )
+                    entry["parameters"] = {"binary_data_size": len(tensor.data)}
                     if len(tensor.data):
                         chunks.append(tensor.data)
                 else:
-                    values = values_from_buffer(tensor.datatype, tensor.data, tensor.count)
-                    outputs.append(
-                        ResponseOutput(tensor.name, tensor.datatype, tensor.shape, data=values)
-                    )
-            response = InferResponse(result.model.name, result.model.version, outputs)
+                    entry["data"] = json_values(tensor.datatype, tensor.data, tensor.count)
+                outputs.append(entry)
+            response: dict[str, object] = {
+                "model_name": result.model.name,
+                "model_version": result.model.version,
+            }
             if request_id is not None:
-                response.id = request_id
-            header = ENCODER.encode(response)
+                response["id"] = request_id
+            response["outputs"] = outputs
+            header = encode_response(response)
         except BaseException:
             result.release()
             raise

@@ -139,14 +139,13 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
     raise InvalidInput(f"input '{name}': datatype {datatype} cannot be sent as JSON values")
 
 
-def values_from_buffer(datatype: str, data: memoryview, count: int) -> list[object]:
-    """Flat JSON-ready values of an output tensor held in ``data``."""
+def json_values(datatype: str, data: memoryview, count: int) -> np.ndarray | list[str]:
+    """An output tensor held in ``data``, flat, in a form the JSON encoder writes directly."""
     if datatype == "BYTES":
         return [
             element.decode("utf-8", errors="replace")
             for element in decode_bytes_elements(data, count)
         ]
     if datatype == "BF16":
-        words = np.frombuffer(data, dtype=np.uint16, count=count)
-        return bf16_to_float32(words).tolist()
-    return np.frombuffer(data, dtype=NUMPY_DTYPES[datatype], count=count).tolist()
+        return bf16_to_float32(np.frombuffer(data, dtype=np.uint16, count=count))
+    return np.frombuffer(data, dtype=NUMPY_DTYPES[datatype], count=count)

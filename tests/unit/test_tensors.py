@@ -11,7 +11,8 @@ from oipserve.datatypes import (
     float32_to_bf16,
 )
 from oipserve.errors import InvalidInput
-from oipserve.tensors import array_from_values, bytes_from_values, values_from_buffer
+from oipserve.protocol import encode_response
+from oipserve.tensors import array_from_values, bytes_from_values, json_values
 
 
 @pytest.mark.parametrize(
@@ -78,8 +79,13 @@ def test_bf16_conversion_rounds_to_nearest_even() -> None:
     assert bf16_to_float32(words).tolist() == [1.0, -2.5, 3.140625, 1.0]
 
 
-def test_values_from_buffer() -> None:
+def test_json_values_encode_exactly() -> None:
     data = np.array([1, 2, 3], dtype=np.int16).tobytes()
-    assert values_from_buffer("INT16", memoryview(data), 3) == [1, 2, 3]
+    assert encode_response({"d": json_values("INT16", memoryview(data), 3)}) == b'{"d":[1,2,3]}'
+    floats = np.array([0.1, 2.5], dtype=np.float32).tobytes()
+    # float32 values print in their shortest round-tripping form, not as float64 noise
+    assert encode_response({"d": json_values("FP32", memoryview(floats), 2)}) == b'{"d":[0.1,2.5]}'
     blob = encode_bytes_elements([b"hi", b"\xff"])
-    assert values_from_buffer("BYTES", memoryview(blob), 2) == ["hi", "\ufffd"]
+    assert json_values("BYTES", memoryview(blob), 2) == ["hi", "\ufffd"]
+    words = float32_to_bf16(np.array([1.5], dtype=np.float32)).tobytes()
+    assert encode_response({"d": json_values("BF16", memoryview(words), 1)}) == b'{"d":[1.5]}'
