@@ -419,7 +419,8 @@ def test_reload_and_loads_under_concurrent_inference(srv: ServerProcess) -> None
 
 def test_unload_under_load_finishes_in_flight_then_404(srv: ServerProcess) -> None:
     name = load_worker(srv, "onnxruntime", {"model": "identity_fp32", "device": "cpu", "k": 1})
-    results: list[object] = []
+    #: (monotonic time the request was sent, outcome) for every request
+    results: list[tuple[float, object]] = []
     stop = threading.Event()
 
     def hammer() -> None:
@@ -428,11 +429,12 @@ def test_unload_under_load_finishes_in_flight_then_404(srv: ServerProcess) -> No
         while not stop.is_set():
             inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
             inp.set_data_from_numpy(x)
+            sent = time.monotonic()
             try:
                 client.infer(name, [inp])
-                results.append(200)
+                results.append((sent, 200))
             except Exception as exc:
-                results.append(str(exc))
+                results.append((sent, str(exc)))
 
     threads = [threading.Thread(target=hammer) for _ in range(3)]
     for thread in threads:
@@ -440,17 +442,21 @@ def test_unload_under_load_finishes_in_flight_then_404(srv: ServerProcess) -> No
     try:
         assert wait_for(lambda: len(results) > 5, 30)
         assert post(srv, f"/v2/workers/{name}/unload")[0] == 200
+        unloaded = time.monotonic()
         count = len(results)
         assert wait_for(lambda: len(results) > count + 3, 30)
     finally:
         stop.set()
         for thread in threads:
             thread.join(30)
-    assert results[0] == 200
-    errors = [r for r in results if r != 200]
+    outcomes = [outcome for _, outcome in results]
+    assert outcomes[0] == 200
+    errors = [r for r in outcomes if r != 200]
+    # Requests in flight at the unload finished (200); none failed any other way.
     assert errors and all("[404]" in str(e) and name in str(e) for e in errors), errors[:3]
-    first_error = results.index(errors[0])
-    assert all(r != 200 for r in results[first_error + 3 :]), "404 stays 404"
+    # Every request sent after the unload answered is a 404.
+    late = [outcome for sent, outcome in results if sent > unloaded]
+    assert late and all(outcome != 200 for outcome in late), late[:3]
 
 
 def test_unknown_load_model_stops_start_up() -> None:
