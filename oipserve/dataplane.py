@@ -137,7 +137,7 @@ class DataPlane:
         return {
             "name": SERVER_NAME,
             "version": oipserve.__version__,
-            "extensions": ["binary_tensor_data", "model_configuration"],
+            "extensions": ["binary_tensor_data", "model_configuration", "model_repository"],
         }
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
