@@ -228,28 +228,25 @@ class SegmentCache:
         self._segments.clear()
 
 
+def _segment_names() -> list[str]:
+    try:
+        return os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+
+
 def sweep(prefix: str) -> list[str]:
     """Unlink every segment whose name starts with ``prefix``; returns the names."""
-    removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        if name.startswith(prefix):
-            _unlink(name)
-            removed.append(name)
+    removed = [name for name in _segment_names() if name.startswith(prefix)]
+    for name in removed:
+        _unlink(name)
     return removed
 
 
 def sweep_stale() -> list[str]:
     """Remove segments left by oipserve processes that no longer exist (kill -9)."""
     removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return removed
-    for name in names:
+    for name in _segment_names():
         if not name.startswith(NAME_PREFIX):
             continue
         pid_text = name[len(NAME_PREFIX) :].split("-", 1)[0]

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -22,23 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
-
-ROUND_TRIP = {
-    "BOOL": np.array([[True, False, True]]),
-    "UINT8": np.array([[0, 255, 7]], dtype=np.uint8),
-    "UINT16": np.array([[0, 65535, 7]], dtype=np.uint16),
-    "UINT32": np.array([[0, 2**32 - 1, 7]], dtype=np.uint32),
-    "UINT64": np.array([[0, 2**64 - 1, 7]], dtype=np.uint64),
-    "INT8": np.array([[-128, 127, 0]], dtype=np.int8),
-    "INT16": np.array([[-32768, 32767, 0]], dtype=np.int16),
-    "INT32": np.array([[-(2**31), 2**31 - 1, 0]], dtype=np.int32),
-    "INT64": np.array([[-(2**63), 2**63 - 1, 0]], dtype=np.int64),
-    "FP16": np.array([[0.5, -2.0, 65504.0]], dtype=np.float16),
-    "FP32": np.array([[0.25, -1.5e30, 3.0]], dtype=np.float32),
-    "FP64": np.array([[0.1, -1e300, 3.0]], dtype=np.float64),
-    "BF16": np.array([[1.0, -2.5, 0.5]], dtype=ml_dtypes.bfloat16),
-    "BYTES": np.array([["héllo", "", "x" * 300]], dtype=object),
-}
+from tests.tensors import ROUND_TRIP
 
 #: InferTensorContents field per datatype (the typed, non-raw encoding).
 TYPED_FIELD = {
