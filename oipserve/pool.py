@@ -100,6 +100,8 @@ class WorkerHandle:
         self.pid: int | None = None
         self._next_rid = 0
         self._outbox: list[bytes] = []
+        #: PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._death_listeners: list[Callable[[WorkerHandle], None]] = []
         self._stopping = False
 
@@ -125,6 +127,7 @@ class WorkerHandle:
         )
         process.start()
         theirs.close()
+        self._loop = loop
         self.process = process
         self.alive = True
         self._stopping = False
@@ -198,7 +201,7 @@ class WorkerHandle:
         #   loop iteration turns many into one.
         self._outbox.append(frame(_ENCODER, message))
         if len(self._outbox) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
@@ -212,7 +215,7 @@ class WorkerHandle:
         if not self.alive:
             raise WorkerDied(f"worker {self.worker_id} ({self.device}) is not running")
         rid = self._rid()
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[object] = self._loop.create_future()  # type: ignore[union-attr]
         self.pending[rid] = future
         if on_done is not None:
             self.on_done[rid] = on_done

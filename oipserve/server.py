@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -68,6 +69,21 @@ def _threads_per_worker(device: str, logical_cores: int, instances: int) -> int:
     if device == "cpu":
         return max(1, logical_cores // instances)
     return 1
+
+
+def _settle_garbage_collector() -> None:
+    """Keep the cyclic GC off the hot path.
+
+    PERF: under load the collector took 13% of the front's time, mostly full
+    collections walking the objects that imports and model loading left behind
+    (numpy, ONNX metadata, protobuf descriptors). Freezing them moves them out
+    of every later collection, and a larger first threshold makes collections
+    rarer; request objects are short-lived and mostly freed by reference
+    counting anyway.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
 
 
 async def serve(settings: Settings) -> int:
@@ -175,6 +191,7 @@ async def serve(settings: Settings) -> int:
                 )
 
         announcer = loop.create_task(announce())
+        _settle_garbage_collector()
         await server.serve(sockets=[sock])
         announcer.cancel()
         return 0
