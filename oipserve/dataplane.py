@@ -322,15 +322,20 @@ def _tensor_metadata(name: str, datatype: str, shape: tuple[int, ...]) -> dict[s
 
 def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, ...]) -> None:
     shape = tensor.shape
-    if len(shape) != len(expected) or any(
-        want != -1 and got != want for got, want in zip(shape, expected, strict=True)
-    ):
+    fits = len(shape) == len(expected)
+    if fits:
+        for got, want in zip(shape, expected, strict=True):
+            if got < 0:
+                raise InvalidInput(
+                    f"input '{tensor.name}' has a negative dimension in {list(shape)}"
+                )
+            if want != -1 and got != want:
+                fits = False
+    if not fits:
         raise InvalidInput(
             f"input '{tensor.name}' has shape {list(shape)}, but model '{model.name}' expects "
             f"{list(expected)} (-1 may be any size)"
         )
-    if any(d < 0 for d in shape):
-        raise InvalidInput(f"input '{tensor.name}' has a negative dimension in {list(shape)}")
     if model.max_batch_size > 0 and shape and shape[0] > model.max_batch_size:
         raise InvalidInput(
             f"input '{tensor.name}' has batch size {shape[0]}, but model '{model.name}' "
