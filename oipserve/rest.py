@@ -51,7 +51,8 @@ class Body:
         self.start = start
 
 
-async def _read_all(req: falcon.asgi.Request, limit: int) -> bytes:
+async def read_all(req: falcon.asgi.Request, limit: int) -> bytes:
+    """The whole body as bytes; 413 as soon as it grows past ``limit``."""
     parts = []
     size = 0
     async for chunk in req.stream:
@@ -93,14 +94,14 @@ async def read_body(
     if encoding not in ("identity", "gzip", "deflate"):
         raise Unsupported(f"unsupported Content-Encoding '{encoding}' (use gzip or deflate)")
     if header_length is None:
-        data = await _read_all(req, limit)
+        data = await read_all(req, limit)
         return Body(_decompress(data, encoding, limit) if encoding != "identity" else data)
     # NOTE: place the body so the first binary chunk starts on a 64-byte boundary;
     #   numpy and ONNX Runtime then read it in place instead of copying.
     text = header_length.strip()
     pad = (-int(text)) % ALIGNMENT if text.isascii() and text.isdigit() else 0
     if length is None or encoding != "identity":
-        data = await _read_all(req, limit)
+        data = await read_all(req, limit)
         if encoding != "identity":
             data = _decompress(data, encoding, limit)
         lease = pool.acquire(pad + len(data))

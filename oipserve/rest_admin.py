@@ -10,8 +10,9 @@ import falcon
 import falcon.asgi
 import msgspec
 
-from oipserve.errors import InvalidInput, PayloadTooLarge
+from oipserve.errors import InvalidInput
 from oipserve.management import Management
+from oipserve.rest import read_all
 
 #: Management bodies are small JSON objects.
 BODY_LIMIT = 1024 * 1024
@@ -19,11 +20,7 @@ BODY_LIMIT = 1024 * 1024
 
 async def _read_json(req: falcon.asgi.Request, what: str, required: bool) -> dict | None:
     """The body as a JSON object; None when empty and not required; 400 otherwise."""
-    data = b""
-    async for chunk in req.stream:
-        data += chunk
-        if len(data) > BODY_LIMIT:
-            raise PayloadTooLarge(f"the {what} body is larger than {BODY_LIMIT} bytes")
+    data = await read_all(req, BODY_LIMIT)
     if not data.strip():
         if required:
             raise InvalidInput(f"No JSON body in {what} request")
@@ -32,6 +29,8 @@ async def _read_json(req: falcon.asgi.Request, what: str, required: bool) -> dic
         value = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise InvalidInput(f"the {what} body is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"the {what} body is not JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidInput(f"the {what} body must be a JSON object")
     return value

@@ -474,3 +474,12 @@ def test_unknown_load_model_stops_start_up() -> None:
         "simple,zzz",
     )
     assert result.returncode != 0 and "zzz" in result.stderr
+
+
+def test_management_bodies_that_are_not_json_objects_are_400(srv: ServerProcess) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for path in ("/v2/hardware", "/v2/workers/onnxruntime/load", "/v2/repository/index"):
+        for body in (deep, b"{", b"[1]"):
+            status, payload = post(srv, path, body)
+            assert status == 400, (path, body[:10], payload)
+            assert set(json.loads(payload)) == {"error"}
