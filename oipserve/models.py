@@ -262,6 +262,44 @@ class ModelManager:
         """Workers that hold repository models: those started with the server."""
         return [w for w in self.pool.workers if w.alive and not w.dedicated]
 
+    def workers_for(self, model: ModelVersion) -> list[WorkerHandle]:
+        """The repository workers that get a session of ``model``; ValueError if none fit.
+
+        Without ``instance_group`` every repository worker holds the model. With it, as
+        in Triton: ``KIND_CPU`` places ``count`` instances on the CPU, ``KIND_GPU`` on each
+        GPU of ``gpus`` (all GPUs when empty), ``KIND_AUTO``/``KIND_MODEL`` on the GPUs if
+        the server runs any, else on the CPU. An instance is a session in one worker
+        process, so ``count`` is capped at the worker processes of that device
+        (``--instances-per-device``): two sessions in one single-threaded worker would
+        not run at the same time.
+        """
+        workers = self.repository_workers()
+        groups = model.config.instance_groups if model.config else ()
+        if not groups:
+            return workers
+        gpu_devices = sorted({w.device for w in workers if w.device.startswith("cuda:")})
+        chosen: list[WorkerHandle] = []
+        for group in groups:
+            if group.kind == "KIND_CPU":
+                devices = ["cpu"]
+            elif group.kind == "KIND_GPU":
+                devices = [f"cuda:{g}" for g in group.gpus] or gpu_devices
+            else:
+                devices = gpu_devices or ["cpu"]
+            if not devices:
+                raise ValueError(
+                    f"instance_group {group.kind} asks for a GPU; this server runs none"
+                )
+            for device in devices:
+                on_device = [w for w in workers if w.device == device]
+                if not on_device:
+                    raise ValueError(
+                        f"instance_group asks for {device}, where this server runs no workers "
+                        f"(--devices gave: {', '.join(sorted({w.device for w in workers}))})"
+                    )
+                chosen.extend(w for w in on_device[: group.count] if w not in chosen)
+        return chosen
+
     async def place(self, model: ModelVersion, worker: WorkerHandle, threads: int | None) -> Loaded:
         """Create one session of ``model`` on ``worker`` and record what it was given."""
         planned = self.providers_for(worker, model)
@@ -311,11 +349,14 @@ class ModelManager:
                 )
 
     async def _load_version(self, model: ModelVersion) -> None:
-        workers = self.repository_workers()
         # NOTE: a reload gives the new sessions a fresh key so the old ones can
         #   finish their in-flight requests under the old key.
         model.key = f"{model.name}/{model.version}#{id(model)}"
+        workers: list[WorkerHandle] = []
         try:
+            workers = self.workers_for(model)
+            if not workers:
+                raise ValueError("no worker process runs to hold it")
             results = await asyncio.gather(*(self.place(model, w, None) for w in workers))
             inputs, outputs = merge_metadata(model.config, results[0])
         except Exception as exc:
