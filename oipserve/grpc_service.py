@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -307,6 +309,9 @@ class InferenceService:
         self.management = management
         #: Inferences running now (unary calls and stream requests alike).
         self.active = 0
+        #: Arrival times of ModelInfer calls whose request message is not yet fully in
+        #: (``_Arrivals`` appends, parsing pops); a drain waits for them too.
+        self.arriving: deque[float] = deque()
         #: Set at shutdown: streams end once they have nothing left to answer.
         self.closing = asyncio.Event()
 
@@ -467,9 +472,9 @@ def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandle
         name = method.name
         request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
-        deserialize = (
-            split_infer_request if request_type is pb.ModelInferRequest else request_type.FromString
-        )
+        deserialize = request_type.FromString
+        if request_type is pb.ModelInferRequest:
+            deserialize = _arrived(service, split_infer_request)
         serialize = (
             _serialize_infer
             if response_type is pb.ModelInferResponse
@@ -494,6 +499,40 @@ def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandle
     return handlers
 
 
+def _arrived(
+    service: InferenceService, parse: Callable[[bytes], InferCall]
+) -> Callable[[bytes], InferCall]:
+    """``parse`` that also marks a ModelInfer call as no longer arriving (now or never running)."""
+
+    def deserialize(data: bytes) -> InferCall:
+        if service.arriving:
+            service.arriving.popleft()
+        return parse(data)
+
+    return deserialize
+
+
+class _Arrivals(grpc.aio.ServerInterceptor):
+    """Counts ModelInfer calls from their headers on, before their message has arrived.
+
+    grpc.aio hands a unary call to the application only once its whole message
+    is in; a large tensor still uploading at shutdown would otherwise look like
+    no call at all, and ``Server.stop`` would cancel it.
+    """
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        if details.method == _MODEL_INFER:
+            self.service.arriving.append(time.monotonic())
+        return await continuation(details)
+
+
 class GrpcServer:
     """The running grpc.aio server and its service, stopped in the order shutdown needs."""
 
@@ -508,7 +547,9 @@ class GrpcServer:
         the transport but were not yet handed to the application when it runs
         are cancelled (CANCELLED), not finished. Draining first, while the
         server still serves (ServerReady already says false), lets those be
-        answered; idle streams end by themselves once ``closing`` is set.
+        answered; idle streams end by themselves once ``closing`` is set. A call
+        that is never parsed (rejected as too large, or abandoned by its client)
+        is forgotten after ``_UPLOAD_GRACE`` seconds, so it cannot hold the drain.
         """
         loop = asyncio.get_running_loop()
         self.service.closing.set()
@@ -516,10 +557,16 @@ class GrpcServer:
         quiet = 0
         while quiet < _QUIET_POLLS and loop.time() < deadline:
             await asyncio.sleep(_POLL_SECONDS)
-            quiet = quiet + 1 if self.service.active == 0 else 0
+            arriving = self.service.arriving
+            while arriving and time.monotonic() - arriving[0] > _UPLOAD_GRACE:
+                arriving.popleft()  # never parsed: rejected (too large) or abandoned
+            quiet = 0 if self.service.active or arriving else quiet + 1
         await self.server.stop(max(0.0, deadline - loop.time()))
 
 
+_MODEL_INFER = f"/{SERVICE}/ModelInfer"
+#: How long a drain waits for a request message still uploading at shutdown.
+_UPLOAD_GRACE = 2.0
 _POLL_SECONDS = 0.02
 #: A drain ends after this many polls in a row without a running inference.
 _QUIET_POLLS = 5
@@ -530,14 +577,15 @@ async def start_grpc(
 ) -> tuple[GrpcServer, int]:
     """Bind ``host:grpc_port`` (0 picks a free port), start serving, return (server, port)."""
     limit = settings.grpc_max_message_bytes
+    service = InferenceService(dataplane, management)
     server = grpc.aio.server(
+        interceptors=[_Arrivals(service)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
-    service = InferenceService(dataplane, management)
     handlers = method_handlers(service)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     host = f"[{settings.host}]" if ":" in settings.host else settings.host

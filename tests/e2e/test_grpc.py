@@ -503,7 +503,9 @@ def tmp_path_repo(tmp_path: Path) -> Path:
 def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
     """Calls in flight when SIGTERM arrives are answered before the workers stop."""
     proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
-    data = np.random.default_rng(3).random((1, 4 * 1024 * 1024), dtype=np.float32)
+    # 64 MiB each: a call takes long enough that all four are surely on the wire (not
+    # still being built by the client) when SIGTERM comes 0.25 s after they start.
+    data = np.random.default_rng(3).random((1, 16 * 1024 * 1024), dtype=np.float32)
     outcomes: list[object] = []
     started = threading.Barrier(5)
 
@@ -511,6 +513,7 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
             inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
             inp.set_data_from_numpy(data)
+            assert own.is_server_live()  # connected before the clock starts
             started.wait()
             try:
                 outcomes.append(own.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"))
@@ -521,7 +524,7 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
     for thread in threads:
         thread.start()
     started.wait()
-    threading.Event().wait(0.05)
+    threading.Event().wait(0.25)
     assert proc.stop() == 0, proc.log
     for thread in threads:
         thread.join(30)
