@@ -191,9 +191,7 @@ class DataPlane:
     ) -> InferResult:
         """Run one request; ``owned`` leases are released once the worker is done reading."""
         if model.echo:
-            from oipserve.echo import echo  # noqa: PLC0415 - echo imports this module
-
-            return echo(model, inputs, output_names, owned)
+            return _echo(model, inputs, output_names, owned)
         lease: Lease | None = None
         try:
             placements = self._check(model, inputs, output_names)
@@ -390,3 +388,48 @@ def _check_size(tensor: InputTensor, data: memoryview, count: int) -> None:
             f"input '{tensor.name}' should have {expected} bytes of data for shape "
             f"{tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
         )
+
+
+def _echo(
+    model: ModelVersion, inputs: list[InputTensor], output_names: list[str], owned: list[Lease]
+) -> InferResult:
+    """Every input back as an output (same name, datatype, shape, data).
+
+    The ``echo`` worker kind exists for orchestration tests (load, naming, share,
+    unload): it needs no worker process and no ONNX Runtime session, so the
+    front answers it by copying the inputs.
+    """
+    try:
+        if not inputs:
+            raise InvalidInput("'inputs' must list at least one input")
+        by_name: dict[str, OutputTensor] = {}
+        for tensor in inputs:
+            if tensor.name in by_name:
+                raise InvalidInput(f"input '{tensor.name}' is given more than once")
+            if any(d < 0 for d in tensor.shape):
+                raise InvalidInput(
+                    f"input '{tensor.name}' has a negative dimension in {list(tensor.shape)}"
+                )
+            _, data = _payload(tensor)
+            if data is None:
+                assert tensor.located is not None
+                held, start, size = tensor.located
+                blob = bytes(held.buf[start : start + size])
+            elif isinstance(data, np.ndarray):
+                blob = data.tobytes()
+            else:
+                blob = bytes(data)  # type: ignore[arg-type]
+            by_name[tensor.name] = OutputTensor(
+                tensor.name, tensor.datatype, list(tensor.shape), memoryview(blob)
+            )
+        for name in output_names:
+            if name not in by_name:
+                raise InvalidInput(
+                    f"unexpected requested output '{name}' for echo endpoint '{model.name}' "
+                    f"(it returns its inputs: {', '.join(by_name)})"
+                )
+        names = output_names or list(by_name)
+        return InferResult(model, [by_name[n] for n in names], lambda: None)
+    finally:
+        for held in owned:
+            held.release()

@@ -8,7 +8,7 @@ inference on everything else goes on.
 Worker endpoints are registered in the ``ModelRegistry`` like repository
 models, so metadata, ready and infer work on them unchanged. An ``echo``
 endpoint has no session: the data plane answers it in the front by copying
-inputs to outputs (``oipserve.echo``).
+inputs to outputs (``dataplane._echo``).
 """
 
 from __future__ import annotations
