@@ -3,8 +3,8 @@
 One command runs everything side by side on this machine and writes
 benchmarks/results/<date>.md (+ .json and PNG charts); see benchmarks/README.md.
 
-    /tmp/venv/bin/python benchmarks/run.py            # full run, ~15 min
-    /tmp/venv/bin/python benchmarks/run.py --quick    # one short round, smoke check
+    .venv/bin/python benchmarks/run.py            # full run, ~15 min
+    .venv/bin/python benchmarks/run.py --quick    # one short round, smoke check
 
 Run it with the interpreter that has oipserve installed: `--oipserve` defaults to
 `<this interpreter> -m oipserve`, and the floor uses this interpreter's ONNX Runtime.
