@@ -220,6 +220,10 @@ class WorkerHandle:
         if on_done is not None:
             self.on_done[rid] = on_done
         self.send(make(rid))
+        if len(self.pending) == 1:
+            # PERF: an idle worker gets its request at once (one loop iteration less
+            #   of latency); a busy one cannot start it sooner, so it is batched.
+            self._flush()
         return future
 
     async def load(
