@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from oipserve.datatypes import NUMPY_DTYPES, encode_bytes_elements
 from oipserve.errors import InvalidInput
 from oipserve.models import ModelVersion, TensorSpec
+from oipserve.tensors import flatten
 from workers.images import ImageError, ImageSpec, image_spec_for
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def image_payload(name: str, values: object, count: int) -> bytes:
     if not isinstance(values, list):
         raise InvalidInput(f"'data' of input '{name}' must be an array")
     flat: list[object] = []
-    _flatten(values, flat)
+    flatten(values, flat)
     if len(flat) != count:
         raise InvalidInput(
             f"input '{name}': its shape holds {count} images but 'data' has {len(flat)}"
@@ -117,11 +118,3 @@ def image_payload(name: str, values: object, count: int) -> bytes:
                 " images in JSON 'data' must be base64 strings"
             )
     return encode_bytes_elements(elements)
-
-
-def _flatten(values: list[object], out: list[object]) -> None:
-    for value in values:
-        if isinstance(value, list):
-            _flatten(value, out)
-        else:
-            out.append(value)

@@ -57,10 +57,11 @@ def bytes_from_values(name: str, values: object, count: int) -> list[bytes]:
     return out
 
 
-def _flat(values: list[object], out: list[object]) -> None:
+def flatten(values: list[object], out: list[object]) -> None:
+    """Append the leaves of nested JSON arrays to ``out``, in row-major order."""
     for value in values:
         if isinstance(value, list):
-            _flat(value, out)
+            flatten(value, out)
         else:
             out.append(value)
 
@@ -68,7 +69,7 @@ def _flat(values: list[object], out: list[object]) -> None:
 def _exact_ints(values: list[object]) -> np.ndarray | None:
     """An object array of the values if every one is a true JSON integer, else None."""
     flat: list[object] = []
-    _flat(values, flat)
+    flatten(values, flat)
     if all(type(v) is int for v in flat):
         return np.array(flat, dtype=object)
     return None
