@@ -13,6 +13,8 @@ from typing import Any
 import msgspec
 import orjson
 
+from oipserve.fast_json import MIN_BODY, NumberArrayDecoder
+
 Parameters = dict[str, str | int | float | bool]
 
 
@@ -37,11 +39,20 @@ class InferRequest(msgspec.Struct, frozen=True):
 
 
 REQUEST_DECODER = msgspec.json.Decoder(InferRequest)
+LARGE_REQUEST_DECODER = NumberArrayDecoder(InferRequest)
 ENCODER = msgspec.json.Encoder()
 
 
 def decode_request(body: bytes | memoryview) -> InferRequest:
-    """Decode an inference request header; any problem is a ``ValueError`` with the path."""
+    """Decode an inference request header; any problem is a ``ValueError`` with the path.
+
+    Large bodies first try ``LARGE_REQUEST_DECODER`` (number arrays straight into
+    numpy); whatever it declines is decoded here, errors included.
+    """
+    if len(body) >= MIN_BODY:
+        request = LARGE_REQUEST_DECODER.decode(body)
+        if request is not None:
+            return request
     try:
         return REQUEST_DECODER.decode(body)
     except msgspec.ValidationError as exc:

@@ -99,7 +99,9 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
     """A flat numpy array of ``datatype`` from JSON values, or InvalidInput saying why not."""
     # PERF: this runs for every JSON input; numpy scalar comparisons, np.iinfo and
     #   np.errstate each cost about a microsecond, so bounds are precomputed.
-    if not isinstance(values, list):
+    # NOTE: an ndarray comes from fast_json: a flat array of JSON numbers, parsed
+    #   as float64, int64 or uint64, and checked below like any decoded list.
+    if not isinstance(values, (list, np.ndarray)):
         raise InvalidInput(f"'data' of input '{name}' must be an array")
     try:
         source = np.asarray(values)
@@ -142,7 +144,8 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
         if kind not in "iuf":
             raise _kind_error(name, datatype, "numbers", source)
         limit = _FLOAT_LIMITS.get(datatype)
-        if limit is not None and kind == "f" and float(np.abs(source).max()) > limit:
+        # NOTE: integers too: 70000 is beyond FP16 and would become inf.
+        if limit is not None and max(-float(source.min()), float(source.max())) > limit:
             raise InvalidInput(f"input '{name}': a value is too large for {datatype}")
         if datatype == "BF16":
             return float32_to_bf16(source.astype(np.float32))

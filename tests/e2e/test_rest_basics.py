@@ -202,6 +202,50 @@ def test_nested_and_flat_data_are_equivalent(server: ServerProcess) -> None:
     assert call([[1, 2], [3, 4]]) == call([1, 2, 3, 4]) == [1.0, 2.0, 3.0, 4.0]
 
 
+@pytest.mark.parametrize("datatype", [d for d in JSON_ROUND_TRIP if d not in ("BYTES", "BOOL")])
+def test_large_json_tensors_round_trip(
+    client: httpclient.InferenceServerClient, datatype: str
+) -> None:
+    # Bodies past fast_json.MIN_BODY take the simdjson path and a pooled receive.
+    data = np.tile(JSON_ROUND_TRIP[datatype], (1, 12_000))
+    inp = httpclient.InferInput("INPUT0", list(data.shape), datatype)
+    inp.set_data_from_numpy(data, binary_data=False)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    result = client.infer(f"identity_{datatype.lower()}", [inp], outputs=[out])
+    got = result.as_numpy("OUTPUT0")
+    assert got.dtype == data.dtype
+    np.testing.assert_array_equal(got, data)
+
+
+def test_large_json_nested_ragged_and_bad_values(server: ServerProcess) -> None:
+    rows = np.random.default_rng(3).standard_normal((64, 400)).astype(np.float32)
+
+    def call(data: object, shape: list[int] = [64, 400]) -> tuple[int, dict]:  # noqa: B006
+        body = {"inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32", "data": data}]}
+        text = json.dumps(body)
+        assert len(text) > 64 * 1024
+        status, _, raw = request(server, "POST", "/v2/models/identity_fp32/infer", text)
+        return status, json.loads(raw)
+
+    status, answer = call(rows.tolist())
+    assert status == 200, answer
+    np.testing.assert_array_equal(np.array(answer["outputs"][0]["data"], np.float32), rows.ravel())
+    ragged = rows.tolist()
+    ragged[1].append(ragged[0].pop())  # the same count, one row longer than another
+    status, answer = call(ragged)
+    assert status == 400 and "ragged" in answer["error"]
+    hidden = rows.ravel().tolist()
+    hidden[5] = [hidden[5]]  # an array among the numbers
+    status, answer = call(hidden, [1, 64 * 400])
+    assert status == 400 and "ragged" in answer["error"]
+    too_big = rows.ravel().tolist()
+    too_big[-1] = 1e39
+    status, answer = call(too_big, [1, 64 * 400])
+    assert status == 400 and "too large for FP32" in answer["error"]
+    status, answer = call(rows.tolist())  # and it keeps serving
+    assert status == 200
+
+
 def test_runtime_failure_is_500_and_worker_keeps_serving(
     server: ServerProcess, client: httpclient.InferenceServerClient
 ) -> None:

@@ -45,6 +45,8 @@ def test_good_values(datatype: str, values: list, expected: np.ndarray) -> None:
         ("BOOL", [1], 1, "true/false"),
         ("FP32", ["a"], 1, "got strings"),
         ("FP16", [1e9], 1, "too large"),
+        ("FP16", [0, 70000], 2, "too large"),  # an integer beyond FP16 is not inf
+        ("FP32", np.array([-1e39]), 1, "too large"),  # fast_json's flat arrays
         ("INT32", [1, 2], 3, "3 elements but 'data' has 2"),
         ("INT32", [[1, 2], [3]], 3, "ragged"),
         ("INT32", 5, 1, "must be an array"),

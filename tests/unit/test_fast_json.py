@@ -1,0 +1,219 @@
+"""The simdjson fast path for large requests must agree with msgspec, or step aside.
+
+For every body: either the fast decoder declines (None), or the standard decoder
+accepts the body too and both give the same request and, through
+``array_from_values``, the same tensor or the same error.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import msgspec
+import numpy as np
+import pytest
+
+from oipserve.errors import InvalidInput
+from oipserve.fast_json import MIN_BODY
+from oipserve.protocol import LARGE_REQUEST_DECODER, REQUEST_DECODER, InferRequest
+from oipserve.tensors import array_from_values
+
+PAD = "p" * MIN_BODY
+
+
+def body_of(
+    data_text: str, datatype: str = "FP32", shape: list[int] | None = None, extra: str = ""
+) -> bytes:
+    """A request body of at least MIN_BODY bytes with ``data_text`` as its data."""
+    shape_text = json.dumps(shape if shape is not None else [-1])
+    return (
+        '{"id":"'
+        + PAD
+        + '","inputs":[{"name":"x","shape":'
+        + shape_text
+        + ',"datatype":"'
+        + datatype
+        + '","data":'
+        + data_text
+        + extra
+        + "}]}"
+    ).encode()
+
+
+def converted(request: InferRequest) -> list[object]:
+    """Each input's tensor after the strict conversion, or the error message."""
+    out: list[object] = []
+    for tensor in request.inputs:
+        count = int(np.prod(tensor.shape)) if -1 not in tensor.shape else None
+        try:
+            size = count if count is not None else np.asarray(tensor.data).size
+            out.append(array_from_values(tensor.name, tensor.datatype, tensor.data, size))
+        except (InvalidInput, ValueError) as exc:
+            out.append(str(exc))
+    return out
+
+
+def assert_agrees(body: bytes) -> InferRequest | None:
+    fast = LARGE_REQUEST_DECODER.decode(body)
+    if fast is None:
+        return None
+    slow = REQUEST_DECODER.decode(body)  # must not raise where the fast path accepted
+    assert msgspec.structs.replace(fast, inputs=[]) == msgspec.structs.replace(slow, inputs=[])
+    for a, b in zip(fast.inputs, slow.inputs, strict=True):
+        assert (a.name, a.shape, a.datatype, a.parameters) == (
+            b.name,
+            b.shape,
+            b.datatype,
+            b.parameters,
+        )
+    for got, want in zip(converted(fast), converted(slow), strict=True):
+        if isinstance(want, str):
+            assert got == want
+        else:
+            assert isinstance(got, np.ndarray)
+            assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+    return fast
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype", "shape"),
+    [
+        ("[1.5, -2, 3e2, -0.0, 1E-3]", "FP32", [5]),
+        ("[[1, 2, 3], [4, 5, 6]]", "FP64", [2, 3]),
+        ("[[[1], [2]], [[3], [4]]]", "FP16", [2, 2, 1]),
+        ("[0.1, 0.2, 0.3]", "BF16", [3]),
+        ("[1, -2, 127]", "INT8", [3]),
+        ("[9223372036854775807, -9223372036854775808]", "INT64", [2]),
+        ("[0, 18446744073709551615]", "UINT64", [2]),
+        ("[1, 2, 65535]", "UINT16", [3]),
+        ("[]", "FP32", [0]),
+        ("[[]]", "FP32", [1, 0]),
+        ("[3.4028234663852886e38]", "FP32", [1]),
+    ],
+)
+def test_fast_path_takes_regular_number_arrays(data: str, datatype: str, shape: list[int]) -> None:
+    request = assert_agrees(body_of(data, datatype, shape))
+    assert request is not None, "the fast path should have decoded this body"
+    assert isinstance(request.inputs[0].data, np.ndarray)
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype"),
+    [
+        ("[[1], 2]", "FP32"),  # flattens to the right count, but ragged
+        ("[1, [2]]", "FP32"),
+        ("[[1, 2], [3]]", "FP32"),
+        ("[[1, 2, 3], [4, 5, 6, 7, 8, 9], []]", "FP32"),  # right counts, wrong rows
+        ("[[1, 2], 3, 4]", "FP32"),
+        ("[true, false]", "BOOL"),
+        ("[1, true]", "FP32"),
+        ('["a", "b"]', "BYTES"),
+        ('["1.5"]', "FP32"),
+        ("[1.5, 2]", "INT32"),
+        ("[1, 18446744073709551615]", "INT64"),
+        ("[-1]", "UINT64"),
+        ("[1e400]", "FP32"),
+        ("[1, null]", "FP32"),
+        ("[1, {}]", "FP32"),
+        ("7", "FP32"),
+        ("null", "FP32"),
+        ("[1, 2]", "FP99"),
+    ],
+)
+def test_fast_path_declines_what_only_msgspec_can_judge(data: str, datatype: str) -> None:
+    assert LARGE_REQUEST_DECODER.decode(body_of(data, datatype)) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        body_of("[1, 2]", shape=[2.0]),  # type: ignore[list-item]
+        body_of("[1, 2]", extra=',"name":"y"'),  # duplicate key
+        body_of("[1, 2]", extra=',"parameters":{"a":[1]}'),
+        body_of("[1, 2]", extra=',"parameters":{"[":"]"}'),
+        body_of("[1, 2]").replace(b'"id":"p', b'"id":"\\u005b'),  # an escaped '['
+        body_of("[1, 2]").replace(b'"id":"p', b'"id":"['),
+        body_of("[1, 2]").replace(b'{"id"', b'{"outputs":[{"name":"y"}],"id"'),
+        body_of("[1, 2]") + b" ",
+        body_of("[1, 2]") + b"x",
+        body_of("[1, 2,]"),
+        body_of("[1, 2]").replace(b'"inputs"', b'"Inputs"'),
+        body_of("[1, 2]").replace(b'"x"', b"3"),
+    ],
+)
+def test_fast_path_agrees_on_odd_headers(body: bytes) -> None:
+    assert_agrees(body)
+
+
+def test_fast_path_agrees_on_random_requests() -> None:
+    rng = random.Random(7)
+    datatypes = [
+        "FP32",
+        "FP64",
+        "FP16",
+        "BF16",
+        "INT8",
+        "INT32",
+        "INT64",
+        "UINT8",
+        "UINT64",
+        "BOOL",
+        "BYTES",
+    ]
+    values = [
+        "0",
+        "-1",
+        "1.5",
+        "255",
+        "256",
+        "-129",
+        "1e39",
+        "70000",
+        "true",
+        '"s"',
+        "null",
+        "9223372036854775808",
+        "[1]",
+        "[]",
+        "-0.0",
+        "1e-50",
+    ]
+    fast_hits = 0
+    for _ in range(400):
+        rows, cols = rng.randint(0, 3), rng.randint(0, 4)
+        nested = rng.random() < 0.5
+        if rng.random() < 0.7:
+            cells = [rng.choice(values[:8]) for _ in range(rows * cols)]
+        else:
+            cells = [rng.choice(values) for _ in range(rows * cols)]
+        if nested:
+            text = (
+                "["
+                + ",".join(
+                    "[" + ",".join(cells[r * cols : (r + 1) * cols]) + "]" for r in range(rows)
+                )
+                + "]"
+            )
+            if rng.random() < 0.2 and rows:
+                text = text.replace("]", ",1]", 1)  # one ragged row
+        else:
+            text = "[" + ",".join(cells) + "]"
+        body = body_of(text, rng.choice(datatypes), [rows, cols] if nested else [rows * cols])
+        fast_hits += assert_agrees(body) is not None
+    assert fast_hits > 50, "the random requests should exercise the fast path"
+
+
+def test_a_large_fp32_tensor_round_trips_exactly() -> None:
+    values = np.random.default_rng(1).standard_normal(70_000).astype(np.float32)
+    body = body_of("[" + ",".join(map(repr, values.tolist())) + "]", "FP32", [70_000])
+    request = assert_agrees(body)
+    assert request is not None
+    got = array_from_values("x", "FP32", request.inputs[0].data, 70_000)
+    assert got.dtype == np.float32 and np.array_equal(got, values)
+
+
+def test_parser_is_reusable_after_declining() -> None:
+    assert LARGE_REQUEST_DECODER.decode(body_of("[[1], 2]")) is None
+    assert LARGE_REQUEST_DECODER.decode(body_of("[1, 2]", "BYTES")) is None
+    assert LARGE_REQUEST_DECODER.decode(body_of("[1, 2]")) is not None
