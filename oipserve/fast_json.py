@@ -49,6 +49,13 @@ _BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
 _LEFT_BRACKET = ord("[")
 
 
+#: The parser keeps buffers of about twice the largest body it has parsed; after
+#: a body larger than this it is replaced, so one huge request does not pin
+#: hundreds of megabytes in the front for good.
+RETAIN_MAX = 32 * 1024 * 1024
+#: Bytes scanned at a time when counting brackets (bounds the temporary mask).
+_SCAN_STEP = 4 * 1024 * 1024
+
 #: Most arrays a nested ``data`` value may hold for the fast path: checking that
 #: they are regular costs a Python step each (an image [1, 3, 224, 224] has 676).
 MAX_NESTED_ARRAYS = 4096
@@ -80,6 +87,8 @@ class NumberArrayDecoder:
             return None
         finally:
             del document
+            if len(body) > RETAIN_MAX:
+                self._parser = simdjson.Parser()
         # NOTE: as_buffer flattens nested arrays without looking at their shape.
         #   _number_array checked every array above the numbers; an array hidden among
         #   the numbers (``[[1], 2]``) shows as one '[' more than the parts account for.
@@ -179,4 +188,8 @@ def _header_brackets(value: Any) -> int:
 
 
 def _count_brackets(body: bytes | memoryview) -> int:
-    return int(np.count_nonzero(np.frombuffer(body, dtype=np.uint8) == _LEFT_BRACKET))
+    octets = np.frombuffer(body, dtype=np.uint8)
+    return sum(
+        int(np.count_nonzero(octets[start : start + _SCAN_STEP] == _LEFT_BRACKET))
+        for start in range(0, len(octets), _SCAN_STEP)
+    )

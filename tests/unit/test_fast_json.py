@@ -14,8 +14,9 @@ import msgspec
 import numpy as np
 import pytest
 
+from oipserve import fast_json
 from oipserve.errors import InvalidInput
-from oipserve.fast_json import MIN_BODY
+from oipserve.fast_json import MIN_BODY, NumberArrayDecoder
 from oipserve.protocol import LARGE_REQUEST_DECODER, REQUEST_DECODER, InferRequest
 from oipserve.tensors import array_from_values
 
@@ -217,3 +218,13 @@ def test_parser_is_reusable_after_declining() -> None:
     assert LARGE_REQUEST_DECODER.decode(body_of("[[1], 2]")) is None
     assert LARGE_REQUEST_DECODER.decode(body_of("[1, 2]", "BYTES")) is None
     assert LARGE_REQUEST_DECODER.decode(body_of("[1, 2]")) is not None
+
+
+def test_parser_memory_is_let_go_after_a_huge_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder = NumberArrayDecoder(InferRequest)
+    kept = decoder._parser
+    decoder.decode(body_of("[1, 2]"))
+    assert decoder._parser is kept
+    monkeypatch.setattr(fast_json, "RETAIN_MAX", 1024)
+    assert decoder.decode(body_of("[1, 2]")) is not None
+    assert decoder._parser is not kept
