@@ -26,9 +26,9 @@ import numpy as np
 import oipserve
 from oipserve.datatypes import (
     ELEMENT_SIZES,
-    count_bytes_elements,
     element_count,
     encode_bytes_elements,
+    split_bytes_elements,
 )
 from oipserve.errors import InvalidInput
 from oipserve.images import image_payload, image_target
@@ -373,7 +373,7 @@ def _image_payload(tensor: InputTensor) -> tuple[int, object]:
 def _check_size(tensor: InputTensor, data: memoryview, count: int) -> None:
     if tensor.datatype == "BYTES":
         try:
-            found = count_bytes_elements(data)
+            found = len(split_bytes_elements(data))
         except ValueError as exc:
             raise InvalidInput(f"BYTES data of input '{tensor.name}' is malformed: {exc}") from None
         if found != count:

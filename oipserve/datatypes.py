@@ -81,34 +81,34 @@ def encode_bytes_elements(elements: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def count_bytes_elements(buf: memoryview) -> int:
-    """Count length-prefixed elements, raising ValueError unless they tile ``buf`` exactly."""
-    size = len(buf)
+def split_bytes_elements(buf: memoryview) -> list[memoryview]:
+    """The elements of BYTES data in binary form (uint32 LE length, then the bytes), as views.
+
+    The one walker of that form, in the front and in the workers. The prefixes must
+    tile ``buf`` exactly; a ValueError says where they do not. The views keep ``buf``'s
+    exporter alive: a shared-memory segment cannot be closed while they exist.
+    """
+    view = memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    total = len(view)
+    parts: list[memoryview] = []
     pos = 0
-    count = 0
-    while pos < size:
-        if pos + 4 > size:
-            raise ValueError(f"a 4-byte length prefix is cut off at byte {pos}")
-        (length,) = _LENGTH.unpack_from(buf, pos)
-        pos += 4 + length
-        if pos > size:
+    while pos < total:
+        if pos + 4 > total:
             raise ValueError(
-                f"element {count} declares {length} bytes but only {size - (pos - length)} remain"
+                f"the length prefix of element {len(parts)} is cut off "
+                f"({total - pos} of 4 bytes at offset {pos})"
             )
-        count += 1
-    return count
-
-
-def decode_bytes_elements(buf: memoryview, count: int) -> list[bytes]:
-    """Split length-prefixed BYTES data into ``count`` elements (already validated)."""
-    out: list[bytes] = []
-    pos = 0
-    for _ in range(count):
-        (length,) = _LENGTH.unpack_from(buf, pos)
-        pos += 4
-        out.append(bytes(buf[pos : pos + length]))
-        pos += length
-    return out
+        (length,) = _LENGTH.unpack_from(view, pos)
+        start = pos + 4
+        pos = start + length
+        if pos > total:
+            raise ValueError(
+                f"element {len(parts)} declares {length} bytes but only {total - start} remain"
+            )
+        parts.append(view[start:pos])
+    return parts
 
 
 def float32_to_bf16(values: np.ndarray) -> np.ndarray:

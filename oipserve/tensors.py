@@ -15,8 +15,8 @@ from oipserve.datatypes import (
     INTEGER_TYPES,
     NUMPY_DTYPES,
     bf16_to_float32,
-    decode_bytes_elements,
     float32_to_bf16,
+    split_bytes_elements,
 )
 from oipserve.errors import InvalidInput
 
@@ -156,10 +156,7 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
 def json_values(datatype: str, data: memoryview, count: int) -> np.ndarray | list[str]:
     """An output tensor held in ``data``, flat, in a form the JSON encoder writes directly."""
     if datatype == "BYTES":
-        return [
-            element.decode("utf-8", errors="replace")
-            for element in decode_bytes_elements(data, count)
-        ]
+        return [str(element, "utf-8", "replace") for element in split_bytes_elements(data)]
     if datatype == "BF16":
         return bf16_to_float32(np.frombuffer(data, dtype=np.uint16, count=count))
     return np.frombuffer(data, dtype=NUMPY_DTYPES[datatype], count=count)

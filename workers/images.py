@@ -45,7 +45,6 @@ __all__ = [
     "ImageSpec",
     "decode_batch",
     "image_spec_for",
-    "split_length_prefixed",
 ]
 
 #: Element types an image can be cast to: the list OVMS accepts (others get INVALID_PRECISION).
@@ -224,37 +223,6 @@ def _floats_param(
             f"input '{input_name}': parameter {key} has {len(values)} values, expected {wanted}"
         )
     return values
-
-
-def split_length_prefixed(input_name: str, buf: memoryview) -> list[memoryview]:
-    """Split the BYTES binary form (uint32 LE length, then the bytes) into zero-copy slices.
-
-    The prefixes must tile the buffer exactly (as OVMS requires); an empty buffer gives no
-    elements. The slices keep ``buf``'s exporter alive, e.g. a shared-memory block cannot be
-    closed while they exist.
-    """
-    view = memoryview(buf)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    total = len(view)
-    parts: list[memoryview] = []
-    pos = 0
-    while pos < total:
-        if pos + 4 > total:
-            raise ImageError(
-                f"input '{input_name}': length prefix of element {len(parts)} is truncated"
-                f" ({total - pos} of 4 bytes at offset {pos})"
-            )
-        (length,) = struct.unpack_from("<I", view, pos)
-        start = pos + 4
-        pos = start + length
-        if pos > total:
-            raise ImageError(
-                f"element {len(parts)} of input '{input_name}' declares {length} bytes but only"
-                f" {total - start} remain in the buffer"
-            )
-        parts.append(view[start:pos])
-    return parts
 
 
 @dataclass(frozen=True, slots=True)

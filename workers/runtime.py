@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import onnxruntime as ort
 
-from oipserve.datatypes import NUMPY_DTYPES, ONNX_TO_OIP, element_count
+from oipserve.datatypes import NUMPY_DTYPES, ONNX_TO_OIP, element_count, split_bytes_elements
 from oipserve.shm import align
 from workers.messages import TensorMeta
 
@@ -85,20 +85,17 @@ class ModelSession:
 
 
 def _decode_strings(name: str, buf: memoryview, shape: list[int]) -> np.ndarray:
-    count = element_count(shape)
-    out = np.empty(count, dtype=object)
-    pos = 0
-    for i in range(count):
-        (length,) = _LENGTH.unpack_from(buf, pos)
-        pos += 4
+    # NOTE: the front checked that the length prefixes tile the data, shape's count of them.
+    elements = split_bytes_elements(buf)
+    out = np.empty(len(elements), dtype=object)
+    for i, element in enumerate(elements):
         try:
-            out[i] = str(buf[pos : pos + length], "utf-8")
+            out[i] = str(element, "utf-8")
         except UnicodeDecodeError:
             raise RequestError(
                 f"element {i} of BYTES input '{name}' is not valid UTF-8, "
                 "which this model's string input requires"
             ) from None
-        pos += length
     return out.reshape(shape)
 
 

@@ -17,9 +17,10 @@ import socket
 
 import msgspec
 
+from oipserve.datatypes import split_bytes_elements
 from oipserve.shm import BufferPool, SegmentCache
 from workers import runtime
-from workers.images import ImageError, decode_batch, split_length_prefixed
+from workers.images import ImageError, decode_batch
 from workers.messages import (
     LENGTH,
     Failed,
@@ -152,7 +153,8 @@ class Worker:
                 segment = self.inputs.get(t.segment)
                 buf = segment.buf[t.offset : t.offset + t.nbytes]
                 if t.image is not None:  # encoded images: decode here, not in the front
-                    parts = split_length_prefixed(t.name, buf)
+                    # NOTE: the front checked that the length prefixes tile the data.
+                    parts = split_bytes_elements(buf)
                     feeds[t.name] = decode_batch(t.name, parts, t.image)
                     del parts  # the views pin the segment's mapping
                 else:

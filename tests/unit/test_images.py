@@ -12,12 +12,12 @@ import cv2
 import numpy as np
 import pytest
 
+from oipserve.datatypes import split_bytes_elements
 from workers.images import (
     ImageError,
     ImageSpec,
     decode_batch,
     image_spec_for,
-    split_length_prefixed,
 )
 
 RNG = np.random.default_rng(1234)
@@ -368,7 +368,7 @@ def test_pixel_limit_is_checked_from_the_header() -> None:
 def test_memoryview_elements_decode_like_bytes() -> None:
     img = _noise(5, 5)
     buf = memoryview(_prefixed(_encode(img), _encode(img)))
-    out = decode_batch("image", split_length_prefixed("image", buf), _spec(5, 5))
+    out = decode_batch("image", split_bytes_elements(buf), _spec(5, 5))
     np.testing.assert_array_equal(out, np.stack([img, img]))
 
 
@@ -451,37 +451,3 @@ def test_spec_parameters_are_parsed_and_validated() -> None:
 def test_zero_dimension_is_rejected() -> None:
     with pytest.raises(ImageError, match="zero dimension"):
         image_spec_for("i", [1, 0, 224, 3], "uint8", {})
-
-
-# --- length-prefixed BYTES -------------------------------------------------------------------
-
-
-def test_split_length_prefixed_good() -> None:
-    raw = bytearray(_prefixed(b"abc", b"", b"defgh"))
-    parts = split_length_prefixed("image", memoryview(raw))
-    assert [bytes(p) for p in parts] == [b"abc", b"", b"defgh"]
-    raw[4] = ord("X")  # zero-copy: the slices see changes to the buffer
-    assert bytes(parts[0]) == b"Xbc"
-    assert split_length_prefixed("image", memoryview(b"")) == []
-
-
-def test_split_length_prefixed_accepts_non_byte_formats() -> None:
-    words = np.frombuffer(_prefixed(b"abcd"), dtype=np.uint32)
-    assert [bytes(p) for p in split_length_prefixed("i", memoryview(words))] == [b"abcd"]
-
-
-@pytest.mark.parametrize(
-    ("raw", "message"),
-    [
-        (b"\x0e\x00\x00", r"length prefix of element 0 is truncated \(3 of 4 bytes at offset 0\)"),
-        (_prefixed(b"ab") + b"c", r"length prefix of element 1 is truncated"),
-        (
-            struct.pack("<I", 10) + b"abc",
-            r"element 0 of input 'image' declares 10 bytes but only 3",
-        ),
-        (_prefixed(b"ok") + struct.pack("<I", 2**32 - 1), r"element 1 .* declares 4294967295"),
-    ],
-)
-def test_split_length_prefixed_broken(raw: bytes, message: str) -> None:
-    with pytest.raises(ImageError, match=message):
-        split_length_prefixed("image", memoryview(raw))

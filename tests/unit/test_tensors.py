@@ -5,10 +5,9 @@ import pytest
 
 from oipserve.datatypes import (
     bf16_to_float32,
-    count_bytes_elements,
-    decode_bytes_elements,
     encode_bytes_elements,
     float32_to_bf16,
+    split_bytes_elements,
 )
 from oipserve.errors import InvalidInput
 from oipserve.protocol import encode_response
@@ -66,13 +65,28 @@ def test_bytes_values() -> None:
 
 
 def test_bytes_codec_round_trip_and_tiling() -> None:
-    blob = encode_bytes_elements([b"ab", b"", b"xyz"])
-    assert count_bytes_elements(memoryview(blob)) == 3
-    assert decode_bytes_elements(memoryview(blob), 3) == [b"ab", b"", b"xyz"]
-    with pytest.raises(ValueError, match="cut off"):
-        count_bytes_elements(memoryview(blob + b"\x01"))
-    with pytest.raises(ValueError, match="declares"):
-        count_bytes_elements(memoryview(blob[:-1]))
+    raw = bytearray(encode_bytes_elements([b"ab", b"", b"xyz"]))
+    parts = split_bytes_elements(memoryview(raw))
+    assert [bytes(p) for p in parts] == [b"ab", b"", b"xyz"]
+    raw[4] = ord("X")  # zero-copy: the views see changes to the buffer
+    assert bytes(parts[0]) == b"Xb"
+    assert split_bytes_elements(memoryview(b"")) == []
+    words = np.frombuffer(encode_bytes_elements([b"abcd"]), dtype=np.uint32)
+    assert [bytes(p) for p in split_bytes_elements(memoryview(words))] == [b"abcd"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x0e\x00\x00", r"prefix of element 0 is cut off \(3 of 4 bytes at offset 0\)"),
+        (encode_bytes_elements([b"ab"]) + b"c", r"prefix of element 1 is cut off"),
+        (encode_bytes_elements([b"abcdefghij"])[:7], r"element 0 declares 10 bytes but only 3"),
+        (encode_bytes_elements([b"ok"]) + b"\xff\xff\xff\xff", r"element 1 declares 4294967295"),
+    ],
+)
+def test_bytes_tiling_errors(raw: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        split_bytes_elements(memoryview(raw))
 
 
 def test_bf16_conversion_rounds_to_nearest_even() -> None:
