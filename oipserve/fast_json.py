@@ -79,7 +79,12 @@ class NumberArrayDecoder:
         """The decoded request, or None: then decode it with msgspec instead."""
         try:
             document = self._parser.parse(body)
-        except (ValueError, RuntimeError, TypeError):
+        except RuntimeError:
+            # NOTE: "parser in use": some proxy of an earlier document is still
+            #   alive. A new parser keeps the fast path working from the next body.
+            self._parser = simdjson.Parser()
+            return None
+        except (ValueError, TypeError):
             return None
         try:
             header, data_brackets = _plain(document)

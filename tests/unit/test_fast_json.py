@@ -228,3 +228,11 @@ def test_parser_memory_is_let_go_after_a_huge_body(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(fast_json, "RETAIN_MAX", 1024)
     assert decoder.decode(body_of("[1, 2]")) is not None
     assert decoder._parser is not kept
+
+
+def test_a_proxy_left_alive_costs_one_body_not_the_fast_path() -> None:
+    decoder = NumberArrayDecoder(InferRequest)
+    leftover = decoder._parser.parse(b"[1]")  # a proxy of an earlier document
+    assert decoder.decode(body_of("[1, 2]")) is None
+    assert decoder.decode(body_of("[1, 2]")) is not None
+    del leftover
