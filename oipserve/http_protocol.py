@@ -9,8 +9,10 @@
    memory included.
 2. A request body can be received straight into a caller's buffer. The ASGI
    scope carries ``extensions["oipserve.receive_into"]``, an async callable
-   that takes a writable memoryview sized from Content-Length. Body bytes are
-   then copied from the parser directly into it (a shared-memory segment),
+   that takes a writable memoryview sized from Content-Length (a shared-memory
+   segment). What arrived with the headers is copied from the parser into it;
+   the rest of a large body is read from the socket directly into it (the
+   transport is handed a ``BufferedProtocol`` for exactly the missing bytes),
    instead of being accumulated in uvicorn's per-request bytearray, copied
    again into an ASGI message and copied a third time by the application; and
    the application is woken once, when the body is complete, not per 64 KiB.
@@ -22,9 +24,14 @@ import asyncio
 import functools
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 RECEIVE_INTO = "oipserve.receive_into"
+#: Bodies with at least this many bytes still to come are read from the socket
+#: straight into their target; below it, switching protocols costs more than
+#: the parser's copies it saves.
+DIRECT_READ_MIN = 64 * 1024
 
 
 class ClientDisconnected(Exception):
@@ -84,6 +91,35 @@ class _BodySink:
         self.size = end
 
 
+class _BodyReader(asyncio.BufferedProtocol):
+    """Reads the rest of one request body from the socket into its sink, then hands back.
+
+    The transport reads into ``get_buffer``'s view, so the kernel's copy out of
+    the socket is the only one. Exactly the missing bytes are asked for: what
+    follows (a pipelined request) stays in the socket for the HTTP protocol.
+    """
+
+    def __init__(self, http: CorkedHttpToolsProtocol, sink: _BodySink) -> None:
+        self.http = http
+        self.sink = sink
+        self.done = False
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.sink.target[self.sink.size :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.sink.size += nbytes
+        if self.sink.size == len(self.sink.target):
+            self.done = True
+            self.http.body_read()
+
+    def eof_received(self) -> bool | None:
+        return self.http.eof_received()  # type: ignore[func-returns-value]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.http.connection_lost(exc)
+
+
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -135,13 +171,42 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if cycle.waiting_for_100_continue and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             cycle.waiting_for_100_continue = False
+        reader = None
         if cycle.more_body:
-            self._sinks[cycle] = sink
-        while cycle.more_body and not cycle.disconnected:
-            self.flow.resume_reading()
-            await cycle.message_event.wait()
-            cycle.message_event.clear()
-        self._sinks.pop(cycle, None)
+            if len(target) - sink.size >= DIRECT_READ_MIN and not self._chunked(cycle):
+                # The parser has seen every byte received so far and waits for
+                #   the rest of the body: read that past it, straight into ``target``.
+                reader = _BodyReader(self, sink)
+                self.transport.set_protocol(reader)
+            else:
+                self._sinks[cycle] = sink
+        try:
+            while cycle.more_body and not cycle.disconnected:
+                self.flow.resume_reading()
+                await cycle.message_event.wait()
+                cycle.message_event.clear()
+        except BaseException:
+            if reader is not None and not reader.done:
+                self.transport.close()  # mid-body: the connection cannot be resumed
+            raise
+        finally:
+            self._sinks.pop(cycle, None)
         if cycle.more_body or cycle.disconnected:
             raise ClientDisconnected("the client went away before its request body was complete")
         return sink.size
+
+    @staticmethod
+    def _chunked(cycle: RequestResponseCycle) -> bool:
+        return any(name == b"transfer-encoding" for name, _ in cycle.scope["headers"])
+
+    def body_read(self) -> None:
+        """The body was read past the parser: take the socket back with a fresh parser."""
+        self.transport.set_protocol(self)
+        # NOTE: the old parser still counts the body's bytes as missing; a new one
+        #   starts at the next request, set up as uvicorn sets up its own.
+        self.parser = httptools.HttpRequestParser(self)
+        try:
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        except AttributeError:  # httptools < 0.6.3
+            pass
+        self.on_message_complete()

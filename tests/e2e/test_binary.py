@@ -10,7 +10,9 @@ import gzip
 import http.client
 import json
 import os
+import socket
 import struct
+import time
 import zlib
 
 import ml_dtypes
@@ -685,3 +687,115 @@ def test_bf16_json_input_binary_output(server: ServerProcess) -> None:
     assert meta["outputs"][0]["parameters"] == {"binary_data_size": 8}
     expected = np.array(values, dtype=np.float32).astype(ml_dtypes.bfloat16)
     assert rest == expected.tobytes()
+
+
+# ---- receiving large bodies straight from the socket ----------------------------------------
+
+
+def _raw_request(path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: test", f"Content-Length: {len(body)}"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _read_response(stream: object) -> tuple[int, dict[str, str], bytes]:
+    status = int(stream.readline().split()[1])  # type: ignore[attr-defined]
+    headers = {}
+    while (line := stream.readline().decode().strip()) != "":  # type: ignore[attr-defined]
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    return status, headers, stream.read(int(headers["content-length"]))  # type: ignore[attr-defined]
+
+
+def _identity_request(values: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [1, values.size],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": values.nbytes},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    return binary_body(header, values.tobytes())
+
+
+def test_pipelined_large_bodies_are_each_answered(server: ServerProcess) -> None:
+    # Both requests leave in one write: the first body is read past the HTTP parser,
+    #   and exactly up to its end, so the second request must still parse.
+    rng = np.random.default_rng(11)
+    arrays = [rng.standard_normal(n).astype(np.float32) for n in (300_000, 70_000, 5)]
+    wire = b""
+    for values in arrays:
+        body, headers = _identity_request(values)
+        wire += _raw_request("/v2/models/identity_fp32/infer", body, headers)
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(wire)
+        stream = sock.makefile("rb")
+        for values in arrays:
+            status, headers, answer = _read_response(stream)
+            assert status == 200, answer[:200]
+            _, data = split_response(headers, answer)
+            np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+
+
+def test_large_body_over_chunked_transfer_encoding(server: ServerProcess) -> None:
+    values = np.arange(200_000, dtype=np.float32)
+    body, headers = _identity_request(values)
+    chunks = b"".join(
+        b"%x\r\n" % len(body[i : i + 50_000]) + body[i : i + 50_000] + b"\r\n"
+        for i in range(0, len(body), 50_000)
+    )
+    head = [
+        "POST /v2/models/identity_fp32/infer HTTP/1.1",
+        "Host: test",
+        "Transfer-Encoding: chunked",
+    ] + [f"{k}: {v}" for k, v in headers.items()]
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + chunks + b"0\r\n\r\n")
+        status, headers_out, answer = _read_response(sock.makefile("rb"))
+    assert status == 200, answer[:200]
+    _, data = split_response(headers_out, answer)
+    np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+
+
+def test_client_leaving_mid_body_costs_nothing(server: ServerProcess) -> None:
+    values = np.ones(1_000_000, dtype=np.float32)
+    body, headers = _identity_request(values)
+    wire = _raw_request("/v2/models/identity_fp32/infer", body, headers)
+    host, port = server.host_port.split(":")
+    for cut in (len(wire) - len(body) + 100_000, len(wire) - 1):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(wire[:cut])
+            time.sleep(0.2)
+    # The server keeps serving, the same large bodies included.
+    for _ in range(3):
+        status, headers_out, answer = request(
+            server, "/v2/models/identity_fp32/infer", body, headers
+        )
+        assert status == 200, answer[:200]
+        _, data = split_response(headers_out, answer)
+        np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+
+
+def test_expect_100_continue_with_a_large_body(server: ServerProcess) -> None:
+    values = np.arange(100_000, dtype=np.float32)
+    body, headers = _identity_request(values)
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        head = _raw_request("/v2/models/identity_fp32/infer", b"", {})
+        head = head.replace(b"Content-Length: 0", b"Content-Length: %d" % len(body))
+        extra = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Expect": "100-continue"}.items())
+        sock.sendall(head[:-2] + extra.encode() + b"\r\n")
+        stream = sock.makefile("rb")
+        assert stream.readline().startswith(b"HTTP/1.1 100")
+        assert stream.readline() == b"\r\n"
+        sock.sendall(body)
+        status, headers_out, answer = _read_response(stream)
+    assert status == 200, answer[:200]
+    _, data = split_response(headers_out, answer)
+    np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
