@@ -722,6 +722,13 @@ def _identity_request(values: np.ndarray) -> tuple[bytes, dict[str, str]]:
     return binary_body(header, values.tobytes())
 
 
+def _assert_echoed(status: int, headers: dict[str, str], answer: bytes, values: np.ndarray) -> None:
+    """An identity_fp32 answer (binary output) that carries ``values`` back."""
+    assert status == 200, answer[:200]
+    _, data = split_response(headers, answer)
+    np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+
+
 def test_pipelined_large_bodies_are_each_answered(server: ServerProcess) -> None:
     # Both requests leave in one write: the first body is read past the HTTP parser,
     #   and exactly up to its end, so the second request must still parse.
@@ -736,10 +743,7 @@ def test_pipelined_large_bodies_are_each_answered(server: ServerProcess) -> None
         sock.sendall(wire)
         stream = sock.makefile("rb")
         for values in arrays:
-            status, headers, answer = _read_response(stream)
-            assert status == 200, answer[:200]
-            _, data = split_response(headers, answer)
-            np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+            _assert_echoed(*_read_response(stream), values)
 
 
 def test_large_body_over_chunked_transfer_encoding(server: ServerProcess) -> None:
@@ -758,9 +762,7 @@ def test_large_body_over_chunked_transfer_encoding(server: ServerProcess) -> Non
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + chunks + b"0\r\n\r\n")
         status, headers_out, answer = _read_response(sock.makefile("rb"))
-    assert status == 200, answer[:200]
-    _, data = split_response(headers_out, answer)
-    np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+    _assert_echoed(status, headers_out, answer, values)
 
 
 def test_client_leaving_mid_body_costs_nothing(server: ServerProcess) -> None:
@@ -777,9 +779,7 @@ def test_client_leaving_mid_body_costs_nothing(server: ServerProcess) -> None:
         status, headers_out, answer = request(
             server, "/v2/models/identity_fp32/infer", body, headers
         )
-        assert status == 200, answer[:200]
-        _, data = split_response(headers_out, answer)
-        np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+        _assert_echoed(status, headers_out, answer, values)
 
 
 def test_expect_100_continue_with_a_large_body(server: ServerProcess) -> None:
@@ -796,6 +796,4 @@ def test_expect_100_continue_with_a_large_body(server: ServerProcess) -> None:
         assert stream.readline() == b"\r\n"
         sock.sendall(body)
         status, headers_out, answer = _read_response(stream)
-    assert status == 200, answer[:200]
-    _, data = split_response(headers_out, answer)
-    np.testing.assert_array_equal(np.frombuffer(data, dtype=np.float32), values)
+    _assert_echoed(status, headers_out, answer, values)
