@@ -1,6 +1,6 @@
 """End-to-end payload throughput of binary vs JSON tensors, beside in-process ONNX Runtime.
 
-Starts its own ``oipserve serve`` (``--http-port 0``) on the sample repository,
+Starts its own ``oipserve serve`` (``tests/server.py``, free ports) on the sample repository,
 sends bounded, sequential requests to ``identity_fp32`` over one keep-alive
 connection on 127.0.0.1, and prints one row per (size, mode). Request bodies
 are built once before timing, so the numbers measure the server and the
@@ -18,11 +18,8 @@ import argparse
 import http.client
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,8 +28,11 @@ import onnxruntime as ort
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.server import ServerProcess  # noqa: E402
+
 MODEL = "identity_fp32"
-READY = re.compile(r"ready http://(\S+?):(\d+)")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: The issue's targets on the 2-core reference machine.
 BINARY_64M_TARGET = 1e9  # bytes of payload per second
@@ -49,65 +49,6 @@ def show_size(nbytes: int) -> str:
         if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
             return f"{nbytes // UNITS[unit]} {unit}iB"
     return f"{nbytes} B"
-
-
-def _serve_help() -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "oipserve", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout
-
-
-class Server:
-    """An ``oipserve serve`` subprocess; the port comes from its ``ready`` log line."""
-
-    def __init__(self, args: list[str]) -> None:
-        command = [sys.executable, "-m", "oipserve", "serve", "--http-port", "0"]
-        # NOTE: our own gRPC port too, when this build has gRPC, so a running server
-        #   on the default port does not stop the benchmark.
-        if "--grpc-port" in _serve_help():
-            command += ["--grpc-port", "0"]
-        command += ["--model-repository", str(ROOT / "model-repository"), *args]
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.address: tuple[str, int] | None = None
-        self.lines: list[str] = []
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-            match = READY.search(line)
-            if match and self.address is None:
-                self.address = (match.group(1), int(match.group(2)))
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float = 120) -> tuple[str, int]:
-        if not self._ready.wait(timeout) or self.address is None:
-            self.process.kill()
-            raise SystemExit("server did not start:\n" + "".join(self.lines))
-        if self.address[0] not in ("127.0.0.1", "localhost"):
-            raise SystemExit(f"refusing to benchmark a non-local address {self.address}")
-        return self.address
-
-    def stop(self) -> int:
-        self.process.terminate()
-        try:
-            return self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
 
 
 def binary_request(array: np.ndarray) -> tuple[bytes, dict[str, str]]:
@@ -303,8 +244,12 @@ def main() -> int:
     ort_ms = {s: ort_time(session, a, 5 if s >= 16 << 20 else 50) * 1e3 for s, a in arrays.items()}
 
     # JSON text of a 64 MiB FP32 tensor is about 5x its size; raise the limit to fit.
-    server = Server(["--max-request-bytes", str(1 << 30)])
-    address = server.wait_ready()
+    server = ServerProcess(args=["--max-request-bytes", str(1 << 30)]).wait_ready()
+    host, port = server.host_port.rsplit(":", 1)
+    if host not in ("127.0.0.1", "localhost"):
+        server.stop()
+        raise SystemExit(f"refusing to benchmark a non-local address {server.host_port}")
+    address = (host, int(port))
     try:
         rows = measure("oipserve", address, arrays, modes, ort_ms, args)
     finally:

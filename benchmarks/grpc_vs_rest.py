@@ -16,10 +16,6 @@ protobuf in Python), as a Python user would see them.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +28,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 ROOT = Path(__file__).resolve().parents[1]
-READY = re.compile(r"ready http://(\S+):(\d+).*grpc=(\S+):(\d+)")
+sys.path.insert(0, str(ROOT))
+
+from tests.server import ServerProcess  # noqa: E402
+
 ONE_MIB_FLOATS = 256 * 1024
 
 
@@ -58,56 +57,6 @@ def workloads() -> list[Workload]:
         Workload("simple", "simple", [("INPUT0", a, "INT32"), ("INPUT1", b, "INT32")], 2 * 64),
         Workload("1MiB FP32", "identity_fp32", [("INPUT0", big, "FP32")], big.nbytes),
     ]
-
-
-class Server:
-    """The server under test, in a subprocess; stopped with SIGTERM."""
-
-    def __init__(self, repository: Path) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "oipserve",
-            "serve",
-            "--model-repository",
-            str(repository),
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--log-level",
-            "info",  # the ready line, which gives the ports, is logged at INFO
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
-        )
-        self.http = self.grpc = ""
-        deadline = time.monotonic() + 120
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            match = READY.search(line)
-            if match:
-                self.http = f"{match.group(1)}:{match.group(2)}"
-                self.grpc = f"{match.group(3)}:{match.group(4)}"
-                break
-            if time.monotonic() > deadline:
-                break
-        if not self.grpc:
-            self.stop()
-            raise RuntimeError("the server did not become ready")
-        # Keep draining the log so the server never blocks on a full pipe.
-        threading.Thread(target=self.process.stdout.read, daemon=True).start()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
 
 
 def grpc_call(url: str, work: Workload) -> Callable[[], None]:
@@ -225,14 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, default=ROOT / "model-repository")
     args = parser.parse_args(argv)
 
-    server = Server(args.repository)
+    server = ServerProcess(args.repository, args=["--host", "127.0.0.1"]).wait_ready()
     rows: list[Row] = []
     try:
         for work in workloads():
             protocols: dict[str, Callable[[], Callable[[], None]]] = {
-                "gRPC": lambda w=work: grpc_call(server.grpc, w),
-                "REST-binary": lambda w=work: rest_call(server.http, w, True),
-                "REST-JSON": lambda w=work: rest_call(server.http, w, False),
+                "gRPC": lambda w=work: grpc_call(server.grpc_url, w),
+                "REST-binary": lambda w=work: rest_call(server.host_port, w, True),
+                "REST-JSON": lambda w=work: rest_call(server.host_port, w, False),
             }
             for protocol, make_call in protocols.items():
                 count, elapsed, latencies = drive(

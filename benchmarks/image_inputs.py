@@ -20,9 +20,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import queue
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -36,9 +33,9 @@ import tritonclient.http as httpclient
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.server import ServerProcess  # noqa: E402
 from workers.images import decode_batch, image_spec_for  # noqa: E402
 
-READY = re.compile(r"ready http://(\S+):(\d+)")
 SIZE = 224
 
 
@@ -75,44 +72,6 @@ def request_body(datatype: str, shape: list[int], array: np.ndarray) -> tuple[by
         [tensor], outputs=[output]
     )
     return bytes(body), int(json_size or 0)
-
-
-def start_server() -> tuple[subprocess.Popen[str], str, int]:
-    command = [
-        sys.executable, "-m", "oipserve", "serve",
-        "--model-repository", str(REPO / "model-repository"),
-        "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
-        "--model-control-mode", "explicit",
-        "--load-model", "image_nhwc_u8", "--load-model", "image_nhwc_fp32",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
-    )
-    assert proc.stdout is not None
-    stdout = proc.stdout
-    lines: queue.Queue[str] = queue.Queue()
-
-    def drain() -> None:  # also keeps the server from blocking on a full pipe
-        for line in stdout:
-            lines.put(line)
-        lines.put("")
-
-    threading.Thread(target=drain, daemon=True).start()
-    log: list[str] = []
-    deadline = time.monotonic() + 120
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            line = lines.get(timeout=left)
-        except queue.Empty:
-            break
-        if not line:
-            break
-        log.append(line)
-        match = READY.search(line)
-        if match:
-            return proc, match.group(1), int(match.group(2))
-    proc.kill()
-    raise RuntimeError("server did not become ready:\n" + "".join(log))
 
 
 def run_load(
@@ -197,21 +156,24 @@ def main() -> None:
         ),
     ]
 
-    proc, host, port = start_server()
+    # The two image models only (explicit model control).
+    flags = [
+        "--host", "127.0.0.1",
+        "--model-control-mode", "explicit",
+        "--load-model", "image_nhwc_u8", "--load-model", "image_nhwc_fp32",
+    ]  # fmt: skip
+    server = ServerProcess(args=flags).wait_ready()
+    host, port = server.host_port.rsplit(":", 1)
     results: list[Result] = []
     try:
         for name, model, (body, header_length) in scenarios:
-            run_load(host, port, model, body, header_length, ns.warmup, ns.concurrency)
+            run_load(host, int(port), model, body, header_length, ns.warmup, ns.concurrency)
             seconds, latencies = run_load(
-                host, port, model, body, header_length, ns.requests, ns.concurrency
+                host, int(port), model, body, header_length, ns.requests, ns.concurrency
             )
             results.append(Result(name, len(body), len(latencies), seconds, latencies))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
     decode = decode_us(jpeg, ns.decode_repeats)
 
     print(
