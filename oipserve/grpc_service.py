@@ -28,11 +28,11 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from oipserve.dataplane import DataPlane, InferResult, InputTensor
-from oipserve.datatypes import NUMPY_DTYPES
 from oipserve.errors import InvalidInput, ServerError, Unsupported
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
 from oipserve.settings import Settings
+from oipserve.tensors import check_datatype
 
 log = logging.getLogger("oipserve.grpc")
 
@@ -195,11 +195,7 @@ def input_tensors(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[
             )
     for index, tensor in enumerate(message.inputs):
         name, datatype = tensor.name, tensor.datatype
-        if datatype not in NUMPY_DTYPES:
-            raise InvalidInput(
-                f"input '{name}' has unknown datatype '{datatype}' "
-                f"(known: {', '.join(NUMPY_DTYPES)})"
-            )
+        check_datatype(name, datatype)
         _check_tensor_parameters(f"input '{name}'", tensor.parameters)
         shape = list(tensor.shape)
         if raw:

@@ -20,14 +20,13 @@ import numpy as np
 
 from oipserve import binary
 from oipserve.dataplane import DataPlane, InferResult, InputTensor
-from oipserve.datatypes import NUMPY_DTYPES
 from oipserve.errors import InvalidInput, PayloadTooLarge, ServerError, Unavailable, Unsupported
 from oipserve.http_protocol import RECEIVE_INTO, ClientDisconnected
 from oipserve.models import ModelVersion
 from oipserve.protocol import ENCODER, RequestInput, decode_request, encode_response
 from oipserve.settings import Settings
 from oipserve.shm import ALIGNMENT, BufferPool, Lease
-from oipserve.tensors import json_values
+from oipserve.tensors import check_datatype, json_values
 
 log = logging.getLogger("oipserve.rest")
 
@@ -332,11 +331,7 @@ class ModelResource:
             spans = binary.chunk_spans(inputs, header_length, len(body.data))
         tensors = []
         for tensor, span in zip(inputs, spans, strict=True):
-            if tensor.datatype not in NUMPY_DTYPES:
-                raise InvalidInput(
-                    f"input '{tensor.name}' has unknown datatype '{tensor.datatype}' "
-                    f"(known: {', '.join(NUMPY_DTYPES)})"
-                )
+            check_datatype(tensor.name, tensor.datatype)
             if span is not None:
                 assert body.lease is not None
                 located = (body.lease, body.start + span[0], span[1])

@@ -57,6 +57,14 @@ def bytes_from_values(name: str, values: object, count: int) -> list[bytes]:
     return out
 
 
+def check_datatype(name: str, datatype: str) -> None:
+    """InvalidInput for a datatype the protocol does not define (REST and gRPC alike)."""
+    if datatype not in NUMPY_DTYPES:
+        raise InvalidInput(
+            f"input '{name}' has unknown datatype '{datatype}' (known: {', '.join(NUMPY_DTYPES)})"
+        )
+
+
 def flatten(values: list[object], out: list[object]) -> None:
     """Append the leaves of nested JSON arrays to ``out``, in row-major order."""
     for value in values:
