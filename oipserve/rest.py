@@ -489,10 +489,11 @@ class _App(falcon.asgi.App):
             for key, value in scope["headers"]:
                 if key == b"content-length":
                     if value.isdigit():
-                        if int(value) > self._limit:
-                            await _refuse_too_large(send, int(value), self._limit)  # type: ignore[arg-type]
+                        size = int(value)
+                        if size > self._limit:
+                            await _refuse_too_large(send, size, self._limit)  # type: ignore[arg-type]
                             return
-                        direct |= int(value) >= DIRECT_BODY_MIN
+                        direct |= size >= DIRECT_BODY_MIN
                 elif key == b"inference-header-content-length":
                     direct = True
             if direct and RECEIVE_INTO in scope.get("extensions", ()):
