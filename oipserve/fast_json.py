@@ -143,10 +143,13 @@ def _number_array(data: Any, kind: str) -> tuple[np.ndarray, int]:
     node = data
     while dims[-1] and isinstance(node := node[0], simdjson.Array):
         dims.append(len(node))
+    # A regular array has prod(dims[:i]) arrays at depth i; bound the walk before it starts.
+    arrays = sum(math.prod(dims[:depth]) for depth in range(len(dims)))
+    if arrays > MAX_NESTED_ARRAYS:
+        raise _NotFast
     # Every array above the innermost level must hold arrays of the same length,
     #   as numpy would require of a nested list.
     level = [data]
-    arrays = 1
     for size in dims[1:]:
         children = []
         for parent in level:
@@ -154,9 +157,6 @@ def _number_array(data: Any, kind: str) -> tuple[np.ndarray, int]:
                 if not isinstance(child, simdjson.Array) or len(child) != size:
                     raise _NotFast
                 children.append(child)
-        arrays += len(children)
-        if arrays > MAX_NESTED_ARRAYS:
-            raise _NotFast
         level = children
     array = np.frombuffer(data.as_buffer(of_type=kind), dtype=_BUFFER_DTYPES[kind])
     if array.size != math.prod(dims):

@@ -236,3 +236,10 @@ def test_a_proxy_left_alive_costs_one_body_not_the_fast_path() -> None:
     assert decoder.decode(body_of("[1, 2]")) is None
     assert decoder.decode(body_of("[1, 2]")) is not None
     del leftover
+
+
+def test_too_many_nested_arrays_go_to_msgspec() -> None:
+    rows = "[" + ",".join(["[1]"] * (fast_json.MAX_NESTED_ARRAYS + 1)) + "]"
+    assert LARGE_REQUEST_DECODER.decode(body_of(rows, "FP32", [-1, 1])) is None
+    rows = "[" + ",".join(["[1]"] * (fast_json.MAX_NESTED_ARRAYS - 1)) + "]"
+    assert assert_agrees(body_of(rows, "FP32", [-1, 1])) is not None
