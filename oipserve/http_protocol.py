@@ -102,7 +102,6 @@ class _BodyReader(asyncio.BufferedProtocol):
     def __init__(self, http: CorkedHttpToolsProtocol, sink: _BodySink) -> None:
         self.http = http
         self.sink = sink
-        self.done = False
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.sink.target[self.sink.size :]
@@ -110,7 +109,6 @@ class _BodyReader(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.sink.size += nbytes
         if self.sink.size == len(self.sink.target):
-            self.done = True
             self.http.body_read()
 
     def eof_received(self) -> bool | None:
@@ -186,7 +184,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                 await cycle.message_event.wait()
                 cycle.message_event.clear()
         except BaseException:
-            if reader is not None and not reader.done:
+            if reader is not None and sink.size < len(target):
                 self.transport.close()  # mid-body: the connection cannot be resumed
             raise
         finally:
