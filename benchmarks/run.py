@@ -67,10 +67,16 @@ VARIANT_SCENARIOS = {"mlserver-pw2": {"tiny-json-c16", "matmul-grpc-c4"}}
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one short round (smoke check)")
-    p.add_argument("--oipserve", default=f"{sys.executable} -m oipserve",
-                   help="command that runs oipserve (default: this interpreter -m oipserve)")
-    p.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
-                   help=f"comma list from {','.join(ALL_SERVERS)}")
+    p.add_argument(
+        "--oipserve",
+        default=f"{sys.executable} -m oipserve",
+        help="command that runs oipserve (default: this interpreter -m oipserve)",
+    )
+    p.add_argument(
+        "--servers",
+        default=",".join(DEFAULT_SERVERS),
+        help=f"comma list from {','.join(ALL_SERVERS)}",
+    )
     p.add_argument("--scenarios", default="all", help="comma list of scenario keys, or all")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per measurement (default 3, quick 1)")
@@ -83,8 +89,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--inter-op-threads", type=int, default=1)
     p.add_argument("--output", type=Path, help="results .md path (default results/<date>.md)")
     p.add_argument("--no-readme", action="store_true", help="do not update README.md")
-    p.add_argument("--render", type=Path, metavar="RESULTS.json",
-                   help="only re-render the Markdown, charts (and README) of a saved run")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS.json",
+        help="only re-render the Markdown, charts (and README) of a saved run",
+    )
     ns = p.parse_args()
     ns.rounds = ns.rounds or (1 if ns.quick else 3)
     ns.duration = ns.duration or (1 if ns.quick else 3)
@@ -152,11 +162,28 @@ def machine_info() -> dict[str, str]:
 
 def git_rev() -> str:
     try:
-        rev = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_DIR), "status", "--porcelain",
-                                "--", "oipserve", "workers", "hardware"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO_DIR),
+                "status",
+                "--porcelain",
+                "--",
+                "oipserve",
+                "workers",
+                "hardware",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return rev + (" + uncommitted changes" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -197,12 +224,20 @@ class Bench:
         reqs = venvs.requirements(ort)
         need = {"tools"} | {w.split("-")[0] for w in wanted if w != "oipserve"}
         for name in sorted(need):
-            self.pythons[name] = venvs.ensure_venv(name, reqs[name],
-                                                   self.work / "logs" / f"pip-{name}.log")
+            self.pythons[name] = venvs.ensure_venv(
+                name, reqs[name], self.work / "logs" / f"pip-{name}.log"
+            )
         self.versions["onnxruntime (all servers)"] = ort
         pk = {
-            "mlserver": ["mlserver", "onnxruntime", "numpy", "uvloop", "fastapi", "uvicorn",
-                         "grpcio"],
+            "mlserver": [
+                "mlserver",
+                "onnxruntime",
+                "numpy",
+                "uvloop",
+                "fastapi",
+                "uvicorn",
+                "grpcio",
+            ],
             "kserve": ["kserve", "onnxruntime", "numpy", "fastapi", "uvicorn", "grpcio"],
             "triton": ["nvidia-pytriton", "onnxruntime", "numpy"],
             "tools": ["grpcio", "tritonclient", "matplotlib", "py-spy"],
@@ -237,8 +272,13 @@ class Bench:
             "print(*dec.mean(axis=(0, 1)))\n"
         )
         try:
-            res = subprocess.run([str(self.pythons["tools"]), "-c", code, str(path)],
-                                 capture_output=True, text=True, timeout=60, check=True)
+            res = subprocess.run(
+                [str(self.pythons["tools"]), "-c", code, str(path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
             self.jpeg_expected = np.array([float(v) for v in res.stdout.split()])
             return path.read_bytes()
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -251,23 +291,37 @@ class Bench:
             if key == "oipserve":
                 server = start_oipserve(self.ns.oipserve, self.cases, self.work, self.tuning)
             elif key == "triton":
-                server = start_triton(self.pythons["triton"].parent.parent, self.cases,
-                                      self.work, self.tuning)
+                server = start_triton(
+                    self.pythons["triton"].parent.parent, self.cases, self.work, self.tuning
+                )
             elif key.startswith("mlserver"):
                 pw = self.tuning.instances if key == "mlserver-pw2" else 0
-                server = start_mlserver(self.pythons["mlserver"].parent.parent, self.cases,
-                                        self.work, self.tuning, pw, key)
+                server = start_mlserver(
+                    self.pythons["mlserver"].parent.parent,
+                    self.cases,
+                    self.work,
+                    self.tuning,
+                    pw,
+                    key,
+                )
             elif key.startswith("kserve"):
                 workers = self.tuning.instances if key == "kserve-w2" else 1
-                server = start_kserve(self.pythons["kserve"].parent.parent, self.cases,
-                                      self.work, self.tuning, workers, key)
+                server = start_kserve(
+                    self.pythons["kserve"].parent.parent,
+                    self.cases,
+                    self.work,
+                    self.tuning,
+                    workers,
+                    key,
+                )
             else:
                 raise ValueError(key)
             server.scenario_filter = VARIANT_SCENARIOS.get(key)
             if server.error:
                 log(f"  {key} FAILED: {server.error.splitlines()[0]}")
-                self.notes.append(f"{server.label} did not start: "
-                                  + " ".join(server.error.split())[:400])
+                self.notes.append(
+                    f"{server.label} did not start: " + " ".join(server.error.split())[:400]
+                )
                 server.stop()
             else:
                 log(f"  {key} ready at {server.http_url}")
@@ -323,8 +377,12 @@ class Bench:
         note = ""
         try:
             if scen.protocol == "grpc":
-                res = grpc_check(self.pythons["tools"], str(server.grpc_target),
-                                 self.specs[scen.model], self.scratch)
+                res = grpc_check(
+                    self.pythons["tools"],
+                    str(server.grpc_target),
+                    self.specs[scen.model],
+                    self.scratch,
+                )
                 if not res.get("ok"):
                     note = f"gRPC not available: {str(res.get('error'))[:160]}"
                 else:
@@ -334,8 +392,7 @@ class Bench:
             elif scen.protocol == "jpeg":
                 reply = post(server.infer_url(scen.model), self.bodies[(scen.model, "jpeg")])
                 if reply.status != 200 or "mean" not in reply.outputs:
-                    note = (f"JPEG input not accepted (HTTP {reply.status}: "
-                            f"{reply.text[:120]})")
+                    note = f"JPEG input not accepted (HTTP {reply.status}: {reply.text[:120]})"
                 elif self.jpeg_expected is not None and not np.allclose(
                     reply.outputs["mean"].astype(np.float64), self.jpeg_expected, atol=3.0
                 ):
@@ -350,8 +407,10 @@ class Bench:
                     if why:
                         note = f"wrong answer: {why}"
                     elif scen.protocol == "binary" and not reply.binary_outputs:
-                        self.notes.append(f"{server.label} answered binary requests for "
-                                          f"{scen.model} with JSON outputs")
+                        self.notes.append(
+                            f"{server.label} answered binary requests for "
+                            f"{scen.model} with JSON outputs"
+                        )
         except Exception as exc:  # a broken peer must not stop the run
             note = f"check failed: {exc!r}"[:200]
         self.check_notes[key] = note
@@ -364,17 +423,46 @@ class Bench:
         case = self.cases.get(scen.model)
         payload = case.tensor_bytes() if (case and scen.payload) else 0
         if scen.protocol == "grpc":
-            return run_grpc(server.key, scen.key, rnd, self.pythons["tools"],
-                            str(server.grpc_target), self.specs[scen.model], scen.concurrency,
-                            ns.warmup, ns.duration, self.scratch, server.root_pid(),
-                            payload_bytes=payload)
+            return run_grpc(
+                server.key,
+                scen.key,
+                rnd,
+                self.pythons["tools"],
+                str(server.grpc_target),
+                self.specs[scen.model],
+                scen.concurrency,
+                ns.warmup,
+                ns.duration,
+                self.scratch,
+                server.root_pid(),
+                payload_bytes=payload,
+            )
         body = self.bodies[(scen.model, scen.protocol)]
         url = server.infer_url(scen.model)
         if ns.warmup:
-            run_wrk(server.key, scen.key, rnd, url, body, scen.concurrency, ns.warmup,
-                    self.scratch, server.root_pid())
-        return run_wrk(server.key, scen.key, rnd, url, body, scen.concurrency, ns.duration,
-                       self.scratch, server.root_pid(), payload_bytes=payload)
+            run_wrk(
+                server.key,
+                scen.key,
+                rnd,
+                url,
+                body,
+                scen.concurrency,
+                ns.warmup,
+                self.scratch,
+                server.root_pid(),
+            )
+        return run_wrk(
+            server.key,
+            scen.key,
+            rnd,
+            url,
+            body,
+            scen.concurrency,
+            ns.duration,
+            self.scratch,
+            server.root_pid(),
+            payload_bytes=payload,
+        )
 
     def measure_floor(self, scen: Scenario, rnd: int, sessions: int) -> Measurement:
         """In-process ORT on the same model with the servers' session settings."""
@@ -384,11 +472,23 @@ class Bench:
             path = self.work / "payloads" / f"{case.name}.{name}.npy"
             np.save(path, arr)
             args += ["--input", f"{name}={path}"]
-        argv = [sys.executable, str(BENCH_DIR / "oipbench" / "floor.py"),
-                "--model", str(case.onnx_path), *args, "--sessions", str(sessions),
-                "--intra", str(self.tuning.intra_op_threads),
-                "--inter", str(self.tuning.inter_op_threads),
-                "--warmup", str(max(self.ns.warmup, 0.5)), "--duration", str(self.ns.duration)]
+        argv = [
+            sys.executable,
+            str(BENCH_DIR / "oipbench" / "floor.py"),
+            "--model",
+            str(case.onnx_path),
+            *args,
+            "--sessions",
+            str(sessions),
+            "--intra",
+            str(self.tuning.intra_op_threads),
+            "--inter",
+            str(self.tuning.inter_op_threads),
+            "--warmup",
+            str(max(self.ns.warmup, 0.5)),
+            "--duration",
+            str(self.ns.duration),
+        ]
         run = procs.run_client(argv, None, timeout_s=self.ns.duration + 60, work=self.scratch)
         m = Measurement("floor", scen.key, rnd, ok=False)
         try:
@@ -435,19 +535,22 @@ class Bench:
                 if not ok:
                     if why:
                         self.measurements.append(
-                            Measurement(server.key, scen.key, 0, ok=False, note=why))
+                            Measurement(server.key, scen.key, 0, ok=False, note=why)
+                        )
                     continue
                 note = self.verify(server, scen)
                 if note:
                     log(f"  {scen.key} / {server.key}: skipped — {note}")
-                    self.measurements.append(Measurement(server.key, scen.key, 0, ok=False,
-                                                         note=note))
+                    self.measurements.append(
+                        Measurement(server.key, scen.key, 0, ok=False, note=note)
+                    )
                     continue
                 active.append(server)
             if not active:
                 continue
-            log(f"{scen.key}: " + " ".join(s.key for s in active)
-                + (" floor" if scen.floor else ""))
+            log(
+                f"{scen.key}: " + " ".join(s.key for s in active) + (" floor" if scen.floor else "")
+            )
             for rnd in range(self.ns.rounds):
                 self.wait_for_quiet()
                 # A B C, B C A, C A B: interleaved, and no server always goes first after the
@@ -458,9 +561,11 @@ class Bench:
                         continue
                     m = self.measure(server, scen, rnd)
                     self.measurements.append(m)
-                    log(f"  r{rnd} {server.key:13s} {m.rps:9,.0f} req/s  p50 {m.p50_ms:7.2f} "
+                    log(
+                        f"  r{rnd} {server.key:13s} {m.rps:9,.0f} req/s  p50 {m.p50_ms:7.2f} "
                         f"p99 {m.p99_ms:7.2f} ms  err {m.errors}  client {m.client_cpu_pct:4.0f}%"
-                        f"  server {m.server_cpu_pct:4.0f}% {m.note[:80]}")
+                        f"  server {m.server_cpu_pct:4.0f}% {m.note[:80]}"
+                    )
                 if scen.floor:
                     m = self.measure_floor(scen, rnd, self.tuning.instances)
                     self.measurements.append(m)
@@ -483,48 +588,89 @@ class Bench:
         for server in self.servers:
             if server.scenario_filter is not None or not server.alive():
                 continue
-            runs = [m.rps for m in self.measurements
-                    if m.server == server.key and m.scenario == scen_key and m.ok]
+            runs = [
+                m.rps
+                for m in self.measurements
+                if m.server == server.key and m.scenario == scen_key and m.ok
+            ]
             if not runs:
                 continue
             # Re-measure saturation just before: the median may come from a disturbed moment.
             self.wait_for_quiet()
-            probe = run_wrk(server.key, "saturation-probe", 0, server.infer_url("simple"),
-                            self.bodies[("simple", "json")], 16, self.ns.duration,
-                            self.scratch, server.root_pid())
+            probe = run_wrk(
+                server.key,
+                "saturation-probe",
+                0,
+                server.infer_url("simple"),
+                self.bodies[("simple", "json")],
+                16,
+                self.ns.duration,
+                self.scratch,
+                server.root_pid(),
+            )
             sat = max(float(np.median(runs)), probe.rps)
             offered = 2.0 * sat
             dur = self.ns.overload_seconds
             log(f"overload {server.key}: offering {offered:,.0f} req/s for {dur} s")
             body = self.bodies[("simple", "json")]
-            m = run_wrk(server.key, "overload", 0, server.infer_url("simple"), body,
-                        connections, dur, self.scratch, server.root_pid(), timeout_s=timeout_s,
-                        count_status=True, max_requests=int(offered * dur * 1.5),
-                        rate=offered)
+            m = run_wrk(
+                server.key,
+                "overload",
+                0,
+                server.infer_url("simple"),
+                body,
+                connections,
+                dur,
+                self.scratch,
+                server.root_pid(),
+                timeout_s=timeout_s,
+                count_status=True,
+                max_requests=int(offered * dur * 1.5),
+                rate=offered,
+            )
             ready_after = procs.wait_until(
-                lambda s=server: procs.http_status(s.ready_url(), 1.0) == 200, 10.0)
+                lambda s=server: procs.http_status(s.ready_url(), 1.0) == 200, 10.0
+            )
             ok_count = sum(v for k, v in m.status.items() if k.startswith("2"))
             ok_rps = ok_count / m.duration_s if m.duration_s else 0.0
             timeouts = m.socket_errors.get("timeout", 0)
             bounded = bool(
-                m.ok and ready_after and not math.isnan(m.p99_ms)
-                and m.p99_ms < timeout_s * 1000 and timeouts <= 0.01 * max(m.requests, 1)
+                m.ok
+                and ready_after
+                and not math.isnan(m.p99_ms)
+                and m.p99_ms < timeout_s * 1000
+                and timeouts <= 0.01 * max(m.requests, 1)
                 and ok_rps >= 0.5 * sat
             )
             statuses = ", ".join(f"{k}: {v}" for k, v in sorted(m.status.items()))
             sock = ", ".join(f"{k}: {v}" for k, v in m.socket_errors.items() if k != "status")
-            verdict = (f"{ok_rps:,.0f} 2xx/s of {offered:,.0f} offered (saturating {sat:,.0f}); "
-                       f"p99 {m.p99_ms:.1f} ms; statuses {statuses or '—'}; "
-                       f"socket errors {sock or 'none'}; ready after: "
-                       f"{'yes' if ready_after else 'NO'}")
-            self.overload.append({
-                "server": server.key, "saturating_rps": sat, "offered_rps": offered,
-                "rps": m.rps, "ok_rps": ok_rps, "statuses": statuses, "socket_errors": sock,
-                "p50_ms": m.p50_ms, "p99_ms": m.p99_ms, "ready_after": ready_after,
-                "bounded": bounded, "duration_s": dur, "connections": connections,
-                "timeout_s": timeout_s, "verdict_text": verdict,
-                "client_cpu_pct": m.client_cpu_pct, "note": m.note,
-            })
+            verdict = (
+                f"{ok_rps:,.0f} 2xx/s of {offered:,.0f} offered (saturating {sat:,.0f}); "
+                f"p99 {m.p99_ms:.1f} ms; statuses {statuses or '—'}; "
+                f"socket errors {sock or 'none'}; ready after: "
+                f"{'yes' if ready_after else 'NO'}"
+            )
+            self.overload.append(
+                {
+                    "server": server.key,
+                    "saturating_rps": sat,
+                    "offered_rps": offered,
+                    "rps": m.rps,
+                    "ok_rps": ok_rps,
+                    "statuses": statuses,
+                    "socket_errors": sock,
+                    "p50_ms": m.p50_ms,
+                    "p99_ms": m.p99_ms,
+                    "ready_after": ready_after,
+                    "bounded": bounded,
+                    "duration_s": dur,
+                    "connections": connections,
+                    "timeout_s": timeout_s,
+                    "verdict_text": verdict,
+                    "client_cpu_pct": m.client_cpu_pct,
+                    "note": m.note,
+                }
+            )
             log(f"  {verdict}")
             time.sleep(2)
 
@@ -546,30 +692,50 @@ class Bench:
             folder.mkdir(parents=True, exist_ok=True)
             tree_raw = folder / f"{scen.key}.tree.txt"
             native_raw = folder / f"{scen.key}.native.txt"
-            load = threading.Thread(target=run_wrk, args=(
-                server.key, scen.key, 0, server.infer_url(scen.model),
-                self.bodies[(scen.model, scen.protocol)], scen.concurrency,
-                tree_s + native_s + 3, self.work / "scratch-profile", server.root_pid()))
+            load = threading.Thread(
+                target=run_wrk,
+                args=(
+                    server.key,
+                    scen.key,
+                    0,
+                    server.infer_url(scen.model),
+                    self.bodies[(scen.model, scen.protocol)],
+                    scen.concurrency,
+                    tree_s + native_s + 3,
+                    self.work / "scratch-profile",
+                    server.root_pid(),
+                ),
+            )
             load.start()
             time.sleep(1.0)
-            errors = [record_profile(py_spy, server.root_pid(), tree_s, tree_raw),
-                      record_profile(py_spy, server.root_pid(), native_s, native_raw,
-                                     native=True, rate=100)]
+            errors = [
+                record_profile(py_spy, server.root_pid(), tree_s, tree_raw),
+                record_profile(
+                    py_spy, server.root_pid(), native_s, native_raw, native=True, rate=100
+                ),
+            ]
             load.join(timeout=tree_s + native_s + 40)
             entry: dict[str, Any] = {
-                "scenario": scen.key, "tree_s": tree_s, "native_s": native_s,
-                "note": "; ".join(e for e in errors if e), "processes": [], "front_native": None,
+                "scenario": scen.key,
+                "tree_s": tree_s,
+                "native_s": native_s,
+                "note": "; ".join(e for e in errors if e),
+                "processes": [],
+                "front_native": None,
             }
             if tree_raw.exists():
                 for p in parse_profile(tree_raw)[:4]:
-                    entry["processes"].append({"pid": p.pid, "cmd": p.cmd, "samples": p.samples,
-                                               "top": p.top(8)})
+                    entry["processes"].append(
+                        {"pid": p.pid, "cmd": p.cmd, "samples": p.samples, "top": p.top(8)}
+                    )
             if native_raw.exists():
                 front = parse_profile(native_raw, server.root_pid(), "front")
                 if front:
-                    entry["front_native"] = {"samples": front[0].samples,
-                                             "idle": front[0].idle,
-                                             "top": front[0].top_with_callers(8)}
+                    entry["front_native"] = {
+                        "samples": front[0].samples,
+                        "idle": front[0].idle,
+                        "top": front[0].top_with_callers(8),
+                    }
             self.profiles.append(entry)
 
     def stop_all(self) -> None:
@@ -589,27 +755,44 @@ def summarise(bench: Bench, scenarios: list[Scenario], started: float, stamp: st
                 continue
             cell = aggregate(bench.measurements, key, scen.key)
             cells.append(cell.__dict__)
-    servers = [{
-        "key": s.key, "label": s.label, "settings": s.settings, "error": s.error,
-        "unsupported": s.unsupported, "idle_cpu_pct": s.idle_cpu_pct,
-        "scenario_filter": sorted(s.scenario_filter) if s.scenario_filter else None,
-    } for s in bench.servers]
+    servers = [
+        {
+            "key": s.key,
+            "label": s.label,
+            "settings": s.settings,
+            "error": s.error,
+            "unsupported": s.unsupported,
+            "idle_cpu_pct": s.idle_cpu_pct,
+            "scenario_filter": sorted(s.scenario_filter) if s.scenario_filter else None,
+        }
+        for s in bench.servers
+    ]
     if "floor" in keys:
-        servers.append({
-            "key": "floor", "label": "in-process ORT (floor)",
-            "settings": [f"{bench.tuning.instances} ORT sessions (intra="
-                         f"{bench.tuning.intra_op_threads}, inter="
-                         f"{bench.tuning.inter_op_threads}), each called back to back by its own "
-                         "Python thread in one process; same model file and input; no server"],
-            "error": "", "unsupported": {}, "idle_cpu_pct": None,
-        })
+        servers.append(
+            {
+                "key": "floor",
+                "label": "in-process ORT (floor)",
+                "settings": [
+                    f"{bench.tuning.instances} ORT sessions (intra="
+                    f"{bench.tuning.intra_op_threads}, inter="
+                    f"{bench.tuning.inter_op_threads}), each called back to back by its own "
+                    "Python thread in one process; same model file and input; no server"
+                ],
+                "error": "",
+                "unsupported": {},
+                "idle_cpu_pct": None,
+            }
+        )
     floor_cell = next((c for c in cells if c["server"] == "floor" and c["runs"]), None)
     summary: dict[str, Any] = {
         "title": f"{stamp} ({'quick' if ns.quick else 'full'} run)",
         "command": " ".join([Path(sys.executable).name, "benchmarks/run.py", *sys.argv[1:]]),
-        "rounds": ns.rounds, "duration_s": ns.duration, "warmup_s": ns.warmup,
+        "rounds": ns.rounds,
+        "duration_s": ns.duration,
+        "warmup_s": ns.warmup,
         "wall_min": (time.monotonic() - started) / 60.0,
-        "machine": bench.machine, "versions": bench.versions,
+        "machine": bench.machine,
+        "versions": bench.versions,
         "tuning": bench.tuning.__dict__,
         "servers": servers,
         "scenarios": [s.__dict__ | {"label": s.label} for s in scenarios],
@@ -642,8 +825,9 @@ def summarise(bench: Bench, scenarios: list[Scenario], started: float, stamp: st
             "the end, also on errors.",
         ],
     }
-    others = [m.other_cpu_pct for m in bench.measurements
-              if m.ok and not math.isnan(m.other_cpu_pct)]
+    others = [
+        m.other_cpu_pct for m in bench.measurements if m.ok and not math.isnan(m.other_cpu_pct)
+    ]
     other_median = float(np.median(others)) if others else math.nan
     quiet = float(np.median(bench.quiet_samples)) if bench.quiet_samples else math.nan
     summary["machine"]["other tenants' CPU during measurements (median)"] = (
@@ -655,13 +839,15 @@ def summarise(bench: Bench, scenarios: list[Scenario], started: float, stamp: st
         summary["headline_note"] = (
             f"Other tenants of this shared machine used a median {other_median:.0f}% of a core "
             "(of 200%) while this run measured: every figure was squeezed and the ratios are "
-            "less reliable than usual (see the *other CPU* column and ‡ marks).")
+            "less reliable than usual (see the *other CPU* column and ‡ marks)."
+        )
     oip = next((s for s in bench.servers if s.key == "oipserve"), None)
     if oip is None or oip.error:
         summary["headline_note"] = (
-            "oipserve is NOT in this run (" + ("not requested" if oip is None else
-                                               "it did not start; see Notes") +
-            "): the figures compare the peers only, and no goal could be judged.")
+            "oipserve is NOT in this run ("
+            + ("not requested" if oip is None else "it did not start; see Notes")
+            + "): the figures compare the peers only, and no goal could be judged."
+        )
     return summary
 
 
@@ -682,12 +868,22 @@ def write_outputs(bench: Bench, summary: dict[str, Any], stamp: str) -> Path:
     stem = base.with_suffix("")
     thr, lat = Path(f"{stem}-throughput.png"), Path(f"{stem}-latency.png")
     json_path = base.with_suffix(".json")
-    summary["charts"] = [("Throughput by server and scenario", thr.name),
-                         ("Latency distribution", lat.name)]
+    summary["charts"] = [
+        ("Throughput by server and scenario", thr.name),
+        ("Latency distribution", lat.name),
+    ]
     json_path.write_text(json.dumps(summary, indent=1, default=str))
     res = subprocess.run(
-        [str(bench.pythons["tools"]), str(BENCH_DIR / "oipbench" / "charts.py"),
-         str(json_path), str(thr), str(lat)], capture_output=True, text=True, timeout=300,
+        [
+            str(bench.pythons["tools"]),
+            str(BENCH_DIR / "oipbench" / "charts.py"),
+            str(json_path),
+            str(thr),
+            str(lat),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if res.returncode != 0:
         summary["charts"] = []
@@ -695,7 +891,8 @@ def write_outputs(bench: Bench, summary: dict[str, Any], stamp: str) -> Path:
         json_path.write_text(json.dumps(summary, indent=1, default=str))
     base.write_text(render(summary) + "\n")
     (json_path.parent / f"{stem.name}.measurements.json").write_text(
-        json.dumps([m.to_json() for m in bench.measurements], indent=0, default=str))
+        json.dumps([m.to_json() for m in bench.measurements], indent=0, default=str)
+    )
     if not bench.ns.quick and not bench.ns.no_readme and bench.ns.output is None:
         update_readme(summary, base)
     return base
@@ -712,9 +909,11 @@ def update_readme(summary: dict[str, Any], results: Path) -> None:
         return
     rel = results.relative_to(BENCH_DIR)
     charts = "\n\n".join(f"![{t}](results/{p})" for t, p in summary.get("charts", []))
-    block = (f"{start}\nLatest full run: [{rel}]({rel}) — {summary['title']}"
-             + (f"\n\n> {summary['headline_note']}" if summary.get("headline_note") else "")
-             + f"\n\n{headline_table(summary)}\n\n{charts}\n{end}")
+    block = (
+        f"{start}\nLatest full run: [{rel}]({rel}) — {summary['title']}"
+        + (f"\n\n> {summary['headline_note']}" if summary.get("headline_note") else "")
+        + f"\n\n{headline_table(summary)}\n\n{charts}\n{end}"
+    )
     head, _, rest = text.partition(start)
     _, _, tail = rest.partition(end)
     readme.write_text(head + block + tail)
@@ -728,8 +927,12 @@ def rerender(ns: argparse.Namespace) -> None:
     stem = base.with_suffix("")
     thr, lat = Path(f"{stem}-throughput.png"), Path(f"{stem}-latency.png")
     tools = venvs.venv_python("tools")
-    res = subprocess.run([str(tools), str(BENCH_DIR / "oipbench" / "charts.py"), str(ns.render),
-                          str(thr), str(lat)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [str(tools), str(BENCH_DIR / "oipbench" / "charts.py"), str(ns.render), str(thr), str(lat)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if res.returncode != 0:
         print(res.stderr[-500:], file=sys.stderr)
     ns.render.write_text(json.dumps(summary, indent=1, default=str))
@@ -753,8 +956,11 @@ def main() -> None:
     unknown = [w for w in wanted if w not in ALL_SERVERS + ["kserve-w2"]]
     if unknown:
         sys.exit(f"unknown server(s): {unknown}")
-    scenarios = SCENARIOS if ns.scenarios == "all" else [
-        s for s in SCENARIOS if s.key in ns.scenarios.split(",")]
+    scenarios = (
+        SCENARIOS
+        if ns.scenarios == "all"
+        else [s for s in SCENARIOS if s.key in ns.scenarios.split(",")]
+    )
     bench = Bench(ns)
     bench.machine = machine_info()
     bench.versions["oipserve"] = f"git {git_rev()} (`{ns.oipserve}`)"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from oipserve.datatypes import ELEMENT_SIZES, element_count
 from oipserve.errors import InvalidInput
 from oipserve.protocol import RequestInput
+from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
 
 
 def parse_header_length(text: str | None, body_size: int) -> int | None:

@@ -18,8 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {
-    "oipserve": "#d62728", "triton": "#1f77b4", "mlserver": "#2ca02c", "mlserver-pw2": "#98df8a",
-    "kserve": "#9467bd", "kserve-w2": "#c5b0d5", "floor": "#7f7f7f",
+    "oipserve": "#d62728",
+    "triton": "#1f77b4",
+    "mlserver": "#2ca02c",
+    "mlserver-pw2": "#98df8a",
+    "kserve": "#9467bd",
+    "kserve-w2": "#c5b0d5",
+    "floor": "#7f7f7f",
 }
 LATENCY_PANELS = ["tiny-json-c1", "tiny-json-c16", "tiny-grpc-c16", "mib-binary-c4"]
 
@@ -31,8 +36,11 @@ def _ok(value: float | None) -> bool:
 def throughput(summary: dict, out: Path) -> None:
     """Grouped bars: req/s (median of rounds) per scenario and server, log scale."""
     servers = summary["servers"]
-    scenarios = [s for s in summary["scenarios"]
-                 if any(c["scenario"] == s["key"] and _ok(c["rps"]) for c in summary["cells"])]
+    scenarios = [
+        s
+        for s in summary["scenarios"]
+        if any(c["scenario"] == s["key"] and _ok(c["rps"]) for c in summary["cells"])
+    ]
     cells = {(c["server"], c["scenario"]): c for c in summary["cells"]}
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(scenarios)), 4.8))
     width = 0.8 / max(len(servers), 1)
@@ -46,8 +54,16 @@ def throughput(summary: dict, out: Path) -> None:
                 lo.append(cell["rps"] - cell["rps_min"])
                 hi.append(cell["rps_max"] - cell["rps"])
         if xs:
-            ax.bar(xs, ys, width, label=srv["label"], color=COLORS.get(srv["key"]),
-                   yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8})
+            ax.bar(
+                xs,
+                ys,
+                width,
+                label=srv["label"],
+                color=COLORS.get(srv["key"]),
+                yerr=[lo, hi],
+                capsize=2,
+                error_kw={"elinewidth": 0.8},
+            )
     ax.set_yscale("log")
     ax.set_ylabel("requests/s (median of rounds; bars: min-max)")
     ax.set_xticks(range(len(scenarios)))
@@ -62,8 +78,11 @@ def throughput(summary: dict, out: Path) -> None:
 
 def latency(summary: dict, out: Path) -> None:
     """Latency percentile curves (median of rounds) for the headline scenarios."""
-    panels = [k for k in LATENCY_PANELS
-              if any(c["scenario"] == k and c["percentiles_ms"] for c in summary["cells"])]
+    panels = [
+        k
+        for k in LATENCY_PANELS
+        if any(c["scenario"] == k and c["percentiles_ms"] for c in summary["cells"])
+    ]
     if not panels:
         panels = ["tiny-json-c1"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
@@ -75,9 +94,13 @@ def latency(summary: dict, out: Path) -> None:
             pts = [(p, v) for p, v in cell["percentiles_ms"] if _ok(v)]
             if not pts:
                 continue
-            ax.plot([p for p, _ in pts], [v for _, v in pts], marker=".",
-                    label=labels.get(cell["server"], cell["server"]),
-                    color=COLORS.get(cell["server"]))
+            ax.plot(
+                [p for p, _ in pts],
+                [v for _, v in pts],
+                marker=".",
+                label=labels.get(cell["server"], cell["server"]),
+                color=COLORS.get(cell["server"]),
+            )
         ax.set_yscale("log")
         ax.set_xlabel("percentile")
         ax.set_ylabel("latency, ms")

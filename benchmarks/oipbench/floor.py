@@ -73,15 +73,19 @@ def main() -> None:
     lat = np.concatenate([np.asarray(x, dtype=np.int64) for x in latencies]) / 1000.0
     points = [1, 5, 10, 20, 25, 30, 40, 50, 60, 70, 75, 80, 90, 95, 97.5, 99, 99.5, 99.9]
     pct = np.percentile(lat, points).tolist() if lat.size else [0.0] * len(points)
-    print(json.dumps({
-        "ok": True,
-        "requests": int(sum(counts)),
-        "duration_s": ns.duration,
-        "percentiles_us": [[p, v] for p, v in zip(points, pct, strict=True)],
-        "mean_us": float(lat.mean()) if lat.size else 0.0,
-        "cpu_s": c1 - c0,
-        "ort_version": ort.__version__,
-    }))
+    print(
+        json.dumps(
+            {
+                "ok": True,
+                "requests": int(sum(counts)),
+                "duration_s": ns.duration,
+                "percentiles_us": [[p, v] for p, v in zip(points, pct, strict=True)],
+                "mean_us": float(lat.mean()) if lat.size else 0.0,
+                "cpu_s": c1 - c0,
+                "ort_version": ort.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

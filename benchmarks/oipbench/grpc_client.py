@@ -31,12 +31,21 @@ OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 ]
 NP_TYPES = {
-    "INT32": np.int32, "FP32": np.float32, "UINT8": np.uint8, "INT64": np.int64,
-    "FP64": np.float64, "INT8": np.int8, "INT16": np.int16, "FP16": np.float16,
+    "INT32": np.int32,
+    "FP32": np.float32,
+    "UINT8": np.uint8,
+    "INT64": np.int64,
+    "FP64": np.float64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "FP16": np.float16,
 }
 CONTENT_FIELDS = {
-    "INT32": "int_contents", "INT64": "int64_contents", "FP32": "fp32_contents",
-    "FP64": "fp64_contents", "UINT8": "uint_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "UINT8": "uint_contents",
 }
 
 
@@ -87,7 +96,12 @@ def check(target: str, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]
 
 
 async def _load_loop(
-    target: str, payload: bytes, tasks: int, start_at: float, end_at: float, cap: int,
+    target: str,
+    payload: bytes,
+    tasks: int,
+    start_at: float,
+    end_at: float,
+    cap: int,
     timeout_s: float,
 ) -> dict[str, Any]:
     import grpc
@@ -126,7 +140,9 @@ async def _load_loop(
         await asyncio.gather(*(one_task() for _ in range(tasks)))
         c0, c1 = await marks
     return {
-        "count": state["count"], "latencies_ns": latencies, "errors": errors,
+        "count": state["count"],
+        "latencies_ns": latencies,
+        "errors": errors,
         "cpu_s": c1 - c0,
     }
 
@@ -134,8 +150,7 @@ async def _load_loop(
 def _worker(args: tuple[Any, ...], queue: Any) -> None:
     target, payload, tasks, start_at, end_at, cap, timeout_s = args
     try:
-        queue.put(asyncio.run(_load_loop(target, payload, tasks, start_at, end_at, cap,
-                                         timeout_s)))
+        queue.put(asyncio.run(_load_loop(target, payload, tasks, start_at, end_at, cap, timeout_s)))
     except Exception as exc:  # reported to the harness rather than lost in a child
         queue.put({"fatal": repr(exc)})
 
@@ -144,8 +159,9 @@ def load(ns: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     """Run `processes` processes × (`concurrency`/processes) in-flight calls."""
     payload = build_request(spec)
     procs = max(1, min(ns.processes, ns.concurrency))
-    per_proc = [ns.concurrency // procs + (1 if i < ns.concurrency % procs else 0)
-                for i in range(procs)]
+    per_proc = [
+        ns.concurrency // procs + (1 if i < ns.concurrency % procs else 0) for i in range(procs)
+    ]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     start_at = time.time() + ns.startup + ns.warmup

@@ -84,17 +84,26 @@ def run_wrk(
 ) -> Measurement:
     """One wrk run (1 thread: wrk's one event loop out-runs any Python server on 2 cores)."""
     env = dict(os.environ)
-    env.update({
-        "OIPB_BODY": str(body.path),
-        "OIPB_CTYPE": body.content_type,
-        "OIPB_HLEN": "" if body.header_length is None else str(body.header_length),
-        "OIPB_COUNT_STATUS": "1" if count_status else "0",
-        "OIPB_MAX_REQUESTS": str(max_requests),
-        "OIPB_RATE": f"{rate:.1f}",
-    })
+    env.update(
+        {
+            "OIPB_BODY": str(body.path),
+            "OIPB_CTYPE": body.content_type,
+            "OIPB_HLEN": "" if body.header_length is None else str(body.header_length),
+            "OIPB_COUNT_STATUS": "1" if count_status else "0",
+            "OIPB_MAX_REQUESTS": str(max_requests),
+            "OIPB_RATE": f"{rate:.1f}",
+        }
+    )
     argv = [
-        "wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--timeout", f"{timeout_s:g}s",
-        "-s", str(LUA_SCRIPT), url,
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{duration_s}s",
+        "--timeout",
+        f"{timeout_s:g}s",
+        "-s",
+        str(LUA_SCRIPT),
+        url,
     ]
     before = cpu_snapshot(server_pid)
     run = run_client(argv, env, timeout_s=duration_s + timeout_s + 20, work=work)
@@ -106,7 +115,7 @@ def run_wrk(
     if run.timed_out or line is None:
         m.note = "wrk failed: " + (run.stderr.strip() or run.stdout.strip())[-300:]
         return m
-    data = json.loads(line[len("OIPB_RESULT "):])
+    data = json.loads(line[len("OIPB_RESULT ") :])
     m.requests = int(data["requests"])
     m.duration_s = data["duration_us"] / 1e6
     m.rps = m.requests / m.duration_s if m.duration_s else 0.0
@@ -120,14 +129,15 @@ def run_wrk(
     non2xx = int(data["errors"].get("status", 0))
     m.errors = non2xx + sum(v for k, v in m.socket_errors.items() if k != "status")
     m.client_cpu_pct = 100.0 * run.cpu_s / max(run.wall_s, 1e-9)
-    m.other_cpu_pct = max(0.0, machine_cpu_pct(before, after) - m.server_cpu_pct
-                          - m.client_cpu_pct)
+    m.other_cpu_pct = max(0.0, machine_cpu_pct(before, after) - m.server_cpu_pct - m.client_cpu_pct)
     if payload_bytes:
         m.mbps = m.rps * payload_bytes / 1e6
     m.ok = m.requests > 0
     if not m.ok:
-        m.note = (f"no response completed within {duration_s} s at c={connections} "
-                  f"(socket errors: {m.socket_errors or 'none'})")
+        m.note = (
+            f"no response completed within {duration_s} s at c={connections} "
+            f"(socket errors: {m.socket_errors or 'none'})"
+        )
     return m
 
 
@@ -152,11 +162,27 @@ def run_grpc(
     result_path.unlink(missing_ok=True)
     startup = 2.0
     argv = [
-        str(tools_python), str(script), "load", "--target", target, "--spec", str(spec),
-        "--result", str(result_path), "--concurrency", str(concurrency),
-        "--processes", str(min(2, concurrency)), "--startup", str(startup),
-        "--warmup", str(warmup_s), "--duration", str(duration_s),
-        "--max-requests", str(max_requests),
+        str(tools_python),
+        str(script),
+        "load",
+        "--target",
+        target,
+        "--spec",
+        str(spec),
+        "--result",
+        str(result_path),
+        "--concurrency",
+        str(concurrency),
+        "--processes",
+        str(min(2, concurrency)),
+        "--startup",
+        str(startup),
+        "--warmup",
+        str(warmup_s),
+        "--duration",
+        str(duration_s),
+        "--max-requests",
+        str(max_requests),
     ]
     # The server CPU window approximates the client's measurement window.
     snaps: dict[str, object] = {}
@@ -213,9 +239,22 @@ def grpc_check(
     result_path = work / "grpc-check.json"
     result_path.unlink(missing_ok=True)
     run_client(
-        [str(tools_python), str(script), "check", "--target", target, "--spec", str(spec),
-         "--result", str(result_path), "--timeout", str(timeout_s)],
-        None, timeout_s=timeout_s * 2 + 20, work=work,
+        [
+            str(tools_python),
+            str(script),
+            "check",
+            "--target",
+            target,
+            "--spec",
+            str(spec),
+            "--result",
+            str(result_path),
+            "--timeout",
+            str(timeout_s),
+        ],
+        None,
+        timeout_s=timeout_s * 2 + 20,
+        work=work,
     )
     try:
         return dict(json.loads(result_path.read_text()))

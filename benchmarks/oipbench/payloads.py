@@ -99,8 +99,12 @@ def grpc_spec(case: ModelCase, out_dir: Path) -> Path:
         path = out_dir / f"{case.name}.{name}.raw"
         path.write_bytes(np.ascontiguousarray(arr).tobytes())
         inputs.append(
-            {"name": name, "datatype": NP_TO_OIP[arr.dtype], "shape": list(arr.shape),
-             "file": str(path)}
+            {
+                "name": name,
+                "datatype": NP_TO_OIP[arr.dtype],
+                "shape": list(arr.shape),
+                "file": str(path),
+            }
         )
     spec = {"model_name": case.name, "inputs": inputs, "outputs": case.output_names}
     spec_path = out_dir / f"{case.name}.grpc.json"

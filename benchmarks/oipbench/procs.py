@@ -253,7 +253,11 @@ def run_client(
     with out_path.open("wb") as out, err_path.open("wb") as err:
         start = time.monotonic()
         proc = subprocess.Popen(
-            list(argv), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+            list(argv),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,
         )
         _LIVE_GROUPS.add(proc.pid)

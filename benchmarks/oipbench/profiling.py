@@ -15,9 +15,23 @@ from pathlib import Path
 
 # Leaf frames that mean "blocked, not on CPU" in native stacks (py-spy --native keeps
 # sleeping threads); they are counted apart so the shares are shares of real work.
-IDLE_LEAVES = ("epoll_wait", "epoll_pwait", "poll ", "ppoll", "select ", "pselect",
-               "futex", "pthread_cond_", "sem_wait", "sem_timedwait", "nanosleep",
-               "clock_nanosleep", "accept", "__GI___poll", "do_futex")
+IDLE_LEAVES = (
+    "epoll_wait",
+    "epoll_pwait",
+    "poll ",
+    "ppoll",
+    "select ",
+    "pselect",
+    "futex",
+    "pthread_cond_",
+    "sem_wait",
+    "sem_timedwait",
+    "nanosleep",
+    "clock_nanosleep",
+    "accept",
+    "__GI___poll",
+    "do_futex",
+)
 _PROC = re.compile(r'process (\d+):"(.*?)"(?:;|$)')
 
 
@@ -67,9 +81,24 @@ def record(
     mode = ["--native"] if native else ["--subprocesses", "--nonblocking"]
     try:
         res = subprocess.run(
-            [str(py_spy), "record", "--pid", str(pid), *mode, "--rate", str(rate),
-             "--duration", str(duration_s), "--format", "raw", "--output", str(out)],
-            capture_output=True, text=True, timeout=duration_s + 30,
+            [
+                str(py_spy),
+                "record",
+                "--pid",
+                str(pid),
+                *mode,
+                "--rate",
+                str(rate),
+                "--duration",
+                str(duration_s),
+                "--format",
+                "raw",
+                "--output",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=duration_s + 30,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"py-spy failed: {exc}"
@@ -114,7 +143,7 @@ def parse(raw: Path, pid: int = 0, cmd: str = "") -> list[ProcessProfile]:
             owner = procs.setdefault(
                 int(match.group(1)), ProcessProfile(int(match.group(1)), match.group(2)[:90])
             )
-            stack = stack[match.end():]
+            stack = stack[match.end() :]
         if owner is None:
             owner = procs.setdefault(pid, ProcessProfile(pid, cmd[:90]))
         frames = [_short(f) for f in stack.split(";") if f]

@@ -23,8 +23,12 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        names = {"json": "REST JSON", "binary": "REST binary", "grpc": "gRPC",
-                 "jpeg": "REST binary, JPEG bytes"}
+        names = {
+            "json": "REST JSON",
+            "binary": "REST binary",
+            "grpc": "gRPC",
+            "jpeg": "REST binary, JPEG bytes",
+        }
         return f"{names[self.protocol]}, c={self.concurrency}"
 
 
@@ -32,18 +36,41 @@ SCENARIOS: list[Scenario] = [
     Scenario("tiny-json-c1", "1. tiny model (INT32 [1,16] add/sub)", "simple", "json", 1),
     Scenario("tiny-json-c16", "1. tiny model (INT32 [1,16] add/sub)", "simple", "json", 16),
     Scenario("tiny-binary-c1", "2. tiny model, binary extension and gRPC", "simple", "binary", 1),
-    Scenario("tiny-binary-c16", "2. tiny model, binary extension and gRPC", "simple", "binary",
-             16),
+    Scenario("tiny-binary-c16", "2. tiny model, binary extension and gRPC", "simple", "binary", 16),
     Scenario("tiny-grpc-c1", "2. tiny model, binary extension and gRPC", "simple", "grpc", 1),
     Scenario("tiny-grpc-c16", "2. tiny model, binary extension and gRPC", "simple", "grpc", 16),
-    Scenario("mib-binary-c4", "3. FP32 1 MiB tensor through identity", "identity_fp32",
-             "binary", 4, payload=True),
-    Scenario("mib-grpc-c4", "3. FP32 1 MiB tensor through identity", "identity_fp32", "grpc", 4,
-             payload=True),
-    Scenario("matmul-binary-c4", "4. compute-bound ([8,1024] x [1024,1024] MatMul + Relu)",
-             "matmul_relu", "binary", 4, floor=True),
-    Scenario("matmul-grpc-c4", "4. compute-bound ([8,1024] x [1024,1024] MatMul + Relu)",
-             "matmul_relu", "grpc", 4, floor=True),
+    Scenario(
+        "mib-binary-c4",
+        "3. FP32 1 MiB tensor through identity",
+        "identity_fp32",
+        "binary",
+        4,
+        payload=True,
+    ),
+    Scenario(
+        "mib-grpc-c4",
+        "3. FP32 1 MiB tensor through identity",
+        "identity_fp32",
+        "grpc",
+        4,
+        payload=True,
+    ),
+    Scenario(
+        "matmul-binary-c4",
+        "4. compute-bound ([8,1024] x [1024,1024] MatMul + Relu)",
+        "matmul_relu",
+        "binary",
+        4,
+        floor=True,
+    ),
+    Scenario(
+        "matmul-grpc-c4",
+        "4. compute-bound ([8,1024] x [1024,1024] MatMul + Relu)",
+        "matmul_relu",
+        "grpc",
+        4,
+        floor=True,
+    ),
     Scenario("jpeg-c4", "5. 224x224 JPEG as image bytes", "image_nhwc_u8", "jpeg", 4),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

@@ -98,8 +98,9 @@ def start_oipserve(
     cmd: str, cases: dict[str, ModelCase], work: Path, tuning: Tuning, timeout_s: float = 90.0
 ) -> Server:
     """`oipserve serve` on port 0; the URL comes from its `ready <url>` log line."""
-    repo = write_oipserve_repo(cases, work / "repos" / "oipserve", tuning.instances,
-                               tuning.ort_params())
+    repo = write_oipserve_repo(
+        cases, work / "repos" / "oipserve", tuning.instances, tuning.ort_params()
+    )
     server = Server(
         key="oipserve",
         label="oipserve",
@@ -117,8 +118,16 @@ def start_oipserve(
         ],
     )
     grpc_port = free_port()
-    base = [*shlex.split(cmd), "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
-            "--http-port", "0"]
+    base = [
+        *shlex.split(cmd),
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+    ]
     tail = ["--instances-per-device", str(tuning.instances)]
     attempts = [base + ["--grpc-port", str(grpc_port)] + tail, base + tail]
     for i, argv in enumerate(attempts):
@@ -171,33 +180,50 @@ def start_triton(
     for item in (dist / "backends" / "python").iterdir():
         if item.is_file() and not (py_dir / item.name).exists():
             (py_dir / item.name).symlink_to(item)
-    stub = dist / "python_backend_stubs" / sysconfig.get_python_version() / (
-        "triton_python_backend_stub"
+    stub = (
+        dist
+        / "python_backend_stubs"
+        / sysconfig.get_python_version()
+        / ("triton_python_backend_stub")
     )
     if not (py_dir / stub.name).exists():
         (py_dir / stub.name).symlink_to(stub)
-    repo = write_triton_repo(cases, work / "repos" / "triton", PEERS_DIR / "triton_model.py",
-                             tuning.instances, tuning.ort_params())
+    repo = write_triton_repo(
+        cases,
+        work / "repos" / "triton",
+        PEERS_DIR / "triton_model.py",
+        tuning.instances,
+        tuning.ort_params(),
+    )
     http_port, grpc_port = free_port(), free_port()
     env = dict(os.environ)
     # The stub links libpython3.11.so.1.0: it must be this interpreter's, not Debian's copy.
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = ":".join(
-        p for p in (libdir, str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH", ""))
-        if p
+        p for p in (libdir, str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH", "")) if p
     )
     # The stub's embedded interpreter finds the venv (numpy<2, onnxruntime) via `python3` on
     # PATH, as PyTriton arranges it.
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     argv = [
         str(dist / "bin" / "tritonserver"),
-        "--model-repository", str(repo),
-        "--backend-directory", str(backends),
-        "--http-address", "127.0.0.1", "--http-port", str(http_port),
-        "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-        "--allow-metrics", "false",
+        "--model-repository",
+        str(repo),
+        "--backend-directory",
+        str(backends),
+        "--http-address",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--allow-metrics",
+        "false",
         "--disable-auto-complete-config",
-        "--log-verbose", "0",
+        "--log-verbose",
+        "0",
     ]
     server = Server(
         key="triton",
@@ -244,8 +270,7 @@ def start_mlserver(
         "metrics_endpoint": None,
         "load_models_at_startup": True,
     }
-    ort = {"intra_op_threads": tuning.intra_op_threads,
-           "inter_op_threads": tuning.inter_op_threads}
+    ort = {"intra_op_threads": tuning.intra_op_threads, "inter_op_threads": tuning.inter_op_threads}
     repo = write_mlserver_repo(cases, work / "repos" / key, settings, ort)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(PEERS_DIR)
@@ -260,8 +285,11 @@ def start_mlserver(
         },
         settings=[
             f"`mlserver start` with settings.json parallel_workers={parallel_workers}"
-            + (" (its fastest setting: inference in the front process)"
-               if parallel_workers == 0 else f" ({parallel_workers} inference-pool processes)"),
+            + (
+                " (its fastest setting: inference in the front process)"
+                if parallel_workers == 0
+                else f" ({parallel_workers} inference-pool processes)"
+            ),
             "debug=false, metrics endpoint off, no adaptive batching",
             "runtime `benchmarks/peers/mlserver_onnx.py` (NumpyCodec in/out), ORT "
             f"intra={tuning.intra_op_threads}, inter={tuning.inter_op_threads}",
@@ -270,8 +298,10 @@ def start_mlserver(
         grpc_target=f"127.0.0.1:{grpc_port}",
     )
     server.proc = ManagedProcess(
-        [str(venv / "bin" / "mlserver"), "start", str(repo)], work / "logs" / f"{key}.log",
-        env=env, cwd=repo,
+        [str(venv / "bin" / "mlserver"), "start", str(repo)],
+        work / "logs" / f"{key}.log",
+        env=env,
+        cwd=repo,
     )
     _wait_ready(server, timeout_s)
     return server
@@ -292,11 +322,18 @@ def start_kserve(
     """KServe's ModelServer with a kserve.Model around ORT, forced onto 127.0.0.1."""
     http_port, grpc_port = free_port(), free_port()
     argv = [
-        str(venv / "bin" / "python"), str(PEERS_DIR / "kserve_onnx.py"),
-        "--bench-http-port", str(http_port), "--bench-grpc-port", str(grpc_port),
-        "--bench-workers", str(workers),
-        "--bench-intra", str(tuning.intra_op_threads),
-        "--bench-inter", str(tuning.inter_op_threads),
+        str(venv / "bin" / "python"),
+        str(PEERS_DIR / "kserve_onnx.py"),
+        "--bench-http-port",
+        str(http_port),
+        "--bench-grpc-port",
+        str(grpc_port),
+        "--bench-workers",
+        str(workers),
+        "--bench-intra",
+        str(tuning.intra_op_threads),
+        "--bench-inter",
+        str(tuning.inter_op_threads),
     ]
     for case in cases.values():
         argv += ["--bench-model", f"{case.name}={case.onnx_path.resolve()}"]

@@ -71,7 +71,10 @@ def ensure_venv(name: str, reqs: list[str], log: Path, timeout_s: float = 1200.0
     print(f"[setup] creating venv {name}: {' '.join(reqs)}", flush=True)
     with log.open("w") as out:
         subprocess.run(
-            [_base_python(), "-m", "venv", str(root)], check=True, stdout=out, stderr=out,
+            [_base_python(), "-m", "venv", str(root)],
+            check=True,
+            stdout=out,
+            stderr=out,
             timeout=300,
         )
         subprocess.run(

@@ -59,11 +59,10 @@ def main() -> None:
     args = _parse()
     _force_loopback()
 
-    import onnxruntime as ort
-    from kserve.utils.utils import from_np_dtype, generate_uuid
-
     import kserve
+    import onnxruntime as ort
     from kserve import InferOutput, InferRequest, InferResponse
+    from kserve.utils.utils import from_np_dtype, generate_uuid
 
     class OnnxModel(kserve.Model):
         """ONNX Runtime session behind KServe's v2 data plane; sync predict, as KServe's own
