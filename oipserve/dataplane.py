@@ -24,21 +24,21 @@ from collections.abc import Callable
 import numpy as np
 
 import oipserve
-from oipserve.datatypes import (
+from oipserve.errors import InvalidInput
+from oipserve.images import image_payload, image_target
+from oipserve.models import ModelRegistry, ModelVersion, TensorSpec
+from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.tensors import array_from_values, bytes_from_values
+from oipserve.wire.datatypes import (
+    DATATYPES,
     ELEMENT_SIZES,
     element_count,
     encode_bytes_elements,
     split_bytes_elements,
 )
-from oipserve.errors import InvalidInput
-from oipserve.images import image_payload, image_target
-from oipserve.model_config import OIP_TO_TRITON
-from oipserve.models import ModelRegistry, ModelVersion, TensorSpec
-from oipserve.pool import WorkerHandle, WorkerPool
-from oipserve.shm import BufferPool, Lease, SegmentCache, align
-from oipserve.tensors import array_from_values, bytes_from_values
-from workers.images import ImageSpec
-from workers.messages import TensorDesc
+from oipserve.wire.images import ImageSpec
+from oipserve.wire.messages import TensorDesc
+from oipserve.wire.shm import BufferPool, Lease, SegmentCache, align
 
 log = logging.getLogger("oipserve.dataplane")
 
@@ -161,7 +161,7 @@ class DataPlane:
 
         def tensor(spec: TensorSpec) -> dict[str, object]:
             dims = list(spec.shape[1:] if batched else spec.shape)
-            return {"name": spec.name, "data_type": OIP_TO_TRITON[spec.datatype], "dims": dims}
+            return {"name": spec.name, "data_type": DATATYPES[spec.datatype].triton, "dims": dims}
 
         return {
             "name": name,

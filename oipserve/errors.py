@@ -1,55 +1,76 @@
-"""Errors that carry their own HTTP status and gRPC code.
+"""Errors a client may see, each carrying an ``ErrorKind``, and the one map to statuses.
 
-The domain raises these; exactly one place per protocol (``rest.py`` for HTTP,
-the gRPC service later) turns them into a response. Nothing here imports a web
-framework.
+The domain raises these; the REST and gRPC fronts turn them into a response
+with ``http_status`` and ``grpc_code``, the only place where a kind becomes a
+status. Errors from a worker arrive as a kind and a message
+(``wire.messages.Failed``) and become the same exceptions (``from_kind``).
+Anything else that escapes a handler is a bug: the client gets ``INTERNAL_MESSAGE``
+and the log gets the traceback.
 """
 
 from __future__ import annotations
+
+from oipserve.wire.messages import ErrorKind
+
+#: The kind of failure -> (HTTP status, gRPC status code name). Triton's mapping
+#: (oip-spec.md, "error mapping"), plus 413 for bodies over the limit.
+STATUS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_INPUT: (400, "INVALID_ARGUMENT"),
+    ErrorKind.NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorKind.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
+    ErrorKind.UNSUPPORTED: (501, "UNIMPLEMENTED"),
+    ErrorKind.UNAVAILABLE: (503, "UNAVAILABLE"),
+    ErrorKind.INTERNAL: (500, "INTERNAL"),
+}
+
+#: What a client is told about a failure the server did not expect.
+INTERNAL_MESSAGE = "internal server error (the server log has the details)"
 
 
 class ServerError(Exception):
     """Base of every error a client may see; the message is sent verbatim."""
 
-    status: int = 500
-    grpc_code: str = "INTERNAL"
+    kind: ErrorKind = ErrorKind.INTERNAL
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
+    @property
+    def status(self) -> int:
+        return STATUS[self.kind][0]
+
+    @property
+    def grpc_code(self) -> str:
+        return STATUS[self.kind][1]
+
 
 class InvalidInput(ServerError):
     """The request is malformed or does not fit the model (client's mistake)."""
 
-    status = 400
-    grpc_code = "INVALID_ARGUMENT"
+    kind = ErrorKind.INVALID_INPUT
 
 
 class NotFound(ServerError):
     """Unknown model, version, route or worker endpoint."""
 
-    status = 404
-    grpc_code = "NOT_FOUND"
+    kind = ErrorKind.NOT_FOUND
 
 
 class PayloadTooLarge(ServerError):
-    status = 413
-    grpc_code = "RESOURCE_EXHAUSTED"
+    kind = ErrorKind.TOO_LARGE
 
 
 class Unsupported(ServerError):
     """A feature the protocol allows but this server does not implement."""
 
-    status = 501
-    grpc_code = "UNIMPLEMENTED"
+    kind = ErrorKind.UNSUPPORTED
 
 
 class Unavailable(ServerError):
     """Retryable server-side condition: not ready, overloaded, worker died."""
 
-    status = 503
-    grpc_code = "UNAVAILABLE"
+    kind = ErrorKind.UNAVAILABLE
 
     def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -57,7 +78,35 @@ class Unavailable(ServerError):
 
 
 class InferenceFailed(ServerError):
-    """ONNX Runtime raised while running a model; the worker keeps serving."""
+    """The model failed while running; the worker keeps serving."""
 
-    status = 500
-    grpc_code = "INTERNAL"
+    kind = ErrorKind.INTERNAL
+
+
+_BY_KIND: dict[ErrorKind, type[ServerError]] = {
+    ErrorKind.INVALID_INPUT: InvalidInput,
+    ErrorKind.NOT_FOUND: NotFound,
+    ErrorKind.TOO_LARGE: PayloadTooLarge,
+    ErrorKind.UNSUPPORTED: Unsupported,
+    ErrorKind.UNAVAILABLE: Unavailable,
+    ErrorKind.INTERNAL: InferenceFailed,
+}
+
+
+def from_kind(kind: ErrorKind, message: str) -> ServerError:
+    """The exception for a failure a worker reported."""
+    return _BY_KIND[kind](message)
+
+
+def http_status(exc: BaseException) -> tuple[int, str]:
+    """HTTP status and client message for any exception a handler lets out."""
+    if isinstance(exc, ServerError):
+        return STATUS[exc.kind][0], exc.message
+    return 500, INTERNAL_MESSAGE
+
+
+def grpc_status(exc: BaseException) -> tuple[str, str]:
+    """gRPC status code name and client message for any exception a handler lets out."""
+    if isinstance(exc, ServerError):
+        return STATUS[exc.kind][1], exc.message
+    return "INTERNAL", INTERNAL_MESSAGE

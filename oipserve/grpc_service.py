@@ -28,11 +28,12 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from oipserve.dataplane import DataPlane, InferResult, InputTensor
-from oipserve.errors import InvalidInput, ServerError, Unsupported
+from oipserve.errors import InvalidInput, ServerError, Unsupported, grpc_status
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
 from oipserve.settings import Settings
 from oipserve.tensors import check_datatype
+from oipserve.wire.datatypes import DATATYPES
 
 log = logging.getLogger("oipserve.grpc")
 
@@ -40,18 +41,7 @@ SERVICE = "inference.GRPCInferenceService"
 
 #: Which ``InferTensorContents`` field carries the typed values of each datatype.
 CONTENTS_FIELD: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
+    name: row.grpc_contents for name, row in DATATYPES.items() if row.grpc_contents
 }
 _ALL_CONTENTS = sorted(set(CONTENTS_FIELD.values()))
 
@@ -66,9 +56,8 @@ _RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status for any exception a handler lets out: the one mapping place."""
-    if isinstance(exc, ServerError):
-        return grpc.StatusCode[exc.grpc_code], exc.message
-    return grpc.StatusCode.INTERNAL, f"internal server error: {type(exc).__name__}: {exc}"
+    code, message = grpc_status(exc)
+    return grpc.StatusCode[code], message
 
 
 def _log_failure(method: str, code: grpc.StatusCode, message: str, exc: BaseException) -> None:

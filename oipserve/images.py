@@ -13,11 +13,11 @@ import binascii
 import weakref
 from typing import TYPE_CHECKING
 
-from oipserve.datatypes import NUMPY_DTYPES, encode_bytes_elements
 from oipserve.errors import InvalidInput
 from oipserve.models import ModelVersion, TensorSpec
 from oipserve.tensors import flatten
-from workers.images import ImageError, ImageSpec, image_spec_for
+from oipserve.wire.datatypes import DATATYPES, encode_bytes_elements
+from oipserve.wire.images import ImageError, ImageSpec, image_spec_for
 
 if TYPE_CHECKING:
     from oipserve.dataplane import InputTensor
@@ -38,9 +38,9 @@ def _spec_for(model: ModelVersion, spec: TensorSpec) -> ImageSpec:
         cache = _SPECS[model] = {}
     found = cache.get(spec.name)
     if found is None:
-        dtype = "bfloat16" if spec.datatype == "BF16" else NUMPY_DTYPES[spec.datatype].name
+        element = DATATYPES[spec.datatype].element
         try:
-            found = image_spec_for(spec.name, spec.shape, dtype, model.parameters)
+            found = image_spec_for(spec.name, spec.shape, element, model.parameters)
         except ImageError as exc:
             found = exc
         cache[spec.name] = found

@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from oipserve.wire.datatypes import BY_TRITON
+
 __all__ = [
-    "OIP_TO_TRITON",
-    "TRITON_TO_OIP",
     "InstanceGroup",
     "ModelConfig",
     "ModelConfigError",
@@ -26,23 +26,6 @@ __all__ = [
     "read_model_config",
 ]
 
-TRITON_TO_OIP: dict[str, str] = {
-    "TYPE_BOOL": "BOOL",
-    "TYPE_UINT8": "UINT8",
-    "TYPE_UINT16": "UINT16",
-    "TYPE_UINT32": "UINT32",
-    "TYPE_UINT64": "UINT64",
-    "TYPE_INT8": "INT8",
-    "TYPE_INT16": "INT16",
-    "TYPE_INT32": "INT32",
-    "TYPE_INT64": "INT64",
-    "TYPE_FP16": "FP16",
-    "TYPE_FP32": "FP32",
-    "TYPE_FP64": "FP64",
-    "TYPE_STRING": "BYTES",
-    "TYPE_BF16": "BF16",
-}
-OIP_TO_TRITON: dict[str, str] = {oip: triton for triton, oip in TRITON_TO_OIP.items()}
 
 INSTANCE_KINDS = frozenset({"KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"})
 
@@ -581,7 +564,7 @@ def _tensor(msg: _Message, path: str, schema: dict[str, bool]) -> TensorConfig:
     if "data_type" not in fields:
         _fail_at(msg, f"{path}.data_type is required")
     triton_type, token = _enum(fields["data_type"][0], f"{path}.data_type")
-    if triton_type not in TRITON_TO_OIP:
+    if triton_type not in BY_TRITON:
         _fail_at(token, f"{path}.data_type: unknown data type {triton_type!r}")
     if "dims" not in fields:
         _fail_at(msg, f"{path}.dims is required")
@@ -591,7 +574,7 @@ def _tensor(msg: _Message, path: str, schema: dict[str, bool]) -> TensorConfig:
         if dim < 1 and dim != -1:
             _fail_at(field.value, f"{path}.dims: {dim} is invalid, use -1 or a positive size")
         dims.append(dim)
-    return TensorConfig(name=name, data_type=TRITON_TO_OIP[triton_type], dims=tuple(dims))
+    return TensorConfig(name=name, data_type=BY_TRITON[triton_type].name, dims=tuple(dims))
 
 
 def _instance_group(msg: _Message, path: str) -> InstanceGroup:

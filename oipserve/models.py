@@ -19,7 +19,7 @@ from oipserve.errors import InvalidInput, NotFound, Unavailable
 from oipserve.model_config import ModelConfig
 from oipserve.pool import WorkerHandle, WorkerPool
 from oipserve.repository import ModelSource, read_model
-from workers.messages import Loaded, TensorMeta
+from oipserve.wire.messages import Loaded, TensorMeta
 
 log = logging.getLogger("oipserve.models")
 

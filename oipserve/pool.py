@@ -1,6 +1,6 @@
 """Worker processes as seen from the front: spawn, talk, notice death, replace.
 
-Each worker is a spawned process with a socket pair to the front. Requests
+Each worker is a ``python -m workers`` process with a socket pair to the front. Requests
 carry an id; the reply resolves the matching future. A worker's death is seen
 at once through its process sentinel (and the socket closing): its in-flight
 requests fail with 503, its input buffers go back to the pool, and a
@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from multiprocessing.context import SpawnProcess
 
 import msgspec
 
-from oipserve.errors import InferenceFailed, InvalidInput, ServerError, Unavailable
-from oipserve.shm import owner_prefix, sweep
-from workers import worker as worker_main
-from workers.messages import (
+from oipserve.errors import Unavailable, from_kind
+from oipserve.workerproc import WorkerProcess
+from oipserve.wire.messages import (
     Failed,
     Forget,
     FrameSplitter,
@@ -39,6 +36,7 @@ from workers.messages import (
     WorkerReady,
     frame,
 )
+from oipserve.wire.shm import owner_prefix, sweep
 
 log = logging.getLogger("oipserve.pool")
 
@@ -51,14 +49,6 @@ START_TIMEOUT = 120.0
 
 class WorkerDied(Unavailable):
     pass
-
-
-def _error_for(reply: Failed) -> ServerError:
-    if reply.status == 400:
-        return InvalidInput(reply.message)
-    if reply.status == 503:
-        return Unavailable(reply.message)
-    return InferenceFailed(reply.message)
 
 
 class _Protocol(asyncio.Protocol):
@@ -89,7 +79,7 @@ class WorkerHandle:
         #: are not placed here, and it stops once its last session is unloaded.
         self.dedicated = dedicated
         self.segment_prefix = prefix
-        self.process: SpawnProcess | None = None
+        self.process: WorkerProcess | None = None
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[object]] = {}
         #: Per pending infer: callbacks run when the worker no longer reads its inputs.
@@ -114,19 +104,17 @@ class WorkerHandle:
         return self._next_rid
 
     async def start(self, loop: asyncio.AbstractEventLoop, log_level: str) -> None:
-        context = multiprocessing.get_context("spawn")
         # NOTE: CUDA must number GPUs as NVML does, or device_id "N" would not be cuda:N
         #   of the inventory (see hardware.onnxruntime); workers inherit this.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         ours, theirs = socket.socketpair()
-        process = context.Process(
-            target=worker_main.main,
-            args=(theirs, self.segment_prefix, log_level),
-            name=f"oipserve-worker-{self.worker_id}",
-            daemon=True,
-        )
-        process.start()
-        theirs.close()
+        try:
+            process = WorkerProcess(theirs, self.segment_prefix, log_level)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self._loop = loop
         self.process = process
         self.alive = True
@@ -172,6 +160,10 @@ class WorkerHandle:
         loop = asyncio.get_running_loop()
         if self.process is not None:
             loop.remove_reader(self.process.sentinel)
+            # A worker whose socket closed cannot be reached any more: make sure it is
+            # gone, then reap it (at once: it has exited, or SIGKILL ends it now).
+            self.process.kill()
+            self.process.join(5)
         if self.transport is not None:
             self.transport.abort()
         self.ready.set()  # wake a start() that waits
@@ -242,7 +234,7 @@ class WorkerHandle:
 
         reply = await self.call(make)
         if isinstance(reply, Failed):
-            raise InvalidInput(reply.message)
+            raise from_kind(reply.kind, reply.message)
         assert isinstance(reply, Loaded) and message is not None
         self.models[key] = message
         return reply
@@ -261,7 +253,7 @@ class WorkerHandle:
     ) -> InferDone:
         reply = await self.call(lambda rid: Infer(rid, key, inputs, outputs), on_inputs_free)
         if isinstance(reply, Failed):
-            raise _error_for(reply)
+            raise from_kind(reply.kind, reply.message)
         return reply  # type: ignore[return-value]
 
     def release_outputs(self, segment: str) -> None:
@@ -284,7 +276,6 @@ class WorkerHandle:
         if process.is_alive():
             log.warning("worker %d did not stop in %.1fs; killing it", self.worker_id, timeout)
             process.kill()
-        process.join(5)
         self.on_exit("stopped")
 
     def kill(self) -> None:

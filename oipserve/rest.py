@@ -20,13 +20,20 @@ import numpy as np
 
 from oipserve import binary
 from oipserve.dataplane import DataPlane, InferResult, InputTensor
-from oipserve.errors import InvalidInput, PayloadTooLarge, ServerError, Unavailable, Unsupported
+from oipserve.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    ServerError,
+    Unavailable,
+    Unsupported,
+    http_status,
+)
 from oipserve.http_protocol import RECEIVE_INTO, ClientDisconnected
 from oipserve.models import ModelVersion
 from oipserve.protocol import ENCODER, RequestInput, decode_request, encode_response
 from oipserve.settings import Settings
-from oipserve.shm import ALIGNMENT, BufferPool, Lease
 from oipserve.tensors import check_datatype, json_values
+from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
 log = logging.getLogger("oipserve.rest")
 
@@ -449,9 +456,9 @@ async def _handle_unexpected(
     if isinstance(ex, falcon.HTTPError):
         raise ex
     log.exception("unexpected error on %s %s", req.method, req.path)
-    resp.status = 500
+    resp.status, message = http_status(ex)
     resp.content_type = JSON
-    resp.data = ENCODER.encode({"error": f"internal server error: {type(ex).__name__}: {ex}"})
+    resp.data = ENCODER.encode({"error": message})
 
 
 def _serialize_http_error(

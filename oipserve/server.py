@@ -35,7 +35,7 @@ from oipserve.repository import check_repository
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
 from oipserve.settings import Settings
-from oipserve.shm import sweep, sweep_stale
+from oipserve.wire.shm import sweep, sweep_stale
 
 log = logging.getLogger("oipserve")
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from oipserve.datatypes import (
+from oipserve.errors import InvalidInput
+from oipserve.wire.datatypes import (
     FLOAT_TYPES,
     INTEGER_TYPES,
     NUMPY_DTYPES,
@@ -18,7 +19,6 @@ from oipserve.datatypes import (
     float32_to_bf16,
     split_bytes_elements,
 )
-from oipserve.errors import InvalidInput
 
 _KIND_WORDS = {
     "b": "booleans",
@@ -90,10 +90,10 @@ _INT_BOUNDS = {
 }
 #: Largest finite magnitude of the float types narrower than float64.
 _FLOAT_LIMITS = {
-    "FP16": float(np.finfo(np.float16).max),
-    "FP32": float(np.finfo(np.float32).max),
-    "BF16": float(bf16_to_float32(np.array([0x7F7F], dtype=np.uint16))[0]),
-}
+    name: float(np.finfo(NUMPY_DTYPES[name]).max)
+    for name in FLOAT_TYPES
+    if name not in ("FP64", "BF16")
+} | {"BF16": float(bf16_to_float32(np.array([0x7F7F], dtype=np.uint16))[0])}
 
 
 def _kind_error(name: str, datatype: str, expected: str, source: np.ndarray) -> InvalidInput:

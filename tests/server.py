@@ -112,7 +112,7 @@ class ServerProcess:
             pids = [int(p) for p in children.read_text().split()]
         except OSError:
             return []
-        return [p for p in pids if "spawn_main" in _cmdline(p)]
+        return [p for p in pids if "-m workers" in _cmdline(p)]
 
 
 def _cmdline(pid: int) -> str:

@@ -9,21 +9,60 @@ own output buffers when shapes are dynamic, so this copy is the one left.
 from __future__ import annotations
 
 import ctypes
-import struct
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-from oipserve.datatypes import NUMPY_DTYPES, ONNX_TO_OIP, element_count, split_bytes_elements
-from oipserve.shm import align
-from workers.messages import TensorMeta
+from oipserve.wire.datatypes import (
+    BY_ONNX,
+    NUMPY_DTYPES,
+    bytes_elements_size,
+    element_count,
+    split_bytes_elements,
+    write_bytes_elements,
+)
+from oipserve.wire.messages import TensorMeta
+from oipserve.wire.shm import align
 
 _BF16 = 16  # ONNX TensorProto.BFLOAT16
-_LENGTH = struct.Struct("<I")
+
+#: What ONNX Runtime (or our metadata check) raises for a model it cannot load: a
+#: broken or missing file, an unsupported graph, bad provider options. Its message is
+#: the answer; anything else is unexpected.
+LOAD_ERRORS: tuple[type[Exception], ...] = (
+    ort_errors.Fail,
+    ort_errors.InvalidArgument,
+    ort_errors.NoSuchFile,
+    ort_errors.NoModel,
+    ort_errors.InvalidProtobuf,
+    ort_errors.InvalidGraph,
+    ort_errors.NotImplemented,
+    ort_errors.RuntimeException,
+    ort_errors.EPFail,
+    ValueError,
+)
 
 
 class RequestError(Exception):
     """Bad request data found only in the worker (e.g. BYTES that are not UTF-8)."""
+
+
+def rejects_input(exc: Exception) -> bool:
+    """Whether an error ONNX Runtime raised from ``run`` is about the request's values.
+
+    INVALID_ARGUMENT is (an out-of-range Gather index). So is a FAIL that a kernel
+    returned while running a node (a Reshape target or a broadcast that this request's
+    data makes impossible): the session ran before, and the front already checked
+    names, datatypes and shapes, so what the node refused are this request's values.
+    Anything else, or a node that ran out of memory, is the server's or model's fault.
+    """
+    if isinstance(exc, ort_errors.InvalidArgument):
+        return True
+    if isinstance(exc, ort_errors.Fail):
+        text = str(exc)
+        return "while running" in text and "alloc" not in text and "memory" not in text
+    return False
 
 
 def _dims(shape: list[object] | None) -> list[int]:
@@ -35,10 +74,10 @@ def _dims(shape: list[object] | None) -> list[int]:
 def _meta(args: list[ort.NodeArg]) -> list[TensorMeta]:
     metas = []
     for arg in args:
-        datatype = ONNX_TO_OIP.get(arg.type)
-        if datatype is None:
+        row = BY_ONNX.get(arg.type)
+        if row is None:
             raise ValueError(f"tensor '{arg.name}' has type {arg.type}, which OIP cannot carry")
-        metas.append(TensorMeta(arg.name, datatype, _dims(arg.shape)))
+        metas.append(TensorMeta(arg.name, row.name, _dims(arg.shape)))
     return metas
 
 
@@ -108,19 +147,14 @@ def output_size(datatype: str, value: object) -> tuple[list[int], int, object]:
     shape = list(array.shape)
     if datatype == "BYTES":
         encoded = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in array.reshape(-1)]
-        return shape, sum(4 + len(e) for e in encoded), encoded
+        return shape, bytes_elements_size(encoded), encoded
     return shape, array.nbytes, array
 
 
 def write_output(target: memoryview, offset: int, nbytes: int, prepared: object) -> None:
     """Copy one prepared output into shared memory at ``offset``."""
     if isinstance(prepared, list):  # BYTES elements
-        pos = offset
-        for element in prepared:
-            _LENGTH.pack_into(target, pos, len(element))
-            pos += 4
-            target[pos : pos + len(element)] = element
-            pos += len(element)
+        write_bytes_elements(target, offset, prepared)
         return
     if isinstance(prepared, ort.OrtValue):
         dest = np.frombuffer(target, dtype=np.uint8, count=nbytes, offset=offset)

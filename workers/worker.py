@@ -17,12 +17,10 @@ import socket
 
 import msgspec
 
-from oipserve.datatypes import split_bytes_elements
-from oipserve.shm import BufferPool, SegmentCache
-from workers import runtime
-from workers.images import ImageError, decode_batch
-from workers.messages import (
-    LENGTH,
+from oipserve.wire.datatypes import split_bytes_elements
+from oipserve.wire.images import ImageError
+from oipserve.wire.messages import (
+    ErrorKind,
     Failed,
     Forget,
     FrameSplitter,
@@ -37,9 +35,16 @@ from workers.messages import (
     Unloaded,
     UnloadModel,
     WorkerReady,
+    frame,
 )
+from oipserve.wire.shm import BufferPool, SegmentCache
+from workers import runtime
+from workers.images import decode_batch
 
 log = logging.getLogger("oipserve.worker")
+
+#: Ends the client's message for an unexpected failure; the traceback is logged.
+_SEE_LOG = " (an internal error; the server log has the details)"
 
 
 class Worker:
@@ -101,8 +106,10 @@ class Worker:
             pass
 
     def reply(self, message: object) -> None:
-        body = self.encoder.encode(message)
-        self.replies.append(LENGTH.pack(len(body)) + body)
+        self.replies.append(frame(self.encoder, message))
+
+    def fail(self, rid: int, kind: ErrorKind, message: str) -> None:
+        self.reply(Failed(rid, kind, message))
 
     def handle(self, message: ToWorker) -> bool:
         """Handle one message; False means stop."""
@@ -128,8 +135,12 @@ class Worker:
             session = runtime.ModelSession(
                 message.path, message.intra_op_threads, message.providers
             )
-        except Exception as exc:  # ONNX Runtime raises many unrelated types
-            self.reply(Failed(message.rid, 400, f"{type(exc).__name__}: {exc}"))
+        except runtime.LOAD_ERRORS as exc:  # the model file or its options: say why
+            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            return
+        except Exception:
+            log.exception("loading %s from %s failed", message.key, message.path)
+            self.fail(message.rid, ErrorKind.INTERNAL, f"loading '{message.key}' failed{_SEE_LOG}")
             return
         self.sessions[message.key] = session
         self.reply(
@@ -145,7 +156,9 @@ class Worker:
     def infer(self, message: Infer) -> None:
         session = self.sessions.get(message.key)
         if session is None:
-            self.reply(Failed(message.rid, 503, f"model '{message.key}' is not loaded here"))
+            self.fail(
+                message.rid, ErrorKind.UNAVAILABLE, f"model '{message.key}' is not loaded here"
+            )
             return
         try:
             feeds = {}
@@ -162,10 +175,16 @@ class Worker:
             names = message.outputs or [m.name for m in session.outputs]
             values = session.run(names, feeds)
         except (runtime.RequestError, ImageError) as exc:
-            self.reply(Failed(message.rid, 400, str(exc)))
+            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
-        except Exception as exc:  # an ONNX Runtime failure: report it and keep serving
-            self.reply(Failed(message.rid, 500, f"onnxruntime: {exc}"))
+        except Exception as exc:  # report it and keep serving
+            if runtime.rejects_input(exc):
+                self.fail(message.rid, ErrorKind.INVALID_INPUT, f"onnxruntime: {exc}")
+            else:
+                log.exception("model '%s' failed while running", message.key)
+                self.fail(
+                    message.rid, ErrorKind.INTERNAL, f"model '{message.key}' failed{_SEE_LOG}"
+                )
             return
         prepared = []
         sizes = []
@@ -177,7 +196,9 @@ class Worker:
         try:
             lease = self.outputs.acquire(total)
         except OSError as exc:
-            self.reply(Failed(message.rid, 503, f"no shared memory for the outputs: {exc}"))
+            self.fail(
+                message.rid, ErrorKind.UNAVAILABLE, f"no shared memory for the outputs: {exc}"
+            )
             return
         descs = []
         for (name, shape, nbytes, ready), offset in zip(prepared, offsets, strict=True):

@@ -58,15 +58,18 @@ def bottleneck_text(summary: dict[str, Any], scenario: str) -> str:
                 for fn, pct, caller in native["top"][:4]
             )
             parts.append(f"py-spy --native on the front process: {hot}")
-        workers = [p for p in prof.get("processes", []) if p["cmd"] and "spawn_main" in p["cmd"]]
+        workers = [p for p in prof.get("processes", []) if p["cmd"] and "-m workers" in p["cmd"]]
         if prof.get("processes"):
             front = prof["processes"][0]
             funcs = ", ".join(f"`{fn}` {s:.0f}%" for fn, s, _ in front["top"][:3])
-            parts.append(f"Python frames of the busiest process ({front['samples']} samples): "
-                         f"{funcs}")
+            parts.append(
+                f"Python frames of the busiest process ({front['samples']} samples): {funcs}"
+            )
         if workers:
-            parts.append(f"ORT workers sampled {sum(w['samples'] for w in workers)} times vs "
-                         f"{prof['processes'][0]['samples']} for the busiest process")
+            parts.append(
+                f"ORT workers sampled {sum(w['samples'] for w in workers)} times vs "
+                f"{prof['processes'][0]['samples']} for the busiest process"
+            )
     return "; ".join(parts) if parts else "no profile taken"
 
 
@@ -75,12 +78,19 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     goals: list[dict[str, Any]] = []
 
     def add(
-        goal: str, measured: str, met: bool | None, scenario: str, why: str = "",
+        goal: str,
+        measured: str,
+        met: bool | None,
+        scenario: str,
+        why: str = "",
         servers: tuple[str, ...] = (),
     ) -> None:
         disturbed = [
-            c["server"] for c in summary["cells"]
-            if c["scenario"] == scenario and c["runs"] and c["server"] in servers
+            c["server"]
+            for c in summary["cells"]
+            if c["scenario"] == scenario
+            and c["runs"]
+            and c["server"] in servers
             and _busy(c.get("other_cpu_pct"))
         ]
         if disturbed and measured != "—":
@@ -98,8 +108,9 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
         r = _ratio(oip_c16 and oip_c16["rps"], peer_cell and peer_cell["rps"])
         add(
             f"tiny JSON c=16: oipserve ≥ 5× {label} req/s",
-            "—" if math.isnan(r) else
-            f"{oip_c16['rps']:,.0f} vs {peer_cell['rps']:,.0f} req/s = {r:.1f}×",  # type: ignore[index]
+            "—"
+            if math.isnan(r)
+            else f"{oip_c16['rps']:,.0f} vs {peer_cell['rps']:,.0f} req/s = {r:.1f}×",  # type: ignore[index]
             None if math.isnan(r) else r >= 5.0,
             "tiny-json-c16",
             "oipserve or the peer has no result",
@@ -111,8 +122,9 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
         r = _ratio(oip_c1 and oip_c1["p50_ms"], peer_cell and peer_cell["p50_ms"])
         add(
             f"tiny JSON c=1: oipserve p50 ≤ ½ of {label}'s",
-            "—" if math.isnan(r) else
-            f"{oip_c1['p50_ms']:.2f} vs {peer_cell['p50_ms']:.2f} ms = {r:.2f}×",  # type: ignore[index]
+            "—"
+            if math.isnan(r)
+            else f"{oip_c1['p50_ms']:.2f} vs {peer_cell['p50_ms']:.2f} ms = {r:.2f}×",  # type: ignore[index]
             None if math.isnan(r) else r <= 0.5,
             "tiny-json-c1",
             "oipserve or the peer has no result",
@@ -123,8 +135,9 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     r = _ratio(oip_mib and oip_mib["mbps"], tri_mib and tri_mib["mbps"])
     add(
         "1 MiB binary: oipserve MB/s ≥ Triton's",
-        "—" if math.isnan(r) else
-        f"{oip_mib['mbps']:,.0f} vs {tri_mib['mbps']:,.0f} MB/s = {r:.2f}×",  # type: ignore[index]
+        "—"
+        if math.isnan(r)
+        else f"{oip_mib['mbps']:,.0f} vs {tri_mib['mbps']:,.0f} MB/s = {r:.2f}×",  # type: ignore[index]
         None if math.isnan(r) else r >= 1.0,
         "mib-binary-c4",
         "oipserve or Triton has no result",
@@ -138,31 +151,42 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
             best_key, best = key, c
     r = _ratio(best and best["rps"], floor and floor["rps"])
     peer_best = max(
-        ((c["rps"] / floor["rps"], c["server"], c["scenario"]) for c in summary["cells"]
-         if floor and c["runs"] and c["server"] not in ("oipserve", "floor")
-         and c["scenario"].startswith("matmul")),
+        (
+            (c["rps"] / floor["rps"], c["server"], c["scenario"])
+            for c in summary["cells"]
+            if floor
+            and c["runs"]
+            and c["server"] not in ("oipserve", "floor")
+            and c["scenario"].startswith("matmul")
+        ),
         default=None,
     )
     add(
         "compute-bound: oipserve ≥ 90% of the in-process floor",
-        "—" if math.isnan(r) else
-        f"{best['rps']:,.0f} vs {floor['rps']:,.0f} calls/s = {100 * r:.0f}% ({best_key})",  # type: ignore[index]
+        "—"
+        if math.isnan(r)
+        else f"{best['rps']:,.0f} vs {floor['rps']:,.0f} calls/s = {100 * r:.0f}% ({best_key})",  # type: ignore[index]
         None if math.isnan(r) else r >= 0.9,
         best_key or "matmul-binary-c4",
         "oipserve or the floor has no result",
         ("oipserve", "floor"),
     )
     if goals[-1]["met"] is False and floor:
-        context = (f"the model computes in {floor['p50_ms']:.2f} ms per call in-process (p50), "
-                   f"less than a request's protocol work, so the servers are overhead-bound here")
+        context = (
+            f"the model computes in {floor['p50_ms']:.2f} ms per call in-process (p50), "
+            f"less than a request's protocol work, so the servers are overhead-bound here"
+        )
         if peer_best:
-            context += (f"; the best peer, {peer_best[1]} ({peer_best[2]}), reaches "
-                        f"{100 * peer_best[0]:.0f}% of the floor")
+            context += (
+                f"; the best peer, {peer_best[1]} ({peer_best[2]}), reaches "
+                f"{100 * peer_best[0]:.0f}% of the floor"
+            )
         goals[-1]["bottleneck"] += "; " + context
     over = next((o for o in summary.get("overload", []) if o["server"] == "oipserve"), None)
     add(
         "overload (2× saturating rate"
-        + (f", {over['duration_s']} s" if over else "") + "): bounded latency and errors, "
+        + (f", {over['duration_s']} s" if over else "")
+        + "): bounded latency and errors, "
         "no collapse",
         "—" if over is None else over["verdict_text"],
         None if over is None else over["bounded"],
@@ -183,9 +207,11 @@ def render(summary: dict[str, Any]) -> str:
     w = lines.append
     w(f"# oipserve and its peers, side by side — {s['title']}")
     w("")
-    w(f"Command: `{s['command']}` — {s['rounds']} interleaved round(s), {s['duration_s']} s "
-      f"per measurement after {s['warmup_s']} s of warm-up; figures are medians over rounds. "
-      f"Wall time of the whole run: {s['wall_min']:.1f} min.")
+    w(
+        f"Command: `{s['command']}` — {s['rounds']} interleaved round(s), {s['duration_s']} s "
+        f"per measurement after {s['warmup_s']} s of warm-up; figures are medians over rounds. "
+        f"Wall time of the whole run: {s['wall_min']:.1f} min."
+    )
     w("")
     if s.get("headline_note"):
         w(f"> {s['headline_note']}")
@@ -211,14 +237,16 @@ def render(summary: dict[str, Any]) -> str:
 
     w("## Results")
     w("")
-    w("req/s, p50 and p99 are medians over rounds; *range* is the min–max req/s over rounds; "
-      "*client CPU* is the load generator's own CPU (% of one core) and *server CPU* the whole "
-      "server process tree's, both over the measured window (2 cores = 200%); *other CPU* is "
-      "what the rest of the machine (other tenants of this shared box) used meanwhile. "
-      "‡ marks a figure measured while other tenants used more than 60% of a core (median "
-      "over rounds): compare it with care. *vs oipserve* is "
-      "oipserve's req/s divided by that server's (for the floor: the server's share of it). "
-      "MB/s counts tensor bytes in + out.")
+    w(
+        "req/s, p50 and p99 are medians over rounds; *range* is the min–max req/s over rounds; "
+        "*client CPU* is the load generator's own CPU (% of one core) and *server CPU* the whole "
+        "server process tree's, both over the measured window (2 cores = 200%); *other CPU* is "
+        "what the rest of the machine (other tenants of this shared box) used meanwhile. "
+        "‡ marks a figure measured while other tenants used more than 60% of a core (median "
+        "over rounds): compare it with care. *vs oipserve* is "
+        "oipserve's req/s divided by that server's (for the floor: the server's share of it). "
+        "MB/s counts tensor bytes in + out."
+    )
     w("")
     labels = {sv["key"]: sv["label"] for sv in s["servers"]}
     unsupported = {sv["key"]: sv.get("unsupported", {}) for sv in s["servers"]}
@@ -229,8 +257,10 @@ def render(summary: dict[str, Any]) -> str:
     for group, scens in groups.items():
         w(f"### {group}")
         w("")
-        w("| scenario | server | req/s | range | p50 ms | p99 ms | MB/s | errors | client CPU "
-          "| server CPU | other CPU | vs oipserve |")
+        w(
+            "| scenario | server | req/s | range | p50 ms | p99 ms | MB/s | errors | client CPU "
+            "| server CPU | other CPU | vs oipserve |"
+        )
         w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         skipped: list[str] = []
         for scen in scens:
@@ -249,12 +279,14 @@ def render(summary: dict[str, Any]) -> str:
                     vs = _num(_ratio(oip and oip["rps"], c["rps"]), "{:.1f}×")
                 rng = f"{c['rps_min']:,.0f}–{c['rps_max']:,.0f}"
                 mark = " ‡" if _busy(c.get("other_cpu_pct")) else ""
-                w(f"| {scen['label']} | {name} | {_num(c['rps'])}{mark} | {rng} | "
-                  f"{_num(c['p50_ms'], '{:.2f}')} | {_num(c['p99_ms'], '{:.2f}')} | "
-                  f"{_num(c['mbps'], '{:,.0f}')} | {c['errors']} | "
-                  f"{_num(c['client_cpu_pct'], '{:.0f}%')} | "
-                  f"{_num(c['server_cpu_pct'], '{:.0f}%')} | "
-                  f"{_num(c.get('other_cpu_pct'), '{:.0f}%')} | {vs} |")
+                w(
+                    f"| {scen['label']} | {name} | {_num(c['rps'])}{mark} | {rng} | "
+                    f"{_num(c['p50_ms'], '{:.2f}')} | {_num(c['p99_ms'], '{:.2f}')} | "
+                    f"{_num(c['mbps'], '{:,.0f}')} | {c['errors']} | "
+                    f"{_num(c['client_cpu_pct'], '{:.0f}%')} | "
+                    f"{_num(c['server_cpu_pct'], '{:.0f}%')} | "
+                    f"{_num(c.get('other_cpu_pct'), '{:.0f}%')} | {vs} |"
+                )
             for key, why in sorted(unsupported.items()):
                 only = filters.get(key)
                 if only is not None and scen["key"] not in only:
@@ -267,49 +299,67 @@ def render(summary: dict[str, Any]) -> str:
             w("")
 
     if s.get("overload"):
-        w("### 6. overload: 2× the saturating rate for "
-          f"{s['overload'][0]['duration_s']} s (tiny model, REST JSON)")
+        w(
+            "### 6. overload: 2× the saturating rate for "
+            f"{s['overload'][0]['duration_s']} s (tiny model, REST JSON)"
+        )
         w("")
-        w("Saturating rate = the higher of the server's median req/s at c=16 above and a "
-          "fresh c=16 probe taken just before its overload run. wrk paces "
-          f"{s['overload'][0]['connections']} connections to offer twice that rate; a request "
-          f"counts as a timeout after {s['overload'][0]['timeout_s']} s. Bounded = still ready "
-          "afterwards, p99 below the client timeout, ≤1% timeouts and ≥50% of the saturating "
-          "rate still answered 2xx.")
+        w(
+            "Saturating rate = the higher of the server's median req/s at c=16 above and a "
+            "fresh c=16 probe taken just before its overload run. wrk paces "
+            f"{s['overload'][0]['connections']} connections to offer twice that rate; a request "
+            f"counts as a timeout after {s['overload'][0]['timeout_s']} s. Bounded = still ready "
+            "afterwards, p99 below the client timeout, ≤1% timeouts and ≥50% of the saturating "
+            "rate still answered 2xx."
+        )
         w("")
-        w("| server | saturating req/s | offered req/s | answered req/s | 2xx/s | statuses | "
-          "socket errors | p50 ms | p99 ms | ready after | verdict |")
+        w(
+            "| server | saturating req/s | offered req/s | answered req/s | 2xx/s | statuses | "
+            "socket errors | p50 ms | p99 ms | ready after | verdict |"
+        )
         w("|---|---:|---:|---:|---:|---|---|---:|---:|---|---|")
         for o in s["overload"]:
-            w(f"| {labels.get(o['server'], o['server'])} | {_num(o['saturating_rps'])} | "
-              f"{_num(o['offered_rps'])} | {_num(o['rps'])} | {_num(o['ok_rps'])} | "
-              f"{o['statuses'] or '—'} | {o['socket_errors'] or '—'} | "
-              f"{_num(o['p50_ms'], '{:.1f}')} | {_num(o['p99_ms'], '{:.1f}')} | "
-              f"{'yes' if o['ready_after'] else 'NO'} | "
-              f"{'bounded' if o['bounded'] else '**collapse**'} |")
+            w(
+                f"| {labels.get(o['server'], o['server'])} | {_num(o['saturating_rps'])} | "
+                f"{_num(o['offered_rps'])} | {_num(o['rps'])} | {_num(o['ok_rps'])} | "
+                f"{o['statuses'] or '—'} | {o['socket_errors'] or '—'} | "
+                f"{_num(o['p50_ms'], '{:.1f}')} | {_num(o['p99_ms'], '{:.1f}')} | "
+                f"{'yes' if o['ready_after'] else 'NO'} | "
+                f"{'bounded' if o['bounded'] else '**collapse**'} |"
+            )
         w("")
 
     if s.get("profiles"):
         w("## Profiles (py-spy, oipserve under load)")
         w("")
-        w("For each scenario: first the whole process tree in Python frames (non-blocking), then "
-          "the front process with native frames (C code and syscalls, blocking, 100 Hz). In "
-          "Python-only frames, time spent in C (uvloop, the kernel) counts as self time of the "
-          "Python function that called it; e.g. `Runner.run` self time is the event loop's own "
-          "C code. Percentages are shares of on-CPU samples of that process.")
+        w(
+            "For each scenario: first the whole process tree in Python frames (non-blocking), then "
+            "the front process with native frames (C code and syscalls, blocking, 100 Hz). In "
+            "Python-only frames, time spent in C (uvloop, the kernel) counts as self time of the "
+            "Python function that called it; e.g. `Runner.run` self time is the event loop's own "
+            "C code. Percentages are shares of on-CPU samples of that process."
+        )
         w("")
         for prof in s["profiles"]:
             w(f"**{prof['scenario']}**" + (f" ({prof['note']})" if prof.get("note") else ""))
             w("")
             native = prof.get("front_native")
             if native:
-                w(f"- front process, native ({native['samples']} on-CPU samples, "
-                  f"{native.get('idle', 0)} blocked samples left out): " + ", ".join(
-                    f"`{fn}` {pct:.0f}%" + (f" ← `{caller}`" if caller and caller != fn else "")
-                    for fn, pct, caller in native["top"][:8]))
+                w(
+                    f"- front process, native ({native['samples']} on-CPU samples, "
+                    f"{native.get('idle', 0)} blocked samples left out): "
+                    + ", ".join(
+                        f"`{fn}` {pct:.0f}%" + (f" ← `{caller}`" if caller and caller != fn else "")
+                        for fn, pct, caller in native["top"][:8]
+                    )
+                )
             for p in prof["processes"][:3]:
-                w(f"- `{p['cmd'][:70]}` — {p['samples']} samples; top self time: "
-                  + ", ".join(f"`{fn}` {sp:.0f}% (incl. {ip:.0f}%)" for fn, sp, ip in p["top"][:6]))
+                w(
+                    f"- `{p['cmd'][:70]}` — {p['samples']} samples; top self time: "
+                    + ", ".join(
+                        f"`{fn}` {sp:.0f}% (incl. {ip:.0f}%)" for fn, sp, ip in p["top"][:6]
+                    )
+                )
             w("")
 
     if s.get("charts"):
@@ -331,15 +381,19 @@ def render(summary: dict[str, Any]) -> str:
     w("")
     w("## Settings")
     w("")
-    w(f"Common to all: ONNX Runtime {s['versions'].get('onnxruntime (all servers)', '')}, "
-      f"CPU execution provider, intra-op threads {s['tuning']['intra_op_threads']}, inter-op "
-      f"threads {s['tuning']['inter_op_threads']}, sequential execution; "
-      f"{s['tuning']['instances']} model instances / worker processes where the server has "
-      "such a knob; no server-side batching; every listener on 127.0.0.1.")
+    w(
+        f"Common to all: ONNX Runtime {s['versions'].get('onnxruntime (all servers)', '')}, "
+        f"CPU execution provider, intra-op threads {s['tuning']['intra_op_threads']}, inter-op "
+        f"threads {s['tuning']['inter_op_threads']}, sequential execution; "
+        f"{s['tuning']['instances']} model instances / worker processes where the server has "
+        "such a knob; no server-side batching; every listener on 127.0.0.1."
+    )
     w("")
     for sv in s["servers"]:
-        w(f"- **{sv['label']}**" + (f" (failed to start: {sv['error'][:200]})"
-                                   if sv.get("error") else ""))
+        w(
+            f"- **{sv['label']}**"
+            + (f" (failed to start: {sv['error'][:200]})" if sv.get("error") else "")
+        )
         for item in sv["settings"]:
             w(f"  - {item}")
         if sv.get("idle_cpu_pct") is not None:
@@ -364,8 +418,10 @@ def headline_table(summary: dict[str, Any]) -> str:
     s = summary
     labels = {sv["key"]: sv["label"] for sv in s["servers"]}
     keys = [sv["key"] for sv in s["servers"]]
-    lines = ["| scenario | " + " | ".join(labels[k] for k in keys) + " |",
-             "|---|" + "---:|" * len(keys)]
+    lines = [
+        "| scenario | " + " | ".join(labels[k] for k in keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
     for scen in s["scenarios"]:
         row = []
         for k in keys:

@@ -1,63 +1,87 @@
 """The OIP datatype table and the BYTES element codec.
 
-One table maps protocol datatype names to numpy dtypes and ONNX Runtime type
-strings. Both the front and the workers import it, so it stays free of heavy
-imports (numpy only).
+``DATATYPES`` is the one place that says what a datatype is: its numpy storage,
+its ONNX type, its name in Triton's ``config.pbtxt``, the gRPC
+``InferTensorContents`` field that carries its typed values, what JSON values
+it takes, and whether decoded images can be cast to it. Every other lookup in
+the front and the workers (``NUMPY_DTYPES``, ``BY_ONNX``, ``BY_TRITON``, …) is
+derived from it below, never written out again.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Literal, NamedTuple
 
 import numpy as np
 
-# NOTE: BF16 has no numpy dtype; it travels as raw uint16 words (the upper half
-#   of an IEEE float32) and is handed to ONNX Runtime as tensor(bfloat16).
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BF16": np.dtype(np.uint16),
-    "BYTES": np.dtype(object),
-}
+JsonKind = Literal["bool", "int", "float", "bytes"]
 
+
+class Datatype(NamedTuple):
+    #: The protocol's name ("FP32").
+    name: str
+    #: How the elements are stored. BF16 has no numpy dtype: it travels as raw uint16
+    #: words (the upper half of an IEEE float32). BYTES is variable-sized (object).
+    numpy: np.dtype
+    #: ONNX Runtime's type string of a tensor of this datatype.
+    onnx: str
+    #: The ``data_type`` enum name in Triton's model configuration.
+    triton: str
+    #: The ``InferTensorContents`` field of gRPC typed values; None: raw contents only.
+    grpc_contents: str | None
+    #: What a JSON ``data`` element is for this datatype.
+    json: JsonKind
+    #: The element type's name in messages and image specs ("float32", "bfloat16").
+    element: str
+    #: Decoded images can be cast to it (the list OVMS accepts).
+    image: bool
+
+
+def _row(name, numpy, onnx, triton, grpc, json, image, element=None) -> Datatype:  # noqa: ANN001
+    dtype = np.dtype(numpy)
+    return Datatype(name, dtype, onnx, triton, grpc, json, element or dtype.name, image)
+
+
+# fmt: off
+DATATYPES: dict[str, Datatype] = {row.name: row for row in (
+    #    OIP      numpy       ONNX                 config.pbtxt   gRPC contents      JSON   images
+    _row("BOOL",   np.bool_,   "tensor(bool)",     "TYPE_BOOL",   "bool_contents",   "bool", False),
+    _row("UINT8",  np.uint8,   "tensor(uint8)",    "TYPE_UINT8",  "uint_contents",   "int", True),
+    _row("UINT16", np.uint16,  "tensor(uint16)",   "TYPE_UINT16", "uint_contents",   "int", True),
+    _row("UINT32", np.uint32,  "tensor(uint32)",   "TYPE_UINT32", "uint_contents",   "int", False),
+    _row("UINT64", np.uint64,  "tensor(uint64)",   "TYPE_UINT64", "uint64_contents", "int", False),
+    _row("INT8",   np.int8,    "tensor(int8)",     "TYPE_INT8",   "int_contents",    "int", True),
+    _row("INT16",  np.int16,   "tensor(int16)",    "TYPE_INT16",  "int_contents",    "int", True),
+    _row("INT32",  np.int32,   "tensor(int32)",    "TYPE_INT32",  "int_contents",    "int", True),
+    _row("INT64",  np.int64,   "tensor(int64)",    "TYPE_INT64",  "int64_contents",  "int", False),
+    _row("FP16",   np.float16, "tensor(float16)",  "TYPE_FP16",   None,              "float", True),
+    _row("FP32",   np.float32, "tensor(float)",    "TYPE_FP32",   "fp32_contents",   "float", True),
+    _row("FP64",   np.float64, "tensor(double)",   "TYPE_FP64",   "fp64_contents",   "float", True),
+    _row("BF16",   np.uint16,  "tensor(bfloat16)", "TYPE_BF16",   None,              "float", False,
+         element="bfloat16"),
+    _row("BYTES",  object,     "tensor(string)",   "TYPE_STRING", "bytes_contents",  "bytes", False,
+         element="bytes"),
+)}
+# fmt: on
+
+# ---- views of the table, for lookups on the hot path ------------------------
+
+NUMPY_DTYPES: dict[str, np.dtype] = {name: row.numpy for name, row in DATATYPES.items()}
 #: Bytes per element; BYTES is variable-sized and absent.
 ELEMENT_SIZES: dict[str, int] = {
-    name: dt.itemsize for name, dt in NUMPY_DTYPES.items() if name != "BYTES"
+    name: row.numpy.itemsize for name, row in DATATYPES.items() if row.json != "bytes"
 }
+BY_ONNX: dict[str, Datatype] = {row.onnx: row for row in DATATYPES.values()}
+BY_TRITON: dict[str, Datatype] = {row.triton: row for row in DATATYPES.values()}
+INTEGER_TYPES = frozenset(name for name, row in DATATYPES.items() if row.json == "int")
+FLOAT_TYPES = frozenset(name for name, row in DATATYPES.items() if row.json == "float")
+#: Element type names (numpy's) that decoded images can be cast to.
+IMAGE_ELEMENTS = frozenset(row.element for row in DATATYPES.values() if row.image)
 
-ONNX_TO_OIP: dict[str, str] = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(bfloat16)": "BF16",
-    "tensor(string)": "BYTES",
-}
-
-INTEGER_TYPES = frozenset(
-    {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
-)
-FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
-
-_LENGTH = struct.Struct("<I")
+#: The 4-byte little-endian unsigned length that prefixes each BYTES element (and, in
+#: the same form, each front<->worker message frame: see ``wire.messages``).
+LENGTH_PREFIX = struct.Struct("<I")
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
@@ -72,13 +96,34 @@ def byte_size(datatype: str, shape: tuple[int, ...] | list[int]) -> int:
     return ELEMENT_SIZES[datatype] * element_count(shape)
 
 
-def encode_bytes_elements(elements: list[bytes]) -> bytes:
-    """Serialise BYTES elements as the protocol's 4-byte little-endian length + bytes."""
-    parts: list[bytes] = []
+# ---- BYTES: uint32 LE length, then the bytes, per element ---------------------
+
+
+def bytes_elements_size(elements: list[bytes]) -> int:
+    return 4 * len(elements) + sum(len(e) for e in elements)
+
+
+def write_bytes_elements(target: memoryview, offset: int, elements: list[bytes]) -> int:
+    """Write ``elements`` in length-prefixed form at ``offset``; returns the end offset.
+
+    The one writer of that form, in the front and in the workers.
+    """
+    pos = offset
+    pack = LENGTH_PREFIX.pack_into
     for element in elements:
-        parts.append(_LENGTH.pack(len(element)))
-        parts.append(element)
-    return b"".join(parts)
+        size = len(element)
+        pack(target, pos, size)
+        pos += 4
+        target[pos : pos + size] = element
+        pos += size
+    return pos
+
+
+def encode_bytes_elements(elements: list[bytes]) -> bytearray:
+    """BYTES elements in the protocol's binary form, in one new buffer."""
+    out = bytearray(bytes_elements_size(elements))
+    write_bytes_elements(memoryview(out), 0, elements)
+    return out
 
 
 def split_bytes_elements(buf: memoryview) -> list[memoryview]:
@@ -94,13 +139,14 @@ def split_bytes_elements(buf: memoryview) -> list[memoryview]:
     total = len(view)
     parts: list[memoryview] = []
     pos = 0
+    unpack = LENGTH_PREFIX.unpack_from
     while pos < total:
         if pos + 4 > total:
             raise ValueError(
                 f"the length prefix of element {len(parts)} is cut off "
                 f"({total - pos} of 4 bytes at offset {pos})"
             )
-        (length,) = _LENGTH.unpack_from(view, pos)
+        (length,) = unpack(view, pos)
         start = pos + 4
         pos = start + length
         if pos > total:
@@ -109,6 +155,9 @@ def split_bytes_elements(buf: memoryview) -> list[memoryview]:
             )
         parts.append(view[start:pos])
     return parts
+
+
+# ---- BF16 ----------------------------------------------------------------------
 
 
 def float32_to_bf16(values: np.ndarray) -> np.ndarray:

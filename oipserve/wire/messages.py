@@ -3,16 +3,36 @@
 Small frozen msgspec Structs, msgpack-encoded, one tagged union each way.
 They describe tensors (segment name, offset, size, dtype, shape) and never
 carry tensor bytes. Frames on the socket are a 4-byte little-endian length
-followed by the msgpack body.
+followed by the msgpack body; ``frame`` writes them on both sides and
+``FrameSplitter`` reads them on both sides.
+
+A failure crosses the boundary as an ``ErrorKind`` and a message: the worker
+says what went wrong, never which HTTP status or gRPC code it becomes (that
+mapping lives in ``oipserve.errors`` alone).
 """
 
 from __future__ import annotations
 
-import struct
+import enum
 
 import msgspec
 
-from workers.images import ImageSpec
+from oipserve.wire.datatypes import LENGTH_PREFIX
+from oipserve.wire.images import ImageSpec
+
+
+class ErrorKind(enum.StrEnum):
+    """What kind of failure a request met, independent of any wire protocol."""
+
+    #: The request (its values, its images, the model file it names) cannot be served.
+    INVALID_INPUT = "invalid_input"
+    NOT_FOUND = "not_found"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED = "unsupported"
+    #: Retryable: not ready, overloaded, out of shared memory, a worker stopped.
+    UNAVAILABLE = "unavailable"
+    #: A fault of the server or the model; clients get a generic message.
+    INTERNAL = "internal"
 
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
@@ -110,22 +130,20 @@ class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
 
 
 class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
-    """A request failed; ``status`` is the HTTP status the client should see."""
+    """A request failed; ``message`` is for the client (generic for INTERNAL)."""
 
     rid: int
-    status: int
+    kind: ErrorKind
     message: str
 
 
 FromWorker = WorkerReady | Loaded | Unloaded | InferDone | Failed
 
 
-LENGTH = struct.Struct("<I")
-
-
 def frame(encoder: msgspec.msgpack.Encoder, message: object) -> bytes:
+    """One message as it goes on the socket: its length, then its msgpack body."""
     body = encoder.encode(message)
-    return LENGTH.pack(len(body)) + body
+    return LENGTH_PREFIX.pack(len(body)) + body
 
 
 class FrameSplitter:
@@ -143,7 +161,7 @@ class FrameSplitter:
         pos = 0
         end = len(buffer)
         while end - pos >= 4:
-            (length,) = LENGTH.unpack_from(buffer, pos)
+            (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
             if end - pos - 4 < length:
                 break
             frames.append(bytes(buffer[pos + 4 : pos + 4 + length]))

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from oipserve.dataplane import InputTensor, _payload
 from oipserve.protocol import decode_request
 from oipserve.rest import Body, ModelResource
-from oipserve.shm import BufferPool
+from oipserve.wire.shm import BufferPool
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
 from workers.runtime import ModelSession
 

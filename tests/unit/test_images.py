@@ -1,4 +1,5 @@
-"""Tests for workers.images: OVMS-compatible decoding of encoded images into model tensors.
+"""Tests for the image spec (oipserve.wire.images) and OVMS-compatible decoding of encoded
+images into model tensors (workers.images).
 
 Fixtures are generated with cv2.imencode; PNG is used wherever exact pixel values matter.
 """
@@ -12,13 +13,9 @@ import cv2
 import numpy as np
 import pytest
 
-from oipserve.datatypes import split_bytes_elements
-from workers.images import (
-    ImageError,
-    ImageSpec,
-    decode_batch,
-    image_spec_for,
-)
+from oipserve.wire.datatypes import split_bytes_elements
+from oipserve.wire.images import ImageError, ImageSpec, image_spec_for
+from workers.images import decode_batch
 
 RNG = np.random.default_rng(1234)
 

@@ -8,8 +8,6 @@ import msgspec
 import pytest
 
 from oipserve.model_config import (
-    OIP_TO_TRITON,
-    TRITON_TO_OIP,
     InstanceGroup,
     ModelConfig,
     ModelConfigError,
@@ -17,6 +15,7 @@ from oipserve.model_config import (
     parse_model_config,
     read_model_config,
 )
+from oipserve.wire.datatypes import DATATYPES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -194,18 +193,10 @@ def test_numbers_in_extra() -> None:
     assert buckets == [-5.0, -2, 0, 3.5, 1000.0, 2.0, float("-inf")]
 
 
-def test_datatype_mapping_covers_every_oip_type() -> None:
-    oip_types = {
-        "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-        "FP16", "FP32", "FP64", "BYTES", "BF16",
-    }  # fmt: skip
-    assert set(TRITON_TO_OIP.values()) == oip_types
-    assert TRITON_TO_OIP["TYPE_STRING"] == "BYTES"
-    assert TRITON_TO_OIP["TYPE_BF16"] == "BF16"
-    assert all(OIP_TO_TRITON[oip] == triton for triton, oip in TRITON_TO_OIP.items())
-    for triton, oip in TRITON_TO_OIP.items():
-        text = f'input {{ name: "x" data_type: {triton} dims: [1] }}'
-        assert parse_model_config(text).inputs[0].data_type == oip
+def test_every_triton_datatype_name_parses() -> None:
+    for row in DATATYPES.values():
+        text = f'input {{ name: "x" data_type: {row.triton} dims: [1] }}'
+        assert parse_model_config(text).inputs[0].data_type == row.name
 
 
 def test_config_is_frozen() -> None:

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from oipserve.settings import Settings, SettingsError, load_settings
-from oipserve.shm import BufferPool, Segment, SegmentCache, size_class, sweep
+from oipserve.wire.shm import BufferPool, Segment, SegmentCache, size_class, sweep
 
 
 def test_flags_beat_environment_beat_defaults() -> None:

@@ -3,15 +3,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oipserve.datatypes import (
+from oipserve.errors import InvalidInput
+from oipserve.protocol import encode_response
+from oipserve.tensors import array_from_values, bytes_from_values, json_values
+from oipserve.wire.datatypes import (
     bf16_to_float32,
     encode_bytes_elements,
     float32_to_bf16,
     split_bytes_elements,
 )
-from oipserve.errors import InvalidInput
-from oipserve.protocol import encode_response
-from oipserve.tensors import array_from_values, bytes_from_values, json_values
 
 
 @pytest.mark.parametrize(

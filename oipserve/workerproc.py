@@ -1,0 +1,60 @@
+"""Starting a worker process: ``python -m workers`` with one end of a socket pair.
+
+A fresh interpreter runs the worker program; nothing of the front is imported
+there (multiprocessing's spawn would import the front's ``__main__`` module in
+every worker, and with it everything the front imports). A pidfd is the
+process's sentinel: it becomes readable when the process exits, so the event
+loop notices a death at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+
+class WorkerProcess:
+    """A running worker program: its sentinel, liveness, kill and reaping."""
+
+    def __init__(self, sock: socket.socket, segment_prefix: str, log_level: str) -> None:
+        fd = sock.fileno()
+        self._popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers",
+                "--socket-fd",
+                str(fd),
+                "--segment-prefix",
+                segment_prefix,
+                "--log-level",
+                log_level,
+            ],
+            pass_fds=(fd,),
+            # NOTE: its own process group: Ctrl-C in a terminal, or a supervisor that
+            #   signals the front's group, reaches only the front, which drains first
+            #   and then stops the workers.
+            process_group=0,
+        )
+        self.pid = self._popen.pid
+        #: Readable once the process has exited.
+        self.sentinel = os.pidfd_open(self.pid)
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._popen.kill()
+
+    def join(self, timeout: float) -> None:
+        """Reap the process (waiting up to ``timeout`` seconds) and close the sentinel."""
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return
+        if self.sentinel >= 0:  # NOTE: after the event loop stopped watching it
+            os.close(self.sentinel)
+            self.sentinel = -1

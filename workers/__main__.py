@@ -1,0 +1,26 @@
+"""``python -m workers``: one worker process, started by the front (``oipserve.workerproc``).
+
+The front passes one end of a socket pair as an inherited file descriptor. This
+entry point imports only the worker side (and the wire contract), never the
+front's modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+from workers.worker import main
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m workers")
+    parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--segment-prefix", required=True)
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    args = _args()
+    main(socket.socket(fileno=args.socket_fd), args.segment_prefix, args.log_level)
