@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from oipserve.errors import Unavailable, from_kind
-from oipserve.workerproc import WorkerProcess
 from oipserve.wire.messages import (
     Failed,
     Forget,
@@ -37,6 +36,7 @@ from oipserve.wire.messages import (
     frame,
 )
 from oipserve.wire.shm import owner_prefix, sweep
+from oipserve.workerproc import WorkerProcess
 
 log = logging.getLogger("oipserve.pool")
 

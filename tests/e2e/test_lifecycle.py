@@ -109,39 +109,90 @@ def test_broken_models_are_unavailable_and_the_rest_is_served(tmp_path: Path) ->
     assert "model 'noversion' is UNAVAILABLE: no version directory" in log
 
 
+def _binary_identity_request(values: np.ndarray) -> tuple[bytes, bytes]:
+    """Head (HTTP headers and JSON header) and tensor bytes of an identity_fp32 request."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": list(values.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    http_head = (
+        "POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: test\r\n"
+        f"Content-Length: {len(header) + values.nbytes}\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
+    ).encode()
+    return http_head + header, values.tobytes()
+
+
 def test_sigterm_drains_in_flight_requests_and_leaves_no_shared_memory() -> None:
+    """Requests the server has begun to receive when SIGTERM arrives all complete.
+
+    Each client sends its request's head and half of its tensor, then waits until the
+    server has been told to stop, then sends the rest: the requests are provably in
+    flight during the drain, and every one of them must be answered in full.
+    """
     proc = ServerProcess().wait_ready()
     pid = proc.process.pid
-    statuses: list[object] = []
-    started = threading.Event()
-    stop = threading.Event()
+    host, port = proc.host_port.rsplit(":", 1)
+    clients = 4
+    half_sent = threading.Barrier(clients + 1, timeout=60)
+    signalled = threading.Event()
+    outcomes: list[object] = []
 
-    def load() -> None:
-        client = httpclient.InferenceServerClient(proc.host_port, network_timeout=60)
-        x = np.random.default_rng(0).standard_normal((1, 2_000_000)).astype(np.float32)
-        while not stop.is_set():
-            inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
-            inp.set_data_from_numpy(x)
-            try:
-                result = client.infer("identity_fp32", [inp])
-                statuses.append(np.array_equal(result.as_numpy("OUTPUT0"), x))
-            except Exception as exc:  # refused once the server stopped accepting
-                statuses.append(type(exc).__name__)
-                return
-            started.set()
+    def client(seed: int) -> None:
+        values = np.random.default_rng(seed).standard_normal((1, 1_000_000)).astype(np.float32)
+        head, data = _binary_identity_request(values)
+        try:
+            with socket.create_connection((host, int(port)), timeout=60) as sock:
+                sock.sendall(head + data[: len(data) // 2])
+                half_sent.wait()
+                assert signalled.wait(60)
+                sock.sendall(data[len(data) // 2 :])
+                reader = sock.makefile("rb")
+                status = reader.readline()
+                headers = {}
+                while (line := reader.readline().strip()) != b"":
+                    key, _, value = line.decode().partition(":")
+                    headers[key.strip().lower()] = value.strip()
+                body = reader.read(int(headers["content-length"]))
+            json_size = int(headers["inference-header-content-length"])
+            output = np.frombuffer(body[json_size:], dtype=np.float32).reshape(values.shape)
+            outcomes.append(status.split()[1] == b"200" and np.array_equal(output, values))
+        except Exception as exc:  # noqa: BLE001 - any failure is what the test reports
+            outcomes.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
         thread.start()
-    assert started.wait(60)
-    assert shm_entries(pid), "the server should be using shared memory under load"
-    code = proc.stop()
-    stop.set()
+    half_sent.wait()
+    assert shm_entries(pid), "the half-received bodies should be in shared memory"
+    proc.process.send_signal(signal.SIGTERM)
+
+    def refuses_new_connections() -> bool:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError:
+            return True
+        return False
+
+    # The drain has begun once the listening socket is closed; only then the rest is sent.
+    refused = wait_for(refuses_new_connections, 20)
+    signalled.set()
     for thread in threads:
         thread.join(60)
+    code = proc.process.wait(60)
+    proc.stop()
     assert code == 0, proc.log
-    answered = [s for s in statuses if isinstance(s, bool)]
-    assert answered and all(answered), statuses
+    assert outcomes == [True] * clients, outcomes  # zero client errors during the drain
+    assert refused, "a new connection during the drain should be refused"
     assert shm_entries(pid) == []
     assert "Traceback" not in proc.log
 
