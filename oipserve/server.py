@@ -31,7 +31,7 @@ from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import Management, startup_models
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.pool import WorkerPool
-from oipserve.repository import check_repository
+from oipserve.repository import RepositoryError, check_repository
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
 from oipserve.settings import Settings
@@ -97,7 +97,7 @@ async def serve(settings: Settings) -> int:
         inventory = inventory_source.read()
         devices = parse_devices(inventory, settings.devices)
         names = startup_models(settings.model_control_mode, settings.load_model, root)
-    except Exception as exc:
+    except (ValueError, RepositoryError, OSError) as exc:  # a mistake in flags or files
         sock.close()
         raise StartupError(str(exc)) from None
     for name in sweep_stale():
