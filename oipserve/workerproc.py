@@ -23,6 +23,10 @@ class WorkerProcess:
         self._popen = subprocess.Popen(
             [
                 sys.executable,
+                # NOTE: -P and the front's own sys.path: the worker imports the same
+                #   ``workers`` and ``oipserve.wire`` the front did, never a ``workers``
+                #   folder that happens to lie in the current directory.
+                "-P",
                 "-m",
                 "workers",
                 "--socket-fd",
@@ -33,6 +37,7 @@ class WorkerProcess:
                 log_level,
             ],
             pass_fds=(fd,),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(_import_path())},
             # NOTE: its own process group: Ctrl-C in a terminal, or a supervisor that
             #   signals the front's group, reaches only the front, which drains first
             #   and then stops the workers.
@@ -58,3 +63,8 @@ class WorkerProcess:
         if self.sentinel >= 0:  # NOTE: after the event loop stopped watching it
             os.close(self.sentinel)
             self.sentinel = -1
+
+
+def _import_path() -> list[str]:
+    """The front's sys.path with relative entries made absolute (as multiprocessing does)."""
+    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
