@@ -73,6 +73,13 @@ def parse_args() -> argparse.Namespace:
         help="command that runs oipserve (default: this interpreter -m oipserve)",
     )
     p.add_argument(
+        "--baseline",
+        metavar="CMD",
+        help="command that runs a second oipserve (e.g. a checkout of an earlier commit: "
+        "'env PYTHONPATH=DIR python -P -m oipserve'), measured in the same interleaved "
+        "rounds as 'oipserve-base': an A/B of two builds in one run",
+    )
+    p.add_argument(
         "--servers",
         default=",".join(DEFAULT_SERVERS),
         help=f"comma list from {','.join(ALL_SERVERS)}",
@@ -222,7 +229,7 @@ class Bench:
     def setup_venvs(self, wanted: list[str]) -> None:
         ort = venvs.host_onnxruntime_version()
         reqs = venvs.requirements(ort)
-        need = {"tools"} | {w.split("-")[0] for w in wanted if w != "oipserve"}
+        need = {"tools"} | {w.split("-")[0] for w in wanted if not w.startswith("oipserve")}
         for name in sorted(need):
             self.pythons[name] = venvs.ensure_venv(
                 name, reqs[name], self.work / "logs" / f"pip-{name}.log"
@@ -290,6 +297,15 @@ class Bench:
             log(f"starting {key}")
             if key == "oipserve":
                 server = start_oipserve(self.ns.oipserve, self.cases, self.work, self.tuning)
+            elif key == "oipserve-base":
+                server = start_oipserve(
+                    self.ns.baseline,
+                    self.cases,
+                    self.work,
+                    self.tuning,
+                    key="oipserve-base",
+                    label="oipserve (baseline)",
+                )
             elif key == "triton":
                 server = start_triton(
                     self.pythons["triton"].parent.parent, self.cases, self.work, self.tuning
@@ -956,6 +972,8 @@ def main() -> None:
     unknown = [w for w in wanted if w not in ALL_SERVERS + ["kserve-w2"]]
     if unknown:
         sys.exit(f"unknown server(s): {unknown}")
+    if ns.baseline:
+        wanted.insert(wanted.index("oipserve") + 1 if "oipserve" in wanted else 0, "oipserve-base")
     scenarios = (
         SCENARIOS
         if ns.scenarios == "all"
@@ -964,6 +982,8 @@ def main() -> None:
     bench = Bench(ns)
     bench.machine = machine_info()
     bench.versions["oipserve"] = f"git {git_rev()} (`{ns.oipserve}`)"
+    if ns.baseline:
+        bench.versions["oipserve (baseline)"] = f"`{ns.baseline}`"
     bench.versions["wrk"] = wrk_version()
     try:
         log("setting up venvs")

@@ -95,15 +95,21 @@ READY_URL = re.compile(r"(https?://(?:127\.0\.0\.1|localhost|\[::1\]):\d+)")
 
 
 def start_oipserve(
-    cmd: str, cases: dict[str, ModelCase], work: Path, tuning: Tuning, timeout_s: float = 90.0
+    cmd: str,
+    cases: dict[str, ModelCase],
+    work: Path,
+    tuning: Tuning,
+    timeout_s: float = 90.0,
+    key: str = "oipserve",
+    label: str = "oipserve",
 ) -> Server:
     """`oipserve serve` on port 0; the URL comes from its `ready <url>` log line."""
     repo = write_oipserve_repo(
         cases, work / "repos" / "oipserve", tuning.instances, tuning.ort_params()
     )
     server = Server(
-        key="oipserve",
-        label="oipserve",
+        key=key,
+        label=label,
         protocols={"json", "binary", "grpc", "jpeg"},
         settings=[
             f"`{cmd} serve --model-repository … --host 127.0.0.1 --http-port 0 --grpc-port P "
@@ -141,7 +147,7 @@ def start_oipserve(
                     url.append(match.group(1).replace("localhost", "127.0.0.1"))
                     found.set()
 
-        proc = ManagedProcess(argv, work / "logs" / f"oipserve-{i}.log", on_line=on_line)
+        proc = ManagedProcess(argv, work / "logs" / f"{key}-{i}.log", on_line=on_line)
         server.proc = proc
         wait_until(
             lambda found=found, proc=proc: found.is_set() or not proc.alive(),
