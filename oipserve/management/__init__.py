@@ -4,7 +4,7 @@ Framework-free: ``rest_admin`` and ``grpc_service`` turn requests into calls on
 ``Management``, and errors are ``oipserve.errors`` classes. One module per job:
 
 - ``facade``: ``Management``, the lock, and where the jobs meet;
-- ``hardware_view``: ``/v2/hardware`` (inventory read afresh);
+- ``hardware_view``: ``/v2/hardware`` (inventory read afresh; 503 if unreadable);
 - ``worker_params``: checking and converting ``/v2/workers/{w}/load`` parameters;
 - ``endpoint_naming``: amdinfer's typed parameter keys and ``W``/``W-0`` naming;
 - ``worker_endpoints``: creating, growing, shrinking and describing endpoints;

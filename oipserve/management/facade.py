@@ -56,7 +56,7 @@ class Management:
     # ---- hardware -----------------------------------------------------------
 
     def has_hardware(self, name: str, num: int) -> bool:
-        """True if at least ``num`` units named ``name`` exist (inventory read afresh)."""
+        """True if at least ``num`` units named ``name`` exist; 503 if inventory unreadable."""
         return self.hardware_view.has_hardware(name, num)
 
     def hardware(self) -> dict[str, object]:

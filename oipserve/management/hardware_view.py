@@ -1,6 +1,11 @@
 """``/v2/hardware``: what the machine has, and what this server runs on each device.
 
-The inventory is read afresh on every call (free memory and utilisation change).
+The inventory is read afresh on every call (free memory and utilisation change), so a
+``--hardware-inventory`` file that was fine at start can break later. That is a condition
+of this server, not a feature it lacks and not the client's fault: it answers 503 with the
+file and the reason, and recovers by itself once the file is fixed. Start-up reads the
+inventory once before serving (``oipserve.server``), so a file broken from the start stops
+the server instead.
 """
 
 from __future__ import annotations
@@ -8,7 +13,7 @@ from __future__ import annotations
 import psutil
 
 from hardware import Inventory, InventoryError, InventorySource, count_matching, to_json
-from oipserve.errors import Unsupported
+from oipserve.errors import Unavailable
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.pool import WorkerPool
 
@@ -30,11 +35,11 @@ class HardwareView:
         self.simulated = simulated
 
     def inventory(self) -> Inventory:
-        """A fresh inventory; 501 if it cannot be read."""
+        """A fresh inventory; 503 (naming the file and the reason) if it cannot be read."""
         try:
             return self.source.read()
         except InventoryError as exc:
-            raise Unsupported(f"the hardware inventory cannot be read: {exc}") from None
+            raise Unavailable(f"the hardware inventory cannot be read: {exc}") from None
 
     def has_hardware(self, name: str, num: int) -> bool:
         """True if at least ``num`` units named ``name`` exist (inventory read afresh)."""

@@ -137,7 +137,7 @@ class WorkerEndpoints:
             cuda_provider_options(0, settings)  # validate even when placed on the CPU
         except InventoryError as exc:
             raise InvalidInput(str(exc)) from None
-        # Outside the try: an unreadable inventory is not the client's mistake, so not a 400.
+        # Outside the try: an unreadable inventory is the server's problem (503), not a 400.
         inventory = self.inventory()
         try:
             endpoint.device = resolve_device(inventory, device_spec)
