@@ -1,8 +1,9 @@
 """Real hardware discovery: CPU and RAM via psutil, NVIDIA GPUs via NVML (pynvml).
 
 GPUs come only from NVML: onnxruntime-gpu lists the CUDA provider even on machines without
-a GPU, so it says nothing about the devices present. Any NVML failure means "no GPUs" plus a
-note for the log, never an exception, so a CPU-only node still starts.
+a GPU, so it says nothing about the devices present. Any NVML failure (NVMLError, or OSError
+from a broken libnvidia-ml) means "no GPUs" plus a note for the log, never an exception, so a
+CPU-only node still starts; other exceptions are bugs and propagate.
 
 NVML numbers GPUs in PCI bus order and ignores CUDA_VISIBLE_DEVICES; CUDA uses the same
 order only with CUDA_DEVICE_ORDER=PCI_BUS_ID and no CUDA_VISIBLE_DEVICES remapping.
@@ -95,18 +96,21 @@ def read_gpus() -> tuple[tuple[GpuInfo, ...], str]:
         import pynvml
     except ImportError as exc:
         return (), f"pynvml not importable: {exc}"
+    # Only NVML's own failures mean "no GPUs"; anything else is a bug here and must show.
+    # pynvml reports a missing libnvidia-ml or a missing symbol as NVMLError, but a call
+    # into a broken library can still surface from ctypes as OSError, so init accepts both.
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError, or OSError from a broken libnvidia-ml
+    except (pynvml.NVMLError, OSError) as exc:
         return (), f"NVML unavailable: {exc}"
     try:
         gpus = _read_gpus(pynvml)
-    except Exception as exc:
+    except pynvml.NVMLError as exc:
         return (), f"NVML query failed: {exc}"
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:  # a failed shutdown must not hide the answer we already have
+        except pynvml.NVMLError:  # a failed shutdown must not hide the answer we already have
             pass
     return gpus, "" if gpus else "NVML found no GPUs"
 

@@ -91,9 +91,11 @@ def _nvml_device_count() -> int | None:
     """What NVML itself says, or None where it cannot start (this CPU-only box)."""
     try:
         import pynvml
-
+    except ImportError:
+        return None
+    try:
         pynvml.nvmlInit()
-    except Exception:
+    except (pynvml.NVMLError, OSError):
         return None
     try:
         return int(pynvml.nvmlDeviceGetCount())
@@ -165,16 +167,27 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
-    def __init__(self, fail_init: bool = False, fail_memory: bool = False) -> None:
+    def __init__(
+        self,
+        fail_init: bool = False,
+        fail_memory: bool = False,
+        init_error: BaseException | None = None,
+        name_error: BaseException | None = None,
+    ) -> None:
         super().__init__("pynvml")
         self.fail_init = fail_init
         self.fail_memory = fail_memory
+        #: Raised by nvmlInit / nvmlDeviceGetName instead of answering, when given.
+        self.init_error = init_error
+        self.name_error = name_error
         self.inits = 0
         self.shutdowns = 0
 
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         if self.fail_init:
             raise self.NVMLError("Driver Not Loaded")
+        if self.init_error is not None:
+            raise self.init_error
         self.inits += 1
 
     def nvmlShutdown(self) -> None:  # noqa: N802
@@ -193,6 +206,8 @@ class FakeNvml(types.ModuleType):
         return index
 
     def nvmlDeviceGetName(self, handle: int) -> str | bytes:  # noqa: N802
+        if self.name_error is not None:
+            raise self.name_error
         return H100 if handle == 0 else b"NVIDIA A100-SXM4-40GB"  # old pynvml gave bytes
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
@@ -242,6 +257,23 @@ def test_nvml_query_failure_means_no_gpus_and_still_shuts_down(
     inv = SystemInventory().read()
     assert inv.gpus == ()
     assert inv.gpu_note == "NVML query failed: GPU is lost"
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+def test_broken_nvml_library_means_no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml(init_error=OSError("libnvidia-ml.so.1: undefined symbol"))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    inv = SystemInventory().read()
+    assert inv.gpus == ()
+    assert inv.gpu_note == "NVML unavailable: libnvidia-ml.so.1: undefined symbol"
+
+
+def test_bug_in_gpu_discovery_is_not_hidden_as_no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only NVML's own errors mean "no GPUs"; a programming error must reach the log."""
+    nvml = FakeNvml(name_error=TypeError("unexpected argument"))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with pytest.raises(TypeError, match="unexpected argument"):
+        SystemInventory().read()
     assert nvml.inits == nvml.shutdowns == 1
 
 

@@ -1,0 +1,31 @@
+"""Management plane: hardware queries, worker endpoints (AMD semantics), model repository.
+
+Framework-free: ``rest_admin`` and ``grpc_service`` turn requests into calls on
+``Management``, and errors are ``oipserve.errors`` classes. One module per job:
+
+- ``facade``: ``Management``, the lock, and where the jobs meet;
+- ``hardware_view``: ``/v2/hardware`` (inventory read afresh; 503 if unreadable);
+- ``worker_params``: checking and converting ``/v2/workers/{w}/load`` parameters;
+- ``endpoint_naming``: amdinfer's typed parameter keys and ``W``/``W-0`` naming;
+- ``worker_endpoints``: creating, growing, shrinking and describing endpoints;
+- ``repository_control``: repository index/load/unload and the models loaded at start.
+
+The names below are the package's interface; import them from here.
+"""
+
+from oipserve.management.endpoint_naming import EndpointNames, ParamKey, param_key
+from oipserve.management.facade import Management
+from oipserve.management.repository_control import startup_models
+from oipserve.management.worker_endpoints import Endpoint
+from oipserve.management.worker_params import CUDA_KEYS, KINDS
+
+__all__ = [
+    "CUDA_KEYS",
+    "KINDS",
+    "Endpoint",
+    "EndpointNames",
+    "Management",
+    "ParamKey",
+    "param_key",
+    "startup_models",
+]
