@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from oipserve.errors import InvalidInput, NotFound, Unsupported
+from oipserve.errors import InvalidInput, NotFound, Unavailable, Unsupported
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.repository import RepositoryError, list_models, read_model
 
@@ -43,7 +43,7 @@ class RepositoryControl:
         try:
             return list_models(self.root)
         except RepositoryError as exc:
-            raise Unsupported(str(exc)) from None
+            raise Unavailable(str(exc)) from None
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the directory, loaded or not, one entry per version."""

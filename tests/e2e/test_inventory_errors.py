@@ -107,3 +107,23 @@ def test_inventory_broken_while_serving_is_503_until_fixed(
     status, name = call(srv, "POST", "/v2/workers/onnxruntime/load", onnx)
     assert status == 200, name
     assert call(srv, "POST", f"/v2/workers/{name}/unload")[0] == 200
+
+
+def test_repository_that_disappears_while_serving_is_503(tmp_path: Path) -> None:
+    """Like a broken inventory: the repository's index is a server-side condition, not 501."""
+    repository = tmp_path / "models"
+    repository.mkdir()
+    (repository / "simple").symlink_to(SAMPLE_REPOSITORY / "simple")
+    proc = ServerProcess(repository).wait_ready()
+    try:
+        status, _, _ = request(proc, "POST", "/v2/repository/index", "{}")
+        assert status == 200
+        repository.rename(tmp_path / "moved")
+        status, _, body = request(proc, "POST", "/v2/repository/index", "{}")
+        assert status == 503, body
+        assert str(repository) in json.loads(body)["error"]
+        (tmp_path / "moved").rename(repository)
+        status, _, _ = request(proc, "POST", "/v2/repository/index", "{}")
+        assert status == 200
+    finally:
+        assert proc.stop() == 0, proc.log
