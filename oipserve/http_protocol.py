@@ -16,6 +16,17 @@
    instead of being accumulated in uvicorn's per-request bytearray, copied
    again into an ASGI message and copied a third time by the application; and
    the application is woken once, when the body is complete, not per 64 KiB.
+
+Both lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
+httptools) at the minor series this was written against: the hooks
+``connection_made``, ``connection_lost``, ``eof_received``,
+``on_headers_complete``, ``on_body``, ``on_message_complete`` and
+``on_response_complete``; the protocol's ``transport`` (handed on to each
+cycle, so our ``CorkedTransport`` sees every write), ``flow``, ``cycle``,
+``scope`` and ``parser``; and the cycle's ``scope``, ``body``, ``more_body``,
+``disconnected``, ``message_event``, ``waiting_for_100_continue`` and
+``on_response``. ``tests/unit/test_framework_internals.py`` checks each by
+name; when it fails after an upgrade, it says which to re-read.
 """
 
 from __future__ import annotations

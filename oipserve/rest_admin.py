@@ -12,7 +12,7 @@ import msgspec
 
 from oipserve.errors import InvalidInput
 from oipserve.management import Management
-from oipserve.rest import read_all
+from oipserve.rest.body import read_all
 
 #: Management bodies are small JSON objects.
 BODY_LIMIT = 1024 * 1024

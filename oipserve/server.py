@@ -26,7 +26,7 @@ import uvicorn
 
 from hardware import make_inventory_source, parse_devices
 from oipserve.dataplane import DataPlane
-from oipserve.grpc_service import GrpcServer, start_grpc
+from oipserve.grpc_front import GrpcServer, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import Management, startup_models
 from oipserve.models import ModelManager, ModelRegistry

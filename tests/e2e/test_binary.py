@@ -22,7 +22,8 @@ import tritonclient.http as httpclient
 
 from oipserve.dataplane import InputTensor, _payload
 from oipserve.protocol import decode_request
-from oipserve.rest import Body, ModelResource
+from oipserve.rest.body import Body
+from oipserve.rest.resources import ModelResource
 from oipserve.wire.shm import BufferPool
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
 from workers.runtime import ModelSession

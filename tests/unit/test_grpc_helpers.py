@@ -20,8 +20,10 @@ from oipserve.errors import (
     Unavailable,
     Unsupported,
 )
+from oipserve.grpc_front.codec import InferReply, split_infer_request
+from oipserve.grpc_front.convert import input_tensors
+from oipserve.grpc_front.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.grpc_service import InferReply, input_tensors, split_infer_request, status_of
 
 
 def _fields(descriptor: Descriptor, prefix: str = "") -> dict[str, dict[str, tuple[int, int]]]:

@@ -1,0 +1,153 @@
+"""The ModelInfer wire format, read and written without protobuf's copies of tensor bytes.
+
+``ModelInferRequest.raw_input_contents`` is the fast path: the request is not
+handed whole to protobuf (which would copy every raw entry into a new
+``bytes``); ``split_infer_request`` walks its top-level fields, keeps each raw
+entry as a view of the received message and lets protobuf parse only the
+rest. The data plane then copies each view once, into shared memory.
+
+``InferReply`` writes a ModelInferResponse by hand for the same reason: each
+output is copied once, from the worker's segment into the wire bytes.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from google.protobuf.message import DecodeError
+
+from oipserve.dataplane import InferResult
+from oipserve.grpc_generated import grpc_service_pb2 as pb
+
+_RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
+_RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
+
+
+# ---- requests: raw_input_contents without a copy ---------------------------------
+
+
+class InferCall:
+    """A parsed ModelInferRequest plus its raw input entries as views of the wire bytes."""
+
+    __slots__ = ("message", "raw")
+
+    def __init__(self, message: pb.ModelInferRequest, raw: list[memoryview]) -> None:
+        self.message = message
+        self.raw = raw
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise DecodeError("truncated or overlong varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def split_infer_request(data: bytes) -> InferCall:
+    """Parse a serialized ModelInferRequest, keeping ``raw_input_contents`` as views.
+
+    Only the message's top-level fields are walked (a handful); everything but
+    field 7 is re-joined and parsed by protobuf, field 7's entries stay views of
+    ``data`` (which the views keep alive).
+    """
+    view = memoryview(data)
+    raw: list[memoryview] = []
+    rest: list[memoryview] = []
+    pos = 0
+    end = len(view)
+    kept_from = 0
+    while pos < end:
+        start = pos
+        key, pos = _varint(view, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(view, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = _varint(view, pos)
+            if key >> 3 == _RAW_FIELD:
+                if pos + length > end:
+                    raise DecodeError("truncated raw_input_contents entry")
+                if kept_from < start:
+                    rest.append(view[kept_from:start])
+                raw.append(view[pos : pos + length])
+                kept_from = pos + length
+            pos += length
+        else:
+            raise DecodeError(f"unsupported wire type {wire}")
+        if pos > end:
+            raise DecodeError("truncated message")
+    if not raw:
+        return InferCall(pb.ModelInferRequest.FromString(data), raw)
+    if kept_from < end:
+        rest.append(view[kept_from:end])
+    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), raw)
+
+
+# ---- responses: raw_output_contents written once --------------------------------
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class InferReply:
+    """A ModelInferResponse whose raw outputs are still views of the worker's segment.
+
+    ``serialize`` writes the wire bytes with one copy of each output (protobuf
+    would take two: into a ``bytes`` entry, then into the serialized message)
+    and releases the segment. If gRPC never serializes the reply (the call was
+    cancelled), the segment is released when the reply is collected.
+    """
+
+    __slots__ = ("head", "result", "__weakref__")
+
+    def __init__(self, result: InferResult, request_id: str) -> None:
+        self.result = result
+        self.head = pb.ModelInferResponse(
+            model_name=result.model.name, model_version=result.model.version, id=request_id
+        )
+        for tensor in result.outputs:
+            self.head.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        weakref.finalize(self, result.release)
+
+    def serialize(self) -> bytes:
+        try:
+            parts: list[bytes | memoryview] = [self.head.SerializeToString()]
+            for tensor in self.result.outputs:
+                parts += (_RAW_OUTPUT_TAG, _varint_bytes(len(tensor.data)), tensor.data)
+            return b"".join(parts)
+        finally:
+            self.result.release()
+
+    def message(self) -> pb.ModelInferResponse:
+        """The whole response as a protobuf message (for streams), releasing the segment."""
+        try:
+            response = pb.ModelInferResponse()
+            response.CopyFrom(self.head)
+            response.raw_output_contents.extend(bytes(t.data) for t in self.result.outputs)
+            return response
+        finally:
+            self.result.release()
+
+
+def serialize_infer(reply: InferReply | pb.ModelInferResponse) -> bytes:
+    """The response serializer of ModelInfer: hand-written for ``InferReply``s."""
+    if isinstance(reply, InferReply):
+        return reply.serialize()
+    return reply.SerializeToString()

@@ -1,0 +1,90 @@
+"""Protobuf request pieces as the data plane's types: tensors, versions, parameters.
+
+Only what the gRPC wire format decides lives here (which ``contents`` field a
+datatype uses, raw entries matched to inputs by position, refusing the
+shared-memory parameters); checks that hold for every surface are the data
+plane's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oipserve.dataplane import InputTensor
+from oipserve.errors import InvalidInput, Unsupported
+from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.tensors import check_datatype
+from oipserve.wire.datatypes import DATATYPES
+
+#: Which ``InferTensorContents`` field carries the typed values of each datatype.
+CONTENTS_FIELD: dict[str, str] = {
+    name: row.grpc_contents for name, row in DATATYPES.items() if row.grpc_contents
+}
+_ALL_CONTENTS = sorted(set(CONTENTS_FIELD.values()))
+
+#: Tensor parameters that ask for the shared-memory extension, which this server lacks.
+_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def check_tensor_parameters(where: str, parameters: Any) -> None:
+    """Refuse the shared-memory extension's parameters: UNIMPLEMENTED, not silently ignored."""
+    for key in _SHM_PARAMETERS:
+        if key in parameters:
+            raise Unsupported(
+                f"{where} uses parameter '{key}', but this server does not support the "
+                "shared-memory extension; send the data in the request"
+            )
+
+
+def input_tensors(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InputTensor]:
+    """InputTensors of a request: raw entries by position, or typed ``contents``."""
+    tensors: list[InputTensor] = []
+    if raw:
+        if any(t.HasField("contents") for t in message.inputs):
+            raise InvalidInput("contents field must not be specified when using raw_input_contents")
+        if len(raw) != len(message.inputs):
+            raise InvalidInput(
+                f"the request has {len(message.inputs)} input(s) but {len(raw)} "
+                "raw_input_contents entries; give exactly one per input, in the same order"
+            )
+    for index, tensor in enumerate(message.inputs):
+        name, datatype = tensor.name, tensor.datatype
+        check_datatype(name, datatype)
+        check_tensor_parameters(f"input '{name}'", tensor.parameters)
+        shape = list(tensor.shape)
+        if raw:
+            tensors.append(InputTensor(name, datatype, shape, raw=raw[index]))
+            continue
+        tensors.append(InputTensor(name, datatype, shape, values=typed_values(tensor)))
+    return tensors
+
+
+def typed_values(tensor: pb.ModelInferRequest.InferInputTensor) -> list[object]:
+    """The flat values of an input sent as typed ``contents``."""
+    field = CONTENTS_FIELD.get(tensor.datatype)
+    contents = tensor.contents
+    if field is None:
+        raise InvalidInput(
+            f"input '{tensor.name}' has datatype {tensor.datatype}, which has no typed "
+            "contents field; send it in raw_input_contents"
+        )
+    values = getattr(contents, field)
+    if not values:
+        for other in _ALL_CONTENTS:
+            if other != field and len(getattr(contents, other)):
+                raise InvalidInput(
+                    f"input '{tensor.name}' has datatype {tensor.datatype}, so its contents "
+                    f"must be in '{field}', not '{other}'"
+                )
+    return list(values)
+
+
+def requested_version(text: str) -> str | None:
+    """A request's ``model_version``: protobuf's empty string means "the default version"."""
+    return text or None
+
+
+def repository_parameter(parameter: pb.ModelRepositoryParameter) -> object:
+    """The Python value of a load/unload parameter (``bytes_param`` stays bytes)."""
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice is not None else None

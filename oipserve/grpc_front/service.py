@@ -1,0 +1,176 @@
+"""The handlers of GRPCInferenceService over the DataPlane (``InferenceService``).
+
+Each handler takes the parsed request (ModelInfer: an ``InferCall`` from
+``codec``), converts it (``convert``), calls the data plane or ``Management``
+and builds the response; failures are raised as ``ServerError``s and become
+statuses in ``handlers`` / ``status``. The service also counts what is in
+flight (``active``, ``arriving``) so that ``server.GrpcServer.stop`` can drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+from google.protobuf import json_format
+
+from oipserve.dataplane import DataPlane
+from oipserve.grpc_front.codec import InferCall, InferReply
+from oipserve.grpc_front.convert import (
+    check_tensor_parameters,
+    input_tensors,
+    repository_parameter,
+    requested_version,
+)
+from oipserve.grpc_front.status import log_failure, status_of
+from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.management import Management
+
+
+class InferenceService:
+    """Handlers of GRPCInferenceService; anything not listed answers UNIMPLEMENTED."""
+
+    def __init__(self, dataplane: DataPlane, management: Management | None = None) -> None:
+        self.dataplane = dataplane
+        #: The model repository extension; without it those RPCs answer UNIMPLEMENTED.
+        self.management = management
+        #: Inferences running now (unary calls and stream requests alike).
+        self.active = 0
+        #: Arrival times of ModelInfer calls whose request message is not yet fully in
+        #: (``_Arrivals`` appends, parsing pops); a drain waits for them too.
+        self.arriving: deque[float] = deque()
+        #: Set at shutdown: streams end once they have nothing left to answer.
+        self.closing = asyncio.Event()
+
+    async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        ready = self.dataplane.registry.model_ready(
+            request.name, requested_version(request.version)
+        )
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        meta = self.dataplane.server_metadata()
+        return json_format.ParseDict(meta, pb.ServerMetadataResponse(), ignore_unknown_fields=True)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self.dataplane.model_metadata(request.name, requested_version(request.version))
+        return json_format.ParseDict(meta, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        config = self.dataplane.model_config(request.name, requested_version(request.version))
+        # NOTE: fields of Triton's ModelConfig that our proto does not carry are
+        #   dropped here; REST's /config shows the full JSON.
+        message = json_format.ParseDict(config, pb.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=message)
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest
+    ) -> pb.RepositoryIndexResponse:
+        assert self.management is not None
+        response = pb.RepositoryIndexResponse()
+        for entry in self.management.index(request.ready):
+            response.models.add(
+                name=entry["name"],
+                version=entry.get("version", ""),
+                state=entry.get("state", ""),
+                reason=entry.get("reason", ""),
+            )
+        return response
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        assert self.management is not None
+        parameters = {k: repository_parameter(v) for k, v in request.parameters.items()}
+        await self.management.repository_load(request.model_name, None, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        assert self.management is not None
+        await self.management.repository_unload(request.model_name, None)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def ModelInfer(self, call: InferCall) -> InferReply:
+        self.active += 1
+        try:
+            return await self._infer(call)
+        finally:
+            self.active -= 1
+
+    async def _infer(self, call: InferCall) -> InferReply:
+        message = call.message
+        model = self.dataplane.resolve(message.model_name, requested_version(message.model_version))
+        inputs = input_tensors(message, call.raw)
+        outputs = []
+        for output in message.outputs:
+            check_tensor_parameters(f"output '{output.name}'", output.parameters)
+            outputs.append(output.name)
+        result = await self.dataplane.infer(model, inputs, outputs, [])
+        return InferReply(result, message.id)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[InferCall], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests run concurrently; responses come back in request order.
+
+        A failed request is answered in-band (``error_message``) and the stream
+        goes on, as Triton does; a client that sent the ``triton_grpc_error:
+        true`` header instead gets the failure as the stream's status.
+        """
+        metadata = context.invocation_metadata() or ()
+        strict = any(k == "triton_grpc_error" and v == "true" for k, v in metadata)
+        pending: asyncio.Queue[asyncio.Task[InferReply] | None] = asyncio.Queue(64)
+
+        async def read() -> None:
+            try:
+                async for call in requests:
+                    await pending.put(asyncio.ensure_future(self.ModelInfer(call)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.ensure_future(read())
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            while True:
+                if self.closing.is_set() and pending.empty():
+                    break  # shutting down, and every request so far is answered
+                getter = asyncio.ensure_future(pending.get())
+                if not self.closing.is_set():
+                    await asyncio.wait((getter, closing), return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        continue
+                task = await getter
+                if task is None:
+                    await reader  # surfaces a broken request stream
+                    break
+                try:
+                    response = await task
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    code, message = status_of(exc)
+                    log_failure("ModelStreamInfer", code, message, exc)
+                    if strict:
+                        await context.abort(code, message)
+                    yield pb.ModelStreamInferResponse(error_message=message)
+                    continue
+                yield pb.ModelStreamInferResponse(infer_response=response.message())
+        finally:
+            reader.cancel()
+            closing.cancel()
+            while not pending.empty():
+                task = pending.get_nowait()
+                if task is not None:
+                    task.cancel()

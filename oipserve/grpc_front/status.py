@@ -1,0 +1,33 @@
+"""Exceptions as gRPC statuses: the one mapping place, and how failures are logged.
+
+The status itself comes from ``oipserve.errors.grpc_status`` (shared with
+REST's ``http_status``), so both surfaces answer a failure with the same
+message.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from oipserve.errors import ServerError, grpc_status
+
+log = logging.getLogger("oipserve.grpc")
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status for any exception a handler lets out: the one mapping place."""
+    code, message = grpc_status(exc)
+    return grpc.StatusCode[code], message
+
+
+def log_failure(method: str, code: grpc.StatusCode, message: str, exc: BaseException) -> None:
+    """Server-side failures as warnings (errors with a traceback if unexpected), the rest debug."""
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
+        if isinstance(exc, ServerError):
+            log.warning("%s -> %s: %s", method, code.name, message)
+        else:
+            log.error("unexpected error in %s", method, exc_info=exc)
+    else:
+        log.debug("%s -> %s: %s", method, code.name, message)

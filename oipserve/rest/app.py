@@ -1,0 +1,127 @@
+"""The REST ASGI app: Falcon's, with the size limit checked before any body is read.
+
+``create_app`` builds it with the OIP routes and error handlers; the
+management routes are added by ``oipserve.rest_admin``.
+
+``_App`` relies on two things Falcon does not document as API (pinned in
+pyproject.toml, checked by ``tests/unit/test_framework_internals.py``): that
+``falcon.asgi.App.__call__`` awaits exactly one ``receive()`` event before it
+routes the request, and that a first event with an empty body and
+``more_body: True`` leaves the whole body to the request stream's later reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import falcon.asgi
+
+from oipserve.dataplane import DataPlane
+from oipserve.errors import ServerError
+from oipserve.http_protocol import RECEIVE_INTO
+from oipserve.protocol import ENCODER
+from oipserve.rest.body import DIRECT_BODY_MIN
+from oipserve.rest.error_handlers import (
+    handle_server_error,
+    handle_unexpected,
+    serialize_http_error,
+)
+from oipserve.rest.media import JSON
+from oipserve.rest.resources import ModelResource, ServerResource
+from oipserve.settings import Settings
+
+Receive = Callable[[], Awaitable[dict]]
+
+
+def create_app(settings: Settings, dataplane: DataPlane) -> falcon.asgi.App:
+    """The app serving the OIP's server, health, model and infer routes."""
+    app = _App(settings.max_request_bytes, media_type=JSON)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.resp_options.default_media_type = JSON
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(ServerError, handle_server_error)
+    app.set_error_serializer(serialize_http_error)
+
+    server = ServerResource(dataplane)
+    app.add_route("/v2", server)
+    app.add_route("/v2/health/live", server, suffix="live")
+    app.add_route("/v2/health/ready", server, suffix="ready")
+
+    models = ModelResource(dataplane, settings)
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.add_route(base, models)
+        app.add_route(base + "/ready", models, suffix="ready")
+        app.add_route(base + "/config", models, suffix="config")
+        app.add_route(base + "/infer", models, suffix="infer")
+    return app
+
+
+class _App(falcon.asgi.App):
+    """Falcon's app, with the size limit checked first and binary bodies left unread.
+
+    Falcon awaits the first body event before it routes a request, so a
+    responder could answer 413 only once the client has sent body bytes (a
+    client that waits for ``100 Continue`` would stall): the limit is checked
+    here, from Content-Length. For binary and large requests the first body
+    event is also where the server would copy the body's first chunk out of its
+    buffer; Falcon is given an empty first event instead, so that ``read_body``
+    can receive the whole body straight into shared memory (``RECEIVE_INTO``).
+    Readers of ``req.stream`` (other routes, compressed bodies) are unaffected:
+    the rest of the body simply comes with the next event.
+    """
+
+    def __init__(self, limit: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._limit = limit
+
+    async def __call__(self, scope: dict, receive: Receive, send: object) -> None:  # type: ignore[override]
+        if scope["type"] == "http":
+            direct = False
+            for key, value in scope["headers"]:
+                if key == b"content-length":
+                    if value.isdigit():
+                        size = int(value)
+                        if size > self._limit:
+                            await _refuse_too_large(send, size, self._limit)  # type: ignore[arg-type]
+                            return
+                        direct |= size >= DIRECT_BODY_MIN
+                elif key == b"inference-header-content-length":
+                    direct = True
+            if direct and RECEIVE_INTO in scope.get("extensions", ()):
+                receive = _without_first_body(receive)
+        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+
+
+_NO_BODY_YET = {"type": "http.request", "body": b"", "more_body": True}
+
+
+def _without_first_body(receive: Receive) -> Receive:
+    """``receive`` whose first event is empty, leaving the body in the server's hands."""
+    first = True
+
+    async def deferred() -> dict:
+        nonlocal first
+        if first:
+            first = False
+            return dict(_NO_BODY_YET)
+        return await receive()
+
+    return deferred
+
+
+async def _refuse_too_large(
+    send: Callable[[dict], Awaitable[None]], length: int, limit: int
+) -> None:
+    body = ENCODER.encode(
+        {"error": f"the request body has {length} bytes, more than the limit of {limit} bytes"}
+    )
+    # NOTE: the body is left unread; uvicorn discards it as it arrives, so the
+    #   connection stays usable and a client that sends it all still reads the 413.
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body))],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,122 @@
+"""An ``InferResult`` as an HTTP response: JSON, or the binary tensor extension.
+
+The segment holding the worker's outputs is released as soon as nothing needs
+it: at once for JSON and small or compressed responses (their bytes are copied
+into the body), and only when the transport has dropped the last view for
+large binary ones, which go to the socket without a copy.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator
+
+import falcon.asgi
+import numpy as np
+
+from oipserve.dataplane import InferResult
+from oipserve.protocol import encode_response
+from oipserve.rest.coding import choose_encoding, compress
+from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
+from oipserve.tensors import json_values
+
+#: Below this many binary bytes a response is joined into one buffer: one socket
+#: write costs more than copying a few kilobytes.
+JOIN_LIMIT = 64 * 1024
+
+
+def render_infer(
+    req: falcon.asgi.Request,
+    resp: falcon.asgi.Response,
+    result: InferResult,
+    request_id: str | None,
+    flags: list[bool] | None,
+    all_binary: bool,
+) -> None:
+    """Write ``result`` into ``resp``; ``flags`` says per output whether it goes binary.
+
+    ``flags`` is None when the request named no outputs; then ``all_binary``
+    (the request's ``binary_data_output``) decides for every output. Owns
+    ``result`` from the call on: it is released here or by the last view sent.
+    """
+    try:
+        outputs: list[dict[str, object]] = []
+        chunks: list[memoryview] = []
+        for index, tensor in enumerate(result.outputs):
+            as_binary = flags[index] if flags is not None else all_binary
+            entry: dict[str, object] = {
+                "name": tensor.name,
+                "datatype": tensor.datatype,
+                "shape": tensor.shape,
+            }
+            if as_binary:
+                entry["parameters"] = {"binary_data_size": len(tensor.data)}
+                if len(tensor.data):
+                    chunks.append(tensor.data)
+            else:
+                entry["data"] = json_values(tensor.datatype, tensor.data, tensor.count)
+            outputs.append(entry)
+        response: dict[str, object] = {
+            "model_name": result.model.name,
+            "model_version": result.model.version,
+        }
+        if request_id is not None:
+            response["id"] = request_id
+        response["outputs"] = outputs
+        header = encode_response(response)
+    except BaseException:
+        result.release()
+        raise
+    encoding = choose_encoding(req.get_header("Accept-Encoding"))
+    if not chunks:
+        result.release()
+        resp.content_type = JSON
+        resp.data = header if encoding == "identity" else compress([header], encoding)
+    else:
+        resp.content_type = OCTET_STREAM
+        resp.set_header(HEADER_LENGTH, str(len(header)))
+        total = len(header) + sum(len(c) for c in chunks)
+        if encoding != "identity" or total <= JOIN_LIMIT:
+            try:
+                parts: list[bytes | memoryview] = [header, *chunks]
+                resp.data = compress(parts, encoding) if encoding != "identity" else b"".join(parts)
+            finally:
+                result.release()
+        else:
+            # PERF: large outputs go to the socket as views of the worker's segment.
+            #   The transport may keep a view until the bytes are written, so the
+            #   segment is released only when the last view is collected.
+            releaser = _Releaser(result, len(chunks))
+            views: list[bytes | memoryview] = [header]
+            for chunk in chunks:
+                # A numpy array can carry a finalizer (a memoryview cannot); the
+                #   transport holds the memoryview, which holds the array.
+                owner = np.frombuffer(chunk, dtype=np.uint8)
+                weakref.finalize(owner, releaser)
+                views.append(memoryview(owner))
+            del owner
+            resp.content_length = total
+            resp.stream = _stream_views(views)
+    if encoding != "identity":
+        resp.set_header("Content-Encoding", encoding)
+
+
+async def _stream_views(parts: list[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
+    while parts:
+        # Hand over each part and drop our reference, so a sent view can be collected.
+        yield parts.pop(0)
+
+
+class _Releaser:
+    """Releases an InferResult once every view handed to the transport is gone."""
+
+    __slots__ = ("result", "remaining")
+
+    def __init__(self, result: InferResult, count: int) -> None:
+        self.result = result
+        self.remaining = count
+
+    def __call__(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.result.release()

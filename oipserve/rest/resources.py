@@ -1,0 +1,182 @@
+"""The Falcon resources of the OIP routes: server, model and infer.
+
+The infer responder reads top to bottom: receive the body (``body``), parse
+the JSON header once with a typed decoder, turn each input into the data
+plane's ``InputTensor`` (binary chunks as spans of the body's lease, JSON
+values as they are), call the data plane, render the result (``render``).
+Validation that does not depend on the wire format (shapes, datatypes against
+the model, placement in shared memory) is the data plane's.
+"""
+
+from __future__ import annotations
+
+import falcon.asgi
+import msgspec
+
+from oipserve import binary
+from oipserve.dataplane import DataPlane, InputTensor
+from oipserve.errors import InvalidInput
+from oipserve.models import ModelVersion
+from oipserve.protocol import ENCODER, RequestInput, decode_request
+from oipserve.rest.body import Body, read_body
+from oipserve.rest.media import HEADER_LENGTH
+from oipserve.rest.render import render_infer
+from oipserve.settings import Settings
+from oipserve.tensors import check_datatype
+
+
+class ServerResource:
+    """``/v2`` (server metadata) and the health routes."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.data = ENCODER.encode(self.dataplane.server_metadata())
+
+    async def on_get_live(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.data = b'{"live":true}'
+
+    async def on_get_ready(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        if self.dataplane.ready():
+            resp.data = b'{"ready":true}'
+        else:
+            resp.status = 503
+            resp.data = b'{"ready":false}'
+
+
+class ModelResource:
+    """``/v2/models/{model}[/versions/{version}]``: metadata, ready, config, infer."""
+
+    def __init__(self, dataplane: DataPlane, settings: Settings) -> None:
+        self.dataplane = dataplane
+        self.limit = settings.max_request_bytes
+
+    async def on_get(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None:
+        resp.data = ENCODER.encode(self.dataplane.model_metadata(model, version))
+
+    async def on_get_ready(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None:
+        ready = self.dataplane.registry.model_ready(model, version)
+        resp.status = 200 if ready else 503
+        resp.data = ENCODER.encode({"name": model, "ready": ready})
+
+    async def on_get_config(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None:
+        resp.data = ENCODER.encode(self.dataplane.model_config(model, version))
+
+    async def on_post_infer(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None:
+        header_text = req.get_header(HEADER_LENGTH)
+        body = await read_body(req, self.limit, self.dataplane.inputs, header_text)
+        owned = [body.lease] if body.lease is not None else []
+        try:
+            header_length = binary.parse_header_length(header_text, len(body.data))
+            target = self.dataplane.resolve(model, version)
+            if header_length == 0:
+                inputs = [self._raw_input(target, body)]
+                request_id, names, flags = None, [], None
+                all_binary = True
+            else:
+                header = body.data if header_length is None else body.data[:header_length]
+                try:
+                    request = decode_request(header)
+                except ValueError as exc:
+                    raise InvalidInput(str(exc)) from None
+                inputs = self._inputs(request.inputs, body, header_length)
+                all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
+                names, flags = [], None
+                if request.outputs is not None:
+                    names = [o.name for o in request.outputs]
+                    flags = [
+                        _flag(o.parameters, "binary_data", all_binary, f"output '{o.name}'")
+                        for o in request.outputs
+                    ]
+                request_id = request.id
+        except BaseException:
+            for lease in owned:
+                lease.release()
+            raise
+        result = await self.dataplane.infer(target, inputs, names, owned)
+        render_infer(req, resp, result, request_id, flags, all_binary)
+
+    def _raw_input(self, target: ModelVersion, body: Body) -> InputTensor:
+        """The whole body as the model's one input (``Inference-Header-Content-Length: 0``)."""
+        if len(target.inputs) != 1:
+            raise InvalidInput(
+                f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
+                f"exactly one input; model '{target.name}' has {len(target.inputs)}: "
+                + ", ".join(f"'{spec.name}'" for spec in target.inputs)
+            )
+        spec = target.inputs[0]
+        nbytes = len(body.data)
+        shape = binary.raw_input_shape(
+            spec.name, spec.datatype, spec.shape, target.max_batch_size > 0, nbytes
+        )
+        assert body.lease is not None
+        return InputTensor(
+            spec.name, spec.datatype, shape, located=(body.lease, body.start, nbytes)
+        )
+
+    def _inputs(
+        self, inputs: list[RequestInput], body: Body, header_length: int | None
+    ) -> list[InputTensor]:
+        """The request's inputs: binary chunks as spans of the body's lease, JSON as values."""
+        if header_length is None:
+            spans: list[tuple[int, int] | None] = [None] * len(inputs)
+        else:
+            spans = binary.chunk_spans(inputs, header_length, len(body.data))
+        tensors = []
+        for tensor, span in zip(inputs, spans, strict=True):
+            check_datatype(tensor.name, tensor.datatype)
+            if span is not None:
+                assert body.lease is not None
+                located = (body.lease, body.start + span[0], span[1])
+                tensors.append(
+                    InputTensor(tensor.name, tensor.datatype, tensor.shape, located=located)
+                )
+                continue
+            if binary.binary_size(tensor) is not None:
+                raise InvalidInput(
+                    f"input '{tensor.name}' gives binary_data_size but the request has no "
+                    f"{HEADER_LENGTH} header"
+                )
+            if tensor.data is msgspec.UNSET:
+                raise InvalidInput(f"input '{tensor.name}' has no 'data'")
+            if tensor.data is None:
+                raise InvalidInput(f"'data' of input '{tensor.name}' must be an array, not null")
+            tensors.append(
+                InputTensor(tensor.name, tensor.datatype, tensor.shape, values=tensor.data)
+            )
+        return tensors
+
+
+def _flag(params: dict[str, object] | None, key: str, default: bool, where: str) -> bool:
+    """A boolean request parameter such as ``binary_data``; 400 if it is not a JSON bool."""
+    if not params or key not in params:
+        return default
+    value = params[key]
+    if type(value) is not bool:
+        raise InvalidInput(f"parameter '{key}' of {where} must be true or false, got {value!r}")
+    return value

@@ -1,0 +1,326 @@
+"""The private parts of uvicorn and Falcon that the HTTP fast path relies on, checked by name.
+
+``oipserve/http_protocol.py`` subclasses uvicorn's ``HttpToolsProtocol`` and
+reads and writes its per-connection and per-request state; ``oipserve/server.py``
+overrides ``uvicorn.Server.capture_signals``; ``oipserve/rest/app.py``
+subclasses ``falcon.asgi.App`` and relies on how its ``__call__`` reads the
+first body event. None of this is public API. pyproject.toml pins uvicorn,
+falcon and httptools to the minor series it was read from; these tests say,
+name by name, what an upgrade removed or reshaped, so that widening a pin is
+a decision made with the list in hand.
+
+When one fails: read the named attribute's new code in the dependency, adapt
+the module named in the message, then widen the pin in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import falcon
+import falcon.asgi
+import httptools
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from oipserve.http_protocol import RECEIVE_INTO, CorkedHttpToolsProtocol, CorkedTransport
+from oipserve.rest.app import _App
+from oipserve.rest.media import JSON
+
+#: HttpToolsProtocol methods that CorkedHttpToolsProtocol overrides or calls, with
+#: their parameters after ``self``.
+PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
+    "connection_made": ("transport",),
+    "connection_lost": ("exc",),
+    "eof_received": (),
+    "on_headers_complete": (),
+    "on_body": ("body",),
+    "on_message_complete": (),
+    "on_response_complete": (),
+}
+#: HttpToolsProtocol instance state that CorkedHttpToolsProtocol reads or replaces.
+PROTOCOL_ATTRIBUTES: dict[str, type] = {
+    "transport": object,  # set to what connection_made got: the CorkedTransport
+    "flow": object,  # FlowControl; its resume_reading() is called while a body is awaited
+    "cycle": RequestResponseCycle,  # the request being received
+    "scope": dict,  # that request's ASGI scope, where RECEIVE_INTO is added
+    "parser": httptools.HttpRequestParser,  # replaced by a fresh one after a direct read
+}
+#: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
+CYCLE_ATTRIBUTES: dict[str, type] = {
+    "scope": dict,
+    "body": bytearray,  # bytes that came before the application asked for them
+    "more_body": bool,
+    "disconnected": bool,
+    "message_event": asyncio.Event,
+    "waiting_for_100_continue": bool,
+    "transport": object,
+    "on_response": object,
+}
+#: Names CorkedHttpToolsProtocol adds: uvicorn must not use them for anything of its own.
+OUR_PROTOCOL_NAMES = ("_sinks", "_receive_into", "_chunked", "body_read")
+
+HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-length: 6\r\n\r\n"
+
+
+class _Transport(asyncio.Transport):
+    """Enough of a socket transport for uvicorn's protocol to take a request in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.protocol: asyncio.BaseProtocol | None = None
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self.protocol is not None
+        return self.protocol
+
+
+async def _never_answers(scope: dict, receive: Callable, send: Callable) -> None:
+    await asyncio.Event().wait()
+
+
+async def _mid_request(
+    protocol_class: type[HttpToolsProtocol], check: Callable[[HttpToolsProtocol, _Transport], None]
+) -> None:
+    """Feed ``protocol_class`` a request's head and 2 of its 6 body bytes, then ``check`` it."""
+    config = uvicorn.Config(
+        _never_answers,
+        http=protocol_class,
+        lifespan="off",
+        proxy_headers=False,
+        log_config=None,
+        access_log=False,
+    )
+    state = ServerState()
+    protocol = protocol_class(config=config, server_state=state, app_state={})
+    transport = _Transport()
+    protocol.connection_made(transport)
+    try:
+        protocol.data_received(HEAD + b"ab")
+        check(protocol, transport)
+    finally:
+        for task in list(state.tasks):
+            task.cancel()
+        await asyncio.gather(*state.tasks, return_exceptions=True)
+        protocol.connection_lost(None)
+
+
+def _shape_problems(owner: type, expected: dict[str, tuple[str, ...]]) -> list[str]:
+    problems = []
+    for name, parameters in expected.items():
+        method = getattr(owner, name, None)
+        if not callable(method):
+            problems.append(f"{owner.__qualname__}.{name} is gone")
+            continue
+        found = tuple(inspect.signature(method).parameters)[1:]
+        if found != parameters:
+            problems.append(
+                f"{owner.__qualname__}.{name} now takes {found}, oipserve expects {parameters}"
+            )
+    return problems
+
+
+def _attribute_problems(owner: str, instance: object, expected: dict[str, type]) -> list[str]:
+    problems = []
+    for name, kind in expected.items():
+        if not hasattr(instance, name):
+            problems.append(f"{owner}.{name} is gone")
+        elif not isinstance(getattr(instance, name), kind):
+            found = type(getattr(instance, name)).__name__
+            problems.append(f"{owner}.{name} is now a {found}, oipserve expects {kind.__name__}")
+    return problems
+
+
+def _report(problems: list[str], module: str) -> str:
+    return f"uvicorn internals that {module} relies on changed:\n  " + "\n  ".join(problems)
+
+
+# ---- uvicorn's HttpToolsProtocol (oipserve/http_protocol.py) ------------------------
+
+
+def test_protocol_methods_oipserve_overrides_or_calls_keep_their_shape() -> None:
+    problems = _shape_problems(HttpToolsProtocol, PROTOCOL_METHODS)
+    assert not problems, _report(problems, "oipserve/http_protocol.py")
+
+
+def test_protocol_and_cycle_state_oipserve_uses_is_where_it_was() -> None:
+    problems: list[str] = []
+
+    def check(protocol: HttpToolsProtocol, transport: _Transport) -> None:
+        problems.extend(_attribute_problems("HttpToolsProtocol", protocol, PROTOCOL_ATTRIBUTES))
+        flow = getattr(protocol, "flow", None)
+        if not callable(getattr(flow, "resume_reading", None)):
+            problems.append("HttpToolsProtocol.flow.resume_reading is gone")
+        cycle = getattr(protocol, "cycle", None)
+        if not isinstance(cycle, RequestResponseCycle):
+            return  # reported above
+        problems.extend(_attribute_problems("RequestResponseCycle", cycle, CYCLE_ATTRIBUTES))
+        if getattr(protocol, "transport", None) is not transport:
+            problems.append("HttpToolsProtocol.transport is no longer connection_made's transport")
+        if getattr(cycle, "transport", None) is not transport:
+            problems.append("RequestResponseCycle.transport is no longer the protocol's transport")
+        if getattr(cycle, "scope", None) is not getattr(protocol, "scope", None):
+            problems.append("RequestResponseCycle.scope is no longer HttpToolsProtocol.scope")
+        if bytes(getattr(cycle, "body", b"")) != b"ab":
+            problems.append(
+                "RequestResponseCycle.body no longer holds the body bytes received so far"
+            )
+        if getattr(cycle, "more_body", None) is not True:
+            problems.append("RequestResponseCycle.more_body is not True while a body is due")
+
+    asyncio.run(_mid_request(HttpToolsProtocol, check))
+    assert not problems, _report(problems, "oipserve/http_protocol.py")
+
+
+def test_the_corked_protocol_is_what_uvicorn_calls_back_and_writes_through() -> None:
+    """Corking works only if responses are written through, and completed on, our objects."""
+
+    def check(protocol: HttpToolsProtocol, transport: _Transport) -> None:
+        assert isinstance(protocol, CorkedHttpToolsProtocol)
+        cycle = protocol.cycle
+        assert isinstance(protocol.transport, CorkedTransport)
+        assert cycle.transport is protocol.transport, (
+            "uvicorn's cycle writes responses through another transport than the protocol's: "
+            "responses would no longer be corked"
+        )
+        assert getattr(cycle.on_response, "__func__", None) is (
+            CorkedHttpToolsProtocol.on_response_complete
+        ), "uvicorn no longer completes a response through on_response_complete: nothing flushes"
+        assert RECEIVE_INTO in cycle.scope.get("extensions", {}), (
+            "the request's scope is not the one on_headers_complete extends with RECEIVE_INTO"
+        )
+
+    asyncio.run(_mid_request(CorkedHttpToolsProtocol, check))
+
+
+def test_names_oipserve_adds_to_the_protocol_are_not_uvicorns() -> None:
+    clashes: list[str] = []
+
+    def check(protocol: HttpToolsProtocol, transport: _Transport) -> None:
+        clashes.extend(name for name in OUR_PROTOCOL_NAMES if hasattr(HttpToolsProtocol, name))
+        clashes.extend(name for name in OUR_PROTOCOL_NAMES if name in vars(protocol))
+
+    asyncio.run(_mid_request(HttpToolsProtocol, check))
+    assert not clashes, (
+        "uvicorn's HttpToolsProtocol now has names that CorkedHttpToolsProtocol defines for "
+        f"itself (rename ours in oipserve/http_protocol.py): {sorted(set(clashes))}"
+    )
+
+
+# ---- uvicorn.Server (oipserve/server.py) --------------------------------------------
+
+
+def test_server_signal_capture_oipserve_replaces_is_still_used() -> None:
+    problems = _shape_problems(uvicorn.Server, {"capture_signals": (), "serve": ("sockets",)})
+    if not problems and "self.capture_signals()" not in inspect.getsource(uvicorn.Server.serve):
+        problems.append(
+            "uvicorn.Server.serve no longer calls self.capture_signals(): overriding it no "
+            "longer keeps signals for oipserve's shutdown order"
+        )
+    server = uvicorn.Server(uvicorn.Config(_never_answers, log_config=None))
+    for name in ("started", "should_exit"):
+        if not isinstance(getattr(server, name, None), bool):
+            problems.append(f"uvicorn.Server.{name} is gone or no longer a bool")
+    assert not problems, _report(problems, "oipserve/server.py")
+
+
+# ---- falcon.asgi.App (oipserve/rest/app.py) -----------------------------------------
+
+
+def test_falcon_app_call_keeps_its_shape_and_our_attribute_is_free() -> None:
+    problems = _shape_problems(falcon.asgi.App, {"__call__": ("scope", "receive", "send")})
+    if hasattr(falcon.asgi.App, "_limit") or hasattr(falcon.asgi.App(), "_limit"):
+        problems.append("falcon.asgi.App now has its own _limit, which _App overwrites")
+    assert not problems, "Falcon internals that oipserve/rest/app.py relies on changed:\n  " + (
+        "\n  ".join(problems)
+    )
+
+
+def test_falcon_routes_after_one_event_and_leaves_the_rest_of_the_body_to_the_stream() -> None:
+    """``_App`` hands Falcon an empty first event so the body stays for ``read_body``.
+
+    That saves a copy only if Falcon reads exactly that one event before the
+    responder runs, and is correct only if its request stream then reads the
+    whole body from the following events.
+    """
+    body = b"x" * 100
+    real_reads_before_responder: list[int] = []
+    real_reads = 0
+
+    class Echo:
+        async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+            real_reads_before_responder.append(real_reads)
+            resp.data = await req.stream.read()
+
+    app = _App(1 << 20, media_type=JSON)
+    app.add_route("/echo", Echo())
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/echo",
+        "raw_path": b"/echo",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-length", b"%d" % len(body)),
+            (b"inference-header-content-length", b"0"),
+        ],
+        "extensions": {RECEIVE_INTO: None},
+    }
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal real_reads
+        real_reads += 1
+        if real_reads == 1:
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # a client that sends nothing more
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 5))
+    assert real_reads_before_responder == [0], (
+        "falcon.asgi.App.__call__ now reads more than the first event before it routes: "
+        "the body would be copied by Falcon instead of received into shared memory"
+    )
+    assert sent[0]["status"] == 200, sent
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == body, (
+        "falcon's request stream no longer reads the body from the events after an empty "
+        "first one with more_body: True"
+    )
