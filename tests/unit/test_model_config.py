@@ -403,3 +403,10 @@ def test_read_model_config_names_file(tmp_path: Path) -> None:
     assert read_model_config(path).name == "m"
     with pytest.raises(FileNotFoundError):
         read_model_config(tmp_path / "missing.pbtxt")
+
+
+def test_docs_show_the_disposition_table() -> None:
+    doc = (REPO_ROOT / "docs" / "model-config.md").read_text(encoding="utf-8")
+    for fields in DISPOSITIONS.values():
+        for name, rule in fields.items():
+            assert f"| `{name}` | {rule.disposition.value} | {rule.note} |" in doc, name
