@@ -99,6 +99,42 @@ parameters [
 ]
 """
 
+# Serve both versions: Triton's default version policy serves only the latest.
+VERSIONED_CONFIG = """\
+name: "versioned"
+version_policy: { all { } }
+"""
+
+# Clients send X as [batch, 4] and get Y as [batch, 4]; the graph works on [batch, 2, 2].
+# BIAS is optional: the graph gives it a default (an initializer), a request may override it.
+RESHAPE_OPTIONAL_CONFIG = """\
+name: "reshape_optional"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [
+  {
+    name: "X"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+    reshape: { shape: [ 2, 2 ] }
+  },
+  {
+    name: "BIAS"
+    data_type: TYPE_FP32
+    dims: [ 2, 2 ]
+    optional: true
+  }
+]
+output [
+  {
+    name: "Y"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+    reshape: { shape: [ 2, 2 ] }
+  }
+]
+"""
+
 MATMUL_SIZE = 1024
 MATMUL_SEED = 20240601
 
@@ -225,9 +261,10 @@ def make_versioned(version: int) -> onnx.ModelProto:
 
 
 def build_versioned(out: Path) -> str:
-    """Write versions 1 and 2 of `versioned`."""
+    """Write versions 1 and 2 of `versioned`, and a config.pbtxt that serves both."""
     for version in (1, 2):
         _write(out, "versioned", version, make_versioned(version))
+    (out / "versioned" / "config.pbtxt").write_text(VERSIONED_CONFIG, encoding="utf-8")
     return "versioned"
 
 
@@ -251,6 +288,40 @@ def build_reshape(out: Path) -> str:
     """Write `reshape`."""
     _write(out, "reshape", 1, make_reshape())
     return "reshape"
+
+
+def make_reshape_optional() -> onnx.ModelProto:
+    """Y = X @ [[1, 0], [0, 2]] + BIAS on [batch, 2, 2]; BIAS defaults to [[10, 20], [30, 40]].
+
+    BIAS is a graph input with an initializer, so ONNX Runtime does not require it.
+    Its declared shape has a symbolic batch so a request may give [batch, 2, 2]; the
+    default [1, 2, 2] broadcasts over the batch.
+    """
+    scale = numpy_helper.from_array(np.array([[1, 0], [0, 2]], dtype=np.float32), "SCALE")
+    bias = numpy_helper.from_array(np.array([[[10, 20], [30, 40]]], dtype=np.float32), "BIAS")
+    return _model(
+        "reshape_optional",
+        [
+            helper.make_node("MatMul", ["X", "SCALE"], ["SCALED"], name="scale"),
+            helper.make_node("Add", ["SCALED", "BIAS"], ["Y"], name="bias"),
+        ],
+        [
+            _tensor("X", TensorProto.FLOAT, ["batch", 2, 2]),
+            _tensor("BIAS", TensorProto.FLOAT, ["bias_batch", 2, 2]),
+        ],
+        [_tensor("Y", TensorProto.FLOAT, ["batch", 2, 2])],
+        initializers=[scale, bias],
+        doc="Y = X @ SCALE + BIAS (BIAS optional)",
+    )
+
+
+def build_reshape_optional(out: Path) -> str:
+    """Write `reshape_optional` and its config.pbtxt (reshape, optional input)."""
+    _write(out, "reshape_optional", 1, make_reshape_optional())
+    (out / "reshape_optional" / "config.pbtxt").write_text(
+        RESHAPE_OPTIONAL_CONFIG, encoding="utf-8"
+    )
+    return "reshape_optional"
 
 
 def make_image_nhwc_u8() -> onnx.ModelProto:
@@ -373,6 +444,7 @@ def _builders() -> list[Callable[[Path], str]]:
         build_image_nchw_fp32,
         build_image_nhwc_fp32,
         build_image_rgb_fp32,
+        build_reshape_optional,
     ]
     return builders
 

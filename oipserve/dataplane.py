@@ -24,13 +24,14 @@ from collections.abc import Callable
 import numpy as np
 
 import oipserve
-from oipserve.errors import InvalidInput
+from oipserve.errors import InferenceFailed, InvalidInput
 from oipserve.images import image_payload, image_target
-from oipserve.models import ModelRegistry, ModelVersion, TensorSpec
+from oipserve.metadata import reshaped
+from oipserve.model_config_response import model_config_document
+from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.pool import WorkerHandle, WorkerPool
 from oipserve.tensors import array_from_values, bytes_from_values
 from oipserve.wire.datatypes import (
-    DATATYPES,
     ELEMENT_SIZES,
     element_count,
     encode_bytes_elements,
@@ -155,27 +156,7 @@ class DataPlane:
 
     def model_config(self, name: str, version: str | None) -> dict[str, object]:
         """The model's configuration in Triton's JSON form (model_configuration extension)."""
-        model = self.registry.resolve(name, version)
-        groups = model.config.instance_groups if model.config else ()
-        batched = model.max_batch_size > 0
-
-        def tensor(spec: TensorSpec) -> dict[str, object]:
-            dims = list(spec.shape[1:] if batched else spec.shape)
-            return {"name": spec.name, "data_type": DATATYPES[spec.datatype].triton, "dims": dims}
-
-        return {
-            "name": name,
-            "platform": "onnxruntime_onnx",
-            "backend": "onnxruntime",
-            "max_batch_size": model.max_batch_size,
-            "input": [tensor(t) for t in model.inputs],
-            "output": [tensor(t) for t in model.outputs],
-            "instance_group": [
-                {"count": g.count, "kind": g.kind, "gpus": list(g.gpus)} for g in groups
-            ]
-            or [{"count": len(model.workers), "kind": "KIND_CPU"}],
-            "parameters": {k: {"string_value": v} for k, v in model.parameters.items()},
-        }
+        return model_config_document(self.registry.resolve(name, version))
 
     # ---- inference ----------------------------------------------------------
 
@@ -214,20 +195,31 @@ class DataPlane:
         for name in done.dropped:
             self.outputs.forget(name)
         segment = self.outputs.get(done.segment)
-        outputs = [
-            OutputTensor(d.name, d.datatype, d.shape, segment.buf[d.offset : d.offset + d.nbytes])
-            for d in done.outputs
-        ]
+        try:
+            outputs = [
+                OutputTensor(
+                    d.name,
+                    d.datatype,
+                    _client_shape(model, d.name, d.shape),
+                    segment.buf[d.offset : d.offset + d.nbytes],
+                )
+                for d in done.outputs
+            ]
+        except BaseException:
+            worker.release_outputs(done.segment)
+            raise
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
 
     def _check(
         self, model: ModelVersion, inputs: list[InputTensor], output_names: list[str]
-    ) -> list[tuple[InputTensor, int, object]]:
-        """Validate against the model; returns (input, nbytes, host data or None) each."""
+    ) -> list[Placement]:
+        """Validate against the model; returns (input, shape for the model, nbytes, host
+        data or None) each. Optional inputs a request leaves out get no entry: ONNX
+        Runtime then uses the graph's initializer for them."""
         if not inputs:
             raise InvalidInput("'inputs' must list at least one input")
         seen: set[str] = set()
-        placements: list[tuple[InputTensor, int, object]] = []
+        placements: list[Placement] = []
         for tensor in inputs:
             spec = model.input_map.get(tensor.name)
             if spec is None:
@@ -240,7 +232,7 @@ class DataPlane:
             seen.add(tensor.name)
             tensor.image = image_target(model, spec, tensor)
             if tensor.image is not None:
-                placements.append((tensor, *_image_payload(tensor)))
+                placements.append((tensor, tensor.shape, *_image_payload(tensor)))
                 continue
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(
@@ -248,9 +240,15 @@ class DataPlane:
                     f"'{model.name}' expects {spec.datatype}"
                 )
             _check_shape(model, tensor, spec.shape)
-            placements.append((tensor, *_payload(tensor)))
+            shape = tensor.shape
+            if spec.model_shape is not None:
+                shape = reshaped(shape, spec.shape, spec.model_shape)
+            placements.append((tensor, shape, *_payload(tensor)))
         if len(seen) != len(model.input_map):
-            missing = [n for n in model.input_map if n not in seen]
+            missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
+        else:
+            missing = []
+        if missing:
             raise InvalidInput(
                 f"model '{model.name}' needs input(s) {', '.join(repr(m) for m in missing)}, "
                 "which the request does not give"
@@ -267,25 +265,23 @@ class DataPlane:
             wanted.add(name)
         return placements
 
-    def _place(
-        self, placements: list[tuple[InputTensor, int, object]]
-    ) -> tuple[list[TensorDesc], Lease | None]:
+    def _place(self, placements: list[Placement]) -> tuple[list[TensorDesc], Lease | None]:
         """Descriptors for every input, copying host-side data into one pooled segment."""
         total = 0
-        for tensor, nbytes, _ in placements:
+        for tensor, _, nbytes, _ in placements:
             if tensor.located is None:
                 total = align(total + nbytes)
         lease = self.inputs.acquire(total) if total else None
         descs = []
         offset = 0
-        for tensor, nbytes, data in placements:
+        for tensor, shape, nbytes, data in placements:
             if tensor.located is not None:
                 held, start, size = tensor.located
                 descs.append(
                     TensorDesc(
                         tensor.name,
                         tensor.datatype,
-                        tensor.shape,
+                        shape,
                         held.name,
                         start,
                         size,
@@ -303,7 +299,7 @@ class DataPlane:
                 TensorDesc(
                     tensor.name,
                     tensor.datatype,
-                    tensor.shape,
+                    shape,
                     lease.name,
                     offset,
                     nbytes,
@@ -312,6 +308,25 @@ class DataPlane:
             )
             offset = align(offset + nbytes)
         return descs, lease
+
+
+#: One checked input: the tensor, the shape the model gets, its byte size, its host data.
+Placement = tuple[InputTensor, list[int], int, object]
+
+
+def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
+    """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape."""
+    spec = model.output_map.get(name)
+    if spec is None or spec.model_shape is None:
+        return shape
+    try:
+        return reshaped(shape, spec.model_shape, spec.shape)
+    except ValueError as exc:
+        log.error("model '%s' output '%s' does not fit its reshape: %s", model.name, name, exc)
+        raise InferenceFailed(
+            f"model '{model.name}' produced output '{name}' with shape {shape}, which does not "
+            f"fit its config.pbtxt reshape {list(spec.model_shape)}"
+        ) from None
 
 
 def _tensor_metadata(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, object]:

@@ -12,14 +12,21 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-import msgspec
-
 from hardware import InventoryError, cuda_provider_options
-from oipserve.errors import InvalidInput, NotFound, Unavailable
-from oipserve.model_config import ModelConfig
+from oipserve.errors import InvalidInput, NotFound, ServerError, Unavailable
+from oipserve.metadata import MetadataConflict, TensorSpec, merge_metadata
+from oipserve.model_config import ModelConfig, ModelConfigError
 from oipserve.pool import WorkerHandle, WorkerPool
 from oipserve.repository import ModelSource, read_model
-from oipserve.wire.messages import Loaded, TensorMeta
+from oipserve.wire.messages import Loaded
+
+__all__ = [
+    "ModelManager",
+    "ModelRegistry",
+    "ModelVersion",
+    "TensorSpec",
+    "merge_metadata",
+]
 
 log = logging.getLogger("oipserve.models")
 
@@ -27,10 +34,9 @@ State = Literal["LOADING", "READY", "UNAVAILABLE", "UNLOADING"]
 PLATFORM = "onnxruntime_onnx"
 
 
-class TensorSpec(msgspec.Struct, frozen=True):
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
+#: What means "this model cannot be loaded" (bad config, a graph that does not match it,
+#: a device or file problem, a worker's refusal), as opposed to a bug of the server.
+_CANNOT_LOAD = (ServerError, MetadataConflict, ModelConfigError, OSError)
 
 
 class ModelVersion:
@@ -94,72 +100,6 @@ class ModelVersion:
         if self.echo:
             return self.state == "READY"
         return self.state == "READY" and any(w.alive and self.key in w.models for w in self.workers)
-
-
-def _spec(meta: TensorMeta) -> TensorSpec:
-    return TensorSpec(meta.name, meta.datatype, tuple(meta.shape))
-
-
-def merge_metadata(
-    config: ModelConfig | None, loaded: Loaded
-) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """Tensor metadata from the graph, refined by config.pbtxt; ValueError on a conflict.
-
-    With ``max_batch_size > 0`` a config's dims exclude the batch dimension
-    (Triton's convention), which becomes -1. A config dim of -1 takes the
-    graph's fixed size when it has one.
-    """
-    graph_inputs = [_spec(m) for m in loaded.inputs]
-    graph_outputs = [_spec(m) for m in loaded.outputs]
-    if config is None:
-        return tuple(graph_inputs), tuple(graph_outputs)
-
-    def refine(kind: str, graph: list[TensorSpec], declared: tuple) -> tuple[TensorSpec, ...]:
-        if not declared:
-            return tuple(graph)
-        by_name = {t.name: t for t in graph}
-        refined = []
-        for entry in declared:
-            actual = by_name.get(entry.name)
-            if actual is None:
-                raise ValueError(
-                    f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
-                    f"{sorted(by_name)}"
-                )
-            if entry.data_type != actual.datatype:
-                raise ValueError(
-                    f"config.pbtxt says {kind} '{entry.name}' is {entry.data_type} but the "
-                    f"ONNX graph says {actual.datatype}"
-                )
-            dims = list(entry.dims)
-            if config.max_batch_size > 0:
-                dims = [-1, *dims]
-            if actual.shape and len(actual.shape) != len(dims):
-                raise ValueError(
-                    f"config.pbtxt gives {kind} '{entry.name}' shape {dims} but the ONNX graph "
-                    f"has {list(actual.shape)}"
-                )
-            merged = []
-            for i, dim in enumerate(dims):
-                graph_dim = actual.shape[i] if actual.shape else -1
-                if dim == -1:
-                    merged.append(graph_dim)
-                elif graph_dim not in (-1, dim):
-                    raise ValueError(
-                        f"config.pbtxt gives {kind} '{entry.name}' shape {dims} but the ONNX "
-                        f"graph has {list(actual.shape)}"
-                    )
-                else:
-                    merged.append(dim)
-            refined.append(TensorSpec(entry.name, entry.data_type, tuple(merged)))
-        if kind == "input" and len(refined) != len(graph):
-            missing = sorted(set(by_name) - {t.name for t in refined})
-            raise ValueError(f"config.pbtxt leaves out graph inputs {missing}")
-        return tuple(refined)
-
-    return refine("input", graph_inputs, config.inputs), refine(
-        "output", graph_outputs, config.outputs
-    )
 
 
 class ModelRegistry:
@@ -263,7 +203,7 @@ class ModelManager:
         return [w for w in self.pool.workers if w.alive and not w.dedicated]
 
     def workers_for(self, model: ModelVersion) -> list[WorkerHandle]:
-        """The repository workers that get a session of ``model``; ValueError if none fit.
+        """The repository workers that get a session of ``model``; MetadataConflict if none fit.
 
         Without ``instance_group`` every repository worker holds the model. With it, as
         in Triton: ``KIND_CPU`` places ``count`` instances on the CPU, ``KIND_GPU`` on each
@@ -287,13 +227,13 @@ class ModelManager:
             else:
                 devices = gpu_devices or ["cpu"]
             if not devices:
-                raise ValueError(
+                raise MetadataConflict(
                     f"instance_group {group.kind} asks for a GPU; this server runs none"
                 )
             for device in devices:
                 on_device = [w for w in workers if w.device == device]
                 if not on_device:
-                    raise ValueError(
+                    raise MetadataConflict(
                         f"instance_group asks for {device}, where this server runs no workers "
                         f"(--devices gave: {', '.join(sorted({w.device for w in workers}))})"
                     )
@@ -356,19 +296,30 @@ class ModelManager:
         try:
             workers = self.workers_for(model)
             if not workers:
-                raise ValueError("no worker process runs to hold it")
+                raise MetadataConflict("no worker process runs to hold it")
             results = await asyncio.gather(*(self.place(model, w, None) for w in workers))
             inputs, outputs = merge_metadata(model.config, results[0])
-        except Exception as exc:
-            model.state = "UNAVAILABLE"
-            model.reason = str(exc)
-            for worker in workers:
-                if model.key in worker.models:
-                    await worker.unload(model.key)
+        except _CANNOT_LOAD as exc:
+            await self._fail_version(model, workers, str(exc))
+            return
+        except Exception:
+            # NOTE: anything else is a bug of the server, not of the model: its text is
+            #   not a reason to show clients, the traceback goes to the log.
+            log.exception("loading model '%s' version %s failed", model.name, model.version)
+            await self._fail_version(model, workers, "internal error while loading (see the log)")
             return
         model.set_metadata(inputs, outputs)
         model.workers = workers
         model.state = "READY"
+
+    async def _fail_version(
+        self, model: ModelVersion, workers: list[WorkerHandle], reason: str
+    ) -> None:
+        model.state = "UNAVAILABLE"
+        model.reason = reason
+        for worker in workers:
+            if model.key in worker.models:
+                await worker.unload(model.key)
 
     async def _unload_version(self, model: ModelVersion) -> None:
         model.state = "UNLOADING"

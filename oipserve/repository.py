@@ -1,18 +1,27 @@
 """Reading a model repository in Triton's layout.
 
 ``DIR/<model>/[config.pbtxt]`` and ``DIR/<model>/<version>/model.onnx`` with
-numeric versions. Reading never loads anything; it only says what is there
+numeric versions, of which the config's ``version_policy`` picks those served
+(by default the latest, as in Triton). Reading never loads anything; it only says what is there
 and what is wrong with it, so a broken model can be reported UNAVAILABLE
 while the others are served.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oipserve.model_config import ModelConfig, ModelConfigError, read_model_config
+from oipserve.model_config import (
+    ModelConfig,
+    ModelConfigError,
+    VersionPolicy,
+    read_model_config,
+)
+
+log = logging.getLogger("oipserve.repository")
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
 
@@ -28,13 +37,21 @@ class ModelSource:
     name: str
     directory: Path
     config: ModelConfig | None = None
-    #: version string -> path of the model file, for every numeric version directory.
+    #: version string -> path of the model file, for each version the version policy
+    #: selects (default: the latest), in ascending order.
     versions: dict[str, str] = field(default_factory=dict)
     error: str | None = None
 
 
-def _version_key(version: str) -> int:
-    return int(version)
+def version_number(entry: str) -> int | None:
+    """The version a directory name stands for, or None: ASCII digits only.
+
+    ``str.isdigit`` accepts e.g. "²", which ``int`` then refuses; Triton's version
+    directories are plain decimal numbers.
+    """
+    if entry.isascii() and entry.isdecimal():
+        return int(entry)
+    return None
 
 
 def read_model(root: Path, name: str) -> ModelSource:
@@ -46,7 +63,7 @@ def read_model(root: Path, name: str) -> ModelSource:
     if config_path.exists():
         try:
             config = read_model_config(config_path)
-        except (ModelConfigError, OSError, UnicodeDecodeError) as exc:
+        except (ModelConfigError, OSError) as exc:
             return ModelSource(name, directory, error=f"config.pbtxt: {exc}")
         if config.name is not None and config.name != name:
             return ModelSource(
@@ -55,39 +72,48 @@ def read_model(root: Path, name: str) -> ModelSource:
                 config,
                 error=f"config.pbtxt names the model '{config.name}' but its directory is '{name}'",
             )
-        if config.platform not in (None, "onnxruntime_onnx") or config.backend not in (
-            None,
-            "onnxruntime",
-        ):
-            return ModelSource(
+        for ignored in config.ignored:
+            log.warning(
+                "model '%s': config.pbtxt field '%s' is not supported by oipserve and is ignored",
                 name,
-                directory,
-                config,
-                error="only ONNX models (platform onnxruntime_onnx, backend onnxruntime) "
-                f"are served; config.pbtxt says platform={config.platform!r} "
-                f"backend={config.backend!r}",
+                ignored,
             )
     filename = (config.default_model_filename if config else None) or DEFAULT_MODEL_FILENAME
-    versions: dict[str, str] = {}
+    found: dict[int, str] = {}
     try:
         entries = sorted(os.listdir(directory))
     except OSError as exc:
         return ModelSource(name, directory, config, error=f"cannot list the directory: {exc}")
     for entry in entries:
-        if not entry.isdigit():
-            continue
+        number = version_number(entry)
         model_file = directory / entry / filename
-        if model_file.is_file():
-            versions[str(int(entry))] = str(model_file)
-    if not versions:
+        if number is not None and model_file.is_file():
+            found[number] = str(model_file)
+    if not found:
         return ModelSource(
             name,
             directory,
             config,
             error=f"no version directory holds {filename} (expected {name}/<number>/{filename})",
         )
-    ordered = dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
-    return ModelSource(name, directory, config, ordered)
+    policy = config.version_policy if config else VersionPolicy()
+    chosen = policy.select(list(found))
+    missing = sorted(set(policy.versions) - set(found))
+    if missing and chosen:
+        log.warning(
+            "model '%s': version_policy asks for versions %s, which the repository does not hold",
+            name,
+            missing,
+        )
+    if not chosen:
+        return ModelSource(
+            name,
+            directory,
+            config,
+            error=f"version_policy selects none of the versions found ({sorted(found)}); "
+            f"it asks for {list(policy.versions)}",
+        )
+    return ModelSource(name, directory, config, {str(v): found[v] for v in chosen})
 
 
 def list_models(root: Path) -> list[str]:

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Regenerate oipserve/grpc_generated/ from proto/grpc_service.proto.
+# Regenerate oipserve/grpc_generated/ from proto/model_config.proto and
+# proto/grpc_service.proto (which imports the former).
 #
 # Needs grpcio-tools (a `test` extra: pip install -e '.[test]'); the generated
-# modules need only grpcio and protobuf at run time. Run from anywhere:
+# modules need only protobuf at run time. Only messages are generated: the
+# service is served through grpc.aio generic handlers (oipserve/grpc_service.py),
+# so no *_pb2_grpc.py stubs. Run from anywhere:
 #   scripts/generate_grpc.sh            (uses $PYTHON, default: python3)
 set -euo pipefail
 
@@ -11,26 +14,46 @@ python="${PYTHON:-python3}"
 out="$root/oipserve/grpc_generated"
 
 mkdir -p "$out"
+rm -f "$out"/*_pb2.py "$out"/*_pb2.pyi "$out"/*_pb2_grpc.py
 "$python" -m grpc_tools.protoc \
     --proto_path="$root/proto" \
     --python_out="$out" \
     --pyi_out="$out" \
-    --grpc_python_out="$out" \
+    "$root/proto/model_config.proto" \
     "$root/proto/grpc_service.proto"
 
-# protoc writes `import grpc_service_pb2`, a top-level import; make it package-relative.
-sed -i 's/^import grpc_service_pb2 as /from . import grpc_service_pb2 as /' \
-    "$out/grpc_service_pb2_grpc.py"
-
-# NOTE: the messages go into a private descriptor pool, not protobuf's default
-#   one: tritonclient.grpc registers the same file and symbols (package
-#   `inference`), and a process that imports both (tests, benchmarks, a client
-#   embedded next to the server) would fail with "duplicate file name".
-sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/DESCRIPTOR = _descriptor_pool.DescriptorPool().AddSerializedFile(/' \
+# protoc writes `import model_config_pb2` and `from model_config_pb2 import *`
+# (top-level imports); make them package-relative.
+sed -i -e 's/^import model_config_pb2 as /from . import model_config_pb2 as /' \
+    -e 's/^from model_config_pb2 import \*/from .model_config_pb2 import */' \
     "$out/grpc_service_pb2.py"
-grep -q '_descriptor_pool.DescriptorPool().AddSerializedFile' "$out/grpc_service_pb2.py"
+sed -i -e 's/^from model_config_pb2 import /from .model_config_pb2 import /' \
+    -e 's/^import model_config_pb2 as /from . import model_config_pb2 as /' \
+    "$out/grpc_service_pb2.pyi"
+
+# NOTE: the messages go into a private descriptor pool (POOL, in __init__.py),
+#   not protobuf's default one: tritonclient.grpc registers the same files and
+#   symbols (package `inference`), and a process that imports both (tests,
+#   benchmarks, a client embedded next to the server) would fail with
+#   "duplicate file name". Both files share the one pool because
+#   grpc_service.proto imports model_config.proto.
+for name in model_config grpc_service; do
+    sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/from . import POOL as _POOL\nDESCRIPTOR = _POOL.AddSerializedFile(/' \
+        "$out/${name}_pb2.py"
+    grep -q '^DESCRIPTOR = _POOL.AddSerializedFile' "$out/${name}_pb2.py"
+done
+! grep -Eq '^(import [a-z_]*_pb2|from [a-z_]*_pb2 import)' "$out"/*_pb2.py "$out"/*_pb2.pyi
 
 cat > "$out/__init__.py" <<'PY'
-"""Generated from proto/grpc_service.proto by scripts/generate_grpc.sh; do not edit."""
+"""Generated from proto/*.proto by scripts/generate_grpc.sh; do not edit.
+
+POOL is the private descriptor pool that holds model_config.proto and
+grpc_service.proto: tritonclient registers the same `inference` files in
+protobuf's default pool, and one process may import both.
+"""
+
+from google.protobuf import descriptor_pool
+
+POOL = descriptor_pool.DescriptorPool()
 PY
 echo "generated into $out"

@@ -1,44 +1,48 @@
+from . import model_config_pb2 as _model_config_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from .model_config_pb2 import ModelRateLimiter as ModelRateLimiter
+from .model_config_pb2 import ModelInstanceGroup as ModelInstanceGroup
+from .model_config_pb2 import ModelTensorReshape as ModelTensorReshape
+from .model_config_pb2 import ModelInput as ModelInput
+from .model_config_pb2 import ModelOutput as ModelOutput
+from .model_config_pb2 import BatchInput as BatchInput
+from .model_config_pb2 import BatchOutput as BatchOutput
+from .model_config_pb2 import ModelVersionPolicy as ModelVersionPolicy
+from .model_config_pb2 import ModelOptimizationPolicy as ModelOptimizationPolicy
+from .model_config_pb2 import ModelQueuePolicy as ModelQueuePolicy
+from .model_config_pb2 import ModelDynamicBatching as ModelDynamicBatching
+from .model_config_pb2 import ModelSequenceBatching as ModelSequenceBatching
+from .model_config_pb2 import ModelEnsembling as ModelEnsembling
+from .model_config_pb2 import ModelParameter as ModelParameter
+from .model_config_pb2 import ModelWarmup as ModelWarmup
+from .model_config_pb2 import ModelOperations as ModelOperations
+from .model_config_pb2 import ModelTransactionPolicy as ModelTransactionPolicy
+from .model_config_pb2 import ModelRepositoryAgents as ModelRepositoryAgents
+from .model_config_pb2 import ModelResponseCache as ModelResponseCache
+from .model_config_pb2 import ModelMetrics as ModelMetrics
+from .model_config_pb2 import ModelConfig as ModelConfig
+from .model_config_pb2 import DataType as DataType
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    TYPE_INVALID: _ClassVar[DataType]
-    TYPE_BOOL: _ClassVar[DataType]
-    TYPE_UINT8: _ClassVar[DataType]
-    TYPE_UINT16: _ClassVar[DataType]
-    TYPE_UINT32: _ClassVar[DataType]
-    TYPE_UINT64: _ClassVar[DataType]
-    TYPE_INT8: _ClassVar[DataType]
-    TYPE_INT16: _ClassVar[DataType]
-    TYPE_INT32: _ClassVar[DataType]
-    TYPE_INT64: _ClassVar[DataType]
-    TYPE_FP16: _ClassVar[DataType]
-    TYPE_FP32: _ClassVar[DataType]
-    TYPE_FP64: _ClassVar[DataType]
-    TYPE_STRING: _ClassVar[DataType]
-    TYPE_BF16: _ClassVar[DataType]
-TYPE_INVALID: DataType
-TYPE_BOOL: DataType
-TYPE_UINT8: DataType
-TYPE_UINT16: DataType
-TYPE_UINT32: DataType
-TYPE_UINT64: DataType
-TYPE_INT8: DataType
-TYPE_INT16: DataType
-TYPE_INT32: DataType
-TYPE_INT64: DataType
-TYPE_FP16: DataType
-TYPE_FP32: DataType
-TYPE_FP64: DataType
-TYPE_STRING: DataType
-TYPE_BF16: DataType
+TYPE_INVALID: _model_config_pb2.DataType
+TYPE_BOOL: _model_config_pb2.DataType
+TYPE_UINT8: _model_config_pb2.DataType
+TYPE_UINT16: _model_config_pb2.DataType
+TYPE_UINT32: _model_config_pb2.DataType
+TYPE_UINT64: _model_config_pb2.DataType
+TYPE_INT8: _model_config_pb2.DataType
+TYPE_INT16: _model_config_pb2.DataType
+TYPE_INT32: _model_config_pb2.DataType
+TYPE_INT64: _model_config_pb2.DataType
+TYPE_FP16: _model_config_pb2.DataType
+TYPE_FP32: _model_config_pb2.DataType
+TYPE_FP64: _model_config_pb2.DataType
+TYPE_STRING: _model_config_pb2.DataType
+TYPE_BF16: _model_config_pb2.DataType
 
 class ServerLiveRequest(_message.Message):
     __slots__ = ()
@@ -263,111 +267,6 @@ class ModelStreamInferResponse(_message.Message):
     infer_response: ModelInferResponse
     def __init__(self, error_message: _Optional[str] = ..., infer_response: _Optional[_Union[ModelInferResponse, _Mapping]] = ...) -> None: ...
 
-class ModelInstanceGroup(_message.Message):
-    __slots__ = ("name", "count", "gpus", "kind", "profile", "passive", "host_policy")
-    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        KIND_AUTO: _ClassVar[ModelInstanceGroup.Kind]
-        KIND_GPU: _ClassVar[ModelInstanceGroup.Kind]
-        KIND_CPU: _ClassVar[ModelInstanceGroup.Kind]
-        KIND_MODEL: _ClassVar[ModelInstanceGroup.Kind]
-    KIND_AUTO: ModelInstanceGroup.Kind
-    KIND_GPU: ModelInstanceGroup.Kind
-    KIND_CPU: ModelInstanceGroup.Kind
-    KIND_MODEL: ModelInstanceGroup.Kind
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    COUNT_FIELD_NUMBER: _ClassVar[int]
-    GPUS_FIELD_NUMBER: _ClassVar[int]
-    KIND_FIELD_NUMBER: _ClassVar[int]
-    PROFILE_FIELD_NUMBER: _ClassVar[int]
-    PASSIVE_FIELD_NUMBER: _ClassVar[int]
-    HOST_POLICY_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    count: int
-    gpus: _containers.RepeatedScalarFieldContainer[int]
-    kind: ModelInstanceGroup.Kind
-    profile: str
-    passive: bool
-    host_policy: str
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ..., profile: _Optional[str] = ..., passive: bool = ..., host_policy: _Optional[str] = ...) -> None: ...
-
-class ModelInput(_message.Message):
-    __slots__ = ("name", "data_type", "format", "dims", "is_shape_tensor", "allow_ragged_batch", "optional")
-    class Format(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        FORMAT_NONE: _ClassVar[ModelInput.Format]
-        FORMAT_NHWC: _ClassVar[ModelInput.Format]
-        FORMAT_NCHW: _ClassVar[ModelInput.Format]
-    FORMAT_NONE: ModelInput.Format
-    FORMAT_NHWC: ModelInput.Format
-    FORMAT_NCHW: ModelInput.Format
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
-    FORMAT_FIELD_NUMBER: _ClassVar[int]
-    DIMS_FIELD_NUMBER: _ClassVar[int]
-    IS_SHAPE_TENSOR_FIELD_NUMBER: _ClassVar[int]
-    ALLOW_RAGGED_BATCH_FIELD_NUMBER: _ClassVar[int]
-    OPTIONAL_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    data_type: DataType
-    format: ModelInput.Format
-    dims: _containers.RepeatedScalarFieldContainer[int]
-    is_shape_tensor: bool
-    allow_ragged_batch: bool
-    optional: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., format: _Optional[_Union[ModelInput.Format, str]] = ..., dims: _Optional[_Iterable[int]] = ..., is_shape_tensor: bool = ..., allow_ragged_batch: bool = ..., optional: bool = ...) -> None: ...
-
-class ModelOutput(_message.Message):
-    __slots__ = ("name", "data_type", "dims", "label_filename", "is_shape_tensor")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
-    DIMS_FIELD_NUMBER: _ClassVar[int]
-    LABEL_FILENAME_FIELD_NUMBER: _ClassVar[int]
-    IS_SHAPE_TENSOR_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    data_type: DataType
-    dims: _containers.RepeatedScalarFieldContainer[int]
-    label_filename: str
-    is_shape_tensor: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., label_filename: _Optional[str] = ..., is_shape_tensor: bool = ...) -> None: ...
-
-class ModelParameter(_message.Message):
-    __slots__ = ("string_value",)
-    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
-    string_value: str
-    def __init__(self, string_value: _Optional[str] = ...) -> None: ...
-
-class ModelConfig(_message.Message):
-    __slots__ = ("name", "platform", "max_batch_size", "input", "output", "instance_group", "default_model_filename", "parameters", "backend", "runtime")
-    class ParametersEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: ModelParameter
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelParameter, _Mapping]] = ...) -> None: ...
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    PLATFORM_FIELD_NUMBER: _ClassVar[int]
-    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
-    INPUT_FIELD_NUMBER: _ClassVar[int]
-    OUTPUT_FIELD_NUMBER: _ClassVar[int]
-    INSTANCE_GROUP_FIELD_NUMBER: _ClassVar[int]
-    DEFAULT_MODEL_FILENAME_FIELD_NUMBER: _ClassVar[int]
-    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_FIELD_NUMBER: _ClassVar[int]
-    RUNTIME_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    platform: str
-    max_batch_size: int
-    input: _containers.RepeatedCompositeFieldContainer[ModelInput]
-    output: _containers.RepeatedCompositeFieldContainer[ModelOutput]
-    instance_group: _containers.RepeatedCompositeFieldContainer[ModelInstanceGroup]
-    default_model_filename: str
-    parameters: _containers.MessageMap[str, ModelParameter]
-    backend: str
-    runtime: str
-    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., default_model_filename: _Optional[str] = ..., parameters: _Optional[_Mapping[str, ModelParameter]] = ..., backend: _Optional[str] = ..., runtime: _Optional[str] = ...) -> None: ...
-
 class ModelConfigRequest(_message.Message):
     __slots__ = ("name", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -379,8 +278,8 @@ class ModelConfigRequest(_message.Message):
 class ModelConfigResponse(_message.Message):
     __slots__ = ("config",)
     CONFIG_FIELD_NUMBER: _ClassVar[int]
-    config: ModelConfig
-    def __init__(self, config: _Optional[_Union[ModelConfig, _Mapping]] = ...) -> None: ...
+    config: _model_config_pb2.ModelConfig
+    def __init__(self, config: _Optional[_Union[_model_config_pb2.ModelConfig, _Mapping]] = ...) -> None: ...
 
 class ModelStatisticsRequest(_message.Message):
     __slots__ = ("name", "version")

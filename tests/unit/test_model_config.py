@@ -1,17 +1,21 @@
-"""Tests for the Triton config.pbtxt reader: accepted syntax, typed result, precise errors."""
+"""Tests for the config.pbtxt reader: Triton's syntax and schema, typed result, precise errors,
+and oipserve's disposition of every field (honoured, refused, or ignored with a warning)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
 import pytest
+from google.protobuf import text_format
 
+from oipserve.config_fields import DISPOSITIONS, Disposition
+from oipserve.grpc_generated import model_config_pb2 as mc
 from oipserve.model_config import (
     InstanceGroup,
     ModelConfig,
     ModelConfigError,
     TensorConfig,
+    VersionPolicy,
     parse_model_config,
     read_model_config,
 )
@@ -19,10 +23,10 @@ from oipserve.wire.datatypes import DATATYPES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Triton's docs/examples/model_repository/simple/config.pbtxt, verbatim layout.
+# Triton's docs/examples/model_repository/simple/config.pbtxt layout, for ONNX Runtime.
 TRITON_SIMPLE = """\
 name: "simple"
-platform: "tensorflow_graphdef"
+platform: "onnxruntime_onnx"
 max_batch_size: 8
 input [
   {
@@ -41,11 +45,6 @@ output [
     name: "OUTPUT0"
     data_type: TYPE_INT32
     dims: [ 16 ]
-  },
-  {
-    name: "OUTPUT1"
-    data_type: TYPE_INT32
-    dims: [ 16 ]
   }
 ]
 """
@@ -54,22 +53,18 @@ output [
 def test_triton_simple_config() -> None:
     config = parse_model_config(TRITON_SIMPLE)
     tensor = TensorConfig
-    assert config == ModelConfig(
-        name="simple",
-        platform="tensorflow_graphdef",
-        max_batch_size=8,
-        inputs=(tensor("INPUT0", "INT32", (16,)), tensor("INPUT1", "INT32", (16,))),
-        outputs=(tensor("OUTPUT0", "INT32", (16,)), tensor("OUTPUT1", "INT32", (16,))),
-    )
+    assert config.name == "simple" and config.platform == "onnxruntime_onnx"
+    assert config.backend is None and config.max_batch_size == 8
+    assert config.inputs == (tensor("INPUT0", "INT32", (16,)), tensor("INPUT1", "INT32", (16,)))
+    assert config.outputs == (tensor("OUTPUT0", "INT32", (16,)),)
+    assert config.version_policy == VersionPolicy("latest", 1)
+    assert config.ignored == ()
 
 
 def test_committed_simple_config() -> None:
     config = read_model_config(REPO_ROOT / "model-repository" / "simple" / "config.pbtxt")
     assert config.name == "simple"
-    assert config.platform == "onnxruntime_onnx"
-    assert config.max_batch_size == 8
     assert [t.name for t in config.inputs] == ["INPUT0", "INPUT1"]
-    assert [t.name for t in config.outputs] == ["OUTPUT0", "OUTPUT1"]
     assert all(t.data_type == "INT32" and t.dims == (16,) for t in config.inputs + config.outputs)
     assert config.instance_groups == (InstanceGroup(count=1, kind="KIND_CPU"),)
 
@@ -77,7 +72,7 @@ def test_committed_simple_config() -> None:
 def test_empty_config_gives_defaults() -> None:
     config = parse_model_config("  # nothing but a comment\n")
     assert config == ModelConfig()
-    assert config.parameters == {} and config.extra == {}
+    assert config.parameters == {} and config.document == {}
 
 
 def test_parameters_both_spellings() -> None:
@@ -92,9 +87,9 @@ def test_parameters_both_spellings() -> None:
         """
     )
     assert config.parameters == {
-        "intra_op_thread_count": "4",
         "cudnn_conv_algo_search": "HEURISTIC",
         "empty": "",
+        "intra_op_thread_count": "4",
     }
 
 
@@ -120,7 +115,7 @@ def test_instance_groups() -> None:
 def test_syntax_variants() -> None:
     config = parse_model_config(
         """# leading comment
-        name: 'with \\'quotes\\' and \\x41\\101\\u00e9' # trailing comment
+        name: 'with \\'quotes\\' and \\x41\\101' # trailing comment
         backend: "onnx" "runtime";   # adjacent strings concatenate
         max_batch_size: 0x10,
         default_model_filename: "model.onnx"
@@ -128,69 +123,19 @@ def test_syntax_variants() -> None:
         input { name: "b", data_type: TYPE_STRING; dims: 1 dims: -1 }
         input: [ { name: "c" data_type: TYPE_BF16 dims: [] format: FORMAT_NONE optional: true } ]
         output [ ]
-        output { name: "o" data_type: TYPE_BOOL dims: [ 2 ] reshape: { shape: [ ] } }
+        output { name: "o" data_type: TYPE_BOOL dims: [ 1 ] reshape: { shape: [ ] } }
         """
     )
-    assert config.name == "with 'quotes' and AAé"
+    assert config.name == "with 'quotes' and AA"
     assert config.backend == "onnxruntime"
     assert config.max_batch_size == 16
     assert config.default_model_filename == "model.onnx"
     assert config.inputs == (
         TensorConfig("a", "FP32", (-1, 3)),
         TensorConfig("b", "BYTES", (1, -1)),
-        TensorConfig("c", "BF16", ()),
+        TensorConfig("c", "BF16", (), optional=True),
     )
-    assert config.outputs == (TensorConfig("o", "BOOL", (2,)),)
-
-
-def test_known_but_unused_fields_kept_in_extra() -> None:
-    config = parse_model_config(
-        """
-        name: "m"
-        version_policy: { specific { versions: [ 1, 3 ] } }
-        dynamic_batching {
-          preferred_batch_size: [ 4, 8 ]
-          max_queue_delay_microseconds: 100
-        }
-        optimization { execution_accelerators {
-          gpu_execution_accelerator : [ {
-            name : "tensorrt"
-            parameters { key: "precision_mode" value: "FP16" }
-          } ]
-        } }
-        response_cache { enable: true }
-        model_warmup { name: "w" batch_size: 1 }
-        model_warmup { name: "x" batch_size: 2 }
-        metric_tags { key: "team" value: "ml" }
-        """
-    )
-    assert config.name == "m"
-    assert config.extra == {
-        "version_policy": {"specific": {"versions": [1, 3]}},
-        "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100},
-        "optimization": {
-            "execution_accelerators": {
-                "gpu_execution_accelerator": [
-                    {
-                        "name": "tensorrt",
-                        "parameters": {"key": "precision_mode", "value": "FP16"},
-                    }
-                ]
-            }
-        },
-        "response_cache": {"enable": True},
-        "model_warmup": [{"name": "w", "batch_size": 1}, {"name": "x", "batch_size": 2}],
-        "metric_tags": [{"key": "team", "value": "ml"}],
-    }
-
-
-def test_numbers_in_extra() -> None:
-    config = parse_model_config(
-        "model_metrics { metric_control { histogram_options {"
-        " buckets: [ -5.0, -2, 0, 3.5, 1e3, 2f, -inf ] } } }"
-    )
-    buckets = config.extra["model_metrics"]["metric_control"]["histogram_options"]["buckets"]
-    assert buckets == [-5.0, -2, 0, 3.5, 1000.0, 2.0, float("-inf")]
+    assert config.outputs == (TensorConfig("o", "BOOL", (1,), reshape=()),)
 
 
 def test_every_triton_datatype_name_parses() -> None:
@@ -199,44 +144,174 @@ def test_every_triton_datatype_name_parses() -> None:
         assert parse_model_config(text).inputs[0].data_type == row.name
 
 
-def test_config_is_frozen() -> None:
-    config = parse_model_config(TRITON_SIMPLE)
-    with pytest.raises(AttributeError):
-        config.name = "other"  # type: ignore[misc]
-    with pytest.raises(AttributeError):
-        config.inputs[0].dims = (1,)  # type: ignore[misc]
+@pytest.mark.parametrize(
+    ("text", "policy", "available", "served"),
+    [
+        ("", VersionPolicy("latest", 1), [3, 1, 2], [3]),
+        (
+            "version_policy { latest { num_versions: 2 } }",
+            VersionPolicy("latest", 2),
+            [1, 3, 2],
+            [2, 3],
+        ),
+        ("version_policy { all { } }", VersionPolicy("all"), [2, 1], [1, 2]),
+        (
+            "version_policy: { specific { versions: [ 1, 3 ] } }",
+            VersionPolicy("specific", versions=(1, 3)),
+            [1, 2],
+            [1],
+        ),
+    ],
+)
+def test_version_policy(
+    text: str, policy: VersionPolicy, available: list[int], served: list[int]
+) -> None:
+    config = parse_model_config(text)
+    assert config.version_policy == policy
+    assert config.version_policy.select(available) == served
 
 
-def test_config_encodes_as_json() -> None:
-    config = parse_model_config(TRITON_SIMPLE)
-    decoded = msgspec.json.decode(msgspec.json.encode(config), type=ModelConfig)
-    assert decoded == config
+def test_document_is_tritons_json_with_integer_numbers() -> None:
+    config = parse_model_config(
+        TRITON_SIMPLE
+        + """
+        version_policy { specific { versions: [ 3 ] } }
+        dynamic_batching { max_queue_delay_microseconds: 100 priority_queue_policy {
+          key: 2 value { timeout_action: DELAY default_timeout_microseconds: 7 } } }
+        """
+    )
+    assert config.document["input"][0] == {
+        "name": "INPUT0",
+        "data_type": "TYPE_INT32",
+        "dims": [16],
+    }
+    assert config.document["version_policy"] == {"specific": {"versions": [3]}}
+    assert config.document["dynamic_batching"] == {
+        "max_queue_delay_microseconds": 100,
+        "priority_queue_policy": {
+            "2": {"timeout_action": "DELAY", "default_timeout_microseconds": 7}
+        },
+    }
 
+
+# --------------------------------------------------------------------------- dispositions
+
+
+def test_disposition_table_covers_every_field_of_the_schema() -> None:
+    for message in (mc.ModelConfig, mc.ModelInput, mc.ModelOutput, mc.ModelInstanceGroup):
+        descriptor = message.DESCRIPTOR
+        names = {f.name for f in descriptor.fields}
+        assert set(DISPOSITIONS[descriptor.full_name]) == names, descriptor.full_name
+    assert set(DISPOSITIONS) == {
+        "inference.ModelConfig",
+        "inference.ModelInput",
+        "inference.ModelOutput",
+        "inference.ModelInstanceGroup",
+    }
+
+
+def test_ignored_fields_are_listed_by_path() -> None:
+    config = parse_model_config(
+        """
+        dynamic_batching { preferred_batch_size: [ 4, 8 ] }
+        optimization { execution_accelerators { gpu_execution_accelerator : [ {
+            name : "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }
+        response_cache { enable: true }
+        model_warmup { name: "w" batch_size: 1 }
+        metric_tags { key: "team" value: "ml" }
+        input { name: "x" data_type: TYPE_FP32 dims: [1] allow_ragged_batch: true }
+        output { name: "y" data_type: TYPE_FP32 dims: [1] label_filename: "labels.txt" }
+        instance_group { host_policy: "numa0" }
+        """
+    )
+    assert set(config.ignored) == {
+        "dynamic_batching",
+        "optimization",
+        "response_cache",
+        "model_warmup",
+        "metric_tags",
+        "input['x'].allow_ragged_batch",
+        "output['y'].label_filename",
+        "instance_group[0].host_policy",
+    }
+    # Defaults do not count as given: a false flag is not an ignored field.
+    assert parse_model_config("instance_group { passive: false }").ignored == ()
+
+
+def test_every_warned_field_is_reported_and_every_refused_one_refused() -> None:
+    """Drive the table itself: give each field a non-default value and check the outcome."""
+    for name, rule in DISPOSITIONS["inference.ModelConfig"].items():
+        if rule.disposition is Disposition.HONOURED:
+            continue
+        message = mc.ModelConfig()
+        field = message.DESCRIPTOR.fields_by_name[name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            getattr(message, name)["k"] = field.message_type.fields_by_name["value"].default_value
+        elif field.is_repeated:
+            getattr(message, name).add()
+        elif field.message_type is not None:
+            getattr(message, name).SetInParent()
+        else:
+            setattr(message, name, "x")
+        text = text_format.MessageToString(message)
+        if rule.disposition is Disposition.WARNED:
+            assert parse_model_config(text).ignored == (name,), name
+        else:
+            with pytest.raises(ModelConfigError, match=f"{name}: {rule.note}"):
+                parse_model_config(text)
+
+
+# (config text, substring of the message)
+REFUSED = [
+    ('platform: "tensorflow_graphdef"', "only ONNX models"),
+    ('backend: "python"', "backend='python'"),
+    ("sequence_batching { }", "sequence_batching: stateful sequence models are not supported"),
+    ("ensemble_scheduling { }", "ensemble_scheduling: ensembles are not supported"),
+    (
+        'input { name: "s" data_type: TYPE_INT32 dims: [1] is_shape_tensor: true }',
+        "input['s'].is_shape_tensor: shape tensors are TensorRT-only",
+    ),
+    (
+        'output { name: "s" data_type: TYPE_INT32 dims: [1] is_shape_tensor: true }',
+        "output['s'].is_shape_tensor",
+    ),
+    ("instance_group { passive: true }", "instance_group[0].passive"),
+    ("model_transaction_policy { decoupled: true }", "decoupled models are not supported"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), REFUSED)
+def test_refused(text: str, message: str) -> None:
+    with pytest.raises(ModelConfigError) as info:
+        parse_model_config(text)
+    assert message in str(info.value)
+
+
+# --------------------------------------------------------------------------- errors
 
 # (config text, substring of the message, line, column)
 SYNTAX_ERRORS = [
-    ('name: "simple', "unterminated string", 1, 7),
-    ('name: "two\nlines"', "unterminated string", 1, 7),
-    ("input {\n  name: 'x'\n", "expected '}' to close '{' opened at line 1, column 7", 3, 1),
-    ("input < name: 'x' }", "expected a field name, got '}'", 1, 19),
-    ("name: @", "unexpected character '@'", 1, 7),
-    ('name "simple"', "expected ':' or '{' after field name 'name'", 1, 6),
-    ("max_batch_size:", "expected a value for field 'max_batch_size', got end of input", 1, 16),
-    ("max_batch_size: }", "expected a value for field 'max_batch_size', got '}'", 1, 17),
-    ("input { dims: [1 2] }", "expected ',' or ']' in list, got '2'", 1, 18),
-    ("input { dims: [1, ] }", "expected a value, got ']'", 1, 19),
-    ("input { dims: [1, 2 }", "expected ',' or ']' in list, got '}'", 1, 21),
-    ("}", "expected a field name, got '}'", 1, 1),
-    ("\n\n  : 3", "expected a field name, got ':'", 3, 3),
-    ('name: "bad \\q escape"', "unknown escape sequence \\q", 1, 12),
-    ('name: "\\u12"', "\\u escape needs 4 hex digits", 1, 8),
-    ('name: "\\xZZ"', "\\x escape needs hex digits", 1, 8),
-    ('name: "\\777"', "octal escape out of range", 1, 8),
-    ('name: "\\xff"', "string is not valid UTF-8", 1, 7),
-    ("max_batch_size: 16abc", "invalid token starting '16'", 1, 17),
-    ("max_batch_size: 09", "invalid integer literal '09'", 1, 17),
-    ("max_batch_size: -x", "expected a number after '-', got 'x'", 1, 17),
-    ("max_batch_size: - 1", "unexpected character '-'", 1, 17),
+    ('name: "simple', "String missing ending quote", 1, 7),
+    ("input {\n  name: 'x'\n", 'Expected "}"', 2, 9),
+    ("max_batch_sise: 8", 'has no field named "max_batch_sise"', 1, 1),
+    ('name: "a"\nname: "b"', 'should not have multiple "name" fields', 2, 7),
+    ("name: simple", "Expected string but found: 'simple'", 1, 7),
+    ("max_batch_size: 1.5", "Couldn't parse integer: 1.5", 1, 17),
+    ("max_batch_size: 4294967296", "Value out of range: 4294967296", 1, 17),
+    ("input { dims: [1 2] }", 'Expected ","', 1, 18),
+    ("max_batch_size: 09", "Couldn't parse integer: 09", 1, 17),
+    (
+        "dynamic_batching { }\nsequence_batching { }",
+        'another member of oneof "scheduling_choice"',
+        2,
+        1,
+    ),
+    ("instance_group { kind: KIND_TPU }", "has no value named KIND_TPU", 1, 24),
+    ("instance_group { kind: 'KIND_CPU' }", "has no value named 'KIND_CPU'", 1, 24),
+    ('input { name: "x" data_type: TYPE_FP128 }', "has no value named TYPE_FP128", 1, 30),
+    ('parameters { key: "k" value: "v" }', 'Expected "{"', 1, 30),
+    ('parameters { key: "k" value { int_value: 1 } }', 'no field named "int_value"', 1, 31),
+    ('name: "\\xff"', "Couldn't parse string", 1, 13),
 ]
 
 
@@ -253,61 +328,43 @@ def _tensor_text(body: str) -> str:
     return f"input {{ {body} }}"
 
 
-# (config text, substring of the message)
+# (config text, substring of the message): checks the schema cannot express.
 SEMANTIC_ERRORS = [
-    ("max_batch_sise: 8", "unknown field 'max_batch_sise'"),
-    ('name: "a"\nname: "b"', "name is specified more than once"),
-    ('name: [ "a" ]', "name is not a repeated field"),
-    ("name: simple", "name must be a quoted string, got 'simple'"),
-    ("name { }", "name must be a value, not a message"),
-    ('max_batch_size: "8"', "max_batch_size must be an integer, got '\"8\"'"),
-    ("max_batch_size: 1.5", "max_batch_size must be an integer, got '1.5'"),
-    ("max_batch_size: -1", "max_batch_size out of range: -1"),
-    ("max_batch_size: 4294967296", "max_batch_size out of range: 4294967296"),
-    ("input: 3", "input[0] must be a message"),
-    ("dynamic_batching { }\nsequence_batching { }", "only one of"),
+    ("max_batch_size: -1", "max_batch_size must be 0 or more, got -1"),
     (_tensor_text("data_type: TYPE_FP32 dims: [1]"), "input[0].name is required"),
-    (_tensor_text('name: "" data_type: TYPE_FP32 dims: [1]'), "input[0].name must not be empty"),
     (_tensor_text('name: "x" dims: [1]'), "input[0] ('x').data_type is required"),
-    (_tensor_text('name: "x" data_type: TYPE_FP32'), "input[0] ('x').dims is required"),
-    (
-        _tensor_text('name: "x" data_type: TYPE_FP128 dims: [1]'),
-        "input[0] ('x').data_type: unknown data type 'TYPE_FP128'",
-    ),
-    (
-        _tensor_text('name: "x" data_type: "TYPE_FP32" dims: [1]'),
-        "input[0] ('x').data_type must be an enum name",
-    ),
-    (_tensor_text('name: "x" data_type: TYPE_INVALID dims: [1]'), "unknown data type"),
+    (_tensor_text('name: "x" data_type: TYPE_INVALID dims: [1]'), "data_type is required"),
     (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [4, -2]'), "dims: -2 is invalid"),
     (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [0]'), "dims: 0 is invalid"),
-    (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [1.0]'), "dims must be an integer"),
-    (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [1] shape: [1]'), "unknown field"),
     (
-        'output { name: "x" data_type: TYPE_FP32 dims: [1] format: FORMAT_NHWC }',
-        "unknown field 'output[0].format'",
+        _tensor_text('name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [3] }'),
+        "reshape [3] does not hold the same elements as dims [4]",
+    ),
+    (
+        _tensor_text('name: "x" data_type: TYPE_FP32 dims: [-1, 4] reshape { shape: [4] }'),
+        "reshape [4] does not hold the same elements",
+    ),
+    (
+        _tensor_text('name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [0] }'),
+        "reshape.shape: 0 is invalid",
+    ),
+    (
+        _tensor_text('name: "x" data_type: TYPE_FP32 dims: [1] format: FORMAT_NHWC'),
+        "FORMAT_NHWC needs 3 dims, got [1]",
     ),
     (
         'input { name: "x" data_type: TYPE_FP32 dims: [1] }\n'
         'input { name: "x" data_type: TYPE_FP32 dims: [2] }',
-        "input 'x' is specified more than once",
+        "input[1] ('x') is specified more than once",
     ),
-    ("instance_group { kind: KIND_TPU }", "instance_group[0].kind: unknown kind 'KIND_TPU'"),
-    ("instance_group { kind: 'KIND_CPU' }", "instance_group[0].kind must be an enum name"),
-    ("instance_group { count: 0 }", "instance_group[0].count must be at least 1, got 0"),
-    ("instance_group { gpus: [-1] }", "instance_group[0].gpus out of range: -1"),
+    ("instance_group { count: -1 }", "instance_group[0].count must be at least 1, got -1"),
+    ("instance_group { gpus: [-1] }", "instance_group[0].gpus: -1 is not a GPU index"),
     (
         "instance_group [ {}, { kind: KIND_CPU gpus: [0] } ]",
         "instance_group[1].gpus cannot be given with KIND_CPU",
     ),
-    ('parameters { value { string_value: "v" } }', "parameters.key is required"),
-    (
-        'parameters { key: "k" value { string_value: "1" } }\n'
-        'parameters { key: "k" value { string_value: "2" } }',
-        "parameters['k'] is specified more than once",
-    ),
-    ('parameters { key: "k" value: "v" }', "parameters['k'].value must be a message"),
-    ('parameters { key: "k" value { int_value: 1 } }', "unknown field"),
+    ("version_policy { latest { } }", "num_versions must be at least 1"),
+    ("version_policy { specific { } }", "specific.versions must list version numbers"),
 ]
 
 
@@ -316,27 +373,26 @@ def test_semantic_errors(text: str, message: str) -> None:
     with pytest.raises(ModelConfigError) as info:
         parse_model_config(text)
     assert message in str(info.value)
-    assert info.value.line is not None and info.value.column is not None
 
 
-def test_semantic_error_points_at_the_value() -> None:
-    text = 'input {\n  name: "x"\n  data_type: TYPE_FP32\n  dims: [ 3, -7 ]\n}\n'
-    with pytest.raises(ModelConfigError) as info:
-        parse_model_config(text)
-    assert (info.value.line, info.value.column) == (4, 14)
+def test_reshape_with_variable_dims() -> None:
+    text = _tensor_text(
+        'name: "x" data_type: TYPE_FP32 dims: [-1, 6] reshape { shape: [2, -1, 3] }'
+    )
+    assert parse_model_config(text).inputs[0].reshape == (2, -1, 3)
 
 
 def test_model_config_error_is_value_error() -> None:
-    with pytest.raises(ValueError, match="unknown field"):
+    with pytest.raises(ValueError, match="no field named"):
         parse_model_config("nonsense: 1")
 
 
 def test_read_model_config_names_file(tmp_path: Path) -> None:
     path = tmp_path / "config.pbtxt"
-    path.write_text('name: "m"\nmax_batch_size: -3\n', encoding="utf-8")
+    path.write_text('name: "m"\nmax_batch_size: x\n', encoding="utf-8")
     with pytest.raises(ModelConfigError) as info:
         read_model_config(path)
-    assert str(info.value).startswith(f"{path}: line 2, column 17: max_batch_size out of range")
+    assert str(info.value).startswith(f"{path}: line 2, column 17: ")
     assert (info.value.line, info.value.column) == (2, 17)
 
     path.write_bytes(b'name: "\xff"\n')
@@ -347,3 +403,10 @@ def test_read_model_config_names_file(tmp_path: Path) -> None:
     assert read_model_config(path).name == "m"
     with pytest.raises(FileNotFoundError):
         read_model_config(tmp_path / "missing.pbtxt")
+
+
+def test_docs_show_the_disposition_table() -> None:
+    doc = (REPO_ROOT / "docs" / "model-config.md").read_text(encoding="utf-8")
+    for fields in DISPOSITIONS.values():
+        for name, rule in fields.items():
+            assert f"| `{name}` | {rule.disposition.value} | {rule.note} |" in doc, name

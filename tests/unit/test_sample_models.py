@@ -92,6 +92,11 @@ EXPECTED: dict[str, tuple[Signature, Signature]] = {
         [("image", "tensor(float)", [-1, -1, -1, 3])],
         [("pixels", "tensor(float)", [-1, -1, -1, 3])],
     ),
+    # BIAS has an initializer, so ORT does not list it among the (required) inputs.
+    "reshape_optional": (
+        [("X", "tensor(float)", [-1, 2, 2])],
+        [("Y", "tensor(float)", [-1, 2, 2])],
+    ),
 }
 
 
@@ -146,7 +151,8 @@ def test_signature_and_metadata(built: Path, name: str) -> None:
 
 def test_files_and_size(built: Path) -> None:
     expected = [f"{n}/1/model.onnx" for n in EXPECTED]
-    expected += ["simple/config.pbtxt", "image_rgb_fp32/config.pbtxt"]
+    expected += [f"{n}/config.pbtxt" for n in ("simple", "image_rgb_fp32", "versioned")]
+    expected.append("reshape_optional/config.pbtxt")
     expected.append("versioned/2/model.onnx")
     assert _model_files(built) == sorted(expected)
     total = sum((built / f).stat().st_size for f in expected)

@@ -1,0 +1,132 @@
+"""config.pbtxt over a real server: reshape, optional inputs, version_policy, the config
+response, and fields that are refused or ignored with a warning."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server import SAMPLE_REPOSITORY, ServerProcess
+
+SCALE = np.array([[1, 0], [0, 2]], dtype=np.float32)
+DEFAULT_BIAS = np.array([[10, 20], [30, 40]], dtype=np.float32)
+
+
+def _expected(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    return (x.reshape(-1, 2, 2) @ SCALE + bias).reshape(-1, 4)
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.host_port)
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server: ServerProcess) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+def test_reshape_and_optional_input_over_http(http: httpclient.InferenceServerClient) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    given = httpclient.InferInput("X", [3, 4], "FP32")
+    given.set_data_from_numpy(x)
+    result = http.infer("reshape_optional", [given])  # BIAS left out: the graph's default
+    assert result.get_output("Y")["shape"] == [3, 4]
+    np.testing.assert_array_equal(result.as_numpy("Y"), _expected(x, DEFAULT_BIAS))
+
+    bias = np.full((3, 2, 2), -1, dtype=np.float32)
+    extra = httpclient.InferInput("BIAS", [3, 2, 2], "FP32")
+    extra.set_data_from_numpy(bias, binary_data=False)
+    result = http.infer("reshape_optional", [given, extra])
+    np.testing.assert_array_equal(result.as_numpy("Y"), _expected(x, bias))
+
+
+def test_reshape_and_optional_input_over_grpc(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    x = np.ones((1, 4), dtype=np.float32)
+    given = grpcclient.InferInput("X", [1, 4], "FP32")
+    given.set_data_from_numpy(x)
+    result = grpc_client.infer("reshape_optional", [given])
+    np.testing.assert_array_equal(result.as_numpy("Y"), _expected(x, DEFAULT_BIAS))
+
+
+def test_request_is_checked_against_dims_not_reshape(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    given = httpclient.InferInput("X", [1, 2, 2], "FP32")
+    given.set_data_from_numpy(np.ones((1, 2, 2), dtype=np.float32))
+    with pytest.raises(InferenceServerException, match=r"expects \[-1, 4\]"):
+        http.infer("reshape_optional", [given])
+    bias = httpclient.InferInput("BIAS", [1, 2, 2], "FP32")
+    bias.set_data_from_numpy(np.ones((1, 2, 2), dtype=np.float32))
+    with pytest.raises(InferenceServerException, match="needs input\\(s\\) 'X'"):
+        http.infer("reshape_optional", [bias])
+
+
+def test_metadata_and_config_show_what_clients_send(
+    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    meta = http.get_model_metadata("reshape_optional")
+    assert [(t["name"], t["shape"]) for t in meta["inputs"]] == [
+        ("X", [-1, 4]),
+        ("BIAS", [-1, 2, 2]),
+    ]
+    assert [(t["name"], t["shape"]) for t in meta["outputs"]] == [("Y", [-1, 4])]
+    config = http.get_model_config("reshape_optional")
+    assert config["input"] == [
+        {"name": "X", "data_type": "TYPE_FP32", "dims": [4], "reshape": {"shape": [2, 2]}},
+        {"name": "BIAS", "data_type": "TYPE_FP32", "dims": [2, 2], "optional": True},
+    ]
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    message = grpc_client.get_model_config("reshape_optional").config
+    assert list(message.input[0].reshape.shape) == [2, 2] and message.input[1].optional
+    versioned = http.get_model_config("versioned")
+    assert versioned["version_policy"] == {"all": {}}
+
+
+def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
+    shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "latest")
+    (tmp_path / "latest" / "config.pbtxt").write_text("dynamic_batching { }\n")
+    shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "stateful")
+    (tmp_path / "stateful" / "config.pbtxt").write_text("sequence_batching { }\n")
+    shutil.copytree(SAMPLE_REPOSITORY / "reshape_optional", tmp_path / "required")
+    config = (tmp_path / "required" / "config.pbtxt").read_text()
+    config = config.replace('name: "reshape_optional"', "").replace(
+        '"X"', '"X"\n    optional: true'
+    )
+    (tmp_path / "required" / "config.pbtxt").write_text(config)
+    proc = ServerProcess(tmp_path).wait_ready()
+    try:
+        client = httpclient.InferenceServerClient(proc.host_port)
+        # Triton's default version policy: the latest version only.
+        assert client.get_model_metadata("latest")["versions"] == ["2"]
+        assert not client.is_model_ready("latest", "1")
+        with pytest.raises(InferenceServerException, match="no version '1'"):
+            client.get_model_metadata("latest", "1")
+        index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+        assert index["stateful"]["state"] == "UNAVAILABLE"
+        assert "sequence_batching" in index["stateful"]["reason"]
+        assert index["required"]["state"] == "UNAVAILABLE"
+        assert "'X' optional, but the ONNX graph requires it" in index["required"]["reason"]
+    finally:
+        assert proc.stop() == 0
+    assert (
+        "model 'latest': config.pbtxt field 'dynamic_batching' is not supported by oipserve "
+        "and is ignored" in proc.log
+    )
+    assert "model 'stateful' is UNAVAILABLE: config.pbtxt:" in proc.log
+
+
+def test_grpc_config_of_unknown_model(grpc_client: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        grpc_client.get_model_config("nope")
+    assert info.value.status() == str(grpc.StatusCode.NOT_FOUND)
+    assert "unknown model 'nope'" in str(info.value.message())

@@ -1,0 +1,81 @@
+"""Reading a model repository: version directories, version_policy, config warnings."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from oipserve.repository import read_model, version_number
+
+
+def _model(root: Path, versions: list[str], config: str | None = None) -> Path:
+    for version in versions:
+        (root / "m" / version).mkdir(parents=True)
+        (root / "m" / version / "model.onnx").write_bytes(b"not read here")
+    if config is not None:
+        (root / "m" / "config.pbtxt").write_text(config, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("entry", "number"),
+    [("1", 1), ("007", 7), ("²", None), ("١", None), ("1a", None), ("", None), ("-1", None)],
+)
+def test_version_number_takes_ascii_digits_only(entry: str, number: int | None) -> None:
+    assert version_number(entry) == number
+
+
+def test_non_ascii_digit_directory_is_skipped(tmp_path: Path) -> None:
+    source = read_model(_model(tmp_path, ["²", "3"]), "m")
+    assert source.error is None and source.versions == {"3": str(tmp_path / "m/3/model.onnx")}
+
+
+def test_default_policy_serves_the_latest_version(tmp_path: Path) -> None:
+    source = read_model(_model(tmp_path, ["1", "10", "9"]), "m")
+    assert list(source.versions) == ["10"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("version_policy { all { } }", ["1", "9", "10"]),
+        ("version_policy { latest { num_versions: 2 } }", ["9", "10"]),
+        ("version_policy { specific { versions: [ 1, 10 ] } }", ["1", "10"]),
+    ],
+)
+def test_version_policy_selects(tmp_path: Path, policy: str, served: list[str]) -> None:
+    source = read_model(_model(tmp_path, ["1", "10", "9"], policy), "m")
+    assert list(source.versions) == served
+
+
+def test_specific_versions_missing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = _model(tmp_path, ["1", "2"], "version_policy { specific { versions: [ 2, 5 ] } }")
+    with caplog.at_level(logging.WARNING, "oipserve.repository"):
+        assert list(read_model(root, "m").versions) == ["2"]
+    assert "asks for versions [5]" in caplog.text
+    (root / "m" / "config.pbtxt").write_text("version_policy { specific { versions: [ 5 ] } }")
+    source = read_model(root, "m")
+    assert source.versions == {} and "selects none of the versions found ([1, 2])" in str(
+        source.error
+    )
+
+
+def test_ignored_fields_are_logged_as_warnings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = _model(tmp_path, ["1"], "dynamic_batching { }\nresponse_cache { enable: true }\n")
+    with caplog.at_level(logging.WARNING, "oipserve.repository"):
+        assert read_model(root, "m").error is None
+    assert (
+        "model 'm': config.pbtxt field 'dynamic_batching' is not supported by oipserve "
+        "and is ignored" in caplog.text
+    )
+    assert "field 'response_cache'" in caplog.text
+
+
+def test_refused_config_makes_the_model_unavailable(tmp_path: Path) -> None:
+    source = read_model(_model(tmp_path, ["1"], "sequence_batching { }"), "m")
+    assert source.error is not None
+    assert "sequence_batching: stateful sequence models are not supported" in source.error
