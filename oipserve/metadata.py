@@ -56,7 +56,11 @@ def _spec(meta: TensorMeta) -> TensorSpec:
 
 
 def _refine(
-    kind: str, graph: list[TensorSpec], declared: tuple[TensorConfig, ...], batched: bool
+    kind: str,
+    graph: list[TensorSpec],
+    declared: tuple[TensorConfig, ...],
+    batched: bool,
+    defaults: dict[str, TensorSpec] | None = None,
 ) -> tuple[TensorSpec, ...]:
     if not declared:
         return tuple(graph)
@@ -67,12 +71,25 @@ def _refine(
         dims = (*batch, *entry.dims)
         model_shape = None if entry.reshape is None else (*batch, *entry.reshape)
         actual = by_name.get(entry.name)
+        default = (defaults or {}).get(entry.name)
+        if actual is None and entry.optional and default is not None:
+            # NOTE: ONNX Runtime lists a graph input that has an initializer (a default
+            #   value) apart from the required ones; a request may feed or omit it.
+            if entry.data_type != default.datatype:
+                raise MetadataConflict(
+                    f"config.pbtxt says input '{entry.name}' is {entry.data_type} but the "
+                    f"ONNX graph says {default.datatype}"
+                )
+            merged = _merge_dims(kind, entry.name, model_shape or dims, default.shape)
+            shape = dims if model_shape is not None else merged
+            refined.append(TensorSpec(entry.name, entry.data_type, shape, model_shape, True))
+            continue
         if actual is None:
-            if kind == "input" and entry.optional:
-                # NOTE: ONNX Runtime lists a graph input that has an initializer (a default
-                #   value) apart from the required ones; a request may feed or omit it.
-                refined.append(TensorSpec(entry.name, entry.data_type, dims, model_shape, True))
-                continue
+            if entry.optional:
+                raise MetadataConflict(
+                    f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
+                    "has no input with a default value (an initializer) of that name"
+                )
             raise MetadataConflict(
                 f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
                 f"{sorted(by_name)}"
@@ -137,6 +154,12 @@ def merge_metadata(
         return tuple(graph_inputs), tuple(graph_outputs)
     batched = config.max_batch_size > 0
     return (
-        _refine("input", graph_inputs, config.inputs, batched),
+        _refine(
+            "input",
+            graph_inputs,
+            config.inputs,
+            batched,
+            {m.name: _spec(m) for m in loaded.optional_inputs},
+        ),
         _refine("output", graph_outputs, config.outputs, batched),
     )

@@ -97,6 +97,8 @@ class ModelSession:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         self.inputs = _meta(self.session.get_inputs())
+        #: Inputs with a default value (an initializer), which a request may leave out.
+        self.optional_inputs = _meta(self.session.get_overridable_initializers())
         self.outputs = _meta(self.session.get_outputs())
         self.output_types = {m.name: m.datatype for m in self.outputs}
         self.input_types = {m.name: m.datatype for m in self.inputs}

@@ -150,6 +150,7 @@ class Worker:
                 session.inputs,
                 session.outputs,
                 session.session.get_providers(),
+                session.optional_inputs,
             )
         )
 

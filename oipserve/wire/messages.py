@@ -113,6 +113,8 @@ class Loaded(msgspec.Struct, frozen=True, tag=True, array_like=True):
     outputs: list[TensorMeta]
     #: Providers the session really uses, first is the one that runs the graph.
     providers: list[str]
+    #: Graph inputs with an initializer (a default value): a request may omit them.
+    optional_inputs: list[TensorMeta] = []
 
 
 class Unloaded(msgspec.Struct, frozen=True, tag=True, array_like=True):

@@ -20,8 +20,13 @@ def test_reshaped_maps_variable_sizes_in_order() -> None:
         reshaped([3, 2, 3], (-1, 2, 2), (-1, 4))
 
 
-def _loaded(inputs: list[TensorMeta], outputs: list[TensorMeta]) -> Loaded:
-    return Loaded(0, "m", inputs, outputs, ["CPUExecutionProvider"])
+def _loaded(
+    inputs: list[TensorMeta],
+    outputs: list[TensorMeta],
+    defaults: tuple[TensorMeta, ...] = (TensorMeta("BIAS", "FP32", [-1, 2, 2]),),
+) -> Loaded:
+    """What a worker reports: ``defaults`` are the graph inputs with an initializer."""
+    return Loaded(0, "m", inputs, outputs, ["CPUExecutionProvider"], list(defaults))
 
 
 CONFIG = """
@@ -54,4 +59,27 @@ def test_optional_input_the_graph_requires_is_refused() -> None:
         [TensorMeta("Y", "FP32", [-1, 2, 2])],
     )
     with pytest.raises(MetadataConflict, match="'BIAS' optional, but the ONNX graph requires it"):
+        merge_metadata(parse_model_config(CONFIG), loaded)
+
+
+def test_optional_input_without_a_default_in_the_graph_is_refused() -> None:
+    loaded = _loaded(
+        [TensorMeta("X", "FP32", [-1, 2, 2])], [TensorMeta("Y", "FP32", [-1, 2, 2])], defaults=()
+    )
+    with pytest.raises(MetadataConflict, match="no input with a default value"):
+        merge_metadata(parse_model_config(CONFIG), loaded)
+
+
+def test_optional_input_is_checked_against_its_default() -> None:
+    wrong_type = (TensorMeta("BIAS", "INT32", [-1, 2, 2]),)
+    loaded = _loaded(
+        [TensorMeta("X", "FP32", [-1, 2, 2])], [TensorMeta("Y", "FP32", [-1, 2, 2])], wrong_type
+    )
+    with pytest.raises(MetadataConflict, match="'BIAS' is FP32 but the ONNX graph says INT32"):
+        merge_metadata(parse_model_config(CONFIG), loaded)
+    wrong_shape = (TensorMeta("BIAS", "FP32", [-1, 3]),)
+    loaded = _loaded(
+        [TensorMeta("X", "FP32", [-1, 2, 2])], [TensorMeta("Y", "FP32", [-1, 2, 2])], wrong_shape
+    )
+    with pytest.raises(MetadataConflict, match="input 'BIAS' shape"):
         merge_metadata(parse_model_config(CONFIG), loaded)
