@@ -1,0 +1,341 @@
+"""The dynamic batcher of one model version: Triton's queue, policies and batch formation.
+
+```
+ REST ─┐                    ┌─ level 1: [r7 r9 ...] (+ DELAYed)          ┌─▶ instance A
+       ├─▶ submit() ─▶ queue┤                             ─▶ form batch ─┤   (a worker)
+ gRPC ─┘   (full: 503)      └─ level N: [r3 ...]                         └─▶ instance B
+                              timeouts: a timer per request                 (a batch each)
+```
+
+Requests wait in one queue per priority level (level 1 first, FIFO within a level).
+Whenever an instance of the model is free, the batcher walks the queue in that order and
+gathers requests while they fit (batch elements ≤ max_batch_size) and agree with the
+first on their ``signature`` (every input's dims but the first, datatypes, the inputs
+present, the outputs asked for); it fires, as Triton's ``GetDynamicBatch`` does:
+
+- at once when the walk stopped at a request that does not fit (too large, or another
+  signature), or the largest preferred batch size was reached: all it gathered;
+- at the best preferred size reached, while the oldest request is within its delay;
+- when the oldest request has waited ``max_queue_delay`` (0: at once): all it gathered;
+- otherwise it sleeps until that delay runs out, or until a request arrives.
+
+A request whose queue timeout expires is answered at that moment (a timer per request,
+so a busy instance never delays the answer) with 503 ``Request timeout expired``
+(REJECT), or moved behind the requests of its level that have not timed out (DELAY). A
+request whose caller went away (its future cancelled) is dropped before it runs. With
+``preserve_ordering``, answers are handed back in the order requests arrived.
+
+The batcher knows nothing of tensors: ``execute(entries, instance)`` runs one batch and
+returns one result per entry (``oipserve.batch_io`` assembles and splits the tensors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any
+
+from oipserve.batch_policy import BatchPolicy
+from oipserve.errors import Unavailable
+
+__all__ = ["DynamicBatcher", "Entry", "QueueRejected"]
+
+log = logging.getLogger("oipserve.scheduler")
+
+#: How often a batcher with queued requests but no live instance (its worker is being
+#: replaced) looks again.
+_NO_INSTANCE_POLL = 0.1
+
+_QUEUED, _TAKEN, _GONE = 0, 1, 2
+
+
+class QueueRejected(Unavailable):
+    """The queue refused or dropped the request (full, or its timeout expired)."""
+
+
+class Entry:
+    """One request in the queue, and where its answer goes."""
+
+    __slots__ = (
+        "request",
+        "batch",
+        "signature",
+        "level",
+        "enqueued_ns",
+        "future",
+        "seq",
+        "state",
+        "delayed",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        request: Any,
+        batch: int,
+        signature: Hashable,
+        level: int,
+        future: asyncio.Future[Any],
+        seq: int,
+    ) -> None:
+        #: What ``execute`` needs to run it (opaque here).
+        self.request = request
+        #: Batch elements it holds (its inputs' first dimension; 1 without batching).
+        self.batch = batch
+        self.signature = signature
+        self.level = level
+        self.enqueued_ns = time.monotonic_ns()
+        self.future = future
+        self.seq = seq
+        self.state = _QUEUED
+        #: Its DELAY timeout expired: it now waits behind its level's other requests.
+        self.delayed = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class DynamicBatcher:
+    """Queue and batch formation for one model version; one batch per free instance."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: BatchPolicy,
+        instances: Callable[[], list[Any]],
+        execute: Callable[[list[Entry], Any], Awaitable[list[Any]]],
+        discard: Callable[[Any], None],
+    ) -> None:
+        """``instances()`` lists the instances that can run the model now; ``execute`` runs
+        a batch on one and returns a result per entry; ``discard(result)`` frees a result
+        whose caller went away."""
+        self.name = name
+        self.policy = policy
+        self._instances = instances
+        self._execute = execute
+        self._discard = discard
+        levels = policy.priority_levels
+        self._queues: list[deque[Entry]] = [deque() for _ in range(levels)]
+        self._delayed: list[deque[Entry]] = [deque() for _ in range(levels)]
+        self._queued_per_level = [0] * levels
+        #: Requests waiting (not yet in a batch): Triton's pending request count.
+        self.queued = 0
+        self._busy: set[int] = set()
+        self._wake = asyncio.Event()
+        self._next_seq = 0
+        self._deliver_seq = 0
+        self._finished: dict[int, tuple[Entry, Any, BaseException | None]] = {}
+        self._dispatches: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._preferred = frozenset(policy.preferred_batch_sizes)
+        self._largest_preferred = (
+            policy.preferred_batch_sizes[-1]
+            if policy.preferred_batch_sizes
+            else policy.largest_batch
+        )
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher {name}")
+        self._task.add_done_callback(self._stopped)
+
+    # ---- the callers' side ---------------------------------------------------------
+
+    def submit(
+        self, request: Any, batch: int, signature: Hashable, priority: int, timeout_us: int
+    ) -> asyncio.Future[Any]:
+        """Queue a request; the future resolves to its result (cancel it to withdraw it).
+
+        Raises QueueRejected at once when its level's queue is full.
+        """
+        if self._closed:
+            raise Unavailable(f"model '{self.name}' is being unloaded")
+        level = self.policy.level(priority)
+        policy = self.policy.policy(level)
+        if policy.max_queue_size and self._queued_per_level[level - 1] >= policy.max_queue_size:
+            raise QueueRejected("Exceeds maximum queue size")
+        loop = asyncio.get_running_loop()
+        entry = Entry(request, batch, signature, level, loop.create_future(), self._next_seq)
+        self._next_seq += 1
+        timeout_ns = policy.timeout_ns(timeout_us)
+        if timeout_ns:
+            entry.timer = loop.call_later(timeout_ns / 1e9, self._expire, entry)
+        entry.future.add_done_callback(lambda _, entry=entry: self._withdrawn(entry))
+        self._queues[level - 1].append(entry)
+        self._queued_per_level[level - 1] += 1
+        self.queued += 1
+        self._wake.set()
+        return entry.future
+
+    def close(self) -> None:
+        """Answer every queued request 503 and stop forming batches; running ones finish."""
+        self._closed = True
+        error = Unavailable(f"model '{self.name}' is being unloaded")
+        for queue in (*self._queues, *self._delayed):
+            for entry in queue:
+                if entry.state == _QUEUED:
+                    self._leave_queue(entry)
+                    self._answer(entry, None, error)
+            queue.clear()
+        self._task.cancel()
+
+    # ---- leaving the queue -----------------------------------------------------------
+
+    def _leave_queue(self, entry: Entry) -> None:
+        entry.state = _GONE
+        self._queued_per_level[entry.level - 1] -= 1
+        self.queued -= 1
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+
+    def _withdrawn(self, entry: Entry) -> None:
+        """The caller cancelled (gave up on) the request's future."""
+        if entry.future.cancelled() and entry.state == _QUEUED:
+            self._leave_queue(entry)
+            self._skip_in_order(entry)
+
+    def _expire(self, entry: Entry) -> None:
+        entry.timer = None
+        if entry.state != _QUEUED:
+            return
+        if self.policy.policy(entry.level).timeout_action == "DELAY":
+            if not entry.delayed:
+                entry.delayed = True
+                self._delayed[entry.level - 1].append(entry)
+            return
+        self._leave_queue(entry)
+        self._answer(entry, None, QueueRejected("Request timeout expired"))
+
+    # ---- answers, in order when asked to -------------------------------------------
+
+    def _answer(self, entry: Entry, result: Any, error: BaseException | None) -> None:
+        if not self.policy.preserve_ordering:
+            self._settle(entry, result, error)
+            return
+        self._finished[entry.seq] = (entry, result, error)
+        self._flush_in_order()
+
+    def _skip_in_order(self, entry: Entry) -> None:
+        if self.policy.preserve_ordering:
+            self._finished[entry.seq] = (entry, None, None)
+            self._flush_in_order()
+
+    def _flush_in_order(self) -> None:
+        while self._deliver_seq in self._finished:
+            entry, result, error = self._finished.pop(self._deliver_seq)
+            self._deliver_seq += 1
+            self._settle(entry, result, error)
+
+    def _settle(self, entry: Entry, result: Any, error: BaseException | None) -> None:
+        future = entry.future
+        if future.done():  # the caller went away meanwhile
+            if result is not None:
+                self._discard(result)
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    # ---- batch formation ---------------------------------------------------------------
+
+    def _walk(self) -> Iterator[Entry]:
+        """Queued requests in service order: level 1 first; per level FIFO, DELAYed last."""
+        for queue, delayed in zip(self._queues, self._delayed, strict=True):
+            while queue and (queue[0].state != _QUEUED or queue[0].delayed):
+                queue.popleft()
+            for entry in queue:
+                if entry.state == _QUEUED and not entry.delayed:
+                    yield entry
+            while delayed and delayed[0].state != _QUEUED:
+                delayed.popleft()
+            for entry in delayed:
+                if entry.state == _QUEUED:
+                    yield entry
+
+    def form(self, now_ns: int) -> tuple[list[Entry], int | None]:
+        """The batch to run now (may be empty) and, if none, when to look again (ns)."""
+        limit = self.policy.largest_batch
+        taken: list[Entry] = []
+        total = 0
+        best = 0
+        saturated = False
+        signature: Hashable = None
+        for entry in self._walk():
+            if not taken:
+                signature = entry.signature
+            elif entry.signature != signature or total + entry.batch > limit:
+                saturated = True
+                break
+            taken.append(entry)
+            total += entry.batch
+            if total in self._preferred:
+                best = len(taken)
+            if total >= self._largest_preferred:
+                break
+        if not taken:
+            return [], None
+        oldest = min(e.enqueued_ns for e in taken)
+        deadline = oldest + self.policy.max_queue_delay_ns
+        if saturated or total >= self._largest_preferred or now_ns >= deadline:
+            return taken, None
+        if best:
+            return taken[:best], None
+        return [], deadline
+
+    # ---- the loop --------------------------------------------------------------------
+
+    def _free_instance(self) -> Any | None:
+        for instance in self._instances():
+            if id(instance) not in self._busy:
+                return instance
+        return None
+
+    async def _run(self) -> None:
+        wake = self._wake
+        while True:
+            wake.clear()
+            timeout: float | None = None
+            if self.queued:
+                instance = self._free_instance()
+                if instance is None:
+                    if not self._instances():
+                        timeout = _NO_INSTANCE_POLL
+                else:
+                    now = time.monotonic_ns()
+                    batch, again = self.form(now)
+                    if batch:
+                        self._start(batch, instance)
+                        continue
+                    if again is not None:
+                        timeout = (again - now) / 1e9
+            try:
+                await asyncio.wait_for(wake.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The loop ended: by close(), or by a bug, which must not leave callers waiting."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the batcher of %s failed", self.name, exc_info=task.exception())
+            self.close()
+
+    def _start(self, batch: list[Entry], instance: Any) -> None:
+        for entry in batch:
+            self._leave_queue(entry)
+            entry.state = _TAKEN
+        self._busy.add(id(instance))
+        task = asyncio.get_running_loop().create_task(self._dispatch(batch, instance))
+        self._dispatches.add(task)
+        task.add_done_callback(self._dispatches.discard)
+
+    async def _dispatch(self, batch: list[Entry], instance: Any) -> None:
+        try:
+            results = await self._execute(batch, instance)
+        except Exception as exc:
+            for entry in batch:
+                self._answer(entry, None, exc)
+        else:
+            for entry, result in zip(batch, results, strict=True):
+                self._answer(entry, result, None)
+        finally:
+            self._busy.discard(id(instance))
+            self._wake.set()

@@ -1,0 +1,71 @@
+"""dynamic_batching blocks checked and normalised as Triton does at load."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+
+from oipserve.batch_policy import BatchPolicyError, QueuePolicy, batch_policy
+from oipserve.grpc_generated import model_config_pb2 as mc
+
+
+def _policy(text: str, max_batch_size: int = 8):  # noqa: ANN202
+    message = text_format.Parse(text, mc.ModelDynamicBatching())
+    return batch_policy(message, max_batch_size, "m")
+
+
+def test_an_empty_block_batches_up_to_max_batch_size_without_waiting() -> None:
+    policy = _policy("")
+    assert policy.preferred_batch_sizes == (8,)
+    assert policy.max_queue_delay_ns == 0
+    assert policy.priority_levels == 1 and policy.level(0) == 1
+    assert policy.queue_policies == (QueuePolicy(),)
+
+
+def test_keys_are_read_with_their_units() -> None:
+    policy = _policy(
+        """preferred_batch_size: [4, 2] max_queue_delay_microseconds: 500
+        priority_levels: 2 default_priority_level: 2
+        default_queue_policy { max_queue_size: 3 default_timeout_microseconds: 100
+                               allow_timeout_override: true }
+        priority_queue_policy { key: 1 value { timeout_action: DELAY
+                                               default_timeout_microseconds: 7 } }"""
+    )
+    assert policy.preferred_batch_sizes == (2, 4)
+    assert policy.max_queue_delay_ns == 500_000
+    assert policy.level(0) == 2 and policy.level(1) == 1 and policy.level(9) == 2
+    assert policy.policy(1) == QueuePolicy("DELAY", 7_000)
+    assert policy.policy(2) == QueuePolicy("REJECT", 100_000, True, 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("preferred_batch_size: [0]", "preferred size must be positive for m"),
+        ("preferred_batch_size: [9]", "preferred size must be <= max batch size for m"),
+        ("priority_levels: 2 default_priority_level: 3", r"must be in range \[1, 2\] for m"),
+        ("priority_levels: 2", r"must be in range \[1, 2\] for m"),
+        (
+            "priority_levels: 2 default_priority_level: 1 "
+            "priority_queue_policy { key: 5 value { } }",
+            "priority level in range",
+        ),
+        (
+            "preserve_ordering: true priority_levels: 2 default_priority_level: 1",
+            "preserve_ordering cannot be used with priority levels",
+        ),
+        (
+            "preserve_ordering: true default_queue_policy "
+            "{ timeout_action: DELAY default_timeout_microseconds: 5 }",
+            "preserve_ordering cannot be used with a DELAY",
+        ),
+    ],
+)
+def test_what_triton_refuses_is_refused(text: str, message: str) -> None:
+    with pytest.raises(BatchPolicyError, match=message):
+        _policy(text)
+
+
+def test_without_max_batch_size_each_request_runs_alone() -> None:
+    policy = _policy("", max_batch_size=0)
+    assert policy.preferred_batch_sizes == () and policy.largest_batch == 1

@@ -1,0 +1,279 @@
+"""The dynamic batcher's queue, policies and batch formation (oipserve.scheduler)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from oipserve.batch_policy import BatchPolicy, QueuePolicy
+from oipserve.errors import Unavailable
+from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
+
+
+class Instance:
+    """A fake model instance: records each batch and finishes it when told to."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.batches: list[list[Any]] = []
+        self.gates: list[asyncio.Event] = []
+        self.hold = False
+
+
+class Harness:
+    def __init__(self, policy: BatchPolicy, instances: int = 1) -> None:
+        self.instances = [Instance(f"i{n}") for n in range(instances)]
+        self.discarded: list[Any] = []
+        self.fail: Exception | None = None
+        self.batcher = DynamicBatcher(
+            "m", policy, lambda: self.instances, self.execute, self.discarded.append
+        )
+
+    async def execute(self, entries: list[Entry], instance: Instance) -> list[Any]:
+        instance.batches.append([e.request for e in entries])
+        gate = asyncio.Event()
+        instance.gates.append(gate)
+        if instance.hold:
+            await gate.wait()
+        else:
+            await asyncio.sleep(0)
+        if self.fail is not None:
+            raise self.fail
+        return [f"done {e.request}" for e in entries]
+
+    def submit(
+        self, name: str, batch: int = 1, sig: str = "s", priority: int = 0, timeout_us: int = 0
+    ) -> asyncio.Future[Any]:
+        return self.batcher.submit(name, batch, sig, priority, timeout_us)
+
+    def executed(self) -> list[list[Any]]:
+        return [b for i in self.instances for b in i.batches]
+
+
+def policy(**kwargs: Any) -> BatchPolicy:
+    kwargs.setdefault("max_batch_size", 8)
+    kwargs.setdefault("preferred_batch_sizes", (kwargs["max_batch_size"],))
+    return BatchPolicy(**kwargs)
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_requests_that_pile_up_while_the_instance_is_busy_form_one_batch() -> None:
+    h = Harness(policy())
+    h.instances[0].hold = True
+    first = h.submit("a")
+    await settle()
+    rest = [h.submit(n) for n in "bcd"]
+    await settle()
+    assert h.executed() == [["a"]]  # delay 0: a ran alone at once
+    h.instances[0].gates[0].set()
+    await settle()
+    assert h.executed() == [["a"], ["b", "c", "d"]]
+    h.instances[0].gates[1].set()
+    assert await first == "done a"
+    assert await asyncio.gather(*rest) == ["done b", "done c", "done d"]
+
+
+async def test_batch_elements_count_and_a_request_that_does_not_fit_starts_the_next() -> None:
+    h = Harness(policy(max_batch_size=4))
+    h.instances[0].hold = True
+    h.submit("x")
+    await settle()
+    futures = [h.submit("a", 3), h.submit("b", 3), h.submit("c", 1)]
+    await settle()
+    for _ in range(3):
+        h.instances[0].gates[-1].set()
+        await settle()
+    assert h.executed() == [["x"], ["a"], ["b", "c"]]
+    h.instances[0].gates[-1].set()
+    await asyncio.gather(*futures)
+
+
+async def test_another_signature_is_not_an_error_it_starts_the_next_batch() -> None:
+    h = Harness(policy())
+    h.instances[0].hold = True
+    h.submit("x")
+    await settle()
+    futures = [h.submit("a1", sig="a"), h.submit("a2", sig="a"), h.submit("b1", sig="b")]
+    futures.append(h.submit("a3", sig="a"))
+    await settle()
+    for _ in range(3):
+        h.instances[0].gates[-1].set()
+        await settle()
+    assert h.executed() == [["x"], ["a1", "a2"], ["b1"], ["a3"]]
+    h.instances[0].gates[-1].set()
+    await asyncio.gather(*futures)
+
+
+async def test_the_delay_waits_for_a_fuller_batch_then_fires_what_it_has() -> None:
+    h = Harness(policy(max_queue_delay_ns=60_000_000))
+    started = time.monotonic()
+    futures = [h.submit("a"), h.submit("b")]
+    await asyncio.sleep(0.02)
+    assert h.executed() == []  # within the delay, 2 < 8: it waits
+    assert await asyncio.gather(*futures) == ["done a", "done b"]
+    assert h.executed() == [["a", "b"]]
+    assert time.monotonic() - started >= 0.055
+
+
+async def test_a_preferred_size_fires_at_once_within_the_delay() -> None:
+    h = Harness(policy(preferred_batch_sizes=(2, 4), max_queue_delay_ns=10_000_000_000))
+    futures = [h.submit(n) for n in "abc"]
+    await settle()
+    assert h.executed()[0] == ["a", "b"]  # cut at the best preferred size
+    await asyncio.gather(*futures[:2])
+    assert h.batcher.queued == 1
+    h.batcher.close()
+    with pytest.raises(Unavailable, match="being unloaded"):
+        await futures[2]
+
+
+async def test_largest_preferred_size_fires_at_once() -> None:
+    h = Harness(policy(max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_ns=10**10))
+    futures = [h.submit(n) for n in "abcde"]
+    await settle()
+    assert h.executed()[0] == ["a", "b", "c", "d"]
+    h.batcher.close()
+    await asyncio.gather(*futures[:4])
+
+
+async def test_full_queue_is_rejected_at_once() -> None:
+    h = Harness(policy(queue_policies=(QueuePolicy(max_queue_size=2),)))
+    h.instances[0].hold = True
+    h.submit("running")
+    await settle()
+    h.submit("q1")
+    h.submit("q2")
+    with pytest.raises(QueueRejected, match="Exceeds maximum queue size"):
+        h.submit("q3")
+    assert h.batcher.queued == 2
+
+
+async def test_reject_timeout_answers_when_it_expires_even_with_the_instance_busy() -> None:
+    h = Harness(policy(queue_policies=(QueuePolicy(default_timeout_ns=30_000_000),)))
+    h.instances[0].hold = True
+    h.submit("running")
+    await settle()
+    waiting = h.submit("late")
+    started = time.monotonic()
+    with pytest.raises(QueueRejected, match="^Request timeout expired$"):
+        await waiting
+    assert 0.025 <= time.monotonic() - started < 1.0
+    assert h.batcher.queued == 0
+    h.instances[0].gates[0].set()
+    await settle()
+    assert h.executed() == [["running"]]  # the timed-out request never ran
+
+
+async def test_delay_timeout_moves_the_request_behind_its_level() -> None:
+    delay = QueuePolicy(timeout_action="DELAY", default_timeout_ns=20_000_000)
+    h = Harness(policy(max_batch_size=1, queue_policies=(delay,)))
+    h.instances[0].hold = True
+    h.submit("running", timeout_us=0)
+    await settle()
+    old = h.submit("old")
+    await asyncio.sleep(0.04)  # old's timeout expired: DELAYed
+    fresh = h.batcher.submit("fresh", 1, "s", 0, 0)
+    for _ in range(3):
+        h.instances[0].gates[-1].set()
+        await settle()
+    assert h.executed() == [["running"], ["fresh"], ["old"]]
+    await asyncio.gather(old, fresh)
+
+
+async def test_a_cancelled_request_never_runs() -> None:
+    h = Harness(policy())
+    h.instances[0].hold = True
+    h.submit("running")
+    await settle()
+    gone = h.submit("gone")
+    kept = h.submit("kept")
+    gone.cancel()
+    await settle()
+    assert h.batcher.queued == 1
+    h.instances[0].gates[0].set()
+    await settle()
+    assert h.executed() == [["running"], ["kept"]]
+    h.instances[0].gates[1].set()
+    assert await kept == "done kept"
+
+
+async def test_a_caller_gone_during_execution_gets_its_result_discarded() -> None:
+    h = Harness(policy())
+    h.instances[0].hold = True
+    future = h.submit("a")
+    await settle()
+    future.cancel()
+    h.instances[0].gates[0].set()
+    await settle()
+    assert h.discarded == ["done a"]
+
+
+async def test_priority_levels_serve_level_one_first() -> None:
+    h = Harness(policy(max_batch_size=1, priority_levels=2, default_priority_level=2,
+                       queue_policies=(QueuePolicy(), QueuePolicy())))  # fmt: skip
+    h.instances[0].hold = True
+    h.submit("running")
+    await settle()
+    low = h.submit("low")  # priority 0: the default level, 2
+    high = h.submit("high", priority=1)
+    for _ in range(3):
+        h.instances[0].gates[-1].set()
+        await settle()
+    assert h.executed() == [["running"], ["high"], ["low"]]
+    await asyncio.gather(low, high)
+
+
+async def test_two_instances_run_two_batches_and_preserve_ordering_holds_answers() -> None:
+    h = Harness(policy(max_batch_size=1, preserve_ordering=True), instances=2)
+    for instance in h.instances:
+        instance.hold = True
+    first, second = h.submit("first"), h.submit("second")
+    await settle()
+    assert sorted(map(tuple, h.executed())) == [("first",), ("second",)]
+    by_request = {b[0]: i for i in h.instances for b in i.batches}
+    by_request["second"].gates[0].set()  # the later request finishes first
+    await settle()
+    assert not second.done()  # held until the earlier one is answered
+    by_request["first"].gates[0].set()
+    await settle()
+    assert first.done() and second.done()
+
+
+async def test_a_failed_execution_fails_every_request_of_the_batch() -> None:
+    h = Harness(policy())
+    h.fail = RuntimeError("boom")
+    h.instances[0].hold = True
+    futures = [h.submit("x")]
+    await settle()
+    futures += [h.submit("a"), h.submit("b")]
+    h.instances[0].gates[0].set()
+    await settle()
+    h.instances[0].gates[1].set()
+    for future in futures:
+        with pytest.raises(RuntimeError, match="boom"):
+            await future
+
+
+async def test_requests_wait_while_no_instance_is_alive() -> None:
+    h = Harness(policy())
+    alive, h.instances = h.instances, []
+    future = h.submit("a")
+    await asyncio.sleep(0.05)
+    assert not future.done()
+    h.instances = alive  # a replacement worker came up
+    assert await asyncio.wait_for(future, 2) == "done a"
+
+
+def test_timeout_override_follows_tritons_rule() -> None:
+    assert QueuePolicy(default_timeout_ns=0, allow_timeout_override=True).timeout_ns(500) == 0
+    policy = QueuePolicy(default_timeout_ns=1_000_000, allow_timeout_override=True)
+    assert policy.timeout_ns(500) == 500_000  # shorter: honoured
+    assert policy.timeout_ns(5_000) == 1_000_000  # longer: never
+    assert QueuePolicy(default_timeout_ns=1_000_000).timeout_ns(500) == 1_000_000
