@@ -19,95 +19,22 @@ The inference path, top to bottom (``DataPlane.infer``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-
-import numpy as np
 
 import oipserve
+from oipserve.echo import answer_echo
 from oipserve.errors import InferenceFailed, InvalidInput
-from oipserve.images import image_payload, image_target
+from oipserve.images import image_target
+from oipserve.inference import InferResult, InputTensor, OutputTensor
 from oipserve.metadata import reshaped
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
+from oipserve.placement import Placement, image_payload_of, payload, place
 from oipserve.pool import WorkerHandle, WorkerPool
-from oipserve.tensors import array_from_values, bytes_from_values
-from oipserve.wire.datatypes import (
-    ELEMENT_SIZES,
-    element_count,
-    encode_bytes_elements,
-    split_bytes_elements,
-)
-from oipserve.wire.images import ImageSpec
-from oipserve.wire.messages import TensorDesc
-from oipserve.wire.shm import BufferPool, Lease, SegmentCache, align
+from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 
 log = logging.getLogger("oipserve.dataplane")
 
 SERVER_NAME = "oipserve"
-
-
-class InputTensor:
-    """One request input, as a protocol adapter parsed it.
-
-    Exactly one of ``values`` (JSON / typed values), ``raw`` (bytes in this
-    process's memory) and ``located`` (bytes already in a pooled segment:
-    lease, offset, size) holds the data.
-    """
-
-    __slots__ = ("name", "datatype", "shape", "values", "raw", "located", "image")
-
-    def __init__(
-        self,
-        name: str,
-        datatype: str,
-        shape: list[int],
-        *,
-        values: object = None,
-        raw: memoryview | bytes | None = None,
-        located: tuple[Lease, int, int] | None = None,
-    ) -> None:
-        self.name = name
-        self.datatype = datatype
-        self.shape = shape
-        self.values = values
-        self.raw = raw
-        self.located = located
-        #: Set by the data plane when the input is encoded images (see oipserve.images).
-        self.image: ImageSpec | None = None
-
-
-class OutputTensor:
-    __slots__ = ("name", "datatype", "shape", "data")
-
-    def __init__(self, name: str, datatype: str, shape: list[int], data: memoryview) -> None:
-        self.name = name
-        self.datatype = datatype
-        self.shape = shape
-        #: The tensor's bytes (BYTES: length-prefixed) in the worker's output segment.
-        self.data = data
-
-    @property
-    def count(self) -> int:
-        return element_count(self.shape)
-
-
-class InferResult:
-    """Outputs that live in a worker's shared memory until ``release``."""
-
-    __slots__ = ("model", "outputs", "_release")
-
-    def __init__(
-        self, model: ModelVersion, outputs: list[OutputTensor], release: Callable[[], None]
-    ) -> None:
-        self.model = model
-        self.outputs = outputs
-        self._release: Callable[[], None] | None = release
-
-    def release(self) -> None:
-        """Give the output segment back to the worker; call once nothing reads it."""
-        release, self._release = self._release, None
-        if release is not None:
-            release()
 
 
 class DataPlane:
@@ -172,11 +99,11 @@ class DataPlane:
     ) -> InferResult:
         """Run one request; ``owned`` leases are released once the worker is done reading."""
         if model.echo:
-            return _echo(model, inputs, output_names, owned)
+            return answer_echo(model, inputs, output_names, owned)
         lease: Lease | None = None
         try:
             placements = self._check(model, inputs, output_names)
-            descs, lease = self._place(placements)
+            descs, lease = place(placements, self.inputs)
             worker = model.pick(self.max_queue)
         except BaseException:
             for held in owned:
@@ -232,7 +159,7 @@ class DataPlane:
             seen.add(tensor.name)
             tensor.image = image_target(model, spec, tensor)
             if tensor.image is not None:
-                placements.append((tensor, tensor.shape, *_image_payload(tensor)))
+                placements.append((tensor, tensor.shape, *image_payload_of(tensor)))
                 continue
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(
@@ -243,7 +170,7 @@ class DataPlane:
             shape = tensor.shape
             if spec.model_shape is not None:
                 shape = reshaped(shape, spec.shape, spec.model_shape)
-            placements.append((tensor, shape, *_payload(tensor)))
+            placements.append((tensor, shape, *payload(tensor)))
         if len(seen) != len(model.input_map):
             missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
         else:
@@ -264,54 +191,6 @@ class DataPlane:
                 raise InvalidInput(f"output '{name}' is requested more than once")
             wanted.add(name)
         return placements
-
-    def _place(self, placements: list[Placement]) -> tuple[list[TensorDesc], Lease | None]:
-        """Descriptors for every input, copying host-side data into one pooled segment."""
-        total = 0
-        for tensor, _, nbytes, _ in placements:
-            if tensor.located is None:
-                total = align(total + nbytes)
-        lease = self.inputs.acquire(total) if total else None
-        descs = []
-        offset = 0
-        for tensor, shape, nbytes, data in placements:
-            if tensor.located is not None:
-                held, start, size = tensor.located
-                descs.append(
-                    TensorDesc(
-                        tensor.name,
-                        tensor.datatype,
-                        shape,
-                        held.name,
-                        start,
-                        size,
-                        tensor.image,
-                    )
-                )
-                continue
-            assert lease is not None
-            target = lease.buf
-            if isinstance(data, np.ndarray):
-                target[offset : offset + nbytes] = data.view(np.uint8).reshape(-1).data
-            else:
-                target[offset : offset + nbytes] = data  # type: ignore[index]
-            descs.append(
-                TensorDesc(
-                    tensor.name,
-                    tensor.datatype,
-                    shape,
-                    lease.name,
-                    offset,
-                    nbytes,
-                    tensor.image,
-                )
-            )
-            offset = align(offset + nbytes)
-        return descs, lease
-
-
-#: One checked input: the tensor, the shape the model gets, its byte size, its host data.
-Placement = tuple[InputTensor, list[int], int, object]
 
 
 def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
@@ -354,97 +233,3 @@ def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, 
             f"input '{tensor.name}' has batch size {shape[0]}, but model '{model.name}' "
             f"takes at most {model.max_batch_size}"
         )
-
-
-def _payload(tensor: InputTensor) -> tuple[int, object]:
-    """Byte size of an input and its host-side data (None when already in shared memory)."""
-    count = element_count(tensor.shape)
-    datatype = tensor.datatype
-    if tensor.values is not None:
-        if datatype == "BYTES":
-            blob = encode_bytes_elements(bytes_from_values(tensor.name, tensor.values, count))
-            return len(blob), blob
-        array = array_from_values(tensor.name, datatype, tensor.values, count)
-        return array.nbytes, array
-    if tensor.located is not None:
-        held, start, size = tensor.located
-        _check_size(tensor, held.buf[start : start + size], count)
-        return size, None
-    if tensor.raw is not None:
-        raw = memoryview(tensor.raw).cast("B")
-        _check_size(tensor, raw, count)
-        return len(raw), raw
-    raise InvalidInput(f"input '{tensor.name}' carries no data")
-
-
-def _image_payload(tensor: InputTensor) -> tuple[int, object]:
-    """Like _payload for encoded images: JSON strings are base64 (oipserve.images)."""
-    if tensor.values is not None:
-        blob = image_payload(tensor.name, tensor.values, element_count(tensor.shape))
-        return len(blob), blob
-    return _payload(tensor)
-
-
-def _check_size(tensor: InputTensor, data: memoryview, count: int) -> None:
-    if tensor.datatype == "BYTES":
-        try:
-            found = len(split_bytes_elements(data))
-        except ValueError as exc:
-            raise InvalidInput(f"BYTES data of input '{tensor.name}' is malformed: {exc}") from None
-        if found != count:
-            raise InvalidInput(
-                f"input '{tensor.name}': its shape holds {count} elements but its BYTES data "
-                f"has {found}"
-            )
-        return
-    expected = ELEMENT_SIZES[tensor.datatype] * count
-    if len(data) != expected:
-        raise InvalidInput(
-            f"input '{tensor.name}' should have {expected} bytes of data for shape "
-            f"{tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
-        )
-
-
-def _echo(
-    model: ModelVersion, inputs: list[InputTensor], output_names: list[str], owned: list[Lease]
-) -> InferResult:
-    """Every input back as an output (same name, datatype, shape, data).
-
-    The ``echo`` worker kind exists for orchestration tests (load, naming, share,
-    unload): it needs no worker process and no ONNX Runtime session, so the
-    front answers it by copying the inputs.
-    """
-    try:
-        if not inputs:
-            raise InvalidInput("'inputs' must list at least one input")
-        by_name: dict[str, OutputTensor] = {}
-        for tensor in inputs:
-            if tensor.name in by_name:
-                raise InvalidInput(f"input '{tensor.name}' is given more than once")
-            if any(d < 0 for d in tensor.shape):
-                raise InvalidInput(
-                    f"input '{tensor.name}' has a negative dimension in {list(tensor.shape)}"
-                )
-            _, data = _payload(tensor)
-            if data is None:
-                assert tensor.located is not None
-                held, start, size = tensor.located
-                blob = bytes(held.buf[start : start + size])
-            elif isinstance(data, np.ndarray):
-                blob = data.tobytes()
-            else:
-                blob = bytes(data)  # type: ignore[arg-type]
-            by_name[tensor.name] = OutputTensor(
-                tensor.name, tensor.datatype, list(tensor.shape), memoryview(blob)
-            )
-        for name in output_names:
-            if name not in by_name:
-                raise InvalidInput(
-                    f"unexpected requested output '{name}' for echo endpoint '{model.name}' "
-                    f"(it returns its inputs: {', '.join(by_name)})"
-                )
-        names = output_names or list(by_name)
-        return InferResult(model, [by_name[n] for n in names], lambda: None)
-    finally:
-        for held in owned:
-            held.release()

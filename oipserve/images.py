@@ -20,7 +20,7 @@ from oipserve.wire.datatypes import DATATYPES, encode_bytes_elements
 from oipserve.wire.images import ImageError, ImageSpec, image_spec_for
 
 if TYPE_CHECKING:
-    from oipserve.dataplane import InputTensor
+    from oipserve.inference import InputTensor
 
 __all__ = ["image_payload", "image_target"]
 

@@ -16,8 +16,8 @@ import weakref
 
 from google.protobuf.message import DecodeError
 
-from oipserve.dataplane import InferResult
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.inference import InferResult
 
 _RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from oipserve.dataplane import InputTensor
 from oipserve.errors import InvalidInput, Unsupported
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.inference import InputTensor
 from oipserve.tensors import check_datatype
 from oipserve.wire.datatypes import DATATYPES
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import falcon.asgi
 import numpy as np
 
-from oipserve.dataplane import InferResult
+from oipserve.inference import InferResult
 from oipserve.protocol import encode_response
 from oipserve.rest.coding import choose_encoding, compress
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM

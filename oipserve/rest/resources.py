@@ -14,8 +14,9 @@ import falcon.asgi
 import msgspec
 
 from oipserve import binary
-from oipserve.dataplane import DataPlane, InputTensor
+from oipserve.dataplane import DataPlane
 from oipserve.errors import InvalidInput
+from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
 from oipserve.protocol import ENCODER, RequestInput, decode_request
 from oipserve.rest.body import Body, read_body

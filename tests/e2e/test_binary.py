@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from oipserve.dataplane import InputTensor, _payload
+from oipserve.inference import InputTensor
+from oipserve.placement import payload as _payload
 from oipserve.protocol import decode_request
 from oipserve.rest.body import Body
 from oipserve.rest.resources import ModelResource

@@ -11,7 +11,6 @@ import pytest
 from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from oipserve.dataplane import InferResult, OutputTensor
 from oipserve.errors import (
     INTERNAL_MESSAGE,
     InferenceFailed,
@@ -24,6 +23,7 @@ from oipserve.grpc_front.codec import InferReply, split_infer_request
 from oipserve.grpc_front.convert import input_tensors
 from oipserve.grpc_front.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.inference import InferResult, OutputTensor
 
 
 def _fields(descriptor: Descriptor, prefix: str = "") -> dict[str, dict[str, tuple[int, int]]]:

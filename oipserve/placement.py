@@ -1,0 +1,123 @@
+"""Putting checked inputs into shared memory, where the worker reads them.
+
+``payload`` checks an input's data against its shape and gives its byte size and its
+host-side data (None when it already lies in a pooled segment); ``place`` writes the
+host-side data of a request into one pooled segment and describes every input to the
+worker (no copy for data that is already in a segment).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oipserve.errors import InvalidInput
+from oipserve.images import image_payload
+from oipserve.inference import InputTensor
+from oipserve.tensors import array_from_values, bytes_from_values
+from oipserve.wire.datatypes import (
+    ELEMENT_SIZES,
+    element_count,
+    encode_bytes_elements,
+    split_bytes_elements,
+)
+from oipserve.wire.messages import TensorDesc
+from oipserve.wire.shm import BufferPool, Lease, align
+
+__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place"]
+
+#: One checked input: the tensor, the shape the model gets, its byte size, its host data.
+Placement = tuple[InputTensor, list[int], int, object]
+
+
+def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDesc], Lease | None]:
+    """Descriptors for every input, copying host-side data into one pooled segment."""
+    total = 0
+    for tensor, _, nbytes, _ in placements:
+        if tensor.located is None:
+            total = align(total + nbytes)
+    lease = pool.acquire(total) if total else None
+    descs = []
+    offset = 0
+    for tensor, shape, nbytes, data in placements:
+        if tensor.located is not None:
+            held, start, size = tensor.located
+            descs.append(
+                TensorDesc(
+                    tensor.name,
+                    tensor.datatype,
+                    shape,
+                    held.name,
+                    start,
+                    size,
+                    tensor.image,
+                )
+            )
+            continue
+        assert lease is not None
+        target = lease.buf
+        if isinstance(data, np.ndarray):
+            target[offset : offset + nbytes] = data.view(np.uint8).reshape(-1).data
+        else:
+            target[offset : offset + nbytes] = data  # type: ignore[index]
+        descs.append(
+            TensorDesc(
+                tensor.name,
+                tensor.datatype,
+                shape,
+                lease.name,
+                offset,
+                nbytes,
+                tensor.image,
+            )
+        )
+        offset = align(offset + nbytes)
+    return descs, lease
+
+
+def payload(tensor: InputTensor) -> tuple[int, object]:
+    """Byte size of an input and its host-side data (None when already in shared memory)."""
+    count = element_count(tensor.shape)
+    datatype = tensor.datatype
+    if tensor.values is not None:
+        if datatype == "BYTES":
+            blob = encode_bytes_elements(bytes_from_values(tensor.name, tensor.values, count))
+            return len(blob), blob
+        array = array_from_values(tensor.name, datatype, tensor.values, count)
+        return array.nbytes, array
+    if tensor.located is not None:
+        held, start, size = tensor.located
+        check_size(tensor, held.buf[start : start + size], count)
+        return size, None
+    if tensor.raw is not None:
+        raw = memoryview(tensor.raw).cast("B")
+        check_size(tensor, raw, count)
+        return len(raw), raw
+    raise InvalidInput(f"input '{tensor.name}' carries no data")
+
+
+def image_payload_of(tensor: InputTensor) -> tuple[int, object]:
+    """Like _payload for encoded images: JSON strings are base64 (oipserve.images)."""
+    if tensor.values is not None:
+        blob = image_payload(tensor.name, tensor.values, element_count(tensor.shape))
+        return len(blob), blob
+    return payload(tensor)
+
+
+def check_size(tensor: InputTensor, data: memoryview, count: int) -> None:
+    if tensor.datatype == "BYTES":
+        try:
+            found = len(split_bytes_elements(data))
+        except ValueError as exc:
+            raise InvalidInput(f"BYTES data of input '{tensor.name}' is malformed: {exc}") from None
+        if found != count:
+            raise InvalidInput(
+                f"input '{tensor.name}': its shape holds {count} elements but its BYTES data "
+                f"has {found}"
+            )
+        return
+    expected = ELEMENT_SIZES[tensor.datatype] * count
+    if len(data) != expected:
+        raise InvalidInput(
+            f"input '{tensor.name}' should have {expected} bytes of data for shape "
+            f"{tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
+        )
