@@ -49,10 +49,10 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "max_batch_size": FieldRule(H, "a batch dimension is prepended to dims"),
         "input": FieldRule(H, "see the input fields"),
         "output": FieldRule(H, "see the output fields"),
-        "batch_input": FieldRule(R, "batch inputs need the dynamic batcher"),
-        "batch_output": FieldRule(R, "batch outputs need the dynamic batcher"),
+        "batch_input": FieldRule(R, "ragged batching is not supported"),
+        "batch_output": FieldRule(R, "ragged batching is not supported"),
         "optimization": FieldRule(W, "ONNX Runtime's defaults are used"),
-        "dynamic_batching": FieldRule(W, "each request runs as sent (no batcher yet)"),
+        "dynamic_batching": FieldRule(H, "the dynamic batcher, see its fields"),
         "sequence_batching": FieldRule(R, "stateful sequence models are not supported"),
         "ensemble_scheduling": FieldRule(R, "ensembles are not supported"),
         "instance_group": FieldRule(H, "see the instance_group fields"),
@@ -74,7 +74,7 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "dims": FieldRule(H, "the shape clients send (without the batch dim)"),
         "reshape": FieldRule(H, "the shape the model gets"),
         "is_shape_tensor": FieldRule(R, "shape tensors are TensorRT-only"),
-        "allow_ragged_batch": FieldRule(W, "needs the dynamic batcher"),
+        "allow_ragged_batch": FieldRule(W, "requests batch only when their shapes agree"),
         "optional": FieldRule(H, "a request may leave the input out"),
         "is_non_linear_format_io": FieldRule(R, "TensorRT-only"),
     },
@@ -86,6 +86,21 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "label_filename": FieldRule(W, "the classification extension is not implemented"),
         "is_shape_tensor": FieldRule(R, "shape tensors are TensorRT-only"),
         "is_non_linear_format_io": FieldRule(R, "TensorRT-only"),
+    },
+    "inference.ModelDynamicBatching": {
+        "preferred_batch_size": FieldRule(H, "batch sizes fired at once (default: max)"),
+        "max_queue_delay_microseconds": FieldRule(H, "how long the oldest request may wait"),
+        "preserve_ordering": FieldRule(H, "answers in the order requests arrived"),
+        "priority_levels": FieldRule(H, "queues served level 1 first"),
+        "default_priority_level": FieldRule(H, "the level of a request without priority"),
+        "default_queue_policy": FieldRule(H, "see the queue policy fields"),
+        "priority_queue_policy": FieldRule(H, "a queue policy per level"),
+    },
+    "inference.ModelQueuePolicy": {
+        "timeout_action": FieldRule(H, "REJECT (503) or DELAY"),
+        "default_timeout_microseconds": FieldRule(H, "how long a request may stay queued"),
+        "allow_timeout_override": FieldRule(H, "a request's timeout may shorten it"),
+        "max_queue_size": FieldRule(H, "more waiting requests are refused (503)"),
     },
     "inference.ModelInstanceGroup": {
         "name": FieldRule(H, "shown in the config response"),
@@ -132,4 +147,12 @@ def review(config: Message) -> Review:
         for index, entry in enumerate(getattr(config, field_name)):
             label = repr(getattr(entry, key)) if key else str(index)
             _review_fields(entry, f"{field_name}[{label}]", out)
+    if config.HasField("dynamic_batching"):
+        batching = config.dynamic_batching
+        _review_fields(batching, "dynamic_batching", out)
+        if batching.HasField("default_queue_policy"):
+            policy = batching.default_queue_policy
+            _review_fields(policy, "dynamic_batching.default_queue_policy", out)
+        for level, policy in batching.priority_queue_policy.items():
+            _review_fields(policy, f"dynamic_batching.priority_queue_policy[{level}]", out)
     return out

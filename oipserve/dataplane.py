@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 
 import oipserve
+from oipserve.batched import BatchRunner, Watch
 from oipserve.echo import answer_echo
-from oipserve.errors import InferenceFailed, InvalidInput
+from oipserve.errors import InvalidInput
 from oipserve.images import image_target
-from oipserve.inference import InferResult, InputTensor, OutputTensor
+from oipserve.inference import InferResult, InputTensor, client_outputs
 from oipserve.metadata import reshaped
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
@@ -44,6 +45,7 @@ class DataPlane:
         self.max_queue = max_queue
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
+        self.batches = BatchRunner(self.inputs, self.outputs)
         self.shutting_down = False
 
     def _forget_input(self, name: str) -> None:
@@ -96,13 +98,34 @@ class DataPlane:
         inputs: list[InputTensor],
         output_names: list[str],
         owned: list[Lease],
+        priority: int = 0,
+        timeout_us: int = 0,
+        watch: Watch | None = None,
     ) -> InferResult:
-        """Run one request; ``owned`` leases are released once the worker is done reading."""
+        """Run one request; ``owned`` leases are released once the worker is done reading.
+
+        ``priority`` and ``timeout_us`` are the request's schedule-policy parameters (0:
+        the model's defaults), and ``watch`` registers what to do if the client goes
+        away: they matter for models with dynamic batching, whose requests may wait.
+        """
         if model.echo:
             return answer_echo(model, inputs, output_names, owned)
+        policy = model.config.dynamic_batching if model.config else None
         lease: Lease | None = None
         try:
             placements = self._check(model, inputs, output_names)
+            if policy is not None:
+                if not model.instances():
+                    model.pick(self.max_queue)  # 404 if unloaded, 503 while restarting
+        except BaseException:
+            for held in owned:
+                held.release()
+            raise
+        if policy is not None:
+            return await self.batches.infer(
+                model, policy, placements, output_names, owned, priority, timeout_us, watch
+            )
+        try:
             descs, lease = place(placements, self.inputs)
             worker = model.pick(self.max_queue)
         except BaseException:
@@ -123,15 +146,9 @@ class DataPlane:
             self.outputs.forget(name)
         segment = self.outputs.get(done.segment)
         try:
-            outputs = [
-                OutputTensor(
-                    d.name,
-                    d.datatype,
-                    _client_shape(model, d.name, d.shape),
-                    segment.buf[d.offset : d.offset + d.nbytes],
-                )
-                for d in done.outputs
-            ]
+            outputs = client_outputs(
+                model, [(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]
+            )
         except BaseException:
             worker.release_outputs(done.segment)
             raise
@@ -191,21 +208,6 @@ class DataPlane:
                 raise InvalidInput(f"output '{name}' is requested more than once")
             wanted.add(name)
         return placements
-
-
-def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
-    """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape."""
-    spec = model.output_map.get(name)
-    if spec is None or spec.model_shape is None:
-        return shape
-    try:
-        return reshaped(shape, spec.model_shape, spec.shape)
-    except ValueError as exc:
-        log.error("model '%s' output '%s' does not fit its reshape: %s", model.name, name, exc)
-        raise InferenceFailed(
-            f"model '{model.name}' produced output '{name}' with shape {shape}, which does not "
-            f"fit its config.pbtxt reshape {list(spec.model_shape)}"
-        ) from None
 
 
 def _tensor_metadata(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, object]:

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from oipserve.errors import InferenceFailed
+from oipserve.metadata import reshaped
 from oipserve.wire.datatypes import element_count
 from oipserve.wire.images import ImageSpec
+from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import Lease
 
 if TYPE_CHECKING:
     from oipserve.models import ModelVersion
 
-__all__ = ["InferResult", "InputTensor", "OutputTensor"]
+__all__ = ["InferResult", "InputTensor", "OutputTensor", "client_outputs"]
 
 
 class InputTensor:
@@ -82,3 +85,27 @@ class InferResult:
         release, self._release = self._release, None
         if release is not None:
             release()
+
+
+def client_outputs(
+    model: ModelVersion, pieces: list[tuple[TensorDesc, memoryview]]
+) -> list[OutputTensor]:
+    """The outputs a worker described, as clients see them (config.pbtxt ``dims``)."""
+    return [
+        OutputTensor(desc.name, desc.datatype, _client_shape(model, desc.name, desc.shape), data)
+        for desc, data in pieces
+    ]
+
+
+def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
+    """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape."""
+    spec = model.output_map.get(name)
+    if spec is None or spec.model_shape is None:
+        return shape
+    try:
+        return reshaped(shape, spec.model_shape, spec.shape)
+    except ValueError:
+        raise InferenceFailed(
+            f"model '{model.name}' produced output '{name}' with shape {shape}, which does not "
+            f"fit its config.pbtxt reshape {list(spec.model_shape)}"
+        ) from None

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import msgspec
 from google.protobuf import text_format
 
+from oipserve.batch_policy import BatchPolicy, BatchPolicyError, batch_policy
 from oipserve.config_fields import Review, review
 from oipserve.config_json import message_json
 from oipserve.grpc_generated import model_config_pb2 as mc
@@ -108,6 +109,8 @@ class ModelConfig(msgspec.Struct, frozen=True):
     parameters: dict[str, str] = msgspec.field(default_factory=dict)
     default_model_filename: str | None = None
     version_policy: VersionPolicy = VersionPolicy()
+    #: Set by a ``dynamic_batching`` block: requests go through the dynamic batcher.
+    dynamic_batching: BatchPolicy | None = None
     #: Given fields oipserve ignores (e.g. "dynamic_batching"); the loader warns about each.
     ignored: tuple[str, ...] = ()
     #: The configuration as given, in Triton's JSON form (integers as numbers).
@@ -227,6 +230,14 @@ def _typed(config: Any) -> ModelConfig:
         _instance_group(g, f"instance_group[{i}]") for i, g in enumerate(config.instance_group)
     )
     reviewed = _served_by_us(config)
+    batching = None
+    if config.HasField("dynamic_batching"):
+        try:
+            batching = batch_policy(
+                config.dynamic_batching, config.max_batch_size, config.name or "this model"
+            )
+        except BatchPolicyError as exc:
+            raise ModelConfigError(f"dynamic_batching: {exc}") from None
     return ModelConfig(
         name=config.name or None,
         platform=config.platform or None,
@@ -238,6 +249,7 @@ def _typed(config: Any) -> ModelConfig:
         parameters={k: v.string_value for k, v in sorted(config.parameters.items())},
         default_model_filename=config.default_model_filename or None,
         version_policy=_version_policy(config),
+        dynamic_batching=batching,
         ignored=tuple(reviewed.ignored),
         document=message_json(config),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, NotFound, ServerError, Unavailable
@@ -19,6 +19,9 @@ from oipserve.model_config import ModelConfig, ModelConfigError
 from oipserve.pool import WorkerHandle, WorkerPool
 from oipserve.repository import ModelSource, read_model
 from oipserve.wire.messages import Loaded
+
+if TYPE_CHECKING:
+    from oipserve.scheduler import DynamicBatcher
 
 __all__ = [
     "ModelManager",
@@ -63,6 +66,8 @@ class ModelVersion:
         self.echo = False
         #: Extra CUDA settings (from worker-load parameters) on top of config parameters.
         self.cuda_settings: dict[str, str] = {}
+        #: Its dynamic batcher (config.pbtxt ``dynamic_batching``), made on first use.
+        self.batcher: DynamicBatcher | None = None
         #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
         self.placements: dict[int, dict[str, object]] = {}
 
@@ -94,6 +99,10 @@ class ModelVersion:
                 retry_after=1,
             )
         return best
+
+    def instances(self) -> list[WorkerHandle]:
+        """The workers that can run this version now."""
+        return [w for w in self.workers if w.alive and self.key in w.models]
 
     @property
     def ready(self) -> bool:
@@ -323,6 +332,8 @@ class ModelManager:
 
     async def _unload_version(self, model: ModelVersion) -> None:
         model.state = "UNLOADING"
+        if model.batcher is not None:
+            model.batcher.close()  # queued requests: 503; batches running finish
         for worker in model.workers:
             # Requests already sent to this worker are answered before the Unload.
             if worker.alive and model.key in worker.models:

@@ -94,7 +94,7 @@ def test_metadata_and_config_show_what_clients_send(
 
 def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "latest")
-    (tmp_path / "latest" / "config.pbtxt").write_text("dynamic_batching { }\n")
+    (tmp_path / "latest" / "config.pbtxt").write_text("response_cache { enable: true }\n")
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "stateful")
     (tmp_path / "stateful" / "config.pbtxt").write_text("sequence_batching { }\n")
     shutil.copytree(SAMPLE_REPOSITORY / "reshape_optional", tmp_path / "required")
@@ -119,7 +119,7 @@ def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
     finally:
         assert proc.stop() == 0
     assert (
-        "model 'latest': config.pbtxt field 'dynamic_batching' is not supported by oipserve "
+        "model 'latest': config.pbtxt field 'response_cache' is not supported by oipserve "
         "and is ignored" in proc.log
     )
     assert "model 'stateful' is UNAVAILABLE: config.pbtxt:" in proc.log

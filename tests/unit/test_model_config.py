@@ -176,7 +176,8 @@ def test_document_is_tritons_json_with_integer_numbers() -> None:
         TRITON_SIMPLE
         + """
         version_policy { specific { versions: [ 3 ] } }
-        dynamic_batching { max_queue_delay_microseconds: 100 priority_queue_policy {
+        dynamic_batching { max_queue_delay_microseconds: 100 priority_levels: 2
+          default_priority_level: 1 priority_queue_policy {
           key: 2 value { timeout_action: DELAY default_timeout_microseconds: 7 } } }
         """
     )
@@ -188,6 +189,8 @@ def test_document_is_tritons_json_with_integer_numbers() -> None:
     assert config.document["version_policy"] == {"specific": {"versions": [3]}}
     assert config.document["dynamic_batching"] == {
         "max_queue_delay_microseconds": 100,
+        "priority_levels": 2,
+        "default_priority_level": 1,
         "priority_queue_policy": {
             "2": {"timeout_action": "DELAY", "default_timeout_microseconds": 7}
         },
@@ -198,7 +201,15 @@ def test_document_is_tritons_json_with_integer_numbers() -> None:
 
 
 def test_disposition_table_covers_every_field_of_the_schema() -> None:
-    for message in (mc.ModelConfig, mc.ModelInput, mc.ModelOutput, mc.ModelInstanceGroup):
+    messages = (
+        mc.ModelConfig,
+        mc.ModelInput,
+        mc.ModelOutput,
+        mc.ModelInstanceGroup,
+        mc.ModelDynamicBatching,
+        mc.ModelQueuePolicy,
+    )
+    for message in messages:
         descriptor = message.DESCRIPTOR
         names = {f.name for f in descriptor.fields}
         assert set(DISPOSITIONS[descriptor.full_name]) == names, descriptor.full_name
@@ -207,13 +218,14 @@ def test_disposition_table_covers_every_field_of_the_schema() -> None:
         "inference.ModelInput",
         "inference.ModelOutput",
         "inference.ModelInstanceGroup",
+        "inference.ModelDynamicBatching",
+        "inference.ModelQueuePolicy",
     }
 
 
 def test_ignored_fields_are_listed_by_path() -> None:
     config = parse_model_config(
         """
-        dynamic_batching { preferred_batch_size: [ 4, 8 ] }
         optimization { execution_accelerators { gpu_execution_accelerator : [ {
             name : "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }
         response_cache { enable: true }
@@ -225,7 +237,6 @@ def test_ignored_fields_are_listed_by_path() -> None:
         """
     )
     assert set(config.ignored) == {
-        "dynamic_batching",
         "optimization",
         "response_cache",
         "model_warmup",

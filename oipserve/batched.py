@@ -1,0 +1,184 @@
+"""Requests of a model with ``dynamic_batching``: queued in its batcher, run as one batch.
+
+The data plane checks a request as for any model, then hands it here. ``submit`` puts
+it in the model version's ``DynamicBatcher`` (oipserve.scheduler), which decides when
+and with which others it runs; ``_run_batch`` runs a batch on a free instance: one
+request alone goes as it is (its data where it lies, as without batching); several are
+joined into one segment (``batch_io.assemble``, one copy of each request's bytes), and
+the reply is cut back into one ``InferResult`` per request, each a view of the worker's
+output segment, which goes back to the worker once every request has released its part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from oipserve.batch_io import SharedRelease, assemble, split
+from oipserve.batch_policy import BatchPolicy
+from oipserve.errors import InvalidInput, ServerError
+from oipserve.inference import InferResult, client_outputs
+from oipserve.models import ModelVersion
+from oipserve.placement import Placement, place
+from oipserve.pool import WorkerHandle
+from oipserve.scheduler import DynamicBatcher, Entry
+from oipserve.wire.messages import ErrorKind
+from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+
+__all__ = ["BatchRunner", "Withdrawn"]
+
+#: Registers a callback to run when the client goes away (REST: the connection closed).
+Watch = Callable[[Callable[[], None]], None]
+
+
+class Withdrawn(ServerError):
+    """The client went away while its request was queued; it never ran."""
+
+    kind = ErrorKind.INVALID_INPUT
+
+
+class _Queued:
+    """What a batch needs from one queued request."""
+
+    __slots__ = ("placements", "outputs", "owned", "rows", "taken")
+
+    def __init__(
+        self, placements: list[Placement], outputs: list[str], owned: list[Lease], rows: int
+    ) -> None:
+        self.placements = placements
+        self.outputs = outputs
+        self.owned = owned
+        #: Its inputs' first dimension (1 for a model without a batch dimension).
+        self.rows = rows
+        #: In a batch: the batch now owns (and frees) its input leases.
+        self.taken = False
+
+    def release_inputs(self) -> None:
+        owned, self.owned = self.owned, []
+        for held in owned:
+            held.release()
+
+
+def batch_rows(model: ModelVersion, placements: list[Placement]) -> int:
+    """The request's batch size: its inputs' common first dimension (1 without batching)."""
+    if model.max_batch_size == 0:
+        return 1
+    rows = {tensor.shape[0] for tensor, _, _, _ in placements if tensor.shape}
+    if len(rows) != 1:
+        sizes = ", ".join(f"'{t.name}' {t.shape[:1]}" for t, _, _, _ in placements)
+        raise InvalidInput(
+            f"the inputs of model '{model.name}' must share their first dimension, the batch "
+            f"size: {sizes}"
+        )
+    return rows.pop()
+
+
+def _signature(placements: list[Placement], outputs: list[str]) -> tuple[object, ...]:
+    """What requests must agree on to share a batch: all but each input's first dim."""
+    inputs = sorted(
+        (tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image)
+        for tensor, shape, _, _ in placements
+    )
+    return (tuple(inputs), tuple(outputs))
+
+
+class BatchRunner:
+    """Puts requests into their model version's batcher and runs the batches it forms."""
+
+    def __init__(self, inputs: BufferPool, outputs: SegmentCache) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+
+    async def infer(
+        self,
+        model: ModelVersion,
+        policy: BatchPolicy,
+        placements: list[Placement],
+        output_names: list[str],
+        owned: list[Lease],
+        priority: int,
+        timeout_us: int,
+        watch: Watch | None,
+    ) -> InferResult:
+        """Queue one checked request and wait for its own part of a batch's answer."""
+        try:
+            rows = batch_rows(model, placements)
+            queued = _Queued(placements, output_names, owned, rows)
+            batcher = self._batcher(model, policy)
+            future = batcher.submit(
+                queued, max(rows, 1), _signature(placements, output_names), priority, timeout_us
+            )
+        except BaseException:
+            for held in owned:
+                held.release()
+            raise
+        if watch is not None:
+            watch(future.cancel)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not queued.taken:
+                queued.release_inputs()
+            task = asyncio.current_task()
+            if future.cancelled() and (task is None or not task.cancelling()):
+                raise Withdrawn("the client went away before its request ran") from None
+            raise
+        except BaseException:
+            if not queued.taken:
+                queued.release_inputs()
+            raise
+
+    def _batcher(self, model: ModelVersion, policy: BatchPolicy) -> DynamicBatcher:
+        batcher = model.batcher
+        if batcher is None:
+            batcher = model.batcher = DynamicBatcher(
+                model.key,
+                policy,
+                model.instances,
+                lambda entries, worker: self._run_batch(model, entries, worker),
+                InferResult.release,
+            )
+        return batcher
+
+    async def _run_batch(
+        self, model: ModelVersion, entries: list[Entry], worker: WorkerHandle
+    ) -> list[InferResult]:
+        requests: list[_Queued] = [entry.request for entry in entries]
+        for request in requests:
+            request.taken = True
+        owned: list[Lease] = []
+        try:
+            if len(requests) == 1:
+                descs, lease = place(requests[0].placements, self.inputs)
+                owned = requests[0].owned
+            else:
+                descs, lease = assemble([r.placements for r in requests], self.inputs)
+                for request in requests:  # their bytes are in the batch's segment now
+                    request.release_inputs()
+        except BaseException:
+            for request in requests:
+                request.release_inputs()
+            raise
+        if lease is not None:
+            owned.append(lease)
+
+        def inputs_free() -> None:
+            for held in owned:
+                held.release()
+
+        done = await worker.infer(model.key, descs, requests[0].outputs, inputs_free)
+        for name in done.dropped:
+            self.outputs.forget(name)
+        segment = self.outputs.get(done.segment)
+        shared = SharedRelease(len(requests), lambda: worker.release_outputs(done.segment))
+        try:
+            if len(requests) == 1:  # as it came: nothing to cut
+                whole = [(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]
+                return [InferResult(model, client_outputs(model, whole), shared.part())]
+            parts = split(done.outputs, segment.buf, [r.rows for r in requests])
+            return [
+                InferResult(model, client_outputs(model, part), shared.part()) for part in parts
+            ]
+        except BaseException:
+            worker.release_outputs(done.segment)
+            raise
