@@ -135,6 +135,23 @@ output [
 ]
 """
 
+# Dynamic batching: requests that wait together run as one batch of up to 16 rows.
+BATCHED_CONFIG = """\
+name: "batched"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "TEXT_OUT" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "ROWS" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+"""
+
 MATMUL_SIZE = 1024
 MATMUL_SEED = 20240601
 
@@ -324,6 +341,48 @@ def build_reshape_optional(out: Path) -> str:
     return "reshape_optional"
 
 
+def make_batched() -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + 1, TEXT_OUT = TEXT, and ROWS: the row count of the execution.
+
+    Every row of ROWS holds the first dimension of the batch the model ran on, so a
+    client sees whether its request ran alone or joined with others.
+    """
+    zero = numpy_helper.from_array(np.array([0], dtype=np.int64), "ZERO")
+    one = numpy_helper.from_array(np.array([1], dtype=np.int64), "ONE")
+    one_f = numpy_helper.from_array(np.array(1.0, dtype=np.float32), "ONE_F")
+    square = numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "SQUARE")
+    return _model(
+        "batched",
+        [
+            helper.make_node("Add", ["INPUT0", "ONE_F"], ["OUTPUT0"], name="add"),
+            helper.make_node("Identity", ["TEXT"], ["TEXT_OUT"], name="text"),
+            helper.make_node("Shape", ["INPUT0"], ["SHAPE"], name="shape"),
+            helper.make_node("Slice", ["SHAPE", "ZERO", "ONE"], ["N"], name="rows"),
+            helper.make_node("Reshape", ["N", "SQUARE"], ["N11"], name="n11"),
+            helper.make_node("Concat", ["N", "ONE"], ["N_BY_1"], axis=0, name="dims"),
+            helper.make_node("Expand", ["N11", "N_BY_1"], ["ROWS"], name="expand"),
+        ],
+        [
+            _tensor("INPUT0", TensorProto.FLOAT, ["batch", 4]),
+            _tensor("TEXT", TensorProto.STRING, ["batch", 1]),
+        ],
+        [
+            _tensor("OUTPUT0", TensorProto.FLOAT, ["batch", 4]),
+            _tensor("TEXT_OUT", TensorProto.STRING, ["batch", 1]),
+            _tensor("ROWS", TensorProto.INT64, ["batch", 1]),
+        ],
+        initializers=[zero, one, one_f, square],
+        doc="OUTPUT0 = INPUT0 + 1; TEXT_OUT = TEXT; ROWS = the batch's row count",
+    )
+
+
+def build_batched(out: Path) -> str:
+    """Write `batched` and its config.pbtxt (dynamic batching)."""
+    _write(out, "batched", 1, make_batched())
+    (out / "batched" / "config.pbtxt").write_text(BATCHED_CONFIG, encoding="utf-8")
+    return "batched"
+
+
 def make_image_nhwc_u8() -> onnx.ModelProto:
     """UINT8 NHWC image model: per-channel mean plus the pixels echoed back for exact checks."""
     image_dims: Dims = ["batch", 224, 224, 3]
@@ -445,6 +504,7 @@ def _builders() -> list[Callable[[Path], str]]:
         build_image_nhwc_fp32,
         build_image_rgb_fp32,
         build_reshape_optional,
+        build_batched,
     ]
     return builders
 

@@ -33,12 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 RECEIVE_INTO = "oipserve.receive_into"
+#: ASGI extension: ``scope["extensions"][ON_DISCONNECT](callback)`` calls ``callback``
+#: if the client goes away before the response is complete (a queued request can be
+#: dropped before it runs); at once if it already has.
+ON_DISCONNECT = "oipserve.on_disconnect"
 #: Bodies with at least this many bytes still to come are read from the socket
 #: straight into their target; below it, switching protocols costs more than
 #: the parser's copies it saves.
@@ -133,6 +138,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sinks: dict[RequestResponseCycle, _BodySink] = {}
+        self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         corked = CorkedTransport(transport, asyncio.get_running_loop())
@@ -144,12 +150,14 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope is self.scope:
             extensions = self.scope.setdefault("extensions", {})  # type: ignore[misc]
             extensions[RECEIVE_INTO] = functools.partial(self._receive_into, cycle)
+            extensions[ON_DISCONNECT] = functools.partial(self._on_disconnect, cycle)
 
     def on_response_complete(self) -> None:
         # PERF: a finished response goes out now rather than at the end of the loop
         #   iteration: on an idle server that saves one iteration of latency, and a
         #   connection's responses never share a write unless pipelined anyway.
         self.transport.flush()  # type: ignore[attr-defined]
+        self._watchers.pop(self.cycle, None)
         super().on_response_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -169,7 +177,17 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._sinks.clear()
+        watchers, self._watchers = self._watchers, {}
         super().connection_lost(exc)
+        for callbacks in watchers.values():
+            for callback in callbacks:
+                callback()
+
+    def _on_disconnect(self, cycle: RequestResponseCycle, callback: Callable[[], None]) -> None:
+        if cycle.disconnected:
+            callback()
+        else:
+            self._watchers.setdefault(cycle, []).append(callback)
 
     async def _receive_into(self, cycle: RequestResponseCycle, target: memoryview) -> int:
         """Receive the rest of ``cycle``'s body into ``target``; returns the byte count."""

@@ -88,3 +88,30 @@ def repository_parameter(parameter: pb.ModelRepositoryParameter) -> object:
     """The Python value of a load/unload parameter (``bytes_param`` stays bytes)."""
     choice = parameter.WhichOneof("parameter_choice")
     return getattr(parameter, choice) if choice is not None else None
+
+
+def schedule_parameters(parameters: Any) -> tuple[int, int]:
+    """``priority`` and ``timeout`` (µs) of a ModelInferRequest; 0 when absent.
+
+    The types Triton accepts: priority as ``uint64_param`` (tritonclient's) or a
+    non-negative ``int64_param``; timeout as ``int64_param`` only, with Triton's message.
+    """
+    priority = timeout = 0
+    if "priority" in parameters:
+        param = parameters["priority"]
+        kind = param.WhichOneof("parameter_choice")
+        if kind == "uint64_param":
+            priority = param.uint64_param
+        elif kind == "int64_param" and param.int64_param >= 0:
+            priority = param.int64_param
+        else:
+            raise InvalidInput(
+                "invalid value type for 'priority' parameter, expected a non-negative "
+                "int64_param or uint64_param."
+            )
+    if "timeout" in parameters:
+        param = parameters["timeout"]
+        if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param < 0:
+            raise InvalidInput("invalid value type for 'timeout' parameter, expected int64_param.")
+        timeout = param.int64_param
+    return priority, timeout

@@ -24,6 +24,7 @@ from oipserve.grpc_front.convert import (
     input_tensors,
     repository_parameter,
     requested_version,
+    schedule_parameters,
 )
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
@@ -116,7 +117,10 @@ class InferenceService:
         for output in message.outputs:
             check_tensor_parameters(f"output '{output.name}'", output.parameters)
             outputs.append(output.name)
-        result = await self.dataplane.infer(model, inputs, outputs, [])
+        priority, timeout_us = schedule_parameters(message.parameters)
+        # NOTE: a client that cancels or goes away cancels this call's task, which
+        #   withdraws a request still queued in a dynamic batcher.
+        result = await self.dataplane.infer(model, inputs, outputs, [], priority, timeout_us)
         return InferReply(result, message.id)
 
     async def ModelStreamInfer(

@@ -16,6 +16,7 @@ import msgspec
 from oipserve import binary
 from oipserve.dataplane import DataPlane
 from oipserve.errors import InvalidInput
+from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
 from oipserve.protocol import ENCODER, RequestInput, decode_request
@@ -95,6 +96,7 @@ class ModelResource:
         try:
             header_length = binary.parse_header_length(header_text, len(body.data))
             target = self.dataplane.resolve(model, version)
+            priority = timeout_us = 0
             if header_length == 0:
                 inputs = [self._raw_input(target, body)]
                 request_id, names, flags = None, [], None
@@ -115,11 +117,15 @@ class ModelResource:
                         for o in request.outputs
                     ]
                 request_id = request.id
+                priority, timeout_us = _schedule(request.parameters)
         except BaseException:
             for lease in owned:
                 lease.release()
             raise
-        result = await self.dataplane.infer(target, inputs, names, owned)
+        watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
+        result = await self.dataplane.infer(
+            target, inputs, names, owned, priority, timeout_us, watch
+        )
         render_infer(req, resp, result, request_id, flags, all_binary)
 
     def _raw_input(self, target: ModelVersion, body: Body) -> InputTensor:
@@ -181,3 +187,20 @@ def _flag(params: dict[str, object] | None, key: str, default: bool, where: str)
     if type(value) is not bool:
         raise InvalidInput(f"parameter '{key}' of {where} must be true or false, got {value!r}")
     return value
+
+
+def _schedule(params: dict[str, object] | None) -> tuple[int, int]:
+    """The schedule-policy parameters ``priority`` and ``timeout`` (µs); 0 when absent."""
+    if not params:
+        return 0, 0
+    values = []
+    for key in ("priority", "timeout"):
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise InvalidInput(
+                f"parameter '{key}' must be an unsigned integer"
+                + (" (microseconds)" if key == "timeout" else "")
+                + f", got {value!r}"
+            )
+        values.append(value)
+    return values[0], values[1]

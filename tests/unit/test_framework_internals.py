@@ -62,7 +62,14 @@ CYCLE_ATTRIBUTES: dict[str, type] = {
     "on_response": object,
 }
 #: Names CorkedHttpToolsProtocol adds: uvicorn must not use them for anything of its own.
-OUR_PROTOCOL_NAMES = ("_sinks", "_receive_into", "_chunked", "body_read")
+OUR_PROTOCOL_NAMES = (
+    "_sinks",
+    "_watchers",
+    "_receive_into",
+    "_on_disconnect",
+    "_chunked",
+    "body_read",
+)
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-length: 6\r\n\r\n"
 

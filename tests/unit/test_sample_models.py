@@ -97,6 +97,14 @@ EXPECTED: dict[str, tuple[Signature, Signature]] = {
         [("X", "tensor(float)", [-1, 2, 2])],
         [("Y", "tensor(float)", [-1, 2, 2])],
     ),
+    "batched": (
+        [("INPUT0", "tensor(float)", [-1, 4]), ("TEXT", "tensor(string)", [-1, 1])],
+        [
+            ("OUTPUT0", "tensor(float)", [-1, 4]),
+            ("TEXT_OUT", "tensor(string)", [-1, 1]),
+            ("ROWS", "tensor(int64)", [-1, 1]),
+        ],
+    ),
 }
 
 
@@ -153,6 +161,7 @@ def test_files_and_size(built: Path) -> None:
     expected = [f"{n}/1/model.onnx" for n in EXPECTED]
     expected += [f"{n}/config.pbtxt" for n in ("simple", "image_rgb_fp32", "versioned")]
     expected.append("reshape_optional/config.pbtxt")
+    expected.append("batched/config.pbtxt")
     expected.append("versioned/2/model.onnx")
     assert _model_files(built) == sorted(expected)
     total = sum((built / f).stat().st_size for f in expected)
@@ -311,3 +320,13 @@ def test_matmul_relu(tmp_path: Path) -> None:
     assert (out == 0).any() and (out > 0).any()
     # Seeded: a second build gives the same weights.
     assert build.make_matmul_relu().SerializeToString() == path.read_bytes()
+
+
+def test_batched_reports_the_rows_of_its_execution(built: Path) -> None:
+    session = _session(built / "batched" / "1" / "model.onnx")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    text = np.array([["a"], ["b"], ["c"]], dtype=object)
+    out, text_out, rows = session.run(None, {"INPUT0": x, "TEXT": text})
+    np.testing.assert_array_equal(out, x + 1)
+    assert text_out.tolist() == text.tolist()
+    assert rows.tolist() == [[3], [3], [3]]

@@ -1,0 +1,217 @@
+"""Dynamic batching end to end: batches form, answers go to their own requests, the queue
+policies answer 503, and a request whose client went away never runs.
+
+The sample model ``batched`` answers OUTPUT0 = INPUT0 + 1, TEXT_OUT = TEXT and, in ROWS,
+the row count of the execution it ran in: a request sees whether it ran alone. To keep
+requests queued on purpose, the tests stop the one worker with SIGSTOP: the request
+sent to it holds the only instance, and whatever comes next waits in the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+
+POLICIES = {
+    "batched": "max_queue_delay_microseconds: 2000",
+    "small_queue": "default_queue_policy { max_queue_size: 2 }",
+    "timeouts": (
+        "default_queue_policy { default_timeout_microseconds: 400000 allow_timeout_override: true }"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("batching")
+    source = SAMPLE_REPOSITORY / "batched"
+    config = (source / "config.pbtxt").read_text()
+    head = config[: config.index("dynamic_batching")]
+    for name, policy in POLICIES.items():
+        shutil.copytree(source / "1", root / name / "1")
+        text = head.replace('name: "batched"', f'name: "{name}"')
+        (root / name / "config.pbtxt").write_text(f"{text}dynamic_batching {{ {policy} }}\n")
+    proc = ServerProcess(root).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def _inputs(module: object, values: np.ndarray, texts: list[bytes], binary: bool) -> list:
+    x = module.InferInput("INPUT0", list(values.shape), "FP32")  # type: ignore[attr-defined]
+    t = module.InferInput("TEXT", [len(texts), 1], "BYTES")  # type: ignore[attr-defined]
+    if module is httpclient:
+        x.set_data_from_numpy(values, binary_data=binary)
+        t.set_data_from_numpy(np.array(texts, dtype=object).reshape(-1, 1), binary_data=binary)
+    else:
+        x.set_data_from_numpy(values)
+        t.set_data_from_numpy(np.array(texts, dtype=object).reshape(-1, 1))
+    return [x, t]
+
+
+def _request(seed: int) -> tuple[np.ndarray, list[bytes]]:
+    rows = 1 + seed % 3
+    values = (np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + seed * 100).astype(
+        np.float32
+    )
+    return values, [f"req-{seed}-row-{r}".encode() for r in range(rows)]
+
+
+def _check(result: object, values: np.ndarray, texts: list[bytes]) -> int:
+    """Assert the answer is this request's own; returns the rows of its execution."""
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values + 1)  # type: ignore[attr-defined]
+    got = [t if isinstance(t, bytes) else t.encode() for t in result.as_numpy("TEXT_OUT").ravel()]  # type: ignore[attr-defined]
+    assert got == texts
+    rows = result.as_numpy("ROWS").ravel()  # type: ignore[attr-defined]
+    assert len(rows) == len(values) and len(set(rows.tolist())) == 1
+    return int(rows[0])
+
+
+def test_concurrent_requests_are_batched_and_each_answer_is_its_own(
+    server: ServerProcess,
+) -> None:
+    """Hundreds of requests over REST (JSON, binary) and gRPC, with distinct values."""
+    local = threading.local()
+
+    def one(seed: int) -> tuple[int, int]:
+        if not hasattr(local, "http"):
+            local.http = httpclient.InferenceServerClient(server.host_port)
+            local.grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        values, texts = _request(seed)
+        kind = seed % 3
+        if kind == 2:
+            result = local.grpc.infer("batched", _inputs(grpcclient, values, texts, True))
+        else:
+            inputs = _inputs(httpclient, values, texts, binary=kind == 1)
+            result = local.http.infer("batched", inputs)
+        return len(values), _check(result, values, texts)
+
+    with ThreadPoolExecutor(24) as pool:
+        outcomes = list(pool.map(one, range(360)))
+    joined = [(own, ran) for own, ran in outcomes if ran > own]
+    assert joined, "no request ever shared an execution with another"
+    assert all(ran <= 16 for _, ran in outcomes)  # max_batch_size
+
+
+@contextmanager
+def _worker_stopped(server: ServerProcess) -> Iterator[None]:
+    (worker,) = server.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
+def _send(server: ServerProcess, pool: ThreadPoolExecutor, model: str, seed: int) -> Future:
+    """Send a request in the background, on a connection of its own."""
+    client = httpclient.InferenceServerClient(server.host_port, network_timeout=60)
+    return pool.submit(client.infer, model, _inputs(httpclient, *_request(seed), True))
+
+
+def _holding_the_instance(server: ServerProcess, model: str, pool: ThreadPoolExecutor):  # noqa: ANN202
+    """Send one request that the stopped worker takes: the only instance is then busy."""
+    future = _send(server, pool, model, 1)
+    time.sleep(0.3)
+    return (future, *_request(1))
+
+
+def test_full_queue_answers_503(server: ServerProcess) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        with _worker_stopped(server):
+            running, values, texts = _holding_the_instance(server, "small_queue", pool)
+            queued = [_send(server, pool, "small_queue", seed) for seed in (2, 3)]
+            time.sleep(0.3)
+            refused = httpclient.InferenceServerClient(server.host_port)
+            with pytest.raises(InferenceServerException, match="Exceeds maximum queue size") as e:
+                refused.infer("small_queue", _inputs(httpclient, *_request(4), True))
+            assert e.value.status() == "503"
+            grpc = grpcclient.InferenceServerClient(server.grpc_url)
+            with pytest.raises(InferenceServerException, match="Exceeds maximum queue size") as e:
+                grpc.infer("small_queue", _inputs(grpcclient, *_request(5), True))
+            assert e.value.status() == "StatusCode.UNAVAILABLE"
+        _check(running.result(30), values, texts)
+        for seed, future in zip((2, 3), queued, strict=True):
+            assert _check(future.result(30), *_request(seed)) >= 1
+
+
+def test_queue_timeout_answers_503_while_the_instance_is_still_busy(
+    server: ServerProcess,
+) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        with _worker_stopped(server):
+            running, values, texts = _holding_the_instance(server, "timeouts", pool)
+            client = httpclient.InferenceServerClient(server.host_port)
+            started = time.monotonic()
+            with pytest.raises(InferenceServerException, match="Request timeout expired") as e:
+                client.infer("timeouts", _inputs(httpclient, *_request(2), True))
+            assert e.value.status() == "503"
+            assert 0.35 < time.monotonic() - started < 5  # the config's 400 ms
+            started = time.monotonic()  # a shorter timeout of the request's own
+            with pytest.raises(InferenceServerException, match="Request timeout expired"):
+                client.infer("timeouts", _inputs(httpclient, *_request(3), True), timeout=50_000)
+            assert time.monotonic() - started < 0.35
+            grpc = grpcclient.InferenceServerClient(server.grpc_url)
+            with pytest.raises(InferenceServerException, match="Request timeout expired") as e:
+                grpc.infer("timeouts", _inputs(grpcclient, *_request(4), True))
+            assert e.value.status() == "StatusCode.UNAVAILABLE"
+        _check(running.result(30), values, texts)
+
+
+def _raw_json_request(server: ServerProcess, seed: int) -> socket.socket:
+    """Send a whole JSON request on a raw socket and return it unread."""
+    values, texts = _request(seed)
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": list(values.shape), "datatype": "FP32",
+                 "data": values.ravel().tolist()},
+                {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES",
+                 "data": [t.decode() for t in texts]},
+            ]
+        }
+    ).encode()  # fmt: skip
+    host, port = server.host_port.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        b"POST /v2/models/batched/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
+def test_a_request_whose_client_went_away_never_runs(server: ServerProcess) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        with _worker_stopped(server):
+            running, values, texts = _holding_the_instance(server, "batched", pool)
+            gone = _raw_json_request(server, 7)  # queued behind the stopped worker
+            grpc = grpcclient.InferenceServerClient(server.grpc_url)
+            cancelled = grpc.async_infer(
+                "batched", _inputs(grpcclient, *_request(8), True), callback=lambda *_: None
+            )
+            time.sleep(0.3)
+            gone.close()  # the REST client goes away
+            cancelled.cancel()  # the gRPC client cancels
+            time.sleep(0.3)
+            kept = _send(server, pool, "batched", 9)
+            time.sleep(0.3)
+        _check(running.result(30), values, texts)
+        # Had either withdrawn request stayed queued, it would have run with this one.
+        assert _check(kept.result(30), *_request(9)) == len(_request(9)[0])
+    assert wait_for(lambda: "Traceback" not in server.log, 1)
