@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from time import monotonic_ns
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from oipserve.errors import InvalidInput
 from oipserve.images import image_payload, image_target
 from oipserve.models import ModelRegistry, ModelVersion, TensorSpec
 from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
 from oipserve.tensors import array_from_values, bytes_from_values
 from oipserve.wire.datatypes import (
     DATATYPES,
@@ -116,6 +118,8 @@ class DataPlane:
         self.max_queue = max_queue
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
+        #: Per model version: what the statistics extension and /metrics report.
+        self.stats = StatsRegistry(registry)
         self.shutting_down = False
 
     def _forget_input(self, name: str) -> None:
@@ -137,7 +141,12 @@ class DataPlane:
         return {
             "name": SERVER_NAME,
             "version": oipserve.__version__,
-            "extensions": ["binary_tensor_data", "model_configuration", "model_repository"],
+            "extensions": [
+                "binary_tensor_data",
+                "model_configuration",
+                "model_repository",
+                "statistics",
+            ],
         }
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
@@ -189,19 +198,33 @@ class DataPlane:
         output_names: list[str],
         owned: list[Lease],
     ) -> InferResult:
-        """Run one request; ``owned`` leases are released once the worker is done reading."""
+        """Run one request; ``owned`` leases are released once the worker is done reading.
+
+        Every request is counted once in the version's statistics: a success with the
+        worker's phase times, or a failure with its reason (``oipserve.stats``).
+        """
+        stats = self.stats.of(model)
+        start = monotonic_ns()
         if model.echo:
-            return _echo(model, inputs, output_names, owned)
+            try:
+                result = _echo(model, inputs, output_names, owned)
+            except BaseException as exc:
+                stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+                raise
+            stats.executed(1, 0, 0, 0)  # answered here: no queue, no compute phases
+            stats.request_succeeded(1, monotonic_ns() - start, 0, 0, 0, 0)
+            return result
         lease: Lease | None = None
         try:
             placements = self._check(model, inputs, output_names)
             descs, lease = self._place(placements)
             worker = model.pick(self.max_queue)
-        except BaseException:
+        except BaseException as exc:
             for held in owned:
                 held.release()
             if lease is not None:
                 lease.release()
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
         if lease is not None:
             owned.append(lease)
@@ -210,7 +233,18 @@ class DataPlane:
             for held in owned:
                 held.release()
 
-        done = await worker.infer(model.key, descs, output_names, inputs_free)
+        batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else 1
+        # NOTE: pending until the worker answers: the front cannot see when a pipelined
+        #   worker starts a request (docs/metrics.md).
+        stats.pending += 1
+        sent = monotonic_ns()
+        try:
+            done = await worker.infer(model.key, descs, output_names, inputs_free)
+        except BaseException as exc:
+            stats.request_failed(failure_reason(exc), monotonic_ns() - start)
+            raise
+        finally:
+            stats.pending -= 1
         for name in done.dropped:
             self.outputs.forget(name)
         segment = self.outputs.get(done.segment)
@@ -218,7 +252,24 @@ class DataPlane:
             OutputTensor(d.name, d.datatype, d.shape, segment.buf[d.offset : d.offset + d.nbytes])
             for d in done.outputs
         ]
+        stats.executed(batch, done.input_ns, done.infer_ns, done.output_ns)
+        stats.request_succeeded(
+            batch,
+            monotonic_ns() - start,
+            max(0, done.started_ns - sent),
+            done.input_ns,
+            done.infer_ns,
+            done.output_ns,
+        )
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
+
+    def refused(self, model: ModelVersion, exc: BaseException) -> None:
+        """Count a request a protocol adapter refused after resolving its model.
+
+        (A malformed body for a known model.) Its time is not measured: the data plane
+        never saw it; it counts with 0 ns.
+        """
+        self.stats.of(model).request_failed(refusal_reason(exc), 0)
 
     def _check(
         self, model: ModelVersion, inputs: list[InputTensor], output_names: list[str]

@@ -28,6 +28,7 @@ from oipserve.grpc_front.convert import (
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
+from oipserve.stats_report import model_statistics
 
 
 class InferenceService:
@@ -72,6 +73,16 @@ class InferenceService:
         message = json_format.ParseDict(config, pb.ModelConfig(), ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=message)
 
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        """The statistics extension: the same dict as REST's, parsed into the protobuf."""
+        dataplane = self.dataplane
+        report = model_statistics(
+            dataplane.stats, dataplane.registry, request.name or None, request.version or None
+        )
+        return json_format.ParseDict(report, pb.ModelStatisticsResponse())
+
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
@@ -111,11 +122,15 @@ class InferenceService:
     async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
         model = self.dataplane.resolve(message.model_name, requested_version(message.model_version))
-        inputs = input_tensors(message, call.raw)
-        outputs = []
-        for output in message.outputs:
-            check_tensor_parameters(f"output '{output.name}'", output.parameters)
-            outputs.append(output.name)
+        try:
+            inputs = input_tensors(message, call.raw)
+            outputs = []
+            for output in message.outputs:
+                check_tensor_parameters(f"output '{output.name}'", output.parameters)
+                outputs.append(output.name)
+        except Exception as exc:
+            self.dataplane.refused(model, exc)
+            raise
         result = await self.dataplane.infer(model, inputs, outputs, [])
         return InferReply(result, message.id)
 
