@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from time import monotonic_ns
 
 from oipserve.batch_io import SharedRelease, assemble, split
 from oipserve.batch_policy import BatchPolicy
@@ -22,7 +23,8 @@ from oipserve.models import ModelVersion
 from oipserve.placement import Placement, place
 from oipserve.pool import WorkerHandle
 from oipserve.scheduler import DynamicBatcher, Entry
-from oipserve.wire.messages import ErrorKind
+from oipserve.stats import FailureReason, ModelStats, failure_reason, refusal_reason
+from oipserve.wire.messages import ErrorKind, InferDone
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 
 __all__ = ["BatchRunner", "Withdrawn"]
@@ -40,10 +42,16 @@ class Withdrawn(ServerError):
 class _Queued:
     """What a batch needs from one queued request."""
 
-    __slots__ = ("placements", "outputs", "owned", "rows", "taken")
+    __slots__ = ("placements", "outputs", "owned", "rows", "taken", "start", "stats")
 
     def __init__(
-        self, placements: list[Placement], outputs: list[str], owned: list[Lease], rows: int
+        self,
+        placements: list[Placement],
+        outputs: list[str],
+        owned: list[Lease],
+        rows: int,
+        start: int,
+        stats: ModelStats,
     ) -> None:
         self.placements = placements
         self.outputs = outputs
@@ -52,6 +60,9 @@ class _Queued:
         self.rows = rows
         #: In a batch: the batch now owns (and frees) its input leases.
         self.taken = False
+        #: ``monotonic_ns()`` when the data plane got it; its statistics.
+        self.start = start
+        self.stats = stats
 
     def release_inputs(self) -> None:
         owned, self.owned = self.owned, []
@@ -93,6 +104,8 @@ class BatchRunner:
         self,
         model: ModelVersion,
         policy: BatchPolicy,
+        stats: ModelStats,
+        start: int,
         placements: list[Placement],
         output_names: list[str],
         owned: list[Lease],
@@ -100,33 +113,48 @@ class BatchRunner:
         timeout_us: int,
         watch: Watch | None,
     ) -> InferResult:
-        """Queue one checked request and wait for its own part of a batch's answer."""
+        """Queue one checked request and wait for its own part of a batch's answer.
+
+        The request counts in ``stats`` once: as pending while it waits, then as a
+        success (recorded with its batch, in ``_run_batch``) or a failure here.
+        """
         try:
             rows = batch_rows(model, placements)
-            queued = _Queued(placements, output_names, owned, rows)
+            queued = _Queued(placements, output_names, owned, rows, start, stats)
             batcher = self._batcher(model, policy)
             future = batcher.submit(
                 queued, max(rows, 1), _signature(placements, output_names), priority, timeout_us
             )
-        except BaseException:
+        except BaseException as exc:
             for held in owned:
                 held.release()
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
+        stats.pending += 1
         if watch is not None:
             watch(future.cancel)
         try:
             return await future
-        except asyncio.CancelledError:
-            if not queued.taken:
-                queued.release_inputs()
+        except BaseException as exc:
+            failed: BaseException = exc
             task = asyncio.current_task()
-            if future.cancelled() and (task is None or not task.cancelling()):
-                raise Withdrawn("the client went away before its request ran") from None
-            raise
-        except BaseException:
-            if not queued.taken:
+            if (
+                isinstance(exc, asyncio.CancelledError)
+                and future.cancelled()
+                and (task is None or not task.cancelling())
+            ):
+                failed = Withdrawn("the client went away before its request ran")
+            if queued.taken:
+                reason = failure_reason(exc)
+            else:
+                stats.pending -= 1
                 queued.release_inputs()
-            raise
+                withdrawn = isinstance(exc, asyncio.CancelledError)
+                reason = FailureReason.CANCELED if withdrawn else refusal_reason(exc)
+            stats.request_failed(reason, monotonic_ns() - start)
+            if failed is exc:
+                raise
+            raise failed from None
 
     def _batcher(self, model: ModelVersion, policy: BatchPolicy) -> DynamicBatcher:
         batcher = model.batcher
@@ -146,6 +174,7 @@ class BatchRunner:
         requests: list[_Queued] = [entry.request for entry in entries]
         for request in requests:
             request.taken = True
+            request.stats.pending -= 1
         owned: list[Lease] = []
         try:
             if len(requests) == 1:
@@ -173,12 +202,32 @@ class BatchRunner:
         shared = SharedRelease(len(requests), lambda: worker.release_outputs(done.segment))
         try:
             if len(requests) == 1:  # as it came: nothing to cut
-                whole = [(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]
-                return [InferResult(model, client_outputs(model, whole), shared.part())]
-            parts = split(done.outputs, segment.buf, [r.rows for r in requests])
-            return [
+                parts = [[(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]]
+            else:
+                parts = split(done.outputs, segment.buf, [r.rows for r in requests])
+            results = [
                 InferResult(model, client_outputs(model, part), shared.part()) for part in parts
             ]
         except BaseException:
             worker.release_outputs(done.segment)
             raise
+        _record(requests, [entry.enqueued_ns for entry in entries], done)
+        return results
+
+
+def _record(requests: list[_Queued], enqueued: list[int], done: InferDone) -> None:
+    """Statistics of one execution and of each request in it (its share of the phases)."""
+    stats = requests[0].stats
+    rows = sum(r.rows for r in requests) or 1
+    stats.executed(rows, done.input_ns, done.infer_ns, done.output_ns)
+    now = monotonic_ns()
+    for request, queued_at in zip(requests, enqueued, strict=True):
+        share = request.rows / rows
+        request.stats.request_succeeded(
+            request.rows,
+            now - request.start,
+            max(0, done.started_ns - queued_at),
+            int(done.input_ns * share),
+            int(done.infer_ns * share),
+            int(done.output_ns * share),
+        )

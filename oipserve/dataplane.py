@@ -19,6 +19,7 @@ The inference path, top to bottom (``DataPlane.infer``):
 from __future__ import annotations
 
 import logging
+from time import monotonic_ns
 
 import oipserve
 from oipserve.batched import BatchRunner, Watch
@@ -31,6 +32,7 @@ from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.placement import Placement, image_payload_of, payload, place
 from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 
 log = logging.getLogger("oipserve.dataplane")
@@ -45,6 +47,8 @@ class DataPlane:
         self.max_queue = max_queue
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
+        #: Per model version: what the statistics extension and /metrics report.
+        self.stats = StatsRegistry(registry)
         self.batches = BatchRunner(self.inputs, self.outputs)
         self.shutting_down = False
 
@@ -67,7 +71,12 @@ class DataPlane:
         return {
             "name": SERVER_NAME,
             "version": oipserve.__version__,
-            "extensions": ["binary_tensor_data", "model_configuration", "model_repository"],
+            "extensions": [
+                "binary_tensor_data",
+                "model_configuration",
+                "model_repository",
+                "statistics",
+            ],
         }
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
@@ -107,9 +116,21 @@ class DataPlane:
         ``priority`` and ``timeout_us`` are the request's schedule-policy parameters (0:
         the model's defaults), and ``watch`` registers what to do if the client goes
         away: they matter for models with dynamic batching, whose requests may wait.
+
+        Every request is counted once in the version's statistics: a success with the
+        worker's phase times, or a failure with its reason (``oipserve.stats``).
         """
+        stats = self.stats.of(model)
+        start = monotonic_ns()
         if model.echo:
-            return answer_echo(model, inputs, output_names, owned)
+            try:
+                result = answer_echo(model, inputs, output_names, owned)
+            except BaseException as exc:
+                stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+                raise
+            stats.executed(1, 0, 0, 0)  # answered here: no queue, no compute phases
+            stats.request_succeeded(1, monotonic_ns() - start, 0, 0, 0, 0)
+            return result
         policy = model.config.dynamic_batching if model.config else None
         lease: Lease | None = None
         try:
@@ -117,23 +138,21 @@ class DataPlane:
             if policy is not None:
                 if not model.instances():
                     model.pick(self.max_queue)  # 404 if unloaded, 503 while restarting
-        except BaseException:
-            for held in owned:
-                held.release()
-            raise
-        if policy is not None:
-            return await self.batches.infer(
-                model, policy, placements, output_names, owned, priority, timeout_us, watch
-            )
-        try:
-            descs, lease = place(placements, self.inputs)
-            worker = model.pick(self.max_queue)
-        except BaseException:
+            else:
+                descs, lease = place(placements, self.inputs)
+                worker = model.pick(self.max_queue)
+        except BaseException as exc:
             for held in owned:
                 held.release()
             if lease is not None:
                 lease.release()
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
+        if policy is not None:
+            return await self.batches.infer(
+                model, policy, stats, start, placements, output_names, owned, priority,
+                timeout_us, watch,
+            )  # fmt: skip
         if lease is not None:
             owned.append(lease)
 
@@ -141,7 +160,18 @@ class DataPlane:
             for held in owned:
                 held.release()
 
-        done = await worker.infer(model.key, descs, output_names, inputs_free)
+        batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else 1
+        # NOTE: pending until the worker answers: the front cannot see when a pipelined
+        #   worker starts a request (docs/metrics.md).
+        stats.pending += 1
+        sent = monotonic_ns()
+        try:
+            done = await worker.infer(model.key, descs, output_names, inputs_free)
+        except BaseException as exc:
+            stats.request_failed(failure_reason(exc), monotonic_ns() - start)
+            raise
+        finally:
+            stats.pending -= 1
         for name in done.dropped:
             self.outputs.forget(name)
         segment = self.outputs.get(done.segment)
@@ -152,7 +182,24 @@ class DataPlane:
         except BaseException:
             worker.release_outputs(done.segment)
             raise
+        stats.executed(batch, done.input_ns, done.infer_ns, done.output_ns)
+        stats.request_succeeded(
+            batch,
+            monotonic_ns() - start,
+            max(0, done.started_ns - sent),
+            done.input_ns,
+            done.infer_ns,
+            done.output_ns,
+        )
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
+
+    def refused(self, model: ModelVersion, exc: BaseException) -> None:
+        """Count a request a protocol adapter refused after resolving its model.
+
+        (A malformed body for a known model.) Its time is not measured: the data plane
+        never saw it; it counts with 0 ns.
+        """
+        self.stats.of(model).request_failed(refusal_reason(exc), 0)
 
     def _check(
         self, model: ModelVersion, inputs: list[InputTensor], output_names: list[str]

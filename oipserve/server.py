@@ -1,11 +1,11 @@
 """Start-up and shutdown of the whole server, in a fixed order.
 
-Start: bind the HTTP socket (fail fast if the port is taken), remove shared
-memory left by dead servers, read the hardware inventory, start the workers,
-load the repository's models, start serving, log ``ready``.
+Start: bind the HTTP and metrics sockets (fail fast if a port is taken), remove
+shared memory left by dead servers, read the hardware inventory, start the
+workers, load the repository's models, start serving, log ``ready``.
 
-Shutdown (SIGTERM or SIGINT): stop accepting connections (HTTP and gRPC), let
-in-flight requests and calls finish (``--shutdown-timeout``), stop the workers
+Shutdown (SIGTERM or SIGINT): stop accepting connections (HTTP, gRPC and
+metrics), let in-flight requests and calls finish (``--shutdown-timeout``), stop the workers
 (they free their own shared memory), unlink the front's segments, sweep
 anything left under our prefix, exit 0.
 """
@@ -29,6 +29,7 @@ from oipserve.dataplane import DataPlane
 from oipserve.grpc_front import GrpcServer, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import Management, startup_models
+from oipserve.metrics import MetricsApp, Scraper
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.pool import WorkerPool
 from oipserve.repository import RepositoryError, check_repository
@@ -86,12 +87,47 @@ def _settle_garbage_collector() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
+def _metrics_server(settings: Settings, app: MetricsApp) -> _UvicornServer:
+    """A second uvicorn server on the same loop, for ``GET /metrics`` only."""
+    config = uvicorn.Config(
+        app,
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
+    )
+    return _UvicornServer(config)
+
+
+def _check_ports(settings: Settings) -> None:
+    """Two services given the same fixed port: a mistake to name before binding."""
+    ports = {"--http-port": settings.http_port, "--grpc-port": settings.grpc_port}
+    if settings.allow_metrics:
+        ports["--metrics-port"] = settings.metrics_port
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port and port in seen:
+            raise ValueError(f"{seen[port]} and {flag} are both {port}")
+        seen[port] = flag
+
+
 async def serve(settings: Settings) -> int:
     root = Path(settings.model_repository)
-    sock = bind_socket(settings.host, settings.http_port)
     try:
-        if settings.grpc_port and settings.grpc_port == settings.http_port:
-            raise ValueError(f"--http-port and --grpc-port are both {settings.http_port}")
+        _check_ports(settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    sock = bind_socket(settings.host, settings.http_port)
+    metrics_sock: socket.socket | None = None
+    try:
+        if settings.allow_metrics:
+            metrics_sock = bind_socket(settings.host, settings.metrics_port)
+    except StartupError:
+        sock.close()
+        raise
+    try:
         check_repository(root)
         inventory_source = make_inventory_source(settings.hardware_inventory)
         inventory = inventory_source.read()
@@ -99,6 +135,8 @@ async def serve(settings: Settings) -> int:
         names = startup_models(settings.model_control_mode, settings.load_model, root)
     except (ValueError, RepositoryError, OSError) as exc:  # a mistake in flags or files
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
         raise StartupError(str(exc)) from None
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
@@ -117,6 +155,7 @@ async def serve(settings: Settings) -> int:
         settings.shutdown_timeout,
     )
     server: _UvicornServer | None = None
+    metrics_server: _UvicornServer | None = None
     grpc_server: GrpcServer | None = None
     grpc_stopping: asyncio.Task[None] | None = None
     loop = asyncio.get_running_loop()
@@ -134,6 +173,8 @@ async def serve(settings: Settings) -> int:
         stop_grpc()
         if server is not None:
             server.should_exit = True
+            if metrics_server is not None:
+                metrics_server.should_exit = True
         else:
             startup.cancel()
 
@@ -175,26 +216,45 @@ async def serve(settings: Settings) -> int:
             h11_max_incomplete_event_size=None,
         )
         server = _UvicornServer(config)
+        servers = [server]
+        if metrics_sock is not None:
+            metrics_server = _metrics_server(
+                settings, MetricsApp(Scraper(dataplane.stats, inventory_source))
+            )
+            servers.append(metrics_server)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
+        metrics_shown = ""
+        if metrics_sock is not None:
+            metrics_shown = f" metrics={shown}:{metrics_sock.getsockname()[1]}"
 
         async def announce() -> None:
-            while not server.started and not server.should_exit:
+            while not all(s.started for s in servers) and not server.should_exit:
                 await asyncio.sleep(0.01)
-            if server.started:
+            if all(s.started for s in servers):
                 log.info(
-                    "ready http://%s:%d (%d models, devices: %s) grpc=%s:%d",
+                    "ready http://%s:%d (%d models, devices: %s) grpc=%s:%d%s",
                     shown,
                     port,
                     len(names),
                     ", ".join(devices),
                     shown,
                     grpc_port,
+                    metrics_shown,
                 )
 
         announcer = loop.create_task(announce())
+        metrics_task: asyncio.Task[None] | None = None
+        if metrics_server is not None and metrics_sock is not None:
+            metrics_task = loop.create_task(metrics_server.serve(sockets=[metrics_sock]))
         _settle_garbage_collector()
-        await server.serve(sockets=[sock])
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            # The metrics port closes with the HTTP port (shutdown step 1).
+            if metrics_server is not None and metrics_task is not None:
+                metrics_server.should_exit = True
+                await metrics_task
         announcer.cancel()
         return 0
     finally:
@@ -208,6 +268,8 @@ async def serve(settings: Settings) -> int:
         dataplane.outputs.close()
         sweep(pool.prefix)
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         log.info("stopped")

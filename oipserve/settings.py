@@ -23,6 +23,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     host: str = "127.0.0.1"
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8001
+    #: Prometheus ``GET /metrics`` (Triton's port); 0 picks a free port.
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8002
+    #: Triton's flag: false serves no metrics port at all.
+    allow_metrics: bool = True
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
@@ -58,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--http-port", metavar="PORT", help="0 picks a free port")
     serve.add_argument("--grpc-port", metavar="PORT", help="0 picks a free port")
+    serve.add_argument("--metrics-port", metavar="PORT", help="0 picks a free port")
+    serve.add_argument("--allow-metrics", metavar="true|false", help="serve /metrics")
     serve.add_argument("--grpc-max-message-bytes", metavar="N")
     serve.add_argument("--devices", help="auto | cpu | cuda:0,cuda:1 ...")
     serve.add_argument("--instances-per-device", metavar="N")

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_REPOSITORY = ROOT / "model-repository"
 READY = re.compile(r"ready http://(\S+):(\d+)")
 GRPC = re.compile(r"grpc=(\S+):(\d+)")
+METRICS = re.compile(r"metrics=(\S+):(\d+)")
 
 
 class ServerProcess:
@@ -38,6 +39,8 @@ class ServerProcess:
             "0",
             "--grpc-port",
             "0",
+            "--metrics-port",
+            "0",
             *args,
         ]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -56,6 +59,8 @@ class ServerProcess:
         #: ``host:port`` of the gRPC service (as tritonclient.grpc wants it).
         self.grpc_url = ""
         self.grpc_port = 0
+        #: ``http://host:port`` of ``GET /metrics``; empty with ``--allow-metrics false``.
+        self.metrics_url = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -71,6 +76,9 @@ class ServerProcess:
                 if grpc_match:
                     self.grpc_url = f"{grpc_match.group(1)}:{grpc_match.group(2)}"
                     self.grpc_port = int(grpc_match.group(2))
+                metrics_match = METRICS.search(line)
+                if metrics_match:
+                    self.metrics_url = f"http://{metrics_match.group(1)}:{metrics_match.group(2)}"
                 self._ready.set()
         self._ready.set()
 

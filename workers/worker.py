@@ -14,6 +14,7 @@ import os
 import select
 import signal
 import socket
+from time import monotonic_ns
 
 import msgspec
 
@@ -155,6 +156,7 @@ class Worker:
         )
 
     def infer(self, message: Infer) -> None:
+        started = monotonic_ns()
         session = self.sessions.get(message.key)
         if session is None:
             self.fail(
@@ -174,7 +176,9 @@ class Worker:
                 else:
                     feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
             names = message.outputs or [m.name for m in session.outputs]
+            fed = monotonic_ns()
             values = session.run(names, feeds)
+            ran = monotonic_ns()
         except (runtime.RequestError, ImageError) as exc:
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
@@ -209,7 +213,19 @@ class Worker:
             )
         dropped = self.dropped[:]
         self.dropped.clear()
-        self.reply(InferDone(message.rid, lease.name, descs, dropped))
+        copied = monotonic_ns()
+        self.reply(
+            InferDone(
+                message.rid,
+                lease.name,
+                descs,
+                dropped,
+                started,
+                fed - started,
+                ran - fed,
+                copied - ran,
+            )
+        )
 
     def close(self) -> None:
         self.outputs.close()

@@ -25,7 +25,6 @@ SERVICE = "inference.GRPCInferenceService"
 
 _REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 _UNIMPLEMENTED = {
-    "ModelStatistics": "the statistics extension is not supported by this server",
     "SystemSharedMemoryStatus": "the system shared memory extension is not supported",
     "SystemSharedMemoryRegister": "the system shared memory extension is not supported",
     "SystemSharedMemoryUnregister": "the system shared memory extension is not supported",

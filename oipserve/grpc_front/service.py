@@ -29,6 +29,7 @@ from oipserve.grpc_front.convert import (
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
+from oipserve.stats_report import model_statistics
 
 
 class InferenceService:
@@ -73,6 +74,16 @@ class InferenceService:
         message = json_format.ParseDict(config, pb.ModelConfig(), ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=message)
 
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        """The statistics extension: the same dict as REST's, parsed into the protobuf."""
+        dataplane = self.dataplane
+        report = model_statistics(
+            dataplane.stats, dataplane.registry, request.name or None, request.version or None
+        )
+        return json_format.ParseDict(report, pb.ModelStatisticsResponse())
+
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
@@ -112,12 +123,16 @@ class InferenceService:
     async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
         model = self.dataplane.resolve(message.model_name, requested_version(message.model_version))
-        inputs = input_tensors(message, call.raw)
-        outputs = []
-        for output in message.outputs:
-            check_tensor_parameters(f"output '{output.name}'", output.parameters)
-            outputs.append(output.name)
-        priority, timeout_us = schedule_parameters(message.parameters)
+        try:
+            inputs = input_tensors(message, call.raw)
+            outputs = []
+            for output in message.outputs:
+                check_tensor_parameters(f"output '{output.name}'", output.parameters)
+                outputs.append(output.name)
+            priority, timeout_us = schedule_parameters(message.parameters)
+        except Exception as exc:
+            self.dataplane.refused(model, exc)
+            raise
         # NOTE: a client that cancels or goes away cancels this call's task, which
         #   withdraws a request still queued in a dynamic batcher.
         result = await self.dataplane.infer(model, inputs, outputs, [], priority, timeout_us)

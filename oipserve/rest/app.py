@@ -27,7 +27,7 @@ from oipserve.rest.error_handlers import (
     serialize_http_error,
 )
 from oipserve.rest.media import JSON
-from oipserve.rest.resources import ModelResource, ServerResource
+from oipserve.rest.resources import ModelResource, ServerResource, StatisticsResource
 from oipserve.settings import Settings
 
 Receive = Callable[[], Awaitable[dict]]
@@ -46,6 +46,11 @@ def create_app(settings: Settings, dataplane: DataPlane) -> falcon.asgi.App:
     app.add_route("/v2", server)
     app.add_route("/v2/health/live", server, suffix="live")
     app.add_route("/v2/health/ready", server, suffix="ready")
+
+    statistics = StatisticsResource(dataplane)
+    app.add_route("/v2/models/stats", statistics)
+    app.add_route("/v2/models/{model}/stats", statistics)
+    app.add_route("/v2/models/{model}/versions/{version}/stats", statistics)
 
     models = ModelResource(dataplane, settings)
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):

@@ -24,6 +24,7 @@ from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
 from oipserve.rest.render import render_infer
 from oipserve.settings import Settings
+from oipserve.stats_report import model_statistics
 from oipserve.tensors import check_datatype
 
 
@@ -45,6 +46,24 @@ class ServerResource:
         else:
             resp.status = 503
             resp.data = b'{"ready":false}'
+
+
+class StatisticsResource:
+    """``/v2/models[/{model}[/versions/{version}]]/stats``: the statistics extension."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    async def on_get(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        dataplane = self.dataplane
+        report = model_statistics(dataplane.stats, dataplane.registry, model, version)
+        resp.data = ENCODER.encode(report)
 
 
 class ModelResource:
@@ -93,6 +112,7 @@ class ModelResource:
         header_text = req.get_header(HEADER_LENGTH)
         body = await read_body(req, self.limit, self.dataplane.inputs, header_text)
         owned = [body.lease] if body.lease is not None else []
+        target: ModelVersion | None = None
         try:
             header_length = binary.parse_header_length(header_text, len(body.data))
             target = self.dataplane.resolve(model, version)
@@ -118,9 +138,11 @@ class ModelResource:
                     ]
                 request_id = request.id
                 priority, timeout_us = _schedule(request.parameters)
-        except BaseException:
+        except BaseException as exc:
             for lease in owned:
                 lease.release()
+            if target is not None:
+                self.dataplane.refused(target, exc)
             raise
         watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
         result = await self.dataplane.infer(

@@ -129,6 +129,14 @@ class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
     outputs: list[TensorDesc]
     #: Output segments the worker unlinked since its last reply.
     dropped: list[str]
+    #: ``time.monotonic_ns()`` when the worker began this request (the clock is
+    #: system-wide on Linux, so the front subtracts its own send time: queue time).
+    started_ns: int = 0
+    #: Phase times: building the feeds from shared memory (image decoding included),
+    #: ``session.run``, and copying the outputs into the output segment.
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
 
 
 class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):

@@ -438,7 +438,6 @@ def test_values_onnxruntime_refuses_are_invalid_argument(
 
 
 def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    _fail(lambda: client.get_inference_statistics("simple"), grpc.StatusCode.UNIMPLEMENTED)
     _fail(lambda: client.get_system_shared_memory_status(), grpc.StatusCode.UNIMPLEMENTED)
     _fail(lambda: client.get_cuda_shared_memory_status(), grpc.StatusCode.UNIMPLEMENTED)
     _fail(lambda: client.get_trace_settings(), grpc.StatusCode.UNIMPLEMENTED)

@@ -22,12 +22,14 @@ from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, shm_entries, wa
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    # NOTE: the metrics port defaults to 8002; a test must not depend on it being free.
     return subprocess.run(
         [sys.executable, "-m", "oipserve", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env={**os.environ, "OIPSERVE_METRICS_PORT": "0"},
     )
 
 

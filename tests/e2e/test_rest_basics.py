@@ -47,7 +47,12 @@ def test_health(server: ServerProcess, client: httpclient.InferenceServerClient)
 def test_server_metadata(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:
     meta = client.get_server_metadata()
     assert meta["name"] == "oipserve"
-    assert meta["extensions"] == ["binary_tensor_data", "model_configuration", "model_repository"]
+    assert meta["extensions"] == [
+        "binary_tensor_data",
+        "model_configuration",
+        "model_repository",
+        "statistics",
+    ]
     for path in ("/v2", "/v2/"):
         status, headers, body = request(server, "GET", path)
         assert status == 200 and json.loads(body) == meta

@@ -1,0 +1,205 @@
+"""Per-model-version inference statistics: the recorder the inference path calls.
+
+One ``ModelStats`` per model version counts what Triton's statistics extension and
+its ``nv_inference_*`` metrics report: successful and failed requests with their
+end-to-end time, queue time, the three compute phases, inferences (batch
+elements) and executions (model runs, per batch size). Both views read these same
+numbers (``oipserve.stats_report`` as JSON/protobuf in ns, ``oipserve.metrics``
+as Prometheus counters in µs), so they never disagree.
+
+Recording is plain integer arithmetic on attributes: the event loop is
+single-threaded, so there are no locks, and a request allocates nothing here
+(a batch size seen for the first time allocates its row once).
+
+``StatsRegistry`` attaches one ``ModelStats`` to each ``ModelVersion`` object
+without touching the model code: a dict keyed by the version object itself
+(identity hash, one lookup, no key to build). A reload creates new
+``ModelVersion`` objects, so its statistics start at zero, as in Triton; entries
+of versions no longer in the model registry are dropped when the registry is
+read or grows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Iterator
+from time import monotonic_ns
+from typing import TYPE_CHECKING
+
+from oipserve.errors import Unavailable
+
+if TYPE_CHECKING:
+    from oipserve.models import ModelRegistry, ModelVersion
+
+
+class FailureReason(enum.StrEnum):
+    """Why a request failed: the values of Triton's ``reason`` label."""
+
+    #: Refused before running: overloaded (queue full), no running instance.
+    REJECTED = "REJECTED"
+    #: The client went away (its call was cancelled) before the answer.
+    CANCELED = "CANCELED"
+    #: The model (its worker) failed or refused while running the request.
+    BACKEND = "BACKEND"
+    #: Anything else, mostly a request that does not fit the model (validation).
+    OTHER = "OTHER"
+
+
+def refusal_reason(exc: BaseException) -> FailureReason:
+    """Why a request failed before any worker saw it."""
+    if isinstance(exc, asyncio.CancelledError):
+        return FailureReason.CANCELED
+    if isinstance(exc, Unavailable):  # overloaded, no running instance, out of shared memory
+        return FailureReason.REJECTED
+    return FailureReason.OTHER
+
+
+def failure_reason(exc: BaseException) -> FailureReason:
+    """Why a request failed once sent: its worker failed it (or died), or the client left."""
+    if isinstance(exc, asyncio.CancelledError):
+        return FailureReason.CANCELED
+    return FailureReason.BACKEND
+
+
+class ModelStats:
+    """Cumulative counters of one model version; times in nanoseconds.
+
+    Per request (``request_succeeded`` / ``request_failed``): success and fail
+    counts and their end-to-end ns, queue ns, each request's share of its
+    execution's compute ns, and inferences (the request's batch size). Per
+    execution (``executed``): the execution count and, per batch size, the
+    compute ns of those executions. Without a response cache, the counts of
+    queue and the compute phases equal the success count, as in Triton.
+    """
+
+    __slots__ = (
+        "name",
+        "version",
+        "last_success_ns",
+        "success_count",
+        "success_ns",
+        "fail_count",
+        "fail_ns",
+        "failures",
+        "queue_ns",
+        "input_ns",
+        "infer_ns",
+        "output_ns",
+        "inference_count",
+        "execution_count",
+        "batches",
+        "pending",
+    )
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        #: ``monotonic_ns()`` of the last success; 0 before the first.
+        self.last_success_ns = 0
+        self.success_count = 0
+        self.success_ns = 0
+        self.fail_count = 0
+        self.fail_ns = 0
+        #: Failed requests by reason; every reason is present (Triton pre-creates all four).
+        self.failures: dict[FailureReason, int] = dict.fromkeys(FailureReason, 0)
+        self.queue_ns = 0
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0
+        #: Batch elements of successful requests (a batch-8 request adds 8).
+        self.inference_count = 0
+        #: Model executions; one batch of many requests adds 1.
+        self.execution_count = 0
+        #: Batch size -> [executions, input ns, infer ns, output ns] at that size.
+        self.batches: dict[int, list[int]] = {}
+        #: Requests accepted and not yet executing (a gauge; the caller adds and subtracts).
+        self.pending = 0
+
+    def request_succeeded(
+        self,
+        batch_size: int,
+        total_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """One request answered; compute ns are its share of the execution it was part of."""
+        self.success_count += 1
+        self.success_ns += total_ns
+        self.queue_ns += queue_ns
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+        self.inference_count += batch_size
+        # PERF: the monotonic clock costs half of time.time_ns() // 10**6 per request;
+        #   last_inference_ms converts once, when read.
+        self.last_success_ns = monotonic_ns()
+
+    @property
+    def last_inference_ms(self) -> int:
+        """Milliseconds since the epoch of the last success; 0 before the first."""
+        if not self.last_success_ns:
+            return 0
+        return (time.time_ns() - monotonic_ns() + self.last_success_ns) // 1_000_000
+
+    def request_failed(self, reason: FailureReason, total_ns: int) -> None:
+        """One request failed, counted once, whatever failed."""
+        self.fail_count += 1
+        self.fail_ns += total_ns
+        self.failures[reason] += 1
+
+    def executed(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One model execution (one batch of ``batch_size`` elements) finished."""
+        self.execution_count += 1
+        row = self.batches.get(batch_size)
+        if row is None:
+            row = self.batches[batch_size] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += input_ns
+        row[2] += infer_ns
+        row[3] += output_ns
+
+
+class StatsRegistry:
+    """The ``ModelStats`` of every model version the model registry holds."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self._models = models
+        self._stats: dict[ModelVersion, ModelStats] = {}
+
+    def of(self, model: ModelVersion) -> ModelStats:
+        """The version's statistics, created at its first use."""
+        stats = self._stats.get(model)
+        if stats is None:
+            self.prune()
+            stats = self._stats[model] = ModelStats(model.name, model.version)
+        return stats
+
+    def prune(self) -> None:
+        """Forget versions that left the model registry (unloaded or replaced by a reload)."""
+        models = self._models.models
+        gone = [m for m in self._stats if models.get(m.name, {}).get(m.version) is not m]
+        for model in gone:
+            del self._stats[model]
+
+    def ready(self, name: str | None = None) -> Iterator[tuple[ModelVersion, ModelStats]]:
+        """Every READY version (of ``name``, or of all models) with its statistics.
+
+        Ordered by model name, then version number, so listings are stable.
+        """
+        self.prune()
+        models = self._models.models
+        names = sorted(models) if name is None else [name]
+        for model_name in names:
+            versions = models.get(model_name, {})
+            for version in sorted(versions, key=_version_order):
+                model = versions[version]
+                if model.state == "READY":
+                    yield model, self.of(model)
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (0, version)
