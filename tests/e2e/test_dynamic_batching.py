@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -106,6 +107,16 @@ def test_concurrent_requests_are_batched_and_each_answer_is_its_own(
     joined = [(own, ran) for own, ran in outcomes if ran > own]
     assert joined, "no request ever shared an execution with another"
     assert all(ran <= 16 for _, ran in outcomes)  # max_batch_size
+    # The statistics say the same: fewer executions than inferences, batches above 1.
+    (stats,) = httpclient.InferenceServerClient(server.host_port).get_inference_statistics(
+        "batched"
+    )["model_stats"]
+    assert stats["inference_stats"]["success"]["count"] == 360
+    assert stats["inference_count"] == sum(own for own, _ in outcomes)
+    assert stats["execution_count"] < stats["inference_count"]
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    assert max(sizes) > 3 and sum(sizes.values()) == stats["execution_count"]
+    assert sum(size * count for size, count in sizes.items()) == stats["inference_count"]
 
 
 @contextmanager
@@ -148,6 +159,14 @@ def test_full_queue_answers_503(server: ServerProcess) -> None:
         _check(running.result(30), values, texts)
         for seed, future in zip((2, 3), queued, strict=True):
             assert _check(future.result(30), *_request(seed)) >= 1
+    (stats,) = grpc.get_inference_statistics("small_queue").model_stats
+    assert (stats.inference_stats.success.count, stats.inference_stats.fail.count) == (3, 2)
+    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert (
+        'nv_inference_request_failure{model="small_queue",version="1",reason="REJECTED"} 2' in text
+    )
+    assert 'nv_inference_pending_request_count{model="small_queue",version="1"} 0' in text
 
 
 def test_queue_timeout_answers_503_while_the_instance_is_still_busy(
@@ -214,4 +233,7 @@ def test_a_request_whose_client_went_away_never_runs(server: ServerProcess) -> N
         _check(running.result(30), values, texts)
         # Had either withdrawn request stayed queued, it would have run with this one.
         assert _check(kept.result(30), *_request(9)) == len(_request(9)[0])
+    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert 'nv_inference_request_failure{model="batched",version="1",reason="CANCELED"} 2' in text
     assert wait_for(lambda: "Traceback" not in server.log, 1)
