@@ -799,7 +799,22 @@ def summarise(bench: Bench, scenarios: list[Scenario], started: float, stamp: st
                 "idle_cpu_pct": None,
             }
         )
-    floor_cell = next((c for c in cells if c["server"] == "floor" and c["runs"]), None)
+    floor_cell = next(
+        (
+            c
+            for c in cells
+            if c["server"] == "floor"
+            and c["runs"]
+            and c["scenario"].startswith("matmul-")
+            and not c["scenario"].startswith("matmul-batched")
+        ),
+        None,
+    )
+    floor_b1 = next(
+        (c for c in cells if c["server"] == "floor" and c["runs"]
+         and c["scenario"] == "matmul-batched-c16"),
+        None,
+    )  # fmt: skip
     summary: dict[str, Any] = {
         "title": f"{stamp} ({'quick' if ns.quick else 'full'} run)",
         "command": " ".join([Path(sys.executable).name, "benchmarks/run.py", *sys.argv[1:]]),
@@ -813,7 +828,8 @@ def summarise(bench: Bench, scenarios: list[Scenario], started: float, stamp: st
         "servers": servers,
         "scenarios": [s.__dict__ | {"label": s.label} for s in scenarios],
         "cells": cells,
-        "floor": {"matmul": floor_cell} if floor_cell else {},
+        "floor": ({"matmul": floor_cell} if floor_cell else {})
+        | ({"matmul-batch1": floor_b1} if floor_b1 else {}),
         "overload": bench.overload,
         "profiles": bench.profiles,
         "notes": bench.notes,

@@ -42,6 +42,8 @@ class ModelCase:
     max_batch_size: int = 0
     dims: dict[str, list[int]] = field(default_factory=dict)  # config dims (no batch dim)
     tolerance: float = 0.0
+    #: A ``dynamic_batching { ... }`` block for every server's config.pbtxt ('' for none).
+    dynamic_batching: str = ""
 
     def tensor_bytes(self) -> int:
         """Input plus output tensor bytes of one request (the payload that MB/s counts)."""
@@ -99,6 +101,22 @@ def build_models(out: Path) -> dict[str, ModelCase]:
             tolerance=1e-3,
         ),
     }
+    # Issue 13: the same MatMul, one row per request, batched by the server (or not).
+    one_row = {"INPUT0": rng.standard_normal((1, 1024), dtype=np.float32)}
+    for name, batching in (
+        ("matmul_batched", "dynamic_batching { max_queue_delay_microseconds: 500 }"),
+        ("matmul_unbatched", ""),
+    ):
+        cases[name] = ModelCase(
+            name=name,
+            onnx_path=out / "matmul_relu" / "1" / "model.onnx",
+            inputs=one_row,
+            output_names=["OUTPUT0"],
+            max_batch_size=16,
+            dims={"INPUT0": [1024], "OUTPUT0": [1024]},
+            tolerance=1e-3,
+            dynamic_batching=batching,
+        )
     for case in cases.values():
         case.expected = reference_outputs(case)
     if hasattr(build, "build_image_nhwc_u8"):
@@ -171,6 +189,7 @@ def write_triton_repo(
             + _io_pbtxt(case)
             + f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
             + _params_pbtxt(ort)
+            + (case.dynamic_batching + "\n" if case.dynamic_batching else "")
         )
         (root / case.name / "config.pbtxt").write_text(config)
     return root
@@ -193,6 +212,7 @@ def write_oipserve_repo(
             + (_io_pbtxt(case) if case.max_batch_size else "")
             + f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
             + _params_pbtxt(ort)
+            + (case.dynamic_batching + "\n" if case.dynamic_batching else "")
         )
         (root / case.name / "config.pbtxt").write_text(config)
     image = cases["simple"].onnx_path.parent.parent.parent / "image_nhwc_u8"

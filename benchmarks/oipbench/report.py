@@ -182,6 +182,31 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{100 * peer_best[0]:.0f}% of the floor"
             )
         goals[-1]["bottleneck"] += "; " + context
+    batched = _cell(summary, "oipserve", "matmul-batched-c16")
+    tri_batched = _cell(summary, "triton", "matmul-batched-c16")
+    r = _ratio(batched and batched["rps"], tri_batched and tri_batched["rps"])
+    add(
+        "dynamic batching (MatMul, 1 row a request, c=16): oipserve ≥ Triton's req/s, same config",
+        "—"
+        if math.isnan(r)
+        else f"{batched['rps']:,.0f} vs {tri_batched['rps']:,.0f} req/s = {r:.2f}×",  # type: ignore[index]
+        None if math.isnan(r) else r >= 1.0,
+        "matmul-batched-c16",
+        "oipserve or Triton has no result",
+        ("oipserve", "triton"),
+    )
+    floor_b1 = summary.get("floor", {}).get("matmul-batch1")
+    r = _ratio(batched and batched["rps"], floor_b1 and floor_b1["rps"])
+    add(
+        "dynamic batching: oipserve above the unbatched in-process floor (batch 1)",
+        "—"
+        if math.isnan(r)
+        else f"{batched['rps']:,.0f} vs {floor_b1['rps']:,.0f} calls/s = {r:.2f}×",  # type: ignore[index]
+        None if math.isnan(r) else r > 1.0,
+        "matmul-batched-c16",
+        "oipserve or the floor has no result",
+        ("oipserve", "floor"),
+    )
     over = next((o for o in summary.get("overload", []) if o["server"] == "oipserve"), None)
     add(
         "overload (2× saturating rate"

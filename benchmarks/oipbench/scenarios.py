@@ -72,6 +72,21 @@ SCENARIOS: list[Scenario] = [
         floor=True,
     ),
     Scenario("jpeg-c4", "5. 224x224 JPEG as image bytes", "image_nhwc_u8", "jpeg", 4),
+    Scenario(
+        "matmul-batched-c16",
+        "6. dynamic batching: the MatMul with one row per request, max_batch_size 16",
+        "matmul_batched",
+        "binary",
+        16,
+        floor=True,
+    ),
+    Scenario(
+        "matmul-unbatched-c16",
+        "6. dynamic batching: the MatMul with one row per request, max_batch_size 16",
+        "matmul_unbatched",
+        "binary",
+        16,
+    ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}
 

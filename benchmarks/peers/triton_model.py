@@ -36,7 +36,9 @@ class TritonPythonModel:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        """Run each request on its own (no dynamic batching configured)."""
+        """Run the requests Triton's dynamic batcher gave as one batch, else each alone."""
+        if len(requests) > 1:
+            return self._execute_batch(requests)
         responses = []
         for request in requests:
             feeds = {
@@ -47,4 +49,26 @@ class TritonPythonModel:
             pairs = zip(self.output_names, results, strict=True)
             tensors = [pb_utils.Tensor(n, r) for n, r in pairs]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        return responses
+
+    def _execute_batch(self, requests: list[Any]) -> list[Any]:
+        """Concatenate every input along dim 0, run once, slice each output back."""
+        import numpy as np
+
+        parts = {
+            name: [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for r in requests]
+            for name in self.input_names
+        }
+        rows = [len(a) for a in parts[self.input_names[0]]]
+        feeds = {name: np.concatenate(arrays) for name, arrays in parts.items()}
+        results = self.session.run(self.output_names, feeds)
+        responses = []
+        start = 0
+        for count in rows:
+            tensors = [
+                pb_utils.Tensor(n, r[start : start + count])
+                for n, r in zip(self.output_names, results, strict=True)
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            start += count
         return responses
