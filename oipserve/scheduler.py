@@ -32,6 +32,7 @@ returns one result per entry (``oipserve.batch_io`` assembles and splits the ten
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -122,7 +123,11 @@ class DynamicBatcher:
         #: Requests waiting (not yet in a batch): Triton's pending request count.
         self.queued = 0
         self._busy: set[int] = set()
-        self._wake = asyncio.Event()
+        # PERF: asyncio.get_running_loop() (and asyncio.Event.wait) make a getpid()
+        #   system call each time; the loop is looked up once, and the batcher sleeps on
+        #   a plain future that _wake() resolves.
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
         self._next_seq = 0
         self._deliver_seq = 0
         self._finished: dict[int, tuple[Entry, Any, BaseException | None]] = {}
@@ -134,7 +139,7 @@ class DynamicBatcher:
             if policy.preferred_batch_sizes
             else policy.largest_batch
         )
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher {name}")
+        self._task = self._loop.create_task(self._run(), name=f"batcher {name}")
         self._task.add_done_callback(self._stopped)
 
     # ---- the callers' side ---------------------------------------------------------
@@ -152,17 +157,17 @@ class DynamicBatcher:
         policy = self.policy.policy(level)
         if policy.max_queue_size and self._queued_per_level[level - 1] >= policy.max_queue_size:
             raise QueueRejected("Exceeds maximum queue size")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         entry = Entry(request, batch, signature, level, loop.create_future(), self._next_seq)
         self._next_seq += 1
         timeout_ns = policy.timeout_ns(timeout_us)
         if timeout_ns:
             entry.timer = loop.call_later(timeout_ns / 1e9, self._expire, entry)
-        entry.future.add_done_callback(lambda _, entry=entry: self._withdrawn(entry))
+        entry.future.add_done_callback(functools.partial(self._withdrawn, entry))
         self._queues[level - 1].append(entry)
         self._queued_per_level[level - 1] += 1
         self.queued += 1
-        self._wake.set()
+        self._wake()
         return entry.future
 
     def close(self) -> None:
@@ -187,7 +192,7 @@ class DynamicBatcher:
             entry.timer.cancel()
             entry.timer = None
 
-    def _withdrawn(self, entry: Entry) -> None:
+    def _withdrawn(self, entry: Entry, future: asyncio.Future[Any]) -> None:
         """The caller cancelled (gave up on) the request's future."""
         if entry.future.cancelled() and entry.state == _QUEUED:
             self._leave_queue(entry)
@@ -289,10 +294,14 @@ class DynamicBatcher:
                 return instance
         return None
 
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def _run(self) -> None:
-        wake = self._wake
+        loop = self._loop
         while True:
-            wake.clear()
             timeout: float | None = None
             if self.queued:
                 instance = self._free_instance()
@@ -307,10 +316,19 @@ class DynamicBatcher:
                         continue
                     if again is not None:
                         timeout = (again - now) / 1e9
+            # NOTE: nothing can wake the batcher between its look above and this wait:
+            #   arrivals and finished batches run while it is suspended here.
+            self._waiter = waiter = loop.create_future()
+            if timeout is None:
+                await waiter
+                continue
+            # PERF: a timer that wakes it, not asyncio.wait_for, which makes a task per
+            #   wait (the batcher waits once per arrival under load).
+            timer = loop.call_later(max(timeout, 0.0), self._wake)
             try:
-                await asyncio.wait_for(wake.wait(), timeout)
-            except TimeoutError:
-                pass
+                await waiter
+            finally:
+                timer.cancel()
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The loop ended: by close(), or by a bug, which must not leave callers waiting."""
@@ -323,7 +341,7 @@ class DynamicBatcher:
             self._leave_queue(entry)
             entry.state = _TAKEN
         self._busy.add(id(instance))
-        task = asyncio.get_running_loop().create_task(self._dispatch(batch, instance))
+        task = self._loop.create_task(self._dispatch(batch, instance))
         self._dispatches.add(task)
         task.add_done_callback(self._dispatches.discard)
 
@@ -338,4 +356,4 @@ class DynamicBatcher:
                 self._answer(entry, result, None)
         finally:
             self._busy.discard(id(instance))
-            self._wake.set()
+            self._wake()
