@@ -69,15 +69,7 @@ def main() -> None:
             pass  # the await of the worker's reply
         finally:
             stats.pending -= 1
-        stats.executed(batch, done.input_ns, done.infer_ns, done.output_ns)
-        stats.request_succeeded(
-            batch,
-            monotonic_ns() - start,
-            max(0, done.started_ns - sent),
-            done.input_ns,
-            done.infer_ns,
-            done.output_ns,
-        )
+        stats.ran_alone(batch, start, sent, done)
 
     def bare() -> None:
         try:

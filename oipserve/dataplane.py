@@ -182,15 +182,7 @@ class DataPlane:
         except BaseException:
             worker.release_outputs(done.segment)
             raise
-        stats.executed(batch, done.input_ns, done.infer_ns, done.output_ns)
-        stats.request_succeeded(
-            batch,
-            monotonic_ns() - start,
-            max(0, done.started_ns - sent),
-            done.input_ns,
-            done.infer_ns,
-            done.output_ns,
-        )
+        stats.ran_alone(batch, start, sent, done)
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
 
     def refused(self, model: ModelVersion, exc: BaseException) -> None:

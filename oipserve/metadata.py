@@ -72,19 +72,12 @@ def _refine(
         model_shape = None if entry.reshape is None else (*batch, *entry.reshape)
         actual = by_name.get(entry.name)
         default = (defaults or {}).get(entry.name)
+        optional = False
         if actual is None and entry.optional and default is not None:
             # NOTE: ONNX Runtime lists a graph input that has an initializer (a default
             #   value) apart from the required ones; a request may feed or omit it.
-            if entry.data_type != default.datatype:
-                raise MetadataConflict(
-                    f"config.pbtxt says input '{entry.name}' is {entry.data_type} but the "
-                    f"ONNX graph says {default.datatype}"
-                )
-            merged = _merge_dims(kind, entry.name, model_shape or dims, default.shape)
-            shape = dims if model_shape is not None else merged
-            refined.append(TensorSpec(entry.name, entry.data_type, shape, model_shape, True))
-            continue
-        if actual is None:
+            actual, optional = default, True
+        elif actual is None:
             if entry.optional:
                 raise MetadataConflict(
                     f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
@@ -94,7 +87,7 @@ def _refine(
                 f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
                 f"{sorted(by_name)}"
             )
-        if entry.optional:
+        elif entry.optional:
             raise MetadataConflict(
                 f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
                 "requires it: only a graph input with an initializer (a default value) can "
@@ -107,7 +100,7 @@ def _refine(
             )
         seen_by_model = _merge_dims(kind, entry.name, model_shape or dims, actual.shape)
         shape = dims if model_shape is not None else seen_by_model
-        refined.append(TensorSpec(entry.name, entry.data_type, shape, model_shape))
+        refined.append(TensorSpec(entry.name, entry.data_type, shape, model_shape, optional))
     if kind == "input":
         missing = sorted(set(by_name) - {t.name for t in refined})
         if missing:

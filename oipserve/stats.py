@@ -32,6 +32,7 @@ from oipserve.errors import Unavailable
 
 if TYPE_CHECKING:
     from oipserve.models import ModelRegistry, ModelVersion
+    from oipserve.wire.messages import InferDone
 
 
 class FailureReason(enum.StrEnum):
@@ -150,6 +151,22 @@ class ModelStats:
         self.fail_count += 1
         self.fail_ns += total_ns
         self.failures[reason] += 1
+
+    def ran_alone(self, batch_size: int, start_ns: int, sent_ns: int, done: InferDone) -> None:
+        """A request that was an execution of its own (no dynamic batching): both counts.
+
+        ``start_ns`` is when the data plane got it, ``sent_ns`` when it went to the worker
+        (queue time runs from there to the worker's start).
+        """
+        self.executed(batch_size, done.input_ns, done.infer_ns, done.output_ns)
+        self.request_succeeded(
+            batch_size,
+            monotonic_ns() - start_ns,
+            max(0, done.started_ns - sent_ns),
+            done.input_ns,
+            done.infer_ns,
+            done.output_ns,
+        )
 
     def executed(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One model execution (one batch of ``batch_size`` elements) finished."""
