@@ -17,7 +17,7 @@ from time import monotonic_ns
 
 from oipserve.batch_io import SharedRelease, assemble, split
 from oipserve.batch_policy import BatchPolicy
-from oipserve.errors import InvalidInput, ServerError
+from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
 from oipserve.inference import InferResult, client_outputs
 from oipserve.models import ModelVersion
 from oipserve.placement import Placement, place
@@ -99,6 +99,8 @@ class BatchRunner:
     def __init__(self, inputs: BufferPool, outputs: SegmentCache) -> None:
         self.inputs = inputs
         self.outputs = outputs
+        # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop = asyncio.get_running_loop()
 
     async def infer(
         self,
@@ -111,6 +113,7 @@ class BatchRunner:
         owned: list[Lease],
         priority: int,
         timeout_us: int,
+        deadline: float,
         watch: Watch | None,
     ) -> InferResult:
         """Queue one checked request and wait for its own part of a batch's answer.
@@ -133,6 +136,9 @@ class BatchRunner:
         stats.pending += 1
         if watch is not None:
             watch(future.cancel)
+        # NOTE: past the deadline the request fails, wherever it is: a queued one leaves
+        #   the queue, a running one's part of the answer is released when it arrives.
+        expiry = self._loop.call_at(deadline, _expire, future)
         try:
             return await future
         except BaseException as exc:
@@ -155,6 +161,8 @@ class BatchRunner:
             if failed is exc:
                 raise
             raise failed from None
+        finally:
+            expiry.cancel()
 
     def _batcher(self, model: ModelVersion, policy: BatchPolicy) -> DynamicBatcher:
         batcher = model.batcher
@@ -230,4 +238,14 @@ def _record(requests: list[_Queued], enqueued: list[int], done: InferDone) -> No
             int(done.input_ns * share),
             int(done.infer_ns * share),
             int(done.output_ns * share),
+        )
+
+
+def _expire(future: asyncio.Future[InferResult]) -> None:
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded(
+                "the request did not finish within its deadline (--infer-timeout, or the "
+                "request's 'timeout' parameter)"
+            )
         )

@@ -18,6 +18,7 @@ The inference path, top to bottom (``DataPlane.infer``):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from time import monotonic_ns
 
@@ -41,10 +42,20 @@ SERVER_NAME = "oipserve"
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, pool: WorkerPool, max_queue: int) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        pool: WorkerPool,
+        max_queue: int,
+        infer_timeout: float = 120.0,
+    ) -> None:
         self.registry = registry
         self.pool = pool
         self.max_queue = max_queue
+        #: Seconds an inference may take unless its ``timeout`` parameter is shorter.
+        self.infer_timeout = infer_timeout
+        # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop = asyncio.get_running_loop()
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
         #: Per model version: what the statistics extension and /metrics report.
@@ -122,6 +133,10 @@ class DataPlane:
         """
         stats = self.stats.of(model)
         start = monotonic_ns()
+        timeout = self.infer_timeout
+        if timeout_us and timeout_us / 1e6 < timeout:
+            timeout = timeout_us / 1e6
+        deadline = self._loop.time() + timeout
         if model.echo:
             try:
                 result = answer_echo(model, inputs, output_names, owned)
@@ -151,7 +166,7 @@ class DataPlane:
         if policy is not None:
             return await self.batches.infer(
                 model, policy, stats, start, placements, output_names, owned, priority,
-                timeout_us, watch,
+                timeout_us, deadline, watch,
             )  # fmt: skip
         if lease is not None:
             owned.append(lease)
@@ -166,7 +181,7 @@ class DataPlane:
         stats.pending += 1
         sent = monotonic_ns()
         try:
-            done = await worker.infer(model.key, descs, output_names, inputs_free)
+            done = await worker.infer(model.key, descs, output_names, inputs_free, deadline)
         except BaseException as exc:
             stats.request_failed(failure_reason(exc), monotonic_ns() - start)
             raise

@@ -20,6 +20,7 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
     ErrorKind.UNSUPPORTED: (501, "UNIMPLEMENTED"),
     ErrorKind.UNAVAILABLE: (503, "UNAVAILABLE"),
+    ErrorKind.DEADLINE_EXCEEDED: (503, "DEADLINE_EXCEEDED"),
     ErrorKind.INTERNAL: (500, "INTERNAL"),
 }
 
@@ -77,6 +78,12 @@ class Unavailable(ServerError):
         self.retry_after = retry_after
 
 
+class DeadlineExceeded(ServerError):
+    """The request did not finish in time (``--infer-timeout``, its ``timeout``)."""
+
+    kind = ErrorKind.DEADLINE_EXCEEDED
+
+
 class InferenceFailed(ServerError):
     """The model failed while running; the worker keeps serving."""
 
@@ -89,6 +96,7 @@ _BY_KIND: dict[ErrorKind, type[ServerError]] = {
     ErrorKind.TOO_LARGE: PayloadTooLarge,
     ErrorKind.UNSUPPORTED: Unsupported,
     ErrorKind.UNAVAILABLE: Unavailable,
+    ErrorKind.DEADLINE_EXCEEDED: DeadlineExceeded,
     ErrorKind.INTERNAL: InferenceFailed,
 }
 

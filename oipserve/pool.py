@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from oipserve.errors import Unavailable, from_kind
+from oipserve.errors import DeadlineExceeded, Unavailable, from_kind
 from oipserve.wire.messages import (
     Failed,
     Forget,
@@ -66,6 +66,18 @@ class _Protocol(asyncio.Protocol):
         self.worker.on_exit("its connection closed")
 
 
+class _HeartbeatProtocol(asyncio.Protocol):
+    """The worker's echoes of our heartbeats: each one says it is still responsive."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, worker: WorkerHandle) -> None:
+        self.worker = worker
+
+    def data_received(self, data: bytes) -> None:
+        self.worker.answered_heartbeat()
+
+
 class WorkerHandle:
     """One worker process, the requests in flight on it and the models it holds."""
 
@@ -94,6 +106,15 @@ class WorkerHandle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._death_listeners: list[Callable[[WorkerHandle], None]] = []
         self._stopping = False
+        #: Per pending request with a deadline: the timer that fails it at the deadline.
+        self._deadlines: dict[int, asyncio.TimerHandle] = {}
+        self._heartbeat: asyncio.Transport | None = None
+        #: Loop time of the worker's last heartbeat echo (or of its start).
+        self.last_heartbeat = 0.0
+        #: Loads in progress: ONNX Runtime may hold the GIL while it builds a session, so
+        #: a loading worker's heartbeat thread can be silent for a while.
+        self.loading = 0
+        self._hung = ""
 
     @property
     def in_flight(self) -> int:
@@ -108,21 +129,27 @@ class WorkerHandle:
         #   of the inventory (see hardware.onnxruntime); workers inherit this.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         ours, theirs = socket.socketpair()
+        beat_ours, beat_theirs = socket.socketpair()
         try:
-            process = WorkerProcess(theirs, self.segment_prefix, log_level)
+            process = WorkerProcess(theirs, beat_theirs, self.segment_prefix, log_level)
         except BaseException:
             ours.close()
+            beat_ours.close()
             raise
         finally:
             theirs.close()
+            beat_theirs.close()
         self._loop = loop
         self.process = process
         self.alive = True
         self._stopping = False
+        self._hung = ""
         self.ready = asyncio.Event()
         loop.add_reader(process.sentinel, self.on_exit, "its process exited")
         transport, _ = await loop.connect_accepted_socket(lambda: _Protocol(self), ours)
         self.transport = transport  # type: ignore[assignment]
+        beat, _ = await loop.connect_accepted_socket(lambda: _HeartbeatProtocol(self), beat_ours)
+        self._heartbeat = beat  # type: ignore[assignment]
         try:
             await asyncio.wait_for(self.ready.wait(), START_TIMEOUT)
         except TimeoutError:
@@ -138,6 +165,9 @@ class WorkerHandle:
 
     def on_message(self, message: object) -> None:
         if isinstance(message, InferDone | Failed | Loaded | Unloaded):
+            timer = self._deadlines.pop(message.rid, None)
+            if timer is not None:
+                timer.cancel()
             done = self.on_done.pop(message.rid, None)
             if done is not None:
                 done()
@@ -150,6 +180,7 @@ class WorkerHandle:
                 self.release_outputs(message.segment)
         elif isinstance(message, WorkerReady):
             self.pid = message.pid
+            self.last_heartbeat = self._loop.time()  # type: ignore[union-attr]
             self.ready.set()
 
     def on_exit(self, why: str) -> None:
@@ -166,6 +197,12 @@ class WorkerHandle:
             self.process.join(5)
         if self.transport is not None:
             self.transport.abort()
+        if self._heartbeat is not None:
+            self._heartbeat.abort()
+        for timer in self._deadlines.values():
+            timer.cancel()
+        self._deadlines.clear()
+        why = self._hung or why
         self.ready.set()  # wake a start() that waits
         error = WorkerDied(
             f"worker {self.worker_id} ({self.device}) stopped while handling this request: {why}"
@@ -201,22 +238,61 @@ class WorkerHandle:
             self.transport.write(b"".join(outbox))
 
     def call(
-        self, make: Callable[[int], object], on_done: Callable[[], None] | None = None
+        self,
+        make: Callable[[int], object],
+        on_done: Callable[[], None] | None = None,
+        deadline: float | None = None,
     ) -> Awaitable[object]:
-        """Send a request built with a fresh id; the awaitable resolves to the reply."""
+        """Send a request built with a fresh id; the awaitable resolves to the reply.
+
+        At ``deadline`` (loop time) the awaitable fails with DeadlineExceeded; the request
+        stays pending until the worker answers it (the worker may still be reading its
+        inputs, and its outputs go straight back to it).
+        """
         if not self.alive:
             raise WorkerDied(f"worker {self.worker_id} ({self.device}) is not running")
         rid = self._rid()
-        future: asyncio.Future[object] = self._loop.create_future()  # type: ignore[union-attr]
+        loop = self._loop
+        future: asyncio.Future[object] = loop.create_future()  # type: ignore[union-attr]
         self.pending[rid] = future
         if on_done is not None:
             self.on_done[rid] = on_done
+        if deadline is not None:
+            self._deadlines[rid] = loop.call_at(deadline, self._expire, rid)  # type: ignore[union-attr]
         self.send(make(rid))
         if len(self.pending) == 1:
             # PERF: an idle worker gets its request at once (one loop iteration less
             #   of latency); a busy one cannot start it sooner, so it is batched.
             self._flush()
         return future
+
+    def _expire(self, rid: int) -> None:
+        self._deadlines.pop(rid, None)
+        future = self.pending.get(rid)
+        if future is not None and not future.done():
+            future.set_exception(
+                DeadlineExceeded(
+                    "the request did not finish within its deadline (--infer-timeout, or the "
+                    "request's 'timeout' parameter)"
+                )
+            )
+
+    # ---- heartbeat -------------------------------------------------------------------
+
+    def answered_heartbeat(self) -> None:
+        self.last_heartbeat = self._loop.time()  # type: ignore[union-attr]
+
+    def check_heartbeat(self, now: float, timeout: float) -> None:
+        """Send the next heartbeat, or declare the worker hung if it stopped answering."""
+        if not self.alive or not self.ready.is_set() or self._heartbeat is None:
+            return
+        silent = now - self.last_heartbeat
+        if silent > timeout and not self.loading:
+            self._hung = f"it stopped answering its heartbeat for {silent:.1f}s (hung)"
+            log.error("worker %d (pid %s): %s; killing it", self.worker_id, self.pid, self._hung)
+            self.kill()  # its sentinel reports the exit: requests fail 503, it is replaced
+            return
+        self._heartbeat.write(b".")
 
     async def load(
         self,
@@ -232,7 +308,11 @@ class WorkerHandle:
             message = LoadModel(rid, key, path, threads or self.threads, providers)
             return message
 
-        reply = await self.call(make)
+        self.loading += 1
+        try:
+            reply = await self.call(make)
+        finally:
+            self.loading -= 1
         if isinstance(reply, Failed):
             raise from_kind(reply.kind, reply.message)
         assert isinstance(reply, Loaded) and message is not None
@@ -250,8 +330,11 @@ class WorkerHandle:
         inputs: list[TensorDesc],
         outputs: list[str],
         on_inputs_free: Callable[[], None],
+        deadline: float | None = None,
     ) -> InferDone:
-        reply = await self.call(lambda rid: Infer(rid, key, inputs, outputs), on_inputs_free)
+        reply = await self.call(
+            lambda rid: Infer(rid, key, inputs, outputs), on_inputs_free, deadline
+        )
         if isinstance(reply, Failed):
             raise from_kind(reply.kind, reply.message)
         return reply  # type: ignore[return-value]
@@ -294,6 +377,25 @@ class WorkerPool:
         self._replaced: list[Callable[[WorkerHandle], Awaitable[None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
+
+    def start_heartbeats(self, interval: float, timeout: float) -> None:
+        """Every ``interval`` s, ping each worker; one silent for ``timeout`` s is replaced.
+
+        A worker answers from a thread of its own (``workers.heartbeat``), so a long
+        inference does not silence it; a stopped (SIGSTOP), deadlocked or wedged process
+        does.
+        """
+        loop = asyncio.get_running_loop()
+
+        def beat() -> None:
+            if self.closing:
+                return
+            now = loop.time()
+            for worker in self.workers:
+                worker.check_heartbeat(now, timeout)
+            loop.call_later(interval, beat)
+
+        loop.call_later(interval, beat)
 
     def on_replaced(self, callback: Callable[[WorkerHandle], Awaitable[None]]) -> None:
         """``callback(new_worker)`` reloads models on a replacement before it serves."""

@@ -193,8 +193,8 @@ class DynamicBatcher:
             entry.timer = None
 
     def _withdrawn(self, entry: Entry, future: asyncio.Future[Any]) -> None:
-        """The caller cancelled (gave up on) the request's future."""
-        if entry.future.cancelled() and entry.state == _QUEUED:
+        """The caller gave up on the request (cancelled it, or its deadline passed)."""
+        if entry.state == _QUEUED:
             self._leave_queue(entry)
             self._skip_in_order(entry)
 

@@ -144,7 +144,7 @@ async def serve(settings: Settings) -> int:
     pool = WorkerPool(os.getpid(), settings.log_level)
     registry = ModelRegistry()
     manager = ModelManager(root, pool, registry, settings.hardware_inventory is not None)
-    dataplane = DataPlane(registry, pool, settings.max_queue_per_worker)
+    dataplane = DataPlane(registry, pool, settings.max_queue_per_worker, settings.infer_timeout)
     management = Management(
         root,
         inventory_source,
@@ -191,6 +191,9 @@ async def serve(settings: Settings) -> int:
                 for _ in range(settings.instances_per_device):
                     worker = await pool.add_worker(device, threads)
                     worker.add_death_listener(dataplane.worker_gone)
+            pool.start_heartbeats(
+                settings.worker_heartbeat_interval, settings.worker_heartbeat_timeout
+            )
             registry.required.update(names)
             await asyncio.gather(*(manager.load(name) for name in names))
             grpc_server, grpc_port = await start_grpc(settings, dataplane, management)

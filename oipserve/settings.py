@@ -41,6 +41,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_queue_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 256
     #: Seconds a graceful shutdown waits for in-flight requests.
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    #: Deadline of every inference, in seconds, unless a request's ``timeout`` parameter (or
+    #: its gRPC deadline) is shorter; past it the client gets 503 / DEADLINE_EXCEEDED.
+    infer_timeout: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    #: Seconds between heartbeats to each worker; one that has not answered for
+    #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
+    worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    worker_heartbeat_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
     #: --load-model ones. Repository load/unload requests are allowed in both.
     model_control_mode: Literal["none", "explicit"] = "none"
@@ -72,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--hardware-inventory", metavar="JSON", help="fake inventory file")
     serve.add_argument("--max-queue-per-worker", metavar="N")
     serve.add_argument("--shutdown-timeout", metavar="SECONDS")
+    serve.add_argument("--infer-timeout", metavar="SECONDS", help="deadline of an inference")
+    serve.add_argument("--worker-heartbeat-interval", metavar="SECONDS")
+    serve.add_argument(
+        "--worker-heartbeat-timeout", metavar="SECONDS", help="a silent worker is replaced"
+    )
     serve.add_argument("--model-control-mode", choices=["none", "explicit"])
     serve.add_argument("--load-model", metavar="NAME", action="append", help="repeatable")
     return parser

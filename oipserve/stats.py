@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from time import monotonic_ns
 from typing import TYPE_CHECKING
 
-from oipserve.errors import Unavailable
+from oipserve.errors import DeadlineExceeded, Unavailable
 
 if TYPE_CHECKING:
     from oipserve.models import ModelRegistry, ModelVersion
@@ -52,7 +52,8 @@ def refusal_reason(exc: BaseException) -> FailureReason:
     """Why a request failed before any worker saw it."""
     if isinstance(exc, asyncio.CancelledError):
         return FailureReason.CANCELED
-    if isinstance(exc, Unavailable):  # overloaded, no running instance, out of shared memory
+    # overloaded, no running instance, out of shared memory, past its deadline
+    if isinstance(exc, Unavailable | DeadlineExceeded):
         return FailureReason.REJECTED
     return FailureReason.OTHER
 
@@ -61,6 +62,8 @@ def failure_reason(exc: BaseException) -> FailureReason:
     """Why a request failed once sent: its worker failed it (or died), or the client left."""
     if isinstance(exc, asyncio.CancelledError):
         return FailureReason.CANCELED
+    if isinstance(exc, DeadlineExceeded):
+        return FailureReason.REJECTED
     return FailureReason.BACKEND
 
 

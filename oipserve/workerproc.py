@@ -18,8 +18,11 @@ import sys
 class WorkerProcess:
     """A running worker program: its sentinel, liveness, kill and reaping."""
 
-    def __init__(self, sock: socket.socket, segment_prefix: str, log_level: str) -> None:
+    def __init__(
+        self, sock: socket.socket, heartbeat: socket.socket, segment_prefix: str, log_level: str
+    ) -> None:
         fd = sock.fileno()
+        beat_fd = heartbeat.fileno()
         self._popen = subprocess.Popen(
             [
                 sys.executable,
@@ -31,12 +34,14 @@ class WorkerProcess:
                 "workers",
                 "--socket-fd",
                 str(fd),
+                "--heartbeat-fd",
+                str(beat_fd),
                 "--segment-prefix",
                 segment_prefix,
                 "--log-level",
                 log_level,
             ],
-            pass_fds=(fd,),
+            pass_fds=(fd, beat_fd),
             env={**os.environ, "PYTHONPATH": os.pathsep.join(_import_path())},
             # NOTE: its own process group: Ctrl-C in a terminal, or a supervisor that
             #   signals the front's group, reaches only the front, which drains first

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import socket
 
-from workers.worker import main
+from workers.heartbeat import start_heartbeat
 
 
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m workers")
     parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--heartbeat-fd", type=int, required=True)
     parser.add_argument("--segment-prefix", required=True)
     parser.add_argument("--log-level", default="info")
     return parser.parse_args()
@@ -23,4 +24,9 @@ def _args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = _args()
+    # NOTE: the heartbeat answers before ONNX Runtime is imported (by workers.worker);
+    #   the front checks it only once the worker has said it is ready.
+    start_heartbeat(socket.socket(fileno=args.heartbeat_fd))
+    from workers.worker import main
+
     main(socket.socket(fileno=args.socket_fd), args.segment_prefix, args.log_level)

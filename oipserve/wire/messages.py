@@ -31,6 +31,8 @@ class ErrorKind(enum.StrEnum):
     UNSUPPORTED = "unsupported"
     #: Retryable: not ready, overloaded, out of shared memory, a worker stopped.
     UNAVAILABLE = "unavailable"
+    #: The request did not finish within its deadline.
+    DEADLINE_EXCEEDED = "deadline_exceeded"
     #: A fault of the server or the model; clients get a generic message.
     INTERNAL = "internal"
 

@@ -1,0 +1,142 @@
+"""Every inference has a deadline, and a worker that stops answering is replaced.
+
+Issue #18 found that with a worker SIGSTOPped for 10 s, requests waited the full 10 s and
+``/v2/health/ready`` said ready throughout. Here the worker is stopped on purpose: its
+requests must fail at their deadline (503 / DEADLINE_EXCEEDED), and, past the heartbeat
+timeout, the server must say it is not ready and replace the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server import ServerProcess, wait_for
+
+
+def _simple(module: object) -> list:
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [
+        module.InferInput("INPUT0", [1, 16], "INT32"),  # type: ignore[attr-defined]
+        module.InferInput("INPUT1", [1, 16], "INT32"),  # type: ignore[attr-defined]
+    ]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(data)
+    return inputs
+
+
+def _batched(module: object) -> list:
+    x = module.InferInput("INPUT0", [1, 4], "FP32")  # type: ignore[attr-defined]
+    x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    text = module.InferInput("TEXT", [1, 1], "BYTES")  # type: ignore[attr-defined]
+    text.set_data_from_numpy(np.array([[b"t"]], dtype=object))
+    return [x, text]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """Deadline 1 s by default; a heartbeat timeout long enough not to interfere."""
+    proc = ServerProcess(
+        args=["--infer-timeout", "1", "--worker-heartbeat-timeout", "60"]
+    ).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def _stopped(server: ServerProcess) -> int:
+    (worker,) = server.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    return worker
+
+
+def test_a_stalled_worker_fails_requests_at_their_deadline(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.host_port, network_timeout=30)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    worker = _stopped(server)
+    try:
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException, match="deadline") as info:
+            client.infer("simple", _simple(httpclient))
+        assert info.value.status() == "503"
+        assert 0.9 < time.monotonic() - started < 5  # --infer-timeout 1
+        started = time.monotonic()  # the request's own, shorter timeout (µs)
+        with pytest.raises(InferenceServerException, match="deadline"):
+            client.infer("simple", _simple(httpclient), timeout=200_000)
+        assert time.monotonic() - started < 0.9
+        with pytest.raises(InferenceServerException, match="deadline") as info:
+            grpc.infer("simple", _simple(grpcclient))
+        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        # A model with dynamic batching: the queued request leaves the queue at its deadline.
+        with pytest.raises(InferenceServerException, match="deadline"):
+            client.infer("batched", _batched(httpclient), timeout=200_000)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    # The worker answers the stale requests; their answers are dropped and it serves on.
+    result = client.infer("simple", _simple(httpclient))
+    assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
+    assert client.infer("batched", _batched(httpclient)).as_numpy("ROWS").tolist() == [[1]]
+    stats = client.get_inference_statistics("simple")["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] >= 3
+
+
+def test_a_grpc_client_deadline_withdraws_its_request(server: ServerProcess) -> None:
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    holder = httpclient.InferenceServerClient(server.host_port, network_timeout=30)
+    worker = _stopped(server)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            # Holds the only instance (and fails at the server's 1 s deadline).
+            held = pool.submit(holder.infer, "batched", _batched(httpclient))
+            time.sleep(0.2)
+            with pytest.raises(InferenceServerException) as info:
+                grpc.infer("batched", _batched(grpcclient), client_timeout=0.3)  # queued
+            assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            with pytest.raises(InferenceServerException, match="deadline"):
+                held.result(10)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+    assert grpc.infer("batched", _batched(grpcclient)).as_numpy("ROWS").tolist() == [[1]]
+    # The server saw the call end: the queued request was withdrawn, never run.
+    assert _failures(server, "batched", "CANCELED") == 1
+
+
+def _failures(server: ServerProcess, model: str, reason: str) -> int:
+    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    key = f'nv_inference_request_failure{{model="{model}",version="1",reason="{reason}"}} '
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(key)]
+    return int(float(line.split()[-1]))
+
+
+def test_a_hung_worker_is_declared_unhealthy_and_replaced() -> None:
+    proc = ServerProcess(
+        args=["--worker-heartbeat-interval", "0.2", "--worker-heartbeat-timeout", "1"]
+    ).wait_ready()
+    try:
+        client = httpclient.InferenceServerClient(proc.host_port, network_timeout=30)
+        sender = httpclient.InferenceServerClient(proc.host_port, network_timeout=30)
+        worker = _stopped(proc)
+        with ThreadPoolExecutor(1) as pool:
+            stuck = pool.submit(sender.infer, "simple", _simple(httpclient))
+            # Not ready while the worker is being replaced, then ready with a new one.
+            assert wait_for(lambda: not client.is_server_ready(), 10), proc.log
+            with pytest.raises(InferenceServerException) as info:
+                stuck.result(10)  # the request on the hung worker: a clean 503, no hang
+            assert info.value.status() == "503"
+        assert wait_for(lambda: proc.worker_pids() and worker not in proc.worker_pids(), 30)
+        assert wait_for(client.is_server_ready, 60), proc.log
+        assert client.infer("simple", _simple(httpclient)).as_numpy("OUTPUT1").shape == (1, 16)
+        assert not os.path.exists(f"/proc/{worker}") or "Z" in open(f"/proc/{worker}/stat").read()
+    finally:
+        assert proc.stop() == 0, proc.log
+    assert "stopped answering its heartbeat" in proc.log
