@@ -217,7 +217,9 @@ class DataPlane:
         if not inputs:
             raise InvalidInput("'inputs' must list at least one input")
         seen: set[str] = set()
-        placements: list[Placement] = []
+        # NOTE: every input is checked before any input's data is decoded (payload,
+        #   image_payload_of): what a request costs is decided before it is paid.
+        checked: list[tuple[InputTensor, list[int]]] = []
         for tensor in inputs:
             spec = model.input_map.get(tensor.name)
             if spec is None:
@@ -230,7 +232,7 @@ class DataPlane:
             seen.add(tensor.name)
             tensor.image = image_target(model, spec, tensor)
             if tensor.image is not None:
-                placements.append((tensor, tensor.shape, *image_payload_of(tensor)))
+                checked.append((tensor, tensor.shape))
                 continue
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(
@@ -241,7 +243,7 @@ class DataPlane:
             shape = tensor.shape
             if spec.model_shape is not None:
                 shape = reshaped(shape, spec.shape, spec.model_shape)
-            placements.append((tensor, shape, *payload(tensor)))
+            checked.append((tensor, shape))
         if len(seen) != len(model.input_map):
             missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
         else:
@@ -261,7 +263,14 @@ class DataPlane:
             if name in wanted:
                 raise InvalidInput(f"output '{name}' is requested more than once")
             wanted.add(name)
-        return placements
+        return [
+            (
+                tensor,
+                shape,
+                *(payload(tensor) if tensor.image is None else image_payload_of(tensor)),
+            )
+            for tensor, shape in checked
+        ]
 
 
 def _tensor_metadata(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, object]:

@@ -13,7 +13,7 @@ import numpy as np
 from oipserve.errors import InvalidInput
 from oipserve.images import image_payload
 from oipserve.inference import InputTensor
-from oipserve.tensors import array_from_values, bytes_from_values
+from oipserve.tensors import Deferred, array_from_values, bytes_from_values
 from oipserve.wire.datatypes import (
     ELEMENT_SIZES,
     element_count,
@@ -23,7 +23,7 @@ from oipserve.wire.datatypes import (
 from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import BufferPool, Lease, align
 
-__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place"]
+__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place", "values_of"]
 
 #: One checked input: the tensor, the shape the model gets, its byte size, its host data.
 Placement = tuple[InputTensor, list[int], int, object]
@@ -32,10 +32,14 @@ Placement = tuple[InputTensor, list[int], int, object]
 def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDesc], Lease | None]:
     """Descriptors for every input, copying host-side data into one pooled segment."""
     total = 0
+    hosted = False
     for tensor, _, nbytes, _ in placements:
         if tensor.located is None:
             total = align(total + nbytes)
-    lease = pool.acquire(total) if total else None
+            hosted = True
+    # NOTE: zero-element tensors ([0, 16]) have no bytes but still need a segment to
+    #   name in their descriptor; the smallest size class serves.
+    lease = pool.acquire(max(total, 1)) if hosted else None
     descs = []
     offset = 0
     for tensor, shape, nbytes, data in placements:
@@ -74,15 +78,32 @@ def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDes
     return descs, lease
 
 
+def values_of(tensor: InputTensor, count: int) -> object:
+    """An input's values, decoded now if they were deferred (``tensors.Deferred``).
+
+    A declared element count the sent data cannot hold is refused before decoding.
+    """
+    values = tensor.values
+    if not isinstance(values, Deferred):
+        return values
+    if count > values.most:
+        raise InvalidInput(
+            f"input '{tensor.name}': its shape {list(tensor.shape)} holds {count} elements "
+            f"but 'data' can hold at most {values.most}"
+        )
+    return values.load()
+
+
 def payload(tensor: InputTensor) -> tuple[int, object]:
     """Byte size of an input and its host-side data (None when already in shared memory)."""
     count = element_count(tensor.shape)
     datatype = tensor.datatype
     if tensor.values is not None:
+        values = values_of(tensor, count)
         if datatype == "BYTES":
-            blob = encode_bytes_elements(bytes_from_values(tensor.name, tensor.values, count))
+            blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count))
             return len(blob), blob
-        array = array_from_values(tensor.name, datatype, tensor.values, count)
+        array = array_from_values(tensor.name, datatype, values, count)
         return array.nbytes, array
     if tensor.located is not None:
         held, start, size = tensor.located
@@ -98,7 +119,8 @@ def payload(tensor: InputTensor) -> tuple[int, object]:
 def image_payload_of(tensor: InputTensor) -> tuple[int, object]:
     """Like _payload for encoded images: JSON strings are base64 (oipserve.images)."""
     if tensor.values is not None:
-        blob = image_payload(tensor.name, tensor.values, element_count(tensor.shape))
+        count = element_count(tensor.shape)
+        blob = image_payload(tensor.name, values_of(tensor, count), count)
         return len(blob), blob
     return payload(tensor)
 

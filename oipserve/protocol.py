@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from oipserve.errors import InvalidInput
 from oipserve.fast_json import MIN_BODY, NumberArrayDecoder
 
 Parameters = dict[str, str | int | float | bool]
@@ -23,7 +24,8 @@ class RequestInput(msgspec.Struct, frozen=True):
     shape: list[int]
     datatype: str
     parameters: Parameters | None = None
-    data: Any = msgspec.UNSET
+    #: The JSON text of ``data``, decoded by ``decode_data`` once the shape is checked.
+    data: msgspec.Raw = msgspec.UNSET
 
 
 class RequestOutput(msgspec.Struct, frozen=True):
@@ -39,20 +41,18 @@ class InferRequest(msgspec.Struct, frozen=True):
 
 
 REQUEST_DECODER = msgspec.json.Decoder(InferRequest)
-LARGE_REQUEST_DECODER = NumberArrayDecoder(InferRequest)
+DATA_DECODER = msgspec.json.Decoder()
+_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+LARGE_DATA_DECODER = NumberArrayDecoder()
 ENCODER = msgspec.json.Encoder()
 
 
 def decode_request(body: bytes | memoryview) -> InferRequest:
     """Decode an inference request header; any problem is a ``ValueError`` with the path.
 
-    Large bodies first try ``LARGE_REQUEST_DECODER`` (number arrays straight into
-    numpy); whatever it declines is decoded here, errors included.
+    Each input's ``data`` stays raw JSON text (``decode_data`` decodes it); msgspec
+    still checks that the whole body is well-formed JSON, without building values.
     """
-    if len(body) >= MIN_BODY:
-        request = LARGE_REQUEST_DECODER.decode(body)
-        if request is not None:
-            return request
     try:
         return REQUEST_DECODER.decode(body)
     except msgspec.ValidationError as exc:
@@ -61,6 +61,66 @@ def decode_request(body: bytes | memoryview) -> InferRequest:
         raise ValueError(f"malformed JSON: {exc}") from None
     except RecursionError:
         raise ValueError("malformed JSON: nested too deeply") from None
+
+
+def is_array(raw: msgspec.Raw) -> bool:
+    """Whether raw JSON text is an array (msgspec has checked that it is valid JSON)."""
+    return memoryview(raw)[:1] == b"["
+
+
+def decode_data(name: str, datatype: str, raw: msgspec.Raw) -> Any:
+    """The values of one input's ``data`` text: a flat numpy array or nested lists.
+
+    Large number arrays go straight into numpy (``fast_json``); the rest, and whatever
+    that path declines, is decoded by msgspec. Errors are InvalidInput naming the input.
+    """
+    if len(raw) >= MIN_BODY:
+        array = LARGE_DATA_DECODER.decode(memoryview(raw), datatype)
+        if array is not None:
+            return array
+    try:
+        return DATA_DECODER.decode(raw)  # PERF: a Raw decodes faster than a view of it
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            f"element {_bad_utf8_element(memoryview(raw))} of input '{name}' is not valid UTF-8: "
+            "JSON strings must be UTF-8 text (send other bytes as binary data)"
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed JSON in 'data' of input '{name}': {exc}") from None
+    except RecursionError:
+        raise InvalidInput(
+            f"malformed JSON: 'data' of input '{name}' is nested too deeply"
+        ) from None
+
+
+def _bad_utf8_element(text: memoryview) -> int | str:
+    """The flat (row-major) index of the first string in ``text`` that is not UTF-8.
+
+    Only on the error path: msgspec's UnicodeDecodeError says which bytes, not where.
+    """
+    index = 0
+
+    def walk(items: list[msgspec.Raw]) -> int | None:
+        nonlocal index
+        for item in items:
+            piece = memoryview(item)
+            if piece[:1] == b"[":
+                found = walk(_RAW_LIST_DECODER.decode(piece))
+                if found is not None:
+                    return found
+                continue
+            try:
+                DATA_DECODER.decode(piece)
+            except UnicodeDecodeError:
+                return index
+            index += 1
+        return None
+
+    try:
+        found = walk(_RAW_LIST_DECODER.decode(text))
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        found = None
+    return "?" if found is None else found
 
 
 def encode_response(response: dict[str, object]) -> bytes:

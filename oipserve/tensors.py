@@ -8,6 +8,8 @@ integer wraps around.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from oipserve.errors import InvalidInput
@@ -19,6 +21,24 @@ from oipserve.wire.datatypes import (
     float32_to_bf16,
     split_bytes_elements,
 )
+
+
+class Deferred:
+    """An input's values, not decoded yet: the data plane decodes them after its checks.
+
+    Decoding is where a request's cost lies (a 60 MB JSON ``data`` becomes hundreds
+    of MB of numbers), so the fronts hand the data plane this instead of values: it
+    checks names, datatypes, shapes and batch sizes first, then compares the
+    declared element count with ``most`` (the most elements the sent data can hold,
+    known without decoding), and only then calls ``load``.
+    """
+
+    __slots__ = ("load", "most")
+
+    def __init__(self, load: Callable[[], object], most: int) -> None:
+        self.load = load
+        self.most = most
+
 
 _KIND_WORDS = {
     "b": "booleans",

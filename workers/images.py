@@ -16,8 +16,11 @@ Deliberate differences from OVMS, all in the direction of being more useful to O
 * Only JPEG, PNG, BMP and WebP are accepted (by magic bytes); OVMS takes whatever its OpenCV
   build can read. Truncated JPEG/PNG/WebP files are rejected before decoding because
   libjpeg in OpenCV 4.x returns a grey-padded image for them instead of failing.
-* Images larger than ``max_pixels`` are refused from their header, before decoding, so a
-  small "decompression bomb" cannot make the worker allocate gigabytes.
+* Images larger than ``max_pixels``, and requests whose images add up to more than
+  ``max_request_pixels``, are refused from their headers, before decoding, so a small
+  "decompression bomb" cannot make the worker allocate gigabytes.
+* A BMP whose pixel data is shorter than its header declares is refused before decoding
+  (OpenCV would allocate the whole image first).
 * int8/int32/float16 inputs that need a resize are resized in float32 (OpenCV cannot resize
   those types, so OVMS fails with an internal error there).
 
@@ -42,6 +45,9 @@ __all__ = ["DEFAULT_MAX_PIXELS", "decode_batch"]
 #: Largest image (width * height, from the file header) decode_batch accepts by default:
 #: 64 Mpx, e.g. 8192x8192. OpenCV's own limit is 2**30, which lets one request pin ~3 GB.
 DEFAULT_MAX_PIXELS: int = 1 << 26
+#: Most pixels (sum of width * height from the headers) the images of one request may have:
+#: the same 64 Mpx, so a batch costs no more than the largest single image.
+DEFAULT_MAX_REQUEST_PIXELS: int = 1 << 26
 
 _FORMATS = "JPEG/PNG/BMP/WebP"
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -93,6 +99,7 @@ def decode_batch(
     spec: ImageSpec,
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS,
 ) -> np.ndarray:
     """Decode encoded images into one model-ready array (NHWC or NCHW, ``spec.dtype``).
 
@@ -113,9 +120,31 @@ def decode_batch(
             f"input '{input_name}' has {count} images but the model takes a batch of exactly"
             f" {spec.batch}"
         )
-    for index, element in enumerate(elements):
-        if len(element) == 0:
+    # One private copy of each element: what is checked is what gets decoded even if the
+    # source buffer (e.g. shared memory) changes meanwhile; bytes(bytes) is free.
+    copies = [bytes(element) for element in elements]
+    for index, data in enumerate(copies):
+        if len(data) == 0:
             raise ImageError(f"element {index} of input '{input_name}' is empty")
+    headers = []
+    total = 0
+    for index, data in enumerate(copies):
+        header = _inspect(input_name, index, data)
+        _, width, height = header
+        if width * height > max_pixels:
+            raise ImageError(
+                f"element {index} of input '{input_name}' is {width}x{height} pixels, more"
+                f" than the limit of {max_pixels} pixels"
+            )
+        total += width * height
+        headers.append(header)
+    # NOTE: decoded images are allocated whole; a batch of images each under the limit
+    #   must not add up to gigabytes either. Checked from the headers, before any decoding.
+    if total > max_request_pixels:
+        raise ImageError(
+            f"input '{input_name}' has {count} images of {total} pixels in all, more than the"
+            f" limit of {max_request_pixels} pixels per request"
+        )
 
     can_resize = spec.height > 0 and spec.width > 0
     out: np.ndarray | None = None
@@ -124,8 +153,8 @@ def decode_batch(
     height = width = channels = 0
     mean_row: np.ndarray | None = None
     scale_row: np.ndarray | None = None
-    for index, element in enumerate(elements):
-        img = _decode_one(input_name, index, element, max_pixels)
+    for index, data in enumerate(copies):
+        img = _decode_one(input_name, index, data, headers[index][0])
         h, w, c = img.shape
         if out is None:
             first_hw = (h, w)
@@ -222,19 +251,8 @@ def _per_pixel_row(
     return np.tile(np.broadcast_to(values, (channels,)), width)
 
 
-def _decode_one(
-    input_name: str, index: int, element: bytes | memoryview, max_pixels: int
-) -> np.ndarray:
-    """Validate the container and decode one element to an HxWxC uint8/uint16 array."""
-    # One private copy: what is checked is what gets decoded even if the source buffer
-    # (e.g. shared memory) changes meanwhile; bytes(bytes) is free.
-    data = bytes(element)
-    fmt, width, height = _inspect(input_name, index, data)
-    if width * height > max_pixels:
-        raise ImageError(
-            f"element {index} of input '{input_name}' is {width}x{height} pixels, more than the"
-            f" limit of {max_pixels} pixels"
-        )
+def _decode_one(input_name: str, index: int, data: bytes, fmt: str) -> np.ndarray:
+    """Decode one element, already checked by ``_inspect``, to an HxWxC uint8/uint16 array."""
     try:
         img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error:
@@ -353,12 +371,22 @@ def _webp_size(input_name: str, index: int, data: bytes) -> tuple[int, int]:
 
 
 def _bmp_size(input_name: str, index: int, data: bytes) -> tuple[int, int]:
-    """Read the DIB header size fields; OpenCV itself rejects short pixel data."""
+    """Read the DIB header size fields; require the pixel data an uncompressed BMP declares."""
     if len(data) < 26:
         raise _truncated(input_name, index, "BMP")
-    (header_size,) = struct.unpack_from("<I", data, 14)
+    (pixels_at, header_size) = struct.unpack_from("<II", data, 10)
     if header_size == 12:  # OS/2 BITMAPCOREHEADER: 16-bit sizes
         width, height = struct.unpack_from("<HH", data, 18)
+        (bits,), compression = struct.unpack_from("<H", data, 24), 0
     else:
         width, height = struct.unpack_from("<ii", data, 18)
-    return abs(width), abs(height)
+        if len(data) < 34:
+            raise _truncated(input_name, index, "BMP")
+        bits, compression = struct.unpack_from("<HI", data, 28)
+    width, height = abs(width), abs(height)
+    # BI_RGB (0) and BI_BITFIELDS (3) store rows of ceil(width * bits / 32) words.
+    if compression in (0, 3) and bits:
+        row = (width * bits + 31) // 32 * 4
+        if len(data) < pixels_at + row * height:
+            raise _truncated(input_name, index, "BMP")
+    return width, height

@@ -8,12 +8,13 @@ plane's.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Any
 
 from oipserve.errors import InvalidInput, Unsupported
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InputTensor
-from oipserve.tensors import check_datatype
+from oipserve.tensors import Deferred, check_datatype
 from oipserve.wire.datatypes import DATATYPES
 
 #: Which ``InferTensorContents`` field carries the typed values of each datatype.
@@ -55,12 +56,15 @@ def input_tensors(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[
         if raw:
             tensors.append(InputTensor(name, datatype, shape, raw=raw[index]))
             continue
-        tensors.append(InputTensor(name, datatype, shape, values=typed_values(tensor)))
+        contents = typed_contents(tensor)
+        # NOTE: converted by the data plane once the shape is checked (Deferred).
+        values = Deferred(lambda contents=contents: list(contents), len(contents))
+        tensors.append(InputTensor(name, datatype, shape, values=values))
     return tensors
 
 
-def typed_values(tensor: pb.ModelInferRequest.InferInputTensor) -> list[object]:
-    """The flat values of an input sent as typed ``contents``."""
+def typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Sized:
+    """The repeated field holding the flat values of an input sent as typed ``contents``."""
     field = CONTENTS_FIELD.get(tensor.datatype)
     contents = tensor.contents
     if field is None:
@@ -76,7 +80,7 @@ def typed_values(tensor: pb.ModelInferRequest.InferInputTensor) -> list[object]:
                     f"input '{tensor.name}' has datatype {tensor.datatype}, so its contents "
                     f"must be in '{field}', not '{other}'"
                 )
-    return list(values)
+    return values
 
 
 def requested_version(text: str) -> str | None:

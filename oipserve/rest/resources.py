@@ -10,6 +10,8 @@ the model, placement in shared memory) is the data plane's.
 
 from __future__ import annotations
 
+from functools import partial
+
 import falcon.asgi
 import msgspec
 
@@ -19,13 +21,13 @@ from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
-from oipserve.protocol import ENCODER, RequestInput, decode_request
+from oipserve.protocol import ENCODER, RequestInput, decode_data, decode_request, is_array
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
 from oipserve.rest.render import render_infer
 from oipserve.settings import Settings
 from oipserve.stats_report import model_statistics
-from oipserve.tensors import check_datatype
+from oipserve.tensors import Deferred, check_datatype
 
 
 class ServerResource:
@@ -193,11 +195,13 @@ class ModelResource:
                 )
             if tensor.data is msgspec.UNSET:
                 raise InvalidInput(f"input '{tensor.name}' has no 'data'")
-            if tensor.data is None:
-                raise InvalidInput(f"'data' of input '{tensor.name}' must be an array, not null")
-            tensors.append(
-                InputTensor(tensor.name, tensor.datatype, tensor.shape, values=tensor.data)
-            )
+            if not is_array(tensor.data):
+                raise InvalidInput(f"'data' of input '{tensor.name}' must be an array")
+            # NOTE: decoded by the data plane once the shape is checked; a JSON element
+            #   takes at least 2 characters ("1,"), so the text bounds the element count.
+            load = partial(decode_data, tensor.name, tensor.datatype, tensor.data)
+            values = Deferred(load, (len(tensor.data) + 1) // 2)
+            tensors.append(InputTensor(tensor.name, tensor.datatype, tensor.shape, values=values))
         return tensors
 
 

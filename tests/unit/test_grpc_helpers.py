@@ -24,6 +24,7 @@ from oipserve.grpc_front.convert import input_tensors
 from oipserve.grpc_front.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InferResult, OutputTensor
+from oipserve.tensors import Deferred
 
 
 def _fields(descriptor: Descriptor, prefix: str = "") -> dict[str, dict[str, tuple[int, int]]]:
@@ -102,8 +103,11 @@ def test_typed_contents_become_values() -> None:
     tensor = message.inputs.add(name="b", datatype="UINT64", shape=[1])
     tensor.contents.uint64_contents.append(2**64 - 1)
     first, second = input_tensors(message, [])
-    assert first.values == [b"x", b"yz"] and first.raw is None
-    assert second.values == [2**64 - 1]
+    # Converted only when the data plane asks, after checking the shapes.
+    assert isinstance(first.values, Deferred) and isinstance(second.values, Deferred)
+    assert (first.values.most, second.values.most) == (2, 1)
+    assert first.values.load() == [b"x", b"yz"] and first.raw is None
+    assert second.values.load() == [2**64 - 1]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,125 @@
+"""Issue #18, bounded cost: a request's shapes are checked before its data is decoded.
+
+Each test reproduces a measured finding against a real server: a 60 MB JSON body the
+model cannot take (batch too large) was decoded whole (peak RSS 910 MB) before the 400;
+zero-element tensors hit an assertion (500); non-UTF-8 BYTES gave Python's codec error.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.server import ServerProcess
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[ServerProcess]:
+    """A server of its own: its memory figures are not disturbed by other tests."""
+    proc = ServerProcess().wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def _status(pid: int, field: str) -> int:
+    """A ``/proc/<pid>/status`` figure (VmRSS, VmHWM, RssAnon), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _post(server: ServerProcess, model: str, body: bytes) -> tuple[int, dict[str, object]]:
+    connection = http.client.HTTPConnection(server.host_port, timeout=120)
+    try:
+        connection.request(
+            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def _oversized_batch(rows: int) -> bytes:
+    """A JSON body for ``simple`` (max batch 8) declaring ``rows`` rows of 16 INT32."""
+    data = ("[" + ",".join(["12345"] * (rows * 16)) + "]").encode()
+    header = {"name": "INPUT1", "shape": [8, 16], "datatype": "INT32", "data": [0] * 128}
+    return (
+        b'{"inputs":[{"name":"INPUT0","shape":['
+        + str(rows).encode()
+        + b',16],"datatype":"INT32","data":'
+        + data
+        + b"},"
+        + json.dumps(header).encode()
+        + b"]}"
+    )
+
+
+def test_a_body_the_model_cannot_take_is_refused_without_decoding(
+    own_server: ServerProcess,
+) -> None:
+    pid = own_server.process.pid
+    body = _oversized_batch(625_000)  # ~60 MB of JSON
+    _post(own_server, "simple", _oversized_batch(9))  # warm the code paths
+    idle = _status(pid, "VmRSS")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    status, answer = _post(own_server, "simple", body)
+    assert status == 400
+    assert "batch size 625000" in str(answer["error"])
+    peak = _status(pid, "VmHWM")
+    # The body itself is received into shared memory (counted once); no decoded numbers.
+    assert peak - idle <= 1.5 * len(body) + 32 * MiB, (peak - idle) / MiB
+
+
+def test_a_declared_count_the_data_cannot_hold_is_refused_before_decoding(
+    server: ServerProcess,
+) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, 10**9], "datatype": "FP32", "data": [1, 2]}]}
+    ).encode()
+    status, answer = _post(server, "identity_fp32", body)
+    assert status == 400
+    assert "holds 1000000000 elements but 'data' can hold at most" in str(answer["error"])
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_zero_element_tensors_run_over_http(server: ServerProcess, binary: bool) -> None:
+    client = httpclient.InferenceServerClient(server.host_port)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [0, 16], "INT32")
+        tensor.set_data_from_numpy(np.zeros((0, 16), dtype=np.int32), binary_data=binary)
+        inputs.append(tensor)
+    result = client.infer("simple", inputs)
+    for name in ("OUTPUT0", "OUTPUT1"):
+        out = result.as_numpy(name)
+        assert out is not None and out.shape == (0, 16) and out.dtype == np.int32
+
+
+def test_zero_element_tensors_run_over_grpc(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [0, 16], "FP32")
+    tensor.set_data_from_numpy(np.zeros((0, 16), dtype=np.float32))
+    result = client.infer("identity_fp32", [tensor])
+    out = result.as_numpy("OUTPUT0")
+    assert out is not None and out.shape == (0, 16)
+
+
+def test_non_utf8_bytes_in_json_name_the_input_and_element(server: ServerProcess) -> None:
+    body = (
+        b'{"inputs":[{"name":"INPUT0","shape":[1,3],"datatype":"BYTES",'
+        b'"data":[["ok","fine","bad\xff"]]}]}'
+    )
+    status, answer = _post(server, "identity_bytes", body)
+    assert status == 400
+    assert str(answer["error"]).startswith("element 2 of input 'INPUT0' is not valid UTF-8")
