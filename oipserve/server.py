@@ -36,6 +36,7 @@ from oipserve.repository import RepositoryError, check_repository
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
 from oipserve.settings import Settings
+from oipserve.wire.heap import return_large_blocks_to_os
 from oipserve.wire.shm import sweep, sweep_stale
 
 log = logging.getLogger("oipserve")
@@ -114,6 +115,7 @@ def _check_ports(settings: Settings) -> None:
 
 
 async def serve(settings: Settings) -> int:
+    return_large_blocks_to_os()
     root = Path(settings.model_repository)
     try:
         _check_ports(settings)

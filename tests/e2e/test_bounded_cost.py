@@ -123,3 +123,28 @@ def test_non_utf8_bytes_in_json_name_the_input_and_element(server: ServerProcess
     status, answer = _post(server, "identity_bytes", body)
     assert status == 400
     assert str(answer["error"]).startswith("element 2 of input 'INPUT0' is not valid UTF-8")
+
+
+def test_the_front_gives_back_the_heap_of_a_large_request(own_server: ServerProcess) -> None:
+    """Large JSON requests, accepted and refused: the front's heap returns to idle.
+
+    Pooled shared memory (the body's segment) is kept on purpose, up to the pool's idle
+    limit (docs/limits.md), so the process heap (RssAnon) is what is compared.
+    """
+    pid = own_server.process.pid
+    client = httpclient.InferenceServerClient(own_server.host_port, network_timeout=120)
+    values = np.random.default_rng(5).standard_normal((1, 2_000_000)).astype(np.float32)
+
+    def large_json() -> None:
+        tensor = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+        tensor.set_data_from_numpy(values, binary_data=False)
+        result = client.infer("identity_fp32", [tensor])
+        assert result.as_numpy("OUTPUT0").shape == values.shape
+
+    large_json()  # warm: the pool's segment, the decoders' buffers
+    idle = _status(pid, "RssAnon")
+    for _ in range(3):
+        large_json()
+        status, _ = _post(own_server, "simple", _oversized_batch(200_000))
+        assert status == 400
+    assert _status(pid, "RssAnon") <= idle * 1.10, (idle, _status(pid, "RssAnon"))
