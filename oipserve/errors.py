@@ -13,10 +13,13 @@ from __future__ import annotations
 from oipserve.wire.messages import ErrorKind
 
 #: The kind of failure -> (HTTP status, gRPC status code name). Triton's mapping
-#: (oip-spec.md, "error mapping"), plus 413 for bodies over the limit.
+#: (oip-spec.md, "error mapping"), plus 413 for bodies over the limit and 403 /
+#: PERMISSION_DENIED for a restricted API (Triton answers UNAVAILABLE there, which
+#: clients retry; docs/security.md).
 STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_INPUT: (400, "INVALID_ARGUMENT"),
     ErrorKind.NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorKind.FORBIDDEN: (403, "PERMISSION_DENIED"),
     ErrorKind.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
     ErrorKind.UNSUPPORTED: (501, "UNIMPLEMENTED"),
     ErrorKind.UNAVAILABLE: (503, "UNAVAILABLE"),
@@ -58,6 +61,12 @@ class NotFound(ServerError):
     kind = ErrorKind.NOT_FOUND
 
 
+class Forbidden(ServerError):
+    """A restricted API was asked for without the header that opens it."""
+
+    kind = ErrorKind.FORBIDDEN
+
+
 class PayloadTooLarge(ServerError):
     kind = ErrorKind.TOO_LARGE
 
@@ -93,6 +102,7 @@ class InferenceFailed(ServerError):
 _BY_KIND: dict[ErrorKind, type[ServerError]] = {
     ErrorKind.INVALID_INPUT: InvalidInput,
     ErrorKind.NOT_FOUND: NotFound,
+    ErrorKind.FORBIDDEN: Forbidden,
     ErrorKind.TOO_LARGE: PayloadTooLarge,
     ErrorKind.UNSUPPORTED: Unsupported,
     ErrorKind.UNAVAILABLE: Unavailable,

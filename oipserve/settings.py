@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from oipserve.access import Restriction, RestrictionError, parse_restrictions
+
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
 ENV_PREFIX = "OIPSERVE_"
@@ -53,6 +55,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     model_control_mode: Literal["none", "explicit"] = "none"
     #: Models loaded at start in explicit mode ("*" = all); repeatable or comma-separated.
     load_model: tuple[str, ...] = ()
+    #: Triton's flags: API groups behind a header (HTTP) or a metadata key (gRPC);
+    #: repeatable, each API in one restriction at most (oipserve/access.py).
+    http_restricted_api: tuple[Restriction, ...] = ()
+    grpc_restricted_protocol: tuple[Restriction, ...] = ()
 
 
 class SettingsError(ValueError):
@@ -86,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model-control-mode", choices=["none", "explicit"])
     serve.add_argument("--load-model", metavar="NAME", action="append", help="repeatable")
+    restriction = "API[,API...]:KEY=VALUE"
+    serve.add_argument(
+        "--http-restricted-api", metavar=restriction, action="append", help="repeatable"
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol", metavar=restriction, action="append", help="repeatable"
+    )
     return parser
 
 
@@ -104,6 +117,9 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     if names is not None:
         items = [names] if isinstance(names, str) else names
         values["load_model"] = [n.strip() for i in items for n in i.split(",") if n.strip()]  # type: ignore[union-attr]
+    for name, grpc in (("http_restricted_api", False), ("grpc_restricted_protocol", True)):
+        if name in values:
+            values[name] = _restrictions(name, values[name], grpc)  # type: ignore[arg-type]
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     try:
@@ -111,6 +127,20 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
     return args.command, settings
+
+
+def _restrictions(name: str, given: str | list[str], grpc: bool) -> list[Restriction]:
+    """Restriction flags parsed; from the environment, several are separated by ``;``.
+
+    A flag holds one restriction (its value may contain ``,`` ``:`` and ``=``,
+    so the environment cannot use the comma list of ``OIPSERVE_LOAD_MODEL``).
+    """
+    specs = [s.strip() for s in given.split(";") if s.strip()] if isinstance(given, str) else given
+    try:
+        return list(parse_restrictions(specs, grpc=grpc))
+    except RestrictionError as exc:
+        flag = "--" + name.replace("_", "-")
+        raise SettingsError(f"invalid {flag} (or {ENV_PREFIX}{name.upper()}): {exc}") from None
 
 
 def _describe(message: str) -> str:

@@ -16,6 +16,7 @@ import grpc.aio
 
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front.handlers import SERVICE, method_handlers
+from oipserve.grpc_front.restricted import Restricted
 from oipserve.grpc_front.service import InferenceService
 from oipserve.management import Management
 from oipserve.settings import Settings
@@ -35,7 +36,7 @@ async def start_grpc(
     limit = settings.grpc_max_message_bytes
     service = InferenceService(dataplane, management)
     server = grpc.aio.server(
-        interceptors=[_Arrivals(service)],
+        interceptors=[*_restricted(settings), _Arrivals(service)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -54,6 +55,14 @@ async def start_grpc(
         raise RuntimeError(f"cannot listen for gRPC on {address}")
     await server.start()
     return GrpcServer(server, service), port
+
+
+def _restricted(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
+    """The restriction check, first (a refused call is never counted as arriving);
+    none at all when nothing is restricted, so unrestricted servers pay nothing."""
+    if not settings.grpc_restricted_protocol:
+        return []
+    return [Restricted(SERVICE, settings.grpc_restricted_protocol)]
 
 
 class GrpcServer:

@@ -1,7 +1,9 @@
 """The REST ASGI app: Falcon's, with the size limit checked before any body is read.
 
 ``create_app`` builds it with the OIP routes and error handlers; the
-management routes are added by ``oipserve.rest_admin``.
+management routes are added by ``oipserve.rest_admin``. Every route added
+belongs to an API group (``oipserve.access.HTTP_ROUTES``); a restricted group's
+routes are put behind their header as they are added (``rest/restricted.py``).
 
 ``_App`` relies on two things Falcon does not document as API (pinned in
 pyproject.toml, checked by ``tests/unit/test_framework_internals.py``): that
@@ -12,10 +14,12 @@ routes the request, and that a first event with an empty body and
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import falcon.asgi
 
+from oipserve.access import HTTP_ROUTES, Restriction, by_api
 from oipserve.dataplane import DataPlane
 from oipserve.errors import ServerError
 from oipserve.http_protocol import RECEIVE_INTO
@@ -28,6 +32,7 @@ from oipserve.rest.error_handlers import (
 )
 from oipserve.rest.media import JSON
 from oipserve.rest.resources import ModelResource, ServerResource, StatisticsResource
+from oipserve.rest.restricted import guarded
 from oipserve.settings import Settings
 
 Receive = Callable[[], Awaitable[dict]]
@@ -35,7 +40,8 @@ Receive = Callable[[], Awaitable[dict]]
 
 def create_app(settings: Settings, dataplane: DataPlane) -> falcon.asgi.App:
     """The app serving the OIP's server, health, model and infer routes."""
-    app = _App(settings.max_request_bytes, media_type=JSON)
+    restrictions = by_api(settings.http_restricted_api)
+    app = _App(settings.max_request_bytes, restrictions, media_type=JSON)
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.default_media_type = JSON
     app.add_error_handler(Exception, handle_unexpected)
@@ -75,9 +81,33 @@ class _App(falcon.asgi.App):
     the rest of the body simply comes with the next event.
     """
 
-    def __init__(self, limit: int, **kwargs: object) -> None:
+    def __init__(
+        self,
+        limit: int,
+        restrictions: Mapping[str, Restriction] | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._limit = limit
+        #: API group -> its restriction; None (tests of Falcon itself) accepts any route.
+        self._restrictions = restrictions
+
+    def add_route(self, uri_template: str, resource: object, **kwargs: Any) -> None:
+        """Falcon's ``add_route``, with the route's API group looked up once, here.
+
+        A template missing from ``HTTP_ROUTES`` is refused: a new route must be
+        given a group, or ``--http-restricted-api`` would silently leave it open.
+        """
+        if self._restrictions is not None:
+            api = HTTP_ROUTES.get(uri_template)
+            if api is None:
+                raise ValueError(
+                    f"route {uri_template} has no API group in oipserve.access.HTTP_ROUTES"
+                )
+            restriction = self._restrictions.get(api)
+            if restriction is not None:
+                resource = guarded(resource, api, restriction)
+        super().add_route(uri_template, resource, **kwargs)
 
     async def __call__(self, scope: dict, receive: Receive, send: object) -> None:  # type: ignore[override]
         if scope["type"] == "http":

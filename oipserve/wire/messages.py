@@ -27,6 +27,8 @@ class ErrorKind(enum.StrEnum):
     #: The request (its values, its images, the model file it names) cannot be served.
     INVALID_INPUT = "invalid_input"
     NOT_FOUND = "not_found"
+    #: A restricted API asked for without its header (``oipserve.access``); front only.
+    FORBIDDEN = "forbidden"
     TOO_LARGE = "too_large"
     UNSUPPORTED = "unsupported"
     #: Retryable: not ready, overloaded, out of shared memory, a worker stopped.
