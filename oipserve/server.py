@@ -205,7 +205,7 @@ async def serve(settings: Settings) -> int:
         add_admin_routes(app, management)
         config = uvicorn.Config(
             app,
-            http=CorkedHttpToolsProtocol,
+            http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
             loop="none",
             lifespan="off",
             access_log=False,

@@ -41,6 +41,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_queue_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 256
     #: Seconds a graceful shutdown waits for in-flight requests.
     shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    #: Seconds an HTTP request head may take to arrive (from connection or its first
+    #: byte) before the connection is closed: slow-header clients cannot hold sockets.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
     #: --load-model ones. Repository load/unload requests are allowed in both.
     model_control_mode: Literal["none", "explicit"] = "none"
@@ -72,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--hardware-inventory", metavar="JSON", help="fake inventory file")
     serve.add_argument("--max-queue-per-worker", metavar="N")
     serve.add_argument("--shutdown-timeout", metavar="SECONDS")
+    serve.add_argument("--header-timeout", metavar="SECONDS", help="HTTP request head")
     serve.add_argument("--model-control-mode", choices=["none", "explicit"])
     serve.add_argument("--load-model", metavar="NAME", action="append", help="repeatable")
     return parser
