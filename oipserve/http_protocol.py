@@ -17,10 +17,16 @@
    again into an ASGI message and copied a third time by the application; and
    the application is woken once, when the body is complete, not per 64 KiB.
 
-Both lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
+3. A request head must arrive within ``header_timeout`` seconds (a timer from
+   the connection, or a keep-alive request's first byte, to the end of its
+   headers); past it the connection is closed. uvicorn's ``timeout_keep_alive``
+   covers idle connections between requests only, so a client sending its
+   head a byte at a time (slowloris) would otherwise hold a connection forever.
+
+All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``,
-``on_headers_complete``, ``on_body``, ``on_message_complete`` and
+``on_message_begin``, ``on_headers_complete``, ``on_body``, ``on_message_complete`` and
 ``on_response_complete``; the protocol's ``transport`` (handed on to each
 cycle, so our ``CorkedTransport`` sees every write), ``flow``, ``cycle``,
 ``scope`` and ``parser``; and the cycle's ``scope``, ``body``, ``more_body``,
@@ -48,6 +54,8 @@ ON_DISCONNECT = "oipserve.on_disconnect"
 #: straight into their target; below it, switching protocols costs more than
 #: the parser's copies it saves.
 DIRECT_READ_MIN = 64 * 1024
+#: Seconds a request head may take to arrive (``--header-timeout``'s default).
+HEADER_TIMEOUT = 10.0
 
 
 class ClientDisconnected(Exception):
@@ -135,16 +143,48 @@ class _BodyReader(asyncio.BufferedProtocol):
 
 
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
+    #: Seconds from connection (or a request's first byte) to its complete head.
+    header_timeout: float = HEADER_TIMEOUT
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sinks: dict[RequestResponseCycle, _BodySink] = {}
         self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def configured(cls, header_timeout: float) -> type[CorkedHttpToolsProtocol]:
+        """This protocol with ``header_timeout`` set (uvicorn instantiates a class)."""
+        return type(cls.__name__, (cls,), {"header_timeout": header_timeout})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        corked = CorkedTransport(transport, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        corked = CorkedTransport(transport, loop)
         super().connection_made(corked)  # type: ignore[arg-type]
+        self._start_head_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # a keep-alive connection's next request
+            self._start_head_timer()
+
+    def _start_head_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        """The head did not arrive in time: close, answering nothing (as nginx does)."""
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def on_headers_complete(self) -> None:
+        self._stop_head_timer()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:
@@ -176,6 +216,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._sinks.pop(self.cycle, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
         self._sinks.clear()
         watchers, self._watchers = self._watchers, {}
         super().connection_lost(exc)

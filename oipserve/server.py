@@ -29,6 +29,7 @@ from oipserve.dataplane import DataPlane
 from oipserve.grpc_front import GrpcServer, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import Management, startup_models
+from oipserve.memory_trim import MemoryTrimmer
 from oipserve.metrics import MetricsApp, Scraper
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.pool import WorkerPool
@@ -209,7 +210,7 @@ async def serve(settings: Settings) -> int:
         add_admin_routes(app, management)
         config = uvicorn.Config(
             app,
-            http=CorkedHttpToolsProtocol,
+            http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
             loop="none",
             lifespan="off",
             access_log=False,
@@ -253,9 +254,13 @@ async def serve(settings: Settings) -> int:
         if metrics_server is not None and metrics_sock is not None:
             metrics_task = loop.create_task(metrics_server.serve(sockets=[metrics_sock]))
         _settle_garbage_collector()
+        # Refused gRPC messages leave their inflated slices in malloc's arenas.
+        trimmer = MemoryTrimmer()
+        trimmer.start()
         try:
             await server.serve(sockets=[sock])
         finally:
+            await trimmer.stop()
             # The metrics port closes with the HTTP port (shutdown step 1).
             if metrics_server is not None and metrics_task is not None:
                 metrics_server.should_exit = True

@@ -50,6 +50,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
     worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     worker_heartbeat_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    #: Seconds an HTTP request head may take to arrive (from connection or its first
+    #: byte) before the connection is closed: slow-header clients cannot hold sockets.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
     #: --load-model ones. Repository load/unload requests are allowed in both.
     model_control_mode: Literal["none", "explicit"] = "none"
@@ -90,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--worker-heartbeat-timeout", metavar="SECONDS", help="a silent worker is replaced"
     )
+    serve.add_argument("--header-timeout", metavar="SECONDS", help="HTTP request head")
     serve.add_argument("--model-control-mode", choices=["none", "explicit"])
     serve.add_argument("--load-model", metavar="NAME", action="append", help="repeatable")
     restriction = "API[,API...]:KEY=VALUE"

@@ -34,11 +34,15 @@ async def start_grpc(
 ) -> tuple[GrpcServer, int]:
     """Bind ``host:grpc_port`` (0 picks a free port), start serving, return (server, port)."""
     limit = settings.grpc_max_message_bytes
+    # NOTE: grpc's core checks the receive limit while it inflates a compressed
+    #   message (it stops at the limit: "Decompressed message larger than max"),
+    #   so this bounds what a small gzip message can cost, like an HTTP body.
+    receive_limit = min(limit, settings.max_request_bytes)
     service = InferenceService(dataplane, management)
     server = grpc.aio.server(
         interceptors=[*_restricted(settings), _Arrivals(service)],
         options=[
-            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_receive_message_length", receive_limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
         ],

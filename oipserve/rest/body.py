@@ -12,7 +12,7 @@ import falcon.asgi
 
 from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
 from oipserve.http_protocol import RECEIVE_INTO, ClientDisconnected
-from oipserve.rest.coding import decompress
+from oipserve.rest.coding import Inflater
 from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
 #: JSON bodies of this many bytes or more are received like binary ones: straight
@@ -44,6 +44,23 @@ async def read_all(req: falcon.asgi.Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+async def read_decompressed(req: falcon.asgi.Request, encoding: str, limit: int) -> bytearray:
+    """The body inflated as it arrives; 413 as soon as either size passes ``limit``.
+
+    Chunks are inflated as they come rather than after the whole body, so the
+    compressed body is never held whole and a bomb is refused at the limit
+    (``Inflater`` gives the loop back between steps).
+    """
+    inflater = Inflater(encoding, limit)
+    size = 0
+    async for chunk in req.stream:
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
+        await inflater.feed(chunk)
+    return inflater.finish()
+
+
 async def read_body(
     req: falcon.asgi.Request, limit: int, pool: BufferPool, header_length: str | None
 ) -> Body:
@@ -59,16 +76,19 @@ async def read_body(
             # PERF: a large JSON body lands in pooled memory whose pages are mapped
             #   already, without uvicorn's copies and the join (~5 ms at 5 MB).
             return await _receive_leased(req, pool, length, 0)
-        data = await read_all(req, limit)
-        return Body(decompress(data, encoding, limit) if encoding != "identity" else data)
+        if encoding != "identity":
+            return Body(memoryview(await read_decompressed(req, encoding, limit)))
+        return Body(await read_all(req, limit))
     # NOTE: place the body so the first binary chunk starts on a 64-byte boundary;
     #   numpy and ONNX Runtime then read it in place instead of copying.
     text = header_length.strip()
     pad = (-int(text)) % ALIGNMENT if text.isascii() and text.isdigit() else 0
     if length is None or encoding != "identity":
-        data = await read_all(req, limit)
+        data: bytes | bytearray
         if encoding != "identity":
-            data = decompress(data, encoding, limit)
+            data = await read_decompressed(req, encoding, limit)
+        else:
+            data = await read_all(req, limit)
         lease = pool.acquire(pad + len(data))
         lease.buf[pad : pad + len(data)] = data
         return Body(lease.buf[pad : pad + len(data)], lease, pad)

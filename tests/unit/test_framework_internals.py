@@ -37,6 +37,7 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "connection_made": ("transport",),
     "connection_lost": ("exc",),
     "eof_received": (),
+    "on_message_begin": (),
     "on_headers_complete": (),
     "on_body": ("body",),
     "on_message_complete": (),
@@ -69,6 +70,12 @@ OUR_PROTOCOL_NAMES = (
     "_on_disconnect",
     "_chunked",
     "body_read",
+    "header_timeout",
+    "configured",
+    "_head_timer",
+    "_start_head_timer",
+    "_stop_head_timer",
+    "_head_timed_out",
 )
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-length: 6\r\n\r\n"
