@@ -28,7 +28,7 @@ from hardware import make_inventory_source, parse_devices
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front import GrpcServer, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
-from oipserve.management import Management, startup_models
+from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer
 from oipserve.metrics import MetricsApp, Scraper
 from oipserve.models import ModelManager, ModelRegistry
@@ -156,6 +156,7 @@ async def serve(settings: Settings) -> int:
         manager,
         [dataplane.worker_gone],
         settings.shutdown_timeout,
+        LoadLimits.from_settings(settings),
     )
     server: _UvicornServer | None = None
     metrics_server: _UvicornServer | None = None

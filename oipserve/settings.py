@@ -62,6 +62,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: repeatable, each API in one restriction at most (oipserve/access.py).
     http_restricted_api: tuple[Restriction, ...] = ()
     grpc_restricted_protocol: tuple[Restriction, ...] = ()
+    #: Most instances one worker endpoint may have (each a worker session, on the CPU
+    #: also never more than the logical cores); see docs/limits.md.
+    max_instances_per_endpoint: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
+    #: Most ONNX Runtime threads one endpoint session may ask for (and never more than
+    #: the node's logical cores).
+    max_threads_per_session: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    #: Largest ``batch_size`` a worker endpoint may be loaded with.
+    max_endpoint_batch_size: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 65536
+    #: Seconds one worker-endpoint load (worker start and session creation) may take
+    #: before it is undone and answered 503.
+    load_timeout: Annotated[float, msgspec.Meta(gt=0)] = 180.0
 
 
 class SettingsError(ValueError):
@@ -103,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-restricted-protocol", metavar=restriction, action="append", help="repeatable"
     )
+    serve.add_argument("--max-instances-per-endpoint", metavar="N")
+    serve.add_argument("--max-threads-per-session", metavar="N")
+    serve.add_argument("--max-endpoint-batch-size", metavar="N")
+    serve.add_argument("--load-timeout", metavar="SECONDS", help="per worker-endpoint load")
     return parser
 
 

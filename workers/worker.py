@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import select
+import selectors
 import signal
 import socket
 from time import monotonic_ns
@@ -67,15 +67,21 @@ class Worker:
         terminating = False
         splitter = FrameSplitter()
         # PERF: the socket stays blocking (toggling O_NONBLOCK costs two fcntl calls
-        #   each way per reply); select says when a recv will not block, and the
+        #   each way per reply); the selector says when a recv will not block, and the
         #   drain after SIGTERM reads with MSG_DONTWAIT.
+        # NOTE: a selector (epoll), not select(): select() fails with "filedescriptor
+        #   out of range" once an fd number passes 1024, which a worker started by a
+        #   front with many open connections inherits.
         self.sock.setblocking(True)
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ)
+        selector.register(wake_r, selectors.EVENT_READ)
         try:
             while True:
                 flags = 0
                 if not terminating:
-                    readable, _, _ = select.select([self.sock, wake_r], [], [])
-                    if wake_r in readable:
+                    events = selector.select()
+                    if any(key.fd == wake_r for key, _ in events):
                         os.read(wake_r, 64)
                         terminating = True  # drain what already arrived, then leave
                 if terminating:
@@ -92,6 +98,7 @@ class Worker:
                         return
                 self.flush()
         finally:
+            selector.close()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)

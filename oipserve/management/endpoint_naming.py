@@ -82,6 +82,18 @@ class EndpointNames:
         table[key] = name
         return name
 
+    def release(self, worker: str, endpoint: str) -> None:
+        """Give back a name taken (``add``) for a load that failed: as if never taken.
+
+        Names are taken when a load starts, so that concurrent loads get distinct names
+        without holding a lock while they run. A failed load must leave no trace (rule 6):
+        the next distinct set gets the name again if no later name was taken meanwhile.
+        """
+        self.remove(worker, endpoint)
+        counter = self._counters.get(worker)
+        if counter and endpoint == f"{worker}-{counter - 1}":
+            self._counters[worker] = counter - 1
+
     def remove(self, worker: str, endpoint: str) -> None:
         """Forget ``endpoint``; the last endpoint of ``worker`` gone resets its naming."""
         table = self._tables.get(worker, {})

@@ -2,22 +2,27 @@
 
 A thin facade over three jobs, each in its own module: the hardware view
 (``hardware_view``), worker endpoints (``worker_endpoints``) and repository control
-(``repository_control``). What it adds is the one lock: every call that changes what is
-loaded holds it, so management is serialised (as in amdinfer's manager thread) while
-inference on everything else goes on. Checks that need no state run before the lock, so a
-bad request is answered at once even while a slow load holds it. It also settles the one
-place where the jobs meet: worker endpoints and repository models share one namespace.
+(``repository_control``). It settles the one place where the jobs meet: worker endpoints
+and repository models share one namespace.
+
+There is no lock over management: a load that starts a process or creates a session
+must not make every other load (or unload) wait behind it (one slow load once held all
+others for 46 s). The namespace is kept whole without one: each side claims a name in a
+step without ``await`` (atomic on the event loop) and checks the other side's claims,
+including loads still under way. Repository loads are serialised by ``ModelManager``
+itself; worker-endpoint loads run concurrently, each under ``--load-timeout``.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
 from hardware import InventorySource
 from oipserve.errors import InvalidInput
 from oipserve.management.hardware_view import HardwareView
+from oipserve.management.load_limits import LoadLimits
 from oipserve.management.repository_control import RepositoryControl, check_load_parameters
 from oipserve.management.worker_endpoints import DeathListener, WorkerEndpoints
 from oipserve.management.worker_params import parse_load_request
@@ -26,7 +31,7 @@ from oipserve.pool import WorkerPool
 
 
 class Management:
-    """Hardware, worker endpoints and the model repository, behind one lock."""
+    """Hardware, worker endpoints and the model repository, in one namespace."""
 
     def __init__(
         self,
@@ -37,8 +42,10 @@ class Management:
         manager: ModelManager,
         on_new_worker: list[DeathListener] | None = None,
         stop_timeout: float = 30.0,
+        limits: LoadLimits | None = None,
     ) -> None:
-        self.lock = asyncio.Lock()
+        #: Repository models being (re)loaded now: their names are taken for endpoints.
+        self.repository_loading: Counter[str] = Counter()
         self.hardware_view = HardwareView(source, pool, registry, manager.simulate_devices)
         self.endpoints = WorkerEndpoints(
             root,
@@ -48,6 +55,8 @@ class Management:
             self.hardware_view.inventory,
             list(on_new_worker or []),
             stop_timeout,
+            limits or LoadLimits(),
+            lambda name: name in registry.models or name in self.repository_loading,
         )
         self.repository = RepositoryControl(
             root, registry, manager, lambda name: name in self.endpoints
@@ -67,14 +76,11 @@ class Management:
 
     async def worker_load(self, worker: str, params: dict[str, object]) -> str:
         """Create or reuse an endpoint; returns its name once it can infer."""
-        request = parse_load_request(worker, params)
-        async with self.lock:
-            return await self.endpoints.load(request)
+        return await self.endpoints.load(parse_load_request(worker, params))
 
     async def worker_unload(self, name: str) -> None:
         """Remove one instance of an endpoint; unknown names are a no-op."""
-        async with self.lock:
-            await self.endpoints.unload_instance(name.lower())
+        await self.endpoints.unload_instance(name.lower())
 
     def endpoint_info(self, name: str) -> dict[str, object]:
         """``GET /v2/workers/{name}``: parameters, device, instances, placements."""
@@ -93,15 +99,19 @@ class Management:
         check_load_parameters(parameters)
         if name in self.endpoints:
             raise InvalidInput(f"'{name}' is a worker endpoint; load it with /v2/workers")
-        async with self.lock:
+        self.repository_loading[name] += 1
+        try:
             await self.repository.load(name, version)
+        finally:
+            self.repository_loading[name] -= 1
+            if not self.repository_loading[name]:
+                del self.repository_loading[name]
 
     async def repository_unload(self, name: str, version: str | None) -> None:
         """Unload a model (or one version), or one instance of an endpoint; no-op if unknown."""
-        async with self.lock:
-            if await self.endpoints.unload_instance(name):
-                return
-            await self.repository.unload(name, version)
+        if await self.endpoints.unload_instance(name):
+            return
+        await self.repository.unload(name, version)
 
     def served(self) -> list[str]:
         """Names of everything that can infer now (models and endpoints)."""

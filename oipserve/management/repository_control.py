@@ -4,7 +4,7 @@ The directory is read afresh on every call, so models added, fixed or broken on 
 after start are seen. Loading itself is ``ModelManager``'s job; this module turns its
 outcome into the answers the routes give (404 not in the directory, 400 cannot load).
 Worker endpoints share the model namespace, so ``is_endpoint`` tells which names belong
-to them. ``load`` expects the caller (``Management``) to hold the management lock.
+to them. ``ModelManager`` serialises repository loads itself.
 """
 
 from __future__ import annotations

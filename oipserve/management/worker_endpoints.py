@@ -7,20 +7,26 @@ answers it in the front by copying inputs to outputs (``dataplane._echo``). An
 of its device; workers this module starts are "dedicated" and stopped with their last
 session.
 
-Methods that change state expect the caller (``Management``) to hold the management lock.
+No lock is held while a worker starts or a session loads: names are taken in a step without
+``await`` (atomic on the event loop), changes to one endpoint's instances take that
+endpoint's lock, and each load runs under ``--load-timeout`` (``load_limits``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
 
 from hardware import CPU_DEVICE, Inventory, InventoryError, cuda_provider_options, resolve_device
-from oipserve.errors import InvalidInput, NotFound
+from oipserve.errors import InvalidInput, NotFound, ServerError, Unavailable
 from oipserve.management.endpoint_naming import EndpointNames, ParamKey
+from oipserve.management.load_limits import LoadLimits, check_instances, check_numbers
 from oipserve.management.worker_params import (
     LoadRequest,
     cuda_settings,
@@ -53,6 +59,9 @@ class Endpoint:
         self.device = CPU_DEVICE
         #: Echo endpoints have no sessions; this counts their instances.
         self.echo_instances = 0
+        #: Serialises adding and removing this endpoint's instances (two at once could
+        #: pick the same worker); held only by the changes of this one endpoint.
+        self.lock = asyncio.Lock()
 
     @property
     def instances(self) -> int:
@@ -73,6 +82,8 @@ class WorkerEndpoints:
         inventory: Callable[[], Inventory],
         death_listeners: list[DeathListener],
         stop_timeout: float,
+        limits: LoadLimits,
+        name_taken: Callable[[str], bool],
     ) -> None:
         self.root = root
         self.pool = pool
@@ -85,56 +96,132 @@ class WorkerEndpoints:
         #: Given to every worker this module starts, so the data plane hears of its death.
         self.death_listeners = death_listeners
         self.stop_timeout = stop_timeout
+        self.limits = limits
+        #: True for names repository models hold or are being loaded under.
+        self.name_taken = name_taken
+        #: Endpoints being created, by the name they took: resolves to it, or fails.
+        self.loading: dict[str, asyncio.Future[str]] = {}
+        #: Session loads under way per worker id, so concurrent loads spread out.
+        self.busy: Counter[int] = Counter()
+        #: Unloads sent to workers after an abandoned load; nobody waits for them.
+        self.background: set[asyncio.Task[None]] = set()
 
     def __contains__(self, name: str) -> bool:
-        return name in self.endpoints
+        return name in self.endpoints or name in self.loading
 
     async def load(self, request: LoadRequest) -> str:
-        """Create or reuse an endpoint; returns its name once it can infer."""
+        """Create or reuse an endpoint; returns its name once it can infer.
+
+        Nothing is locked while processes start or sessions load: the name is taken (and
+        every number checked) in one step without an ``await``, which the event loop makes
+        atomic, and a second load of the same parameters waits for the first one's outcome.
+        The creation runs under ``--load-timeout``; past it, everything it made is undone.
+        """
         worker = request.worker
         existing = self.names.find(worker, request.key)
         if existing is not None:
+            loading = self.loading.get(existing)
+            if loading is not None:
+                try:
+                    await asyncio.shield(loading)  # the same outcome, error included
+                except asyncio.CancelledError:
+                    if not loading.cancelled():
+                        raise  # this request was cancelled, not the load it waited for
+            endpoint = self.endpoints.get(existing)
+            if endpoint is None:  # unloaded while we waited: load it afresh
+                return await self.load(request)
             if not request.share:
-                await self._add_instance(self.endpoints[existing])
+                await self._grow(endpoint)
             return existing
         name = self.names.next_name(worker)
-        if name in self.registry.models:
+        if self.name_taken(name):
             raise InvalidInput(f"endpoint name '{name}' is already used by a model")
         endpoint = Endpoint(name, worker, worker, dict(request.params), request.key)
-        if endpoint.kind == "echo":
-            await self._create_echo(endpoint)
-        else:
-            await self._create_onnx(endpoint)
+        create = self._plan_echo(endpoint) if endpoint.kind == "echo" else self._plan_onnx(endpoint)
+        # From here until the endpoint is registered or given up, the name is ours.
         self.names.add(worker, request.key)
+        outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        outcome.add_done_callback(_consume)
+        self.loading[name] = outcome
+        try:
+            try:
+                async with asyncio.timeout(self.limits.load_timeout):
+                    await create()
+            except TimeoutError:
+                raise Unavailable(
+                    f"loading endpoint '{name}' took more than --load-timeout "
+                    f"{self.limits.load_timeout:g}s; it was stopped and nothing of it is left"
+                ) from None
+        except BaseException as exc:
+            self.names.release(worker, name)
+            if isinstance(exc, Exception):
+                outcome.set_exception(exc)
+            else:
+                outcome.cancel()
+            raise
+        finally:
+            del self.loading[name]
         self.endpoints[name] = endpoint
+        assert endpoint.model is not None
+        self.registry.models[name] = {endpoint.model.version: endpoint.model}
         self.registry.unloaded.discard(name)
+        outcome.set_result(name)
         log.info("endpoint '%s' loaded (%s, %s)", name, endpoint.kind, endpoint.params)
         return name
 
-    async def _create_echo(self, endpoint: Endpoint) -> None:
+    async def _grow(self, endpoint: Endpoint) -> None:
+        """One more instance (``share: false``), checked first, under ``--load-timeout``."""
+        inventory = None if endpoint.kind == "echo" else self.inventory()
+        check_instances(endpoint.instances + 1, endpoint.device, inventory, self.limits)
+        async with endpoint.lock:
+            if endpoint.kind == "echo":
+                endpoint.echo_instances += 1
+                return
+            try:
+                async with asyncio.timeout(self.limits.load_timeout):
+                    await self._place_instance(endpoint)
+            except TimeoutError:
+                raise Unavailable(
+                    f"adding an instance to endpoint '{endpoint.name}' took more than "
+                    f"--load-timeout {self.limits.load_timeout:g}s; it was stopped"
+                ) from None
+
+    def _plan_echo(self, endpoint: Endpoint) -> Callable[[], Awaitable[None]]:
+        """Check an echo endpoint's parameters; the function returned makes it (no process)."""
         instances = positive_int(endpoint.params, "instances", 1)
         assert instances is not None
+        check_instances(instances, CPU_DEVICE, None, self.limits)
         model = ModelVersion(endpoint.name, "1", "", None)
         model.echo = True
         model.platform = "echo"
-        model.state = "READY"
         endpoint.model = model
-        endpoint.echo_instances = instances
-        self.registry.models[endpoint.name] = {"1": model}
 
-    async def _create_onnx(self, endpoint: Endpoint) -> None:
+        async def create() -> None:
+            model.state = "READY"
+            endpoint.echo_instances = instances
+
+        return create
+
+    def _plan_onnx(self, endpoint: Endpoint) -> Callable[[], Awaitable[None]]:
+        """Check every parameter against the node and the limits; the function returned
+        creates the endpoint.
+
+        Everything that can be refused is refused here, before any process starts.
+        """
         params = endpoint.params
         spec = optional_str(params, "model")
         if not spec:
             raise InvalidInput("No model specified: worker 'onnxruntime' needs a 'model' parameter")
         version = optional_str(params, "version")
         instances = positive_int(params, "instances", 1)
+        assert instances is not None
         batch_size = positive_int(params, "batch_size", None)
         endpoint.threads = positive_int(params, "intra_op_threads", None)
+        positive_int(params, "inter_op_threads", None)
         device_spec = optional_str(params, "device") or "auto"
         settings = cuda_settings(params)
         try:
-            cuda_provider_options(0, settings)  # validate even when placed on the CPU
+            options = cuda_provider_options(0, settings)  # validate even when placed on the CPU
         except InventoryError as exc:
             raise InvalidInput(str(exc)) from None
         # Outside the try: an unreadable inventory is the server's problem (503), not a 400.
@@ -143,12 +230,20 @@ class WorkerEndpoints:
             endpoint.device = resolve_device(inventory, device_spec)
         except InventoryError as exc:
             raise InvalidInput(str(exc)) from None
+        check_instances(instances, endpoint.device, inventory, self.limits)
+        check_numbers(params, endpoint.device, inventory, options, self.limits)
         path, config, version = self._model_file(spec, version)
         model = ModelVersion(endpoint.name, version, path, config)
         model.key = f"{endpoint.name}/{version}#{id(model)}"
         model.cuda_settings = settings
         endpoint.model = model
-        assert instances is not None
+        return functools.partial(self._create_onnx, endpoint, instances, batch_size)
+
+    async def _create_onnx(
+        self, endpoint: Endpoint, instances: int, batch_size: int | None
+    ) -> None:
+        model = endpoint.model
+        assert model is not None
         try:
             for _ in range(instances):
                 await self._place_instance(endpoint)
@@ -162,7 +257,6 @@ class WorkerEndpoints:
         ):
             model.max_batch_size = batch_size
         model.state = "READY"
-        self.registry.models[endpoint.name] = {version: model}
 
     def _model_file(self, spec: str, version: str | None) -> tuple[str, object, str]:
         """(path, config, version) for a repository model name or an .onnx path inside it."""
@@ -193,15 +287,43 @@ class WorkerEndpoints:
         model = endpoint.model
         assert model is not None
         worker = await self._free_worker(endpoint.device, model, endpoint.threads)
-        loaded = await self.manager.place(model, worker, endpoint.threads)
-        if not model.inputs and not model.outputs:
-            try:
-                inputs, outputs = merge_metadata(model.config, loaded)  # type: ignore[arg-type]
-            except ValueError as exc:
-                await worker.unload(model.key)
-                raise InvalidInput(str(exc)) from None
-            model.set_metadata(inputs, outputs)
+        self.busy[worker.worker_id] += 1
+        try:
+            loaded = await self.manager.place(model, worker, endpoint.threads)
+            if not model.inputs and not model.outputs:
+                try:
+                    inputs, outputs = merge_metadata(model.config, loaded)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    raise InvalidInput(str(exc)) from None
+                model.set_metadata(inputs, outputs)
+        except BaseException:
+            await self._abandon(model, worker)
+            raise
+        finally:
+            self.busy[worker.worker_id] -= 1
+            if not self.busy[worker.worker_id]:
+                del self.busy[worker.worker_id]
         model.workers.append(worker)
+
+    async def _abandon(self, model: ModelVersion, worker: WorkerHandle) -> None:
+        """Undo a session load that failed or ran out of time, without waiting for it.
+
+        The worker may still be busy creating the session (a timeout). A dedicated worker
+        with nothing else on it is killed at once; any other worker is sent an unload that
+        it handles once the load it is busy with is over.
+        """
+        model.placements.pop(worker.worker_id, None)
+        others = [key for key in worker.models if key != model.key]
+        if worker.dedicated and not others:
+            worker.models.pop(model.key, None)
+            await self.pool.remove_worker(worker, 0)  # 0: kill, do not wait for the load
+            log.info("stopped worker %d: the load it was started for failed", worker.worker_id)
+            return
+        worker.models.pop(model.key, None)
+        if worker.alive:
+            task = asyncio.get_running_loop().create_task(_unload_quietly(worker, model.key))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
 
     async def _free_worker(
         self, device: str, model: ModelVersion, threads: int | None
@@ -213,16 +335,46 @@ class WorkerEndpoints:
             if w.device == device and w.alive and w not in model.workers
         ]
         if candidates:
-            return min(candidates, key=lambda w: (len(w.models), w.worker_id))
+            # Loads under way count: a worker busy with a slow load is chosen last.
+            return min(
+                candidates,
+                key=lambda w: (len(w.models) + self.busy[w.worker_id], w.worker_id),
+            )
         if threads is None:
             threads = 1
             if device == CPU_DEVICE:
                 threads = max(1, (psutil.cpu_count() or 1) // 2)
-        worker = await self.pool.add_worker(device, threads, dedicated=True)
+        worker = await self._start_worker(device, threads)
         for listener in self.death_listeners:
             worker.add_death_listener(listener)
         log.info("started worker %d on %s for endpoints", worker.worker_id, device)
         return worker
+
+    async def _start_worker(self, device: str, threads: int) -> WorkerHandle:
+        """A new dedicated worker; if this load is given up while it starts, it is stopped.
+
+        The start runs as its own task: cancelling it half-way would leave a process the
+        pool treats as crashed (and restarts). So a load that times out here answers at
+        once, and the worker is stopped as soon as its start is over.
+        """
+        start = asyncio.get_running_loop().create_task(
+            self.pool.add_worker(device, threads, dedicated=True)
+        )
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            start.add_done_callback(self._stop_unwanted)
+            raise
+
+    def _stop_unwanted(self, start: asyncio.Task[WorkerHandle]) -> None:
+        """Stop a worker whose load was given up while it started (see ``_start_worker``)."""
+        if start.cancelled() or start.exception() is not None:
+            return  # add_worker cleaned up after itself
+        worker = start.result()
+        task = asyncio.get_running_loop().create_task(self.pool.remove_worker(worker, 0))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        log.info("stopping worker %d: the load it was started for was given up", worker.worker_id)
 
     async def _rollback(self, model: ModelVersion) -> None:
         """Undo a failed creation: drop the sessions made so far (and their workers)."""
@@ -240,17 +392,17 @@ class WorkerEndpoints:
             await self.pool.remove_worker(worker, self.stop_timeout)
             log.info("stopped worker %d: no endpoint uses it", worker.worker_id)
 
-    async def _add_instance(self, endpoint: Endpoint) -> None:
-        if endpoint.kind == "echo":
-            endpoint.echo_instances += 1
-            return
-        await self._place_instance(endpoint)
-
     async def unload_instance(self, name: str) -> bool:
         """Remove one instance of endpoint ``name``; False if there is no such endpoint."""
         endpoint = self.endpoints.get(name)
         if endpoint is None:
             return False
+        async with endpoint.lock:
+            return await self._unload_instance(name, endpoint)
+
+    async def _unload_instance(self, name: str, endpoint: Endpoint) -> bool:
+        if self.endpoints.get(name) is not endpoint:
+            return True  # a concurrent unload removed the last instance meanwhile
         model = endpoint.model
         assert model is not None
         last = endpoint.instances <= 1
@@ -286,3 +438,17 @@ class WorkerEndpoints:
             "instances": endpoint.instances,
             "placements": [model.placements[w.worker_id] for w in model.workers],
         }
+
+
+def _consume(outcome: asyncio.Future[str]) -> None:
+    """Mark a load's outcome as seen: a failure nobody else awaited is not an error to log."""
+    if not outcome.cancelled():
+        outcome.exception()
+
+
+async def _unload_quietly(worker: WorkerHandle, key: str) -> None:
+    """Unload ``key`` from ``worker``; a worker that died meanwhile has nothing to unload."""
+    try:
+        await worker.unload(key)
+    except ServerError:
+        pass

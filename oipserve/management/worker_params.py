@@ -1,8 +1,8 @@
 """Reading the parameters of ``POST /v2/workers/{worker}/load``.
 
-Everything here only checks and converts what the client sent; nothing is created. Checks
-that need no server state run before the management lock is taken (``parse_load_request``),
-so a malformed request is answered at once even while a slow load holds the lock.
+Everything here only checks and converts what the client sent; nothing is created.
+``parse_load_request`` runs the checks that need no server state; the bounds that need the
+node's inventory are in ``load_limits``.
 """
 
 from __future__ import annotations
