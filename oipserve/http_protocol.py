@@ -151,6 +151,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._sinks: dict[RequestResponseCycle, _BodySink] = {}
         self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
         self._head_timer: asyncio.TimerHandle | None = None
+        #: Loop time the current request head began to arrive; None when no head is due.
+        self._head_started: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def configured(cls, header_timeout: float) -> type[CorkedHttpToolsProtocol]:
@@ -158,33 +161,43 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         return type(cls.__name__, (cls,), {"header_timeout": header_timeout})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         corked = CorkedTransport(transport, loop)
         super().connection_made(corked)  # type: ignore[arg-type]
-        self._start_head_timer()
+        self._head_started = loop.time()
+        self._head_timer = loop.call_later(self.header_timeout, self._check_head)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._head_timer is None:  # a keep-alive connection's next request
-            self._start_head_timer()
+        if self._head_started is None:  # a keep-alive connection's next request
+            self._head_started = self._loop.time()  # type: ignore[union-attr]
 
-    def _start_head_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._head_timer = loop.call_later(self.header_timeout, self._head_timed_out)
+    def _check_head(self) -> None:
+        """Close a connection whose request head is overdue, answering nothing (as nginx).
+
+        PERF: one timer per connection, re-armed when it fires, rather than one per
+        request: a request only notes when its head began (a clock read), and its
+        complete head clears that.
+        """
+        loop = self._loop
+        started = self._head_started
+        wait = self.header_timeout
+        if started is not None:
+            wait = started + self.header_timeout - loop.time()  # type: ignore[union-attr]
+            if wait <= 0:
+                self._head_timer = None
+                if not self.transport.is_closing():
+                    self.transport.close()
+                return
+        self._head_timer = loop.call_later(wait, self._check_head)  # type: ignore[union-attr]
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_timed_out(self) -> None:
-        """The head did not arrive in time: close, answering nothing (as nginx does)."""
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
     def on_headers_complete(self) -> None:
-        self._stop_head_timer()
+        self._head_started = None
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:

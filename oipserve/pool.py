@@ -45,6 +45,9 @@ _DECODER = msgspec.msgpack.Decoder(FromWorker)
 
 #: Seconds a new worker has to import ONNX Runtime and say it is ready.
 START_TIMEOUT = 120.0
+#: How often a worker's pending requests are checked against their deadlines: a request
+#: fails at most this much after its deadline.
+DEADLINE_SWEEP = 0.05
 
 
 class WorkerDied(Unavailable):
@@ -106,8 +109,10 @@ class WorkerHandle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._death_listeners: list[Callable[[WorkerHandle], None]] = []
         self._stopping = False
-        #: Per pending request with a deadline: the timer that fails it at the deadline.
-        self._deadlines: dict[int, asyncio.TimerHandle] = {}
+        #: Per pending request with a deadline: that deadline (loop time). PERF: one sweep
+        #:   timer per worker checks them, rather than a timer per request.
+        self._deadlines: dict[int, float] = {}
+        self._sweep: asyncio.TimerHandle | None = None
         self._heartbeat: asyncio.Transport | None = None
         #: Loop time of the worker's last heartbeat echo (or of its start).
         self.last_heartbeat = 0.0
@@ -165,9 +170,7 @@ class WorkerHandle:
 
     def on_message(self, message: object) -> None:
         if isinstance(message, InferDone | Failed | Loaded | Unloaded):
-            timer = self._deadlines.pop(message.rid, None)
-            if timer is not None:
-                timer.cancel()
+            self._deadlines.pop(message.rid, None)
             done = self.on_done.pop(message.rid, None)
             if done is not None:
                 done()
@@ -199,9 +202,10 @@ class WorkerHandle:
             self.transport.abort()
         if self._heartbeat is not None:
             self._heartbeat.abort()
-        for timer in self._deadlines.values():
-            timer.cancel()
         self._deadlines.clear()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         why = self._hung or why
         self.ready.set()  # wake a start() that waits
         error = WorkerDied(
@@ -258,7 +262,9 @@ class WorkerHandle:
         if on_done is not None:
             self.on_done[rid] = on_done
         if deadline is not None:
-            self._deadlines[rid] = loop.call_at(deadline, self._expire, rid)  # type: ignore[union-attr]
+            self._deadlines[rid] = deadline
+            if self._sweep is None:
+                self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
         self.send(make(rid))
         if len(self.pending) == 1:
             # PERF: an idle worker gets its request at once (one loop iteration less
@@ -266,16 +272,24 @@ class WorkerHandle:
             self._flush()
         return future
 
-    def _expire(self, rid: int) -> None:
-        self._deadlines.pop(rid, None)
-        future = self.pending.get(rid)
-        if future is not None and not future.done():
-            future.set_exception(
-                DeadlineExceeded(
-                    "the request did not finish within its deadline (--infer-timeout, or the "
-                    "request's 'timeout' parameter)"
+    def _expire_overdue(self) -> None:
+        """Fail the pending requests past their deadline; look again while any are left."""
+        self._sweep = None
+        loop = self._loop
+        now = loop.time()  # type: ignore[union-attr]
+        overdue = [rid for rid, deadline in self._deadlines.items() if deadline <= now]
+        for rid in overdue:
+            del self._deadlines[rid]
+            future = self.pending.get(rid)
+            if future is not None and not future.done():
+                future.set_exception(
+                    DeadlineExceeded(
+                        "the request did not finish within its deadline (--infer-timeout, or "
+                        "the request's 'timeout' parameter)"
+                    )
                 )
-            )
+        if self._deadlines:
+            self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
 
     # ---- heartbeat -------------------------------------------------------------------
 

@@ -147,7 +147,10 @@ def start_oipserve(
                     url.append(match.group(1).replace("localhost", "127.0.0.1"))
                     found.set()
 
-        proc = ManagedProcess(argv, work / "logs" / f"{key}-{i}.log", on_line=on_line)
+        # NOTE: /metrics on a free port (8002 by default), so two builds can run side by
+        #   side; a build without metrics ignores the variable.
+        env = {**os.environ, "OIPSERVE_METRICS_PORT": "0"}
+        proc = ManagedProcess(argv, work / "logs" / f"{key}-{i}.log", env=env, on_line=on_line)
         server.proc = proc
         wait_until(
             lambda found=found, proc=proc: found.is_set() or not proc.alive(),

@@ -73,9 +73,10 @@ OUR_PROTOCOL_NAMES = (
     "header_timeout",
     "configured",
     "_head_timer",
-    "_start_head_timer",
+    "_head_started",
+    "_loop",
+    "_check_head",
     "_stop_head_timer",
-    "_head_timed_out",
 )
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-length: 6\r\n\r\n"
