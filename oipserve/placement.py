@@ -87,6 +87,9 @@ def values_of(tensor: InputTensor, count: int) -> object:
     if not isinstance(values, Deferred):
         return values
     if count > values.most:
+        # NOTE: the text is short (fewer than 2 characters an element): decoding it costs
+        #   little and names what is wrong with it when that is more than its length.
+        values.load()
         raise InvalidInput(
             f"input '{tensor.name}': its shape {list(tensor.shape)} holds {count} elements "
             f"but 'data' can hold at most {values.most}"

@@ -63,11 +63,6 @@ def decode_request(body: bytes | memoryview) -> InferRequest:
         raise ValueError("malformed JSON: nested too deeply") from None
 
 
-def is_array(raw: msgspec.Raw) -> bool:
-    """Whether raw JSON text is an array (msgspec has checked that it is valid JSON)."""
-    return memoryview(raw)[:1] == b"["
-
-
 def decode_data(name: str, datatype: str, raw: msgspec.Raw) -> Any:
     """The values of one input's ``data`` text: a flat numpy array or nested lists.
 
@@ -79,7 +74,7 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw) -> Any:
         if array is not None:
             return array
     try:
-        return DATA_DECODER.decode(raw)  # PERF: a Raw decodes faster than a view of it
+        values = DATA_DECODER.decode(raw)  # PERF: a Raw decodes faster than a view of it
     except UnicodeDecodeError:
         raise InvalidInput(
             f"element {_bad_utf8_element(memoryview(raw))} of input '{name}' is not valid UTF-8: "
@@ -91,6 +86,11 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw) -> Any:
         raise InvalidInput(
             f"malformed JSON: 'data' of input '{name}' is nested too deeply"
         ) from None
+    # NOTE: checked after decoding, not before: a look at the first byte costs every
+    #   request a view, and what is decoded here is bounded by the body's size anyway.
+    if not isinstance(values, list):
+        raise InvalidInput(f"'data' of input '{name}' must be an array")
+    return values
 
 
 def _bad_utf8_element(text: memoryview) -> int | str:

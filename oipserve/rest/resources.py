@@ -21,7 +21,7 @@ from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
-from oipserve.protocol import ENCODER, RequestInput, decode_data, decode_request, is_array
+from oipserve.protocol import ENCODER, RequestInput, decode_data, decode_request
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
 from oipserve.rest.render import render_infer
@@ -195,8 +195,6 @@ class ModelResource:
                 )
             if tensor.data is msgspec.UNSET:
                 raise InvalidInput(f"input '{tensor.name}' has no 'data'")
-            if not is_array(tensor.data):
-                raise InvalidInput(f"'data' of input '{tensor.name}' must be an array")
             # NOTE: decoded by the data plane once the shape is checked; a JSON element
             #   takes at least 2 characters ("1,"), so the text bounds the element count.
             load = partial(decode_data, tensor.name, tensor.datatype, tensor.data)
