@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import socket
 
-from oipserve.wire.heap import return_large_blocks_to_os
 from workers.heartbeat import start_heartbeat
 
 
@@ -28,7 +27,6 @@ if __name__ == "__main__":
     # NOTE: the heartbeat answers before ONNX Runtime is imported (by workers.worker);
     #   the front checks it only once the worker has said it is ready.
     start_heartbeat(socket.socket(fileno=args.heartbeat_fd))
-    return_large_blocks_to_os()
     from workers.worker import main
 
     main(socket.socket(fileno=args.socket_fd), args.segment_prefix, args.log_level)
