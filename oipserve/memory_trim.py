@@ -12,6 +12,14 @@ from every arena (``madvise``), which brings RSS back to idle.
 ``GROWTH`` since the last trim, in a thread (a trim can take milliseconds on a
 large heap and takes malloc's locks: better not on the event loop). Never per
 request. Without glibc (``malloc_trim`` missing) it does nothing.
+
+``return_large_blocks_to_os`` (called once at start) fixes glibc's mmap threshold: glibc
+serves big allocations with mmap only above a threshold that it raises by itself (up to
+32 MiB) each time such a block is freed, so a front that once decoded a large request (a
+JSON tensor) kept its peak heap for good (issue #18 measured 862 MB). Fixed, every block
+from 1 MiB up is its own mapping, unmapped on free. The workers do not call it: on tiny
+requests it cost them 10-18 us each (ONNX Runtime's per-run buffers became mmap/munmap
+pairs), and what they keep after a large request is ONNX Runtime's own arena anyway.
 """
 
 from __future__ import annotations
@@ -25,6 +33,38 @@ from collections.abc import Callable
 
 log = logging.getLogger("oipserve")
 
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+#: Blocks this large or larger are mmap'd, and unmapped when freed.
+LARGE_BLOCK = 1 << 20
+
+
+def _glibc(function: str) -> Callable[..., int] | None:
+    """A glibc allocator function, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(name), function)  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def return_large_blocks_to_os(threshold: int = LARGE_BLOCK) -> bool:
+    """Set glibc's mmap and trim thresholds; False where the C library is not glibc."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        log.debug("mallopt is not available; large blocks stay with the allocator")
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, 2 * threshold)
+    )
+
+
 #: Anonymous RSS growth since the last trim that triggers the next one.
 GROWTH = 32 * 1024 * 1024
 #: Seconds between two looks at the RSS.
@@ -33,12 +73,8 @@ INTERVAL = 1.0
 
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        function = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+    function = _glibc("malloc_trim")
+    if function is None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int

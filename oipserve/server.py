@@ -29,7 +29,7 @@ from oipserve.dataplane import DataPlane
 from oipserve.grpc_front import GrpcServer, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import LoadLimits, Management, startup_models
-from oipserve.memory_trim import MemoryTrimmer
+from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.metrics import MetricsApp, Scraper
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.pool import WorkerPool
@@ -37,7 +37,6 @@ from oipserve.repository import RepositoryError, check_repository
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
 from oipserve.settings import Settings
-from oipserve.wire.heap import return_large_blocks_to_os
 from oipserve.wire.shm import sweep, sweep_stale
 
 log = logging.getLogger("oipserve")
