@@ -84,8 +84,9 @@ def test_a_body_the_model_cannot_take_is_refused_without_decoding(
 def test_a_declared_count_the_data_cannot_hold_is_refused_before_decoding(
     server: ServerProcess,
 ) -> None:
+    data = list(range(3000))  # long enough to be decoded only after the checks (EAGER_DATA)
     body = json.dumps(
-        {"inputs": [{"name": "INPUT0", "shape": [1, 10**9], "datatype": "FP32", "data": [1, 2]}]}
+        {"inputs": [{"name": "INPUT0", "shape": [1, 10**9], "datatype": "FP32", "data": data}]}
     ).encode()
     status, answer = _post(server, "identity_fp32", body)
     assert status == 400
