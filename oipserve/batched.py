@@ -21,11 +21,11 @@ from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
 from oipserve.inference import InferResult, client_outputs
 from oipserve.models import ModelVersion
 from oipserve.placement import Placement, place
-from oipserve.pool import WorkerHandle
 from oipserve.scheduler import DynamicBatcher, Entry
 from oipserve.stats import FailureReason, ModelStats, failure_reason, refusal_reason
 from oipserve.wire.messages import ErrorKind, InferDone
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+from oipserve.worker_handle import WorkerHandle
 
 __all__ = ["BatchRunner", "Withdrawn"]
 
@@ -243,9 +243,4 @@ def _record(requests: list[_Queued], enqueued: list[int], done: InferDone) -> No
 
 def _expire(future: asyncio.Future[InferResult]) -> None:
     if not future.done():
-        future.set_exception(
-            DeadlineExceeded(
-                "the request did not finish within its deadline (--infer-timeout, or the "
-                "request's 'timeout' parameter)"
-            )
-        )
+        future.set_exception(DeadlineExceeded())

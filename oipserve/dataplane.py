@@ -32,9 +32,10 @@ from oipserve.metadata import reshaped
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.placement import Placement, image_payload_of, payload, place
-from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.pool import WorkerPool
 from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+from oipserve.worker_handle import WorkerHandle
 
 log = logging.getLogger("oipserve.dataplane")
 
@@ -133,10 +134,6 @@ class DataPlane:
         """
         stats = self.stats.of(model)
         start = monotonic_ns()
-        timeout = self.infer_timeout
-        if timeout_us and timeout_us / 1e6 < timeout:
-            timeout = timeout_us / 1e6
-        deadline = self._loop.time() + timeout
         if model.echo:
             try:
                 result = answer_echo(model, inputs, output_names, owned)
@@ -146,13 +143,16 @@ class DataPlane:
             stats.executed(1, 0, 0, 0)  # answered here: no queue, no compute phases
             stats.request_succeeded(1, monotonic_ns() - start, 0, 0, 0, 0)
             return result
+        timeout = self.infer_timeout
+        if timeout_us and timeout_us / 1e6 < timeout:
+            timeout = timeout_us / 1e6
+        deadline = self._loop.time() + timeout
         policy = model.config.dynamic_batching if model.config else None
         lease: Lease | None = None
         try:
             placements = self._check(model, inputs, output_names)
             if policy is not None:
-                if not model.instances():
-                    model.pick(self.max_queue)  # 404 if unloaded, 503 while restarting
+                model.check_serving()  # the batcher would otherwise queue it
             else:
                 descs, lease = place(placements, self.inputs)
                 worker = model.pick(self.max_queue)

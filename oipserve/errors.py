@@ -92,6 +92,15 @@ class DeadlineExceeded(ServerError):
 
     kind = ErrorKind.DEADLINE_EXCEEDED
 
+    def __init__(
+        self,
+        message: str = (
+            "the request did not finish within its deadline (--infer-timeout, or the "
+            "request's 'timeout' parameter)"
+        ),
+    ) -> None:
+        super().__init__(message)
+
 
 class InferenceFailed(ServerError):
     """The model failed while running; the worker keeps serving."""

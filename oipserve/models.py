@@ -16,9 +16,10 @@ from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, NotFound, ServerError, Unavailable
 from oipserve.metadata import MetadataConflict, TensorSpec, merge_metadata
 from oipserve.model_config import ModelConfig, ModelConfigError
-from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.pool import WorkerPool
 from oipserve.repository import ModelSource, read_model
 from oipserve.wire.messages import Loaded
+from oipserve.worker_handle import WorkerHandle
 
 if TYPE_CHECKING:
     from oipserve.scheduler import DynamicBatcher
@@ -77,21 +78,33 @@ class ModelVersion:
         self.input_map = {t.name: t for t in inputs}
         self.output_map = {t.name: t for t in outputs}
 
-    def pick(self, max_queue: int) -> WorkerHandle:
-        """The worker with the fewest requests in flight, or 503."""
+    def check_serving(self) -> None:
+        """NotFound once the version was unloaded; 503 while no worker runs it."""
+        self._check_not_unloaded()
+        if not self.instances():
+            raise self._no_instance()
+
+    def _check_not_unloaded(self) -> None:
         if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason == "unloaded":
             raise NotFound(f"model '{self.name}' was unloaded")
+
+    def _no_instance(self) -> Unavailable:
+        return Unavailable(
+            f"model '{self.name}' version {self.version} has no running instance "
+            "(its worker is restarting)",
+            retry_after=1,
+        )
+
+    def pick(self, max_queue: int) -> WorkerHandle:
+        """The worker with the fewest requests in flight, or 503."""
+        self._check_not_unloaded()
         best: WorkerHandle | None = None
         for worker in self.workers:
             if worker.alive and self.key in worker.models:
                 if best is None or worker.in_flight < best.in_flight:
                     best = worker
         if best is None:
-            raise Unavailable(
-                f"model '{self.name}' version {self.version} has no running instance "
-                "(its worker is restarting)",
-                retry_after=1,
-            )
+            raise self._no_instance()
         if best.in_flight >= max_queue:
             raise Unavailable(
                 f"model '{self.name}' is overloaded: {best.in_flight} requests queued on "

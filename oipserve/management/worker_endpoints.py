@@ -34,8 +34,9 @@ from oipserve.management.worker_params import (
     positive_int,
 )
 from oipserve.models import ModelManager, ModelRegistry, ModelVersion, merge_metadata
-from oipserve.pool import WorkerHandle, WorkerPool
+from oipserve.pool import WorkerPool
 from oipserve.repository import read_model
+from oipserve.worker_handle import WorkerHandle
 
 log = logging.getLogger("oipserve.management")
 

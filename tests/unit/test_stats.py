@@ -9,7 +9,6 @@ import pytest
 
 from oipserve.errors import InvalidInput, NotFound, Unavailable
 from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.pool import WorkerDied
 from oipserve.stats import (
     FailureReason,
     ModelStats,
@@ -18,6 +17,7 @@ from oipserve.stats import (
     refusal_reason,
 )
 from oipserve.stats_report import model_stat, model_statistics
+from oipserve.worker_handle import WorkerDied
 
 
 def test_requests_and_executions_are_counted_apart() -> None:
