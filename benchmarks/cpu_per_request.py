@@ -10,13 +10,13 @@ wrk at c=16 with the tiny JSON request, and medians over rounds are printed.
     git worktree add --detach ../base <commit>
     python benchmarks/cpu_per_request.py ../base . --rounds 8
 
-Needs a prior `benchmarks/run.py` run (for benchmarks/.work/) and wrk.
+Needs a prior `benchmarks/run.py` run (for benchmarks/.work/) and wrk; it drives wrk and reads
+CPU times with the harness's own `run_wrk` and `cpu_snapshot`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -25,18 +25,22 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from oipbench.load import run_wrk  # noqa: E402
+from oipbench.payloads import HttpBody  # noqa: E402
+from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
+
 WORK = BENCH / ".work"
-LUA = BENCH / "lua" / "oip.lua"
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _front_and_workers(pid: int) -> tuple[float, float]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return _cpu_s(pid), sum(_cpu_s(int(child)) for child in children)
+def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot, front: int) -> tuple[float, float]:
+    """CPU seconds the front and the rest of its tree (its workers) spent in between."""
+    spent = {
+        pid: seconds - before.per_pid.get(pid, ("", 0.0))[1]
+        for pid, (_, seconds) in after.per_pid.items()
+    }
+    return spent.get(front, 0.0), sum(s for pid, s in spent.items() if pid != front)
 
 
 def _start(build: Path) -> tuple[subprocess.Popen[str], str]:
@@ -62,30 +66,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4)
     ns = parser.parse_args()
-    env = {**os.environ, "OIPB_BODY": str(WORK / "payloads" / "simple.json"),
-           "OIPB_CTYPE": "application/json", "OIPB_HLEN": "", "OIPB_COUNT_STATUS": "0",
-           "OIPB_MAX_REQUESTS": "0", "OIPB_RATE": "0.0"}  # fmt: skip
+    body = HttpBody(WORK / "payloads" / "simple.json", "application/json", None)
+    scratch = WORK / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
     servers = {build: _start(build.resolve()) for build in ns.builds}
     results: dict[Path, list[tuple[float, float, float]]] = {b: [] for b in ns.builds}
     try:
         for rnd in range(ns.rounds):
             for build in ns.builds if rnd % 2 == 0 else ns.builds[::-1]:
                 proc, url = servers[build]
-                before = _front_and_workers(proc.pid)
-                out = subprocess.run(
-                    ["wrk", "-t1", "-c16", f"-d{ns.seconds}s", "-s", str(LUA),
-                     f"http://{url}/v2/models/simple/infer"],
-                    env=env, capture_output=True, text=True, check=True,
-                ).stdout  # fmt: skip
-                after = _front_and_workers(proc.pid)
-                count = json.loads(out.split("OIPB_RESULT ", 1)[1].splitlines()[0])["requests"]
-                results[build].append(
-                    (
-                        count / ns.seconds,
-                        (after[0] - before[0]) / count * 1e6,
-                        (after[1] - before[1]) / count * 1e6,
-                    )
-                )
+                before = cpu_snapshot(proc.pid)
+                m = run_wrk(str(build), "tiny-json-c16", rnd, f"http://{url}/v2/models/simple/infer",
+                            body, 16, ns.seconds, scratch, proc.pid)  # fmt: skip
+                front, workers = _front_and_workers(before, cpu_snapshot(proc.pid), proc.pid)
+                if not m.ok:
+                    raise RuntimeError(f"{build}: {m.note}")
+                results[build].append((m.rps, front / m.requests * 1e6, workers / m.requests * 1e6))
     finally:
         for proc, _ in servers.values():
             proc.terminate()
