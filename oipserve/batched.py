@@ -118,13 +118,14 @@ class BatchRunner:
     ) -> InferResult:
         """Queue one checked request and wait for its own part of a batch's answer.
 
-        The request counts in ``stats`` once: as pending while it waits, then as a
-        success (recorded with its batch, in ``_run_batch``) or a failure here.
+        The request counts in ``stats`` once: as pending while it waits (the batcher
+        keeps that count), then as a success (recorded with its batch, in ``_run_batch``)
+        or a failure here.
         """
         try:
             rows = batch_rows(model, placements)
             queued = _Queued(placements, output_names, owned, rows, start, stats)
-            batcher = self._batcher(model, policy)
+            batcher = self._batcher(model, policy, stats)
             future = batcher.submit(
                 queued, max(rows, 1), _signature(placements, output_names), priority, timeout_us
             )
@@ -133,7 +134,6 @@ class BatchRunner:
                 held.release()
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
-        stats.pending += 1
         if watch is not None:
             watch(future.cancel)
         # NOTE: past the deadline the request fails, wherever it is: a queued one leaves
@@ -153,7 +153,6 @@ class BatchRunner:
             if queued.taken:
                 reason = failure_reason(exc)
             else:
-                stats.pending -= 1
                 queued.release_inputs()
                 withdrawn = isinstance(exc, asyncio.CancelledError)
                 reason = FailureReason.CANCELED if withdrawn else refusal_reason(exc)
@@ -164,7 +163,9 @@ class BatchRunner:
         finally:
             expiry.cancel()
 
-    def _batcher(self, model: ModelVersion, policy: BatchPolicy) -> DynamicBatcher:
+    def _batcher(
+        self, model: ModelVersion, policy: BatchPolicy, stats: ModelStats
+    ) -> DynamicBatcher:
         batcher = model.batcher
         if batcher is None:
             batcher = model.batcher = DynamicBatcher(
@@ -173,6 +174,7 @@ class BatchRunner:
                 model.instances,
                 lambda entries, worker: self._run_batch(model, entries, worker),
                 InferResult.release,
+                stats,
             )
         return batcher
 
@@ -182,7 +184,6 @@ class BatchRunner:
         requests: list[_Queued] = [entry.request for entry in entries]
         for request in requests:
             request.taken = True
-            request.stats.pending -= 1
         owned: list[Lease] = []
         try:
             if len(requests) == 1:

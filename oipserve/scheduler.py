@@ -37,12 +37,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from oipserve.batch_policy import BatchPolicy
 from oipserve.errors import Unavailable
 
-__all__ = ["DynamicBatcher", "Entry", "QueueRejected"]
+__all__ = ["DynamicBatcher", "Entry", "PendingGauge", "QueueRejected"]
 
 log = logging.getLogger("oipserve.scheduler")
 
@@ -51,6 +51,16 @@ log = logging.getLogger("oipserve.scheduler")
 _NO_INSTANCE_POLL = 0.1
 
 _QUEUED, _TAKEN, _GONE = 0, 1, 2
+
+
+class PendingGauge(Protocol):
+    """Where a batcher counts its queued requests (``stats.ModelStats`` is one)."""
+
+    pending: int
+
+
+class _Count:
+    pending = 0
 
 
 class QueueRejected(Unavailable):
@@ -107,10 +117,12 @@ class DynamicBatcher:
         instances: Callable[[], list[Any]],
         execute: Callable[[list[Entry], Any], Awaitable[list[Any]]],
         discard: Callable[[Any], None],
+        gauge: PendingGauge | None = None,
     ) -> None:
         """``instances()`` lists the instances that can run the model now; ``execute`` runs
         a batch on one and returns a result per entry; ``discard(result)`` frees a result
-        whose caller went away."""
+        whose caller went away; ``gauge.pending`` counts the queued requests (Triton's
+        pending request count: the statistics read it from there)."""
         self.name = name
         self.policy = policy
         self._instances = instances
@@ -120,8 +132,7 @@ class DynamicBatcher:
         self._queues: list[deque[Entry]] = [deque() for _ in range(levels)]
         self._delayed: list[deque[Entry]] = [deque() for _ in range(levels)]
         self._queued_per_level = [0] * levels
-        #: Requests waiting (not yet in a batch): Triton's pending request count.
-        self.queued = 0
+        self._gauge: PendingGauge = gauge if gauge is not None else _Count()
         self._busy: set[int] = set()
         # PERF: asyncio.get_running_loop() (and asyncio.Event.wait) make a getpid()
         #   system call each time; the loop is looked up once, and the batcher sleeps on
@@ -141,6 +152,11 @@ class DynamicBatcher:
         )
         self._task = self._loop.create_task(self._run(), name=f"batcher {name}")
         self._task.add_done_callback(self._stopped)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting, not yet in a batch."""
+        return self._gauge.pending
 
     # ---- the callers' side ---------------------------------------------------------
 
@@ -166,7 +182,7 @@ class DynamicBatcher:
         entry.future.add_done_callback(functools.partial(self._withdrawn, entry))
         self._queues[level - 1].append(entry)
         self._queued_per_level[level - 1] += 1
-        self.queued += 1
+        self._gauge.pending += 1
         self._wake()
         return entry.future
 
@@ -187,7 +203,7 @@ class DynamicBatcher:
     def _leave_queue(self, entry: Entry) -> None:
         entry.state = _GONE
         self._queued_per_level[entry.level - 1] -= 1
-        self.queued -= 1
+        self._gauge.pending -= 1
         if entry.timer is not None:
             entry.timer.cancel()
             entry.timer = None
@@ -303,7 +319,7 @@ class DynamicBatcher:
         loop = self._loop
         while True:
             timeout: float | None = None
-            if self.queued:
+            if self._gauge.pending:
                 instance = self._free_instance()
                 if instance is None:
                     if not self._instances():
