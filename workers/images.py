@@ -16,6 +16,11 @@ Deliberate differences from OVMS, all in the direction of being more useful to O
 * Only JPEG, PNG, BMP and WebP are accepted (by magic bytes); OVMS takes whatever its OpenCV
   build can read. Truncated JPEG/PNG/WebP files are rejected before decoding because
   libjpeg in OpenCV 4.x returns a grey-padded image for them instead of failing.
+* JPEGs are decoded by libjpeg-turbo through simplejpeg, which reports libjpeg's warnings:
+  a JPEG whose scan data ends before the pixels its header declares (a small file claiming
+  8000x8000, say) is refused, where OpenCV pads it with grey and returns 200. The pixels are
+  the same as OpenCV's (same library, same IDCT and upsampling; tested). CMYK/YCCK JPEGs,
+  which libjpeg-turbo cannot turn into BGR, are checked the same way and decoded by OpenCV.
 * Images larger than ``max_pixels``, and requests whose images add up to more than
   ``max_request_pixels``, are refused from their headers, before decoding, so a small
   "decompression bomb" cannot make the worker allocate gigabytes.
@@ -37,6 +42,7 @@ from functools import lru_cache
 
 import cv2
 import numpy as np
+import simplejpeg
 
 from oipserve.wire.images import SUPPORTED_DTYPES, ImageError, ImageSpec
 
@@ -253,10 +259,14 @@ def _per_pixel_row(
 
 def _decode_one(input_name: str, index: int, data: bytes, fmt: str) -> np.ndarray:
     """Decode one element, already checked by ``_inspect``, to an HxWxC uint8/uint16 array."""
-    try:
-        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
-    except cv2.error:
-        img = None
+    img: np.ndarray | None = None
+    if fmt == "JPEG":
+        img = _decode_jpeg(input_name, index, data)
+    if img is None:
+        try:
+            img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+        except cv2.error:
+            img = None
     if img is None or img.size == 0:
         raise ImageError(
             f"element {index} of input '{input_name}' could not be decoded as a {fmt} image"
@@ -269,6 +279,37 @@ def _decode_one(input_name: str, index: int, data: bytes, fmt: str) -> np.ndarra
     if img.ndim == 2:
         img = img[:, :, np.newaxis]
     return img
+
+
+#: libjpeg's warnings for scan data that ends before the image does (JWRN_HIT_MARKER and
+#: JWRN_JPEG_EOF); libjpeg fills the rest with grey and only warns.
+_JPEG_CUT_SHORT = ("premature end of data segment", "premature end of jpeg file")
+
+
+def _decode_jpeg(input_name: str, index: int, data: bytes) -> np.ndarray | None:
+    """Decode a JPEG strictly enough to refuse one cut short; None leaves it to OpenCV.
+
+    Other recoverable damage libjpeg warns about (extraneous bytes before a marker, say) is
+    tolerated as OpenCV and OVMS tolerate it: OpenCV decodes such files, as before.
+    """
+    try:
+        _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None  # let OpenCV give its verdict ("could not be decoded")
+    target = "GRAY" if colorspace == "Gray" else "BGR"
+    if colorspace in ("CMYK", "YCCK"):
+        target = "CMYK"  # libjpeg-turbo cannot convert these to BGR; only check them here
+    try:
+        img = simplejpeg.decode_jpeg(data, colorspace=target, strict=True)
+    except ValueError as exc:
+        message = str(exc)
+        if any(phrase in message.lower() for phrase in _JPEG_CUT_SHORT):
+            raise ImageError(
+                f"element {index} of input '{input_name}' is a truncated JPEG image: its data"
+                f" ends before the pixels its header declares ({message})"
+            ) from None
+        return None  # other damage, or a fatal error: OpenCV decides, as before
+    return None if target == "CMYK" else img
 
 
 def _inspect(input_name: str, index: int, data: bytes) -> tuple[str, int, int]:

@@ -293,3 +293,52 @@ def test_grpc_raw_and_bytes_contents(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.infer("image_nhwc_u8", [tensor])
     assert "INVALID_ARGUMENT" in str(info.value.status())
+
+
+# ---- what a header declares is what a request costs (issue #18) --------------------------------
+
+
+def _claiming(jpeg: bytes, height: int, width: int) -> bytes:
+    """``jpeg`` with its frame header (SOF) rewritten to declare height x width."""
+    data = bytearray(jpeg)
+    pos = 2
+    while data[pos + 1] not in (0xC0, 0xC1, 0xC2):
+        pos += 2 + struct.unpack_from(">H", data, pos + 2)[0]
+    struct.pack_into(">HH", data, pos + 5, height, width)
+    return bytes(data)
+
+
+def test_a_small_jpeg_claiming_a_huge_frame_is_refused(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    # 1.4 KB of scan data under a header claiming 8000x8000: OpenCV pads it with grey and
+    # returns a 192 MB image; its data ends long before the pixels it declares.
+    bomb = _claiming(_encode(".jpg", _smooth(64, 64)), 8000, 8000)
+    assert len(bomb) < 4096
+    message = _error(client, "image_nhwc_u8", [bomb])
+    assert "element 0 of input 'image' is a truncated JPEG image" in message
+    assert "premature end" in message
+    good = _encode(".jpg", _smooth(224, 224))
+    assert _infer(client, "image_nhwc_u8", [good]).shape == (1, 224, 224, 3)
+
+
+def test_a_bmp_shorter_than_its_header_declares_is_refused(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    bmp = _encode(".bmp", _noise(64, 64))
+    assert "element 0 of input 'image' is a truncated BMP image" in _error(
+        client, "image_nhwc_u8", [bmp[:-1]]
+    )
+    assert _infer(client, "image_nhwc_u8", [bmp]).shape == (1, 224, 224, 3)
+
+
+def test_the_pixel_limit_holds_for_a_whole_request(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    # Two 6000x6000 images: each is under the 64 Mpx limit, together they are over it, and
+    # both are refused from their headers (a few KB of PNG each, never decoded).
+    big = _encode(".png", np.zeros((6000, 6000), dtype=np.uint8))
+    assert len(big) < 200_000
+    message = _error(client, "image_nhwc_u8", [big, big])
+    assert "has 2 images of 72000000 pixels in all" in message
+    assert "per request" in message

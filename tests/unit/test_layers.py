@@ -23,11 +23,11 @@ STDLIB = sys.stdlib_module_names
 #: Top-level third-party packages each layer may import (besides the stdlib and its own).
 ALLOWED: dict[str, frozenset[str]] = {
     "wire": frozenset({"numpy", "msgspec"}),
-    "workers": frozenset({"numpy", "msgspec", "onnxruntime", "cv2"}),
+    "workers": frozenset({"numpy", "msgspec", "onnxruntime", "cv2", "simplejpeg"}),
     "hardware": frozenset({"msgspec", "psutil", "pynvml"}),
 }
 #: What the front must never import.
-FRONT_FORBIDDEN = frozenset({"workers", "onnxruntime", "cv2"})
+FRONT_FORBIDDEN = frozenset({"workers", "onnxruntime", "cv2", "simplejpeg"})
 
 
 def _layer(path: Path) -> str:
