@@ -59,12 +59,63 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: How long connections taken from the backlog at shutdown get for their request heads to
+#: arrive before uvicorn closes those still without one.
+BACKLOG_HEAD_WAIT = 0.05
+
+
 class _UvicornServer(uvicorn.Server):
-    """uvicorn's server, with signals left to us so that shutdown order stays ours."""
+    """uvicorn's server, with signals left to us so that shutdown order stays ours.
+
+    At shutdown it also answers the connections the kernel had already accepted: uvicorn
+    closes the listening socket, which resets every connection still in its backlog, so
+    a client that had sent its request saw a reset and no answer (11 of 16 closed-loop
+    clients at SIGTERM). Those connections are accepted and served first, then closed.
+    """
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._serve_backlog()
+        await super().shutdown(sockets)
+
+    async def _serve_backlog(self) -> None:
+        waiting: list[socket.socket] = []
+        # NOTE: no await from the first accept to close(): a connection that completes its
+        #   handshake after the last accept is reset, but the window is one loop step.
+        for server in self.servers:
+            for listener in server.sockets:
+                with socket.socket(fileno=os.dup(listener.fileno())) as dup:
+                    dup.setblocking(False)
+                    while True:
+                        try:
+                            connection, _ = dup.accept()
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        except OSError:
+                            break  # EMFILE and the like: what is left is reset, as before
+                        waiting.append(connection)
+            server.close()
+        if not waiting:
+            return
+        loop = asyncio.get_running_loop()
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        for connection in waiting:
+            connection.setblocking(False)
+            try:
+                await loop.connect_accepted_socket(protocol, connection)
+            except OSError:
+                connection.close()
+        log.info("answering %d connections accepted before shutdown", len(waiting))
+        await asyncio.sleep(BACKLOG_HEAD_WAIT)
 
 
 def _threads_per_worker(device: str, logical_cores: int, instances: int) -> int:

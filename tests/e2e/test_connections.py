@@ -5,7 +5,9 @@ Real sockets against a real server subprocess (issue #18).
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -66,3 +68,82 @@ def test_keep_alive_connection_gets_a_fresh_head_timer(server: ServerProcess) ->
             time.sleep(HEADER_TIMEOUT * 0.6)
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # then nothing more
         assert closed_by_server(sock, 3 * HEADER_TIMEOUT)
+
+
+# ---- shutdown ----------------------------------------------------------------------------------
+
+_INFER_BODY = (
+    b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32","data":'
+    b"[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]},"
+    b'{"name":"INPUT1","shape":[1,16],"datatype":"INT32","data":'
+    b"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}]}"
+)
+_INFER = (
+    b"POST /v2/models/simple/infer HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(_INFER_BODY) + _INFER_BODY
+)
+
+
+def test_sigterm_answers_connections_already_accepted_by_the_kernel() -> None:
+    """Closed-loop clients, a new connection per request, SIGTERM in the middle.
+
+    A connection is either refused (the server no longer listens) or answered 200; none is
+    reset after its request was sent. Before, closing the listening socket reset every
+    connection still in the kernel's backlog (11 of 16 clients here).
+    """
+    proc = ServerProcess().wait_ready()
+    host, port = proc.host_port.rsplit(":", 1)
+    outcomes: dict[str, int] = {"answered": 0, "refused": 0, "reset": 0, "other": 0}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=10)
+            except ConnectionRefusedError:
+                outcome = "refused"
+                time.sleep(0.01)
+            else:
+                try:
+                    sock.sendall(_INFER)
+                    head = read_response(sock)[0]
+                    outcome = "answered" if head == 200 else "other"
+                except ConnectionResetError:
+                    outcome = "reset"
+                except Exception:  # noqa: BLE001 - any other failure is counted, not raised
+                    outcome = "other"
+                finally:
+                    sock.close()
+            with lock:
+                outcomes[outcome] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    proc.process.send_signal(signal.SIGTERM)
+    assert proc.process.wait(30) == 0, proc.log
+    stop.set()
+    for thread in threads:
+        thread.join(15)
+    assert outcomes["answered"] > 100, outcomes
+    assert outcomes["refused"] > 0, outcomes  # the run did reach past the shutdown
+    assert outcomes["reset"] == 0 and outcomes["other"] == 0, (outcomes, proc.log[-3000:])
+
+
+def test_idle_keep_alive_connections_do_not_hold_shutdown() -> None:
+    proc = ServerProcess().wait_ready()
+    host, port = proc.host_port.rsplit(":", 1)
+    idle = []
+    for _ in range(2):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert read_response(sock)[0] == 200
+        idle.append(sock)
+    started = time.monotonic()
+    assert proc.stop() == 0, proc.log
+    assert time.monotonic() - started < 5, "idle keep-alive connections held the shutdown"
+    for sock in idle:
+        assert closed_by_server(sock, within=1)
+        sock.close()
