@@ -59,7 +59,7 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "default_model_filename": FieldRule(H, "the model file in each version directory"),
         "cc_model_filenames": FieldRule(W, "TensorRT-specific"),
         "metric_tags": FieldRule(W, "oipserve exports no per-model metrics"),
-        "parameters": FieldRule(H, "ONNX Runtime provider and image options"),
+        "parameters": FieldRule(H, "ONNX Runtime provider, session and image options"),
         "model_warmup": FieldRule(W, "no warm-up requests are run"),
         "model_operations": FieldRule(W, "custom operator libraries are not loaded"),
         "model_transaction_policy": FieldRule(H, "decoupled: true is refused"),

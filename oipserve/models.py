@@ -18,6 +18,7 @@ from oipserve.metadata import MetadataConflict, TensorSpec, merge_metadata
 from oipserve.model_config import ModelConfig, ModelConfigError
 from oipserve.pool import WorkerPool
 from oipserve.repository import ModelSource, read_model
+from oipserve.session_options import session_options
 from oipserve.wire.messages import Loaded
 from oipserve.worker_handle import WorkerHandle
 
@@ -266,7 +267,8 @@ class ModelManager:
         """Create one session of ``model`` on ``worker`` and record what it was given."""
         planned = self.providers_for(worker, model)
         sent = [("CPUExecutionProvider", {})] if self.simulate_devices else planned
-        loaded = await worker.load(model.key, model.path, sent, threads)
+        options = session_options(model.name, model.parameters)
+        loaded = await worker.load(model.key, model.path, sent, threads, options)
         model.placements[worker.worker_id] = {
             "worker": worker.worker_id,
             "device": worker.device,

@@ -86,7 +86,9 @@ class WorkerPool:
             try:
                 await dead.start(asyncio.get_running_loop(), self.log_level)
                 for key, load in models.items():
-                    await dead.load(key, load.path, load.providers, load.intra_op_threads)
+                    await dead.load(
+                        key, load.path, load.providers, load.intra_op_threads, load.session_options
+                    )
                 for callback in self._replaced:
                     await callback(dead)
                 log.info("worker %d replaced (pid %s)", dead.worker_id, dead.pid)

@@ -310,12 +310,15 @@ class WorkerHandle:
         path: str,
         providers: list[tuple[str, dict[str, str]]],
         threads: int | None = None,
+        session_options: dict[str, str] | None = None,
     ) -> Loaded:
         message: LoadModel | None = None
 
         def make(rid: int) -> LoadModel:
             nonlocal message
-            message = LoadModel(rid, key, path, threads or self.threads, providers)
+            message = LoadModel(
+                rid, key, path, threads or self.threads, providers, session_options or {}
+            )
             return message
 
         self.loading += 1

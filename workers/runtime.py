@@ -85,8 +85,13 @@ class ModelSession:
     """A loaded model: its session, metadata, and the run with conversions."""
 
     def __init__(
-        self, path: str, intra_op_threads: int, providers: list[tuple[str, dict[str, str]]]
+        self,
+        path: str,
+        intra_op_threads: int,
+        providers: list[tuple[str, dict[str, str]]],
+        session_options: dict[str, str] | None = None,
     ) -> None:
+        tuning = session_options or {}
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
@@ -95,7 +100,13 @@ class ModelSession:
         # PERF: spinning threads steal the core the front process needs; on a
         #   small node an idle wait costs less than the spin.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if "enable_mem_arena" in tuning:
+            options.enable_cpu_mem_arena = tuning["enable_mem_arena"] == "1"
+        if "enable_mem_pattern" in tuning:
+            options.enable_mem_pattern = tuning["enable_mem_pattern"] == "1"
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        #: Run options of every run: only set for arena shrinkage (None is ONNX Runtime's default).
+        self.run_options = _shrinkage(tuning.get(SHRINKAGE, ""), self.session.get_providers())
         self.inputs = _meta(self.session.get_inputs())
         #: Inputs with a default value (an initializer), which a request may leave out.
         self.optional_inputs = _meta(self.session.get_overridable_initializers())
@@ -120,9 +131,29 @@ class ModelSession:
                 k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
                 for k, v in feeds.items()
             }
-            results = self.session.run_with_ort_values(output_names, values)
+            results = self.session.run_with_ort_values(output_names, values, self.run_options)
             return [r if r.data_type() == "tensor(bfloat16)" else r.numpy() for r in results]
-        return self.session.run(output_names, feeds)
+        return self.session.run(output_names, feeds, self.run_options)
+
+
+SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+
+
+def _shrinkage(devices: str, providers: list[str]) -> ort.RunOptions | None:
+    """Run options that shrink the arenas of ``devices`` ("cpu:0;gpu:0") after each run.
+
+    Only the devices this session has an arena on are kept: ONNX Runtime fails every run
+    that names another (a CUDA entry on a session that fell back to the CPU, say).
+    """
+    on_gpu = "CUDAExecutionProvider" in providers
+    kept = [
+        d for d in devices.split(";") if d.startswith("cpu:") or (on_gpu and d.startswith("gpu:"))
+    ]
+    if not kept:
+        return None
+    run_options = ort.RunOptions()
+    run_options.add_run_config_entry(SHRINKAGE, ";".join(kept))
+    return run_options
 
 
 def _decode_strings(name: str, buf: memoryview, shape: list[int]) -> np.ndarray:

@@ -141,7 +141,7 @@ class Worker:
     def load(self, message: LoadModel) -> None:
         try:
             session = runtime.ModelSession(
-                message.path, message.intra_op_threads, message.providers
+                message.path, message.intra_op_threads, message.providers, message.session_options
             )
         except runtime.LOAD_ERRORS as exc:  # the model file or its options: say why
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))

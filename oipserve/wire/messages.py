@@ -68,6 +68,8 @@ class LoadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):
     intra_op_threads: int
     #: ONNX Runtime providers in order of preference, each with its options.
     providers: list[tuple[str, dict[str, str]]]
+    #: Triton's session parameters from config.pbtxt (oipserve/session_options.py).
+    session_options: dict[str, str] = {}
 
 
 class UnloadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):

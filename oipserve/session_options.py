@@ -1,0 +1,59 @@
+"""Triton's ONNX Runtime backend parameters that tune a session's memory, read from config.pbtxt.
+
+Triton's onnxruntime backend takes these as ``parameters { key: ... value: { string_value:
+... } }``; so does oipserve, with the same names and values:
+
+* ``enable_mem_arena`` ("1"/"0"): ONNX Runtime's CPU memory arena. On by default (ONNX
+  Runtime's default, and Triton's): fast, but what one large request grew it to stays in the
+  worker for good. "0" allocates from malloc, which returns large blocks to the OS.
+* ``enable_mem_pattern`` ("1"/"0"): ONNX Runtime's memory pattern planning.
+* ``memory.enable_memory_arena_shrinkage`` (e.g. "cpu:0", "cpu:0;gpu:0"): a run option that
+  asks ONNX Runtime to shrink the arenas listed after every run. Entries for a device the
+  session does not run on are dropped in the worker (ONNX Runtime would fail every run on
+  them). On the CPU it measured no effect (docs/model-config.md): bound a worker's heap
+  with ``enable_mem_arena`` "0" instead.
+
+The front only checks and forwards them (it never loads ONNX Runtime); the worker applies them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from oipserve.errors import InvalidInput
+
+ARENA = "enable_mem_arena"
+PATTERN = "enable_mem_pattern"
+SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+
+_SHRINK_ENTRY = re.compile(r"(cpu|gpu):\d+")
+
+
+def session_options(model: str, parameters: Mapping[str, str]) -> dict[str, str]:
+    """The session parameters among a model's ``parameters``, checked; InvalidInput if bad."""
+    chosen: dict[str, str] = {}
+    for name in (ARENA, PATTERN):
+        value = parameters.get(name)
+        if value is None:
+            continue
+        if value not in ("0", "1"):
+            raise InvalidInput(
+                f"model '{model}': parameter '{name}' must be \"0\" or \"1\", not {value!r}"
+            )
+        chosen[name] = value
+    shrink = parameters.get(SHRINKAGE)
+    if shrink is not None:
+        entries = [e for e in shrink.split(";") if e]
+        if not entries or not all(_SHRINK_ENTRY.fullmatch(e) for e in entries):
+            raise InvalidInput(
+                f"model '{model}': parameter '{SHRINKAGE}' must list devices as"
+                f' "cpu:0" or "cpu:0;gpu:0", not {shrink!r}'
+            )
+        if chosen.get(ARENA) == "0" and any(e.startswith("cpu:") for e in entries):
+            raise InvalidInput(
+                f"model '{model}': parameter '{SHRINKAGE}' names the CPU arena, which"
+                f" '{ARENA}' = \"0\" turns off"
+            )
+        chosen[SHRINKAGE] = ";".join(entries)
+    return chosen
