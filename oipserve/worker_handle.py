@@ -49,6 +49,8 @@ START_TIMEOUT = 120.0
 #: How often a worker's pending requests are checked against their deadlines: a request
 #: fails at most this much after its deadline.
 DEADLINE_SWEEP = 0.05
+#: Seconds a housekeeping message (Release, Forget) waits for a request to carry it.
+LAZY_FLUSH = 0.002
 
 
 class WorkerDied(Unavailable):
@@ -106,6 +108,10 @@ class WorkerHandle:
         self.pid: int | None = None
         self._next_rid = 0
         self._outbox: list[bytes] = []
+        #: A flush is scheduled for this loop iteration.
+        self._flush_soon = False
+        #: The timer that sends housekeeping messages no request came to carry.
+        self._lazy_flush: asyncio.TimerHandle | None = None
         #: PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._death_listeners: list[Callable[[WorkerHandle], None]] = []
@@ -226,21 +232,35 @@ class WorkerHandle:
             for listener in self._death_listeners:
                 listener(self)
 
-    def send(self, message: object) -> None:
-        """Queue a message; everything queued in one loop iteration goes out in one write."""
+    def send(self, message: object, urgent: bool = True) -> None:
+        """Queue a message; everything queued in one loop iteration goes out in one write.
+
+        A message that is not ``urgent`` (housekeeping: Release, Forget) waits for the next
+        urgent one to ride along with, or at most ``LAZY_FLUSH`` seconds.
+        """
         if self.transport is None or not self.alive:
             return
         # PERF: one socket write per request (Infer) and one per response (Release)
         #   cost a fifth of the front's time under load; coalescing them per event
-        #   loop iteration turns many into one.
+        #   loop iteration turns many into one. A Release alone also woke the worker
+        #   for nothing: under load it now rides with the next Infer.
         self._outbox.append(frame(_ENCODER, message))
-        if len(self._outbox) == 1:
-            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        if urgent:
+            if not self._flush_soon:
+                self._flush_soon = True
+                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        elif self._lazy_flush is None:
+            self._lazy_flush = self._loop.call_later(LAZY_FLUSH, self._flush_lazily)  # type: ignore[union-attr]
 
     def _flush(self) -> None:
+        self._flush_soon = False
         outbox, self._outbox = self._outbox, []
         if self.transport is not None and self.alive and outbox:
             self.transport.write(b"".join(outbox))
+
+    def _flush_lazily(self) -> None:
+        self._lazy_flush = None
+        self._flush()
 
     def call(
         self,
@@ -353,10 +373,10 @@ class WorkerHandle:
         return reply  # type: ignore[return-value]
 
     def release_outputs(self, segment: str) -> None:
-        self.send(Release([segment]))
+        self.send(Release([segment]), urgent=False)
 
     def forget_inputs(self, segments: list[str]) -> None:
-        self.send(Forget(segments))
+        self.send(Forget(segments), urgent=False)
 
     async def stop(self, timeout: float) -> None:
         """Ask the worker to stop, wait, then kill it if it does not."""
