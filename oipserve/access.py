@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 #: Every API group, Triton's names first. Groups with no route or RPC here
-#: (``shared-memory``, ``trace``, ``logging`` over HTTP) are still accepted, so
+#: (``trace``, ``logging`` over HTTP) are still accepted, so
 #: that a Triton command line keeps working.
 API_GROUPS: tuple[str, ...] = (
     "health",
@@ -70,6 +70,17 @@ HTTP_ROUTES: Mapping[str, str] = {
     "/v2/workers/{worker}": "workers",
     "/v2/workers/{worker}/load": "workers",
     "/v2/workers/{worker}/unload": "workers",
+    **{
+        f"/v2/{kind}sharedmemory{route}": "shared-memory"
+        for kind in ("system", "cuda")
+        for route in (
+            "/status",
+            "/region/{region}/status",
+            "/region/{region}/register",
+            "/unregister",
+            "/region/{region}/unregister",
+        )
+    },
 }
 
 #: gRPC method of ``inference.GRPCInferenceService`` -> API group (Triton's grouping).

@@ -60,6 +60,9 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
     unsized: int | None = None
     last: str | None = None
     for index, tensor in enumerate(inputs):
+        if tensor.parameters and "shared_memory_region" in tensor.parameters:
+            spans.append(None)  # in a client's shared memory, not in the body
+            continue
         size = binary_size(tensor)
         has_data = tensor.data is not msgspec.UNSET
         if size is not None and has_data:

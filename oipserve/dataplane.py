@@ -24,6 +24,7 @@ from time import monotonic_ns
 
 import oipserve
 from oipserve.batched import BatchRunner, Watch
+from oipserve.client_regions import ClientRegions, RegionUse
 from oipserve.echo import answer_echo
 from oipserve.errors import InvalidInput
 from oipserve.images import image_target
@@ -31,9 +32,11 @@ from oipserve.inference import InferResult, InputTensor, client_outputs
 from oipserve.metadata import reshaped
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.placement import Placement, image_payload_of, payload, place
+from oipserve.placement import Placement, check_size, image_payload_of, payload, place
 from oipserve.pool import WorkerPool
 from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
+from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
+from oipserve.wire.messages import ObjectRef, OutputTarget
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 from oipserve.worker_handle import WorkerHandle
 
@@ -49,6 +52,7 @@ class DataPlane:
         pool: WorkerPool,
         max_queue: int,
         infer_timeout: float = 120.0,
+        regions: ClientRegions | None = None,
     ) -> None:
         self.registry = registry
         self.pool = pool
@@ -63,6 +67,13 @@ class DataPlane:
         self.stats = StatsRegistry(registry)
         self.batches = BatchRunner(self.inputs, self.outputs)
         self.shutting_down = False
+        #: Clients' registered shared-memory regions (off unless --allow-client-shm).
+        self.regions = regions if regions is not None else ClientRegions(False, pool.prefix)
+        self.regions.on_closed = self._forget_regions
+
+    def _forget_regions(self, objects: list[ObjectRef]) -> None:
+        for worker in self.pool.workers:
+            worker.forget_regions(objects)
 
     def _forget_input(self, name: str) -> None:
         for worker in self.pool.workers:
@@ -88,6 +99,7 @@ class DataPlane:
                 "model_configuration",
                 "model_repository",
                 "statistics",
+                "system_shared_memory",
             ],
         }
 
@@ -118,24 +130,55 @@ class DataPlane:
         model: ModelVersion,
         inputs: list[InputTensor],
         output_names: list[str],
-        owned: list[Lease],
+        owned: list[Lease | RegionUse],
         priority: int = 0,
         timeout_us: int = 0,
         watch: Watch | None = None,
+        into_regions: dict[str, RegionUse] | None = None,
     ) -> InferResult:
         """Run one request; ``owned`` leases are released once the worker is done reading.
 
         ``priority`` and ``timeout_us`` are the request's schedule-policy parameters (0:
         the model's defaults), and ``watch`` registers what to do if the client goes
         away: they matter for models with dynamic batching, whose requests may wait.
+        ``into_regions`` holds the outputs to write into clients' shared-memory regions
+        (released here, in every case, once the call returns).
 
         Every request is counted once in the version's statistics: a success with the
         worker's phase times, or a failure with its reason (``oipserve.stats``).
         """
+        into = into_regions or {}
+        try:
+            result = await self._run(
+                model, inputs, output_names, owned, priority, timeout_us, watch, into
+            )
+            if into:
+                _deliver(result, into)
+            return result
+        finally:
+            for use in into.values():
+                use.release()
+
+    async def _run(
+        self,
+        model: ModelVersion,
+        inputs: list[InputTensor],
+        output_names: list[str],
+        owned: list[Lease | RegionUse],
+        priority: int,
+        timeout_us: int,
+        watch: Watch | None,
+        into: dict[str, RegionUse],
+    ) -> InferResult:
         stats = self.stats.of(model)
         start = monotonic_ns()
         if model.echo:
             try:
+                if into or any(tensor.region is not None for tensor in inputs):
+                    raise InvalidInput(
+                        f"model '{model.name}' is answered by the front (echo) and takes no "
+                        "shared memory regions"
+                    )
                 result = answer_echo(model, inputs, output_names, owned)
             except BaseException as exc:
                 stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
@@ -149,10 +192,14 @@ class DataPlane:
         deadline = self._loop.time() + timeout
         policy = model.config.dynamic_batching if model.config else None
         lease: Lease | None = None
+        targets: list[OutputTarget] = []
         try:
             placements = self._check(model, inputs, output_names)
+            if into:
+                targets = _targets(model, inputs, into)
             if policy is not None:
                 model.check_serving()  # the batcher would otherwise queue it
+                self._copy_regions(placements, owned)
             else:
                 descs, lease = place(placements, self.inputs)
                 worker = model.pick(self.max_queue)
@@ -181,7 +228,9 @@ class DataPlane:
         stats.pending += 1
         sent = monotonic_ns()
         try:
-            done = await worker.infer(model.key, descs, output_names, inputs_free, deadline)
+            done = await worker.infer(
+                model.key, descs, output_names, inputs_free, deadline, targets
+            )
         except BaseException as exc:
             stats.request_failed(failure_reason(exc), monotonic_ns() - start)
             raise
@@ -189,16 +238,48 @@ class DataPlane:
             stats.pending -= 1
         for name in done.dropped:
             self.outputs.forget(name)
-        segment = self.outputs.get(done.segment)
+        # NOTE: no segment when every output went into clients' regions.
+        buf = self.outputs.get(done.segment).buf if done.segment else _EMPTY
         try:
             outputs = client_outputs(
-                model, [(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]
+                model,
+                [
+                    (d, _EMPTY if d.region is not None else buf[d.offset : d.offset + d.nbytes])
+                    for d in done.outputs
+                ],
             )
+            for tensor, desc in zip(outputs, done.outputs, strict=True):
+                if desc.region is not None:
+                    tensor.put_in_region(into[tensor.name], desc.nbytes)
         except BaseException:
-            worker.release_outputs(done.segment)
+            if done.segment:
+                worker.release_outputs(done.segment)
             raise
         stats.ran_alone(batch, start, sent, done)
+        if not done.segment:
+            return InferResult(model, outputs, _nothing)
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
+
+    def _copy_regions(self, placements: list[Placement], owned: list[Lease | RegionUse]) -> None:
+        """Inputs in clients' regions of a batched request, read into pooled segments.
+
+        A batch joins the inputs of several requests into one segment, which the front
+        writes; it reads a client's region with ``pread`` (a client that truncated its
+        object gets a 400 for its own request, never a SIGBUS in the front). A request
+        that runs alone then reads its input from that segment in place.
+        """
+        for tensor, _, nbytes, _ in placements:
+            use = tensor.region
+            if use is None:
+                continue
+            lease = self.inputs.acquire(max(nbytes, 1))
+            owned.append(lease)
+            use.read_into(lease.buf[:nbytes])
+            use.release()
+            tensor.region = None
+            tensor.located = (lease, 0, nbytes)
+            if tensor.datatype == "BYTES":
+                check_size(tensor, lease.buf[:nbytes], element_count(tensor.shape))
 
     def refused(self, model: ModelVersion, exc: BaseException) -> None:
         """Count a request a protocol adapter refused after resolving its model.
@@ -271,6 +352,58 @@ class DataPlane:
             )
             for tensor, shape in checked
         ]
+
+
+_EMPTY = memoryview(b"")
+
+
+def _nothing() -> None:
+    pass
+
+
+def _targets(
+    model: ModelVersion, inputs: list[InputTensor], into: dict[str, RegionUse]
+) -> list[OutputTarget]:
+    """Where the worker writes each output a client wants in its region.
+
+    When the output's shape follows from the model's metadata (every dim fixed but the
+    batch dim, which the request gives), a region too small for it is refused now,
+    before the model runs, and the worker is told the shape (ONNX Runtime then writes
+    into the region directly); otherwise the worker checks the size after the run.
+    """
+    batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else None
+    targets = []
+    for name, use in into.items():
+        spec = model.output_map[name]
+        shape: list[int] | None = list(spec.shape)
+        if model.max_batch_size > 0 and shape and shape[0] == -1:
+            shape[0] = batch if batch is not None else -1
+        if any(d < 0 for d in shape) or spec.datatype == "BYTES":
+            shape = None
+        if shape is not None:
+            nbytes = ELEMENT_SIZES[spec.datatype] * element_count(shape)
+            if nbytes > use.nbytes:
+                raise InvalidInput(use.too_small(f"output '{name}'", nbytes))
+            if spec.model_shape is not None:
+                shape = reshaped(shape, spec.shape, spec.model_shape)
+        targets.append(OutputTarget(name, use.region.ref, use.offset, use.nbytes, shape))
+    return targets
+
+
+def _deliver(result: InferResult, into: dict[str, RegionUse]) -> None:
+    """Outputs wanted in clients' regions that the worker did not write there: written now.
+
+    (Outputs of batched requests: the worker wrote the whole batch into its own segment.)
+    """
+    try:
+        for tensor in result.outputs:
+            use = into.get(tensor.name)
+            if use is not None and tensor.region is None:
+                use.write(tensor.data)
+                tensor.put_in_region(use, len(tensor.data))
+    except BaseException:
+        result.release()
+        raise
 
 
 def _tensor_metadata(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, object]:

@@ -19,6 +19,7 @@ from oipserve.wire.messages import ErrorKind
 STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_INPUT: (400, "INVALID_ARGUMENT"),
     ErrorKind.NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorKind.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
     ErrorKind.FORBIDDEN: (403, "PERMISSION_DENIED"),
     ErrorKind.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
     ErrorKind.UNSUPPORTED: (501, "UNIMPLEMENTED"),
@@ -59,6 +60,12 @@ class NotFound(ServerError):
     """Unknown model, version, route or worker endpoint."""
 
     kind = ErrorKind.NOT_FOUND
+
+
+class AlreadyExists(ServerError):
+    """A name is taken: a shared-memory region registered twice (400, as Triton)."""
+
+    kind = ErrorKind.ALREADY_EXISTS
 
 
 class Forbidden(ServerError):
@@ -111,6 +118,7 @@ class InferenceFailed(ServerError):
 _BY_KIND: dict[ErrorKind, type[ServerError]] = {
     ErrorKind.INVALID_INPUT: InvalidInput,
     ErrorKind.NOT_FOUND: NotFound,
+    ErrorKind.ALREADY_EXISTS: AlreadyExists,
     ErrorKind.FORBIDDEN: Forbidden,
     ErrorKind.TOO_LARGE: PayloadTooLarge,
     ErrorKind.UNSUPPORTED: Unsupported,

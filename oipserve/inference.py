@@ -18,20 +18,24 @@ from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import Lease
 
 if TYPE_CHECKING:
+    from oipserve.client_regions import RegionUse
     from oipserve.models import ModelVersion
 
-__all__ = ["InferResult", "InputTensor", "OutputTensor", "client_outputs"]
+_EMPTY = memoryview(b"")
+
+__all__ = ["InferResult", "InputTensor", "OutputTensor", "client_outputs", "region_parameters_of"]
 
 
 class InputTensor:
     """One request input, as a protocol adapter parsed it.
 
     Exactly one of ``values`` (JSON / typed values), ``raw`` (bytes in this
-    process's memory) and ``located`` (bytes already in a pooled segment:
-    lease, offset, size) holds the data.
+    process's memory), ``located`` (bytes already in a pooled segment:
+    lease, offset, size) and ``region`` (a client's registered shared memory)
+    holds the data.
     """
 
-    __slots__ = ("name", "datatype", "shape", "values", "raw", "located", "image")
+    __slots__ = ("name", "datatype", "shape", "values", "raw", "located", "region", "image")
 
     def __init__(
         self,
@@ -42,6 +46,7 @@ class InputTensor:
         values: object = None,
         raw: memoryview | bytes | None = None,
         located: tuple[Lease, int, int] | None = None,
+        region: RegionUse | None = None,
     ) -> None:
         self.name = name
         self.datatype = datatype
@@ -49,23 +54,46 @@ class InputTensor:
         self.values = values
         self.raw = raw
         self.located = located
+        self.region = region
         #: Set by the data plane when the input is encoded images (see oipserve.images).
         self.image: ImageSpec | None = None
 
 
 class OutputTensor:
-    __slots__ = ("name", "datatype", "shape", "data")
+    __slots__ = ("name", "datatype", "shape", "data", "region", "region_bytes")
 
     def __init__(self, name: str, datatype: str, shape: list[int], data: memoryview) -> None:
         self.name = name
         self.datatype = datatype
         self.shape = shape
-        #: The tensor's bytes (BYTES: length-prefixed) in the worker's output segment.
+        #: The tensor's bytes (BYTES: length-prefixed) in the worker's output segment;
+        #: empty when the tensor went into a client's region.
         self.data = data
+        #: The client's region the tensor was written into, and how many bytes it took.
+        self.region: RegionUse | None = None
+        self.region_bytes = 0
+
+    def put_in_region(self, use: RegionUse, nbytes: int) -> None:
+        self.region = use
+        self.region_bytes = nbytes
+        self.data = _EMPTY
 
     @property
     def count(self) -> int:
         return element_count(self.shape)
+
+
+def region_parameters_of(tensor: OutputTensor) -> dict[str, str | int]:
+    """The parameters a response gives an output written into a client's region."""
+    use = tensor.region
+    assert use is not None
+    params: dict[str, str | int] = {
+        "shared_memory_region": use.region.name,
+        "shared_memory_byte_size": tensor.region_bytes,
+    }
+    if use.relative:
+        params["shared_memory_offset"] = use.relative
+    return params
 
 
 class InferResult:

@@ -34,7 +34,7 @@ def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDes
     total = 0
     hosted = False
     for tensor, _, nbytes, _ in placements:
-        if tensor.located is None:
+        if tensor.located is None and tensor.region is None:
             total = align(total + nbytes)
             hosted = True
     # NOTE: zero-element tensors ([0, 16]) have no bytes but still need a segment to
@@ -43,6 +43,21 @@ def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDes
     descs = []
     offset = 0
     for tensor, shape, nbytes, data in placements:
+        if tensor.region is not None:  # in a client's object: the worker reads it there
+            use = tensor.region
+            descs.append(
+                TensorDesc(
+                    tensor.name,
+                    tensor.datatype,
+                    shape,
+                    "",
+                    use.offset,
+                    use.nbytes,
+                    tensor.image,
+                    use.region.ref,
+                )
+            )
+            continue
         if tensor.located is not None:
             held, start, size = tensor.located
             descs.append(
@@ -112,6 +127,19 @@ def payload(tensor: InputTensor) -> tuple[int, object]:
         held, start, size = tensor.located
         check_size(tensor, held.buf[start : start + size], count)
         return size, None
+    if tensor.region is not None:
+        # NOTE: the front never maps a client's region; BYTES length prefixes there are
+        #   checked by the worker that reads them (workers.regions).
+        nbytes = tensor.region.nbytes
+        if datatype != "BYTES":
+            expected = ELEMENT_SIZES[datatype] * count
+            if nbytes != expected:
+                raise InvalidInput(
+                    f"input '{tensor.name}' should have {expected} bytes of data for shape "
+                    f"{tensor.shape} and datatype {datatype}, but its shared_memory_byte_size "
+                    f"is {nbytes}"
+                )
+        return nbytes, None
     if tensor.raw is not None:
         raw = memoryview(tensor.raw).cast("B")
         check_size(tensor, raw, count)

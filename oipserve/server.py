@@ -25,6 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from hardware import make_inventory_source, parse_devices
+from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front import GrpcServer, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
@@ -197,7 +198,10 @@ async def serve(settings: Settings) -> int:
     pool = WorkerPool(os.getpid(), settings.log_level)
     registry = ModelRegistry()
     manager = ModelManager(root, pool, registry, settings.hardware_inventory is not None)
-    dataplane = DataPlane(registry, pool, settings.max_queue_per_worker, settings.infer_timeout)
+    regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
+    dataplane = DataPlane(
+        registry, pool, settings.max_queue_per_worker, settings.infer_timeout, regions
+    )
     management = Management(
         root,
         inventory_source,
@@ -327,6 +331,7 @@ async def serve(settings: Settings) -> int:
         await pool.stop(settings.shutdown_timeout)
         dataplane.inputs.close()
         dataplane.outputs.close()
+        regions.close()
         sweep(pool.prefix)
         sock.close()
         if metrics_sock is not None:

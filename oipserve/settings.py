@@ -73,6 +73,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Seconds one worker-endpoint load (worker start and session creation) may take
     #: before it is undone and answered 503.
     load_timeout: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    #: Triton's flag: clients may register their own POSIX shared memory and name it in
+    #: requests (system shared-memory extension). Off: registration answers 403.
+    allow_client_shm: bool = False
 
 
 class SettingsError(ValueError):
@@ -118,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-threads-per-session", metavar="N")
     serve.add_argument("--max-endpoint-batch-size", metavar="N")
     serve.add_argument("--load-timeout", metavar="SECONDS", help="per worker-endpoint load")
+    serve.add_argument(
+        "--allow-client-shm", metavar="true|false", help="clients may register shared memory"
+    )
     return parser
 
 

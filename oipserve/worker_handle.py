@@ -22,12 +22,15 @@ from oipserve.errors import DeadlineExceeded, Unavailable, from_kind
 from oipserve.wire.messages import (
     Failed,
     Forget,
+    ForgetRegions,
     FrameSplitter,
     FromWorker,
     Infer,
     InferDone,
     Loaded,
     LoadModel,
+    ObjectRef,
+    OutputTarget,
     Release,
     Stop,
     TensorDesc,
@@ -364,9 +367,11 @@ class WorkerHandle:
         outputs: list[str],
         on_inputs_free: Callable[[], None],
         deadline: float | None = None,
+        targets: list[OutputTarget] | None = None,
     ) -> InferDone:
+        into = targets or []
         reply = await self.call(
-            lambda rid: Infer(rid, key, inputs, outputs), on_inputs_free, deadline
+            lambda rid: Infer(rid, key, inputs, outputs, into), on_inputs_free, deadline
         )
         if isinstance(reply, Failed):
             raise from_kind(reply.kind, reply.message)
@@ -377,6 +382,10 @@ class WorkerHandle:
 
     def forget_inputs(self, segments: list[str]) -> None:
         self.send(Forget(segments), urgent=False)
+
+    def forget_regions(self, objects: list[ObjectRef]) -> None:
+        if self.alive:
+            self.send(ForgetRegions(objects))
 
     async def stop(self, timeout: float) -> None:
         """Ask the worker to stop, wait, then kill it if it does not."""

@@ -17,18 +17,21 @@ import socket
 from time import monotonic_ns
 
 import msgspec
+import numpy as np
 
-from oipserve.wire.datatypes import split_bytes_elements
+from oipserve.wire.datatypes import NUMPY_DTYPES, element_count, split_bytes_elements
 from oipserve.wire.images import ImageError
 from oipserve.wire.messages import (
     ErrorKind,
     Failed,
     Forget,
+    ForgetRegions,
     FrameSplitter,
     Infer,
     InferDone,
     Loaded,
     LoadModel,
+    OutputTarget,
     Release,
     Stop,
     TensorDesc,
@@ -41,6 +44,7 @@ from oipserve.wire.messages import (
 from oipserve.wire.shm import BufferPool, SegmentCache
 from workers import runtime
 from workers.images import decode_batch
+from workers.regions import RegionCache, RegionError
 
 log = logging.getLogger("oipserve.worker")
 
@@ -53,6 +57,8 @@ class Worker:
         self.sock = sock
         self.sessions: dict[str, runtime.ModelSession] = {}
         self.inputs = SegmentCache()
+        #: Clients' shared-memory objects (system shared-memory extension).
+        self.regions = RegionCache()
         self.dropped: list[str] = []
         self.outputs = BufferPool(segment_prefix, on_drop=self.dropped.append)
         self.decoder = msgspec.msgpack.Decoder(ToWorker)
@@ -129,6 +135,8 @@ class Worker:
         elif isinstance(message, Forget):
             for name in message.segments:
                 self.inputs.forget(name)
+        elif isinstance(message, ForgetRegions):
+            self.regions.forget(message.objects)
         elif isinstance(message, LoadModel):
             self.load(message)
         elif isinstance(message, UnloadModel):
@@ -170,11 +178,11 @@ class Worker:
                 message.rid, ErrorKind.UNAVAILABLE, f"model '{message.key}' is not loaded here"
             )
             return
+        targets = {t.name: t for t in message.targets}
         try:
             feeds = {}
             for t in message.inputs:
-                segment = self.inputs.get(t.segment)
-                buf = segment.buf[t.offset : t.offset + t.nbytes]
+                buf = self._input(t)
                 if t.image is not None:  # encoded images: decode here, not in the front
                     # NOTE: the front checked that the length prefixes tile the data.
                     parts = split_bytes_elements(buf)
@@ -182,11 +190,19 @@ class Worker:
                     del parts  # the views pin the segment's mapping
                 else:
                     feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
+                del buf
             names = message.outputs or [m.name for m in session.outputs]
             fed = monotonic_ns()
-            values = session.run(names, feeds)
+            bound = self._bound_outputs(session, names, feeds, targets)
+            if bound is not None:
+                # ONNX Runtime writes the outputs straight into the clients' regions.
+                session.run_into(names, feeds, bound)
+                values = None
+            else:
+                values = session.run(names, feeds)
+            del feeds
             ran = monotonic_ns()
-        except (runtime.RequestError, ImageError) as exc:
+        except (runtime.RequestError, ImageError, RegionError) as exc:
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except Exception as exc:  # report it and keep serving
@@ -198,45 +214,148 @@ class Worker:
                     message.rid, ErrorKind.INTERNAL, f"model '{message.key}' failed{_SEE_LOG}"
                 )
             return
-        prepared = []
-        sizes = []
-        for name, value in zip(names, values, strict=True):
-            shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
-            prepared.append((name, shape, nbytes, ready))
-            sizes.append(nbytes)
-        offsets, total = runtime.layout(sizes)
+        if bound is not None:
+            descs = [
+                TensorDesc(
+                    name,
+                    session.output_types[name],
+                    list(bound[name].shape),
+                    "",
+                    targets[name].offset,
+                    bound[name].nbytes,
+                    None,
+                    targets[name].region,
+                )
+                for name in names
+            ]
+            del bound
+            self._done(message.rid, "", descs, started, fed, ran)
+            return
+        assert values is not None
         try:
-            lease = self.outputs.acquire(total)
+            segment, descs = self._write_outputs(session, names, values, targets)
+        except (runtime.RequestError, RegionError) as exc:
+            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            return
         except OSError as exc:
             self.fail(
                 message.rid, ErrorKind.UNAVAILABLE, f"no shared memory for the outputs: {exc}"
             )
             return
+        self._done(message.rid, segment, descs, started, fed, ran)
+
+    def _input(self, t: TensorDesc) -> memoryview:
+        """An input's bytes: in a segment of the front's, or in a client's region."""
+        if t.region is None:
+            return self.inputs.get(t.segment).buf[t.offset : t.offset + t.nbytes]
+        buf = self.regions.view(t.region, t.offset, t.nbytes)
+        if t.datatype == "BYTES":
+            # NOTE: the front does not read clients' regions: the prefixes are checked here.
+            try:
+                found = len(split_bytes_elements(buf))
+            except ValueError as exc:
+                raise RegionError(
+                    f"BYTES data of input '{t.name}' in shared memory is malformed: {exc}"
+                ) from None
+            if found != element_count(t.shape):
+                raise RegionError(
+                    f"input '{t.name}': its shape holds {element_count(t.shape)} elements but "
+                    f"its BYTES data in shared memory has {found}"
+                )
+        return buf
+
+    def _bound_outputs(
+        self,
+        session: runtime.ModelSession,
+        names: list[str],
+        feeds: dict[str, object],
+        targets: dict[str, OutputTarget],
+    ) -> dict[str, np.ndarray] | None:
+        """Arrays over the clients' regions for ONNX Runtime to write the outputs into.
+
+        Only when every output goes into a region with a shape known before the run, of
+        a fixed-width datatype, and every input is a plain numpy array; None otherwise
+        (the outputs are then copied once after the run).
+        """
+        if not targets or session.has_bf16 or any(name not in targets for name in names):
+            return None
+        if any(not isinstance(v, np.ndarray) or v.dtype == object for v in feeds.values()):
+            return None
+        bound = {}
+        for name in names:
+            target = targets[name]
+            datatype = session.output_types[name]
+            if target.shape is None or datatype in ("BYTES", "BF16"):
+                return None
+            dtype = NUMPY_DTYPES[datatype]
+            count = element_count(target.shape)
+            view = self.regions.view(target.region, target.offset, count * dtype.itemsize)
+            bound[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(target.shape)
+        return bound
+
+    def _write_outputs(
+        self,
+        session: runtime.ModelSession,
+        names: list[str],
+        values: list[object],
+        targets: dict[str, OutputTarget],
+    ) -> tuple[str, list[TensorDesc]]:
+        """Copy the outputs into the worker's own segment, or into the clients' regions."""
+        prepared = []
+        sizes = []
+        for name, value in zip(names, values, strict=True):
+            shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
+            target = targets.get(name)
+            if target is not None and nbytes > target.nbytes:
+                raise runtime.RequestError(
+                    f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
+                    f"{target.nbytes} (shared_memory_byte_size); the model ran"
+                )
+            prepared.append((name, shape, nbytes, ready, target))
+            if target is None:
+                sizes.append(nbytes)
         descs = []
-        for (name, shape, nbytes, ready), offset in zip(prepared, offsets, strict=True):
-            runtime.write_output(lease.buf, offset, nbytes, ready)
-            descs.append(
-                TensorDesc(name, session.output_types[name], shape, lease.name, offset, nbytes)
-            )
+        for name, shape, nbytes, ready, target in prepared:
+            if target is not None:
+                view = self.regions.view(target.region, target.offset, nbytes)
+                runtime.write_output(view, 0, nbytes, ready)
+                del view
+                datatype = session.output_types[name]
+                descs.append(
+                    TensorDesc(
+                        name, datatype, shape, "", target.offset, nbytes, None, target.region
+                    )
+                )
+        if not sizes:
+            return "", descs
+        offsets, total = runtime.layout(sizes)
+        lease = self.outputs.acquire(total)
+        spots = iter(offsets)
+        for name, shape, nbytes, ready, target in prepared:
+            if target is None:
+                offset = next(spots)
+                runtime.write_output(lease.buf, offset, nbytes, ready)
+                descs.append(
+                    TensorDesc(name, session.output_types[name], shape, lease.name, offset, nbytes)
+                )
+        order = {name: i for i, name in enumerate(names)}
+        descs.sort(key=lambda d: order[d.name])
+        return lease.name, descs
+
+    def _done(
+        self, rid: int, segment: str, descs: list[TensorDesc], started: int, fed: int, ran: int
+    ) -> None:
         dropped = self.dropped[:]
         self.dropped.clear()
         copied = monotonic_ns()
         self.reply(
-            InferDone(
-                message.rid,
-                lease.name,
-                descs,
-                dropped,
-                started,
-                fed - started,
-                ran - fed,
-                copied - ran,
-            )
+            InferDone(rid, segment, descs, dropped, started, fed - started, ran - fed, copied - ran)
         )
 
     def close(self) -> None:
         self.outputs.close()
         self.inputs.close()
+        self.regions.close()
         self.sessions.clear()
 
 

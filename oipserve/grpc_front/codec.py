@@ -17,7 +17,7 @@ import weakref
 from google.protobuf.message import DecodeError
 
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.inference import InferResult
+from oipserve.inference import InferResult, region_parameters_of
 
 _RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
@@ -123,7 +123,17 @@ class InferReply:
             model_name=result.model.name, model_version=result.model.version, id=request_id
         )
         for tensor in result.outputs:
-            self.head.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            entry = self.head.outputs.add(
+                name=tensor.name, datatype=tensor.datatype, shape=tensor.shape
+            )
+            if tensor.region is not None:
+                # NOTE: its raw_output_contents entry stays (empty): tritonclient finds
+                #   each output's entry by the output's position.
+                for key, value in region_parameters_of(tensor).items():
+                    if isinstance(value, str):
+                        entry.parameters[key].string_param = value
+                    else:
+                        entry.parameters[key].int64_param = value
         weakref.finalize(self, result.release)
 
     def serialize(self) -> bytes:

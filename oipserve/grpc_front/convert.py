@@ -1,8 +1,8 @@
 """Protobuf request pieces as the data plane's types: tensors, versions, parameters.
 
 Only what the gRPC wire format decides lives here (which ``contents`` field a
-datatype uses, raw entries matched to inputs by position, refusing the
-shared-memory parameters); checks that hold for every surface are the data
+datatype uses, raw entries matched to inputs by position, the shared-memory
+parameters' protobuf types); checks that hold for every surface are the data
 plane's.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Any
 
-from oipserve.errors import InvalidInput, Unsupported
+from oipserve.client_regions import PARAMETERS, ClientRegions, RegionRequest, region_parameters
+from oipserve.errors import InvalidInput
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InputTensor
 from oipserve.tensors import Deferred, check_datatype
@@ -23,38 +24,55 @@ CONTENTS_FIELD: dict[str, str] = {
 }
 _ALL_CONTENTS = sorted(set(CONTENTS_FIELD.values()))
 
-#: Tensor parameters that ask for the shared-memory extension, which this server lacks.
-_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
-
-def check_tensor_parameters(where: str, parameters: Any) -> None:
-    """Refuse the shared-memory extension's parameters: UNIMPLEMENTED, not silently ignored."""
-    for key in _SHM_PARAMETERS:
+def region_request(where: str, parameters: Any) -> RegionRequest | None:
+    """A tensor's shared-memory parameters (``string_param`` / ``int64_param``), checked."""
+    if not any(key in parameters for key in PARAMETERS):
+        return None
+    values = {}
+    for key in PARAMETERS:
         if key in parameters:
-            raise Unsupported(
-                f"{where} uses parameter '{key}', but this server does not support the "
-                "shared-memory extension; send the data in the request"
-            )
+            param = parameters[key]
+            choice = param.WhichOneof("parameter_choice")
+            values[key] = getattr(param, choice) if choice is not None else None
+    return region_parameters(where, values)
 
 
-def input_tensors(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InputTensor]:
-    """InputTensors of a request: raw entries by position, or typed ``contents``."""
+def input_tensors(
+    message: pb.ModelInferRequest, raw: list[memoryview], regions: ClientRegions, owned: list
+) -> list[InputTensor]:
+    """InputTensors of a request: raw entries by position, typed ``contents``, or regions.
+
+    Inputs in a client's shared-memory region have no raw entry (tritonclient sends
+    raw entries for the other inputs only, in order). Each region held goes in ``owned``.
+    """
     tensors: list[InputTensor] = []
+    wanted = [region_request(f"input '{t.name}'", t.parameters) for t in message.inputs]
+    carried = sum(1 for w in wanted if w is None)
     if raw:
         if any(t.HasField("contents") for t in message.inputs):
             raise InvalidInput("contents field must not be specified when using raw_input_contents")
-        if len(raw) != len(message.inputs):
+        if len(raw) != carried:
             raise InvalidInput(
-                f"the request has {len(message.inputs)} input(s) but {len(raw)} "
+                f"the request has {carried} input(s) not in shared memory but {len(raw)} "
                 "raw_input_contents entries; give exactly one per input, in the same order"
             )
-    for index, tensor in enumerate(message.inputs):
+    entries = iter(raw)
+    for tensor, region in zip(message.inputs, wanted, strict=True):
         name, datatype = tensor.name, tensor.datatype
         check_datatype(name, datatype)
-        check_tensor_parameters(f"input '{name}'", tensor.parameters)
         shape = list(tensor.shape)
+        if region is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input '{name}' names a shared memory region, so it must not carry contents"
+                )
+            use = regions.use(region, f"input '{name}'")
+            owned.append(use)
+            tensors.append(InputTensor(name, datatype, shape, region=use))
+            continue
         if raw:
-            tensors.append(InputTensor(name, datatype, shape, raw=raw[index]))
+            tensors.append(InputTensor(name, datatype, shape, raw=next(entries)))
             continue
         contents = typed_contents(tensor)
         # NOTE: converted by the data plane once the shape is checked (Deferred).

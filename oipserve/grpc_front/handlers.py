@@ -25,12 +25,6 @@ SERVICE = "inference.GRPCInferenceService"
 
 _REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 _UNIMPLEMENTED = {
-    "SystemSharedMemoryStatus": "the system shared memory extension is not supported",
-    "SystemSharedMemoryRegister": "the system shared memory extension is not supported",
-    "SystemSharedMemoryUnregister": "the system shared memory extension is not supported",
-    "CudaSharedMemoryStatus": "the CUDA shared memory extension is not supported",
-    "CudaSharedMemoryRegister": "the CUDA shared memory extension is not supported",
-    "CudaSharedMemoryUnregister": "the CUDA shared memory extension is not supported",
     "TraceSetting": "the trace extension is not supported by this server",
     "LogSettings": "the logging extension is not supported by this server",
 }

@@ -17,11 +17,13 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 
+from oipserve.client_regions import RegionUse
 from oipserve.dataplane import DataPlane
+from oipserve.errors import InvalidInput
 from oipserve.grpc_front.codec import InferCall, InferReply
 from oipserve.grpc_front.convert import (
-    check_tensor_parameters,
     input_tensors,
+    region_request,
     repository_parameter,
     requested_version,
     schedule_parameters,
@@ -113,6 +115,38 @@ class InferenceService:
         await self.management.repository_unload(request.model_name, None)
         return pb.RepositoryModelUnloadResponse()
 
+    # ---- the system shared-memory extension (oipserve.client_regions) --------------
+
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for entry in self.dataplane.regions.status(request.name or None):
+            response.regions[entry["name"]].CopyFrom(  # type: ignore[index]
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**entry)
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.dataplane.regions.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        await self.dataplane.regions.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: object) -> object:
+        raise InvalidInput(self.dataplane.regions.cuda_refusal)
+
+    CudaSharedMemoryRegister = CudaSharedMemoryStatus
+    CudaSharedMemoryUnregister = CudaSharedMemoryStatus
+
     async def ModelInfer(self, call: InferCall) -> InferReply:
         self.active += 1
         try:
@@ -123,19 +157,31 @@ class InferenceService:
     async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
         model = self.dataplane.resolve(message.model_name, requested_version(message.model_version))
+        regions = self.dataplane.regions
+        owned: list[RegionUse] = []
+        into_regions: dict[str, RegionUse] = {}
         try:
-            inputs = input_tensors(message, call.raw)
+            inputs = input_tensors(message, call.raw, regions, owned)
             outputs = []
             for output in message.outputs:
-                check_tensor_parameters(f"output '{output.name}'", output.parameters)
+                where = f"output '{output.name}'"
+                wanted = region_request(where, output.parameters)
+                if wanted is not None:
+                    if output.name in into_regions:
+                        raise InvalidInput(f"output '{output.name}' is requested more than once")
+                    into_regions[output.name] = regions.use(wanted, where)
                 outputs.append(output.name)
             priority, timeout_us = schedule_parameters(message.parameters)
         except Exception as exc:
+            for held in [*owned, *into_regions.values()]:
+                held.release()
             self.dataplane.refused(model, exc)
             raise
         # NOTE: a client that cancels or goes away cancels this call's task, which
         #   withdraws a request still queued in a dynamic batcher.
-        result = await self.dataplane.infer(model, inputs, outputs, [], priority, timeout_us)
+        result = await self.dataplane.infer(
+            model, inputs, outputs, owned, priority, timeout_us, None, into_regions
+        )
         return InferReply(result, message.id)
 
     async def ModelStreamInfer(

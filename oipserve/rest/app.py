@@ -33,6 +33,7 @@ from oipserve.rest.error_handlers import (
 from oipserve.rest.media import JSON
 from oipserve.rest.resources import ModelResource, ServerResource, StatisticsResource
 from oipserve.rest.restricted import guarded
+from oipserve.rest.shared_memory import add_shared_memory_routes
 from oipserve.settings import Settings
 
 Receive = Callable[[], Awaitable[dict]]
@@ -64,6 +65,7 @@ def create_app(settings: Settings, dataplane: DataPlane) -> falcon.asgi.App:
         app.add_route(base + "/ready", models, suffix="ready")
         app.add_route(base + "/config", models, suffix="config")
         app.add_route(base + "/infer", models, suffix="infer")
+    add_shared_memory_routes(app, dataplane.regions)
     return app
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import falcon.asgi
 import numpy as np
 
-from oipserve.inference import InferResult
+from oipserve.inference import InferResult, region_parameters_of
 from oipserve.protocol import encode_response
 from oipserve.rest.coding import choose_encoding, compress
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
@@ -49,7 +49,9 @@ def render_infer(
                 "datatype": tensor.datatype,
                 "shape": tensor.shape,
             }
-            if as_binary:
+            if tensor.region is not None:  # written into the client's shared memory
+                entry["parameters"] = region_parameters_of(tensor)
+            elif as_binary:
                 entry["parameters"] = {"binary_data_size": len(tensor.data)}
                 if len(tensor.data):
                     chunks.append(tensor.data)

@@ -16,18 +16,20 @@ import falcon.asgi
 import msgspec
 
 from oipserve import binary
+from oipserve.client_regions import RegionUse, region_parameters
 from oipserve.dataplane import DataPlane
 from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
-from oipserve.protocol import ENCODER, RequestInput, decode_data, decode_request
+from oipserve.protocol import ENCODER, RequestInput, RequestOutput, decode_data, decode_request
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
 from oipserve.rest.render import render_infer
 from oipserve.settings import Settings
 from oipserve.stats_report import model_statistics
 from oipserve.tensors import Deferred, check_datatype
+from oipserve.wire.shm import Lease
 
 
 class ServerResource:
@@ -113,7 +115,8 @@ class ModelResource:
     ) -> None:
         header_text = req.get_header(HEADER_LENGTH)
         body = await read_body(req, self.limit, self.dataplane.inputs, header_text)
-        owned = [body.lease] if body.lease is not None else []
+        owned: list[Lease | RegionUse] = [body.lease] if body.lease is not None else []
+        into_regions: dict[str, RegionUse] = {}
         target: ModelVersion | None = None
         try:
             header_length = binary.parse_header_length(header_text, len(body.data))
@@ -129,28 +132,42 @@ class ModelResource:
                     request = decode_request(header)
                 except ValueError as exc:
                     raise InvalidInput(str(exc)) from None
-                inputs = self._inputs(request.inputs, body, header_length)
+                inputs = self._inputs(request.inputs, body, header_length, owned)
                 all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
                 names, flags = [], None
                 if request.outputs is not None:
                     names = [o.name for o in request.outputs]
                     flags = [
-                        _flag(o.parameters, "binary_data", all_binary, f"output '{o.name}'")
-                        for o in request.outputs
+                        self._output_flag(o, all_binary, into_regions) for o in request.outputs
                     ]
                 request_id = request.id
                 priority, timeout_us = _schedule(request.parameters)
         except BaseException as exc:
-            for lease in owned:
-                lease.release()
+            for held in [*owned, *into_regions.values()]:
+                held.release()
             if target is not None:
                 self.dataplane.refused(target, exc)
             raise
         watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
         result = await self.dataplane.infer(
-            target, inputs, names, owned, priority, timeout_us, watch
+            target, inputs, names, owned, priority, timeout_us, watch, into_regions
         )
         render_infer(req, resp, result, request_id, flags, all_binary)
+
+    def _output_flag(
+        self, output: RequestOutput, all_binary: bool, into_regions: dict[str, RegionUse]
+    ) -> bool:
+        """Whether an output goes binary; one in a client's region is held in ``into_regions``."""
+        where = f"output '{output.name}'"
+        wanted = region_parameters(where, output.parameters)
+        if wanted is None:
+            return _flag(output.parameters, "binary_data", all_binary, where)
+        if output.parameters and output.parameters.get("binary_data") is True:
+            raise InvalidInput(f"{where} cannot be both in shared memory and binary_data")
+        if output.name in into_regions:
+            raise InvalidInput(f"output '{output.name}' is requested more than once")
+        into_regions[output.name] = self.dataplane.regions.use(wanted, where)
+        return False
 
     def _raw_input(self, target: ModelVersion, body: Body) -> InputTensor:
         """The whole body as the model's one input (``Inference-Header-Content-Length: 0``)."""
@@ -171,9 +188,14 @@ class ModelResource:
         )
 
     def _inputs(
-        self, inputs: list[RequestInput], body: Body, header_length: int | None
+        self,
+        inputs: list[RequestInput],
+        body: Body,
+        header_length: int | None,
+        owned: list[Lease | RegionUse] | None = None,
     ) -> list[InputTensor]:
-        """The request's inputs: binary chunks as spans of the body's lease, JSON as values."""
+        """The request's inputs: binary chunks as spans of the body's lease, JSON as values,
+        regions of clients' shared memory (each held in ``owned``)."""
         if header_length is None:
             spans: list[tuple[int, int] | None] = [None] * len(inputs)
         else:
@@ -181,6 +203,19 @@ class ModelResource:
         tensors = []
         for tensor, span in zip(inputs, spans, strict=True):
             check_datatype(tensor.name, tensor.datatype)
+            where = f"input '{tensor.name}'"
+            wanted = region_parameters(where, tensor.parameters)
+            if wanted is not None:
+                if tensor.data is not msgspec.UNSET or binary.binary_size(tensor) is not None:
+                    raise InvalidInput(
+                        f"{where} names a shared memory region, so it must not carry data "
+                        "('data' or binary_data_size)"
+                    )
+                use = self.dataplane.regions.use(wanted, where)
+                if owned is not None:
+                    owned.append(use)
+                tensors.append(InputTensor(tensor.name, tensor.datatype, tensor.shape, region=use))
+                continue
             if span is not None:
                 assert body.lease is not None
                 located = (body.lease, body.start + span[0], span[1])

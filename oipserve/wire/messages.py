@@ -27,6 +27,8 @@ class ErrorKind(enum.StrEnum):
     #: The request (its values, its images, the model file it names) cannot be served.
     INVALID_INPUT = "invalid_input"
     NOT_FOUND = "not_found"
+    #: A name that is already taken (a shared-memory region registered twice).
+    ALREADY_EXISTS = "already_exists"
     #: A restricted API asked for without its header (``oipserve.access``); front only.
     FORBIDDEN = "forbidden"
     TOO_LARGE = "too_large"
@@ -45,8 +47,25 @@ class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     shape: list[int]
 
 
+class ObjectRef(msgspec.Struct, frozen=True, array_like=True):
+    """A client's own POSIX shared-memory object (the system shared-memory extension).
+
+    ``name`` is its name in /dev/shm; ``dev`` and ``ino`` are what the front found when
+    the region was registered: a worker uses the object only while its name still
+    leads to that same file.
+    """
+
+    name: str
+    dev: int
+    ino: int
+
+
 class TensorDesc(msgspec.Struct, frozen=True, array_like=True):
-    """Where one tensor's bytes lie in shared memory."""
+    """Where one tensor's bytes lie in shared memory.
+
+    In one of the server's segments (``segment``), or, when ``region`` is set, in a
+    client's object (``segment`` is empty; ``offset`` is from the object's start).
+    """
 
     name: str
     datatype: str
@@ -56,6 +75,20 @@ class TensorDesc(msgspec.Struct, frozen=True, array_like=True):
     nbytes: int
     #: Set for an image input: the bytes are length-prefixed encoded images to decode.
     image: ImageSpec | None = None
+    region: ObjectRef | None = None
+
+
+class OutputTarget(msgspec.Struct, frozen=True, array_like=True):
+    """An output the worker writes into a client's object instead of its own segment."""
+
+    name: str
+    region: ObjectRef
+    #: From the object's start; ``nbytes`` is the room the client gave.
+    offset: int
+    nbytes: int
+    #: The output's shape as the model makes it, when the front knows it before the
+    #: run (ONNX Runtime then writes straight into the region); None otherwise.
+    shape: list[int] | None = None
 
 
 # ---- front -> worker -------------------------------------------------------
@@ -83,6 +116,8 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     inputs: list[TensorDesc]
     #: Output names to compute, in the order wanted; empty means all.
     outputs: list[str]
+    #: Outputs to write into clients' shared memory (system shared-memory extension).
+    targets: list[OutputTarget] = []
 
 
 class Release(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -97,11 +132,17 @@ class Forget(msgspec.Struct, frozen=True, tag=True, array_like=True):
     segments: list[str]
 
 
+class ForgetRegions(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Clients unregistered regions of these objects; the worker should unmap them."""
+
+    objects: list[ObjectRef]
+
+
 class Stop(msgspec.Struct, frozen=True, tag=True, array_like=True):
     pass
 
 
-ToWorker = LoadModel | UnloadModel | Infer | Release | Forget | Stop
+ToWorker = LoadModel | UnloadModel | Infer | Release | Forget | ForgetRegions | Stop
 
 
 # ---- worker -> front -------------------------------------------------------

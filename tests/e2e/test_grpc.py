@@ -438,19 +438,22 @@ def test_values_onnxruntime_refuses_are_invalid_argument(
 
 
 def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    _fail(lambda: client.get_system_shared_memory_status(), grpc.StatusCode.UNIMPLEMENTED)
-    _fail(lambda: client.get_cuda_shared_memory_status(), grpc.StatusCode.UNIMPLEMENTED)
+    _fail(
+        lambda: client.get_cuda_shared_memory_status(),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "CUDA shared memory is not available: no GPU",
+    )
     _fail(lambda: client.get_trace_settings(), grpc.StatusCode.UNIMPLEMENTED)
     _fail(lambda: client.get_log_settings(), grpc.StatusCode.UNIMPLEMENTED)
 
 
-def test_shared_memory_parameters_are_refused(client: grpcclient.InferenceServerClient) -> None:
+def test_unknown_shared_memory_region_is_refused(client: grpcclient.InferenceServerClient) -> None:
     inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
     inp.set_shared_memory("region", 16)
     _fail(
         lambda: client.infer("identity_fp32", [inp]),
-        grpc.StatusCode.UNIMPLEMENTED,
-        "shared_memory_region",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "Unable to find shared memory region: 'region'",
     )
 
 

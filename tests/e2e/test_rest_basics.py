@@ -52,6 +52,7 @@ def test_server_metadata(server: ServerProcess, client: httpclient.InferenceServ
         "model_configuration",
         "model_repository",
         "statistics",
+        "system_shared_memory",
     ]
     for path in ("/v2", "/v2/"):
         status, headers, body = request(server, "GET", path)

@@ -103,6 +103,11 @@ HTTP_CALLS: dict[str, list[tuple[str, str, str | None, int]]] = {
     ],
     "hardware": [("GET", "/v2/hardware", None, 200)],
     "workers": [("POST", "/v2/workers/nonexistent/unload", None, 200)],
+    "shared-memory": [
+        ("GET", "/v2/systemsharedmemory/status", None, 200),
+        ("POST", "/v2/systemsharedmemory/unregister", None, 200),
+        ("GET", "/v2/cudasharedmemory/status", None, 400),
+    ],
 }
 
 
@@ -197,11 +202,12 @@ GRPC_CALLS: dict[str, list[tuple[GrpcCall, str | None]]] = {
         (lambda c, h: c.get_model_repository_index(headers=h), None),
         (lambda c, h: c.unload_model("nonexistent", headers=h), None),
     ],
-    # Not served: the restriction is checked first, then the RPC answers UNIMPLEMENTED.
+    # CUDA shared memory: the restriction is checked first, then the RPC answers 400 (no GPU).
     "shared-memory": [
-        (lambda c, h: c.get_system_shared_memory_status(headers=h), "StatusCode.UNIMPLEMENTED"),
-        (lambda c, h: c.get_cuda_shared_memory_status(headers=h), "StatusCode.UNIMPLEMENTED"),
+        (lambda c, h: c.get_system_shared_memory_status(headers=h), None),
+        (lambda c, h: c.get_cuda_shared_memory_status(headers=h), "StatusCode.INVALID_ARGUMENT"),
     ],
+    # Not served: the restriction is checked first, then the RPC answers UNIMPLEMENTED.
     "trace": [(lambda c, h: c.get_trace_settings(headers=h), "StatusCode.UNIMPLEMENTED")],
     "logging": [(lambda c, h: c.get_log_settings(headers=h), "StatusCode.UNIMPLEMENTED")],
 }

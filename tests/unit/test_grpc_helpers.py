@@ -11,6 +11,7 @@ import pytest
 from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import model_config_pb2, service_pb2
 
+from oipserve.client_regions import ClientRegions
 from oipserve.errors import (
     INTERNAL_MESSAGE,
     InferenceFailed,
@@ -88,12 +89,15 @@ def test_split_without_raw_and_malformed() -> None:
         split_infer_request(data[:-3])
 
 
+_NO_REGIONS = ClientRegions(False, "oipserve-test-")
+
+
 def test_mixing_raw_and_contents_is_refused() -> None:
     message = pb.ModelInferRequest()
     tensor = message.inputs.add(name="a", datatype="INT32", shape=[1])
     tensor.contents.int_contents.append(1)
     with pytest.raises(InvalidInput, match="must not be specified"):
-        input_tensors(message, [memoryview(b"\0\0\0\0")])
+        input_tensors(message, [memoryview(b"\0\0\0\0")], _NO_REGIONS, [])
 
 
 def test_typed_contents_become_values() -> None:
@@ -102,7 +106,7 @@ def test_typed_contents_become_values() -> None:
     tensor.contents.bytes_contents.extend([b"x", b"yz"])
     tensor = message.inputs.add(name="b", datatype="UINT64", shape=[1])
     tensor.contents.uint64_contents.append(2**64 - 1)
-    first, second = input_tensors(message, [])
+    first, second = input_tensors(message, [], _NO_REGIONS, [])
     # Converted only when the data plane asks, after checking the shapes.
     assert isinstance(first.values, Deferred) and isinstance(second.values, Deferred)
     assert (first.values.most, second.values.most) == (2, 1)

@@ -1,0 +1,331 @@
+"""Clients' own shared memory (the system shared-memory extension): the registry of regions.
+
+A client creates a POSIX shared-memory object, registers a region of it under a name
+(``key``, ``offset``, ``byte_size``), and then names the region in inference requests
+instead of sending tensor bytes. This module holds what the front knows of those
+regions: it checks a key (one POSIX name, never one of the server's own segments),
+keeps the object open (so its identity, ``st_dev``/``st_ino``, cannot change under a
+registered name), counts the requests that use each region, and makes an unregister
+wait for them. Workers map the objects themselves (``workers.regions``); the front
+touches a region's bytes only with ``pread``/``pwrite`` on its descriptor (dynamic
+batching), which a client that truncates its object cannot turn into a SIGBUS.
+
+Off unless ``--allow-client-shm`` (docs/shared-memory.md, docs/security.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
+from oipserve.wire.messages import ObjectRef
+from oipserve.wire.shm import SHM_DIR
+
+if TYPE_CHECKING:
+    from hardware import Inventory
+
+__all__ = [
+    "ClientRegion",
+    "ClientRegions",
+    "RegionRequest",
+    "RegionUse",
+    "cuda_refusal",
+    "object_name",
+    "region_parameters",
+]
+
+#: The tensor parameters of the extension (oip-spec.md §10.1).
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
+
+FLAG_MESSAGE = (
+    "client shared memory is disabled on this server; start it with --allow-client-shm true "
+    "(or OIPSERVE_ALLOW_CLIENT_SHM=true) to let clients register their own shared memory"
+)
+
+
+def cuda_refusal(inventory: Inventory) -> str:
+    """What CUDA shared-memory requests are answered (400) on this machine."""
+    if not inventory.gpus:
+        return "CUDA shared memory is not available: no GPU"
+    return (
+        "CUDA shared memory is not implemented yet in oipserve (docs/shared-memory.md has "
+        "the design); use system shared memory"
+    )
+
+
+def object_name(key: str) -> str:
+    """The name of ``key``'s object in /dev/shm; InvalidInput unless it is one POSIX name.
+
+    One leading ``/`` is allowed (``shm_open``'s form, what tritonclient sends); no other
+    ``/``, no ``..``, no NUL, not empty: a key can never name a file outside /dev/shm.
+    """
+    name = key[1:] if key.startswith("/") else key
+    if not name or "/" in name or ".." in name or "\0" in name or name == ".":
+        raise InvalidInput(
+            f"shared memory key {key!r} is not a POSIX shared-memory name: it must be one "
+            "name, optionally after a leading '/', without any other '/' and without '..'"
+        )
+    return name
+
+
+class RegionRequest:
+    """A tensor's shared-memory parameters as a request gives them (not looked up yet)."""
+
+    __slots__ = ("region", "byte_size", "offset")
+
+    def __init__(self, region: str, byte_size: int, offset: int) -> None:
+        self.region = region
+        self.byte_size = byte_size
+        self.offset = offset
+
+
+def region_parameters(where: str, params: Mapping[str, object] | None) -> RegionRequest | None:
+    """The shared-memory parameters of one input or output, checked; None when absent.
+
+    ``shared_memory_region`` and ``shared_memory_byte_size`` come together (Triton's
+    rule); ``shared_memory_offset`` is optional (0).
+    """
+    if not params or not any(key in params for key in PARAMETERS):
+        return None
+    region = params.get(REGION)
+    if region is None or BYTE_SIZE not in params:
+        raise InvalidInput(
+            f"{where} must give both '{REGION}' and '{BYTE_SIZE}' to use shared memory"
+        )
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"'{REGION}' of {where} must be a region name (a string)")
+    numbers = []
+    for key in (BYTE_SIZE, OFFSET):
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise InvalidInput(f"'{key}' of {where} must be a non-negative integer, got {value!r}")
+        numbers.append(value)
+    return RegionRequest(region, numbers[0], numbers[1])
+
+
+class ClientRegion:
+    """One registered region: its object open, its place in it, the requests using it."""
+
+    __slots__ = ("name", "key", "offset", "byte_size", "fd", "ref", "uses", "_idle")
+
+    def __init__(
+        self, name: str, key: str, offset: int, byte_size: int, fd: int, ref: ObjectRef
+    ) -> None:
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self.fd = fd
+        self.ref = ref
+        #: Requests in flight that read or write this region.
+        self.uses = 0
+        self._idle: asyncio.Event | None = None
+
+    def status(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
+
+    def done_with(self) -> None:
+        self.uses -= 1
+        if self.uses == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        if self.uses:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+
+class RegionUse:
+    """One request's hold on a region: where its tensor lies in the object.
+
+    Released once (``release``) when nothing of the request reads or writes it any
+    more; it goes in the request's ``owned`` list, next to its segment leases.
+    """
+
+    __slots__ = ("region", "offset", "nbytes", "relative", "_held")
+
+    def __init__(self, region: ClientRegion, relative: int, nbytes: int) -> None:
+        self.region = region
+        #: The tensor's offset in the region (what the client gave) and in the object.
+        self.relative = relative
+        self.offset = region.offset + relative
+        self.nbytes = nbytes
+        region.uses += 1
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.region.done_with()
+
+    def read_into(self, target: memoryview) -> None:
+        """Copy the tensor's bytes into ``target`` with ``preadv`` (no mapping: no SIGBUS)."""
+        got = os.preadv(self.region.fd, [target], self.offset)
+        if got != len(target):
+            raise InvalidInput(self.truncated(len(target)))
+
+    def write(self, data: memoryview) -> None:
+        """Write an output's bytes at the tensor's place with ``pwrite``."""
+        if len(data) > self.nbytes:
+            raise InvalidInput(self.too_small("an output", len(data)))
+        if os.fstat(self.region.fd).st_size < self.offset + len(data):
+            raise InvalidInput(self.truncated(len(data)))
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.region.fd, data[done:], self.offset + done)
+
+    def truncated(self, needed: int) -> str:
+        return (
+            f"shared memory region '{self.region.name}' (key '{self.region.key}') no longer "
+            f"holds {needed} bytes at offset {self.offset}: its object was truncated"
+        )
+
+    def too_small(self, what: str, needed: int) -> str:
+        return (
+            f"{what} needs {needed} bytes but its shared memory region "
+            f"'{self.region.name}' gives {self.nbytes} (shared_memory_byte_size)"
+        )
+
+
+class ClientRegions:
+    """The registered regions by name; refuses registration unless allowed."""
+
+    def __init__(
+        self,
+        allowed: bool,
+        own_prefix: str,
+        cuda_refusal: str = "CUDA shared memory is not available: no GPU",
+    ) -> None:
+        self.allowed = allowed
+        self._own_prefix = own_prefix
+        self._regions: dict[str, ClientRegion] = {}
+        #: Hears the objects of unregistered regions, once no request uses them, so
+        #: that the workers unmap them.
+        self.on_closed: Callable[[list[ObjectRef]], None] | None = None
+        #: What a CUDA shared-memory request is answered (400).
+        self.cuda_refusal = cuda_refusal
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    # ---- register, status, unregister -------------------------------------------
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if not self.allowed:
+            raise Forbidden(FLAG_MESSAGE)
+        if not name:
+            raise InvalidInput("a shared memory region needs a name")
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        for what, value in (("offset", offset), ("byte_size", byte_size)):
+            if type(value) is not int or value < 0:
+                raise InvalidInput(f"'{what}' must be a non-negative integer, got {value!r}")
+        fd = self._open(key)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidInput(f"shared memory key '{key}' is not a shared-memory object")
+            ref = ObjectRef(object_name(key), info.st_dev, info.st_ino)
+            if (info.st_dev, info.st_ino) in self._own_objects():
+                raise InvalidInput(
+                    f"shared memory key '{key}' is one of this server's own segments, which "
+                    "clients cannot register"
+                )
+            if offset + byte_size > info.st_size:
+                raise InvalidInput(
+                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                    f"is past the end of object '{key}' ({info.st_size} bytes)"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        self._regions[name] = ClientRegion(name, key, offset, byte_size, fd, ref)
+
+    def _open(self, key: str) -> int:
+        name = object_name(key)
+        try:
+            # NOTE: O_NOFOLLOW: a symbolic link in /dev/shm is refused, not followed.
+            return os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise InvalidInput(
+                f"Unable to open shared memory region: no shared-memory object with key '{key}'"
+            ) from None
+        except OSError as exc:
+            raise InvalidInput(
+                f"Unable to open shared memory region with key '{key}': {exc.strerror}"
+            ) from None
+
+    def _own_objects(self) -> set[tuple[int, int]]:
+        """(st_dev, st_ino) of every segment of this server (front and workers)."""
+        own = set()
+        try:
+            names = os.listdir(SHM_DIR)
+        except FileNotFoundError:
+            return own
+        for entry in names:
+            if entry.startswith(self._own_prefix):
+                try:
+                    info = os.stat(os.path.join(SHM_DIR, entry), follow_symlinks=False)
+                except OSError:
+                    continue
+                own.add((info.st_dev, info.st_ino))
+        return own
+
+    def status(self, name: str | None) -> list[dict[str, object]]:
+        if name is None:
+            return [region.status() for region in self._regions.values()]
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return [region.status()]
+
+    async def unregister(self, name: str | None) -> None:
+        """Forget one region (all when ``name`` is None) once no request uses it.
+
+        An unknown name is not an error (Triton's rule). New requests cannot use the
+        region from the call on; the call returns when those in flight are done.
+        """
+        if name is None:
+            regions = list(self._regions.values())
+            self._regions.clear()
+        else:
+            region = self._regions.pop(name, None)
+            regions = [] if region is None else [region]
+        for region in regions:
+            await region.idle()
+            os.close(region.fd)
+        if regions and self.on_closed is not None:
+            self.on_closed([region.ref for region in regions])
+
+    def close(self) -> None:
+        """At shutdown: close every object (no request runs any more)."""
+        for region in self._regions.values():
+            os.close(region.fd)
+        self._regions.clear()
+
+    # ---- inference ----------------------------------------------------------------
+
+    def use(self, request: RegionRequest, where: str) -> RegionUse:
+        """Hold the named region for one tensor of a request; 400 when it does not fit."""
+        region = self._regions.get(request.region)
+        if region is None:
+            raise InvalidInput(f"{where}: Unable to find shared memory region: '{request.region}'")
+        if request.offset + request.byte_size > region.byte_size:
+            raise InvalidInput(
+                f"{where}: Invalid offset + byte size for shared memory region: "
+                f"'{request.region}' (offset {request.offset} + byte size "
+                f"{request.byte_size} > region size {region.byte_size})"
+            )
+        return RegionUse(region, request.offset, request.byte_size)

@@ -1,0 +1,211 @@
+"""Clients' shared-memory regions: key and range checks, the registry, the worker's mappings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from oipserve.client_regions import (
+    ClientRegions,
+    RegionRequest,
+    object_name,
+    region_parameters,
+)
+from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
+from oipserve.wire.messages import FromWorker, Infer, InferDone, ObjectRef, OutputTarget, TensorDesc
+from workers.regions import RegionCache, RegionError
+from workers.runtime import ModelSession
+from workers.worker import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("key", ["/abc", "abc", "/a.b-c_1", "/x.y"])
+def test_good_keys(key: str) -> None:
+    assert object_name(key) == key.lstrip("/")
+
+
+@pytest.mark.parametrize(
+    "key", ["", "/", "//abc", "/a/b", "a/b", "..", "/..", "/a..b", ".", "a\0b"]
+)
+def test_bad_keys(key: str) -> None:
+    with pytest.raises(InvalidInput, match="not a POSIX shared-memory name"):
+        object_name(key)
+
+
+def test_region_parameters() -> None:
+    assert region_parameters("input 'a'", None) is None
+    assert region_parameters("input 'a'", {"binary_data_size": 4}) is None
+    got = region_parameters(
+        "x", {"shared_memory_region": "r", "shared_memory_byte_size": 8, "shared_memory_offset": 4}
+    )
+    assert got is not None and (got.region, got.byte_size, got.offset) == ("r", 8, 4)
+    for params, match in (
+        ({"shared_memory_region": "r"}, "both"),
+        ({"shared_memory_byte_size": 8}, "both"),
+        ({"shared_memory_region": 3, "shared_memory_byte_size": 8}, "region name"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": -1}, "non-negative"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": True}, "non-negative"),
+        (
+            {
+                "shared_memory_region": "r",
+                "shared_memory_byte_size": 8,
+                "shared_memory_offset": 1.5,
+            },
+            "non-negative",
+        ),
+    ):
+        with pytest.raises(InvalidInput, match=match):
+            region_parameters("input 'a'", params)
+
+
+@pytest.fixture
+def shm_object() -> Iterator[str]:
+    """A client's object of 4096 bytes; yields its key."""
+    name = f"oipserve-unit-{uuid.uuid4().hex[:10]}"
+    path = os.path.join("/dev/shm", name)
+    with open(path, "wb") as handle:
+        handle.truncate(4096)
+    yield "/" + name
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def test_registry_checks(shm_object: str) -> None:
+    with pytest.raises(Forbidden, match="--allow-client-shm"):
+        ClientRegions(False, "oipserve-own-").register("r", shm_object, 0, 8)
+    regions = ClientRegions(True, "oipserve-own-")
+    with pytest.raises(InvalidInput, match="past the end"):
+        regions.register("r", shm_object, 4000, 100)
+    with pytest.raises(InvalidInput, match="'/nothing-here-at-all'"):
+        regions.register("r", "/nothing-here-at-all", 0, 8)
+    regions.register("r", shm_object, 96, 1000)
+    with pytest.raises(AlreadyExists):
+        regions.register("r", shm_object, 0, 8)
+    assert regions.status(None) == [
+        {"name": "r", "key": shm_object, "offset": 96, "byte_size": 1000}
+    ]
+    with pytest.raises(NotFound):
+        regions.status("other")
+    use = regions.use(RegionRequest("r", 100, 900), "input 'a'")
+    assert (use.offset, use.nbytes, use.relative) == (996, 100, 900)
+    with pytest.raises(InvalidInput, match="Invalid offset"):
+        regions.use(RegionRequest("r", 101, 900), "input 'a'")
+    with pytest.raises(InvalidInput, match="Unable to find"):
+        regions.use(RegionRequest("q", 1, 0), "input 'a'")
+    use.release()
+    regions.close()
+
+
+def test_own_segments_are_refused(shm_object: str) -> None:
+    own = ClientRegions(True, shm_object[1:12])  # the object's name starts with this prefix
+    with pytest.raises(InvalidInput, match="own segments"):
+        own.register("r", shm_object, 0, 8)
+
+
+def test_unregister_waits_for_uses(shm_object: str) -> None:
+    async def scenario() -> list[str]:
+        regions = ClientRegions(True, "oipserve-own-")
+        closed: list[ObjectRef] = []
+        regions.on_closed = closed.extend
+        regions.register("r", shm_object, 0, 64)
+        use = regions.use(RegionRequest("r", 8, 0), "input 'a'")
+        events = []
+        task = asyncio.ensure_future(regions.unregister("r"))
+        await asyncio.sleep(0.05)
+        events.append("waiting" if not task.done() else "returned early")
+        assert regions.status(None) == []  # gone for new requests at once
+        use.release()
+        use.release()  # twice is harmless
+        await task
+        events.append(f"closed {len(closed)}")
+        await regions.unregister("never-there")
+        return events
+
+    assert asyncio.run(scenario()) == ["waiting", "closed 1"]
+
+
+def _ref(key: str) -> ObjectRef:
+    info = os.stat("/dev/shm/" + key[1:])
+    return ObjectRef(key[1:], info.st_dev, info.st_ino)
+
+
+def test_region_cache_checks_size_at_each_use_and_is_bounded(shm_object: str) -> None:
+    cache = RegionCache(limit=1)
+    ref = _ref(shm_object)
+    view = cache.view(ref, 0, 4096)
+    view[:4] = b"abcd"
+    del view
+    os.truncate("/dev/shm/" + shm_object[1:], 1024)
+    with pytest.raises(RegionError, match="truncated"):
+        cache.view(ref, 0, 4096)
+    assert bytes(cache.view(ref, 0, 4)) == b"abcd"
+    other = ObjectRef(ref.name, ref.dev, ref.ino + 1)
+    with pytest.raises(RegionError, match="not the one registered"):
+        cache.view(other, 0, 4)
+    assert len(cache) == 1
+    cache.forget([ref])
+    assert len(cache) == 0
+    os.unlink("/dev/shm/" + shm_object[1:])
+    with pytest.raises(RegionError, match="no longer exists"):
+        cache.view(ref, 0, 4)
+    cache.close()
+
+
+def test_worker_reads_in_place_and_onnxruntime_writes_into_the_region(shm_object: str) -> None:
+    """Model ``simple`` with inputs and outputs in one client object: no worker segment."""
+    ours, theirs = socket.socketpair()
+    worker = Worker(theirs, f"oipserve-unit-w{os.getpid()}-")
+    try:
+        session = ModelSession(str(ROOT / "model-repository/simple/1/model.onnx"), 1, [])
+        worker.sessions["simple/1"] = session
+        ref = _ref(shm_object)
+        path = "/dev/shm/" + shm_object[1:]
+        with open(path, "r+b") as handle:
+            handle.write(np.arange(16, dtype=np.int32).tobytes())
+            handle.write(np.full(16, 2, dtype=np.int32).tobytes())
+        seen: dict[str, object] = {}
+        run_into = session.run_into
+
+        def spy(names: list[str], feeds: dict[str, np.ndarray], outputs: dict) -> None:
+            seen["feeds"] = {k: v.ctypes.data for k, v in feeds.items()}
+            seen["outputs"] = {k: v.ctypes.data for k, v in outputs.items()}
+            run_into(names, feeds, outputs)
+
+        session.run_into = spy  # type: ignore[method-assign]
+        inputs = [
+            TensorDesc("INPUT0", "INT32", [1, 16], "", 0, 64, None, ref),
+            TensorDesc("INPUT1", "INT32", [1, 16], "", 64, 64, None, ref),
+        ]
+        targets = [
+            OutputTarget("OUTPUT0", ref, 128, 64, [1, 16]),
+            OutputTarget("OUTPUT1", ref, 192, 64, [1, 16]),
+        ]
+        worker.handle(Infer(1, "simple/1", inputs, ["OUTPUT0", "OUTPUT1"], targets))
+        (frame,) = worker.replies
+        reply = msgspec.msgpack.decode(frame[4:], type=FromWorker)
+        assert isinstance(reply, InferDone), reply
+        assert reply.segment == "" and worker.outputs.leased_count == 0
+        assert [(d.name, d.offset, d.nbytes, d.region) for d in reply.outputs] == [
+            ("OUTPUT0", 128, 64, ref),
+            ("OUTPUT1", 192, 64, ref),
+        ]
+        data = np.fromfile(path, dtype=np.int32)
+        assert (data[32:48] == np.arange(16) + 2).all()
+        assert (data[48:64] == np.arange(16) - 2).all()
+        # The arrays ONNX Runtime read and wrote were the region itself.
+        feeds, outputs = seen["feeds"], seen["outputs"]
+        assert outputs["OUTPUT0"] - feeds["INPUT0"] == 128  # type: ignore[index]
+        assert feeds["INPUT1"] - feeds["INPUT0"] == 64  # type: ignore[index]
+    finally:
+        worker.close()
+        ours.close()
+        theirs.close()
