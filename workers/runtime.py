@@ -135,6 +135,21 @@ class ModelSession:
             return [r if r.data_type() == "tensor(bfloat16)" else r.numpy() for r in results]
         return self.session.run(output_names, feeds, self.run_options)
 
+    def run_into(
+        self, output_names: list[str], feeds: dict[str, object], outputs: dict[str, np.ndarray]
+    ) -> None:
+        """Run with every output written into the given arrays (ONNX Runtime's I/O binding).
+
+        The arrays lie in clients' shared memory: no copy of the outputs at all.
+        """
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name in output_names:
+            array = outputs[name]
+            binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        self.session.run_with_iobinding(binding, self.run_options)
+
 
 SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 
@@ -154,21 +169,6 @@ def _shrinkage(devices: str, providers: list[str]) -> ort.RunOptions | None:
     run_options = ort.RunOptions()
     run_options.add_run_config_entry(SHRINKAGE, ";".join(kept))
     return run_options
-
-    def run_into(
-        self, output_names: list[str], feeds: dict[str, object], outputs: dict[str, np.ndarray]
-    ) -> None:
-        """Run with every output written into the given arrays (ONNX Runtime's I/O binding).
-
-        The arrays lie in clients' shared memory: no copy of the outputs at all.
-        """
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        for name in output_names:
-            array = outputs[name]
-            binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-        self.session.run_with_iobinding(binding)
 
 
 def _decode_strings(name: str, buf: memoryview, shape: list[int]) -> np.ndarray:
