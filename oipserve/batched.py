@@ -21,13 +21,16 @@ from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
 from oipserve.inference import InferResult, client_outputs
 from oipserve.models import ModelVersion
 from oipserve.placement import Placement, place
-from oipserve.scheduler import DynamicBatcher, Entry
+from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
 from oipserve.stats import FailureReason, ModelStats, failure_reason, refusal_reason
 from oipserve.wire.messages import ErrorKind, InferDone
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 from oipserve.worker_handle import WorkerHandle
 
 __all__ = ["BatchRunner", "Withdrawn"]
+
+#: Resolution of the loop's timers (libuv counts milliseconds).
+_TIMER_GRAIN = 0.001
 
 #: Registers a callback to run when the client goes away (REST: the connection closed).
 Watch = Callable[[Callable[[], None]], None]
@@ -138,7 +141,16 @@ class BatchRunner:
             watch(future.cancel)
         # NOTE: past the deadline the request fails, wherever it is: a queued one leaves
         #   the queue, a running one's part of the answer is released when it arrives.
-        expiry = self._loop.call_at(deadline, _expire, future)
+        #   A request's own `timeout` is often both its queue timeout and its deadline;
+        #   libuv's millisecond timers then fire the two in either order, and a request
+        #   still queued must fail as the queue policy says (Triton's message).
+        queue_policy = policy.policy(policy.level(priority))
+        queue_timeout = queue_policy.timeout_ns(timeout_us) / 1e9
+        queue_due_first = (
+            queue_policy.timeout_action == "REJECT"
+            and 0 < queue_timeout <= deadline - self._loop.time() + _TIMER_GRAIN
+        )
+        expiry = self._loop.call_at(deadline, _expire, future, queued if queue_due_first else None)
         try:
             return await future
         except BaseException as exc:
@@ -242,6 +254,11 @@ def _record(requests: list[_Queued], enqueued: list[int], done: InferDone) -> No
         )
 
 
-def _expire(future: asyncio.Future[InferResult]) -> None:
-    if not future.done():
+def _expire(future: asyncio.Future[InferResult], queue_due: _Queued | None) -> None:
+    """The deadline: ``queue_due`` is the request when its queue timeout is due as well."""
+    if future.done():
+        return
+    if queue_due is not None and not queue_due.taken:
+        future.set_exception(QueueRejected("Request timeout expired"))
+    else:
         future.set_exception(DeadlineExceeded())
