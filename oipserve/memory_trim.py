@@ -11,7 +11,9 @@ from every arena (``madvise``), which brings RSS back to idle.
 ``/proc/self/status``, microseconds) and trims only when it has grown by
 ``GROWTH`` since the last trim, in a thread (a trim can take milliseconds on a
 large heap and takes malloc's locks: better not on the event loop). Never per
-request. Without glibc (``malloc_trim`` missing) it does nothing.
+request. A trim that finds the growth still in use is retried with back-off (1 to 16 s)
+before that level counts as live memory. Without glibc (``malloc_trim`` missing) it does
+nothing.
 
 ``return_large_blocks_to_os`` (called once at start) fixes glibc's mmap threshold: glibc
 serves big allocations with mmap only above a threshold that it raises by itself (up to
@@ -69,6 +71,8 @@ def return_large_blocks_to_os(threshold: int = LARGE_BLOCK) -> bool:
 GROWTH = 32 * 1024 * 1024
 #: Seconds between two looks at the RSS.
 INTERVAL = 1.0
+#: Trims in a row that may find the growth still there before it counts as live memory.
+RETRIES = 5
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -114,12 +118,24 @@ class MemoryTrimmer:
         trim = self._trim
         assert trim is not None
         baseline = anonymous_rss()
+        kept = 0  # trims in a row that left the heap GROWTH above the baseline
         while True:
-            await asyncio.sleep(INTERVAL)
+            # Backing off while the growth survives trims: 1, 2, 4, 8, 16 s.
+            await asyncio.sleep(INTERVAL * (1 << kept))
             rss = anonymous_rss()
             if rss < baseline:
-                baseline = rss  # memory went back by itself: grow from here
+                baseline, kept = rss, 0  # memory went back by itself: grow from here
             elif rss - baseline >= GROWTH:
                 await asyncio.to_thread(trim, 0)
-                baseline = anonymous_rss()
-                log.debug("trimmed the heap: %d MiB -> %d MiB", rss >> 20, baseline >> 20)
+                after = anonymous_rss()
+                log.debug("trimmed the heap: %d MiB -> %d MiB", rss >> 20, after >> 20)
+                # NOTE: a trim that finds the memory still in use (a message being inflated
+                #   right then, or a refused call grpc has not freed yet) gives nothing
+                #   back; taking that level as the new baseline left the freed pages for
+                #   good. The growth becomes the baseline only after it survived RETRIES
+                #   trims over half a minute: then it is live memory.
+                kept = kept + 1 if after - baseline >= GROWTH else 0
+                if kept == 0 or kept >= RETRIES:
+                    baseline, kept = after, 0
+            else:
+                kept = 0
