@@ -302,7 +302,12 @@ async def serve(settings: Settings) -> int:
                     not_ready_models(registry),
                 )
                 if settings.ready_file is not None:
-                    report.write(settings.ready_file)
+                    try:
+                        report.write(settings.ready_file)
+                    except OSError as exc:
+                        status_log.error(
+                            "cannot write --ready-file %s: %s", settings.ready_file, exc
+                        )
                 report.log()
 
         announcer = loop.create_task(announce())
