@@ -5,17 +5,30 @@ is reproducible offline and stays tiny. Output is byte-identical across runs (fi
 no timestamps), which lets a test check that the committed files match a fresh build.
 
 Usage: python model-repository/build.py [--out DIR]   (default DIR: this script's folder)
+Any interpreter will do: without onnx it re-runs itself with the repository's .venv/bin/python
+(the README's venv, installed with the test extra) when there is one.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+try:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+except ImportError as missing:
+    VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+    if VENV_PYTHON.is_file() and Path(sys.executable).absolute() != VENV_PYTHON.absolute():
+        os.execv(VENV_PYTHON, [str(VENV_PYTHON), __file__, *sys.argv[1:]])
+    raise SystemExit(
+        f"build.py needs numpy and onnx ({missing}): run it with a Python that has the test "
+        "extra (python3 -m venv .venv && .venv/bin/pip install -e '.[test]')"
+    ) from None
 
 OPSET = 17
 IR_VERSION = 8  # onnxruntime 1.31 loads IR 8; newer IRs would needlessly narrow support

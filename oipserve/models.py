@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -198,10 +199,16 @@ class ModelManager:
         pool: WorkerPool,
         registry: ModelRegistry,
         simulate_devices: bool = False,
+        start_cpu_workers: Callable[[], Awaitable[list[WorkerHandle]]] | None = None,
     ) -> None:
         self.root = root
         self.pool = pool
         self.registry = registry
+        #: Starts CPU workers when a KIND_CPU instance group needs them and ``--devices``
+        #: started none (Triton runs KIND_CPU instances on the CPU whatever GPUs exist).
+        self.start_cpu_workers = start_cpu_workers
+        #: Ids of the workers started that way: they hold KIND_CPU instances only.
+        self.cpu_on_demand: set[int] = set()
         #: Fake inventory: GPUs do not exist, so sessions run on the CPU provider while the
         #: planned CUDA providers are only recorded (``ModelVersion.placements``).
         self.simulate_devices = simulate_devices
@@ -239,7 +246,7 @@ class ModelManager:
         workers = self.repository_workers()
         groups = model.config.instance_groups if model.config else ()
         if not groups:
-            return workers
+            return [w for w in workers if w.worker_id not in self.cpu_on_demand]
         gpu_devices = sorted({w.device for w in workers if w.device.startswith("cuda:")})
         chosen: list[WorkerHandle] = []
         for group in groups:
@@ -318,6 +325,7 @@ class ModelManager:
         model.key = f"{model.name}/{model.version}#{id(model)}"
         workers: list[WorkerHandle] = []
         try:
+            await self._cpu_workers_on_demand(model)
             workers = self.workers_for(model)
             if not workers:
                 raise MetadataConflict("no worker process runs to hold it")
@@ -335,6 +343,17 @@ class ModelManager:
         model.set_metadata(inputs, outputs)
         model.workers = workers
         model.state = "READY"
+
+    async def _cpu_workers_on_demand(self, model: ModelVersion) -> None:
+        """Start CPU workers for a KIND_CPU group when the server runs none (once)."""
+        groups = model.config.instance_groups if model.config else ()
+        wanted = any(g.kind == "KIND_CPU" for g in groups)
+        if not wanted or self.start_cpu_workers is None:
+            return
+        if any(w.device == "cpu" for w in self.repository_workers()):
+            return
+        started = await self.start_cpu_workers()
+        self.cpu_on_demand.update(w.worker_id for w in started)
 
     async def _fail_version(
         self, model: ModelVersion, workers: list[WorkerHandle], reason: str

@@ -90,11 +90,15 @@ def read_model(root: Path, name: str) -> ModelSource:
         if number is not None and model_file.is_file():
             found[number] = str(model_file)
     if not found:
+        hint = ""
+        if (directory / filename).is_file():
+            hint = f"; {filename} lies directly in {name}/: move it to {name}/1/{filename}"
         return ModelSource(
             name,
             directory,
             config,
-            error=f"no version directory holds {filename} (expected {name}/<number>/{filename})",
+            error=f"no version directory holds {filename} (expected layout "
+            f"DIR/<model>/<version>/{filename}, here {name}/<number>/{filename}){hint}",
         )
     policy = config.version_policy if config else VersionPolicy()
     chosen = policy.select(list(found))
@@ -129,3 +133,25 @@ def check_repository(root: Path) -> None:
     if not root.is_dir():
         raise RepositoryError(f"the model repository {root} is not a directory")
     list_models(root)
+
+
+def layout_warnings(root: Path) -> list[str]:
+    """What makes a readable repository serve nothing at all: no model directory.
+
+    Models whose directory holds no usable version are reported per model when they
+    fail to load (``read_model``'s reason names the expected layout).
+    """
+    if list_models(root):
+        return []
+    message = (
+        f"the model repository {root} holds no model directory, so no model will be served; "
+        f"the expected layout is {root}/<model>/<version>/{DEFAULT_MODEL_FILENAME}"
+    )
+    loose = sorted(p.name for p in root.glob("*.onnx") if p.is_file())
+    if loose:
+        stem = loose[0].removesuffix(".onnx")
+        message += (
+            f" (found {', '.join(loose)} directly in it: move {loose[0]} to "
+            f"{root}/{stem}/1/{DEFAULT_MODEL_FILENAME})"
+        )
+    return [message]

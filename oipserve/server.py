@@ -1,8 +1,9 @@
 """Start-up and shutdown of the whole server, in a fixed order.
 
-Start: bind the HTTP and metrics sockets (fail fast if a port is taken), remove
-shared memory left by dead servers, read the hardware inventory, start the
-workers, load the repository's models, start serving, log ``ready``.
+Start: bind the HTTP and metrics sockets and hold the gRPC port (fail fast, before
+anything loads, if a port is taken), remove shared memory left by dead servers, read
+the hardware inventory, start the workers, load the repository's models, start
+serving, log ``ready`` or what is not (``oipserve.startup_report``).
 
 Shutdown (SIGTERM or SIGINT): stop accepting connections (HTTP, gRPC and
 metrics), let in-flight requests and calls finish (``--shutdown-timeout``), stop the workers
@@ -34,11 +35,13 @@ from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.metrics import MetricsApp, Scraper
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.pool import WorkerPool
-from oipserve.repository import RepositoryError, check_repository
+from oipserve.repository import RepositoryError, check_repository, layout_warnings
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
 from oipserve.settings import Settings
+from oipserve.startup_report import StartupReport, not_ready_models, remove_ready_file, status_log
 from oipserve.wire.shm import sweep, sweep_stale
+from oipserve.worker_handle import WorkerHandle
 
 log = logging.getLogger("oipserve")
 
@@ -47,7 +50,7 @@ class StartupError(Exception):
     """Start-up cannot go on; the message says why, for the user."""
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, flag: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -55,7 +58,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise StartupError(
+            f"cannot listen on {host}:{port} ({flag} {port}): {exc.strerror}"
+        ) from None
     sock.set_inheritable(False)
     return sock
 
@@ -166,6 +171,20 @@ def _check_ports(settings: Settings) -> None:
         seen[port] = flag
 
 
+def _check_ready_file(path: str | None) -> None:
+    if path is not None and not Path(path).parent.is_dir():
+        raise StartupError(f"--ready-file {path}: its directory does not exist")
+
+
+def _check_layout(root: Path, exit_on_error: bool) -> None:
+    """Warn, loudly and whatever --log-level says, about a repository that serves nothing."""
+    warnings = layout_warnings(root)
+    for warning in warnings:
+        status_log.warning("%s", warning)
+    if warnings and exit_on_error:
+        raise StartupError(f"{warnings[0]}; refusing to start (--exit-on-error true / --strict)")
+
+
 async def serve(settings: Settings) -> int:
     return_large_blocks_to_os()
     root = Path(settings.model_repository)
@@ -173,34 +192,69 @@ async def serve(settings: Settings) -> int:
         _check_ports(settings)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    sock = bind_socket(settings.host, settings.http_port)
-    metrics_sock: socket.socket | None = None
+    # Every port is taken (or found taken) before anything loads.
+    held: list[socket.socket] = []
     try:
+        sock = bind_socket(settings.host, settings.http_port, "--http-port")
+        held.append(sock)
+        metrics_sock: socket.socket | None = None
         if settings.allow_metrics:
-            metrics_sock = bind_socket(settings.host, settings.metrics_port)
-    except StartupError:
-        sock.close()
-        raise
-    try:
+            metrics_sock = bind_socket(settings.host, settings.metrics_port, "--metrics-port")
+            held.append(metrics_sock)
+        # NOTE: grpc binds its own socket; this one holds the port while models load
+        #   and is closed just before gRPC starts.
+        grpc_probe: socket.socket | None = None
+        if settings.grpc_port:
+            grpc_probe = bind_socket(settings.host, settings.grpc_port, "--grpc-port")
+            held.append(grpc_probe)
         check_repository(root)
+        _check_ready_file(settings.ready_file)
         inventory_source = make_inventory_source(settings.hardware_inventory)
         inventory = inventory_source.read()
         devices = parse_devices(inventory, settings.devices)
         names = startup_models(settings.model_control_mode, settings.load_model, root)
-    except (ValueError, RepositoryError, OSError) as exc:  # a mistake in flags or files
-        sock.close()
-        if metrics_sock is not None:
-            metrics_sock.close()
+        _check_layout(root, settings.exit_on_error)
+    except (ValueError, RepositoryError, OSError, StartupError) as exc:  # flags or files
+        for held_sock in held:
+            held_sock.close()
         raise StartupError(str(exc)) from None
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
 
     pool = WorkerPool(os.getpid(), settings.log_level)
     registry = ModelRegistry()
-    manager = ModelManager(root, pool, registry, settings.hardware_inventory is not None)
     regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
     dataplane = DataPlane(
         registry, pool, settings.max_queue_per_worker, settings.infer_timeout, regions
+    )
+    cpu_lock = asyncio.Lock()
+
+    async def start_workers(device: str) -> list[WorkerHandle]:
+        threads = _threads_per_worker(
+            device, inventory.cpu.logical_cores, settings.instances_per_device
+        )
+        started = []
+        for _ in range(settings.instances_per_device):
+            worker = await pool.add_worker(device, threads)
+            worker.add_death_listener(dataplane.worker_gone)
+            started.append(worker)
+        return started
+
+    async def cpu_workers_on_demand() -> list[WorkerHandle]:
+        """KIND_CPU instances run on the CPU whatever --devices says, as in Triton."""
+        async with cpu_lock:
+            running = [w for w in pool.workers if w.device == "cpu" and not w.dedicated]
+            if running:
+                return running
+            log.info(
+                "starting %d CPU worker(s) for KIND_CPU instance groups (--devices %s runs none)",
+                settings.instances_per_device,
+                settings.devices,
+            )
+            return await start_workers("cpu")
+
+    manager = ModelManager(
+        root, pool, registry, settings.hardware_inventory is not None, cpu_workers_on_demand
     )
     management = Management(
         root,
@@ -243,17 +297,21 @@ async def serve(settings: Settings) -> int:
     try:
         try:
             for device in devices:
-                threads = _threads_per_worker(
-                    device, inventory.cpu.logical_cores, settings.instances_per_device
-                )
-                for _ in range(settings.instances_per_device):
-                    worker = await pool.add_worker(device, threads)
-                    worker.add_death_listener(dataplane.worker_gone)
+                await start_workers(device)
             pool.start_heartbeats(
                 settings.worker_heartbeat_interval, settings.worker_heartbeat_timeout
             )
             registry.required.update(names)
             await asyncio.gather(*(manager.load(name) for name in names))
+            failed = not_ready_models(registry)
+            if settings.exit_on_error and failed:
+                raise StartupError(
+                    f"{len(failed)} of {len(names)} models failed to load ("
+                    + "; ".join(f"{n}: {r}" for n, r in failed.items())
+                    + "); refusing to start (--exit-on-error true / --strict)"
+                )
+            if grpc_probe is not None:
+                grpc_probe.close()
             grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
         except asyncio.CancelledError:
             log.info("start-up interrupted")
@@ -284,25 +342,28 @@ async def serve(settings: Settings) -> int:
             )
             servers.append(metrics_server)
         host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        metrics_shown = ""
-        if metrics_sock is not None:
-            metrics_shown = f" metrics={shown}:{metrics_sock.getsockname()[1]}"
 
         async def announce() -> None:
             while not all(s.started for s in servers) and not server.should_exit:
                 await asyncio.sleep(0.01)
             if all(s.started for s in servers):
-                log.info(
-                    "ready http://%s:%d (%d models, devices: %s) grpc=%s:%d%s",
-                    shown,
+                report = StartupReport(
+                    host,
                     port,
-                    len(names),
-                    ", ".join(devices),
-                    shown,
                     grpc_port,
-                    metrics_shown,
+                    metrics_sock.getsockname()[1] if metrics_sock is not None else None,
+                    len(names),
+                    sorted({w.device for w in pool.workers if not w.dedicated}) or devices,
+                    not_ready_models(registry),
                 )
+                if settings.ready_file is not None:
+                    try:
+                        report.write(settings.ready_file)
+                    except OSError as exc:
+                        status_log.error(
+                            "cannot write --ready-file %s: %s", settings.ready_file, exc
+                        )
+                report.log()
 
         announcer = loop.create_task(announce())
         metrics_task: asyncio.Task[None] | None = None
@@ -333,9 +394,9 @@ async def serve(settings: Settings) -> int:
         dataplane.outputs.close()
         regions.close()
         sweep(pool.prefix)
-        sock.close()
-        if metrics_sock is not None:
-            metrics_sock.close()
+        for held_sock in held:
+            held_sock.close()
+        remove_ready_file(settings.ready_file)
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         log.info("stopped")

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+import oipserve
 from oipserve.access import Restriction, RestrictionError, parse_restrictions
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -76,55 +77,210 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Triton's flag: clients may register their own POSIX shared memory and name it in
     #: requests (system shared-memory extension). Off: registration answers 403.
     allow_client_shm: bool = False
+    #: Where to write the ports and readiness as JSON once started (removed at shutdown).
+    ready_file: str | None = None
+    #: Triton's flag (and ``--strict``): refuse to start when a model loaded at start fails
+    #: or the repository holds no model. Triton's default is true; ours keeps serving.
+    exit_on_error: bool = False
 
 
 class SettingsError(ValueError):
     """A flag or environment value is invalid; the message names it."""
 
 
+DESCRIPTION = """\
+An Open Inference Protocol (KServe v2, Triton-compatible) server for ONNX models.
+"""
+
+EPILOG = """\
+Every flag of `oipserve serve` can also be set as OIPSERVE_<FLAG> (dashes become
+underscores, upper case, e.g. OIPSERVE_HTTP_PORT=9000); flags win over the
+environment. Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a bad
+flag, 3 when start-up fails. Run `oipserve serve --help` for every flag.
+"""
+
+SERVE_EPILOG = """\
+Each flag shows its default and the OIPSERVE_* variable that sets it; flags win
+over the environment. Once started the server logs `ready http://HOST:PORT ...
+grpc=HOST:PORT metrics=HOST:PORT` when /v2/health/ready answers 200, else one
+line per model that is not ready and `not ready ... serving http://HOST:PORT
+...`; both are logged whatever --log-level says (logger oipserve.status).
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oipserve", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model repository")
-    # NOTE: defaults stay None here so that "not given" can fall back to the
-    #   environment and then to the Settings defaults, in that order.
-    serve.add_argument("--model-repository", metavar="DIR")
-    serve.add_argument("--host")
-    serve.add_argument("--http-port", metavar="PORT", help="0 picks a free port")
-    serve.add_argument("--grpc-port", metavar="PORT", help="0 picks a free port")
-    serve.add_argument("--metrics-port", metavar="PORT", help="0 picks a free port")
-    serve.add_argument("--allow-metrics", metavar="true|false", help="serve /metrics")
-    serve.add_argument("--grpc-max-message-bytes", metavar="N")
-    serve.add_argument("--devices", help="auto | cpu | cuda:0,cuda:1 ...")
-    serve.add_argument("--instances-per-device", metavar="N")
-    serve.add_argument("--max-request-bytes", metavar="N")
-    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
-    serve.add_argument("--hardware-inventory", metavar="JSON", help="fake inventory file")
-    serve.add_argument("--max-queue-per-worker", metavar="N")
-    serve.add_argument("--shutdown-timeout", metavar="SECONDS")
-    serve.add_argument("--infer-timeout", metavar="SECONDS", help="deadline of an inference")
-    serve.add_argument("--worker-heartbeat-interval", metavar="SECONDS")
-    serve.add_argument(
-        "--worker-heartbeat-timeout", metavar="SECONDS", help="a silent worker is replaced"
+    parser = argparse.ArgumentParser(
+        prog="oipserve",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--header-timeout", metavar="SECONDS", help="HTTP request head")
-    serve.add_argument("--model-control-mode", choices=["none", "explicit"])
-    serve.add_argument("--load-model", metavar="NAME", action="append", help="repeatable")
+    parser.add_argument("--version", action="version", version=f"oipserve {oipserve.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model repository over HTTP/REST, gRPC and /metrics",
+        description="Serve the ONNX models of a Triton-layout repository "
+        "(DIR/<model>/<version>/model.onnx).",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # NOTE: defaults stay None here so that "not given" can fall back to the
+    #   environment and then to the Settings defaults, in that order; the help shows
+    #   the Settings default and the variable (_document_defaults).
+    serve.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="the model repository, laid out as DIR/<model>/<version>/model.onnx (required)",
+    )
+    serve.add_argument("--host", help="address the HTTP, gRPC and metrics ports listen on")
+    serve.add_argument("--http-port", metavar="PORT", help="HTTP/REST port; 0 picks a free port")
+    serve.add_argument("--grpc-port", metavar="PORT", help="gRPC port; 0 picks a free port")
+    serve.add_argument(
+        "--metrics-port", metavar="PORT", help="Prometheus /metrics port; 0 picks a free port"
+    )
+    serve.add_argument(
+        "--allow-metrics", metavar="true|false", help="serve /metrics on --metrics-port"
+    )
+    serve.add_argument(
+        "--grpc-max-message-bytes", metavar="N", help="largest gRPC message, either way"
+    )
+    serve.add_argument(
+        "--devices",
+        help="where workers run: auto (every GPU, else the CPU), cpu, or a list such as "
+        "cpu,cuda:0,cuda:1",
+    )
+    serve.add_argument("--instances-per-device", metavar="N", help="worker processes per device")
+    serve.add_argument("--max-request-bytes", metavar="N", help="largest HTTP request body")
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="least severe level logged (the ready/not-ready summary is always logged)",
+    )
+    serve.add_argument(
+        "--hardware-inventory",
+        metavar="JSON",
+        help="a fake hardware inventory file instead of discovery (tests, dry runs)",
+    )
+    serve.add_argument(
+        "--max-queue-per-worker",
+        metavar="N",
+        help="requests queued on one worker before new ones get 503",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        metavar="SECONDS",
+        help="how long SIGTERM waits for in-flight requests",
+    )
+    serve.add_argument(
+        "--infer-timeout",
+        metavar="SECONDS",
+        help="deadline of an inference (a request's own timeout may be shorter)",
+    )
+    serve.add_argument(
+        "--worker-heartbeat-interval", metavar="SECONDS", help="time between worker heartbeats"
+    )
+    serve.add_argument(
+        "--worker-heartbeat-timeout",
+        metavar="SECONDS",
+        help="a worker silent this long is killed and replaced",
+    )
+    serve.add_argument(
+        "--header-timeout", metavar="SECONDS", help="time an HTTP request head may take to arrive"
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit"],
+        help="none: load every model at start; explicit: only the --load-model ones",
+    )
+    serve.add_argument(
+        "--load-model",
+        metavar="NAME",
+        action="append",
+        help="with --model-control-mode explicit: a model to load at start (repeatable or "
+        "comma-separated; * = all)",
+    )
     restriction = "API[,API...]:KEY=VALUE"
     serve.add_argument(
-        "--http-restricted-api", metavar=restriction, action="append", help="repeatable"
+        "--http-restricted-api",
+        metavar=restriction,
+        action="append",
+        help="put API groups behind a header that must carry VALUE (repeatable)",
     )
     serve.add_argument(
-        "--grpc-restricted-protocol", metavar=restriction, action="append", help="repeatable"
+        "--grpc-restricted-protocol",
+        metavar=restriction,
+        action="append",
+        help="put API groups behind gRPC metadata that must carry VALUE (repeatable)",
     )
-    serve.add_argument("--max-instances-per-endpoint", metavar="N")
-    serve.add_argument("--max-threads-per-session", metavar="N")
-    serve.add_argument("--max-endpoint-batch-size", metavar="N")
-    serve.add_argument("--load-timeout", metavar="SECONDS", help="per worker-endpoint load")
     serve.add_argument(
-        "--allow-client-shm", metavar="true|false", help="clients may register shared memory"
+        "--max-instances-per-endpoint", metavar="N", help="most instances of a worker endpoint"
     )
+    serve.add_argument(
+        "--max-threads-per-session",
+        metavar="N",
+        help="most ONNX Runtime threads an endpoint session may ask for",
+    )
+    serve.add_argument(
+        "--max-endpoint-batch-size",
+        metavar="N",
+        help="largest batch_size a worker endpoint may be loaded with",
+    )
+    serve.add_argument(
+        "--load-timeout", metavar="SECONDS", help="time one worker-endpoint load may take"
+    )
+    serve.add_argument(
+        "--allow-client-shm",
+        metavar="true|false",
+        help="clients may register their own POSIX shared memory (off: registration 403)",
+    )
+    serve.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write the ports and readiness as JSON here once started; removed at shutdown",
+    )
+    serve.add_argument(
+        "--exit-on-error",
+        metavar="true|false",
+        help="Triton's flag: true refuses to start (exit 3) when a model fails to load or "
+        "the repository holds none",
+    )
+    serve.add_argument(
+        "--strict",
+        dest="exit_on_error",
+        action="store_const",
+        const="true",
+        help="the same as --exit-on-error true",
+    )
+    _document_defaults(serve)
     return parser
+
+
+def _document_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append each flag's Settings default and its OIPSERVE_* variable to its help."""
+    fields = {f.name: f for f in msgspec.structs.fields(Settings)}
+    for action in parser._actions:
+        field = fields.get(action.dest)
+        if field is None:
+            continue
+        variable = ENV_PREFIX + field.name.upper()
+        if action.const is not None:  # --strict: a shorthand, its variable is the long flag's
+            action.help = f"{action.help} (env {variable}=true)"
+            continue
+        if field.required:
+            action.help = f"{action.help} (env {variable})"
+            continue
+        action.help = f"{action.help} (default: {_shown(field.default)}; env {variable})"
+
+
+def _shown(value: object) -> str:
+    if value is None or value == ():
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB"
+    return str(value).replace("%", "%%")
 
 
 def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, Settings]:
@@ -151,7 +307,24 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
+    _check_load_model(settings)
     return args.command, settings
+
+
+def _check_load_model(settings: Settings) -> None:
+    """--load-model means something only in explicit mode: never ignore it silently.
+
+    Triton ignores it in mode none (and loads every model); we refuse, so a command line
+    that meant "only these" does not quietly load everything.
+    """
+    if settings.load_model and settings.model_control_mode != "explicit":
+        raise SettingsError(
+            "--load-model (or OIPSERVE_LOAD_MODEL) only applies with --model-control-mode "
+            "explicit; mode none loads every model of the repository. Add "
+            "--model-control-mode explicit, or drop --load-model"
+        )
+    if "*" in settings.load_model and len(settings.load_model) > 1:
+        raise SettingsError("--load-model '*' (all models) must be the only --load-model")
 
 
 def _restrictions(name: str, given: str | list[str], grpc: bool) -> list[Restriction]:

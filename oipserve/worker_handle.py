@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -56,8 +57,25 @@ DEADLINE_SWEEP = 0.05
 LAZY_FLUSH = 0.002
 
 
+#: Seconds a worker whose connection closed may take to exit on its own before it is
+#: declared dead and killed (its exit status tells a requested stop from a death).
+EXIT_GRACE = 1.0
+
+
 class WorkerDied(Unavailable):
     pass
+
+
+def _status(code: int | None) -> str:
+    """How a dead worker's process ended, for the log."""
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f" (killed by signal {-code})"
+    return f" (exit status {code})"
 
 
 class _Protocol(asyncio.Protocol):
@@ -72,7 +90,7 @@ class _Protocol(asyncio.Protocol):
             self.worker.on_message(_DECODER.decode(body))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.worker.on_exit("its connection closed")
+        self.worker.connection_closed()
 
 
 class _HeartbeatProtocol(asyncio.Protocol):
@@ -196,14 +214,33 @@ class WorkerHandle:
             self.last_heartbeat = self._loop.time()  # type: ignore[union-attr]
             self.ready.set()
 
+    def connection_closed(self) -> None:
+        """The worker closed its socket: it is exiting, or broken.
+
+        Its process's exit (the sentinel) normally follows at once and says how it ended;
+        one still running ``EXIT_GRACE`` seconds later is treated as dead.
+        """
+        process = self.process
+        if process is not None and process.is_alive():
+            self._loop.call_later(EXIT_GRACE, self._closed_and_running, process)  # type: ignore[union-attr]
+        else:
+            self.on_exit("its connection closed")
+
+    def _closed_and_running(self, process: WorkerProcess) -> None:
+        if process is self.process:  # NOTE: not a replacement started meanwhile
+            self.on_exit("its connection closed")
+
     def on_exit(self, why: str) -> None:
         """Fail everything in flight (once) and tell the pool."""
         if not self.alive:
             return
         self.alive = False
         loop = asyncio.get_running_loop()
+        code: int | None = None
         if self.process is not None:
             loop.remove_reader(self.process.sentinel)
+            self.process.join(0)
+            code = self.process.returncode
             # A worker whose socket closed cannot be reached any more: make sure it is
             # gone, then reap it (at once: it has exited, or SIGKILL ends it now).
             self.process.kill()
@@ -230,10 +267,23 @@ class WorkerHandle:
         self.pending.clear()
         # The dead process's output segments: nobody else will unlink them.
         sweep(self.segment_prefix)
-        if not self._stopping:
-            log.error("worker %d (pid %s) died: %s", self.worker_id, self.pid, why)
-            for listener in self._death_listeners:
-                listener(self)
+        if self._stopping:
+            log.info("worker %d (pid %s) stopped", self.worker_id, self.pid)
+            return
+        if not self._hung and code in (0, -signal.SIGTERM):
+            # NOTE: a worker exits 0 after SIGTERM (it drains first); only an operator
+            #   (or a supervisor) sends one, so this is a stop, not a death.
+            log.info(
+                "worker %d (pid %s) was stopped by SIGTERM (exit status %s); starting a "
+                "replacement",
+                self.worker_id,
+                self.pid,
+                code,
+            )
+        else:
+            log.error("worker %d (pid %s) died: %s%s", self.worker_id, self.pid, why, _status(code))
+        for listener in self._death_listeners:
+            listener(self)
 
     def send(self, message: object, urgent: bool = True) -> None:
         """Queue a message; everything queued in one loop iteration goes out in one write.

@@ -59,6 +59,11 @@ class WorkerProcess:
         if self.is_alive():
             self._popen.kill()
 
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once reaped (``-N``: ended by signal N); None while it runs."""
+        return self._popen.returncode
+
     def join(self, timeout: float) -> None:
         """Reap the process (waiting up to ``timeout`` seconds) and close the sentinel."""
         try:

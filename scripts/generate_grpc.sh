@@ -5,12 +5,24 @@
 # Needs grpcio-tools (a `test` extra: pip install -e '.[test]'); the generated
 # modules need only protobuf at run time. Only messages are generated: the
 # service is served through grpc.aio generic handlers (oipserve/grpc_service.py),
-# so no *_pb2_grpc.py stubs. Run from anywhere:
-#   scripts/generate_grpc.sh            (uses $PYTHON, default: python3)
+# so no *_pb2_grpc.py stubs. Run from anywhere, no venv needs to be activated:
+#   scripts/generate_grpc.sh   (uses $PYTHON, else the repository's .venv/bin/python
+#                               when it exists, else python3)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python="${PYTHON:-python3}"
+if [[ -n "${PYTHON:-}" ]]; then
+    python="$PYTHON"
+elif [[ -x "$root/.venv/bin/python" ]]; then
+    python="$root/.venv/bin/python"
+else
+    python=python3
+fi
+if ! "$python" -c 'import grpc_tools' 2>/dev/null; then
+    echo "generate_grpc.sh: $python has no grpcio-tools; install the test extra" \
+        "(python3 -m venv .venv && .venv/bin/pip install -e '.[test]') or set PYTHON" >&2
+    exit 1
+fi
 out="$root/oipserve/grpc_generated"
 
 mkdir -p "$out"

@@ -15,6 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_REPOSITORY = ROOT / "model-repository"
 READY = re.compile(r"ready http://(\S+):(\d+)")
+#: Logged instead of the ready line when a model loaded at start is not ready.
+NOT_READY = re.compile(r"not ready: .* serving http://(\S+):(\d+)")
 GRPC = re.compile(r"grpc=(\S+):(\d+)")
 METRICS = re.compile(r"metrics=(\S+):(\d+)")
 
@@ -61,6 +63,7 @@ class ServerProcess:
         self.grpc_port = 0
         #: ``http://host:port`` of ``GET /metrics``; empty with ``--allow-metrics false``.
         self.metrics_url = ""
+        self.started_ready = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -68,8 +71,10 @@ class ServerProcess:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append(line)
-            match = READY.search(line)
+            match = READY.search(line) or NOT_READY.search(line)
             if match and not self._ready.is_set():
+                #: True for ``ready http://...``, False for ``not ready: ... serving``.
+                self.started_ready = match.re is READY
                 self.url = f"http://{match.group(1)}:{match.group(2)}"
                 self.port = int(match.group(2))
                 grpc_match = GRPC.search(line)

@@ -9,7 +9,7 @@ import pytest
 from oipserve.errors import InvalidInput
 from oipserve.management import EndpointNames, param_key, startup_models
 from oipserve.repository import RepositoryError
-from oipserve.settings import load_settings
+from oipserve.settings import SettingsError, load_settings
 
 
 def test_param_key_is_typed_and_ignores_share() -> None:
@@ -74,7 +74,10 @@ def test_model_control_settings() -> None:
     )
     assert settings.model_control_mode == "explicit"
     assert settings.load_model == ("a", "b", "c")
-    _, settings = load_settings(base, {"OIPSERVE_LOAD_MODEL": "x, y"})
+    explicit = {"OIPSERVE_MODEL_CONTROL_MODE": "explicit"}
+    _, settings = load_settings(base, {**explicit, "OIPSERVE_LOAD_MODEL": "x, y"})
     assert settings.load_model == ("x", "y")
+    with pytest.raises(SettingsError, match="only applies with --model-control-mode explicit"):
+        load_settings(base, {"OIPSERVE_LOAD_MODEL": "x, y"})
     with pytest.raises(SystemExit):
         load_settings([*base, "--model-control-mode", "poll"], {})
