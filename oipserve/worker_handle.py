@@ -137,6 +137,8 @@ class WorkerHandle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._death_listeners: list[Callable[[WorkerHandle], None]] = []
         self._stopping = False
+        #: Its end was logged and its death listeners told (once per process).
+        self._reported = False
         #: Per pending request with a deadline: that deadline (loop time). PERF: one sweep
         #:   timer per worker checks them, rather than a timer per request.
         self._deadlines: dict[int, float] = {}
@@ -175,6 +177,7 @@ class WorkerHandle:
         self._loop = loop
         self.process = process
         self.alive = True
+        self._reported = False
         self._stopping = False
         self._hung = ""
         self.ready = asyncio.Event()
@@ -222,6 +225,9 @@ class WorkerHandle:
         """
         process = self.process
         if process is not None and process.is_alive():
+            # NOTE: cut off at once (its requests fail 503, its models stop being ready);
+            #   only the report and the replacement wait for the exit status.
+            self._cut_off("its connection closed")
             self._loop.call_later(EXIT_GRACE, self._closed_and_running, process)  # type: ignore[union-attr]
         else:
             self.on_exit("its connection closed")
@@ -231,20 +237,44 @@ class WorkerHandle:
             self.on_exit("its connection closed")
 
     def on_exit(self, why: str) -> None:
-        """Fail everything in flight (once) and tell the pool."""
-        if not self.alive:
+        """The process is gone or must be: cut it off, reap it, say how it ended (once)."""
+        self._cut_off(why)
+        if self._reported:
             return
-        self.alive = False
-        loop = asyncio.get_running_loop()
+        self._reported = True
         code: int | None = None
         if self.process is not None:
-            loop.remove_reader(self.process.sentinel)
+            asyncio.get_running_loop().remove_reader(self.process.sentinel)
             self.process.join(0)
             code = self.process.returncode
             # A worker whose socket closed cannot be reached any more: make sure it is
             # gone, then reap it (at once: it has exited, or SIGKILL ends it now).
             self.process.kill()
             self.process.join(5)
+        why = self._hung or why
+        if self._stopping:
+            log.info("worker %d (pid %s) stopped", self.worker_id, self.pid)
+            return
+        if not self._hung and code in (0, -signal.SIGTERM):
+            # NOTE: a worker exits 0 after SIGTERM (it drains first); only an operator
+            #   (or a supervisor) sends one, so this is a stop, not a death.
+            log.info(
+                "worker %d (pid %s) was stopped by SIGTERM (exit status %s); starting a "
+                "replacement",
+                self.worker_id,
+                self.pid,
+                code,
+            )
+        else:
+            log.error("worker %d (pid %s) died: %s%s", self.worker_id, self.pid, why, _status(code))
+        for listener in self._death_listeners:
+            listener(self)
+
+    def _cut_off(self, why: str) -> None:
+        """Fail everything in flight and take no more (once): it can no longer answer."""
+        if not self.alive:
+            return
+        self.alive = False
         if self.transport is not None:
             self.transport.abort()
         if self._heartbeat is not None:
@@ -267,23 +297,6 @@ class WorkerHandle:
         self.pending.clear()
         # The dead process's output segments: nobody else will unlink them.
         sweep(self.segment_prefix)
-        if self._stopping:
-            log.info("worker %d (pid %s) stopped", self.worker_id, self.pid)
-            return
-        if not self._hung and code in (0, -signal.SIGTERM):
-            # NOTE: a worker exits 0 after SIGTERM (it drains first); only an operator
-            #   (or a supervisor) sends one, so this is a stop, not a death.
-            log.info(
-                "worker %d (pid %s) was stopped by SIGTERM (exit status %s); starting a "
-                "replacement",
-                self.worker_id,
-                self.pid,
-                code,
-            )
-        else:
-            log.error("worker %d (pid %s) died: %s%s", self.worker_id, self.pid, why, _status(code))
-        for listener in self._death_listeners:
-            listener(self)
 
     def send(self, message: object, urgent: bool = True) -> None:
         """Queue a message; everything queued in one loop iteration goes out in one write.
