@@ -146,9 +146,11 @@ class BatchRunner:
         #   still queued must fail as the queue policy says (Triton's message).
         queue_policy = policy.policy(policy.level(priority))
         queue_timeout = queue_policy.timeout_ns(timeout_us) / 1e9
+        # The deadline counts from the request's arrival, the queue timeout from now.
+        waited = (monotonic_ns() - start) / 1e9
         queue_due_first = (
             queue_policy.timeout_action == "REJECT"
-            and 0 < queue_timeout <= deadline - self._loop.time() + _TIMER_GRAIN
+            and 0 < queue_timeout <= deadline - self._loop.time() + waited + _TIMER_GRAIN
         )
         expiry = self._loop.call_at(deadline, _expire, future, queued if queue_due_first else None)
         try:
