@@ -327,9 +327,10 @@ class ModelManager:
                 source = read_model(place or self.root, name, config)
                 reason = await self._load_source(source, timeout)
             except BaseException:
-                self.uploads.remove(place)
+                if place is not None and self.upload_of.get(name) != place:
+                    self.uploads.remove(place)
                 raise
-            if reason is not None and self.upload_of.get(name) is not place:
+            if reason is not None and place is not None and self.upload_of.get(name) != place:
                 self.uploads.remove(place)
             return reason
 
@@ -346,9 +347,13 @@ class ModelManager:
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.gather(*(self._load_version(m) for m in versions.values()))
-        except TimeoutError:
+        except BaseException as exc:
+            # Past the timeout, or cancelled (a gRPC client that went away): nothing of
+            # this load may stay, whatever state its sessions are in.
             for model in versions.values():
                 self._abandon(model)
+            if not isinstance(exc, TimeoutError):
+                raise
             message = (
                 f"loading model '{name}' took more than --load-timeout {timeout:g}s; "
                 "it was stopped and nothing of it is left"
@@ -364,10 +369,9 @@ class ModelManager:
         old = self.registry.models.get(name, {})
         if broken and any(m.ready for m in old.values()):
             # A failed reload changes nothing: the versions serving go on serving.
-            for model in versions.values():
-                if model.state == "READY":
-                    await self._unload_version(model, "discarded")
             log.error("model '%s': the reload failed; the loaded versions go on serving", name)
+            discarded = [m for m in versions.values() if m.state == "READY"]
+            await asyncio.shield(self._retire(discarded, "discarded", None))
             return reason
         self.registry.models[name] = versions
         self.registry.failed.pop(name, None)
@@ -375,11 +379,17 @@ class ModelManager:
         old_place = self.upload_of.pop(name, None)
         if source.directory.parent != self.root:
             self.upload_of[name] = source.directory.parent
-        for model in old.values():
-            await self._unload_version(model, "replaced by a reload")
-        if old_place is not None and old_place != self.upload_of.get(name):
-            self.uploads.remove(old_place)
+        # Shielded: once swapped, the old versions are unloaded even if this call is
+        # cancelled (their sessions would otherwise stay in the workers).
+        await asyncio.shield(self._retire(list(old.values()), "replaced by a reload", old_place))
         return reason
+
+    async def _retire(self, models: list[ModelVersion], why: str, place: Path | None) -> None:
+        """Unload versions no longer served, then the upload directory they came from."""
+        for model in models:
+            await self._unload_version(model, why)
+        if place is not None and place not in self.upload_of.values():
+            self.uploads.remove(place)
 
     async def _load_version(self, model: ModelVersion) -> None:
         # NOTE: a reload gives the new sessions a fresh key so the old ones can

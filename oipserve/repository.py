@@ -76,11 +76,13 @@ def read_model(root: Path, name: str, override: ModelConfig | None = None) -> Mo
                 error=f"{what} names the model '{config.name}' but its directory is '{name}'",
             )
         for ignored in config.ignored:
+            field_name = (
+                f"config.pbtxt field '{ignored}'"
+                if override is None
+                else f"field '{ignored}' of the configuration given with the load"
+            )
             log.warning(
-                "model '%s': %s field '%s' is not supported by oipserve and is ignored",
-                name,
-                what,
-                ignored,
+                "model '%s': %s is not supported by oipserve and is ignored", name, field_name
             )
     filename = (config.default_model_filename if config else None) or DEFAULT_MODEL_FILENAME
     found: dict[int, str] = {}

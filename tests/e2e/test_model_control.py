@@ -345,10 +345,27 @@ def test_reloads_and_unloads_under_concurrent_inference(srv: ServerProcess) -> N
                 status, message = int(exc.status() or 0), exc.message()
             results.append((model, sent, time.monotonic(), status, message))
 
+    def hammer_grpc(model: str) -> None:
+        codes = {grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.NOT_FOUND: 404}
+        with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+            x = np.ones((1, 4), dtype=np.float32)
+            while not stop.is_set():
+                inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32")]
+                inputs[0].set_data_from_numpy(x)
+                sent = time.monotonic()
+                try:
+                    client.infer(model, inputs, client_timeout=30).as_numpy("OUTPUT0")
+                    status, message = 200, ""
+                except InferenceServerException as exc:
+                    code = next((c for c in codes if str(c) == exc.status()), None)
+                    status, message = codes.get(code, 0), f"{exc.status()} {exc.message()}"
+                results.append((model, sent, time.monotonic(), status, message))
+
     threads = [
         threading.Thread(target=hammer, args=(model, model == "batched"))
         for model in ("identity_fp32", "identity_fp32", "batched", "batched")
     ]
+    threads.append(threading.Thread(target=hammer_grpc, args=("identity_fp32",)))
     for thread in threads:
         thread.start()
     #: (model, from, to): times when a model was (being) unloaded
