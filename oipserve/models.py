@@ -148,6 +148,8 @@ class ModelRegistry:
         self.required: set[str] = set()
         #: Names unloaded on request, for a clearer 404.
         self.unloaded: set[str] = set()
+        #: Names with a repository load under way: known, not ready yet (503, not 404).
+        self.loading: set[str] = set()
 
     def resolve(self, name: str, version: str | None) -> ModelVersion:
         versions = self.models.get(name)
@@ -155,6 +157,8 @@ class ModelRegistry:
             reason = self.failed.get(name)
             if reason is not None:
                 raise Unavailable(f"model '{name}' is unavailable: {reason}")
+            if name in self.loading:
+                raise Unavailable(f"model '{name}' is being loaded; retry", retry_after=1)
             if name in self.unloaded:
                 raise NotFound(f"model '{name}' is not loaded (it was unloaded)")
             raise NotFound(f"unknown model '{name}'")
@@ -184,11 +188,11 @@ class ModelRegistry:
     def model_ready(self, name: str, version: str | None) -> bool:
         """Readiness of a known model (or version); unknown ones are NotFound.
 
-        Known: loaded, failed to load, or unloaded on request.
+        Known: loaded, being loaded, failed to load, or unloaded on request.
         """
         versions = self.models.get(name)
         if versions is None:
-            if name in self.failed or name in self.unloaded:
+            if name in self.failed or name in self.unloaded or name in self.loading:
                 return False  # known, not ready (Triton's contract too)
             raise NotFound(f"unknown model '{name}'")
         if version is None:
@@ -318,6 +322,7 @@ class ModelManager:
         """
         async with self.lock:
             place: Path | None = None
+            self.registry.loading.add(name)
             try:
                 if files:
                     try:
@@ -330,6 +335,8 @@ class ModelManager:
                 if place is not None and self.upload_of.get(name) != place:
                     self.uploads.remove(place)
                 raise
+            finally:
+                self.registry.loading.discard(name)
             if reason is not None and place is not None and self.upload_of.get(name) != place:
                 self.uploads.remove(place)
             return reason

@@ -436,9 +436,20 @@ def test_repository_load_past_the_timeout_is_503_and_leaves_nothing(
     slow_srv: ServerProcess,
 ) -> None:
     srv = slow_srv
+    answer: dict[str, tuple[int, bytes]] = {}
     started = time.monotonic()
-    status, body = post(srv, "/v2/repository/models/slow/load")
+    thread = threading.Thread(
+        target=lambda: answer.update(load=post(srv, "/v2/repository/models/slow/load"))
+    )
+    thread.start()
+    # While it loads the model is known and not ready: 503, not 404.
+    assert wait_for(lambda: "model 'slow' version 1: loading" in srv.log, 30)
+    assert request(srv, "GET", "/v2/models/slow/ready")[0] == 503
+    status, meta = get(srv, "/v2/models/slow")
+    assert status == 503 and "is being loaded" in meta["error"], meta  # type: ignore[index]
+    thread.join(60)
     took = time.monotonic() - started
+    status, body = answer["load"]
     assert status == 503, body
     message = json.loads(body)["error"]
     assert f"--load-timeout {LOAD_TIMEOUT:g}s" in message and "'slow'" in message
