@@ -372,7 +372,7 @@ def test_reloads_and_unloads_under_concurrent_inference(srv: ServerProcess) -> N
     unloaded: list[tuple[str, float, float]] = []
     try:
         assert wait_for(lambda: len(results) > 10, 30)
-        for round_ in range(4):
+        for round_ in range(6):
             for model in ("identity_fp32", "batched"):
                 assert post(srv, f"/v2/repository/models/{model}/load")[0] == 200
                 config = json.dumps({"max_batch_size": 16 if model == "batched" else 0})
