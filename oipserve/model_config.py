@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 
 from oipserve.batch_policy import BatchPolicy, BatchPolicyError, batch_policy
 from oipserve.config_fields import Review, review
@@ -37,6 +37,7 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "parse_model_config",
+    "parse_model_config_json",
     "read_model_config",
 ]
 
@@ -267,6 +268,25 @@ def parse_model_config(text: str) -> ModelConfig:
         # NOTE: str(exc) starts "LINE:COLUMN : "; ours says "line L, column C: " instead.
         detail = _POSITION.sub("", str(exc))
         raise ModelConfigError(detail, exc.GetLine(), exc.GetColumn()) from None
+    return _typed(message)
+
+
+def parse_model_config_json(text: str) -> ModelConfig:
+    """Parse a configuration given as JSON (a load's ``config`` parameter), as Triton does.
+
+    The JSON is protobuf's JSON mapping of the same ``ModelConfig`` message (so
+    ``{"max_batch_size": "16"}`` is valid, as is ``maxBatchSize``), parsed by protobuf's
+    ``json_format``; then come the same checks as for a config.pbtxt.
+    """
+    message = mc.ModelConfig()
+    try:
+        json_format.Parse(text, message)
+    except json_format.ParseError as exc:
+        # NOTE: an unknown field's message goes on with every field of the message;
+        #   its first line says what is wrong.
+        raise ModelConfigError(str(exc).partition("\n")[0]) from None
+    except RecursionError:
+        raise ModelConfigError("the JSON is nested too deeply") from None
     return _typed(message)
 
 

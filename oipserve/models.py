@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from hardware import InventoryError, cuda_provider_options
@@ -20,6 +20,7 @@ from oipserve.model_config import ModelConfig, ModelConfigError
 from oipserve.pool import WorkerPool
 from oipserve.repository import ModelSource, read_model
 from oipserve.session_options import session_options
+from oipserve.uploads import UploadArea
 from oipserve.wire.messages import Loaded
 from oipserve.worker_handle import WorkerHandle
 
@@ -39,6 +40,9 @@ log = logging.getLogger("oipserve.models")
 State = Literal["LOADING", "READY", "UNAVAILABLE", "UNLOADING"]
 PLATFORM = "onnxruntime_onnx"
 
+
+#: Reasons of versions taken out of service on purpose (``ModelManager._unload_version``).
+_GONE = ("unloaded", "replaced by a reload")
 
 #: What means "this model cannot be loaded" (bad config, a graph that does not match it,
 #: a device or file problem, a worker's refusal), as opposed to a bug of the server.
@@ -87,8 +91,18 @@ class ModelVersion:
             raise self._no_instance()
 
     def _check_not_unloaded(self) -> None:
-        if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason == "unloaded":
-            raise NotFound(f"model '{self.name}' was unloaded")
+        # NOTE: a request that found this version before it was unloaded (or replaced by
+        #   a reload) is in flight: it gets a retryable 503, never "unknown" (404).
+        if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason in _GONE:
+            raise self.gone_while("in flight")
+
+    def gone_while(self, what: str) -> Unavailable:
+        """The 503 of a request that found this version before it was taken out of service."""
+        return Unavailable(
+            f"model '{self.name}' version {self.version} was {self.reason} while this "
+            f"request was {what}; retry",
+            retry_after=1,
+        )
 
     def _no_instance(self) -> Unavailable:
         return Unavailable(
@@ -135,6 +149,8 @@ class ModelRegistry:
         self.required: set[str] = set()
         #: Names unloaded on request, for a clearer 404.
         self.unloaded: set[str] = set()
+        #: Names with a repository load under way: known, not ready yet (503, not 404).
+        self.loading: set[str] = set()
 
     def resolve(self, name: str, version: str | None) -> ModelVersion:
         versions = self.models.get(name)
@@ -142,6 +158,8 @@ class ModelRegistry:
             reason = self.failed.get(name)
             if reason is not None:
                 raise Unavailable(f"model '{name}' is unavailable: {reason}")
+            if name in self.loading:
+                raise Unavailable(f"model '{name}' is being loaded; retry", retry_after=1)
             if name in self.unloaded:
                 raise NotFound(f"model '{name}' is not loaded (it was unloaded)")
             raise NotFound(f"unknown model '{name}'")
@@ -169,11 +187,14 @@ class ModelRegistry:
         return model
 
     def model_ready(self, name: str, version: str | None) -> bool:
-        """Readiness of a known model (or version); unknown ones are NotFound."""
+        """Readiness of a known model (or version); unknown ones are NotFound.
+
+        Known: loaded, being loaded, failed to load, or unloaded on request.
+        """
         versions = self.models.get(name)
         if versions is None:
-            if name in self.failed:
-                return False
+            if name in self.failed or name in self.unloaded or name in self.loading:
+                return False  # known, not ready (Triton's contract too)
             raise NotFound(f"unknown model '{name}'")
         if version is None:
             return any(v.ready for v in versions.values())
@@ -213,6 +234,12 @@ class ModelManager:
         #: planned CUDA providers are only recorded (``ModelVersion.placements``).
         self.simulate_devices = simulate_devices
         self.lock = asyncio.Lock()
+        #: Uploaded model files (loads with ``file:`` parameters), and which upload
+        #: directory each loaded model came from.
+        self.uploads = UploadArea()
+        self.upload_of: dict[str, Path] = {}
+        #: Unloads of sessions abandoned at a load timeout, still waiting for their worker.
+        self.background: set[asyncio.Task[None]] = set()
         pool.on_replaced(self._reloaded)
 
     def providers_for(
@@ -286,63 +313,142 @@ class ModelManager:
         model.providers[worker.worker_id] = loaded.providers
         return loaded
 
-    async def load(self, name: str) -> None:
-        """Load (or reload) every version of ``name``; failures leave it UNAVAILABLE."""
-        async with self.lock:
-            source = read_model(self.root, name)
-            self.registry.unloaded.discard(name)
-            await self._load_source(source)
+    async def load(
+        self,
+        name: str,
+        config: ModelConfig | None = None,
+        files: Mapping[PurePosixPath, bytes] | None = None,
+        timeout: float | None = None,
+    ) -> str | None:
+        """Load (or reload) every version of ``name``; None, or the reason it failed.
 
-    async def _load_source(self, source: ModelSource) -> None:
+        ``config`` replaces the directory's config.pbtxt for this load; ``files`` are the
+        model directory itself (uploaded; written under ``uploads``, never into the
+        repository). A reload swaps the new versions in only when all of them loaded, so
+        requests never see the model unknown; a failed reload leaves the old ones serving.
+        Past ``timeout`` seconds the load is undone and ``Unavailable`` raised.
+        """
+        async with self.lock:
+            place: Path | None = None
+            self.registry.loading.add(name)
+            try:
+                if files:
+                    try:
+                        place = await self.uploads.write(name, files)
+                    except OSError as exc:
+                        return f"cannot write the uploaded files: {exc}"
+                source = read_model(place or self.root, name, config)
+                reason = await self._load_source(source, timeout)
+            except BaseException:
+                if place is not None and self.upload_of.get(name) != place:
+                    self.uploads.remove(place)
+                raise
+            finally:
+                self.registry.loading.discard(name)
+            if reason is not None and place is not None and self.upload_of.get(name) != place:
+                self.uploads.remove(place)
+            return reason
+
+    async def _load_source(self, source: ModelSource, timeout: float | None) -> str | None:
+        name = source.name
         if source.error is not None:
-            log.error("model '%s' is UNAVAILABLE: %s", source.name, source.error)
-            self.registry.failed[source.name] = source.error
-            return
+            log.error("model '%s' is UNAVAILABLE: %s", name, source.error)
+            if name not in self.registry.models:
+                self.registry.failed[name] = source.error
+            return source.error
         versions = {
-            v: ModelVersion(source.name, v, path, source.config)
-            for v, path in source.versions.items()
+            v: ModelVersion(name, v, path, source.config) for v, path in source.versions.items()
         }
-        await asyncio.gather(*(self._load_version(m) for m in versions.values()))
-        old = self.registry.models.get(source.name, {})
-        self.registry.models[source.name] = versions
-        self.registry.failed.pop(source.name, None)
-        for model in old.values():
-            await self._unload_version(model)
-        for model in versions.values():
-            if model.state == "READY":
-                log.info("model '%s' version %s is READY", model.name, model.version)
-            else:
-                log.error(
-                    "model '%s' version %s is UNAVAILABLE: %s",
-                    model.name,
-                    model.version,
-                    model.reason,
-                )
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self._load_version(m) for m in versions.values()))
+        except BaseException as exc:
+            # Past the timeout, or cancelled (a gRPC client that went away): nothing of
+            # this load may stay, whatever state its sessions are in.
+            for model in versions.values():
+                self._abandon(model)
+            if not isinstance(exc, TimeoutError):
+                raise
+            message = (
+                f"loading model '{name}' took more than --load-timeout {timeout:g}s; "
+                "it was stopped and nothing of it is left"
+            )
+            log.error("%s", message)
+            if name not in self.registry.models:
+                self.registry.failed[name] = message
+            raise Unavailable(message) from None
+        broken = [m for m in versions.values() if m.state != "READY"]
+        reason = "; ".join(f"version {m.version}: {m.reason}" for m in broken) or None
+        for model in broken:
+            log.error("model '%s' version %s is UNAVAILABLE: %s", name, model.version, model.reason)
+        old = self.registry.models.get(name, {})
+        if broken and any(m.ready for m in old.values()):
+            # A failed reload changes nothing: the versions serving go on serving.
+            log.error("model '%s': the reload failed; the loaded versions go on serving", name)
+            discarded = [m for m in versions.values() if m.state == "READY"]
+            await asyncio.shield(self._retire(discarded, "discarded", None))
+            return reason
+        self.registry.models[name] = versions
+        self.registry.failed.pop(name, None)
+        self.registry.unloaded.discard(name)
+        old_place = self.upload_of.pop(name, None)
+        if source.directory.parent != self.root:
+            self.upload_of[name] = source.directory.parent
+        # Shielded: once swapped, the old versions are unloaded even if this call is
+        # cancelled (their sessions would otherwise stay in the workers).
+        await asyncio.shield(self._retire(list(old.values()), "replaced by a reload", old_place))
+        return reason
+
+    async def _retire(self, models: list[ModelVersion], why: str, place: Path | None) -> None:
+        """Unload versions no longer served, then the upload directory they came from."""
+        for model in models:
+            await self._unload_version(model, why)
+        if place is not None and place not in self.upload_of.values():
+            self.uploads.remove(place)
 
     async def _load_version(self, model: ModelVersion) -> None:
         # NOTE: a reload gives the new sessions a fresh key so the old ones can
         #   finish their in-flight requests under the old key.
         model.key = f"{model.name}/{model.version}#{id(model)}"
-        workers: list[WorkerHandle] = []
+        started = asyncio.get_running_loop().time()
         try:
             await self._cpu_workers_on_demand(model)
-            workers = self.workers_for(model)
-            if not workers:
+            model.workers = self.workers_for(model)
+            if not model.workers:
                 raise MetadataConflict("no worker process runs to hold it")
-            results = await asyncio.gather(*(self.place(model, w, None) for w in workers))
-            inputs, outputs = merge_metadata(model.config, results[0])
+            log.info(
+                "model '%s' version %s: loading %s on %s",
+                model.name,
+                model.version,
+                model.path,
+                _placement(model.workers),
+            )
+            # Every placement ends before a failure is handled, so none is left loading.
+            results = await asyncio.gather(
+                *(self.place(model, w, None) for w in model.workers), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            inputs, outputs = merge_metadata(model.config, results[0])  # type: ignore[arg-type]
         except _CANNOT_LOAD as exc:
-            await self._fail_version(model, workers, str(exc))
+            await self._fail_version(model, str(exc))
             return
         except Exception:
             # NOTE: anything else is a bug of the server, not of the model: its text is
             #   not a reason to show clients, the traceback goes to the log.
             log.exception("loading model '%s' version %s failed", model.name, model.version)
-            await self._fail_version(model, workers, "internal error while loading (see the log)")
+            await self._fail_version(model, "internal error while loading (see the log)")
             return
         model.set_metadata(inputs, outputs)
-        model.workers = workers
         model.state = "READY"
+        log.info(
+            "model '%s' version %s is READY: loaded in %.2fs on %s",
+            model.name,
+            model.version,
+            asyncio.get_running_loop().time() - started,
+            _placement(model.workers),
+        )
 
     async def _cpu_workers_on_demand(self, model: ModelVersion) -> None:
         """Start CPU workers for a KIND_CPU group when the server runs none (once)."""
@@ -355,36 +461,68 @@ class ModelManager:
         started = await self.start_cpu_workers()
         self.cpu_on_demand.update(w.worker_id for w in started)
 
-    async def _fail_version(
-        self, model: ModelVersion, workers: list[WorkerHandle], reason: str
-    ) -> None:
+    async def _fail_version(self, model: ModelVersion, reason: str) -> None:
         model.state = "UNAVAILABLE"
         model.reason = reason
+        workers, model.workers = model.workers, []
         for worker in workers:
             if model.key in worker.models:
                 await worker.unload(model.key)
 
-    async def _unload_version(self, model: ModelVersion) -> None:
+    def _abandon(self, model: ModelVersion) -> None:
+        """Undo a version whose load ran out of time, without waiting for the workers.
+
+        Repository workers are shared, so they are not killed: each is sent an unload,
+        which it handles once the session it may still be creating exists.
+        """
+        model.state = "UNAVAILABLE"
+        model.reason = "the load timed out"
+        workers, model.workers = model.workers, []
+        for worker in workers:
+            worker.models.pop(model.key, None)
+            if worker.alive:
+                task = asyncio.get_running_loop().create_task(self._unload_late(worker, model))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
+
+    async def _unload_late(self, worker: WorkerHandle, model: ModelVersion) -> None:
+        try:
+            await worker.unload(model.key)
+        except ServerError:
+            return  # the worker died meanwhile: nothing of it is left
+        log.info(
+            "model '%s' version %s: the session abandoned at the load timeout is unloaded "
+            "from worker %d",
+            model.name,
+            model.version,
+            worker.worker_id,
+        )
+
+    async def _unload_version(self, model: ModelVersion, why: str = "unloaded") -> None:
         model.state = "UNLOADING"
+        model.reason = why
         if model.batcher is not None:
-            model.batcher.close()  # queued requests: 503; batches running finish
+            # Queued requests: 503; batches running finish.
+            model.batcher.close(model.gone_while("queued"))
         for worker in model.workers:
             # Requests already sent to this worker are answered before the Unload.
             if worker.alive and model.key in worker.models:
                 await worker.unload(model.key)
         model.state = "UNAVAILABLE"
-        model.reason = "unloaded"
 
     async def unload(self, name: str, version: str | None = None) -> bool:
         """Unload a repository model (or one version); False if it was not loaded.
 
-        It leaves the registry first, so later requests get 404, then each session
-        is unloaded after the requests already sent to it.
+        It leaves the registry first, so later requests get 404 (and its readiness is
+        false: it is known), then each session is unloaded after the requests already
+        sent to it; requests that found it before get their answer or a 503.
         """
         async with self.lock:
             versions = self.registry.models.get(name)
             failed = self.registry.failed.pop(name, None)
             if versions is None:
+                if failed is not None:
+                    self.registry.unloaded.add(name)
                 return failed is not None
             if version is not None:
                 model = versions.get(version)
@@ -403,8 +541,20 @@ class ModelManager:
                 self.registry.unloaded.add(name)
             for model in gone:
                 await self._unload_version(model)
+            if not remaining:
+                self.uploads.remove(self.upload_of.pop(name, None))
             log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
             return True
 
+    def close(self) -> None:
+        """Remove every uploaded model file (at shutdown, once the workers are stopped)."""
+        self.upload_of.clear()
+        self.uploads.close()
+
     async def _reloaded(self, worker: WorkerHandle) -> None:
         log.info("worker %d holds %d model versions again", worker.worker_id, len(worker.models))
+
+
+def _placement(workers: list[WorkerHandle]) -> str:
+    """Where a version's sessions are, for the log: ``worker 0 (cpu), worker 1 (cuda:0)``."""
+    return ", ".join(f"worker {w.worker_id} ({w.device})" for w in workers) or "no worker"

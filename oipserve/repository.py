@@ -54,29 +54,35 @@ def version_number(entry: str) -> int | None:
     return None
 
 
-def read_model(root: Path, name: str) -> ModelSource:
+def read_model(root: Path, name: str, override: ModelConfig | None = None) -> ModelSource:
+    """What ``root/name`` holds; ``override`` replaces its config.pbtxt (a load's ``config``)."""
     directory = root / name
     if not directory.is_dir():
         return ModelSource(name, directory, error=f"no directory '{name}' in the repository")
-    config: ModelConfig | None = None
+    config: ModelConfig | None = override
     config_path = directory / "config.pbtxt"
-    if config_path.exists():
+    what = "config.pbtxt" if override is None else "the configuration given with the load"
+    if override is None and config_path.exists():
         try:
             config = read_model_config(config_path)
         except (ModelConfigError, OSError) as exc:
             return ModelSource(name, directory, error=f"config.pbtxt: {exc}")
+    if config is not None:
         if config.name is not None and config.name != name:
             return ModelSource(
                 name,
                 directory,
                 config,
-                error=f"config.pbtxt names the model '{config.name}' but its directory is '{name}'",
+                error=f"{what} names the model '{config.name}' but its directory is '{name}'",
             )
         for ignored in config.ignored:
+            field_name = (
+                f"config.pbtxt field '{ignored}'"
+                if override is None
+                else f"field '{ignored}' of the configuration given with the load"
+            )
             log.warning(
-                "model '%s': config.pbtxt field '%s' is not supported by oipserve and is ignored",
-                name,
-                ignored,
+                "model '%s': %s is not supported by oipserve and is ignored", name, field_name
             )
     filename = (config.default_model_filename if config else None) or DEFAULT_MODEL_FILENAME
     found: dict[int, str] = {}

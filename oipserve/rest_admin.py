@@ -18,9 +18,11 @@ from oipserve.rest.body import read_all
 BODY_LIMIT = 1024 * 1024
 
 
-async def _read_json(req: falcon.asgi.Request, what: str, required: bool) -> dict | None:
+async def _read_json(
+    req: falcon.asgi.Request, what: str, required: bool, limit: int = BODY_LIMIT
+) -> dict | None:
     """The body as a JSON object; None when empty and not required; 400 otherwise."""
-    data = await read_all(req, BODY_LIMIT)
+    data = await read_all(req, limit)
     if not data.strip():
         if required:
             raise InvalidInput(f"No JSON body in {what} request")
@@ -91,8 +93,10 @@ class WorkerResource:
 
 
 class RepositoryResource:
-    def __init__(self, management: Management) -> None:
+    def __init__(self, management: Management, load_limit: int) -> None:
         self.management = management
+        #: A load may carry model files (base64): its body is bounded like an inference's.
+        self.load_limit = load_limit
 
     async def on_post_index(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         body = await _read_json(req, "repository index", required=False) or {}
@@ -108,7 +112,7 @@ class RepositoryResource:
         model: str,
         version: str | None = None,
     ) -> None:
-        body = await _read_json(req, "model load", required=False)
+        body = await _read_json(req, "model load", required=False, limit=self.load_limit)
         await self.management.repository_load(model, version, _parameters(body, "load"))
         resp.data = b""
 
@@ -140,7 +144,8 @@ def add_admin_routes(app: falcon.asgi.App, management: Management) -> None:
     app.add_route("/v2/workers/{worker}", workers)
     app.add_route("/v2/workers/{worker}/load", workers, suffix="load")
     app.add_route("/v2/workers/{worker}/unload", workers, suffix="unload")
-    repository = RepositoryResource(management)
+    # NOTE: the app's own limit (--max-request-bytes); management bodies are small.
+    repository = RepositoryResource(management, getattr(app, "max_request_bytes", BODY_LIMIT))
     app.add_route("/v2/repository/index", repository, suffix="index")
     for base in (
         "/v2/repository/models/{model}",

@@ -144,6 +144,7 @@ class DynamicBatcher:
         self._finished: dict[int, tuple[Entry, Any, BaseException | None]] = {}
         self._dispatches: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._closed_error = Unavailable(f"model '{name}' is being unloaded")
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._largest_preferred = (
             policy.preferred_batch_sizes[-1]
@@ -168,7 +169,7 @@ class DynamicBatcher:
         Raises QueueRejected at once when its level's queue is full.
         """
         if self._closed:
-            raise Unavailable(f"model '{self.name}' is being unloaded")
+            raise self._closed_error
         level = self.policy.level(priority)
         policy = self.policy.policy(level)
         if policy.max_queue_size and self._queued_per_level[level - 1] >= policy.max_queue_size:
@@ -186,10 +187,12 @@ class DynamicBatcher:
         self._wake()
         return entry.future
 
-    def close(self) -> None:
-        """Answer every queued request 503 and stop forming batches; running ones finish."""
+    def close(self, error: Unavailable | None = None) -> None:
+        """Answer every queued request 503 (``error``) and stop forming batches; running
+        ones finish."""
         self._closed = True
-        error = Unavailable(f"model '{self.name}' is being unloaded")
+        error = error or Unavailable(f"model '{self.name}' is being unloaded")
+        self._closed_error = error
         for queue in (*self._queues, *self._delayed):
             for entry in queue:
                 if entry.state == _QUEUED:

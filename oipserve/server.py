@@ -390,6 +390,7 @@ async def serve(settings: Settings) -> int:
         if stopping is not None:
             await stopping
         await pool.stop(settings.shutdown_timeout)
+        manager.close()  # uploaded model files
         dataplane.inputs.close()
         dataplane.outputs.close()
         regions.close()

@@ -105,7 +105,9 @@ class InferenceService:
     ) -> pb.RepositoryModelLoadResponse:
         assert self.management is not None
         parameters = {k: repository_parameter(v) for k, v in request.parameters.items()}
-        await self.management.repository_load(request.model_name, None, parameters)
+        await self.management.repository_load(
+            request.model_name, None, parameters, files_in_base64=False
+        )
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(

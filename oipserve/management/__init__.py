@@ -9,7 +9,8 @@ Framework-free: ``rest_admin`` and ``grpc_service`` turn requests into calls on
 - ``endpoint_naming``: amdinfer's typed parameter keys and ``W``/``W-0`` naming;
 - ``load_limits``: bounds on every number a load may ask for, and the load timeout;
 - ``worker_endpoints``: creating, growing, shrinking and describing endpoints;
-- ``repository_control``: repository index/load/unload and the models loaded at start.
+- ``repository_control``: repository index/load/unload and the models loaded at start;
+- ``load_override``: a repository load's ``config`` and ``file:`` parameters.
 
 The names below are the package's interface; import them from here.
 """

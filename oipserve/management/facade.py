@@ -10,7 +10,8 @@ must not make every other load (or unload) wait behind it (one slow load once he
 others for 46 s). The namespace is kept whole without one: each side claims a name in a
 step without ``await`` (atomic on the event loop) and checks the other side's claims,
 including loads still under way. Repository loads are serialised by ``ModelManager``
-itself; worker-endpoint loads run concurrently, each under ``--load-timeout``.
+itself; worker-endpoint loads run concurrently. Every load, of either kind, runs under
+``--load-timeout``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from hardware import InventorySource
 from oipserve.errors import InvalidInput
 from oipserve.management.hardware_view import HardwareView
 from oipserve.management.load_limits import LoadLimits
-from oipserve.management.repository_control import RepositoryControl, check_load_parameters
+from oipserve.management.load_override import parse_load_parameters
+from oipserve.management.repository_control import RepositoryControl
 from oipserve.management.worker_endpoints import DeathListener, WorkerEndpoints
 from oipserve.management.worker_params import parse_load_request
 from oipserve.models import ModelManager, ModelRegistry
@@ -44,6 +46,7 @@ class Management:
         stop_timeout: float = 30.0,
         limits: LoadLimits | None = None,
     ) -> None:
+        self.limits = limits or LoadLimits()
         #: Repository models being (re)loaded now: their names are taken for endpoints.
         self.repository_loading: Counter[str] = Counter()
         self.hardware_view = HardwareView(source, pool, registry, manager.simulate_devices)
@@ -55,7 +58,7 @@ class Management:
             self.hardware_view.inventory,
             list(on_new_worker or []),
             stop_timeout,
-            limits or LoadLimits(),
+            self.limits,
             lambda name: name in registry.models or name in self.repository_loading,
         )
         self.repository = RepositoryControl(
@@ -93,15 +96,23 @@ class Management:
         return self.repository.index(ready_only)
 
     async def repository_load(
-        self, name: str, version: str | None, parameters: Mapping[str, object]
+        self,
+        name: str,
+        version: str | None,
+        parameters: Mapping[str, object],
+        files_in_base64: bool = True,
     ) -> None:
-        """(Re)load a model from the directory, read afresh; 404 if absent, 400 if broken."""
-        check_load_parameters(parameters)
+        """(Re)load a model; 400 ``failed to load '<name>': <reason>``, 503 past the timeout.
+
+        ``parameters`` may carry ``config`` and ``file:`` overrides (file contents base64
+        over HTTP, bytes over gRPC: ``files_in_base64``).
+        """
+        override = parse_load_parameters(name, parameters, files_in_base64)
         if name in self.endpoints:
             raise InvalidInput(f"'{name}' is a worker endpoint; load it with /v2/workers")
         self.repository_loading[name] += 1
         try:
-            await self.repository.load(name, version)
+            await self.repository.load(name, version, override, self.limits.load_timeout)
         finally:
             self.repository_loading[name] -= 1
             if not self.repository_loading[name]:

@@ -1,27 +1,22 @@
 """Repository control: index, load and unload of the models in the model directory.
 
 The directory is read afresh on every call, so models added, fixed or broken on disk
-after start are seen. Loading itself is ``ModelManager``'s job; this module turns its
-outcome into the answers the routes give (404 not in the directory, 400 cannot load).
+after start are seen; a load may also bring its own configuration and files
+(``load_override``). Loading itself is ``ModelManager``'s job; this module turns its
+outcome into the answers the routes give (400 ``failed to load '<name>': <reason>``).
 Worker endpoints share the model namespace, so ``is_endpoint`` tells which names belong
 to them. ``ModelManager`` serialises repository loads itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
-from oipserve.errors import InvalidInput, NotFound, Unavailable, Unsupported
+from oipserve.errors import Unavailable
+from oipserve.management.load_override import LoadOverride, check_model_name, failed_to_load
 from oipserve.models import ModelManager, ModelRegistry
 from oipserve.repository import RepositoryError, list_models, read_model
-
-
-def check_load_parameters(parameters: Mapping[str, object]) -> None:
-    """501 for the load parameters Triton defines but this server does not implement."""
-    for key in parameters:
-        if key == "config" or key.startswith("file:"):
-            raise Unsupported(f"load parameter '{key}' is not supported by this server")
 
 
 class RepositoryControl:
@@ -48,7 +43,8 @@ class RepositoryControl:
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the directory, loaded or not, one entry per version."""
         entries = []
-        for name in self._names():
+        loaded = (n for n in self.registry.models if not self.is_endpoint(n))
+        for name in sorted({*self._names(), *loaded}):
             versions = self.registry.models.get(name)
             if versions and not self.is_endpoint(name):
                 for model in versions.values():
@@ -71,24 +67,32 @@ class RepositoryControl:
             entries = [e for e in entries if e["state"] == "READY"]
         return entries
 
-    async def load(self, name: str, version: str | None) -> None:
-        """(Re)load a model from the directory, read afresh; 404 if absent, 400 if broken."""
-        if name not in self._names():
-            raise NotFound(f"model '{name}' is not in the model repository")
-        await self.manager.load(name)
-        reason = self.registry.failed.get(name)
+    async def load(
+        self,
+        name: str,
+        version: str | None,
+        override: LoadOverride,
+        timeout: float | None = None,
+    ) -> None:
+        """(Re)load a model, from the directory read afresh or from the override given.
+
+        Any failure is a 400 starting ``failed to load '<name>'`` (Triton's words) with the
+        reason; past ``timeout`` seconds a 503.
+        """
+        check_model_name(name)
+        if not override.files and name not in self._names():
+            raise failed_to_load(name, f"there is no model directory '{name}' in the repository")
+        reason = await self.manager.load(name, override.config, override.files, timeout)
         if reason is not None:
-            raise InvalidInput(f"failed to load '{name}': {reason}")
+            raise failed_to_load(name, reason)
         versions = self.registry.models.get(name, {})
         if version is not None and version not in versions:
-            raise NotFound(
-                f"model '{name}' has no version '{version}' (versions: {', '.join(versions)})"
+            raise failed_to_load(
+                name, f"it has no version '{version}' (versions: {', '.join(versions)})"
             )
         chosen = [versions[version]] if version is not None else list(versions.values())
-        broken = [m for m in chosen if m.state != "READY"]
-        if broken or not chosen:
-            reasons = "; ".join(f"version {m.version}: {m.reason}" for m in broken)
-            raise InvalidInput(f"failed to load '{name}': {reasons or 'no versions'}")
+        if not chosen:
+            raise failed_to_load(name, "no versions")
 
     async def unload(self, name: str, version: str | None) -> None:
         """Unload a model (or one version); a no-op for names that are not loaded."""

@@ -91,6 +91,8 @@ class _App(falcon.asgi.App):
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._limit = limit
+        #: The body limit (``--max-request-bytes``), for routes that read bodies themselves.
+        self.max_request_bytes = limit
         #: API group -> its restriction; None (tests of Falcon itself) accepts any route.
         self._restrictions = restrictions
 

@@ -559,6 +559,10 @@ def test_repository_rpcs(tmp_path: Path) -> None:
             ]
             own.load_model("versioned")
             assert own.is_model_ready("versioned", "2")
-            _fail(lambda: own.load_model("absent"), grpc.StatusCode.NOT_FOUND, "absent")
+            # A failed load, in Triton's words ("failed to load"), as a client mistake.
+            message = _fail(
+                lambda: own.load_model("absent"), grpc.StatusCode.INVALID_ARGUMENT, "absent"
+            )
+            assert message.startswith("failed to load 'absent': ")
     finally:
         assert proc.stop() == 0, proc.log

@@ -99,7 +99,7 @@ HTTP_CALLS: dict[str, list[tuple[str, str, str | None, int]]] = {
         ("POST", "/v2/repository/index", None, 200),
         ("POST", "/v2/repository/models/nonexistent/unload", None, 200),
         ("POST", "/v2/models/nonexistent/unload", None, 200),
-        ("POST", "/v2/repository/models/nonexistent/load", None, 404),
+        ("POST", "/v2/repository/models/nonexistent/load", None, 400),
     ],
     "hardware": [("GET", "/v2/hardware", None, 200)],
     "workers": [("POST", "/v2/workers/nonexistent/unload", None, 200)],

@@ -1,0 +1,109 @@
+"""The parameters of a repository load: ``config`` and ``file:<version>/<file>``, as Triton's.
+
+``config`` is a model configuration in protobuf's JSON mapping (a JSON string), which
+replaces the directory's config.pbtxt for this load. ``file:`` parameters are the files
+of a model directory (base64 strings over HTTP, bytes over gRPC); with them ``config``
+must be given, and the model need not be in the repository. Nothing else is accepted.
+
+Every refusal is a 400 whose message starts ``failed to load '<name>'``, the phrase
+Triton's clients look for, and goes on with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from oipserve.errors import InvalidInput
+from oipserve.model_config import ModelConfig, ModelConfigError, parse_model_config_json
+from oipserve.uploads import NAME_MAX, UploadError, check_layout, check_upload_path
+
+__all__ = ["LoadOverride", "check_model_name", "failed_to_load", "parse_load_parameters"]
+
+FILE_PREFIX = "file:"
+
+
+def failed_to_load(name: str, reason: str) -> InvalidInput:
+    """The 400 of a load that failed, in the words Triton's clients match on."""
+    return InvalidInput(f"failed to load '{name}': {reason}")
+
+
+@dataclass(frozen=True)
+class LoadOverride:
+    """What a load gives instead of the repository: a configuration, model files."""
+
+    config: ModelConfig | None = None
+    files: dict[PurePosixPath, bytes] = field(default_factory=dict)
+
+
+def check_model_name(name: str) -> None:
+    """400 for a name that cannot be a model directory (Triton refuses the same)."""
+    if not name:
+        raise failed_to_load(name, "the model name is empty")
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise failed_to_load(
+            name, "the model name must not contain path traversal characters ('/', '..')"
+        )
+    if len(name.encode()) > NAME_MAX:
+        raise failed_to_load(name[:32] + "...", f"the model name is longer than {NAME_MAX} bytes")
+
+
+def parse_load_parameters(
+    name: str, parameters: Mapping[str, object], files_in_base64: bool
+) -> LoadOverride:
+    """The override a load's parameters ask for; 400 (``failed to load``) for any mistake.
+
+    ``files_in_base64``: HTTP sends file contents as base64 strings, gRPC as bytes.
+    """
+    config: ModelConfig | None = None
+    files: dict[PurePosixPath, bytes] = {}
+    for key, value in parameters.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise failed_to_load(
+                    name,
+                    "load parameter 'config' must be a string holding the model configuration "
+                    "as JSON (protobuf's JSON mapping of Triton's ModelConfig)",
+                )
+            try:
+                config = parse_model_config_json(value)
+            except ModelConfigError as exc:
+                raise failed_to_load(name, f"invalid config override: {exc}") from None
+        elif key.startswith(FILE_PREFIX):
+            try:
+                path = check_upload_path(key[len(FILE_PREFIX) :])
+            except UploadError as exc:
+                raise failed_to_load(name, f"Invalid file path '{key[:64]}': {exc}") from None
+            files[path] = _file_contents(name, key, value, files_in_base64)
+        else:
+            raise failed_to_load(
+                name,
+                f"unrecognized load parameter '{key[:64]}' (this server takes 'config' and "
+                "'file:<version>/<file>')",
+            )
+    if files:
+        if config is None:
+            raise failed_to_load(
+                name, "load parameter 'config' must be specified for model file override"
+            )
+        try:
+            check_layout(list(files))
+        except UploadError as exc:
+            raise failed_to_load(name, f"Invalid file path: {exc}") from None
+    return LoadOverride(config, files)
+
+
+def _file_contents(name: str, key: str, value: object, in_base64: bool) -> bytes:
+    if not in_base64:
+        if not isinstance(value, bytes):
+            raise failed_to_load(name, f"file parameter '{key[:64]}' must be a bytes_param")
+        return value
+    if not isinstance(value, str):
+        raise failed_to_load(name, f"file parameter '{key[:64]}' must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise failed_to_load(name, f"file parameter '{key[:64]}' is not valid base64") from None
