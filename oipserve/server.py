@@ -102,9 +102,37 @@ def _metrics_server(settings: Settings, app: MetricsApp) -> _UvicornServer:
     return _UvicornServer(config)
 
 
+def _http_server(
+    settings: Settings, dataplane: DataPlane, management: Management
+) -> _UvicornServer:
+    """The OIP REST front (with the admin routes) on uvicorn."""
+    app = create_app(settings, dataplane)
+    add_admin_routes(app, management)
+    config = uvicorn.Config(
+        app,
+        http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        # PERF: no X-Forwarded-* rewriting per request; nothing here uses the client address.
+        proxy_headers=False,
+        log_config=None,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
+        h11_max_incomplete_event_size=None,
+    )
+    return _UvicornServer(config)
+
+
 def _check_ports(settings: Settings) -> None:
     """Two services given the same fixed port: a mistake to name before binding."""
-    ports = {"--http-port": settings.http_port, "--grpc-port": settings.grpc_port}
+    ports: dict[str, int] = {}
+    if settings.allow_http:
+        ports["--http-port"] = settings.http_port
+    if settings.allow_grpc:
+        ports["--grpc-port"] = settings.grpc_port
+    if not ports:
+        raise ValueError("--allow-http and --allow-grpc are both false: nothing would serve")
     if settings.allow_metrics:
         ports["--metrics-port"] = settings.metrics_port
     seen: dict[int, str] = {}
@@ -121,13 +149,15 @@ async def serve(settings: Settings) -> int:
         _check_ports(settings)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    sock = bind_socket(settings.host, settings.http_port)
+    # --allow-http false: no HTTP port at all (health over gRPC only).
+    sock = bind_socket(settings.host, settings.http_port) if settings.allow_http else None
     metrics_sock: socket.socket | None = None
     try:
         if settings.allow_metrics:
             metrics_sock = bind_socket(settings.host, settings.metrics_port)
     except StartupError:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise
     try:
         check_repository(root)
@@ -136,7 +166,8 @@ async def serve(settings: Settings) -> int:
         devices = parse_devices(inventory, settings.devices)
         names = startup_models(settings.model_control_mode, settings.load_model, root)
     except (ValueError, RepositoryError, OSError) as exc:  # a mistake in flags or files
-        sock.close()
+        if sock is not None:
+            sock.close()
         if metrics_sock is not None:
             metrics_sock.close()
         raise StartupError(str(exc)) from None
@@ -161,6 +192,8 @@ async def serve(settings: Settings) -> int:
     metrics_server: _UvicornServer | None = None
     grpc_server: GrpcServer | None = None
     grpc_stopping: asyncio.Task[None] | None = None
+    serving = False
+    stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def stop_grpc() -> asyncio.Task[None] | None:
@@ -174,8 +207,10 @@ async def serve(settings: Settings) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         dataplane.shutting_down = True
         stop_grpc()
-        if server is not None:
-            server.should_exit = True
+        stop_requested.set()
+        if serving:
+            if server is not None:
+                server.should_exit = True
             if metrics_server is not None:
                 metrics_server.should_exit = True
         else:
@@ -199,53 +234,44 @@ async def serve(settings: Settings) -> int:
             )
             registry.required.update(names)
             await asyncio.gather(*(manager.load(name) for name in names))
-            grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
+            grpc_port = 0
+            if settings.allow_grpc:
+                grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
         except asyncio.CancelledError:
             log.info("start-up interrupted")
             return 0
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
 
-        app = create_app(settings, dataplane)
-        add_admin_routes(app, management)
-        config = uvicorn.Config(
-            app,
-            http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
-            loop="none",
-            lifespan="off",
-            access_log=False,
-            # PERF: no X-Forwarded-* rewriting per request; nothing here uses the client address.
-            proxy_headers=False,
-            log_config=None,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
-            h11_max_incomplete_event_size=None,
-        )
-        server = _UvicornServer(config)
-        servers = [server]
+        servers: list[_UvicornServer] = []
+        if sock is not None:
+            server = _http_server(settings, dataplane, management)
+            servers.append(server)
         if metrics_sock is not None:
             metrics_server = _metrics_server(
                 settings, MetricsApp(Scraper(dataplane.stats, inventory_source))
             )
             servers.append(metrics_server)
-        host, port = sock.getsockname()[:2]
+        serving = True
+        host = sock.getsockname()[0] if sock is not None else settings.host
         shown = f"[{host}]" if ":" in host else host
+        # The ready line names each port served; --allow-http false shows `http=off`.
+        http_shown = f"http://{shown}:{sock.getsockname()[1]}" if sock is not None else "http=off"
+        grpc_shown = f" grpc={shown}:{grpc_port}" if grpc_server is not None else ""
         metrics_shown = ""
         if metrics_sock is not None:
             metrics_shown = f" metrics={shown}:{metrics_sock.getsockname()[1]}"
 
         async def announce() -> None:
-            while not all(s.started for s in servers) and not server.should_exit:
+            while not all(s.started for s in servers) and not stop_requested.is_set():
                 await asyncio.sleep(0.01)
-            if all(s.started for s in servers):
+            if all(s.started for s in servers) and not stop_requested.is_set():
                 log.info(
-                    "ready http://%s:%d (%d models, devices: %s) grpc=%s:%d%s",
-                    shown,
-                    port,
+                    "ready %s (%d models, devices: %s)%s%s",
+                    http_shown,
                     len(names),
                     ", ".join(devices),
-                    shown,
-                    grpc_port,
+                    grpc_shown,
                     metrics_shown,
                 )
 
@@ -258,7 +284,10 @@ async def serve(settings: Settings) -> int:
         trimmer = MemoryTrimmer()
         trimmer.start()
         try:
-            await server.serve(sockets=[sock])
+            if server is not None and sock is not None:
+                await server.serve(sockets=[sock])
+            else:
+                await stop_requested.wait()
         finally:
             await trimmer.stop()
             # The metrics port closes with the HTTP port (shutdown step 1).
@@ -277,7 +306,8 @@ async def serve(settings: Settings) -> int:
         dataplane.inputs.close()
         dataplane.outputs.close()
         sweep(pool.prefix)
-        sock.close()
+        if sock is not None:
+            sock.close()
         if metrics_sock is not None:
             metrics_sock.close()
         for signum in (signal.SIGINT, signal.SIGTERM):

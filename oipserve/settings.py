@@ -73,6 +73,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Seconds one worker-endpoint load (worker start and session creation) may take
     #: before it is undone and answered 503.
     load_timeout: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    #: Triton's flags (kserve-tritonserver passes both): false serves no HTTP port (health
+    #: then only over gRPC) or no gRPC port; at least one of the two must stay on.
+    allow_http: bool = True
+    allow_grpc: bool = True
 
 
 class SettingsError(ValueError):
@@ -82,7 +86,8 @@ class SettingsError(ValueError):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oipserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model repository")
+    # KServe's runtime args begin with Triton's program name: `tritonserver` is `serve`.
+    serve = commands.add_parser("serve", aliases=["tritonserver"], help="serve a model repository")
     # NOTE: defaults stay None here so that "not given" can fall back to the
     #   environment and then to the Settings defaults, in that order.
     serve.add_argument("--model-repository", metavar="DIR")
@@ -118,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-threads-per-session", metavar="N")
     serve.add_argument("--max-endpoint-batch-size", metavar="N")
     serve.add_argument("--load-timeout", metavar="SECONDS", help="per worker-endpoint load")
+    # Triton's spellings, so kserve-tritonserver's args work unchanged (docs/deploy.md).
+    serve.add_argument("--model-store", metavar="DIR", dest="model_repository", help="alias")
+    serve.add_argument("--allow-http", metavar="true|false", help="serve the HTTP port")
+    serve.add_argument("--allow-grpc", metavar="true|false", help="serve the gRPC port")
     return parser
 
 

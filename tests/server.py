@@ -15,6 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_REPOSITORY = ROOT / "model-repository"
 READY = re.compile(r"ready http://(\S+):(\d+)")
+#: The ready line with ``--allow-http false`` (no HTTP port to name).
+READY_NO_HTTP = re.compile(r"ready http=off ")
 GRPC = re.compile(r"grpc=(\S+):(\d+)")
 METRICS = re.compile(r"metrics=(\S+):(\d+)")
 
@@ -27,22 +29,26 @@ class ServerProcess:
         repository: Path | str = SAMPLE_REPOSITORY,
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        argv: Sequence[str] | None = None,
     ) -> None:
-        self.command = [
-            sys.executable,
-            "-m",
-            "oipserve",
-            "serve",
-            "--model-repository",
-            str(repository),
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            *args,
-        ]
+        """``argv``, when given, is the whole command line after ``oipserve`` (a manifest's
+        args, say); ``repository`` and ``args`` are then not used."""
+        self.command = [sys.executable, "-m", "oipserve"]
+        if argv is not None:
+            self.command += argv
+        else:
+            self.command += [
+                "serve",
+                "--model-repository",
+                str(repository),
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                *args,
+            ]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
             self.command,
@@ -61,6 +67,8 @@ class ServerProcess:
         self.grpc_port = 0
         #: ``http://host:port`` of ``GET /metrics``; empty with ``--allow-metrics false``.
         self.metrics_url = ""
+        #: The server's ``ready ...`` line, once it was logged.
+        self.ready_line = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -69,9 +77,11 @@ class ServerProcess:
         for line in self.process.stdout:
             self.lines.append(line)
             match = READY.search(line)
-            if match and not self._ready.is_set():
-                self.url = f"http://{match.group(1)}:{match.group(2)}"
-                self.port = int(match.group(2))
+            if (match or READY_NO_HTTP.search(line)) and not self._ready.is_set():
+                self.ready_line = line
+                if match:
+                    self.url = f"http://{match.group(1)}:{match.group(2)}"
+                    self.port = int(match.group(2))
                 grpc_match = GRPC.search(line)
                 if grpc_match:
                     self.grpc_url = f"{grpc_match.group(1)}:{grpc_match.group(2)}"
@@ -91,7 +101,7 @@ class ServerProcess:
         return self.url.removeprefix("http://")
 
     def wait_ready(self, timeout: float = 90) -> ServerProcess:
-        if not self._ready.wait(timeout) or not self.url:
+        if not self._ready.wait(timeout) or not self.ready_line:
             self.kill()
             raise RuntimeError(f"server did not become ready:\n{self.log}")
         return self
