@@ -1,8 +1,8 @@
 """Print the runtime requirements of oipserve for one image flavour, one per line.
 
-pyproject.toml depends on onnxruntime-gpu (it runs on CPUs too, at ~300 MB installed).
-The CPU image installs Microsoft's CPU build of the same version instead (the same
-``onnxruntime`` import package, ~20 MB); the CUDA image adds the ``cuda`` and ``cudnn``
+pyproject.toml depends on onnxruntime-gpu (it runs on CPUs too, at 338 MiB installed).
+The CPU image installs Microsoft's CPU build instead (the same ``onnxruntime`` import
+package, 77 MiB); the CUDA image adds the ``cuda`` and ``cudnn``
 extras, which bring NVIDIA's CUDA and cuDNN libraries as pip wheels.
 
 Usage: python deploy/requirements_for.py cpu|cuda [pyproject.toml] > requirements.txt
