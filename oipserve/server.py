@@ -159,9 +159,37 @@ def _metrics_server(settings: Settings, app: MetricsApp) -> _UvicornServer:
     return _UvicornServer(config)
 
 
+def _http_server(
+    settings: Settings, dataplane: DataPlane, management: Management
+) -> _UvicornServer:
+    """The OIP REST front (with the admin routes) on uvicorn."""
+    app = create_app(settings, dataplane)
+    add_admin_routes(app, management)
+    config = uvicorn.Config(
+        app,
+        http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        # PERF: no X-Forwarded-* rewriting per request; nothing here uses the client address.
+        proxy_headers=False,
+        log_config=None,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
+        h11_max_incomplete_event_size=None,
+    )
+    return _UvicornServer(config)
+
+
 def _check_ports(settings: Settings) -> None:
     """Two services given the same fixed port: a mistake to name before binding."""
-    ports = {"--http-port": settings.http_port, "--grpc-port": settings.grpc_port}
+    ports: dict[str, int] = {}
+    if settings.allow_http:
+        ports["--http-port"] = settings.http_port
+    if settings.allow_grpc:
+        ports["--grpc-port"] = settings.grpc_port
+    if not ports:
+        raise ValueError("--allow-http and --allow-grpc are both false: nothing would serve")
     if settings.allow_metrics:
         ports["--metrics-port"] = settings.metrics_port
     seen: dict[int, str] = {}
@@ -195,8 +223,11 @@ async def serve(settings: Settings) -> int:
     # Every port is taken (or found taken) before anything loads.
     held: list[socket.socket] = []
     try:
-        sock = bind_socket(settings.host, settings.http_port, "--http-port")
-        held.append(sock)
+        # --allow-http false: no HTTP port at all (health over gRPC only).
+        sock: socket.socket | None = None
+        if settings.allow_http:
+            sock = bind_socket(settings.host, settings.http_port, "--http-port")
+            held.append(sock)
         metrics_sock: socket.socket | None = None
         if settings.allow_metrics:
             metrics_sock = bind_socket(settings.host, settings.metrics_port, "--metrics-port")
@@ -204,7 +235,7 @@ async def serve(settings: Settings) -> int:
         # NOTE: grpc binds its own socket; this one holds the port while models load
         #   and is closed just before gRPC starts.
         grpc_probe: socket.socket | None = None
-        if settings.grpc_port:
+        if settings.allow_grpc and settings.grpc_port:
             grpc_probe = bind_socket(settings.host, settings.grpc_port, "--grpc-port")
             held.append(grpc_probe)
         check_repository(root)
@@ -270,6 +301,8 @@ async def serve(settings: Settings) -> int:
     metrics_server: _UvicornServer | None = None
     grpc_server: GrpcServer | None = None
     grpc_stopping: asyncio.Task[None] | None = None
+    serving = False
+    stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def stop_grpc() -> asyncio.Task[None] | None:
@@ -283,8 +316,10 @@ async def serve(settings: Settings) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         dataplane.shutting_down = True
         stop_grpc()
-        if server is not None:
-            server.should_exit = True
+        stop_requested.set()
+        if serving:
+            if server is not None:
+                server.should_exit = True
             if metrics_server is not None:
                 metrics_server.should_exit = True
         else:
@@ -312,44 +347,34 @@ async def serve(settings: Settings) -> int:
                 )
             if grpc_probe is not None:
                 grpc_probe.close()
-            grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
+            grpc_port: int | None = None
+            if settings.allow_grpc:
+                grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
         except asyncio.CancelledError:
             log.info("start-up interrupted")
             return 0
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
 
-        app = create_app(settings, dataplane)
-        add_admin_routes(app, management)
-        config = uvicorn.Config(
-            app,
-            http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
-            loop="none",
-            lifespan="off",
-            access_log=False,
-            # PERF: no X-Forwarded-* rewriting per request; nothing here uses the client address.
-            proxy_headers=False,
-            log_config=None,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
-            h11_max_incomplete_event_size=None,
-        )
-        server = _UvicornServer(config)
-        servers = [server]
+        servers: list[_UvicornServer] = []
+        if sock is not None:
+            server = _http_server(settings, dataplane, management)
+            servers.append(server)
         if metrics_sock is not None:
             metrics_server = _metrics_server(
                 settings, MetricsApp(Scraper(dataplane.stats, inventory_source))
             )
             servers.append(metrics_server)
-        host, port = sock.getsockname()[:2]
+        serving = True
+        host = sock.getsockname()[0] if sock is not None else settings.host
 
         async def announce() -> None:
-            while not all(s.started for s in servers) and not server.should_exit:
+            while not all(s.started for s in servers) and not stop_requested.is_set():
                 await asyncio.sleep(0.01)
-            if all(s.started for s in servers):
+            if all(s.started for s in servers) and not stop_requested.is_set():
                 report = StartupReport(
                     host,
-                    port,
+                    sock.getsockname()[1] if sock is not None else None,
                     grpc_port,
                     metrics_sock.getsockname()[1] if metrics_sock is not None else None,
                     len(names),
@@ -374,7 +399,10 @@ async def serve(settings: Settings) -> int:
         trimmer = MemoryTrimmer()
         trimmer.start()
         try:
-            await server.serve(sockets=[sock])
+            if server is not None and sock is not None:
+                await server.serve(sockets=[sock])
+            else:
+                await stop_requested.wait()
         finally:
             await trimmer.stop()
             # The metrics port closes with the HTTP port (shutdown step 1).

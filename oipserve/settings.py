@@ -82,6 +82,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Triton's flag (and ``--strict``): refuse to start when a model loaded at start fails
     #: or the repository holds no model. Triton's default is true; ours keeps serving.
     exit_on_error: bool = False
+    #: Triton's flags (kserve-tritonserver passes both): false serves no HTTP port (health
+    #: then only over gRPC) or no gRPC port; at least one of the two must stay on.
+    allow_http: bool = True
+    allow_grpc: bool = True
 
 
 class SettingsError(ValueError):
@@ -117,8 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"oipserve {oipserve.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # KServe's runtime args begin with Triton's program name: `tritonserver` is `serve`.
     serve = commands.add_parser(
         "serve",
+        aliases=["tritonserver"],
         help="serve a model repository over HTTP/REST, gRPC and /metrics",
         description="Serve the ONNX models of a Triton-layout repository "
         "(DIR/<model>/<version>/model.onnx).",
@@ -251,6 +257,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_const",
         const="true",
         help="the same as --exit-on-error true",
+    )
+    # Triton's spellings, so kserve-tritonserver's args work unchanged (docs/deploy.md).
+    serve.add_argument(
+        "--model-store",
+        metavar="DIR",
+        dest="model_repository",
+        help="Triton's name for --model-repository",
+    )
+    serve.add_argument(
+        "--allow-http", metavar="true|false", help="serve the HTTP/REST port (Triton's flag)"
+    )
+    serve.add_argument(
+        "--allow-grpc", metavar="true|false", help="serve the gRPC port (Triton's flag)"
     )
     _document_defaults(serve)
     return parser

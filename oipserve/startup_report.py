@@ -54,8 +54,9 @@ class StartupReport:
     """The addresses the server listens on, and what it says once they serve."""
 
     host: str
-    http_port: int
-    grpc_port: int
+    #: None with --allow-http false (the line says ``http=off``), likewise gRPC.
+    http_port: int | None
+    grpc_port: int | None
     metrics_port: int | None
     models: int
     devices: list[str]
@@ -67,10 +68,10 @@ class StartupReport:
 
     def _addresses(self) -> str:
         shown = f"[{self.host}]" if ":" in self.host else self.host
-        text = (
-            f"http://{shown}:{self.http_port} ({self.models} models, devices: "
-            f"{', '.join(self.devices)}) grpc={shown}:{self.grpc_port}"
-        )
+        http = "http=off" if self.http_port is None else f"http://{shown}:{self.http_port}"
+        text = f"{http} ({self.models} models, devices: {', '.join(self.devices)})"
+        if self.grpc_port is not None:
+            text += f" grpc={shown}:{self.grpc_port}"
         if self.metrics_port is not None:
             text += f" metrics={shown}:{self.metrics_port}"
         return text

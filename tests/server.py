@@ -17,6 +17,8 @@ SAMPLE_REPOSITORY = ROOT / "model-repository"
 READY = re.compile(r"ready http://(\S+):(\d+)")
 #: Logged instead of the ready line when a model loaded at start is not ready.
 NOT_READY = re.compile(r"not ready: .* serving http://(\S+):(\d+)")
+#: The ready (or not-ready) line with ``--allow-http false`` (no HTTP port to name).
+READY_NO_HTTP = re.compile(r"(?:ready|serving) http=off ")
 GRPC = re.compile(r"grpc=(\S+):(\d+)")
 METRICS = re.compile(r"metrics=(\S+):(\d+)")
 
@@ -29,22 +31,26 @@ class ServerProcess:
         repository: Path | str = SAMPLE_REPOSITORY,
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        argv: Sequence[str] | None = None,
     ) -> None:
-        self.command = [
-            sys.executable,
-            "-m",
-            "oipserve",
-            "serve",
-            "--model-repository",
-            str(repository),
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            *args,
-        ]
+        """``argv``, when given, is the whole command line after ``oipserve`` (a manifest's
+        args, say); ``repository`` and ``args`` are then not used."""
+        self.command = [sys.executable, "-m", "oipserve"]
+        if argv is not None:
+            self.command += argv
+        else:
+            self.command += [
+                "serve",
+                "--model-repository",
+                str(repository),
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                *args,
+            ]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
             self.command,
@@ -63,7 +69,10 @@ class ServerProcess:
         self.grpc_port = 0
         #: ``http://host:port`` of ``GET /metrics``; empty with ``--allow-metrics false``.
         self.metrics_url = ""
+        #: True when the start-up line was ``ready ...``, False for ``not ready: ... serving``.
         self.started_ready = False
+        #: The server's ``ready ...`` (or ``not ready: ...``) line, once it was logged.
+        self.ready_line = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -72,11 +81,12 @@ class ServerProcess:
         for line in self.process.stdout:
             self.lines.append(line)
             match = READY.search(line) or NOT_READY.search(line)
-            if match and not self._ready.is_set():
-                #: True for ``ready http://...``, False for ``not ready: ... serving``.
-                self.started_ready = match.re is READY
-                self.url = f"http://{match.group(1)}:{match.group(2)}"
-                self.port = int(match.group(2))
+            if (match or READY_NO_HTTP.search(line)) and not self._ready.is_set():
+                self.ready_line = line
+                self.started_ready = "not ready:" not in line
+                if match:
+                    self.url = f"http://{match.group(1)}:{match.group(2)}"
+                    self.port = int(match.group(2))
                 grpc_match = GRPC.search(line)
                 if grpc_match:
                     self.grpc_url = f"{grpc_match.group(1)}:{grpc_match.group(2)}"
@@ -96,7 +106,7 @@ class ServerProcess:
         return self.url.removeprefix("http://")
 
     def wait_ready(self, timeout: float = 90) -> ServerProcess:
-        if not self._ready.wait(timeout) or not self.url:
+        if not self._ready.wait(timeout) or not self.ready_line:
             self.kill()
             raise RuntimeError(f"server did not become ready:\n{self.log}")
         return self

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Build the CPU image of oipserve without a container runtime, prove it runs, pack it.
+#
+# What deploy/Containerfile does, done with Debian's tools where containers cannot start:
+#   1. builder: a Debian root filesystem (mmdebstrap) with python3 + venv; in a chroot of
+#      it, a venv at /opt/oipserve with oipserve from this checkout (CPU ONNX Runtime).
+#   2. runtime: a second, smaller root filesystem (python3 only); /opt/oipserve copied in;
+#      user and group 1000 (multi-stage: no pip, no compilers, no apt lists in the image).
+#   3. smoke test: in a private mount namespace, the runtime root mounted READ-ONLY, a
+#      test repository mounted read-only at /mnt/models, /tmp and /dev/shm as tmpfs; the
+#      server is started in a chroot as uid 1000 with kserve-tritonserver's own arguments
+#      (`tritonserver --model-store=/mnt/models ...`), probed (ready, live, metrics, one
+#      inference), stopped with SIGTERM (exit code 0 expected), and the repository is
+#      checked unchanged (every file's size, mode, mtime and sha256).
+#   4. pack: umoci writes an OCI image layout (one layer, the image config: entry point,
+#      CMD, env, user, ports, stop signal), skopeo turns it into a docker archive that
+#      `docker load` / `podman load` read.
+# Prints a summary with the sizes. Needs root, mmdebstrap, umoci, skopeo, and network
+# access to Debian's mirror and PyPI:
+#   apt-get install -y mmdebstrap umoci skopeo
+#
+# Usage: deploy/build-image.sh [OUTPUT_DIR]   (default: build/image; TAG=0.1.0-cpu)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$(realpath -m -- "${1:-$ROOT/build/image}")
+TAG=${TAG:-0.1.0-cpu}
+SUITE=${SUITE:-bookworm}
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+VENV=/opt/oipserve
+
+if [[ "${1:-}" == "--smoke-inside" ]]; then
+    # Runs in `unshare -m`: mounts here vanish with the namespace.
+    rootfs=$2 models=$3
+    mount --bind "$rootfs" "$rootfs"
+    mount -t proc proc "$rootfs/proc"
+    mount --rbind /dev "$rootfs/dev"
+    mount -t tmpfs -o size=512m tmpfs "$rootfs/dev/shm"
+    mount -t tmpfs -o size=64m tmpfs "$rootfs/tmp"
+    mount --bind "$models" "$rootfs/mnt/models"
+    mount -o remount,bind,ro "$rootfs/mnt/models"
+    mount -o remount,bind,ro "$rootfs"
+    if touch "$rootfs/opt/probe" 2>/dev/null || touch "$rootfs/mnt/models/probe" 2>/dev/null; then
+        echo "smoke: the root or /mnt/models is writable, the test would prove nothing" >&2
+        exit 1
+    fi
+    read -r http grpc metrics < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+    # kserve-tritonserver's args, ports moved off 8080/9000/8002 to free ones.
+    chroot --userspec=1000:1000 "$rootfs" /usr/bin/env -i PATH="$VENV/bin:/usr/bin:/bin" \
+        PYTHONUNBUFFERED=1 OIPSERVE_HOST=0.0.0.0 \
+        oipserve tritonserver --model-store=/mnt/models --grpc-port="$grpc" \
+        --http-port="$http" --metrics-port="$metrics" --allow-grpc=true --allow-http=true \
+        --devices=cpu >"$rootfs.log" 2>&1 &
+    pid=$!
+    python3 - "$http" "$metrics" "$pid" <<'EOF'
+import json, sys, time, urllib.request as u
+http, metrics, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+base = f"http://127.0.0.1:{http}"
+deadline = time.monotonic() + 120
+while True:
+    try:
+        if u.urlopen(base + "/v2/health/ready", timeout=2).status == 200:
+            break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("smoke: not ready after 120 s")
+    time.sleep(0.5)
+print("smoke: ready", round(time.monotonic() - deadline + 120, 1), "s after start")
+print("smoke: live", u.urlopen(base + "/v2/health/live", timeout=2).status)
+body = u.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+print("smoke: metrics", sum(1 for line in body.splitlines() if line.startswith("nv_")), "nv_ samples")
+request = {"inputs": [
+    {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+answer = json.load(u.urlopen(u.Request(base + "/v2/models/simple/infer",
+                                       data=json.dumps(request).encode()), timeout=10))
+sums = {o["name"]: o["data"] for o in answer["outputs"]}
+assert sums["OUTPUT0"] == [i + 1 for i in range(16)], answer
+print("smoke: inference on simple: OUTPUT0 =", sums["OUTPUT0"][:4], "...")
+EOF
+    kill -TERM "$pid"
+    code=0
+    wait "$pid" || code=$?
+    echo "smoke: exit code after SIGTERM: $code"
+    leftovers=$(ls "$rootfs/dev/shm" | wc -l)
+    echo "smoke: /dev/shm entries left: $leftovers"
+    grep -m1 " ready " "$rootfs.log" | sed 's/^/smoke: log: /'
+    [[ $code == 0 && $leftovers == 0 ]]
+    exit
+fi
+
+for tool in mmdebstrap umoci skopeo unshare chroot; do
+    command -v "$tool" >/dev/null || { echo "build-image: $tool is missing" >&2; exit 1; }
+done
+[[ $(id -u) == 0 ]] || { echo "build-image: run as root (chroot, mounts)" >&2; exit 1; }
+
+WORK=$(mktemp -d /var/tmp/oipserve-image.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+started=$SECONDS
+step() { echo "== $(( SECONDS - started ))s: $*"; }
+
+step "builder root filesystem ($SUITE, python3, venv)"
+mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+    "$SUITE" "$WORK/builder" "$MIRROR"
+mkdir -p "$WORK/builder/src/deploy"
+cp -r "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/oipserve" "$ROOT/workers" \
+    "$ROOT/hardware" "$WORK/builder/src/"
+cp "$ROOT/deploy/requirements_for.py" "$WORK/builder/src/deploy/"
+find "$WORK/builder/src" -name __pycache__ -prune -exec rm -rf {} +
+cp /etc/resolv.conf "$WORK/builder/etc/resolv.conf"
+# This machine's CA bundle, in case it reaches PyPI through an inspecting proxy.
+cp /etc/ssl/certs/ca-certificates.crt "$WORK/builder/src/ca.crt"
+
+step "venv in the builder chroot (Containerfile's RUN step)"
+unshare -m sh -c "mount -t proc proc '$WORK/builder/proc' && chroot '$WORK/builder' \
+    /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root PIP_CERT=/src/ca.crt \
+    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off sh -ec '
+        python3 /src/deploy/requirements_for.py cpu /src/pyproject.toml > /tmp/requirements.txt
+        python3 -m venv $VENV
+        $VENV/bin/pip install --quiet -r /tmp/requirements.txt
+        $VENV/bin/pip install --quiet --no-deps /src
+        $VENV/bin/pip uninstall --quiet -y pip setuptools
+        $VENV/bin/python -c \"import onnxruntime, oipserve; print(\\\"onnxruntime\\\", onnxruntime.__version__, onnxruntime.get_available_providers())\"
+    '"
+
+step "runtime root filesystem ($SUITE, python3 only)"
+mmdebstrap --quiet --variant=minbase --include=python3 \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    "$SUITE" "$WORK/rootfs" "$MIRROR"
+cp -a "$WORK/builder$VENV" "$WORK/rootfs$VENV"
+echo "oipserve:x:1000:1000::/nonexistent:/usr/sbin/nologin" >> "$WORK/rootfs/etc/passwd"
+echo "oipserve:x:1000:" >> "$WORK/rootfs/etc/group"
+mkdir -p "$WORK/rootfs/models" "$WORK/rootfs/mnt/models"
+rm -rf "$WORK/rootfs/var/cache/apt/"* "$WORK/rootfs/var/lib/apt/lists/"*
+
+step "smoke test: chroot, uid 1000, read-only root and read-only /mnt/models"
+mkdir -p "$WORK/models"
+cp -r "$ROOT/model-repository/simple" "$WORK/models/"
+chown -R 0:0 "$WORK/models"
+fingerprint() {
+    (cd "$1" && find . -printf '%p %s %m %T@\n' | sort && find . -type f -exec sha256sum {} + | sort)
+}
+before=$(fingerprint "$WORK/models")
+unshare -m "$0" --smoke-inside "$WORK/rootfs" "$WORK/models"
+after=$(fingerprint "$WORK/models")
+if [[ "$before" != "$after" ]]; then
+    echo "build-image: the server changed the model repository" >&2
+    diff <(echo "$before") <(echo "$after") >&2 || true
+    exit 1
+fi
+echo "smoke: model repository unchanged ($(cd "$WORK/models" && find . | wc -l) entries compared)"
+rm -f "$WORK/rootfs.log"
+
+step "pack: OCI layout (umoci) and docker archive (skopeo)"
+mkdir -p "$OUT"
+rm -rf "$OUT/oci" "$OUT/oipserve-$TAG.tar"
+umoci init --layout "$OUT/oci"
+umoci new --image "$OUT/oci:$TAG"
+umoci insert --rootless=false --image "$OUT/oci:$TAG" "$WORK/rootfs" / >/dev/null
+umoci config --image "$OUT/oci:$TAG" \
+    --config.user 1000:1000 --config.workingdir / \
+    --config.entrypoint oipserve --config.cmd serve \
+    --config.env "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    --config.env PYTHONUNBUFFERED=1 --config.env OIPSERVE_HOST=0.0.0.0 \
+    --config.env OIPSERVE_MODEL_REPOSITORY=/models \
+    --config.exposedports 8000/tcp --config.exposedports 8001/tcp \
+    --config.exposedports 8002/tcp --config.stopsignal SIGTERM \
+    --author oipserve --history.comment "deploy/build-image.sh"
+umoci gc --layout "$OUT/oci"
+skopeo copy --quiet "oci:$OUT/oci:$TAG" "docker-archive:$OUT/oipserve-$TAG.tar:oipserve:$TAG"
+
+step "summary"
+layer=$(find "$OUT/oci/blobs/sha256" -type f -size +1M -printf '%s\n' | sort -n | tail -1)
+echo "image oipserve:$TAG"
+echo "  root filesystem: $(du -sh --apparent-size "$WORK/rootfs" | cut -f1) (of which $VENV: $(du -sh --apparent-size "$WORK/rootfs$VENV" | cut -f1))"
+echo "  compressed layer: $(numfmt --to=iec "$layer")"
+echo "  docker archive: $OUT/oipserve-$TAG.tar ($(du -sh --apparent-size "$OUT/oipserve-$TAG.tar" | cut -f1))"
+echo "  OCI layout: $OUT/oci"
+echo "  config: $(skopeo inspect --config "oci:$OUT/oci:$TAG" | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["config"]))')"
+echo "  python: $(chroot "$WORK/rootfs" python3 --version)"
+echo "  largest packages in the venv:"
+du -s --apparent-size -B1M "$WORK/rootfs$VENV"/lib/python3*/site-packages/* 2>/dev/null \
+    | sort -rn | head -6 | awk '{printf "    %5d MiB  %s\n", $1, $2}' | sed "s|$WORK/rootfs||"

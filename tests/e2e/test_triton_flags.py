@@ -1,0 +1,150 @@
+"""Triton's deployment flags: what kserve-tritonserver passes works after an image swap.
+
+`tritonserver` as an alias of `serve`, `--model-store` as an alias of `--model-repository`,
+`--allow-http` / `--allow-grpc` (true/false), Triton's default ports without flags, Triton
+flags we do not implement refused by name, and a repository that is not written to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from oipserve.settings import load_settings
+from tests.e2e.test_lifecycle import run_cli
+from tests.e2e.test_rest_basics import request
+from tests.server import SAMPLE_REPOSITORY, ServerProcess
+
+# kserve/kserve config/runtimes/kserve-tritonserver.yaml, `args` of kserve-container.
+KSERVE_TRITONSERVER_ARGS = [
+    "tritonserver",
+    "--model-store=/mnt/models",
+    "--grpc-port=9000",
+    "--http-port=8080",
+    "--allow-grpc=true",
+    "--allow-http=true",
+]
+
+
+def test_kserve_tritonserver_args_parse_to_the_same_server() -> None:
+    command, settings = load_settings(KSERVE_TRITONSERVER_ARGS, {})
+    assert command == "tritonserver"
+    assert settings.model_repository == "/mnt/models"
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (8080, 9000, 8002)
+    assert settings.allow_http and settings.allow_grpc and settings.allow_metrics
+
+
+def test_no_flags_keep_tritons_ports() -> None:
+    _, settings = load_settings(["serve", "--model-store", "/m"], {})
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (8000, 8001, 8002)
+    assert settings.allow_http and settings.allow_grpc
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [("false", False), ("true", True), ("0", False), ("1", True)]
+)
+def test_allow_flags_take_tritons_booleans(given: str, expected: bool) -> None:
+    _, settings = load_settings(["serve", "--model-store=/m", f"--allow-grpc={given}"], {})
+    assert settings.allow_grpc is expected
+    _, settings = load_settings(["serve", "--model-store=/m"], {"OIPSERVE_ALLOW_HTTP": given})
+    assert settings.allow_http is expected
+
+
+def test_bad_allow_value_names_the_flag() -> None:
+    result = run_cli("serve", "--model-store", str(SAMPLE_REPOSITORY), "--allow-http=maybe")
+    assert result.returncode == 2 and "--allow-http" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        # Triton flags seen in KServe and Triton deployments that oipserve does not implement:
+        # refused by name (exit 2), never silently ignored. docs/deploy.md lists them.
+        "--log-verbose=1",
+        "--strict-model-config=false",
+        "--strict-readiness=false",
+        "--model-control-mode=poll",
+    ],
+)
+def test_unimplemented_triton_flags_are_refused_by_name(flag: str) -> None:
+    result = run_cli("tritonserver", f"--model-store={SAMPLE_REPOSITORY}", flag)
+    assert result.returncode == 2, result.stderr
+    assert flag.split("=")[0] in result.stderr or "poll" in result.stderr, result.stderr
+
+
+def test_http_and_grpc_both_off_is_refused() -> None:
+    result = run_cli(
+        "serve", "--model-store", str(SAMPLE_REPOSITORY), "--allow-http=false", "--allow-grpc=0"
+    )
+    assert result.returncode == 3
+    assert "--allow-http and --allow-grpc are both false" in result.stderr
+
+
+def fingerprint(root: Path) -> list[tuple[str, int, int, int, str]]:
+    """Every entry under ``root``: path, size, mode, mtime (ns) and the content's sha256."""
+    entries = []
+    for path in sorted(root.rglob("*")):
+        stat = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        name = str(path.relative_to(root))
+        entries.append((name, stat.st_size, stat.st_mode, stat.st_mtime_ns, digest))
+    stat = root.lstat()
+    entries.append((".", stat.st_size, stat.st_mode, stat.st_mtime_ns, ""))
+    return entries
+
+
+@pytest.fixture()
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    for name in ("simple", "identity_fp32"):
+        shutil.copytree(SAMPLE_REPOSITORY / name, root / name)
+    # Read-only for everyone; as root (tests often are) the mode stops nothing, so the
+    # fingerprint (sizes, modes, mtimes, contents, the entries themselves) is what checks.
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode & 0o555)
+    return root
+
+
+def test_allow_http_false_serves_grpc_only_and_writes_nothing(repository: Path) -> None:
+    before = fingerprint(repository)
+    srv = ServerProcess(
+        argv=[
+            "tritonserver",
+            f"--model-store={repository}",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+            "--allow-http=false",
+            "--allow-grpc=true",
+        ]
+    ).wait_ready()
+    try:
+        assert srv.ready_line.split("ready ", 1)[1].startswith("http=off ("), srv.ready_line
+        assert srv.url == "" and srv.grpc_url and srv.metrics_url
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("simple")
+        # Repository control (reads the directory again) over gRPC, still nothing written.
+        client.unload_model("identity_fp32")
+        client.load_model("identity_fp32")
+        assert client.is_model_ready("identity_fp32")
+        client.close()
+    finally:
+        assert srv.stop() == 0, srv.log
+    assert "Traceback" not in srv.log, srv.log
+    assert fingerprint(repository) == before
+
+
+def test_allow_grpc_false_serves_http_only(repository: Path) -> None:
+    srv = ServerProcess(repository, ["--allow-grpc=false"]).wait_ready()
+    try:
+        assert " grpc=" not in srv.ready_line and srv.grpc_url == "", srv.ready_line
+        status, _, body = request(srv, "GET", "/v2/health/ready")
+        assert (status, json.loads(body)) == (200, {"ready": True})
+    finally:
+        assert srv.stop() == 0, srv.log
