@@ -4,6 +4,8 @@ Inputs arrive as numpy views of shared memory (no copy); BYTES become the
 ``str`` object arrays ONNX Runtime wants, BF16 becomes an OrtValue. Outputs
 are copied once into the worker's output segment: ONNX Runtime allocates its
 own output buffers when shapes are dynamic, so this copy is the one left.
+Outputs that go into clients' regions with shapes known before the run
+(``output_shapes``) are written there by ONNX Runtime itself (``run_into``).
 """
 
 from __future__ import annotations
@@ -114,6 +116,12 @@ class ModelSession:
         self.output_types = {m.name: m.datatype for m in self.outputs}
         self.input_types = {m.name: m.datatype for m in self.inputs}
         self.has_bf16 = any(m.datatype == "BF16" for m in self.inputs + self.outputs)
+        #: Dims as the graph declares them: an int, a symbolic name (dim_param) or None.
+        self._input_dims = {a.name: list(a.shape or []) for a in self.session.get_inputs()}
+        self._output_dims = {a.name: list(a.shape or []) for a in self.session.get_outputs()}
+        #: False once a run showed that an output's dim names do not hold (the graph
+        #: declares an output dim with an input's name but makes another size).
+        self.dim_names_hold = True
 
     def feed(self, name: str, datatype: str, shape: list[int], buf: memoryview) -> object:
         """Build one input from its shared-memory bytes, without copying fixed-width data."""
@@ -124,6 +132,45 @@ class ModelSession:
             words = np.frombuffer(buf, dtype=np.uint16, count=count).reshape(shape)
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(words, _BF16)
         return np.frombuffer(buf, dtype=NUMPY_DTYPES[datatype], count=count).reshape(shape)
+
+    def output_shapes(
+        self, output_names: list[str], feeds: dict[str, object]
+    ) -> dict[str, list[int]] | None:
+        """Each output's shape before the run, where the graph says it.
+
+        A dim is known when the graph fixes it, or when it is a symbolic name
+        (``dim_param``) that also names a dim of an input this request gives: it then
+        takes that input's size (a name the inputs give two sizes stays unknown). None
+        unless every dim of every output is known; a rank-0 output counts as unknown,
+        since ONNX Runtime reports an output of unknown rank as ``[]`` too.
+        """
+        if not self.dim_names_hold:
+            return None
+        sizes: dict[str, int] = {}
+        clashes: set[str] = set()
+        for name, value in feeds.items():
+            declared = self._input_dims.get(name)
+            shape = getattr(value, "shape", None)
+            if declared is None or shape is None or len(declared) != len(shape):
+                continue
+            for dim, size in zip(declared, shape, strict=True):
+                if isinstance(dim, str) and sizes.setdefault(dim, int(size)) != size:
+                    clashes.add(dim)
+        shapes = {}
+        for name in output_names:
+            declared = self._output_dims.get(name)
+            if not declared:
+                return None
+            shape = []
+            for dim in declared:
+                if isinstance(dim, int) and dim >= 0:
+                    shape.append(dim)
+                elif isinstance(dim, str) and dim in sizes and dim not in clashes:
+                    shape.append(sizes[dim])
+                else:
+                    return None
+            shapes[name] = shape
+        return shapes
 
     def run(self, output_names: list[str], feeds: dict[str, object]) -> list[object]:
         if self.has_bf16:

@@ -194,10 +194,25 @@ class Worker:
             names = message.outputs or [m.name for m in session.outputs]
             fed = monotonic_ns()
             bound = self._bound_outputs(session, names, feeds, targets)
+            values = None
             if bound is not None:
                 # ONNX Runtime writes the outputs straight into the clients' regions.
-                session.run_into(names, feeds, bound)
-                values = None
+                try:
+                    session.run_into(names, feeds, bound)
+                except Exception:
+                    if all(targets[name].shape is not None for name in names):
+                        raise
+                    # NOTE: a shape came from the graph's dim names, which ONNX Runtime
+                    #   holds to for bound outputs only: run again the ordinary way. If
+                    #   that works, the names were wrong: this model copies from now on.
+                    bound = None
+                    values = session.run(names, feeds)
+                    session.dim_names_hold = False
+                    log.warning(
+                        "model '%s': an output's declared dim names do not match what it "
+                        "makes; its outputs are copied into clients' regions from now on",
+                        message.key,
+                    )
             else:
                 values = session.run(names, feeds)
             del feeds
@@ -275,22 +290,37 @@ class Worker:
 
         Only when every output goes into a region with a shape known before the run, of
         a fixed-width datatype, and every input is a plain numpy array; None otherwise
-        (the outputs are then copied once after the run).
+        (the outputs are then copied once after the run). A shape is known from the
+        model's metadata (the front sends it) or from the graph's dim names and this
+        request's input shapes (``ModelSession.output_shapes``); a region too small for
+        it is refused here, before the run.
         """
         if not targets or session.has_bf16 or any(name not in targets for name in names):
             return None
         if any(not isinstance(v, np.ndarray) or v.dtype == object for v in feeds.values()):
             return None
+        if any(session.output_types[name] in ("BYTES", "BF16") for name in names):
+            return None
+        resolved: dict[str, list[int]] = {}
+        if any(targets[name].shape is None for name in names):
+            found = session.output_shapes(names, feeds)
+            if found is None:
+                return None
+            resolved = found
         bound = {}
         for name in names:
             target = targets[name]
-            datatype = session.output_types[name]
-            if target.shape is None or datatype in ("BYTES", "BF16"):
-                return None
-            dtype = NUMPY_DTYPES[datatype]
-            count = element_count(target.shape)
-            view = self.regions.view(target.region, target.offset, count * dtype.itemsize)
-            bound[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(target.shape)
+            shape = target.shape if target.shape is not None else resolved[name]
+            dtype = NUMPY_DTYPES[session.output_types[name]]
+            count = element_count(shape)
+            nbytes = count * dtype.itemsize
+            if nbytes > target.nbytes:
+                raise runtime.RequestError(
+                    f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
+                    f"{target.nbytes} (shared_memory_byte_size)"
+                )
+            view = self.regions.view(target.region, target.offset, nbytes)
+            bound[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
         return bound
 
     def _write_outputs(

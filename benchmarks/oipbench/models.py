@@ -215,7 +215,8 @@ def write_oipserve_repo(
             + (case.dynamic_batching + "\n" if case.dynamic_batching else "")
         )
         (root / case.name / "config.pbtxt").write_text(config)
-    image = cases["simple"].onnx_path.parent.parent.parent / "image_nhwc_u8"
+    # NOTE: any case's .onnx lies in <models>/<name>/1/; a subset of the cases may be given.
+    image = next(iter(cases.values())).onnx_path.parent.parent.parent / "image_nhwc_u8"
     if image.exists():
         shutil.copytree(image, root / "image_nhwc_u8")
     return root

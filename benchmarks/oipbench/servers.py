@@ -12,6 +12,7 @@ import re
 import shlex
 import sysconfig
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,8 +103,11 @@ def start_oipserve(
     timeout_s: float = 90.0,
     key: str = "oipserve",
     label: str = "oipserve",
+    extra_args: Sequence[str] = (),
 ) -> Server:
-    """`oipserve serve` on port 0; the URL comes from its `ready <url>` log line."""
+    """`oipserve serve` on port 0; the URL comes from its `ready <url>` log line.
+
+    `extra_args` go after the harness's own flags (e.g. `--allow-client-shm true`)."""
     repo = write_oipserve_repo(
         cases, work / "repos" / "oipserve", tuning.instances, tuning.ort_params()
     )
@@ -134,7 +138,7 @@ def start_oipserve(
         "--http-port",
         "0",
     ]
-    tail = ["--instances-per-device", str(tuning.instances)]
+    tail = ["--instances-per-device", str(tuning.instances), *extra_args]
     attempts = [base + ["--grpc-port", str(grpc_port)] + tail, base + tail]
     for i, argv in enumerate(attempts):
         found = threading.Event()

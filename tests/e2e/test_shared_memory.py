@@ -253,9 +253,11 @@ def test_grpc_regions_mixed_with_ordinary_tensors(
     assert (got == SIMPLE_IN0 + SIMPLE_IN1).all()
 
 
-def test_identity_output_of_unknown_shape_is_copied_into_the_region(
+def test_identity_output_of_dynamic_dims_goes_into_the_region(
     http: httpclient.InferenceServerClient, regions: list[Region]
 ) -> None:
+    """identity's dims are [batch, n] in and out: ONNX Runtime writes into the region
+    (tests/unit/test_client_regions.py checks that no copy is made)."""
     data = np.random.default_rng(1).random((3, 1000), dtype=np.float32)
     inputs = _region(regions, data.nbytes)
     outputs = _region(regions, data.nbytes + 100)
@@ -271,6 +273,31 @@ def test_identity_output_of_unknown_shape_is_copied_into_the_region(
     assert entry["parameters"]["shared_memory_byte_size"] == data.nbytes
     got = shm.get_contents_as_numpy(outputs.handle, np.float32, list(data.shape))
     assert (got == data).all()
+
+
+def test_output_whose_dims_do_not_resolve_is_copied_into_the_region(
+    http: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+    regions: list[Region],
+) -> None:
+    """reshape's OUTPUT0 is [rows, cols]: its shape is known only after the run."""
+    data = np.arange(12, dtype=np.float32)
+    inputs = _region(regions, 64)
+    outputs = _region(regions, 64)
+    shm.set_shared_memory_region(inputs.handle, [data, np.array([3, 4], dtype=np.int64)])
+    http.register_system_shared_memory(inputs.name, inputs.key, 64)
+    http.register_system_shared_memory(outputs.name, outputs.key, 64)
+    for module, client in ((httpclient, http), (grpcclient, grpc_client)):
+        shm.set_shared_memory_region(outputs.handle, [np.zeros(16, dtype=np.float32)])
+        ins = [module.InferInput("DATA", [12], "FP32"), module.InferInput("SHAPE", [2], "INT64")]
+        ins[0].set_shared_memory(inputs.name, 48)
+        ins[1].set_shared_memory(inputs.name, 16, offset=48)
+        out = module.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(outputs.name, 64)
+        result = client.infer("reshape", ins, outputs=[out])
+        assert result.get_output("OUTPUT0") is not None
+        got = shm.get_contents_as_numpy(outputs.handle, np.float32, [3, 4])
+        assert (got == data.reshape(3, 4)).all()
 
 
 # ---- status, register, unregister ----------------------------------------------------
@@ -509,12 +536,24 @@ def test_inference_errors(
             grpc.StatusCode.INVALID_ARGUMENT,
             match,
         )
-    # An output whose shape is known only after the run (identity: [-1, -1]).
+    # An output of dynamic dims named after the input's (identity: [batch, n]): its
+    # shape is known before the run, so is the missing room.
     inp = httpclient.InferInput("INPUT0", [1, 16], "INT32")
     inp.set_shared_memory(inputs.name, 64)
     out = httpclient.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory(outputs.name, 32)
-    _http_fail(lambda: http.infer("identity_int32", [inp], outputs=[out]), 400, "the model ran")
+    text = _http_fail(
+        lambda: http.infer("identity_int32", [inp], outputs=[out]), 400, "needs 64 bytes"
+    )
+    assert "the model ran" not in text
+    # An output whose shape is known only after the run (reshape: [rows, cols]).
+    data = httpclient.InferInput("DATA", [16], "FP32")
+    data.set_shared_memory(inputs.name, 64)
+    target = httpclient.InferInput("SHAPE", [2], "INT64")
+    target.set_data_from_numpy(np.array([4, 4], dtype=np.int64))
+    out = httpclient.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory(outputs.name, 32)
+    _http_fail(lambda: http.infer("reshape", [data, target], outputs=[out]), 400, "the model ran")
     # Data and a region at once.
     body = {
         "inputs": [

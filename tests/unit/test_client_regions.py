@@ -20,7 +20,16 @@ from oipserve.client_regions import (
     region_parameters,
 )
 from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
-from oipserve.wire.messages import FromWorker, Infer, InferDone, ObjectRef, OutputTarget, TensorDesc
+from oipserve.wire.messages import (
+    ErrorKind,
+    Failed,
+    FromWorker,
+    Infer,
+    InferDone,
+    ObjectRef,
+    OutputTarget,
+    TensorDesc,
+)
 from workers.regions import RegionCache, RegionError
 from workers.runtime import ModelSession
 from workers.worker import Worker
@@ -209,3 +218,160 @@ def test_worker_reads_in_place_and_onnxruntime_writes_into_the_region(shm_object
         worker.close()
         ours.close()
         theirs.close()
+
+
+class _Spied:
+    """A worker with one model loaded, counting how each run wrote its outputs."""
+
+    def __init__(self, model: Path, key: str) -> None:
+        self.ours, theirs = socket.socketpair()
+        self.worker = Worker(theirs, f"oipserve-unit-w{os.getpid()}-")
+        self.session = ModelSession(str(model), 1, [])
+        self.worker.sessions[key] = self.session
+        self.key = key
+        self.calls: list[str] = []
+        #: Addresses of the arrays ONNX Runtime read and wrote in the last ``run_into``.
+        self.pointers: dict[str, int] = {}
+        run_into, run = self.session.run_into, self.session.run
+
+        def spy_into(names: list[str], feeds: dict, outputs: dict) -> None:
+            self.calls.append("run_into")
+            self.pointers = {k: v.ctypes.data for k, v in {**feeds, **outputs}.items()}
+            run_into(names, feeds, outputs)
+
+        def spy_run(names: list[str], feeds: dict) -> list[object]:
+            self.calls.append("run")
+            return run(names, feeds)
+
+        self.session.run_into = spy_into  # type: ignore[method-assign]
+        self.session.run = spy_run  # type: ignore[method-assign]
+
+    def infer(self, inputs: list[TensorDesc], targets: list[OutputTarget]) -> object:
+        self.calls.clear()
+        names = [t.name for t in targets]
+        self.worker.handle(Infer(1, self.key, inputs, names, targets))
+        (frame,) = self.worker.replies
+        self.worker.replies.clear()
+        return msgspec.msgpack.decode(frame[4:], type=FromWorker)
+
+    def close(self) -> None:
+        self.worker.close()
+        self.ours.close()
+
+
+def test_outputs_of_named_dynamic_dims_are_written_by_onnxruntime_into_the_region(
+    shm_object: str,
+) -> None:
+    """identity_fp32 declares INPUT0 and OUTPUT0 as [batch, n]: the output's shape is
+    the input's, known before the run, so ONNX Runtime writes it into the client's
+    region itself (no ``run``, no buffer of its own, no segment of the worker's)."""
+    ref = _ref(shm_object)
+    path = "/dev/shm/" + shm_object[1:]
+    data = np.random.default_rng(3).random((3, 100), dtype=np.float32)
+    with open(path, "r+b") as handle:
+        handle.write(data.tobytes())
+    spied = _Spied(ROOT / "model-repository/identity_fp32/1/model.onnx", "identity_fp32/1")
+    try:
+        inputs = [TensorDesc("INPUT0", "FP32", [3, 100], "", 0, 1200, None, ref)]
+        reply = spied.infer(inputs, [OutputTarget("OUTPUT0", ref, 1280, 1300, None)])
+        assert isinstance(reply, InferDone), reply
+        assert spied.calls == ["run_into"]
+        assert spied.pointers["OUTPUT0"] - spied.pointers["INPUT0"] == 1280
+        assert reply.segment == "" and spied.worker.outputs.leased_count == 0
+        (desc,) = reply.outputs
+        assert (desc.shape, desc.offset, desc.nbytes, desc.region) == ([3, 100], 1280, 1200, ref)
+        got = np.fromfile(path, dtype=np.float32, count=300, offset=1280).reshape(3, 100)
+        assert (got == data).all()
+        # A region too small for that shape is refused before the model runs.
+        reply = spied.infer(inputs, [OutputTarget("OUTPUT0", ref, 1280, 1196, None)])
+        assert isinstance(reply, Failed) and reply.kind == ErrorKind.INVALID_INPUT
+        assert "needs 1200 bytes" in reply.message and "the model ran" not in reply.message
+        assert spied.calls == []
+    finally:
+        spied.close()
+
+
+def test_outputs_whose_dims_do_not_resolve_are_copied_into_the_region(shm_object: str) -> None:
+    """reshape's OUTPUT0 is [rows, cols], names no input has: ONNX Runtime allocates the
+    output and the worker copies it into the region after the run."""
+    ref = _ref(shm_object)
+    path = "/dev/shm/" + shm_object[1:]
+    with open(path, "r+b") as handle:
+        handle.write(np.arange(8, dtype=np.float32).tobytes())
+        handle.write(np.array([2, 4], dtype=np.int64).tobytes())
+    spied = _Spied(ROOT / "model-repository/reshape/1/model.onnx", "reshape/1")
+    try:
+        inputs = [
+            TensorDesc("DATA", "FP32", [8], "", 0, 32, None, ref),
+            TensorDesc("SHAPE", "INT64", [2], "", 32, 16, None, ref),
+        ]
+        reply = spied.infer(inputs, [OutputTarget("OUTPUT0", ref, 64, 64, None)])
+        assert isinstance(reply, InferDone), reply
+        assert spied.calls == ["run"]
+        assert reply.segment == "" and spied.worker.outputs.leased_count == 0
+        (desc,) = reply.outputs
+        assert (desc.shape, desc.offset, desc.nbytes) == ([2, 4], 64, 32)
+        got = np.fromfile(path, dtype=np.float32, count=8, offset=64)
+        assert (got == np.arange(8)).all()
+    finally:
+        spied.close()
+
+
+def test_a_graph_whose_dim_names_do_not_hold_falls_back_to_the_copy(
+    shm_object: str, tmp_path: Path
+) -> None:
+    """Y = Concat(X, X) declared [n] like X: bound to [n], ONNX Runtime refuses to write
+    the [2n] it makes; the worker runs again the ordinary way, and copies from then on."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n"])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n"])
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["X", "X"], ["Y"], axis=0)], "g", [x], [y]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "model.onnx")
+    ref = _ref(shm_object)
+    path = "/dev/shm/" + shm_object[1:]
+    with open(path, "r+b") as handle:
+        handle.write(np.arange(4, dtype=np.float32).tobytes())
+    spied = _Spied(tmp_path / "model.onnx", "concat/1")
+    try:
+        inputs = [TensorDesc("X", "FP32", [4], "", 0, 16, None, ref)]
+        targets = [OutputTarget("Y", ref, 64, 64, None)]
+        for calls in (["run_into", "run"], ["run"]):
+            with open(path, "r+b") as handle:
+                handle.seek(64)
+                handle.write(bytes(64))
+            reply = spied.infer(inputs, targets)
+            assert isinstance(reply, InferDone), reply
+            assert spied.calls == calls
+            assert reply.outputs[0].shape == [8]
+            got = np.fromfile(path, dtype=np.float32, count=8, offset=64)
+            assert (got == np.tile(np.arange(4), 2)).all()
+            assert not spied.session.dim_names_hold
+    finally:
+        spied.close()
+
+
+def test_output_shapes_from_dim_names() -> None:
+    simple = ModelSession(str(ROOT / "model-repository/simple/1/model.onnx"), 1, [])
+    two = np.zeros((2, 16), dtype=np.int32)
+    three = np.zeros((3, 16), dtype=np.int32)
+    names = ["OUTPUT0", "OUTPUT1"]
+    assert simple.output_shapes(names, {"INPUT0": two, "INPUT1": two}) == {
+        "OUTPUT0": [2, 16],
+        "OUTPUT1": [2, 16],
+    }
+    # Two sizes for one name ("batch"): unknown.
+    assert simple.output_shapes(names, {"INPUT0": two, "INPUT1": three}) is None
+    image = ModelSession(str(ROOT / "model-repository/image_nhwc_u8/1/model.onnx"), 1, [])
+    pixels = np.zeros((2, 224, 224, 3), dtype=np.uint8)
+    assert image.output_shapes(["mean", "pixels"], {"image": pixels}) == {
+        "mean": [2, 3],
+        "pixels": [2, 224, 224, 3],
+    }
+    reshape = ModelSession(str(ROOT / "model-repository/reshape/1/model.onnx"), 1, [])
+    feeds = {"DATA": np.zeros(8, np.float32), "SHAPE": np.array([2, 4])}
+    assert reshape.output_shapes(["OUTPUT0"], feeds) is None
