@@ -126,17 +126,32 @@ def run_case(
         # Checking a large JSON answer outlasts uvicorn's keep-alive timeout (5 s);
         #   start the timed requests on a fresh connection.
         conn.close()
-        deadline = time.perf_counter() + seconds
-        while len(times) < max_requests and (len(times) < 2 or time.perf_counter() < deadline):
-            start = time.perf_counter()
-            conn.request("POST", path, body=body, headers=headers)
-            resp = conn.getresponse()
-            resp.read()
-            times.append(time.perf_counter() - start)
-            if resp.status != 200:
-                raise SystemExit(f"{mode}: HTTP {resp.status}")
+        times = timed_posts(conn, path, body, headers, seconds, max_requests, mode)
     finally:
         conn.close()
+    return times
+
+
+def timed_posts(
+    conn: http.client.HTTPConnection,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    seconds: float,
+    max_requests: int,
+    label: str,
+) -> list[float]:
+    """Seconds each of a run of sequential POSTs took: ``seconds`` long, 2 at least."""
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < max_requests and (len(times) < 2 or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        times.append(time.perf_counter() - start)
+        if resp.status != 200:
+            raise SystemExit(f"{label}: HTTP {resp.status}")
     return times
 
 

@@ -45,7 +45,7 @@ import tritonclient.utils.shared_memory as shm
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from binary_throughput import parse_size, run_case, show_size  # noqa: E402
+from binary_throughput import parse_size, run_case, show_size, timed_posts  # noqa: E402
 from oipbench import VENVS_DIR, WORK_DIR, procs  # noqa: E402
 from oipbench.models import build_models  # noqa: E402
 from oipbench.servers import Server, Tuning, start_oipserve, start_triton  # noqa: E402
@@ -181,15 +181,7 @@ def run_shm(
         if not np.array_equal(out, regions.array):
             raise SystemExit(f"shm {regions.size} B: the output region differs from the input")
         del out
-        deadline = time.perf_counter() + seconds
-        while len(times) < max_requests and (len(times) < 2 or time.perf_counter() < deadline):
-            start = time.perf_counter()
-            conn.request("POST", path, body=regions.body, headers=headers)
-            resp = conn.getresponse()
-            resp.read()
-            times.append(time.perf_counter() - start)
-            if resp.status != 200:
-                raise SystemExit(f"shm: HTTP {resp.status}")
+        times = timed_posts(conn, path, regions.body, headers, seconds, max_requests, "shm")
     finally:
         conn.close()
     return times

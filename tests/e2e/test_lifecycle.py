@@ -21,7 +21,10 @@ from tests.e2e.test_rest_basics import request
 from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m oipserve ARGS`` to its end; ``env`` adds to the environment."""
     # NOTE: the metrics port defaults to 8002; a test must not depend on it being free.
     return subprocess.run(
         [sys.executable, "-m", "oipserve", *args],
@@ -29,7 +32,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={**os.environ, "OIPSERVE_METRICS_PORT": "0"},
+        env={**os.environ, "OIPSERVE_METRICS_PORT": "0", **(env or {})},
     )
 
 

@@ -22,19 +22,14 @@ import tritonclient.grpc as grpcclient
 
 from oipserve.settings import Settings
 from tests.e2e.test_instance_groups import placements
+from tests.e2e.test_lifecycle import run_cli as lifecycle_cli
 from tests.e2e.test_rest_basics import request
 from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oipserve", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "OIPSERVE_METRICS_PORT": "0", "OIPSERVE_GRPC_PORT": "0"},
-    )
+    """The CLI with every port free to choose (gRPC's too: these servers may start)."""
+    return lifecycle_cli(*args, timeout=timeout, env={"OIPSERVE_GRPC_PORT": "0"})
 
 
 def serve_args(repository: Path, *args: str) -> list[str]:
