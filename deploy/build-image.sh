@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Build the CPU image of oipserve without a container runtime, prove it runs, pack it.
+# Build an image of oipserve without a container runtime, prove it runs, pack it.
 #
-# What deploy/Containerfile does, done with Debian's tools where containers cannot start:
+# VARIANT=cpu (the default) does what deploy/Containerfile does, VARIANT=cuda what
+# deploy/Containerfile.cuda does, with Debian's tools where containers cannot start:
 #   1. builder: a Debian root filesystem (mmdebstrap) with python3 + venv; in a chroot of
-#      it, a venv at /opt/oipserve with oipserve from this checkout (CPU ONNX Runtime).
+#      it, a venv at /opt/oipserve with oipserve from this checkout and the variant's ONNX
+#      Runtime (deploy/requirements_for.py: CPU build, or onnxruntime-gpu[cuda,cudnn]
+#      with NVIDIA's CUDA and cuDNN libraries as pip wheels).
 #   2. runtime: a second, smaller root filesystem (python3 only); /opt/oipserve copied in;
 #      user and group 1000 (multi-stage: no pip, no compilers, no apt lists in the image).
+#      cuda: the wheels' lib directories in /etc/ld.so.conf.d/nvidia-wheels.conf, ldconfig.
 #   3. smoke test: in a private mount namespace, the runtime root mounted READ-ONLY, a
 #      test repository mounted read-only at /mnt/models, /tmp and /dev/shm as tmpfs; the
 #      server is started in a chroot as uid 1000 with kserve-tritonserver's own arguments
 #      (`tritonserver --model-store=/mnt/models ...`), probed (ready, live, metrics, one
 #      inference), stopped with SIGTERM (exit code 0 expected), and the repository is
 #      checked unchanged (every file's size, mode, mtime and sha256).
+#      cuda, before the server: ONNX Runtime lists CUDAExecutionProvider, and `ldd` finds
+#      every library the CUDA provider links (libcuda.so.1, the driver's, excepted: the
+#      node mounts it at run time), and every library of the wheels loads by its bare
+#      name (dlopen, as cuDNN is loaded). The server then runs with the CUDA runtime's
+#      `--devices=auto`: with no GPU here it must find a CPU-only inventory and serve on
+#      the CPU provider.
 #   4. pack: umoci writes an OCI image layout (one layer, the image config: entry point,
 #      CMD, env, user, ports, stop signal), skopeo turns it into a docker archive that
 #      `docker load` / `podman load` read.
@@ -19,12 +29,20 @@
 # access to Debian's mirror and PyPI:
 #   apt-get install -y mmdebstrap umoci skopeo
 #
-# Usage: deploy/build-image.sh [OUTPUT_DIR]   (default: build/image; TAG=0.1.0-cpu)
+# Usage: [VARIANT=cpu|cuda] deploy/build-image.sh [OUTPUT_DIR]
+#        (default: build/image; TAG=0.1.0-$VARIANT)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(realpath -m -- "${1:-$ROOT/build/image}")
-TAG=${TAG:-0.1.0-cpu}
+VARIANT=${VARIANT:-cpu}
+case $VARIANT in
+    cpu) DEVICES=cpu ;;
+    cuda) DEVICES=auto ;;
+    *) echo "build-image: VARIANT must be cpu or cuda, not '$VARIANT'" >&2; exit 2 ;;
+esac
+export VARIANT
+TAG=${TAG:-0.1.0-$VARIANT}
 SUITE=${SUITE:-bookworm}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 VENV=/opt/oipserve
@@ -44,6 +62,46 @@ if [[ "${1:-}" == "--smoke-inside" ]]; then
         echo "smoke: the root or /mnt/models is writable, the test would prove nothing" >&2
         exit 1
     fi
+    # The image's environment (its config's Env), as uid 1000, for every command below.
+    image_env=(/usr/bin/env -i PATH="$VENV/bin:/usr/bin:/bin" PYTHONUNBUFFERED=1
+               OIPSERVE_HOST=0.0.0.0)
+    if [[ $VARIANT == cuda ]]; then
+        image_env+=(NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility)
+        chroot --userspec=1000:1000 "$rootfs" "${image_env[@]}" python -c '
+import onnxruntime
+providers = onnxruntime.get_available_providers()
+print("smoke: onnxruntime", onnxruntime.__version__, providers)
+assert "CUDAExecutionProvider" in providers, "no CUDAExecutionProvider"'
+        provider=$(chroot --userspec=1000:1000 "$rootfs" "${image_env[@]}" python -c '
+import os, onnxruntime
+print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime_providers_cuda.so"))')
+        # No LD_LIBRARY_PATH: the loader finds the wheels' libraries through ldconfig's cache.
+        deps=$(chroot --userspec=1000:1000 "$rootfs" "${image_env[@]}" ldd "$provider")
+        grep -E 'libcu|libnv' <<<"$deps" | sed "s|$VENV/lib/python3[.0-9]*/site-packages/||; s/ (0x.*//; s/^\s*/smoke: ldd: /"
+        missing=$(grep 'not found' <<<"$deps" | grep -v '^\s*libcuda\.so\.1 ' || true)
+        if [[ -n $missing ]]; then
+            echo "smoke: the CUDA provider's libraries are not all found:" >&2
+            echo "$missing" >&2
+            exit 1
+        fi
+        echo "smoke: ldd: $(grep -c '=> /' <<<"$deps") libraries resolved, not found: $(grep 'not found' <<<"$deps" | awk '{print $1}' | paste -sd' ' -) (the driver's, from the node)"
+        # cuDNN, cuFFT and NVRTC are not linked but dlopen()ed by name when a session
+        # starts: each library of the wheels must load by its bare name, through the cache.
+        chroot --userspec=1000:1000 "$rootfs" "${image_env[@]}" python -c '
+import ctypes, pathlib, sys
+loaded, driver, failed = [], [], []
+for folder in open("/etc/ld.so.conf.d/nvidia-wheels.conf").read().split():
+    for lib in sorted(pathlib.Path(folder).glob("lib*.so.*")):
+        try:
+            ctypes.CDLL(lib.name)
+            loaded.append(lib.name)
+        except OSError as error:
+            (driver if "libcuda.so.1:" in str(error) else failed).append(f"{lib.name}: {error}")
+print("smoke: dlopen by name:", len(loaded), "loaded:", " ".join(loaded))
+for line in driver:
+    print("smoke: dlopen needs the driver:", line)
+sys.exit("smoke: dlopen failed: " + "; ".join(failed) if failed else 0)'
+    fi
     read -r http grpc metrics < <(python3 -c '
 import socket
 socks = [socket.socket() for _ in range(3)]
@@ -51,11 +109,10 @@ for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
     # kserve-tritonserver's args, ports moved off 8080/9000/8002 to free ones.
-    chroot --userspec=1000:1000 "$rootfs" /usr/bin/env -i PATH="$VENV/bin:/usr/bin:/bin" \
-        PYTHONUNBUFFERED=1 OIPSERVE_HOST=0.0.0.0 \
+    chroot --userspec=1000:1000 "$rootfs" "${image_env[@]}" \
         oipserve tritonserver --model-store=/mnt/models --grpc-port="$grpc" \
         --http-port="$http" --metrics-port="$metrics" --allow-grpc=true --allow-http=true \
-        --devices=cpu >"$rootfs.log" 2>&1 &
+        --devices="$DEVICES" >"$rootfs.log" 2>&1 &
     pid=$!
     python3 - "$http" "$metrics" "$pid" <<'EOF'
 import json, sys, time, urllib.request as u
@@ -83,6 +140,10 @@ answer = json.load(u.urlopen(u.Request(base + "/v2/models/simple/infer",
 sums = {o["name"]: o["data"] for o in answer["outputs"]}
 assert sums["OUTPUT0"] == [i + 1 for i in range(16)], answer
 print("smoke: inference on simple: OUTPUT0 =", sums["OUTPUT0"][:4], "...")
+devices = json.load(u.urlopen(base + "/v2/hardware", timeout=5))["devices"]
+sessions = {i["model"]: i["session_providers"] for d in devices.values() for i in d["instances"]}
+print("smoke: /v2/hardware devices:", sorted(devices), "session providers:", sessions)
+assert sessions.get("simple"), sessions
 EOF
     kill -TERM "$pid"
     code=0
@@ -121,12 +182,16 @@ step "venv in the builder chroot (Containerfile's RUN step)"
 unshare -m sh -c "mount -t proc proc '$WORK/builder/proc' && chroot '$WORK/builder' \
     /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root PIP_CERT=/src/ca.crt \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off sh -ec '
-        python3 /src/deploy/requirements_for.py cpu /src/pyproject.toml > /tmp/requirements.txt
+        python3 /src/deploy/requirements_for.py $VARIANT /src/pyproject.toml > /tmp/requirements.txt
         python3 -m venv $VENV
         $VENV/bin/pip install --quiet -r /tmp/requirements.txt
         $VENV/bin/pip install --quiet --no-deps /src
         $VENV/bin/pip uninstall --quiet -y pip setuptools
         $VENV/bin/python -c \"import onnxruntime, oipserve; print(\\\"onnxruntime\\\", onnxruntime.__version__, onnxruntime.get_available_providers())\"
+        if [ $VARIANT = cuda ]; then
+            find $VENV/lib/python3*/site-packages/nvidia -maxdepth 2 -type d -name lib \
+                > /tmp/nvidia-libs.conf
+        fi
     '"
 
 step "runtime root filesystem ($SUITE, python3 only)"
@@ -139,6 +204,13 @@ echo "oipserve:x:1000:1000::/nonexistent:/usr/sbin/nologin" >> "$WORK/rootfs/etc
 echo "oipserve:x:1000:" >> "$WORK/rootfs/etc/group"
 mkdir -p "$WORK/rootfs/models" "$WORK/rootfs/mnt/models"
 rm -rf "$WORK/rootfs/var/cache/apt/"* "$WORK/rootfs/var/lib/apt/lists/"*
+if [[ $VARIANT == cuda ]]; then
+    # Containerfile.cuda's COPY of nvidia-libs.conf and RUN ldconfig.
+    cp "$WORK/builder/tmp/nvidia-libs.conf" "$WORK/rootfs/etc/ld.so.conf.d/nvidia-wheels.conf"
+    chroot "$WORK/rootfs" ldconfig
+    echo "ldconfig: $(wc -l < "$WORK/rootfs/etc/ld.so.conf.d/nvidia-wheels.conf") directories," \
+        "$(chroot "$WORK/rootfs" ldconfig -p | grep -c "$VENV/") libraries of the wheels in the cache"
+fi
 
 step "smoke test: chroot, uid 1000, read-only root and read-only /mnt/models"
 mkdir -p "$WORK/models"
@@ -159,9 +231,14 @@ echo "smoke: model repository unchanged ($(cd "$WORK/models" && find . | wc -l) 
 rm -f "$WORK/rootfs.log"
 
 step "pack: OCI layout (umoci) and docker archive (skopeo)"
+cuda_env=()
+[[ $VARIANT == cuda ]] && cuda_env=(--config.env NVIDIA_VISIBLE_DEVICES=all
+                                   --config.env NVIDIA_DRIVER_CAPABILITIES=compute,utility)
 mkdir -p "$OUT"
-rm -rf "$OUT/oci" "$OUT/oipserve-$TAG.tar"
-umoci init --layout "$OUT/oci"
+rm -f "$OUT/oipserve-$TAG.tar"
+# One OCI layout for both variants: replace only this tag.
+[[ -e "$OUT/oci/index.json" ]] || umoci init --layout "$OUT/oci"
+umoci rm --image "$OUT/oci:$TAG" 2>/dev/null || true
 umoci new --image "$OUT/oci:$TAG"
 umoci insert --rootless=false --image "$OUT/oci:$TAG" "$WORK/rootfs" / >/dev/null
 umoci config --image "$OUT/oci:$TAG" \
@@ -169,7 +246,7 @@ umoci config --image "$OUT/oci:$TAG" \
     --config.entrypoint oipserve --config.cmd serve \
     --config.env "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     --config.env PYTHONUNBUFFERED=1 --config.env OIPSERVE_HOST=0.0.0.0 \
-    --config.env OIPSERVE_MODEL_REPOSITORY=/models \
+    --config.env OIPSERVE_MODEL_REPOSITORY=/models "${cuda_env[@]}" \
     --config.exposedports 8000/tcp --config.exposedports 8001/tcp \
     --config.exposedports 8002/tcp --config.stopsignal SIGTERM \
     --author oipserve --history.comment "deploy/build-image.sh"
@@ -177,7 +254,7 @@ umoci gc --layout "$OUT/oci"
 skopeo copy --quiet "oci:$OUT/oci:$TAG" "docker-archive:$OUT/oipserve-$TAG.tar:oipserve:$TAG"
 
 step "summary"
-layer=$(find "$OUT/oci/blobs/sha256" -type f -size +1M -printf '%s\n' | sort -n | tail -1)
+layer=$(skopeo inspect --raw "oci:$OUT/oci:$TAG" | python3 -c 'import json, sys; print(sum(l["size"] for l in json.load(sys.stdin)["layers"]))')
 echo "image oipserve:$TAG"
 echo "  root filesystem: $(du -sh --apparent-size "$WORK/rootfs" | cut -f1) (of which $VENV: $(du -sh --apparent-size "$WORK/rootfs$VENV" | cut -f1))"
 echo "  compressed layer: $(numfmt --to=iec "$layer")"

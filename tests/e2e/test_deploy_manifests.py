@@ -1,6 +1,6 @@
 """deploy/: every manifest is checked against what KServe accepts, then RUN.
 
-Each ClusterServingRuntime, the plain Deployment and the Containerfile are read (PyYAML),
+Each ClusterServingRuntime, the plain Deployment and the Containerfiles are read (PyYAML),
 checked against the fields KServe's CRDs and Kubernetes accept (the small schema below,
 with its sources), and then their own container command line is started as a local
 process against a test repository standing in for /mnt/models: the same args, with only
@@ -442,8 +442,14 @@ def test_containerfile_entry_point_env_ports_and_healthcheck(name: str, repo: Pa
 
     _, swapped = load_settings(KSERVE_TRITONSERVER_ARGS, env)
     assert (swapped.model_repository, swapped.http_port) == ("/mnt/models", 8080)
-    if name != "Containerfile":
-        return  # the CUDA image's command line is the same; it is not run here (no GPU)
+    if name == "Containerfile.cuda":
+        # The wheels' libraries reach the loader through ldconfig, not LD_LIBRARY_PATH.
+        assert "LD_LIBRARY_PATH" not in env
+        copies = [rest.split()[-1] for op, rest in steps if op == "COPY"]
+        assert "/etc/ld.so.conf.d/nvidia-wheels.conf" in copies
+        assert ("RUN", "ldconfig") in steps
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    # Both images' command lines run here (no GPU: the CUDA image's serves on the CPU).
     launch = localise(cmd, env, env["OIPSERVE_MODEL_REPOSITORY"], repo)
     assert exposed == {launch.settings.http_port, launch.settings.grpc_port, 8002}
     running = start(launch)
