@@ -8,7 +8,7 @@ plane's.
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
 from typing import Any
 
 from oipserve.client_regions import PARAMETERS, ClientRegions, RegionRequest, region_parameters
@@ -27,8 +27,8 @@ _ALL_CONTENTS = sorted(set(CONTENTS_FIELD.values()))
 
 def region_request(where: str, parameters: Any) -> RegionRequest | None:
     """A tensor's shared-memory parameters (``string_param`` / ``int64_param``), checked."""
-    if not any(key in parameters for key in PARAMETERS):
-        return None
+    if not parameters or not any(key in parameters for key in PARAMETERS):
+        return None  # PERF: most tensors have no parameters at all
     values = {}
     for key in PARAMETERS:
         if key in parameters:
@@ -39,7 +39,10 @@ def region_request(where: str, parameters: Any) -> RegionRequest | None:
 
 
 def input_tensors(
-    message: pb.ModelInferRequest, raw: list[memoryview], regions: ClientRegions, owned: list
+    message: pb.ModelInferRequest,
+    raw: Sequence[memoryview | bytes],
+    regions: ClientRegions,
+    owned: list,
 ) -> list[InputTensor]:
     """InputTensors of a request: raw entries by position, typed ``contents``, or regions.
 

@@ -4,7 +4,8 @@ An interceptor, installed only when some group is restricted: for each call it
 looks the method's restriction up (one dict lookup; None for an unrestricted
 RPC, which continues untouched) and, when the call lacks the key or its value,
 answers PERMISSION_DENIED with a handler that never parses the request. It runs
-before ``_Arrivals``, so a refused ModelInfer is never counted as arriving.
+before the method lookup (``server._Service``), so a refused ModelInfer is never
+counted as arriving.
 """
 
 from __future__ import annotations

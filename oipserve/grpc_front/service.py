@@ -44,7 +44,7 @@ class InferenceService:
         #: Inferences running now (unary calls and stream requests alike).
         self.active = 0
         #: Arrival times of ModelInfer calls whose request message is not yet fully in
-        #: (``_Arrivals`` appends, parsing pops); a drain waits for them too.
+        #: (``server._Service`` appends, parsing pops); a drain waits for them too.
         self.arriving: deque[float] = deque()
         #: Set at shutdown: streams end once they have nothing left to answer.
         self.closing = asyncio.Event()

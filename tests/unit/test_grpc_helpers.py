@@ -20,7 +20,7 @@ from oipserve.errors import (
     Unavailable,
     Unsupported,
 )
-from oipserve.grpc_front.codec import InferReply, split_infer_request
+from oipserve.grpc_front.codec import SMALL_MESSAGE, InferReply, split_infer_request
 from oipserve.grpc_front.convert import input_tensors
 from oipserve.grpc_front.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
@@ -68,7 +68,7 @@ def _request(raw: list[bytes]) -> bytes:
 
 
 def test_split_keeps_raw_entries_as_views_and_parses_the_rest() -> None:
-    raw = [np.arange(4, dtype=np.float32).tobytes(), b"", b"\x01" * 300]
+    raw = [np.arange(4, dtype=np.float32).tobytes(), b"", b"\x01" * (SMALL_MESSAGE + 300)]
     data = _request(raw)
     call = split_infer_request(data)
     assert [bytes(v) for v in call.raw] == raw
@@ -79,6 +79,18 @@ def test_split_keeps_raw_entries_as_views_and_parses_the_rest() -> None:
     assert [i.name for i in message.inputs] == ["I0", "I1", "I2"]
     assert [o.name for o in message.outputs] == ["O"]
     assert not message.raw_input_contents
+
+
+def test_a_small_request_is_parsed_whole() -> None:
+    raw = [np.arange(4, dtype=np.float32).tobytes(), b"", b"\x01" * 300]
+    call = split_infer_request(_request(raw))
+    assert [bytes(v) for v in call.raw] == raw
+    message = call.message
+    assert (message.model_name, message.model_version, message.id) == ("m", "2", "x")
+    assert [i.name for i in message.inputs] == ["I0", "I1", "I2"]
+    owned: list[object] = []
+    tensors = input_tensors(message, call.raw, _NO_REGIONS, owned)
+    assert [bytes(t.raw) for t in tensors] == raw
 
 
 def test_split_without_raw_and_malformed() -> None:
@@ -161,3 +173,27 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
     del reply
     gc.collect()
     assert released == [1, 2]
+
+
+def test_method_lookup_counts_model_infer_calls_as_arriving() -> None:
+    """The drain's arrival count comes from the method lookup (no interceptor per call)."""
+    from oipserve.grpc_front.server import _Service
+    from oipserve.grpc_front.service import InferenceService
+
+    service = InferenceService(SimpleNamespace(), None)  # type: ignore[arg-type]
+    table = _Service(service)
+
+    def lookup(method: str) -> grpc.RpcMethodHandler | None:
+        return table.service(SimpleNamespace(method=method, invocation_metadata=()))  # type: ignore[arg-type]
+
+    infer = lookup("/inference.GRPCInferenceService/ModelInfer")
+    assert infer is not None and not infer.request_streaming
+    assert len(service.arriving) == 1
+    assert lookup("/inference.GRPCInferenceService/ServerLive") is not None
+    assert lookup("/inference.GRPCInferenceService/ModelStreamInfer") is not None
+    assert lookup("/inference.GRPCInferenceService/Nope") is None
+    assert lookup("/other.Service/ModelInfer") is None
+    assert len(service.arriving) == 1
+    # Parsing the message takes the call off the arriving list.
+    infer.request_deserializer(pb.ModelInferRequest(model_name="m").SerializeToString())
+    assert not service.arriving
