@@ -148,3 +148,24 @@ def test_allow_grpc_false_serves_http_only(repository: Path) -> None:
         assert (status, json.loads(body)) == (200, {"ready": True})
     finally:
         assert srv.stop() == 0, srv.log
+
+
+def test_allow_http_false_with_a_failed_model_says_not_ready_and_names_grpc(
+    tmp_path: Path,
+) -> None:
+    # The not-ready summary (#16) and --allow-http false (#17) together: no HTTP address to
+    # name, the gRPC one still there, and gRPC's readiness agrees with the line.
+    root = tmp_path / "models"
+    shutil.copytree(SAMPLE_REPOSITORY / "simple", root / "simple")
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    srv = ServerProcess(root, ["--allow-http=false"]).wait_ready()
+    try:
+        assert not srv.started_ready, srv.ready_line
+        assert "serving http=off (" in srv.ready_line and srv.grpc_url, srv.ready_line
+        assert "model 'broken' is not ready:" in srv.log
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        assert client.is_model_ready("simple") and not client.is_server_ready()
+        client.close()
+    finally:
+        assert srv.stop() == 0, srv.log
