@@ -33,7 +33,8 @@ from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.metrics import MetricsApp, Scraper
-from oipserve.models import ModelManager, ModelRegistry
+from oipserve.model_manager import ModelManager
+from oipserve.models import ModelRegistry
 from oipserve.pool import WorkerPool
 from oipserve.repository import RepositoryError, check_repository, layout_warnings
 from oipserve.rest import create_app

@@ -28,7 +28,8 @@ from oipserve.management.load_override import parse_load_parameters
 from oipserve.management.repository_control import RepositoryControl
 from oipserve.management.worker_endpoints import DeathListener, WorkerEndpoints
 from oipserve.management.worker_params import parse_load_request
-from oipserve.models import ModelManager, ModelRegistry
+from oipserve.model_manager import ModelManager
+from oipserve.models import ModelRegistry
 from oipserve.pool import WorkerPool
 
 

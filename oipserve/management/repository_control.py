@@ -15,7 +15,8 @@ from pathlib import Path
 
 from oipserve.errors import Unavailable
 from oipserve.management.load_override import LoadOverride, check_model_name, failed_to_load
-from oipserve.models import ModelManager, ModelRegistry
+from oipserve.model_manager import ModelManager
+from oipserve.models import ModelRegistry
 from oipserve.repository import RepositoryError, list_models, read_model
 
 

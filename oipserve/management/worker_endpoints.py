@@ -33,7 +33,8 @@ from oipserve.management.worker_params import (
     optional_str,
     positive_int,
 )
-from oipserve.models import ModelManager, ModelRegistry, ModelVersion, merge_metadata
+from oipserve.model_manager import ModelManager
+from oipserve.models import ModelRegistry, ModelVersion, merge_metadata
 from oipserve.pool import WorkerPool
 from oipserve.repository import read_model
 from oipserve.worker_handle import WorkerHandle

@@ -1,0 +1,383 @@
+"""Loading repository models onto workers, and keeping the registry in step.
+
+The manager derives each version's metadata from the ONNX graph, refined by
+``config.pbtxt`` (or a load's ``config``) when there is one; reloads swap versions
+only once all the new ones are ready; uploaded model files live in its upload area.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path, PurePosixPath
+
+from hardware import InventoryError, cuda_provider_options
+from oipserve.errors import InvalidInput, ServerError, Unavailable
+from oipserve.metadata import MetadataConflict, merge_metadata
+from oipserve.model_config import ModelConfig, ModelConfigError
+from oipserve.models import ModelRegistry, ModelVersion
+from oipserve.pool import WorkerPool
+from oipserve.repository import ModelSource, read_model
+from oipserve.session_options import session_options
+from oipserve.uploads import UploadArea
+from oipserve.wire.messages import Loaded
+from oipserve.worker_handle import WorkerHandle
+
+__all__ = ["ModelManager"]
+
+# NOTE: the logger the load lines always came from (operators grep for it).
+log = logging.getLogger("oipserve.models")
+
+#: What means "this model cannot be loaded" (bad config, a graph that does not match it,
+#: a device or file problem, a worker's refusal), as opposed to a bug of the server.
+_CANNOT_LOAD = (ServerError, MetadataConflict, ModelConfigError, OSError)
+
+
+class ModelManager:
+    """Loads repository models onto workers and keeps the registry in step."""
+
+    def __init__(
+        self,
+        root: Path,
+        pool: WorkerPool,
+        registry: ModelRegistry,
+        simulate_devices: bool = False,
+        start_cpu_workers: Callable[[], Awaitable[list[WorkerHandle]]] | None = None,
+    ) -> None:
+        self.root = root
+        self.pool = pool
+        self.registry = registry
+        #: Starts CPU workers when a KIND_CPU instance group needs them and ``--devices``
+        #: started none (Triton runs KIND_CPU instances on the CPU whatever GPUs exist).
+        self.start_cpu_workers = start_cpu_workers
+        #: Ids of the workers started that way: they hold KIND_CPU instances only.
+        self.cpu_on_demand: set[int] = set()
+        #: Fake inventory: GPUs do not exist, so sessions run on the CPU provider while the
+        #: planned CUDA providers are only recorded (``ModelVersion.placements``).
+        self.simulate_devices = simulate_devices
+        self.lock = asyncio.Lock()
+        #: Uploaded model files (loads with ``file:`` parameters), and which upload
+        #: directory each loaded model came from.
+        self.uploads = UploadArea()
+        self.upload_of: dict[str, Path] = {}
+        #: Unloads of sessions abandoned at a load timeout, still waiting for their worker.
+        self.background: set[asyncio.Task[None]] = set()
+        pool.on_replaced(self._reloaded)
+
+    def providers_for(
+        self, worker: WorkerHandle, model: ModelVersion
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Providers planned for ``model`` on ``worker``'s device; InvalidInput on bad options."""
+        if not worker.device.startswith("cuda:"):
+            return [("CPUExecutionProvider", {})]
+        index = int(worker.device.partition(":")[2])
+        try:
+            options = cuda_provider_options(index, {**model.parameters, **model.cuda_settings})
+        except InventoryError as exc:
+            raise InvalidInput(f"model '{model.name}': {exc}") from None
+        return [("CUDAExecutionProvider", options), ("CPUExecutionProvider", {})]
+
+    def repository_workers(self) -> list[WorkerHandle]:
+        """Workers that hold repository models: those started with the server."""
+        return [w for w in self.pool.workers if w.alive and not w.dedicated]
+
+    def workers_for(self, model: ModelVersion) -> list[WorkerHandle]:
+        """The repository workers that get a session of ``model``; MetadataConflict if none fit.
+
+        Without ``instance_group`` every repository worker holds the model. With it, as
+        in Triton: ``KIND_CPU`` places ``count`` instances on the CPU, ``KIND_GPU`` on each
+        GPU of ``gpus`` (all GPUs when empty), ``KIND_AUTO``/``KIND_MODEL`` on the GPUs if
+        the server runs any, else on the CPU. An instance is a session in one worker
+        process, so ``count`` is capped at the worker processes of that device
+        (``--instances-per-device``): two sessions in one single-threaded worker would
+        not run at the same time.
+        """
+        workers = self.repository_workers()
+        groups = model.config.instance_groups if model.config else ()
+        if not groups:
+            return [w for w in workers if w.worker_id not in self.cpu_on_demand]
+        gpu_devices = sorted({w.device for w in workers if w.device.startswith("cuda:")})
+        chosen: list[WorkerHandle] = []
+        for group in groups:
+            if group.kind == "KIND_CPU":
+                devices = ["cpu"]
+            elif group.kind == "KIND_GPU":
+                devices = [f"cuda:{g}" for g in group.gpus] or gpu_devices
+            else:
+                devices = gpu_devices or ["cpu"]
+            if not devices:
+                raise MetadataConflict(
+                    f"instance_group {group.kind} asks for a GPU; this server runs none"
+                )
+            for device in devices:
+                on_device = [w for w in workers if w.device == device]
+                if not on_device:
+                    raise MetadataConflict(
+                        f"instance_group asks for {device}, where this server runs no workers "
+                        f"(--devices gave: {', '.join(sorted({w.device for w in workers}))})"
+                    )
+                chosen.extend(w for w in on_device[: group.count] if w not in chosen)
+        return chosen
+
+    async def place(self, model: ModelVersion, worker: WorkerHandle, threads: int | None) -> Loaded:
+        """Create one session of ``model`` on ``worker`` and record what it was given."""
+        planned = self.providers_for(worker, model)
+        sent = [("CPUExecutionProvider", {})] if self.simulate_devices else planned
+        options = session_options(model.name, model.parameters)
+        loaded = await worker.load(model.key, model.path, sent, threads, options)
+        model.placements[worker.worker_id] = {
+            "worker": worker.worker_id,
+            "device": worker.device,
+            "providers": [[name, options] for name, options in planned],
+            "simulated": self.simulate_devices and planned != sent,
+            "session_providers": loaded.providers,
+        }
+        model.providers[worker.worker_id] = loaded.providers
+        return loaded
+
+    async def load(
+        self,
+        name: str,
+        config: ModelConfig | None = None,
+        files: Mapping[PurePosixPath, bytes] | None = None,
+        timeout: float | None = None,
+    ) -> str | None:
+        """Load (or reload) every version of ``name``; None, or the reason it failed.
+
+        ``config`` replaces the directory's config.pbtxt for this load; ``files`` are the
+        model directory itself (uploaded; written under ``uploads``, never into the
+        repository). A reload swaps the new versions in only when all of them loaded, so
+        requests never see the model unknown; a failed reload leaves the old ones serving.
+        Past ``timeout`` seconds the load is undone and ``Unavailable`` raised.
+        """
+        async with self.lock:
+            place: Path | None = None
+            self.registry.loading.add(name)
+            try:
+                if files:
+                    try:
+                        place = await self.uploads.write(name, files)
+                    except OSError as exc:
+                        return f"cannot write the uploaded files: {exc}"
+                source = read_model(place or self.root, name, config)
+                reason = await self._load_source(source, timeout)
+            except BaseException:
+                if place is not None and self.upload_of.get(name) != place:
+                    self.uploads.remove(place)
+                raise
+            finally:
+                self.registry.loading.discard(name)
+            if reason is not None and place is not None and self.upload_of.get(name) != place:
+                self.uploads.remove(place)
+            return reason
+
+    async def _load_source(self, source: ModelSource, timeout: float | None) -> str | None:
+        name = source.name
+        if source.error is not None:
+            log.error("model '%s' is UNAVAILABLE: %s", name, source.error)
+            if name not in self.registry.models:
+                self.registry.failed[name] = source.error
+            return source.error
+        versions = {
+            v: ModelVersion(name, v, path, source.config) for v, path in source.versions.items()
+        }
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self._load_version(m) for m in versions.values()))
+        except BaseException as exc:
+            # Past the timeout, or cancelled (a gRPC client that went away): nothing of
+            # this load may stay, whatever state its sessions are in.
+            for model in versions.values():
+                self._abandon(model)
+            if not isinstance(exc, TimeoutError):
+                raise
+            message = (
+                f"loading model '{name}' took more than --load-timeout {timeout:g}s; "
+                "it was stopped and nothing of it is left"
+            )
+            log.error("%s", message)
+            if name not in self.registry.models:
+                self.registry.failed[name] = message
+            raise Unavailable(message) from None
+        broken = [m for m in versions.values() if m.state != "READY"]
+        reason = "; ".join(f"version {m.version}: {m.reason}" for m in broken) or None
+        for model in broken:
+            log.error("model '%s' version %s is UNAVAILABLE: %s", name, model.version, model.reason)
+        old = self.registry.models.get(name, {})
+        if broken and any(m.ready for m in old.values()):
+            # A failed reload changes nothing: the versions serving go on serving.
+            log.error("model '%s': the reload failed; the loaded versions go on serving", name)
+            discarded = [m for m in versions.values() if m.state == "READY"]
+            await asyncio.shield(self._retire(discarded, "discarded", None))
+            return reason
+        self.registry.models[name] = versions
+        self.registry.failed.pop(name, None)
+        self.registry.unloaded.discard(name)
+        old_place = self.upload_of.pop(name, None)
+        if source.directory.parent != self.root:
+            self.upload_of[name] = source.directory.parent
+        # Shielded: once swapped, the old versions are unloaded even if this call is
+        # cancelled (their sessions would otherwise stay in the workers).
+        await asyncio.shield(self._retire(list(old.values()), "replaced by a reload", old_place))
+        return reason
+
+    async def _retire(self, models: list[ModelVersion], why: str, place: Path | None) -> None:
+        """Unload versions no longer served, then the upload directory they came from."""
+        for model in models:
+            await self._unload_version(model, why)
+        if place is not None and place not in self.upload_of.values():
+            self.uploads.remove(place)
+
+    async def _load_version(self, model: ModelVersion) -> None:
+        # NOTE: a reload gives the new sessions a fresh key so the old ones can
+        #   finish their in-flight requests under the old key.
+        model.key = f"{model.name}/{model.version}#{id(model)}"
+        started = asyncio.get_running_loop().time()
+        try:
+            await self._cpu_workers_on_demand(model)
+            model.workers = self.workers_for(model)
+            if not model.workers:
+                raise MetadataConflict("no worker process runs to hold it")
+            log.info(
+                "model '%s' version %s: loading %s on %s",
+                model.name,
+                model.version,
+                model.path,
+                _placement(model.workers),
+            )
+            # Every placement ends before a failure is handled, so none is left loading.
+            results = await asyncio.gather(
+                *(self.place(model, w, None) for w in model.workers), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            inputs, outputs = merge_metadata(model.config, results[0])  # type: ignore[arg-type]
+        except _CANNOT_LOAD as exc:
+            await self._fail_version(model, str(exc))
+            return
+        except Exception:
+            # NOTE: anything else is a bug of the server, not of the model: its text is
+            #   not a reason to show clients, the traceback goes to the log.
+            log.exception("loading model '%s' version %s failed", model.name, model.version)
+            await self._fail_version(model, "internal error while loading (see the log)")
+            return
+        model.set_metadata(inputs, outputs)
+        model.state = "READY"
+        log.info(
+            "model '%s' version %s is READY: loaded in %.2fs on %s",
+            model.name,
+            model.version,
+            asyncio.get_running_loop().time() - started,
+            _placement(model.workers),
+        )
+
+    async def _cpu_workers_on_demand(self, model: ModelVersion) -> None:
+        """Start CPU workers for a KIND_CPU group when the server runs none (once)."""
+        groups = model.config.instance_groups if model.config else ()
+        wanted = any(g.kind == "KIND_CPU" for g in groups)
+        if not wanted or self.start_cpu_workers is None:
+            return
+        if any(w.device == "cpu" for w in self.repository_workers()):
+            return
+        started = await self.start_cpu_workers()
+        self.cpu_on_demand.update(w.worker_id for w in started)
+
+    async def _fail_version(self, model: ModelVersion, reason: str) -> None:
+        model.state = "UNAVAILABLE"
+        model.reason = reason
+        workers, model.workers = model.workers, []
+        for worker in workers:
+            if model.key in worker.models:
+                await worker.unload(model.key)
+
+    def _abandon(self, model: ModelVersion) -> None:
+        """Undo a version whose load ran out of time, without waiting for the workers.
+
+        Repository workers are shared, so they are not killed: each is sent an unload,
+        which it handles once the session it may still be creating exists.
+        """
+        model.state = "UNAVAILABLE"
+        model.reason = "the load timed out"
+        workers, model.workers = model.workers, []
+        for worker in workers:
+            worker.models.pop(model.key, None)
+            if worker.alive:
+                task = asyncio.get_running_loop().create_task(self._unload_late(worker, model))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
+
+    async def _unload_late(self, worker: WorkerHandle, model: ModelVersion) -> None:
+        try:
+            await worker.unload(model.key)
+        except ServerError:
+            return  # the worker died meanwhile: nothing of it is left
+        log.info(
+            "model '%s' version %s: the session abandoned at the load timeout is unloaded "
+            "from worker %d",
+            model.name,
+            model.version,
+            worker.worker_id,
+        )
+
+    async def _unload_version(self, model: ModelVersion, why: str = "unloaded") -> None:
+        model.state = "UNLOADING"
+        model.reason = why
+        if model.batcher is not None:
+            # Queued requests: 503; batches running finish.
+            model.batcher.close(model.gone_while("queued"))
+        for worker in model.workers:
+            # Requests already sent to this worker are answered before the Unload.
+            if worker.alive and model.key in worker.models:
+                await worker.unload(model.key)
+        model.state = "UNAVAILABLE"
+
+    async def unload(self, name: str, version: str | None = None) -> bool:
+        """Unload a repository model (or one version); False if it was not loaded.
+
+        It leaves the registry first, so later requests get 404 (and its readiness is
+        false: it is known), then each session is unloaded after the requests already
+        sent to it; requests that found it before get their answer or a 503.
+        """
+        async with self.lock:
+            versions = self.registry.models.get(name)
+            failed = self.registry.failed.pop(name, None)
+            if versions is None:
+                if failed is not None:
+                    self.registry.unloaded.add(name)
+                return failed is not None
+            if version is not None:
+                model = versions.get(version)
+                if model is None:
+                    return False
+                gone = [model]
+                remaining = {v: m for v, m in versions.items() if v != version}
+            else:
+                gone = list(versions.values())
+                remaining = {}
+            if remaining:
+                self.registry.models[name] = remaining
+            else:
+                del self.registry.models[name]
+                self.registry.required.discard(name)
+                self.registry.unloaded.add(name)
+            for model in gone:
+                await self._unload_version(model)
+            if not remaining:
+                self.uploads.remove(self.upload_of.pop(name, None))
+            log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
+            return True
+
+    def close(self) -> None:
+        """Remove every uploaded model file (at shutdown, once the workers are stopped)."""
+        self.upload_of.clear()
+        self.uploads.close()
+
+    async def _reloaded(self, worker: WorkerHandle) -> None:
+        log.info("worker %d holds %d model versions again", worker.worker_id, len(worker.models))
+
+
+def _placement(workers: list[WorkerHandle]) -> str:
+    """Where a version's sessions are, for the log: ``worker 0 (cpu), worker 1 (cuda:0)``."""
+    return ", ".join(f"worker {w.worker_id} ({w.device})" for w in workers) or "no worker"
