@@ -12,8 +12,8 @@ from __future__ import annotations
 import msgspec
 
 from oipserve.errors import InvalidInput
-from oipserve.protocol import RequestInput
 from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
+from oipserve.wire.json_request import RequestInput
 
 
 def parse_header_length(text: str | None, body_size: int) -> int | None:

@@ -8,7 +8,9 @@ it) happens here, once, for every protocol.
 The inference path, top to bottom (``DataPlane.infer``):
 1. resolve the model version (404 unknown, 503 not ready);
 2. check every input against the model's metadata (names, datatype, shape,
-   element count, batch size) and the requested outputs;
+   element count, batch size) and the requested outputs; large JSON ``data``
+   is then decoded by a worker into a segment (``json_offload``), small
+   JSON ``data`` here;
 3. put input data into shared memory: JSON values and host buffers are
    copied into one pooled segment; binary payloads already received into a
    segment are referenced where they lie;
@@ -23,6 +25,7 @@ import logging
 from time import monotonic_ns
 
 import oipserve
+from oipserve import json_offload
 from oipserve.batched import BatchRunner, Watch
 from oipserve.client_regions import ClientRegions, RegionUse
 from oipserve.echo import answer_echo
@@ -35,7 +38,9 @@ from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.placement import Placement, check_size, image_payload_of, payload, place
 from oipserve.pool import WorkerPool
 from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
+from oipserve.tensors import Deferred
 from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
+from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef, OutputTarget
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 from oipserve.worker_handle import WorkerHandle
@@ -195,6 +200,8 @@ class DataPlane:
         targets: list[OutputTarget] = []
         try:
             placements = self._check(model, inputs, output_names)
+            if any(isinstance(data, Deferred) for _, _, _, data in placements):
+                placements = await self._decode_in_worker(model, placements, owned, deadline)
             if into:
                 targets = _targets(model, inputs, into)
             if policy is not None:
@@ -259,6 +266,43 @@ class DataPlane:
         if not done.segment:
             return InferResult(model, outputs, _nothing)
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
+
+    async def parse_json(
+        self, model: ModelVersion, lease: Lease, start: int, body: memoryview
+    ) -> tuple[InferRequest, list[tuple[int, int] | None]] | None:
+        """A large JSON body parsed by one of the model's workers (``json_offload``).
+
+        None when the front should parse it itself: a small body, or a model that
+        the front answers (echo).
+        """
+        if model.echo or len(body) < json_offload.PARSE_MIN:
+            return None
+        worker = model.pick(self.max_queue)
+        deadline = self._loop.time() + self.infer_timeout
+        return await json_offload.parse(worker, lease, start, body, deadline)
+
+    async def _decode_in_worker(
+        self,
+        model: ModelVersion,
+        placements: list[Placement],
+        owned: list[Lease | RegionUse],
+        deadline: float,
+    ) -> list[Placement]:
+        """Large JSON ``data`` decoded by one of the model's workers (``json_offload``).
+
+        Each such input is ``located`` afterwards, in a lease held in ``owned``.
+        """
+        texts = [
+            (tensor, element_count(tensor.shape))
+            for tensor, _, _, data in placements
+            if isinstance(data, Deferred)
+        ]
+        worker = model.pick(self.max_queue)
+        owned.append(await json_offload.decode(worker, texts, self.inputs, deadline))
+        return [
+            (tensor, shape, nbytes, None if isinstance(data, Deferred) else data)
+            for tensor, shape, nbytes, data in placements
+        ]
 
     def _copy_regions(self, placements: list[Placement], owned: list[Lease | RegionUse]) -> None:
         """Inputs in clients' regions of a batched request, read into pooled segments.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from oipserve import json_offload
 from oipserve.errors import InvalidInput
 from oipserve.images import image_payload
 from oipserve.inference import InputTensor
@@ -101,6 +102,12 @@ def values_of(tensor: InputTensor, count: int) -> object:
     values = tensor.values
     if not isinstance(values, Deferred):
         return values
+    _check_most(tensor, values, count)
+    return values.load()
+
+
+def _check_most(tensor: InputTensor, values: Deferred, count: int) -> None:
+    """InvalidInput if the deferred text cannot hold ``count`` elements."""
     if count > values.most:
         # NOTE: the text is short (fewer than 2 characters an element): decoding it costs
         #   little and names what is wrong with it when that is more than its length.
@@ -109,7 +116,6 @@ def values_of(tensor: InputTensor, count: int) -> object:
             f"input '{tensor.name}': its shape {list(tensor.shape)} holds {count} elements "
             f"but 'data' can hold at most {values.most}"
         )
-    return values.load()
 
 
 def payload(tensor: InputTensor) -> tuple[int, object]:
@@ -117,6 +123,11 @@ def payload(tensor: InputTensor) -> tuple[int, object]:
     count = element_count(tensor.shape)
     datatype = tensor.datatype
     if tensor.values is not None:
+        if json_offload.wants_worker(tensor, tensor.values):
+            # NOTE: decoded by a worker before placement (oipserve.json_offload); the
+            #   Deferred stands for the data until then.
+            _check_most(tensor, tensor.values, count)  # type: ignore[arg-type]
+            return ELEMENT_SIZES[datatype] * count, tensor.values
         values = values_of(tensor, count)
         if datatype == "BYTES":
             blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count))

@@ -1,26 +1,32 @@
 """Tensor values in their JSON (and gRPC typed-contents) form, to and from numpy.
 
-The protocol's JSON carries tensors as nested or flat lists; this is where
-those lists are checked against the declared datatype and shape, strictly:
-no string is parsed as a number, no float is truncated to an integer, no
-integer wraps around.
+The protocol's JSON carries tensors as nested or flat lists. The numeric rules
+live in the wire contract (``wire.json_values``), shared with the workers that
+decode large bodies; here they raise the front's InvalidInput. BYTES values and
+the deferred decoding of inputs are the front's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import numpy as np
 
 from oipserve.errors import InvalidInput
-from oipserve.wire.datatypes import (
-    FLOAT_TYPES,
-    INTEGER_TYPES,
-    NUMPY_DTYPES,
-    bf16_to_float32,
-    float32_to_bf16,
-    split_bytes_elements,
-)
+from oipserve.wire import json_values as shared
+from oipserve.wire.datatypes import NUMPY_DTYPES, bf16_to_float32, split_bytes_elements
+from oipserve.wire.json_values import DataError, flatten
+from oipserve.wire.shm import Lease
+
+__all__ = [
+    "Deferred",
+    "array_from_values",
+    "bytes_from_values",
+    "check_datatype",
+    "decode_data",
+    "flatten",
+]
 
 
 class Deferred:
@@ -31,23 +37,23 @@ class Deferred:
     checks names, datatypes, shapes and batch sizes first, then compares the
     declared element count with ``most`` (the most elements the sent data can hold,
     known without decoding), and only then calls ``load``.
+
+    ``text`` is set when the JSON text lies in a pooled segment (lease, offset, size):
+    the data plane may then have a worker decode it (``oipserve.json_offload``)
+    instead of calling ``load``.
     """
 
-    __slots__ = ("load", "most")
+    __slots__ = ("load", "most", "text")
 
-    def __init__(self, load: Callable[[], object], most: int) -> None:
+    def __init__(
+        self,
+        load: Callable[[], object],
+        most: int,
+        text: tuple[Lease, int, int] | None = None,
+    ) -> None:
         self.load = load
         self.most = most
-
-
-_KIND_WORDS = {
-    "b": "booleans",
-    "i": "integers",
-    "u": "integers",
-    "f": "numbers",
-    "U": "strings",
-    "O": "mixed values",
-}
+        self.text = text
 
 
 def _flatten_strings(name: str, values: list[object], out: list[bytes]) -> None:
@@ -85,100 +91,20 @@ def check_datatype(name: str, datatype: str) -> None:
         )
 
 
-def flatten(values: list[object], out: list[object]) -> None:
-    """Append the leaves of nested JSON arrays to ``out``, in row-major order."""
-    for value in values:
-        if isinstance(value, list):
-            flatten(value, out)
-        else:
-            out.append(value)
-
-
-def _exact_ints(values: list[object]) -> np.ndarray | None:
-    """An object array of the values if every one is a true JSON integer, else None."""
-    flat: list[object] = []
-    flatten(values, flat)
-    if all(type(v) is int for v in flat):
-        return np.array(flat, dtype=object)
-    return None
-
-
-#: Inclusive value ranges of the integer types, as Python ints (cheap to compare).
-_INT_BOUNDS = {
-    name: (int(np.iinfo(NUMPY_DTYPES[name]).min), int(np.iinfo(NUMPY_DTYPES[name]).max))
-    for name in INTEGER_TYPES
-}
-#: Largest finite magnitude of the float types narrower than float64.
-_FLOAT_LIMITS = {
-    name: float(np.finfo(NUMPY_DTYPES[name]).max)
-    for name in FLOAT_TYPES
-    if name not in ("FP64", "BF16")
-} | {"BF16": float(bf16_to_float32(np.array([0x7F7F], dtype=np.uint16))[0])}
-
-
-def _kind_error(name: str, datatype: str, expected: str, source: np.ndarray) -> InvalidInput:
-    got = _KIND_WORDS.get(source.dtype.kind, str(source.dtype))
-    return InvalidInput(
-        f"input '{name}' has datatype {datatype}; 'data' must be {expected}, got {got}"
-    )
-
-
 def array_from_values(name: str, datatype: str, values: object, count: int) -> np.ndarray:
     """A flat numpy array of ``datatype`` from JSON values, or InvalidInput saying why not."""
-    # PERF: this runs for every JSON input; numpy scalar comparisons, np.iinfo and
-    #   np.errstate each cost about a microsecond, so bounds are precomputed.
-    # NOTE: an ndarray comes from fast_json: a flat array of JSON numbers, parsed
-    #   as float64, int64 or uint64, and checked below like any decoded list.
-    if not isinstance(values, (list, np.ndarray)):
-        raise InvalidInput(f"'data' of input '{name}' must be an array")
     try:
-        source = np.asarray(values)
-    except (ValueError, OverflowError):
-        raise InvalidInput(
-            f"'data' of input '{name}' is ragged or holds values of mixed types: "
-            "nested arrays must all have the same length"
-        ) from None
-    if source.size != count:
-        raise InvalidInput(
-            f"input '{name}': its shape holds {count} elements but 'data' has {source.size}"
-        )
-    source = source.reshape(-1)
-    if count == 0:
-        return np.empty(0, dtype=NUMPY_DTYPES[datatype])
-    kind = source.dtype.kind
-    if datatype == "BOOL":
-        if kind != "b":
-            raise _kind_error(name, datatype, "true/false", source)
-        return source
-    bounds = _INT_BOUNDS.get(datatype)
-    if bounds is not None:
-        if kind in "fO":
-            # NOTE: numpy infers float64 (or object) when ints span beyond int64,
-            #   e.g. [0, 2**64 - 1]; check such values as exact Python ints instead.
-            exact = _exact_ints(values)
-            if exact is not None:
-                source, kind = exact, "i"
-        if kind not in "iu":
-            raise _kind_error(name, datatype, "integers", source)
-        low, high = int(source.min()), int(source.max())
-        if low < bounds[0] or high > bounds[1]:
-            bad = low if low < bounds[0] else high
-            raise InvalidInput(
-                f"input '{name}': value {bad} is out of range for {datatype} "
-                f"[{bounds[0]}, {bounds[1]}]"
-            )
-        return source.astype(NUMPY_DTYPES[datatype])
-    if datatype in FLOAT_TYPES:
-        if kind not in "iuf":
-            raise _kind_error(name, datatype, "numbers", source)
-        limit = _FLOAT_LIMITS.get(datatype)
-        # NOTE: integers too: 70000 is beyond FP16 and would become inf.
-        if limit is not None and max(-float(source.min()), float(source.max())) > limit:
-            raise InvalidInput(f"input '{name}': a value is too large for {datatype}")
-        if datatype == "BF16":
-            return float32_to_bf16(source.astype(np.float32))
-        return source.astype(NUMPY_DTYPES[datatype])
-    raise InvalidInput(f"input '{name}': datatype {datatype} cannot be sent as JSON values")
+        return shared.array_from_values(name, datatype, values, count)
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> object:
+    """The values of one input's ``data`` text, or InvalidInput naming the input."""
+    try:
+        return shared.decode_data(name, datatype, raw)
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def json_values(datatype: str, data: memoryview, count: int) -> np.ndarray | list[str]:

@@ -33,9 +33,9 @@ from oipserve.wire.messages import (
     ObjectRef,
     OutputTarget,
     Release,
+    Reply,
     Stop,
     TensorDesc,
-    Unloaded,
     UnloadModel,
     WorkerReady,
     frame,
@@ -200,7 +200,7 @@ class WorkerHandle:
         self._death_listeners.append(listener)
 
     def on_message(self, message: object) -> None:
-        if isinstance(message, InferDone | Failed | Loaded | Unloaded):
+        if isinstance(message, Reply):
             self._deadlines.pop(message.rid, None)
             done = self.on_done.pop(message.rid, None)
             if done is not None:

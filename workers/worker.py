@@ -22,6 +22,7 @@ import numpy as np
 from oipserve.wire.datatypes import NUMPY_DTYPES, element_count, split_bytes_elements
 from oipserve.wire.images import ImageError
 from oipserve.wire.messages import (
+    DecodeJson,
     ErrorKind,
     Failed,
     Forget,
@@ -29,9 +30,12 @@ from oipserve.wire.messages import (
     FrameSplitter,
     Infer,
     InferDone,
+    JsonDecoded,
+    JsonParsed,
     Loaded,
     LoadModel,
     OutputTarget,
+    ParseJson,
     Release,
     Stop,
     TensorDesc,
@@ -42,7 +46,7 @@ from oipserve.wire.messages import (
     frame,
 )
 from oipserve.wire.shm import BufferPool, SegmentCache
-from workers import runtime
+from workers import json_inputs, runtime
 from workers.images import decode_batch
 from workers.regions import RegionCache, RegionError
 
@@ -129,6 +133,10 @@ class Worker:
         """Handle one message; False means stop."""
         if isinstance(message, Infer):
             self.infer(message)
+        elif isinstance(message, ParseJson):
+            self.parse_json(message)
+        elif isinstance(message, DecodeJson):
+            self.decode_json(message)
         elif isinstance(message, Release):
             for name in message.segments:
                 self.outputs.release_by_name(name)
@@ -169,6 +177,30 @@ class Worker:
                 session.optional_inputs,
             )
         )
+
+    def parse_json(self, message: ParseJson) -> None:
+        try:
+            spans = json_inputs.parse(message, self.inputs)
+        except ValueError as exc:
+            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            return
+        except Exception:
+            log.exception("parsing a JSON request body failed")
+            self.fail(message.rid, ErrorKind.INTERNAL, f"parsing the request failed{_SEE_LOG}")
+            return
+        self.reply(JsonParsed(message.rid, spans))
+
+    def decode_json(self, message: DecodeJson) -> None:
+        try:
+            json_inputs.decode(message.texts, self.inputs)
+        except ValueError as exc:
+            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            return
+        except Exception:
+            log.exception("decoding JSON data failed")
+            self.fail(message.rid, ErrorKind.INTERNAL, f"decoding the request failed{_SEE_LOG}")
+            return
+        self.reply(JsonDecoded(message.rid))
 
     def infer(self, message: Infer) -> None:
         started = monotonic_ns()

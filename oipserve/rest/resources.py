@@ -22,13 +22,14 @@ from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
-from oipserve.protocol import ENCODER, RequestInput, RequestOutput, decode_data, decode_request
+from oipserve.protocol import ENCODER
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
 from oipserve.rest.render import render_infer
 from oipserve.settings import Settings
 from oipserve.stats_report import model_statistics
-from oipserve.tensors import Deferred, check_datatype
+from oipserve.tensors import Deferred, check_datatype, decode_data
+from oipserve.wire.json_request import RequestInput, RequestOutput, decode_request
 from oipserve.wire.shm import Lease
 
 
@@ -127,12 +128,21 @@ class ModelResource:
                 request_id, names, flags = None, [], None
                 all_binary = True
             else:
-                header = body.data if header_length is None else body.data[:header_length]
-                try:
-                    request = decode_request(header)
-                except ValueError as exc:
-                    raise InvalidInput(str(exc)) from None
-                inputs = self._inputs(request.inputs, body, header_length, owned)
+                parsed = None
+                if header_length is None and body.lease is not None:
+                    parsed = await self.dataplane.parse_json(
+                        target, body.lease, body.start, body.data
+                    )
+                if parsed is not None:
+                    request, texts = parsed
+                else:
+                    header = body.data if header_length is None else body.data[:header_length]
+                    try:
+                        request = decode_request(header)
+                    except ValueError as exc:
+                        raise InvalidInput(str(exc)) from None
+                    texts = None
+                inputs = self._inputs(request.inputs, body, header_length, owned, texts)
                 all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
                 names, flags = [], None
                 if request.outputs is not None:
@@ -193,15 +203,20 @@ class ModelResource:
         body: Body,
         header_length: int | None,
         owned: list[Lease | RegionUse] | None = None,
+        texts: list[tuple[int, int] | None] | None = None,
     ) -> list[InputTensor]:
         """The request's inputs: binary chunks as spans of the body's lease, JSON as values,
-        regions of clients' shared memory (each held in ``owned``)."""
+        regions of clients' shared memory (each held in ``owned``).
+
+        ``texts`` say where the inputs' ``data`` texts lie in the body (offset, length)
+        when a worker parsed it (``json_offload``); the ``data`` of ``inputs`` is then
+        a stand-in."""
         if header_length is None:
             spans: list[tuple[int, int] | None] = [None] * len(inputs)
         else:
             spans = binary.chunk_spans(inputs, header_length, len(body.data))
         tensors = []
-        for tensor, span in zip(inputs, spans, strict=True):
+        for index, (tensor, span) in enumerate(zip(inputs, spans, strict=True)):
             check_datatype(tensor.name, tensor.datatype)
             where = f"input '{tensor.name}'"
             wanted = region_parameters(where, tensor.parameters)
@@ -233,12 +248,20 @@ class ModelResource:
             # NOTE: decoded by the data plane once the shape is checked; a JSON element
             #   takes at least 2 characters ("1,"), so the text bounds the element count.
             #   PERF: small data costs less to decode now than to defer.
+            text: msgspec.Raw | memoryview = tensor.data
+            where = None
+            text_span = texts[index] if texts is not None else None
+            if text_span is not None:
+                assert body.lease is not None
+                offset, size = text_span
+                text = body.data[offset : offset + size]
+                where = (body.lease, body.start + offset, size)
             values: object
-            if len(tensor.data) < EAGER_DATA:
-                values = decode_data(tensor.name, tensor.datatype, tensor.data)
+            if len(text) < EAGER_DATA:
+                values = decode_data(tensor.name, tensor.datatype, text)
             else:
-                load = partial(decode_data, tensor.name, tensor.datatype, tensor.data)
-                values = Deferred(load, (len(tensor.data) + 1) // 2)
+                load = partial(decode_data, tensor.name, tensor.datatype, text)
+                values = Deferred(load, (len(text) + 1) // 2, where)
             tensors.append(InputTensor(tensor.name, tensor.datatype, tensor.shape, values=values))
         return tensors
 

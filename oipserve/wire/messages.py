@@ -120,6 +120,42 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     targets: list[OutputTarget] = []
 
 
+class ParseJson(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Check a large JSON inference request body and say where its ``data`` texts lie.
+
+    The body is ``nbytes`` at ``offset`` in the front's ``segment``; the reply is
+    ``JsonParsed`` (``oipserve.json_offload``).
+    """
+
+    rid: int
+    segment: str
+    offset: int
+    nbytes: int
+
+
+class JsonText(msgspec.Struct, frozen=True, array_like=True):
+    """One input's JSON ``data`` text, to decode into a tensor the front placed."""
+
+    name: str
+    datatype: str
+    #: Elements the input's shape holds: the decoded data must have exactly these.
+    count: int
+    segment: str
+    offset: int
+    nbytes: int
+    #: Where the decoded tensor goes: ``count`` elements at ``target_offset`` of
+    #: the front's segment ``target``.
+    target: str
+    target_offset: int
+
+
+class DecodeJson(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Decode JSON ``data`` texts into tensors; the reply is ``JsonDecoded`` or ``Failed``."""
+
+    rid: int
+    texts: list[JsonText]
+
+
 class Release(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """The front no longer reads these output segments; the worker may reuse them."""
 
@@ -142,7 +178,17 @@ class Stop(msgspec.Struct, frozen=True, tag=True, array_like=True):
     pass
 
 
-ToWorker = LoadModel | UnloadModel | Infer | Release | Forget | ForgetRegions | Stop
+ToWorker = (
+    LoadModel
+    | UnloadModel
+    | Infer
+    | ParseJson
+    | DecodeJson
+    | Release
+    | Forget
+    | ForgetRegions
+    | Stop
+)
 
 
 # ---- worker -> front -------------------------------------------------------
@@ -186,6 +232,17 @@ class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
     output_ns: int = 0
 
 
+class JsonParsed(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+    #: Per input, in the request's order: (offset from the body's start, length) of
+    #: its ``data`` text; (0, 0) when it has none.
+    spans: list[tuple[int, int]]
+
+
+class JsonDecoded(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    rid: int
+
+
 class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """A request failed; ``message`` is for the client (generic for INTERNAL)."""
 
@@ -194,7 +251,9 @@ class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
     message: str
 
 
-FromWorker = WorkerReady | Loaded | Unloaded | InferDone | Failed
+FromWorker = WorkerReady | Loaded | Unloaded | InferDone | JsonParsed | JsonDecoded | Failed
+#: The replies that answer a request the front made with ``WorkerHandle.call``.
+Reply = Loaded | Unloaded | InferDone | JsonParsed | JsonDecoded | Failed
 
 
 def frame(encoder: msgspec.msgpack.Encoder, message: object) -> bytes:

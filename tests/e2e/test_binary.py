@@ -22,9 +22,9 @@ import tritonclient.http as httpclient
 
 from oipserve.inference import InputTensor
 from oipserve.placement import payload as _payload
-from oipserve.protocol import decode_request
 from oipserve.rest.body import Body
 from oipserve.rest.resources import ModelResource
+from oipserve.wire.json_request import decode_request
 from oipserve.wire.shm import BufferPool
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
 from workers.runtime import ModelSession

@@ -212,7 +212,7 @@ def test_nested_and_flat_data_are_equivalent(server: ServerProcess) -> None:
 def test_large_json_tensors_round_trip(
     client: httpclient.InferenceServerClient, datatype: str
 ) -> None:
-    # Bodies past fast_json.MIN_BODY take the simdjson path and a pooled receive.
+    # Bodies past wire.json_numbers.MIN_BODY take the simdjson path and a pooled receive.
     data = np.tile(JSON_ROUND_TRIP[datatype], (1, 12_000))
     inp = httpclient.InferInput("INPUT0", list(data.shape), datatype)
     inp.set_data_from_numpy(data, binary_data=False)

@@ -3,9 +3,9 @@
     front (oipserve/*)  ──▶  wire contract (oipserve/wire/)  ◀──  workers (workers/*)
     front ──▶ hardware/          hardware imports neither side
 
-The wire contract imports only numpy, msgspec and the standard library. The worker side
-imports the wire contract and nothing else of the front. The front never imports the
-workers, ONNX Runtime or OpenCV.
+The wire contract imports only numpy, msgspec, simdjson and the standard library. The
+worker side imports the wire contract and nothing else of the front. The front never
+imports the workers, ONNX Runtime or OpenCV.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ STDLIB = sys.stdlib_module_names
 
 #: Top-level third-party packages each layer may import (besides the stdlib and its own).
 ALLOWED: dict[str, frozenset[str]] = {
-    "wire": frozenset({"numpy", "msgspec"}),
-    "workers": frozenset({"numpy", "msgspec", "onnxruntime", "cv2", "simplejpeg"}),
+    "wire": frozenset({"numpy", "msgspec", "simdjson"}),
+    "workers": frozenset({"numpy", "msgspec", "simdjson", "onnxruntime", "cv2", "simplejpeg"}),
     "hardware": frozenset({"msgspec", "psutil", "pynvml"}),
 }
 #: What the front must never import.

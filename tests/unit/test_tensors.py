@@ -45,7 +45,7 @@ def test_good_values(datatype: str, values: list, expected: np.ndarray) -> None:
         ("FP32", ["a"], 1, "got strings"),
         ("FP16", [1e9], 1, "too large"),
         ("FP16", [0, 70000], 2, "too large"),  # an integer beyond FP16 is not inf
-        ("FP32", np.array([-1e39]), 1, "too large"),  # fast_json's flat arrays
+        ("FP32", np.array([-1e39]), 1, "too large"),  # json_numbers' flat arrays
         ("INT32", [1, 2], 3, "3 elements but 'data' has 2"),
         ("INT32", [[1, 2], [3]], 3, "ragged"),
         ("INT32", 5, 1, "must be an array"),

@@ -13,17 +13,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from oipserve import fast_json
 from oipserve.errors import InvalidInput
-from oipserve.fast_json import MIN_BODY, NumberArrayDecoder
-from oipserve.protocol import (
-    DATA_DECODER,
-    LARGE_DATA_DECODER,
-    REQUEST_DECODER,
-    decode_data,
-    decode_request,
-)
-from oipserve.tensors import array_from_values
+from oipserve.tensors import array_from_values, decode_data
+from oipserve.wire import json_numbers
+from oipserve.wire.json_numbers import MIN_BODY, NumberArrayDecoder
+from oipserve.wire.json_request import REQUEST_DECODER, decode_request
+from oipserve.wire.json_values import DATA_DECODER, LARGE_DATA_DECODER
 
 PAD = "p" * MIN_BODY
 
@@ -231,7 +226,7 @@ def test_parser_memory_is_let_go_after_a_huge_body(monkeypatch: pytest.MonkeyPat
     kept = decoder._parser
     decoder.decode(b"[1, 2]", "FP32")
     assert decoder._parser is kept
-    monkeypatch.setattr(fast_json, "RETAIN_MAX", 4)
+    monkeypatch.setattr(json_numbers, "RETAIN_MAX", 4)
     assert decoder.decode(b"[1, 2]", "FP32") is not None
     assert decoder._parser is not kept
 
@@ -245,7 +240,7 @@ def test_a_proxy_left_alive_costs_one_body_not_the_fast_path() -> None:
 
 
 def test_too_many_nested_arrays_go_to_msgspec() -> None:
-    rows = "[" + ",".join(["[1]"] * (fast_json.MAX_NESTED_ARRAYS + 1)) + "]"
+    rows = "[" + ",".join(["[1]"] * (json_numbers.MAX_NESTED_ARRAYS + 1)) + "]"
     assert fast(body_of(rows, "FP32", [-1, 1])) is None
-    rows = "[" + ",".join(["[1]"] * (fast_json.MAX_NESTED_ARRAYS - 1)) + "]"
+    rows = "[" + ",".join(["[1]"] * (json_numbers.MAX_NESTED_ARRAYS - 1)) + "]"
     assert assert_agrees(body_of(rows, "FP32", [-1, 1])) is not None

@@ -1,12 +1,16 @@
 """Large JSON tensors: a ``data`` array of numbers parsed straight into numpy.
 
+Part of the wire contract because both sides decode JSON ``data``: the front for
+small bodies and the worker for large ones (``oipserve.json_offload``), with the
+same code and the same error messages.
+
 msgspec turns each number of a JSON ``data`` array into a Python object, and
 numpy then walks those objects again: for a 1 MiB FP32 tensor (262,144 numbers,
 ~5 MB of text) that is ~19 ms of the front's time. simdjson's ``as_buffer``
 writes a flat array of JSON numbers into one C buffer instead (~6 ms).
 
 The request's header (names, shapes, datatypes) is decoded first by msgspec with
-each ``data`` kept as raw JSON text (``oipserve.protocol``); the data plane
+each ``data`` kept as raw JSON text (``wire.json_request``); the data plane
 checks it against the model, and only then is each input's text decoded, by
 ``NumberArrayDecoder.decode`` when it is large. So a body whose shapes the model
 cannot take costs a scan, never the numbers.
@@ -16,7 +20,7 @@ it cannot show its result is the standard decoder's (nested ragged, boolean or
 string ``data``, BYTES and BOOL tensors, any simdjson error), and the caller
 then decodes with msgspec, which also writes any error message. The only
 difference in a result is that ``data`` is a flat float64/int64/uint64 array
-rather than a list; ``tensors.array_from_values`` checks both the same way.
+rather than a list; ``json_values.array_from_values`` checks both the same way.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ MIN_BODY = 16 * 1024
 
 #: ``as_buffer`` element type per OIP datatype: doubles for the float types,
 #: 64-bit integers for the integer types (ranges are checked afterwards by
-#: ``tensors.array_from_values``, exactly as for decoded lists).
+#: ``json_values.array_from_values``, exactly as for decoded lists).
 _BUFFER_TYPES = {
     name: "d" if row.json == "float" else "u" if row.numpy == np.uint64 else "i"
     for name, row in DATATYPES.items()

@@ -1,0 +1,203 @@
+"""The values of a JSON ``data`` array, decoded and checked against a datatype.
+
+Part of the wire contract because both sides do it: the front for small bodies,
+a worker for large ones (``oipserve.json_offload``). One implementation means one
+set of rules and the same message for the same mistake, wherever it is found.
+
+The checks are strict: no string is parsed as a number, no float is truncated to
+an integer, no integer wraps around. Errors are ``DataError``; the front raises
+them as InvalidInput (``oipserve.tensors``), a worker answers them as an
+INVALID_INPUT failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from oipserve.wire.datatypes import (
+    FLOAT_TYPES,
+    INTEGER_TYPES,
+    NUMPY_DTYPES,
+    bf16_to_float32,
+    float32_to_bf16,
+)
+from oipserve.wire.json_numbers import MIN_BODY, NumberArrayDecoder
+
+__all__ = ["DataError", "array_from_values", "decode_data", "flatten"]
+
+
+class DataError(ValueError):
+    """The ``data`` of an input is not what its datatype and shape say; the text is for clients."""
+
+
+DATA_DECODER = msgspec.json.Decoder()
+_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+#: One per process: it keeps its parse buffers between requests (``json_numbers``).
+LARGE_DATA_DECODER = NumberArrayDecoder()
+
+
+def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> Any:
+    """The values of one input's ``data`` text: a flat numpy array or nested lists.
+
+    Large number arrays go straight into numpy (``json_numbers``); the rest, and
+    whatever that path declines, is decoded by msgspec.
+    """
+    if len(raw) >= MIN_BODY:
+        array = LARGE_DATA_DECODER.decode(memoryview(raw), datatype)
+        if array is not None:
+            return array
+    try:
+        values = DATA_DECODER.decode(raw)  # PERF: a Raw decodes faster than a view of it
+    except UnicodeDecodeError:
+        raise DataError(
+            f"element {_bad_utf8_element(memoryview(raw))} of input '{name}' is not valid UTF-8: "
+            "JSON strings must be UTF-8 text (send other bytes as binary data)"
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise DataError(f"malformed JSON in 'data' of input '{name}': {exc}") from None
+    except RecursionError:
+        raise DataError(f"malformed JSON: 'data' of input '{name}' is nested too deeply") from None
+    # NOTE: checked after decoding, not before: a look at the first byte costs every
+    #   request a view, and what is decoded here is bounded by the body's size anyway.
+    if not isinstance(values, list):
+        raise DataError(f"'data' of input '{name}' must be an array")
+    return values
+
+
+def _bad_utf8_element(text: memoryview) -> int | str:
+    """The flat (row-major) index of the first string in ``text`` that is not UTF-8.
+
+    Only on the error path: msgspec's UnicodeDecodeError says which bytes, not where.
+    """
+    index = 0
+
+    def walk(items: list[msgspec.Raw]) -> int | None:
+        nonlocal index
+        for item in items:
+            piece = memoryview(item)
+            if piece[:1] == b"[":
+                found = walk(_RAW_LIST_DECODER.decode(piece))
+                if found is not None:
+                    return found
+                continue
+            try:
+                DATA_DECODER.decode(piece)
+            except UnicodeDecodeError:
+                return index
+            index += 1
+        return None
+
+    try:
+        found = walk(_RAW_LIST_DECODER.decode(text))
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        found = None
+    return "?" if found is None else found
+
+
+_KIND_WORDS = {
+    "b": "booleans",
+    "i": "integers",
+    "u": "integers",
+    "f": "numbers",
+    "U": "strings",
+    "O": "mixed values",
+}
+
+
+def flatten(values: list[object], out: list[object]) -> None:
+    """Append the leaves of nested JSON arrays to ``out``, in row-major order."""
+    for value in values:
+        if isinstance(value, list):
+            flatten(value, out)
+        else:
+            out.append(value)
+
+
+def _exact_ints(values: list[object]) -> np.ndarray | None:
+    """An object array of the values if every one is a true JSON integer, else None."""
+    flat: list[object] = []
+    flatten(values, flat)
+    if all(type(v) is int for v in flat):
+        return np.array(flat, dtype=object)
+    return None
+
+
+#: Inclusive value ranges of the integer types, as Python ints (cheap to compare).
+_INT_BOUNDS = {
+    name: (int(np.iinfo(NUMPY_DTYPES[name]).min), int(np.iinfo(NUMPY_DTYPES[name]).max))
+    for name in INTEGER_TYPES
+}
+#: Largest finite magnitude of the float types narrower than float64.
+_FLOAT_LIMITS = {
+    name: float(np.finfo(NUMPY_DTYPES[name]).max)
+    for name in FLOAT_TYPES
+    if name not in ("FP64", "BF16")
+} | {"BF16": float(bf16_to_float32(np.array([0x7F7F], dtype=np.uint16))[0])}
+
+
+def _kind_error(name: str, datatype: str, expected: str, source: np.ndarray) -> DataError:
+    got = _KIND_WORDS.get(source.dtype.kind, str(source.dtype))
+    return DataError(
+        f"input '{name}' has datatype {datatype}; 'data' must be {expected}, got {got}"
+    )
+
+
+def array_from_values(name: str, datatype: str, values: object, count: int) -> np.ndarray:
+    """A flat numpy array of ``datatype`` from JSON values, or DataError saying why not."""
+    # PERF: this runs for every JSON input; numpy scalar comparisons, np.iinfo and
+    #   np.errstate each cost about a microsecond, so bounds are precomputed.
+    # NOTE: an ndarray comes from json_numbers: a flat array of JSON numbers, parsed
+    #   as float64, int64 or uint64, and checked below like any decoded list.
+    if not isinstance(values, (list, np.ndarray)):
+        raise DataError(f"'data' of input '{name}' must be an array")
+    try:
+        source = np.asarray(values)
+    except (ValueError, OverflowError):
+        raise DataError(
+            f"'data' of input '{name}' is ragged or holds values of mixed types: "
+            "nested arrays must all have the same length"
+        ) from None
+    if source.size != count:
+        raise DataError(
+            f"input '{name}': its shape holds {count} elements but 'data' has {source.size}"
+        )
+    source = source.reshape(-1)
+    if count == 0:
+        return np.empty(0, dtype=NUMPY_DTYPES[datatype])
+    kind = source.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b":
+            raise _kind_error(name, datatype, "true/false", source)
+        return source
+    bounds = _INT_BOUNDS.get(datatype)
+    if bounds is not None:
+        if kind in "fO":
+            # NOTE: numpy infers float64 (or object) when ints span beyond int64,
+            #   e.g. [0, 2**64 - 1]; check such values as exact Python ints instead.
+            exact = _exact_ints(values)
+            if exact is not None:
+                source, kind = exact, "i"
+        if kind not in "iu":
+            raise _kind_error(name, datatype, "integers", source)
+        low, high = int(source.min()), int(source.max())
+        if low < bounds[0] or high > bounds[1]:
+            bad = low if low < bounds[0] else high
+            raise DataError(
+                f"input '{name}': value {bad} is out of range for {datatype} "
+                f"[{bounds[0]}, {bounds[1]}]"
+            )
+        return source.astype(NUMPY_DTYPES[datatype])
+    if datatype in FLOAT_TYPES:
+        if kind not in "iuf":
+            raise _kind_error(name, datatype, "numbers", source)
+        limit = _FLOAT_LIMITS.get(datatype)
+        # NOTE: integers too: 70000 is beyond FP16 and would become inf.
+        if limit is not None and max(-float(source.min()), float(source.max())) > limit:
+            raise DataError(f"input '{name}': a value is too large for {datatype}")
+        if datatype == "BF16":
+            return float32_to_bf16(source.astype(np.float32))
+        return source.astype(NUMPY_DTYPES[datatype])
+    raise DataError(f"input '{name}': datatype {datatype} cannot be sent as JSON values")
