@@ -140,6 +140,7 @@ class DataPlane:
         timeout_us: int = 0,
         watch: Watch | None = None,
         into_regions: dict[str, RegionUse] | None = None,
+        text_outputs: list[str] | None = None,
     ) -> InferResult:
         """Run one request; ``owned`` leases are released once the worker is done reading.
 
@@ -147,7 +148,8 @@ class DataPlane:
         the model's defaults), and ``watch`` registers what to do if the client goes
         away: they matter for models with dynamic batching, whose requests may wait.
         ``into_regions`` holds the outputs to write into clients' shared-memory regions
-        (released here, in every case, once the call returns).
+        (released here, in every case, once the call returns). ``text_outputs`` names the
+        outputs the client gets as JSON: a worker prints the large ones (``TensorDesc.text``).
 
         Every request is counted once in the version's statistics: a success with the
         worker's phase times, or a failure with its reason (``oipserve.stats``).
@@ -155,7 +157,7 @@ class DataPlane:
         into = into_regions or {}
         try:
             result = await self._run(
-                model, inputs, output_names, owned, priority, timeout_us, watch, into
+                model, inputs, output_names, owned, priority, timeout_us, watch, into, text_outputs
             )
             if into:
                 _deliver(result, into)
@@ -174,6 +176,7 @@ class DataPlane:
         timeout_us: int,
         watch: Watch | None,
         into: dict[str, RegionUse],
+        text_outputs: list[str] | None,
     ) -> InferResult:
         stats = self.stats.of(model)
         start = monotonic_ns()
@@ -236,7 +239,7 @@ class DataPlane:
         sent = monotonic_ns()
         try:
             done = await worker.infer(
-                model.key, descs, output_names, inputs_free, deadline, targets
+                model.key, descs, output_names, inputs_free, deadline, targets, text_outputs
             )
         except BaseException as exc:
             stats.request_failed(failure_reason(exc), monotonic_ns() - start)

@@ -60,15 +60,20 @@ class InputTensor:
 
 
 class OutputTensor:
-    __slots__ = ("name", "datatype", "shape", "data", "region", "region_bytes")
+    __slots__ = ("name", "datatype", "shape", "data", "text", "region", "region_bytes")
 
-    def __init__(self, name: str, datatype: str, shape: list[int], data: memoryview) -> None:
+    def __init__(
+        self, name: str, datatype: str, shape: list[int], data: memoryview, text: bool = False
+    ) -> None:
         self.name = name
         self.datatype = datatype
         self.shape = shape
         #: The tensor's bytes (BYTES: length-prefixed) in the worker's output segment;
         #: empty when the tensor went into a client's region.
         self.data = data
+        #: True when ``data`` holds the JSON text of the values (flat) instead: the
+        #: worker printed a large output the client asked to get as JSON.
+        self.text = text
         #: The client's region the tensor was written into, and how many bytes it took.
         self.region: RegionUse | None = None
         self.region_bytes = 0
@@ -120,7 +125,9 @@ def client_outputs(
 ) -> list[OutputTensor]:
     """The outputs a worker described, as clients see them (config.pbtxt ``dims``)."""
     return [
-        OutputTensor(desc.name, desc.datatype, _client_shape(model, desc.name, desc.shape), data)
+        OutputTensor(
+            desc.name, desc.datatype, _client_shape(model, desc.name, desc.shape), data, desc.text
+        )
         for desc, data in pieces
     ]
 

@@ -431,10 +431,12 @@ class WorkerHandle:
         on_inputs_free: Callable[[], None],
         deadline: float | None = None,
         targets: list[OutputTarget] | None = None,
+        text_outputs: list[str] | None = None,
     ) -> InferDone:
         into = targets or []
+        texts = text_outputs or []
         reply = await self.call(
-            lambda rid: Infer(rid, key, inputs, outputs, into), on_inputs_free, deadline
+            lambda rid: Infer(rid, key, inputs, outputs, into, texts), on_inputs_free, deadline
         )
         if isinstance(reply, Failed):
             raise from_kind(reply.kind, reply.message)

@@ -248,6 +248,9 @@ def output_size(datatype: str, value: object) -> tuple[list[int], int, object]:
 
 def write_output(target: memoryview, offset: int, nbytes: int, prepared: object) -> None:
     """Copy one prepared output into shared memory at ``offset``."""
+    if isinstance(prepared, bytes):  # printed as JSON text (workers.json_text)
+        target[offset : offset + nbytes] = prepared
+        return
     if isinstance(prepared, list):  # BYTES elements
         write_bytes_elements(target, offset, prepared)
         return

@@ -22,6 +22,7 @@ import numpy as np
 from oipserve.wire.datatypes import NUMPY_DTYPES, element_count, split_bytes_elements
 from oipserve.wire.images import ImageError
 from oipserve.wire.messages import (
+    TEXT_OUTPUT_MIN,
     DecodeJson,
     ErrorKind,
     Failed,
@@ -46,7 +47,7 @@ from oipserve.wire.messages import (
     frame,
 )
 from oipserve.wire.shm import BufferPool, SegmentCache
-from workers import json_inputs, runtime
+from workers import json_text, runtime
 from workers.images import decode_batch
 from workers.regions import RegionCache, RegionError
 
@@ -180,7 +181,7 @@ class Worker:
 
     def parse_json(self, message: ParseJson) -> None:
         try:
-            spans = json_inputs.parse(message, self.inputs)
+            spans = json_text.parse(message, self.inputs)
         except ValueError as exc:
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
@@ -192,7 +193,7 @@ class Worker:
 
     def decode_json(self, message: DecodeJson) -> None:
         try:
-            json_inputs.decode(message.texts, self.inputs)
+            json_text.decode(message.texts, self.inputs)
         except ValueError as exc:
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
@@ -280,7 +281,9 @@ class Worker:
             return
         assert values is not None
         try:
-            segment, descs = self._write_outputs(session, names, values, targets)
+            segment, descs = self._write_outputs(
+                session, names, values, targets, message.text_outputs
+            )
         except (runtime.RequestError, RegionError) as exc:
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
@@ -361,13 +364,23 @@ class Worker:
         names: list[str],
         values: list[object],
         targets: dict[str, OutputTarget],
+        text_outputs: list[str],
     ) -> tuple[str, list[TensorDesc]]:
-        """Copy the outputs into the worker's own segment, or into the clients' regions."""
+        """Copy the outputs into the worker's own segment, or into the clients' regions.
+
+        A large output in ``text_outputs`` goes into the segment as its JSON text.
+        """
         prepared = []
         sizes = []
+        printed = set()
         for name, value in zip(names, values, strict=True):
             shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
             target = targets.get(name)
+            if nbytes >= TEXT_OUTPUT_MIN and name in text_outputs and target is None:
+                text = json_text.print_output(ready) if isinstance(ready, np.ndarray) else None
+                if text is not None:
+                    ready, nbytes = text, len(text)
+                    printed.add(name)
             if target is not None and nbytes > target.nbytes:
                 raise runtime.RequestError(
                     f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
@@ -398,7 +411,15 @@ class Worker:
                 offset = next(spots)
                 runtime.write_output(lease.buf, offset, nbytes, ready)
                 descs.append(
-                    TensorDesc(name, session.output_types[name], shape, lease.name, offset, nbytes)
+                    TensorDesc(
+                        name,
+                        session.output_types[name],
+                        shape,
+                        lease.name,
+                        offset,
+                        nbytes,
+                        text=name in printed,
+                    )
                 )
         order = {name: i for i, name in enumerate(names)}
         descs.sort(key=lambda d: order[d.name])

@@ -4,6 +4,11 @@ The segment holding the worker's outputs is released as soon as nothing needs
 it: at once for JSON and small or compressed responses (their bytes are copied
 into the body), and only when the transport has dropped the last view for
 large binary ones, which go to the socket without a copy.
+
+A large output the client gets as JSON arrives already printed by the worker
+(``OutputTensor.text``): its text goes to the socket as a view of the segment,
+spliced into the encoded response where a mark stands, so the front's event
+loop neither prints nor copies it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import AsyncIterator
 
 import falcon.asgi
 import numpy as np
+import orjson
 
 from oipserve.inference import InferResult, region_parameters_of
 from oipserve.protocol import encode_response
@@ -42,6 +48,7 @@ def render_infer(
     try:
         outputs: list[dict[str, object]] = []
         chunks: list[memoryview] = []
+        texts: list[memoryview] = []
         for index, tensor in enumerate(result.outputs):
             as_binary = flags[index] if flags is not None else all_binary
             entry: dict[str, object] = {
@@ -55,6 +62,9 @@ def render_infer(
                 entry["parameters"] = {"binary_data_size": len(tensor.data)}
                 if len(tensor.data):
                     chunks.append(tensor.data)
+            elif tensor.text:  # printed by the worker: spliced in below, never read here
+                entry["data"] = _TEXT_MARK
+                texts.append(tensor.data)
             else:
                 entry["data"] = json_values(tensor.datatype, tensor.data, tensor.count)
             outputs.append(entry)
@@ -66,21 +76,26 @@ def render_infer(
             response["id"] = request_id
         response["outputs"] = outputs
         header = encode_response(response)
+        head: list[bytes | memoryview] = _splice(header, texts) if texts else [header]
     except BaseException:
         result.release()
         raise
     encoding = choose_encoding(req.get_header("Accept-Encoding"))
-    if not chunks:
+    if not chunks and not texts:
         result.release()
         resp.content_type = JSON
         resp.data = header if encoding == "identity" else compress([header], encoding)
     else:
-        resp.content_type = OCTET_STREAM
-        resp.set_header(HEADER_LENGTH, str(len(header)))
-        total = len(header) + sum(len(c) for c in chunks)
+        header_size = sum(len(part) for part in head)
+        if chunks:
+            resp.content_type = OCTET_STREAM
+            resp.set_header(HEADER_LENGTH, str(header_size))
+        else:
+            resp.content_type = JSON
+        parts: list[bytes | memoryview] = [*head, *chunks]
+        total = header_size + sum(len(c) for c in chunks)
         if encoding != "identity" or total <= JOIN_LIMIT:
             try:
-                parts: list[bytes | memoryview] = [header, *chunks]
                 resp.data = compress(parts, encoding) if encoding != "identity" else b"".join(parts)
             finally:
                 result.release()
@@ -88,19 +103,40 @@ def render_infer(
             # PERF: large outputs go to the socket as views of the worker's segment.
             #   The transport may keep a view until the bytes are written, so the
             #   segment is released only when the last view is collected.
-            releaser = _Releaser(result, len(chunks))
-            views: list[bytes | memoryview] = [header]
-            for chunk in chunks:
+            releaser = _Releaser(result, len(chunks) + len(texts))
+            views: list[bytes | memoryview] = []
+            for part in parts:
+                if isinstance(part, bytes):
+                    views.append(part)
+                    continue
                 # A numpy array can carry a finalizer (a memoryview cannot); the
                 #   transport holds the memoryview, which holds the array.
-                owner = np.frombuffer(chunk, dtype=np.uint8)
+                owner = np.frombuffer(part, dtype=np.uint8)
                 weakref.finalize(owner, releaser)
                 views.append(memoryview(owner))
-            del owner
+                del owner
             resp.content_length = total
             resp.stream = _stream_views(views)
     if encoding != "identity":
         resp.set_header("Content-Encoding", encoding)
+
+
+#: Stands in the encoded header for each output text the worker printed. orjson writes
+#: a Fragment as it is, and never writes a NUL byte of its own (it escapes control
+#: characters in strings), so each NUL in the header marks one text, in order.
+_TEXT_MARK = orjson.Fragment(b"\x00")
+
+
+def _splice(header: bytes, texts: list[memoryview]) -> list[bytes | memoryview]:
+    """The header's pieces around its marks, with each mark replaced by its text."""
+    parts: list[bytes | memoryview] = []
+    pos = 0
+    for text in texts:
+        mark = header.index(b"\x00", pos)
+        parts += (header[pos:mark], text)
+        pos = mark + 1
+    parts.append(header[pos:])
+    return parts
 
 
 async def _stream_views(parts: list[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:

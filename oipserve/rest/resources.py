@@ -123,6 +123,7 @@ class ModelResource:
             header_length = binary.parse_header_length(header_text, len(body.data))
             target = self.dataplane.resolve(model, version)
             priority = timeout_us = 0
+            text_outputs: list[str] = []  # the outputs rendered as JSON
             if header_length == 0:
                 inputs = [self._raw_input(target, body)]
                 request_id, names, flags = None, [], None
@@ -150,6 +151,13 @@ class ModelResource:
                     flags = [
                         self._output_flag(o, all_binary, into_regions) for o in request.outputs
                     ]
+                    text_outputs = [
+                        name
+                        for name, flag in zip(names, flags, strict=True)
+                        if not flag and name not in into_regions
+                    ]
+                elif not all_binary:
+                    text_outputs = list(target.output_map)
                 request_id = request.id
                 priority, timeout_us = _schedule(request.parameters)
         except BaseException as exc:
@@ -160,7 +168,7 @@ class ModelResource:
             raise
         watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
         result = await self.dataplane.infer(
-            target, inputs, names, owned, priority, timeout_us, watch, into_regions
+            target, inputs, names, owned, priority, timeout_us, watch, into_regions, text_outputs
         )
         render_infer(req, resp, result, request_id, flags, all_binary)
 

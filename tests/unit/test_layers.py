@@ -23,7 +23,9 @@ STDLIB = sys.stdlib_module_names
 #: Top-level third-party packages each layer may import (besides the stdlib and its own).
 ALLOWED: dict[str, frozenset[str]] = {
     "wire": frozenset({"numpy", "msgspec", "simdjson"}),
-    "workers": frozenset({"numpy", "msgspec", "simdjson", "onnxruntime", "cv2", "simplejpeg"}),
+    "workers": frozenset(
+        {"numpy", "msgspec", "simdjson", "orjson", "onnxruntime", "cv2", "simplejpeg"}
+    ),
     "hardware": frozenset({"msgspec", "psutil", "pynvml"}),
 }
 #: What the front must never import.

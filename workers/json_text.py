@@ -1,21 +1,31 @@
-"""The worker's half of ``oipserve.json_offload``: large JSON bodies parsed and decoded here.
+"""Large JSON texts handled in the worker, so the front's event loop never spends tens of
+milliseconds on one request.
 
-The front hands a worker a large JSON body lying in one of its segments, so that
-its event loop never spends tens of milliseconds on one request. Both steps run
-the wire contract's code, the same the front runs for small bodies, so a client
-gets the same answer and the same error words whichever side read its body.
+Requests: the worker's half of ``oipserve.json_offload``. The front hands a worker a
+large JSON body lying in one of its segments; both steps run the wire contract's
+code, the same the front runs for small bodies, so a client gets the same answer and
+the same error words whichever side read its body.
+
+Responses: a large output the client wants as JSON is printed here (``print_output``)
+exactly as the front would print it (orjson, flat), and the front splices the text
+into its response without reading it (``oipserve.rest.render``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import orjson
 
 from oipserve.wire.json_request import data_spans
 from oipserve.wire.json_values import array_from_values, decode_data
 from oipserve.wire.messages import JsonText, ParseJson
 from oipserve.wire.shm import SegmentCache
 
-__all__ = ["decode", "parse"]
+__all__ = ["decode", "parse", "print_output"]
+
+#: Output datatypes whose JSON the front prints straight from the array (BF16 is
+#: widened and BYTES decoded first: those stay with the front).
+_PRINTABLE = frozenset("biuf")
 
 
 def parse(message: ParseJson, segments: SegmentCache) -> list[tuple[int, int]]:
@@ -40,3 +50,10 @@ def decode(texts: list[JsonText], segments: SegmentCache) -> None:
         target = segments.get(text.target).buf
         end = text.target_offset + array.nbytes
         target[text.target_offset : end] = np.ascontiguousarray(array).view(np.uint8).data
+
+
+def print_output(array: np.ndarray) -> bytes | None:
+    """The JSON text of an output's ``data`` as the front prints it; None: the front prints it."""
+    if array.dtype.kind not in _PRINTABLE or array.dtype.byteorder == ">":
+        return None
+    return orjson.dumps(np.ascontiguousarray(array).reshape(-1), option=orjson.OPT_SERIALIZE_NUMPY)
