@@ -17,12 +17,10 @@ import socket
 from time import monotonic_ns
 
 import msgspec
-import numpy as np
 
-from oipserve.wire.datatypes import NUMPY_DTYPES, element_count, split_bytes_elements
+from oipserve.wire.datatypes import element_count, split_bytes_elements
 from oipserve.wire.images import ImageError
 from oipserve.wire.messages import (
-    TEXT_OUTPUT_MIN,
     DecodeJson,
     ErrorKind,
     Failed,
@@ -35,7 +33,6 @@ from oipserve.wire.messages import (
     JsonParsed,
     Loaded,
     LoadModel,
-    OutputTarget,
     ParseJson,
     Release,
     Stop,
@@ -49,6 +46,7 @@ from oipserve.wire.messages import (
 from oipserve.wire.shm import BufferPool, SegmentCache
 from workers import json_text, runtime
 from workers.images import decode_batch
+from workers.outputs import bound_outputs, write_outputs
 from workers.regions import RegionCache, RegionError
 
 log = logging.getLogger("oipserve.worker")
@@ -226,7 +224,7 @@ class Worker:
                 del buf
             names = message.outputs or [m.name for m in session.outputs]
             fed = monotonic_ns()
-            bound = self._bound_outputs(session, names, feeds, targets)
+            bound = bound_outputs(self.regions, session, names, feeds, targets)
             values = None
             if bound is not None:
                 # ONNX Runtime writes the outputs straight into the clients' regions.
@@ -281,8 +279,8 @@ class Worker:
             return
         assert values is not None
         try:
-            segment, descs = self._write_outputs(
-                session, names, values, targets, message.text_outputs
+            segment, descs = write_outputs(
+                self.regions, self.outputs, session, names, values, targets, message.text_outputs
             )
         except (runtime.RequestError, RegionError) as exc:
             self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
@@ -313,117 +311,6 @@ class Worker:
                     f"its BYTES data in shared memory has {found}"
                 )
         return buf
-
-    def _bound_outputs(
-        self,
-        session: runtime.ModelSession,
-        names: list[str],
-        feeds: dict[str, object],
-        targets: dict[str, OutputTarget],
-    ) -> dict[str, np.ndarray] | None:
-        """Arrays over the clients' regions for ONNX Runtime to write the outputs into.
-
-        Only when every output goes into a region with a shape known before the run, of
-        a fixed-width datatype, and every input is a plain numpy array; None otherwise
-        (the outputs are then copied once after the run). A shape is known from the
-        model's metadata (the front sends it) or from the graph's dim names and this
-        request's input shapes (``ModelSession.output_shapes``); a region too small for
-        it is refused here, before the run.
-        """
-        if not targets or session.has_bf16 or any(name not in targets for name in names):
-            return None
-        if any(not isinstance(v, np.ndarray) or v.dtype == object for v in feeds.values()):
-            return None
-        if any(session.output_types[name] in ("BYTES", "BF16") for name in names):
-            return None
-        resolved: dict[str, list[int]] = {}
-        if any(targets[name].shape is None for name in names):
-            found = session.output_shapes(names, feeds)
-            if found is None:
-                return None
-            resolved = found
-        bound = {}
-        for name in names:
-            target = targets[name]
-            shape = target.shape if target.shape is not None else resolved[name]
-            dtype = NUMPY_DTYPES[session.output_types[name]]
-            count = element_count(shape)
-            nbytes = count * dtype.itemsize
-            if nbytes > target.nbytes:
-                raise runtime.RequestError(
-                    f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
-                    f"{target.nbytes} (shared_memory_byte_size)"
-                )
-            view = self.regions.view(target.region, target.offset, nbytes)
-            bound[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
-        return bound
-
-    def _write_outputs(
-        self,
-        session: runtime.ModelSession,
-        names: list[str],
-        values: list[object],
-        targets: dict[str, OutputTarget],
-        text_outputs: list[str],
-    ) -> tuple[str, list[TensorDesc]]:
-        """Copy the outputs into the worker's own segment, or into the clients' regions.
-
-        A large output in ``text_outputs`` goes into the segment as its JSON text.
-        """
-        prepared = []
-        sizes = []
-        printed = set()
-        for name, value in zip(names, values, strict=True):
-            shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
-            target = targets.get(name)
-            if nbytes >= TEXT_OUTPUT_MIN and name in text_outputs and target is None:
-                text = json_text.print_output(ready) if isinstance(ready, np.ndarray) else None
-                if text is not None:
-                    ready, nbytes = text, len(text)
-                    printed.add(name)
-            if target is not None and nbytes > target.nbytes:
-                raise runtime.RequestError(
-                    f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
-                    f"{target.nbytes} (shared_memory_byte_size); the model ran"
-                )
-            prepared.append((name, shape, nbytes, ready, target))
-            if target is None:
-                sizes.append(nbytes)
-        descs = []
-        for name, shape, nbytes, ready, target in prepared:
-            if target is not None:
-                view = self.regions.view(target.region, target.offset, nbytes)
-                runtime.write_output(view, 0, nbytes, ready)
-                del view
-                datatype = session.output_types[name]
-                descs.append(
-                    TensorDesc(
-                        name, datatype, shape, "", target.offset, nbytes, None, target.region
-                    )
-                )
-        if not sizes:
-            return "", descs
-        offsets, total = runtime.layout(sizes)
-        lease = self.outputs.acquire(total)
-        spots = iter(offsets)
-        for name, shape, nbytes, ready, target in prepared:
-            if target is None:
-                offset = next(spots)
-                runtime.write_output(lease.buf, offset, nbytes, ready)
-                descs.append(
-                    TensorDesc(
-                        name,
-                        session.output_types[name],
-                        shape,
-                        lease.name,
-                        offset,
-                        nbytes,
-                        text=name in printed,
-                    )
-                )
-        order = {name: i for i, name in enumerate(names)}
-        descs.sort(key=lambda d: order[d.name])
-        return lease.name, descs
 
     def _done(
         self, rid: int, segment: str, descs: list[TensorDesc], started: int, fed: int, ran: int

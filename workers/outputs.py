@@ -1,0 +1,131 @@
+"""Where a run's outputs go: straight into clients' regions, or into the worker's segment.
+
+``bound_outputs`` decides before the run whether ONNX Runtime can write every output
+into the client's shared-memory region itself (I/O binding); ``write_outputs`` copies
+the outputs after an ordinary run into the worker's output segment (or a region), large
+ones the client wants as JSON printed as text (``json_text.print_output``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oipserve.wire.datatypes import NUMPY_DTYPES, element_count
+from oipserve.wire.messages import TEXT_OUTPUT_MIN, OutputTarget, TensorDesc
+from oipserve.wire.shm import BufferPool
+from workers import json_text, runtime
+from workers.regions import RegionCache
+
+__all__ = ["bound_outputs", "write_outputs"]
+
+
+def bound_outputs(
+    regions: RegionCache,
+    session: runtime.ModelSession,
+    names: list[str],
+    feeds: dict[str, object],
+    targets: dict[str, OutputTarget],
+) -> dict[str, np.ndarray] | None:
+    """Arrays over the clients' regions for ONNX Runtime to write the outputs into.
+
+    Only when every output goes into a region with a shape known before the run, of
+    a fixed-width datatype, and every input is a plain numpy array; None otherwise
+    (the outputs are then copied once after the run). A shape is known from the
+    model's metadata (the front sends it) or from the graph's dim names and this
+    request's input shapes (``ModelSession.output_shapes``); a region too small for
+    it is refused here, before the run.
+    """
+    if not targets or session.has_bf16 or any(name not in targets for name in names):
+        return None
+    if any(not isinstance(v, np.ndarray) or v.dtype == object for v in feeds.values()):
+        return None
+    if any(session.output_types[name] in ("BYTES", "BF16") for name in names):
+        return None
+    resolved: dict[str, list[int]] = {}
+    if any(targets[name].shape is None for name in names):
+        found = session.output_shapes(names, feeds)
+        if found is None:
+            return None
+        resolved = found
+    bound = {}
+    for name in names:
+        target = targets[name]
+        shape = target.shape if target.shape is not None else resolved[name]
+        dtype = NUMPY_DTYPES[session.output_types[name]]
+        count = element_count(shape)
+        nbytes = count * dtype.itemsize
+        if nbytes > target.nbytes:
+            raise runtime.RequestError(
+                f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
+                f"{target.nbytes} (shared_memory_byte_size)"
+            )
+        view = regions.view(target.region, target.offset, nbytes)
+        bound[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+    return bound
+
+
+def write_outputs(
+    regions: RegionCache,
+    pool: BufferPool,
+    session: runtime.ModelSession,
+    names: list[str],
+    values: list[object],
+    targets: dict[str, OutputTarget],
+    text_outputs: list[str],
+) -> tuple[str, list[TensorDesc]]:
+    """Copy the outputs into the worker's own segment, or into the clients' regions.
+
+    A large output in ``text_outputs`` goes into the segment as its JSON text.
+    """
+    prepared = []
+    sizes = []
+    printed = set()
+    for name, value in zip(names, values, strict=True):
+        shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
+        target = targets.get(name)
+        if nbytes >= TEXT_OUTPUT_MIN and name in text_outputs and target is None:
+            text = json_text.print_output(ready) if isinstance(ready, np.ndarray) else None
+            if text is not None:
+                ready, nbytes = text, len(text)
+                printed.add(name)
+        if target is not None and nbytes > target.nbytes:
+            raise runtime.RequestError(
+                f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
+                f"{target.nbytes} (shared_memory_byte_size); the model ran"
+            )
+        prepared.append((name, shape, nbytes, ready, target))
+        if target is None:
+            sizes.append(nbytes)
+    descs = []
+    for name, shape, nbytes, ready, target in prepared:
+        if target is not None:
+            view = regions.view(target.region, target.offset, nbytes)
+            runtime.write_output(view, 0, nbytes, ready)
+            del view
+            datatype = session.output_types[name]
+            descs.append(
+                TensorDesc(name, datatype, shape, "", target.offset, nbytes, None, target.region)
+            )
+    if not sizes:
+        return "", descs
+    offsets, total = runtime.layout(sizes)
+    lease = pool.acquire(total)
+    spots = iter(offsets)
+    for name, shape, nbytes, ready, target in prepared:
+        if target is None:
+            offset = next(spots)
+            runtime.write_output(lease.buf, offset, nbytes, ready)
+            descs.append(
+                TensorDesc(
+                    name,
+                    session.output_types[name],
+                    shape,
+                    lease.name,
+                    offset,
+                    nbytes,
+                    text=name in printed,
+                )
+            )
+    order = {name: i for i, name in enumerate(names)}
+    descs.sort(key=lambda d: order[d.name])
+    return lease.name, descs
