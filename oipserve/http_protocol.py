@@ -58,6 +58,22 @@ DIRECT_READ_MIN = 64 * 1024
 HEADER_TIMEOUT = 10.0
 
 
+def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
+    """Drop our extensions from a finished cycle's scope.
+
+    PERF: each holds the cycle (a partial over it), and the cycle holds the scope: a
+    reference cycle per request, which only the cyclic collector frees. That garbage
+    (about 16 objects a request) made the collector's passes long (6-7 ms every ~200
+    requests at our gen0 threshold, the p99 of tiny requests); dropped here, each
+    request's objects go by reference counting.
+    """
+    if cycle is not None:
+        extensions = cycle.scope.get("extensions")
+        if extensions:
+            extensions.pop(RECEIVE_INTO, None)
+            extensions.pop(ON_DISCONNECT, None)
+
+
 class ClientDisconnected(Exception):
     """The client went away before its request body was complete."""
 
@@ -210,7 +226,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #   iteration: on an idle server that saves one iteration of latency, and a
         #   connection's responses never share a write unless pipelined anyway.
         self.transport.flush()  # type: ignore[attr-defined]
-        self._watchers.pop(self.cycle, None)
+        cycle = self.cycle
+        self._watchers.pop(cycle, None)
+        _forget_extensions(cycle)
         super().on_response_complete()
 
     def on_body(self, body: bytes) -> None:

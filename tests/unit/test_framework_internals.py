@@ -16,7 +16,9 @@ the module named in the message, then widen the pin in pyproject.toml.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -339,3 +341,53 @@ def test_falcon_routes_after_one_event_and_leaves_the_rest_of_the_body_to_the_st
         "falcon's request stream no longer reads the body from the events after an empty "
         "first one with more_body: True"
     )
+
+
+async def _answers_ok(scope: dict, receive: Callable, send: Callable) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_finished_request_is_freed_by_reference_counting() -> None:
+    """Nothing of a request may be left for the cyclic collector.
+
+    Our scope extensions hold the cycle, and the cycle holds the scope: left in place,
+    every request was a reference cycle (~16 objects), and the collector's passes over
+    them took 6-7 ms every few hundred requests, the p99 of tiny requests.
+    """
+
+    async def run() -> weakref.ref[RequestResponseCycle]:
+        config = uvicorn.Config(
+            _answers_ok,
+            http=CorkedHttpToolsProtocol,
+            lifespan="off",
+            proxy_headers=False,
+            log_config=None,
+            access_log=False,
+        )
+        state = ServerState()
+        protocol = CorkedHttpToolsProtocol(config=config, server_state=state, app_state={})
+        transport = _Transport()
+        protocol.connection_made(transport)
+        request = b"GET / HTTP/1.1\r\nhost: t\r\n\r\n"
+        protocol.data_received(request)
+        first = weakref.ref(protocol.cycle)
+        assert RECEIVE_INTO in protocol.cycle.scope["extensions"]
+        while state.tasks:
+            await asyncio.gather(*state.tasks)
+        protocol.data_received(request)  # the next request replaces the protocol's cycle
+        while state.tasks:
+            await asyncio.gather(*state.tasks)
+        assert b"".join(transport.written).count(b"200 OK") == 2
+        protocol.connection_lost(None)
+        return first
+
+    gc.collect()
+    gc.disable()
+    try:
+        first = asyncio.run(run())
+        assert first() is None, "a finished request's cycle is left for the cyclic collector"
+    finally:
+        gc.enable()
