@@ -390,11 +390,14 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if events is _HEAD_READ and not self._chunked(cycle):
             return  # a Content-Length body, still to come
         if events.open:
-            # In a chunk's data (or the last chunk's trailers): its size line ends
-            #   ``since`` bytes before the end.
+            # In a chunk's data, or just past it with the CR of its CRLF (or in
+            #   the last chunk's trailers): its size line ends ``since`` bytes
+            #   before the end, or one more. At most one of the two ends in CRLF.
             end = len(data) - events.since
-            if end < 2 or data[end - 2 : end] != b"\r\n":
-                return  # trailers: nothing more to follow
+            if data[end - 2 : end] != b"\r\n":
+                end -= 1
+                if not data.endswith(b"\r") or data[end - 2 : end] != b"\r\n":
+                    return  # in trailers: nothing more to follow
             start = data.rfind(b"\n", 0, end - 1) + 1
         else:
             start = data.rfind(b"\n") + 1  # a size line is due, or part of it came
