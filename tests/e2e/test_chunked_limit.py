@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.test_connections import closed_by_server
-from tests.server import ServerProcess, wait_for
+from tests.server import ServerProcess, shm_entries, wait_for
 
 LIMIT = 4096
 TOO_LARGE = {"error": f"the request body is larger than the limit of {LIMIT} bytes"}
@@ -148,6 +148,8 @@ def test_a_handler_waiting_for_the_body_ends_cleanly(server: ServerProcess) -> N
     """
     handled = "oipserve.rest: POST /v2/models/simple/infer -> 413: " + TOO_LARGE["error"]
     before = server.log.count(handled)
+    bad_requests = server.log.count("-> 400")
+    segments = shm_entries(server.process.pid)
     binary = HEAD.replace(b"\r\n\r\n", b"\r\ninference-header-content-length: 10\r\n\r\n")
     for head in (HEAD, binary):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
@@ -156,7 +158,8 @@ def test_a_handler_waiting_for_the_body_ends_cleanly(server: ServerProcess) -> N
             sock.sendall(b"FFFFFFFF\r\n")
             assert_refused(sock)
     assert wait_for(lambda: server.log.count(handled) == before + 2, 5), server.log[-3000:]
-    assert "-> 400" not in server.log
+    assert server.log.count("-> 400") == bad_requests, server.log[-3000:]
+    assert shm_entries(server.process.pid) == segments  # no lease was taken for the body
     assert "Traceback" not in server.log, server.log
     assert " 500" not in server.log and "Exception in ASGI" not in server.log, server.log
 
