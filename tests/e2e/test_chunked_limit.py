@@ -157,7 +157,7 @@ def test_a_handler_waiting_for_the_body_ends_cleanly(server: ServerProcess) -> N
             time.sleep(0.2)
             sock.sendall(b"FFFFFFFF\r\n")
             assert_refused(sock)
-    assert wait_for(lambda: server.log.count(handled) == before + 2, 5), server.log[-3000:]
+    assert wait_for(lambda: server.log.count(handled) >= before + 2, 5), server.log[-3000:]
     assert server.log.count("-> 400") == bad_requests, server.log[-3000:]
     assert shm_entries(server.process.pid) == segments  # no lease was taken for the body
     assert "Traceback" not in server.log, server.log
