@@ -168,7 +168,9 @@ def _http_server(
     add_admin_routes(app, management)
     config = uvicorn.Config(
         app,
-        http=CorkedHttpToolsProtocol.configured(settings.header_timeout),
+        http=CorkedHttpToolsProtocol.configured(
+            settings.header_timeout, settings.max_request_bytes
+        ),
         loop="none",
         lifespan="off",
         access_log=False,

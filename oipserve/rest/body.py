@@ -11,7 +11,7 @@ from __future__ import annotations
 import falcon.asgi
 
 from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
-from oipserve.http_protocol import RECEIVE_INTO, ClientDisconnected
+from oipserve.http_protocol import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
 from oipserve.rest.coding import Inflater
 from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
@@ -39,8 +39,9 @@ async def read_all(req: falcon.asgi.Request, limit: int) -> bytes:
     async for chunk in req.stream:
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
+            raise PayloadTooLarge(TOO_LARGE.format(limit))
         parts.append(chunk)
+    _check_refused(req)
     return b"".join(parts)
 
 
@@ -56,9 +57,17 @@ async def read_decompressed(req: falcon.asgi.Request, encoding: str, limit: int)
     async for chunk in req.stream:
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
+            raise PayloadTooLarge(TOO_LARGE.format(limit))
         await inflater.feed(chunk)
+    _check_refused(req)
     return inflater.finish()
+
+
+def _check_refused(req: falcon.asgi.Request) -> None:
+    """413 if the server refused the body by its declared chunk sizes (the stream just ends)."""
+    message = req.scope.get(BODY_REFUSED)
+    if message is not None:
+        raise PayloadTooLarge(message)
 
 
 async def read_body(

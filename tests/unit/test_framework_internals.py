@@ -26,7 +26,11 @@ import falcon
 import falcon.asgi
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.server import ServerState
 
 from oipserve.http_protocol import RECEIVE_INTO, CorkedHttpToolsProtocol, CorkedTransport
@@ -39,6 +43,7 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "connection_made": ("transport",),
     "connection_lost": ("exc",),
     "eof_received": (),
+    "data_received": ("data",),
     "on_message_begin": (),
     "on_headers_complete": (),
     "on_body": ("body",),
@@ -52,6 +57,8 @@ PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "cycle": RequestResponseCycle,  # the request being received
     "scope": dict,  # that request's ASGI scope, where RECEIVE_INTO is added
     "parser": httptools.HttpRequestParser,  # replaced by a fresh one after a direct read
+    "pipeline": object,  # cycles waiting for an earlier response (truthy when any)
+    "server_state": ServerState,  # its default_headers go on an early 413
 }
 #: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
 CYCLE_ATTRIBUTES: dict[str, type] = {
@@ -61,6 +68,8 @@ CYCLE_ATTRIBUTES: dict[str, type] = {
     "disconnected": bool,
     "message_event": asyncio.Event,
     "waiting_for_100_continue": bool,
+    "response_started": bool,  # set, with response_complete, by an early 413
+    "response_complete": bool,
     "transport": object,
     "on_response": object,
 }
@@ -79,6 +88,13 @@ OUR_PROTOCOL_NAMES = (
     "_loop",
     "_check_head",
     "_stop_head_timer",
+    "max_body",
+    "_chunks",
+    "_chunk_events",
+    "_follow_chunks",
+    "_refuse_chunked_body",
+    "on_chunk_header",
+    "on_chunk_complete",
 )
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-length: 6\r\n\r\n"
@@ -253,6 +269,33 @@ def test_names_oipserve_adds_to_the_protocol_are_not_uvicorns() -> None:
         "uvicorn's HttpToolsProtocol now has names that CorkedHttpToolsProtocol defines for "
         f"itself (rename ours in oipserve/http_protocol.py): {sorted(set(clashes))}"
     )
+
+
+def test_the_parser_reports_chunk_events_and_the_status_line_table_is_there() -> None:
+    """An early 413 needs httptools' chunk callbacks and uvicorn's status lines."""
+
+    class Events:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def on_chunk_header(self) -> None:
+            self.seen.append("header")
+
+        def on_chunk_complete(self) -> None:
+            self.seen.append("complete")
+
+    events = Events()
+    parser = httptools.HttpRequestParser(events)
+    parser.feed_data(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n")
+    assert events.seen == ["header", "complete", "header", "complete"], (
+        "httptools no longer calls on_chunk_header/on_chunk_complete around each chunk: "
+        "oipserve/http_protocol.py cannot place chunk-size lines"
+    )
+    assert STATUS_LINE[413].startswith(b"HTTP/1.1 413 "), (
+        "uvicorn's STATUS_LINE table changed (oipserve/http_protocol.py writes its 413 with it)"
+    )
+    state = ServerState()
+    assert isinstance(state.default_headers, list), "ServerState.default_headers is gone"
 
 
 # ---- uvicorn.Server (oipserve/server.py) --------------------------------------------
