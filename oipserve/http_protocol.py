@@ -68,6 +68,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from oipserve.chunk_sizes import MORE, OVER, ChunkSizes
+from oipserve.http_io import BodyReader, BodySink, CorkedTransport
 
 log = logging.getLogger("oipserve.http")
 
@@ -108,86 +109,6 @@ class ClientDisconnected(Exception):
     """The client went away before its request body was complete."""
 
 
-class CorkedTransport:
-    """A transport proxy that sends everything written in one loop iteration at once."""
-
-    __slots__ = ("_transport", "_pending", "_loop")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._pending: list[Any] = []
-        self._loop = loop
-
-    def write(self, data: Any) -> None:
-        if not self._pending:
-            self._loop.call_soon(self.flush)
-        self._pending.append(data)
-
-    def writelines(self, lines: Any) -> None:
-        for data in lines:
-            self.write(data)
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending and not self._transport.is_closing():
-            self._transport.writelines(pending)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _BodySink:
-    """Where the body of one request goes once the application asked for it."""
-
-    __slots__ = ("target", "size")
-
-    def __init__(self, target: memoryview) -> None:
-        self.target = target
-        self.size = 0
-
-    def write(self, data: bytes | bytearray) -> None:
-        end = self.size + len(data)
-        if end > len(self.target):
-            raise ValueError("the request body is longer than its Content-Length")
-        self.target[self.size : end] = data
-        self.size = end
-
-
-class _BodyReader(asyncio.BufferedProtocol):
-    """Reads the rest of one request body from the socket into its sink, then hands back.
-
-    The transport reads into ``get_buffer``'s view, so the kernel's copy out of
-    the socket is the only one. Exactly the missing bytes are asked for: what
-    follows (a pipelined request) stays in the socket for the HTTP protocol.
-    """
-
-    def __init__(self, http: CorkedHttpToolsProtocol, sink: _BodySink) -> None:
-        self.http = http
-        self.sink = sink
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.sink.target[self.sink.size :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.sink.size += nbytes
-        if self.sink.size == len(self.sink.target):
-            self.http.body_read()
-
-    def eof_received(self) -> bool | None:
-        return self.http.eof_received()  # type: ignore[func-returns-value]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.http.connection_lost(exc)
-
-
 class _ChunkEvents:
     """What the parser reported of a chunked body during the read that completed its head."""
 
@@ -211,7 +132,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sinks: dict[RequestResponseCycle, _BodySink] = {}
+        self._sinks: dict[RequestResponseCycle, BodySink] = {}
         self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
         self._head_timer: asyncio.TimerHandle | None = None
         #: Loop time the current request head began to arrive; None when no head is due.
@@ -355,7 +276,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     async def _receive_into(self, cycle: RequestResponseCycle, target: memoryview) -> int:
         """Receive the rest of ``cycle``'s body into ``target``; returns the byte count."""
-        sink = _BodySink(target)
+        sink = BodySink(target)
         if cycle.body:
             sink.write(cycle.body)  # what arrived with the headers, before we were asked
             cycle.body = bytearray()
@@ -367,7 +288,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             if len(target) - sink.size >= DIRECT_READ_MIN and not self._chunked(cycle):
                 # The parser has seen every byte received so far and waits for
                 #   the rest of the body: read that past it, straight into ``target``.
-                reader = _BodyReader(self, sink)
+                reader = BodyReader(self, sink)
                 self.transport.set_protocol(reader)
             else:
                 self._sinks[cycle] = sink

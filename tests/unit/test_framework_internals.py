@@ -33,7 +33,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from oipserve.http_protocol import RECEIVE_INTO, CorkedHttpToolsProtocol, CorkedTransport
+from oipserve.http_io import CorkedTransport
+from oipserve.http_protocol import RECEIVE_INTO, CorkedHttpToolsProtocol
 from oipserve.rest.app import _App
 from oipserve.rest.media import JSON
 
