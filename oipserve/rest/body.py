@@ -2,16 +2,21 @@
 
 Binary requests (``Inference-Header-Content-Length``) and large JSON ones are
 received straight into a ``BufferPool`` lease, with one copy, so that the data
-plane can hand the worker the segment itself. Everything else is read into
-bytes. ``read_all`` is also the body reader of the management routes.
+plane can hand the worker the segment itself. A compressed or chunked JSON body
+of ``json_offload.PARSE_MIN`` or more is copied into a lease once read, so that a
+worker can parse it too. Everything else is read into bytes. ``read_all`` is also
+the body reader of the management routes.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import falcon.asgi
 
 from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
 from oipserve.http_protocol import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
+from oipserve.json_offload import PARSE_MIN
 from oipserve.rest.coding import Inflater
 from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
@@ -85,9 +90,22 @@ async def read_body(
             # PERF: a large JSON body lands in pooled memory whose pages are mapped
             #   already, without uvicorn's copies and the join (~5 ms at 5 MB).
             return await _receive_leased(req, pool, length, 0)
+        json: bytes | bytearray
         if encoding != "identity":
-            return Body(memoryview(await read_decompressed(req, encoding, limit)))
-        return Body(await read_all(req, limit))
+            json = await read_decompressed(req, encoding, limit)
+        else:
+            json = await read_all(req, limit)
+        if len(json) < PARSE_MIN:
+            return Body(memoryview(json) if isinstance(json, bytearray) else json)
+        # NOTE: a large compressed or chunked JSON body goes into a lease too, so that a
+        #   worker can parse it (json_offload); copied in slices, the loop given back.
+        lease = pool.acquire(len(json))
+        try:
+            await _copy_in_slices(lease.buf, json)
+        except BaseException:
+            lease.release()
+            raise
+        return Body(lease.buf[: len(json)], lease, 0)
     # NOTE: place the body so the first binary chunk starts on a 64-byte boundary;
     #   numpy and ONNX Runtime then read it in place instead of copying.
     text = header_length.strip()
@@ -102,6 +120,19 @@ async def read_body(
         lease.buf[pad : pad + len(data)] = data
         return Body(lease.buf[pad : pad + len(data)], lease, pad)
     return await _receive_leased(req, pool, length, pad)
+
+
+#: Bytes copied at a time into a lease (about a millisecond) before the loop is given back.
+COPY_SLICE = 8 * 1024 * 1024
+
+
+async def _copy_in_slices(target: memoryview, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    for start in range(0, len(view), COPY_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        end = min(start + COPY_SLICE, len(view))
+        target[start:end] = view[start:end]
 
 
 async def _receive_leased(

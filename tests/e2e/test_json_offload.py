@@ -262,3 +262,46 @@ def test_the_loop_keeps_answering_while_large_outputs_are_printed(server: Server
     np.testing.assert_array_equal(np.array(output["data"], dtype=np.float32), values.ravel())
     # NOTE: the front printed 4 M floats in ~100 ms of its loop; now the worker does.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while outputs were printed"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "chunked"])
+def test_compressed_and_chunked_large_bodies_are_read_by_a_worker(
+    server: ServerProcess, encoding: str
+) -> None:
+    values = np.random.default_rng(2).random(3_000_000, dtype=np.float32)
+    text = _body(
+        json.dumps(values.tolist()),
+        [1, values.size],
+        "FP32",
+        parameters={"binary_data_output": True},
+    )
+    headers = {"Content-Type": "application/json"}
+    if encoding == "gzip":
+        body: object = gzip.compress(text, compresslevel=1)
+        headers["Content-Encoding"] = "gzip"
+    else:
+        body = (text[i : i + (1 << 20)] for i in range(0, len(text), 1 << 20))
+        headers["Transfer-Encoding"] = "chunked"
+    statuses: list[int] = []
+
+    def send() -> None:
+        connection = http.client.HTTPConnection(server.host_port, timeout=120)
+        connection.request(
+            "POST",
+            "/v2/models/identity_fp32/infer",
+            body,  # type: ignore[arg-type]
+            headers,
+            encode_chunked=encoding == "chunked",
+        )
+        response = connection.getresponse()
+        payload = response.read()
+        statuses.append(response.status)
+        size = int(response.getheader("Inference-Header-Content-Length", "0"))
+        got = np.frombuffer(payload[size:], dtype=np.float32)
+        np.testing.assert_array_equal(got, values)
+        connection.close()
+
+    worst = _worst_probe(server, [threading.Thread(target=send)])
+    assert statuses == [200]
+    # NOTE: parsing 60 MB of JSON in the front took ~0.2 s of its loop.
+    assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while the body was read"
