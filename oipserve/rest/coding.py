@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import AsyncIterator, Callable
 
 from oipserve.errors import InvalidInput, PayloadTooLarge
 
@@ -127,10 +128,42 @@ def choose_encoding(accept: str | None) -> str:
     return best
 
 
-def compress(parts: list[bytes | memoryview], encoding: str) -> bytes:
-    """``parts``, in order, as one gzip or zlib-wrapped deflate stream."""
+#: Bytes of input compressed before the event loop is given back: about 3 ms of zlib at
+#: level 6 on JSON text (20 MB/s here), 2 ms on binary tensors.
+COMPRESS_STEP = 64 * 1024
+
+
+def _compressor(encoding: str) -> zlib._Compress:
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return zlib.compressobj(6, zlib.DEFLATED, wbits)
+
+
+def compress(parts: list[bytes | memoryview], encoding: str) -> bytes:
+    """``parts``, in order, as one gzip or zlib-wrapped deflate stream (small responses)."""
+    compressor = _compressor(encoding)
     out = [compressor.compress(part) for part in parts]
     out.append(compressor.flush())
     return b"".join(out)
+
+
+async def compress_stream(
+    parts: list[bytes | memoryview], encoding: str, done: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """``parts`` as one compressed stream, ``COMPRESS_STEP`` bytes of input at a time.
+
+    For large responses: compressing 10 MB of JSON at once held the event loop for half
+    a second. The loop is given back between steps; ``done`` is called once every part
+    has been read (the worker's segment they are views of can then be released).
+    """
+    compressor = _compressor(encoding)
+    try:
+        for part in parts:
+            view = memoryview(part)
+            for start in range(0, len(view), COMPRESS_STEP):
+                out = compressor.compress(view[start : start + COMPRESS_STEP])
+                if out:
+                    yield out
+                await asyncio.sleep(0)
+    finally:
+        done()
+    yield compressor.flush()

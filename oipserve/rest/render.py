@@ -22,7 +22,7 @@ import orjson
 
 from oipserve.inference import InferResult, region_parameters_of
 from oipserve.protocol import encode_response
-from oipserve.rest.coding import choose_encoding, compress
+from oipserve.rest.coding import COMPRESS_STEP, choose_encoding, compress, compress_stream
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
 from oipserve.tensors import json_values
 
@@ -84,7 +84,12 @@ def render_infer(
     if not chunks and not texts:
         result.release()
         resp.content_type = JSON
-        resp.data = header if encoding == "identity" else compress([header], encoding)
+        if encoding == "identity":
+            resp.data = header
+        elif len(header) <= COMPRESS_STEP:
+            resp.data = compress([header], encoding)
+        else:
+            resp.stream = compress_stream([header], encoding, _nothing)
     else:
         header_size = sum(len(part) for part in head)
         if chunks:
@@ -94,7 +99,11 @@ def render_infer(
             resp.content_type = JSON
         parts: list[bytes | memoryview] = [*head, *chunks]
         total = header_size + sum(len(c) for c in chunks)
-        if encoding != "identity" or total <= JOIN_LIMIT:
+        if encoding != "identity" and total > COMPRESS_STEP:
+            # NOTE: compressed a step at a time, the loop given back between steps; the
+            #   segment is released once the last part has been read.
+            resp.stream = compress_stream(parts, encoding, result.release)
+        elif encoding != "identity" or total <= JOIN_LIMIT:
             try:
                 resp.data = compress(parts, encoding) if encoding != "identity" else b"".join(parts)
             finally:
@@ -125,6 +134,10 @@ def render_infer(
 #: a Fragment as it is, and never writes a NUL byte of its own (it escapes control
 #: characters in strings), so each NUL in the header marks one text, in order.
 _TEXT_MARK = orjson.Fragment(b"\x00")
+
+
+def _nothing() -> None:
+    pass
 
 
 def _splice(header: bytes, texts: list[memoryview]) -> list[bytes | memoryview]:
