@@ -105,7 +105,7 @@ async def decode(
     ``located`` in the returned lease, which the caller owns (and releases).
     """
     offsets, total = _layout(tensors)
-    lease = pool.acquire(max(total, 1))
+    lease = await pool.acquire_async(max(total, 1))
     texts = []
     for (tensor, count), offset in zip(tensors, offsets, strict=True):
         deferred = tensor.values

@@ -24,23 +24,46 @@ from oipserve.wire.datatypes import (
 from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import BufferPool, Lease, align
 
-__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place", "values_of"]
+__all__ = [
+    "Placement",
+    "check_size",
+    "hosted_size",
+    "image_payload_of",
+    "payload",
+    "place",
+    "place_into",
+    "values_of",
+]
 
 #: One checked input: the tensor, the shape the model gets, its byte size, its host data.
 Placement = tuple[InputTensor, list[int], int, object]
 
 
-def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDesc], Lease | None]:
-    """Descriptors for every input, copying host-side data into one pooled segment."""
+def hosted_size(placements: list[Placement]) -> int | None:
+    """Bytes of one segment for the inputs' host-side data; None when no input has any.
+
+    (Zero-element tensors, [0, 16], have no bytes but still need a segment to name in
+    their descriptor: the smallest size class serves.)
+    """
     total = 0
     hosted = False
     for tensor, _, nbytes, _ in placements:
         if tensor.located is None and tensor.region is None:
             total = align(total + nbytes)
             hosted = True
-    # NOTE: zero-element tensors ([0, 16]) have no bytes but still need a segment to
-    #   name in their descriptor; the smallest size class serves.
-    lease = pool.acquire(max(total, 1)) if hosted else None
+    return max(total, 1) if hosted else None
+
+
+def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDesc], Lease | None]:
+    """Descriptors for every input, copying host-side data into one new pooled segment."""
+    size = hosted_size(placements)
+    lease = pool.acquire(size) if size is not None else None
+    return place_into(placements, lease), lease
+
+
+def place_into(placements: list[Placement], lease: Lease | None) -> list[TensorDesc]:
+    """Descriptors for every input, copying host-side data into ``lease``
+    (of ``hosted_size`` bytes at least; None when that is None)."""
     descs = []
     offset = 0
     for tensor, shape, nbytes, data in placements:
@@ -91,7 +114,7 @@ def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDes
             )
         )
         offset = align(offset + nbytes)
-    return descs, lease
+    return descs
 
 
 def values_of(tensor: InputTensor, count: int) -> object:

@@ -99,7 +99,7 @@ async def read_body(
             return Body(memoryview(json) if isinstance(json, bytearray) else json)
         # NOTE: a large compressed or chunked JSON body goes into a lease too, so that a
         #   worker can parse it (json_offload); copied in slices, the loop given back.
-        lease = pool.acquire(len(json))
+        lease = await pool.acquire_async(len(json))
         try:
             await _copy_in_slices(lease.buf, json)
         except BaseException:
@@ -116,7 +116,7 @@ async def read_body(
             data = await read_decompressed(req, encoding, limit)
         else:
             data = await read_all(req, limit)
-        lease = pool.acquire(pad + len(data))
+        lease = await pool.acquire_async(pad + len(data))
         lease.buf[pad : pad + len(data)] = data
         return Body(lease.buf[pad : pad + len(data)], lease, pad)
     return await _receive_leased(req, pool, length, pad)
@@ -139,7 +139,7 @@ async def _receive_leased(
     req: falcon.asgi.Request, pool: BufferPool, length: int, pad: int
 ) -> Body:
     """Receive a body of ``length`` bytes into a new lease, ``pad`` bytes in."""
-    lease = pool.acquire(pad + length)
+    lease = await pool.acquire_async(pad + length)
     end = pad + length
     receive_into = req.scope.get("extensions", {}).get(RECEIVE_INTO)
     try:
