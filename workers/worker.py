@@ -14,6 +14,7 @@ import os
 import selectors
 import signal
 import socket
+from collections.abc import Callable
 from time import monotonic_ns
 
 import msgspec
@@ -178,28 +179,25 @@ class Worker:
         )
 
     def parse_json(self, message: ParseJson) -> None:
-        try:
-            spans = json_text.parse(message, self.inputs)
-        except ValueError as exc:
-            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
-            return
-        except Exception:
-            log.exception("parsing a JSON request body failed")
-            self.fail(message.rid, ErrorKind.INTERNAL, f"parsing the request failed{_SEE_LOG}")
-            return
-        self.reply(JsonParsed(message.rid, spans))
+        self._json_step(message.rid, "parsing", lambda: json_text.parse(message, self.inputs))
 
     def decode_json(self, message: DecodeJson) -> None:
+        self._json_step(
+            message.rid, "decoding", lambda: json_text.decode(message.texts, self.inputs)
+        )
+
+    def _json_step(self, rid: int, doing: str, step: Callable[[], object]) -> None:
+        """Run one step of a large JSON body (json_text); ValueError is the client's."""
         try:
-            json_text.decode(message.texts, self.inputs)
+            spans = step()
         except ValueError as exc:
-            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            self.fail(rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except Exception:
-            log.exception("decoding JSON data failed")
-            self.fail(message.rid, ErrorKind.INTERNAL, f"decoding the request failed{_SEE_LOG}")
+            log.exception("%s a JSON request body failed", doing)
+            self.fail(rid, ErrorKind.INTERNAL, f"{doing} the request failed{_SEE_LOG}")
             return
-        self.reply(JsonDecoded(message.rid))
+        self.reply(JsonParsed(rid, spans) if spans is not None else JsonDecoded(rid))  # type: ignore[arg-type]
 
     def infer(self, message: Infer) -> None:
         started = monotonic_ns()

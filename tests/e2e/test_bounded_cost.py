@@ -7,7 +7,6 @@ zero-element tensors hit an assertion (500); non-UTF-8 BYTES gave Python's codec
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.raw_http import post_json
 from tests.server import ServerProcess
 
 MiB = 1024 * 1024
@@ -36,18 +36,6 @@ def _status(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(field)
-
-
-def _post(server: ServerProcess, model: str, body: bytes) -> tuple[int, dict[str, object]]:
-    connection = http.client.HTTPConnection(server.host_port, timeout=120)
-    try:
-        connection.request(
-            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
-        )
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 def _oversized_batch(rows: int) -> bytes:
@@ -70,10 +58,10 @@ def test_a_body_the_model_cannot_take_is_refused_without_decoding(
 ) -> None:
     pid = own_server.process.pid
     body = _oversized_batch(625_000)  # ~60 MB of JSON
-    _post(own_server, "simple", _oversized_batch(9))  # warm the code paths
+    post_json(own_server, "simple", _oversized_batch(9))  # warm the code paths
     idle = _status(pid, "VmRSS")
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    status, answer = _post(own_server, "simple", body)
+    status, answer = post_json(own_server, "simple", body)
     assert status == 400
     assert "batch size 625000" in str(answer["error"])
     peak = _status(pid, "VmHWM")
@@ -88,7 +76,7 @@ def test_a_declared_count_the_data_cannot_hold_is_refused_before_decoding(
     body = json.dumps(
         {"inputs": [{"name": "INPUT0", "shape": [1, 10**9], "datatype": "FP32", "data": data}]}
     ).encode()
-    status, answer = _post(server, "identity_fp32", body)
+    status, answer = post_json(server, "identity_fp32", body)
     assert status == 400
     assert "holds 1000000000 elements but 'data' can hold at most" in str(answer["error"])
 
@@ -121,7 +109,7 @@ def test_non_utf8_bytes_in_json_name_the_input_and_element(server: ServerProcess
         b'{"inputs":[{"name":"INPUT0","shape":[1,3],"datatype":"BYTES",'
         b'"data":[["ok","fine","bad\xff"]]}]}'
     )
-    status, answer = _post(server, "identity_bytes", body)
+    status, answer = post_json(server, "identity_bytes", body)
     assert status == 400
     assert str(answer["error"]).startswith("element 2 of input 'INPUT0' is not valid UTF-8")
 
@@ -146,6 +134,6 @@ def test_the_front_gives_back_the_heap_of_a_large_request(own_server: ServerProc
     idle = _status(pid, "RssAnon")
     for _ in range(3):
         large_json()
-        status, _ = _post(own_server, "simple", _oversized_batch(200_000))
+        status, _ = post_json(own_server, "simple", _oversized_batch(200_000))
         assert status == 400
     assert _status(pid, "RssAnon") <= idle * 1.10, (idle, _status(pid, "RssAnon"))

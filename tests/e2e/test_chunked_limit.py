@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.test_connections import closed_by_server
+from tests.raw_http import read_response
 from tests.server import ServerProcess, shm_entries, wait_for
 
 LIMIT = 4096
@@ -48,31 +49,12 @@ def chunked(body: bytes, pieces: int) -> bytes:
     return out + b"0\r\nx-check: 1\r\n\r\n"
 
 
-def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """(status, lower-cased headers, body) of one response with a Content-Length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"connection closed after {data!r}")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
-    while len(rest) < int(fields["content-length"]):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return int(lines[0].split()[1]), fields, rest
-
-
 def nothing_to_read(sock: socket.socket, within: float) -> bool:
     return not select.select([sock], [], [], within)[0]
 
 
 def assert_refused(sock: socket.socket, limit: int = LIMIT) -> None:
-    status, fields, body = read_answer(sock)
+    status, fields, body = read_response(sock)
     assert status == 413, body
     assert json.loads(body) == {
         "error": f"the request body is larger than the limit of {limit} bytes"
@@ -83,7 +65,7 @@ def assert_refused(sock: socket.socket, limit: int = LIMIT) -> None:
 
 
 def assert_infers(sock: socket.socket) -> None:
-    status, _, body = read_answer(sock)
+    status, _, body = read_response(sock)
     assert status == 200, body
     outputs = {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
     assert outputs["OUTPUT0"] == list(range(2, 18))
@@ -211,6 +193,6 @@ def test_the_server_serves_on_after_refusals_with_the_same_workers(server: Serve
         sock.sendall(HEAD + chunked(BODY, 2))
         assert_infers(sock)
         sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nhost: t\r\n\r\n")
-        assert read_answer(sock)[0] == 200
+        assert read_response(sock)[0] == 200
     assert server.worker_pids() == workers
     assert "Traceback" not in server.log, server.log

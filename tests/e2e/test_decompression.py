@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.raw_http import read_response
 from tests.server import ServerProcess
 
 MiB = 1024 * 1024
@@ -61,27 +62,8 @@ def post(port: int, body: bytes, headers: dict[str, str], timeout: float = 60) -
     ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(request + body)
-        return read_response(sock)
-
-
-def read_response(sock: socket.socket) -> tuple[int, bytes]:
-    """(status, body) of one response with a Content-Length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"connection closed after {data!r}")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
-    length = int(fields.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return int(lines[0].split()[1]), rest
+        status, _, answer = read_response(sock)
+        return status, answer
 
 
 def status_field(pid: int, name: str) -> int:

@@ -27,21 +27,8 @@ from oipserve.json_offload import DECODE_MIN, PARSE_MIN
 from oipserve.tensors import array_from_values, decode_data
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.messages import TEXT_OUTPUT_MIN
+from tests.raw_http import post_json
 from tests.server import ServerProcess
-
-
-def _post(
-    server: ServerProcess, model: str, body: bytes, timeout: float = 120
-) -> tuple[int, dict[str, object]]:
-    connection = http.client.HTTPConnection(server.host_port, timeout=timeout)
-    try:
-        connection.request(
-            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
-        )
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 def _body(data_text: str, shape: list[int], datatype: str, **extra: object) -> bytes:
@@ -81,7 +68,7 @@ def test_a_large_body_gives_the_same_tensor(
 ) -> None:
     body = _body(json.dumps(values.tolist()), list(values.shape), datatype)
     assert len(body) >= PARSE_MIN
-    status, answer = _post(server, f"identity_{datatype.lower()}", body)
+    status, answer = post_json(server, f"identity_{datatype.lower()}", body)
     assert status == 200, answer
     (output,) = answer["outputs"]  # type: ignore[misc]
     assert output["shape"] == list(values.shape)
@@ -118,11 +105,11 @@ def test_errors_are_the_words_the_front_uses(server: ServerProcess, case: str) -
     datatype = "FP32" if b'"FP32"' in body else "INT8" if b'"INT8"' in body else "INT32"
     datatype = "FP16" if b'"FP16"' in body else datatype
     pids = server.worker_pids()
-    status, answer = _post(server, f"identity_{datatype.lower()}", body)
+    status, answer = post_json(server, f"identity_{datatype.lower()}", body)
     assert (status, answer) == (400, {"error": expected})
     assert server.worker_pids() == pids  # nothing crashed
     small = _body("[[1,2]]", [1, 2], datatype)
-    assert _post(server, f"identity_{datatype.lower()}", small)[0] == 200
+    assert post_json(server, f"identity_{datatype.lower()}", small)[0] == 200
 
 
 def test_a_batched_model_takes_a_large_body(server: ServerProcess) -> None:
@@ -136,7 +123,7 @@ def test_a_batched_model_takes_a_large_body(server: ServerProcess) -> None:
         "id": "x" * PARSE_MIN,
     }
     body = json.dumps(request).replace('"@DATA@"', data).encode()
-    status, answer = _post(server, "batched", body)
+    status, answer = post_json(server, "batched", body)
     assert status == 200, answer
     assert answer["id"] == "x" * PARSE_MIN
     outputs = {o["name"]: o for o in answer["outputs"]}  # type: ignore[union-attr]
@@ -228,7 +215,7 @@ def _binary_request(values: np.ndarray, headers: dict[str, str] | None = None) -
     return "/v2/models/identity_fp32/infer", text + values.tobytes(), fields
 
 
-def _raw_post(server: ServerProcess, request: tuple) -> tuple[int, dict[str, str], bytes]:
+def _rawpost_json(server: ServerProcess, request: tuple) -> tuple[int, dict[str, str], bytes]:
     connection = http.client.HTTPConnection(server.host_port, timeout=120)
     try:
         connection.request("POST", *request)
@@ -241,7 +228,9 @@ def _raw_post(server: ServerProcess, request: tuple) -> tuple[int, dict[str, str
 
 def test_a_large_json_output_compressed(server: ServerProcess) -> None:
     values = np.arange(300_000, dtype=np.float32).reshape(1, -1)
-    status, headers, raw = _raw_post(server, _binary_request(values, {"Accept-Encoding": "gzip"}))
+    status, headers, raw = _rawpost_json(
+        server, _binary_request(values, {"Accept-Encoding": "gzip"})
+    )
     assert status == 200
     assert headers["content-encoding"] == "gzip"
     (output,) = json.loads(gzip.decompress(raw))["outputs"]
@@ -255,7 +244,7 @@ def test_the_loop_keeps_answering_while_large_outputs_are_printed(server: Server
 
     def send() -> None:
         # NOTE: responses are parsed after the probe: json.loads holds this process's GIL.
-        answers.extend(_raw_post(server, request) for _ in range(2))
+        answers.extend(_rawpost_json(server, request) for _ in range(2))
 
     worst = _worst_probe(server, [threading.Thread(target=send) for _ in range(2)])
     assert [status for status, _, _ in answers] == [200] * 4
@@ -317,7 +306,7 @@ def test_the_loop_keeps_answering_while_a_large_response_is_compressed(
     answers: list[tuple[int, dict[str, str], bytes]] = []
 
     def send() -> None:
-        answers.append(_raw_post(server, request))
+        answers.append(_rawpost_json(server, request))
 
     worst = _worst_probe(server, [threading.Thread(target=send)])
     ((status, headers, raw),) = answers

@@ -144,12 +144,12 @@ async def _never_answers(scope: dict, receive: Callable, send: Callable) -> None
     await asyncio.Event().wait()
 
 
-async def _mid_request(
-    protocol_class: type[HttpToolsProtocol], check: Callable[[HttpToolsProtocol, _Transport], None]
-) -> None:
-    """Feed ``protocol_class`` a request's head and 2 of its 6 body bytes, then ``check`` it."""
+def _connected(
+    protocol_class: type[HttpToolsProtocol], app: Callable
+) -> tuple[HttpToolsProtocol, ServerState, _Transport]:
+    """A ``protocol_class`` serving ``app``, connected to an in-memory transport."""
     config = uvicorn.Config(
-        _never_answers,
+        app,
         http=protocol_class,
         lifespan="off",
         proxy_headers=False,
@@ -160,6 +160,14 @@ async def _mid_request(
     protocol = protocol_class(config=config, server_state=state, app_state={})
     transport = _Transport()
     protocol.connection_made(transport)
+    return protocol, state, transport
+
+
+async def _mid_request(
+    protocol_class: type[HttpToolsProtocol], check: Callable[[HttpToolsProtocol, _Transport], None]
+) -> None:
+    """Feed ``protocol_class`` a request's head and 2 of its 6 body bytes, then ``check`` it."""
+    protocol, state, transport = _connected(protocol_class, _never_answers)
     try:
         protocol.data_received(HEAD + b"ab")
         check(protocol, transport)
@@ -403,18 +411,7 @@ def test_a_finished_request_is_freed_by_reference_counting() -> None:
     """
 
     async def run() -> weakref.ref[RequestResponseCycle]:
-        config = uvicorn.Config(
-            _answers_ok,
-            http=CorkedHttpToolsProtocol,
-            lifespan="off",
-            proxy_headers=False,
-            log_config=None,
-            access_log=False,
-        )
-        state = ServerState()
-        protocol = CorkedHttpToolsProtocol(config=config, server_state=state, app_state={})
-        transport = _Transport()
-        protocol.connection_made(transport)
+        protocol, state, transport = _connected(CorkedHttpToolsProtocol, _answers_ok)
         request = b"GET / HTTP/1.1\r\nhost: t\r\n\r\n"
         protocol.data_received(request)
         first = weakref.ref(protocol.cycle)

@@ -1,0 +1,46 @@
+"""HTTP at the byte level for tests that need what a library client hides or refuses to send."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.server import ServerProcess
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """(status, lower-cased headers, body) of one response with a Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"connection closed after {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    length = int(fields.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return int(lines[0].split()[1]), fields, rest
+
+
+def post_json(
+    server: ServerProcess, model: str, body: bytes, timeout: float = 120
+) -> tuple[int, dict[str, object]]:
+    """POST a JSON inference body as it is; the status and the decoded answer."""
+    connection = http.client.HTTPConnection(server.host_port, timeout=timeout)
+    try:
+        connection.request(
+            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
