@@ -19,7 +19,7 @@ from oipserve.errors import InferenceFailed
 from oipserve.placement import Placement
 from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
-from oipserve.wire.shm import BufferPool, Lease, align
+from oipserve.wire.shm import Lease, align
 
 __all__ = ["SharedRelease", "assemble", "split"]
 
@@ -35,8 +35,18 @@ def _bytes_of(placement: Placement) -> memoryview:
     return memoryview(data).cast("B")  # type: ignore[arg-type]
 
 
-def assemble(requests: list[list[Placement]], pool: BufferPool) -> tuple[list[TensorDesc], Lease]:
-    """One segment with every input of the batch; descriptors with the batch's shapes.
+def batch_size(requests: list[list[Placement]]) -> int:
+    """Bytes of the one segment that ``assemble`` fills for these requests."""
+    by_name = [{p[0].name: p for p in request} for request in requests]
+    total = 0
+    for tensor, _, _, _ in requests[0]:
+        total = align(total + sum(r[tensor.name][2] for r in by_name))
+    return max(total, 1)
+
+
+def assemble(requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
+    """Every input of the batch copied into ``lease`` (of ``batch_size`` bytes at least);
+    descriptors with the batch's shapes.
 
     Each request's placements were checked against the model; requests of one batch
     have the same inputs with the same dims past the first (their signature). The
@@ -44,10 +54,6 @@ def assemble(requests: list[list[Placement]], pool: BufferPool) -> tuple[list[Te
     """
     first = requests[0]
     by_name = [{p[0].name: p for p in request} for request in requests]
-    total = 0
-    for tensor, _, _, _ in first:
-        total = align(total + sum(r[tensor.name][2] for r in by_name))
-    lease = pool.acquire(max(total, 1))
     target = lease.buf
     descs = []
     offset = 0
@@ -72,7 +78,7 @@ def assemble(requests: list[list[Placement]], pool: BufferPool) -> tuple[list[Te
             )
         )
         offset = align(offset)
-    return descs, lease
+    return descs
 
 
 def split(

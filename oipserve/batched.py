@@ -15,12 +15,12 @@ import asyncio
 from collections.abc import Callable
 from time import monotonic_ns
 
-from oipserve.batch_io import SharedRelease, assemble, split
+from oipserve.batch_io import SharedRelease, assemble, batch_size, split
 from oipserve.batch_policy import BatchPolicy
 from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
 from oipserve.inference import InferResult, client_outputs
 from oipserve.models import ModelVersion
-from oipserve.placement import Placement, place
+from oipserve.placement import Placement, hosted_size, place_into
 from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
 from oipserve.stats import FailureReason, ModelStats, failure_reason, refusal_reason
 from oipserve.wire.messages import ErrorKind, InferDone
@@ -199,17 +199,26 @@ class BatchRunner:
         for request in requests:
             request.taken = True
         owned: list[Lease] = []
+        lease: Lease | None = None
         try:
+            # NOTE: a large new segment is made in a thread (acquire_async), not on the loop.
             if len(requests) == 1:
-                descs, lease = place(requests[0].placements, self.inputs)
+                size = hosted_size(requests[0].placements)
+                if size is not None:
+                    lease = await self.inputs.acquire_async(size)
+                descs = place_into(requests[0].placements, lease)
                 owned = requests[0].owned
             else:
-                descs, lease = assemble([r.placements for r in requests], self.inputs)
+                placements = [r.placements for r in requests]
+                lease = await self.inputs.acquire_async(batch_size(placements))
+                descs = assemble(placements, lease)
                 for request in requests:  # their bytes are in the batch's segment now
                     request.release_inputs()
         except BaseException:
             for request in requests:
                 request.release_inputs()
+            if lease is not None:
+                lease.release()
             raise
         if lease is not None:
             owned.append(lease)

@@ -60,7 +60,7 @@ class InputTensor:
 
 
 class OutputTensor:
-    __slots__ = ("name", "datatype", "shape", "data", "text", "region", "region_bytes")
+    __slots__ = ("name", "datatype", "shape", "data", "text", "parts", "region", "region_bytes")
 
     def __init__(
         self, name: str, datatype: str, shape: list[int], data: memoryview, text: bool = False
@@ -74,6 +74,9 @@ class OutputTensor:
         #: True when ``data`` holds the JSON text of the values (flat) instead: the
         #: worker printed a large output the client asked to get as JSON.
         self.text = text
+        #: The JSON text in parts, when the front printed it a step at a time
+        #: (``rest.render.print_in_steps``); ``data`` is then not read.
+        self.parts: list[bytes] | None = None
         #: The client's region the tensor was written into, and how many bytes it took.
         self.region: RegionUse | None = None
         self.region_bytes = 0

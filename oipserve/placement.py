@@ -1,9 +1,10 @@
 """Putting checked inputs into shared memory, where the worker reads them.
 
 ``payload`` checks an input's data against its shape and gives its byte size and its
-host-side data (None when it already lies in a pooled segment); ``place`` writes the
-host-side data of a request into one pooled segment and describes every input to the
-worker (no copy for data that is already in a segment).
+host-side data (None when it already lies in a pooled segment); ``hosted_size`` says how
+large a segment that data needs, and ``place_into`` writes it into one (acquired by the
+caller, off the loop when large) and describes every input to the worker (no copy for
+data that is already in a segment).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from oipserve.wire.datatypes import (
     split_bytes_elements,
 )
 from oipserve.wire.messages import TensorDesc
-from oipserve.wire.shm import BufferPool, Lease, align
+from oipserve.wire.shm import Lease, align
 
 __all__ = [
     "Placement",
@@ -30,7 +31,6 @@ __all__ = [
     "hosted_size",
     "image_payload_of",
     "payload",
-    "place",
     "place_into",
     "values_of",
 ]
@@ -52,13 +52,6 @@ def hosted_size(placements: list[Placement]) -> int | None:
             total = align(total + nbytes)
             hosted = True
     return max(total, 1) if hosted else None
-
-
-def place(placements: list[Placement], pool: BufferPool) -> tuple[list[TensorDesc], Lease | None]:
-    """Descriptors for every input, copying host-side data into one new pooled segment."""
-    size = hosted_size(placements)
-    lease = pool.acquire(size) if size is not None else None
-    return place_into(placements, lease), lease
 
 
 def place_into(placements: list[Placement], lease: Lease | None) -> list[TensorDesc]:

@@ -16,7 +16,7 @@ import numpy as np
 from oipserve.errors import InvalidInput
 from oipserve.wire import json_values as shared
 from oipserve.wire.datatypes import NUMPY_DTYPES, bf16_to_float32, split_bytes_elements
-from oipserve.wire.json_values import DataError, flatten
+from oipserve.wire.json_values import DataError, bytes_as_text, flatten
 from oipserve.wire.shm import Lease
 
 __all__ = [
@@ -110,7 +110,7 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> obje
 def json_values(datatype: str, data: memoryview, count: int) -> np.ndarray | list[str]:
     """An output tensor held in ``data``, flat, in a form the JSON encoder writes directly."""
     if datatype == "BYTES":
-        return [str(element, "utf-8", "replace") for element in split_bytes_elements(data)]
+        return bytes_as_text(split_bytes_elements(data))
     if datatype == "BF16":
         return bf16_to_float32(np.frombuffer(data, dtype=np.uint16, count=count))
     return np.frombuffer(data, dtype=NUMPY_DTYPES[datatype], count=count)

@@ -13,19 +13,22 @@ into its response without reading it (``oipserve.rest.render``).
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import orjson
 
+from oipserve.wire.datatypes import bf16_to_float32
 from oipserve.wire.json_request import data_spans
-from oipserve.wire.json_values import array_from_values, decode_data
+from oipserve.wire.json_values import array_from_values, bytes_as_text, decode_data
 from oipserve.wire.messages import JsonText, ParseJson
 from oipserve.wire.shm import SegmentCache
 
 __all__ = ["decode", "parse", "print_output"]
 
-#: Output datatypes whose JSON the front prints straight from the array (BF16 is
-#: widened and BYTES decoded first: those stay with the front).
+#: Array kinds orjson prints as the front does (booleans, integers, floats).
 _PRINTABLE = frozenset("biuf")
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
 def parse(message: ParseJson, segments: SegmentCache) -> list[tuple[int, int]]:
@@ -52,8 +55,19 @@ def decode(texts: list[JsonText], segments: SegmentCache) -> None:
         target[text.target_offset : end] = np.ascontiguousarray(array).view(np.uint8).data
 
 
-def print_output(array: np.ndarray) -> bytes | None:
-    """The JSON text of an output's ``data`` as the front prints it; None: the front prints it."""
-    if array.dtype.kind not in _PRINTABLE or array.dtype.byteorder == ">":
-        return None
-    return orjson.dumps(np.ascontiguousarray(array).reshape(-1), option=orjson.OPT_SERIALIZE_NUMPY)
+def print_output(datatype: str, ready: object, nbytes: int) -> bytes | None:
+    """The JSON text of an output's ``data`` as the front prints it; None: the front prints it.
+
+    ``ready`` is the output as ``runtime.output_size`` prepared it: an array, BYTES
+    elements, or a BF16 OrtValue of ``nbytes``.
+    """
+    if isinstance(ready, list):  # BYTES elements
+        return orjson.dumps(bytes_as_text(ready))
+    if isinstance(ready, np.ndarray):
+        if ready.dtype.kind not in _PRINTABLE or ready.dtype.byteorder == ">":
+            return None
+        return orjson.dumps(np.ascontiguousarray(ready).reshape(-1), option=_NUMPY)
+    if datatype == "BF16":  # an OrtValue: numpy has no bfloat16
+        raw = np.frombuffer(ctypes.string_at(ready.data_ptr(), nbytes), dtype=np.uint16)  # type: ignore[attr-defined]
+        return orjson.dumps(bf16_to_float32(raw), option=_NUMPY)
+    return None

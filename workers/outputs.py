@@ -84,7 +84,7 @@ def write_outputs(
         shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
         target = targets.get(name)
         if nbytes >= TEXT_OUTPUT_MIN and name in text_outputs and target is None:
-            text = json_text.print_output(ready) if isinstance(ready, np.ndarray) else None
+            text = json_text.print_output(session.output_types[name], ready, nbytes)
             if text is not None:
                 ready, nbytes = text, len(text)
                 printed.add(name)

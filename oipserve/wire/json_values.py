@@ -12,6 +12,7 @@ INVALID_INPUT failure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -26,7 +27,7 @@ from oipserve.wire.datatypes import (
 )
 from oipserve.wire.json_numbers import MIN_BODY, NumberArrayDecoder
 
-__all__ = ["DataError", "array_from_values", "decode_data", "flatten"]
+__all__ = ["DataError", "array_from_values", "bytes_as_text", "decode_data", "flatten"]
 
 
 class DataError(ValueError):
@@ -201,3 +202,8 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
             return float32_to_bf16(source.astype(np.float32))
         return source.astype(NUMPY_DTYPES[datatype])
     raise DataError(f"input '{name}': datatype {datatype} cannot be sent as JSON values")
+
+
+def bytes_as_text(elements: Iterable[bytes | memoryview]) -> list[str]:
+    """BYTES output elements as the JSON strings of a response (invalid UTF-8 replaced)."""
+    return [str(element, "utf-8", "replace") for element in elements]

@@ -16,7 +16,9 @@ import json
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 
+import ml_dtypes
 import numpy as np
 import orjson
 import pytest
@@ -25,6 +27,7 @@ import tritonclient.http as httpclient
 from oipserve.errors import InvalidInput
 from oipserve.json_offload import DECODE_MIN, PARSE_MIN
 from oipserve.tensors import array_from_values, decode_data
+from oipserve.wire.datatypes import bf16_to_float32, float32_to_bf16
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.messages import TEXT_OUTPUT_MIN
 from tests.raw_http import post_json
@@ -215,7 +218,7 @@ def _binary_request(values: np.ndarray, headers: dict[str, str] | None = None) -
     return "/v2/models/identity_fp32/infer", text + values.tobytes(), fields
 
 
-def _rawpost_json(server: ServerProcess, request: tuple) -> tuple[int, dict[str, str], bytes]:
+def _raw_post(server: ServerProcess, request: tuple) -> tuple[int, dict[str, str], bytes]:
     connection = http.client.HTTPConnection(server.host_port, timeout=120)
     try:
         connection.request("POST", *request)
@@ -228,9 +231,7 @@ def _rawpost_json(server: ServerProcess, request: tuple) -> tuple[int, dict[str,
 
 def test_a_large_json_output_compressed(server: ServerProcess) -> None:
     values = np.arange(300_000, dtype=np.float32).reshape(1, -1)
-    status, headers, raw = _rawpost_json(
-        server, _binary_request(values, {"Accept-Encoding": "gzip"})
-    )
+    status, headers, raw = _raw_post(server, _binary_request(values, {"Accept-Encoding": "gzip"}))
     assert status == 200
     assert headers["content-encoding"] == "gzip"
     (output,) = json.loads(gzip.decompress(raw))["outputs"]
@@ -244,7 +245,7 @@ def test_the_loop_keeps_answering_while_large_outputs_are_printed(server: Server
 
     def send() -> None:
         # NOTE: responses are parsed after the probe: json.loads holds this process's GIL.
-        answers.extend(_rawpost_json(server, request) for _ in range(2))
+        answers.extend(_raw_post(server, request) for _ in range(2))
 
     worst = _worst_probe(server, [threading.Thread(target=send) for _ in range(2)])
     assert [status for status, _, _ in answers] == [200] * 4
@@ -306,7 +307,7 @@ def test_the_loop_keeps_answering_while_a_large_response_is_compressed(
     answers: list[tuple[int, dict[str, str], bytes]] = []
 
     def send() -> None:
-        answers.append(_rawpost_json(server, request))
+        answers.append(_raw_post(server, request))
 
     worst = _worst_probe(server, [threading.Thread(target=send)])
     ((status, headers, raw),) = answers
@@ -316,3 +317,64 @@ def test_the_loop_keeps_answering_while_a_large_response_is_compressed(
     np.testing.assert_array_equal(np.array(output["data"], dtype=np.float32), values.ravel())
     # NOTE: zlib compresses JSON text at ~20 MB/s here: 10 MB took ~0.5 s of the loop at once.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while a response was compressed"
+
+
+def _json_output(server: ServerProcess, model: str, tensor: httpclient.InferInput) -> list:
+    client = httpclient.InferenceServerClient(server.host_port, network_timeout=120)
+    wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    return client.infer(model, [tensor], outputs=[wanted]).get_response()["outputs"][0]["data"]
+
+
+def test_a_large_bytes_output_is_printed_as_the_front_prints_it(server: ServerProcess) -> None:
+    strings = [f"row {i} é✓".encode() for i in range(40_000)]
+    tensor = httpclient.InferInput("INPUT0", [1, len(strings)], "BYTES")
+    tensor.set_data_from_numpy(np.array([strings], dtype=object), binary_data=True)
+    assert sum(4 + len(s) for s in strings) >= TEXT_OUTPUT_MIN
+    data = _json_output(server, "identity_bytes", tensor)
+    assert data == [s.decode("utf-8", "replace") for s in strings]
+
+
+def test_a_large_bf16_output_is_printed_as_the_front_prints_it(server: ServerProcess) -> None:
+    values = np.linspace(-1000, 1000, 200_000, dtype=np.float32).reshape(1, -1)
+    tensor = httpclient.InferInput("INPUT0", list(values.shape), "BF16")
+    tensor.set_data_from_numpy(values.astype(ml_dtypes.bfloat16), binary_data=True)
+    assert values.size * 2 >= TEXT_OUTPUT_MIN
+    data = _json_output(server, "identity_bf16", tensor)
+    expected = bf16_to_float32(float32_to_bf16(values.ravel()))
+    np.testing.assert_array_equal(np.array(data, dtype=np.float32), expected)
+
+
+@pytest.fixture(scope="module")
+def batched_server() -> Iterator[ServerProcess]:
+    """identity_fp32 with dynamic batching: its outputs are split, and printed, in the front."""
+    proc = ServerProcess(
+        args=["--model-control-mode", "explicit", "--load-model", "identity_fp32"]
+    ).wait_ready()
+    config = {
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "dynamic_batching": {},
+    }
+    client = httpclient.InferenceServerClient(proc.host_port)
+    client.load_model("identity_fp32", config=json.dumps(config))
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def test_large_outputs_the_front_prints_are_printed_a_step_at_a_time(
+    batched_server: ServerProcess,
+) -> None:
+    values = np.random.default_rng(4).random((1, 8_000_000), dtype=np.float32)
+    request = _binary_request(values)
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+
+    def send() -> None:
+        answers.extend(_raw_post(batched_server, request) for _ in range(2))
+
+    worst = _worst_probe(batched_server, [threading.Thread(target=send) for _ in range(2)])
+    assert [status for status, _, _ in answers] == [200] * 4, answers[0][2][:200]
+    (output,) = json.loads(answers[0][2])["outputs"]
+    np.testing.assert_array_equal(np.array(output["data"], dtype=np.float32), values.ravel())
+    # NOTE: orjson printed 8 M floats in ~200 ms of the loop at once.
+    assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while outputs were printed"

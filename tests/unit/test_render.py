@@ -17,7 +17,7 @@ import orjson
 
 from oipserve.inference import InferResult, OutputTensor
 from oipserve.rest.media import HEADER_LENGTH
-from oipserve.rest.render import render_infer
+from oipserve.rest.render import PRINT_STEP, print_in_steps, prints_here, render_infer
 
 
 class FakeModel:
@@ -95,3 +95,30 @@ def test_a_text_alone_is_plain_json() -> None:
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
     assert _body(resp) == expected  # byte for byte what the front prints itself
+
+
+def test_an_output_printed_in_steps_is_the_text_of_the_whole_array() -> None:
+    values = np.random.default_rng(0).standard_normal(PRINT_STEP * 3 + 7).astype(np.float32)
+    small = np.arange(5, dtype=np.int64)
+    outputs = [
+        OutputTensor("A", "FP32", [values.size], memoryview(values.tobytes())),
+        OutputTensor("B", "INT64", [5], memoryview(small.tobytes())),
+    ]
+    result = InferResult(FakeModel(), outputs, lambda: None)  # type: ignore[arg-type]
+    assert prints_here(result, None, False) and not prints_here(result, None, True)
+    asyncio.run(print_in_steps(result, None, False))
+    assert outputs[0].text and not outputs[1].text
+    resp = falcon.asgi.Response()
+    render_infer(FakeRequest(), resp, result, None, None, False)  # type: ignore[arg-type]
+    expected = orjson.dumps(
+        {
+            "model_name": "m",
+            "model_version": "1",
+            "outputs": [
+                {"name": "A", "datatype": "FP32", "shape": [values.size], "data": values},
+                {"name": "B", "datatype": "INT64", "shape": [5], "data": small},
+            ],
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+    assert _body(resp) == expected
