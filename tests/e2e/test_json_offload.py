@@ -40,6 +40,12 @@ def _body(data_text: str, shape: list[int], datatype: str, **extra: object) -> b
     return json.dumps(request).replace('"@DATA@"', data_text).encode()
 
 
+def _large_json_body(values: np.ndarray) -> bytes:
+    """identity_fp32's JSON request for ``values`` (flat), its output asked for as binary."""
+    data = json.dumps(values.tolist())
+    return _body(data, [1, values.size], "FP32", parameters={"binary_data_output": True})
+
+
 def _front_error(body: bytes) -> str | None:
     """What the front says of ``body`` when it reads it itself (None: it is fine)."""
     try:
@@ -137,12 +143,7 @@ def test_a_batched_model_takes_a_large_body(server: ServerProcess) -> None:
 
 def test_the_loop_keeps_answering_while_large_bodies_are_read(server: ServerProcess) -> None:
     values = np.random.default_rng(0).random(4_000_000, dtype=np.float32)
-    body = _body(
-        json.dumps(values.tolist()),
-        [1, values.size],
-        "FP32",
-        parameters={"binary_data_output": True},
-    )  # ~80 MB of JSON: about 0.25 s of the front's time when it read such a body
+    body = _large_json_body(values)  # ~80 MB: ~0.25 s of the front's loop when it read one
     statuses: list[int] = []
 
     def send() -> None:
@@ -238,8 +239,8 @@ def test_a_large_json_output_compressed(server: ServerProcess) -> None:
     np.testing.assert_array_equal(np.array(output["data"], dtype=np.float32), values.ravel())
 
 
-def test_the_loop_keeps_answering_while_large_outputs_are_printed(server: ServerProcess) -> None:
-    values = np.random.default_rng(1).random((1, 4_000_000), dtype=np.float32)
+def _worst_while_printing(server: ServerProcess, values: np.ndarray) -> float:
+    """The worst probe while two clients each get ``values`` back as JSON twice."""
     request = _binary_request(values)
     answers: list[tuple[int, dict[str, str], bytes]] = []
 
@@ -248,9 +249,15 @@ def test_the_loop_keeps_answering_while_large_outputs_are_printed(server: Server
         answers.extend(_raw_post(server, request) for _ in range(2))
 
     worst = _worst_probe(server, [threading.Thread(target=send) for _ in range(2)])
-    assert [status for status, _, _ in answers] == [200] * 4
+    assert [status for status, _, _ in answers] == [200] * 4, answers[0][2][:200]
     (output,) = json.loads(answers[0][2])["outputs"]
     np.testing.assert_array_equal(np.array(output["data"], dtype=np.float32), values.ravel())
+    return worst
+
+
+def test_the_loop_keeps_answering_while_large_outputs_are_printed(server: ServerProcess) -> None:
+    values = np.random.default_rng(1).random((1, 4_000_000), dtype=np.float32)
+    worst = _worst_while_printing(server, values)
     # NOTE: the front printed 4 M floats in ~100 ms of its loop; now the worker does.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while outputs were printed"
 
@@ -260,12 +267,7 @@ def test_compressed_and_chunked_large_bodies_are_read_by_a_worker(
     server: ServerProcess, encoding: str
 ) -> None:
     values = np.random.default_rng(2).random(3_000_000, dtype=np.float32)
-    text = _body(
-        json.dumps(values.tolist()),
-        [1, values.size],
-        "FP32",
-        parameters={"binary_data_output": True},
-    )
+    text = _large_json_body(values)
     headers = {"Content-Type": "application/json"}
     if encoding == "gzip":
         body: object = gzip.compress(text, compresslevel=1)
@@ -366,15 +368,6 @@ def test_large_outputs_the_front_prints_are_printed_a_step_at_a_time(
     batched_server: ServerProcess,
 ) -> None:
     values = np.random.default_rng(4).random((1, 8_000_000), dtype=np.float32)
-    request = _binary_request(values)
-    answers: list[tuple[int, dict[str, str], bytes]] = []
-
-    def send() -> None:
-        answers.extend(_raw_post(batched_server, request) for _ in range(2))
-
-    worst = _worst_probe(batched_server, [threading.Thread(target=send) for _ in range(2)])
-    assert [status for status, _, _ in answers] == [200] * 4, answers[0][2][:200]
-    (output,) = json.loads(answers[0][2])["outputs"]
-    np.testing.assert_array_equal(np.array(output["data"], dtype=np.float32), values.ravel())
+    worst = _worst_while_printing(batched_server, values)
     # NOTE: orjson printed 8 M floats in ~200 ms of the loop at once.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while outputs were printed"
