@@ -53,9 +53,13 @@ async def parse(
     ``body`` lies at ``start`` in ``lease``. A body that is not a valid inference
     request is InvalidInput, with the words ``decode_request`` uses.
     """
-    reply = await worker.call(
-        lambda rid: ParseJson(rid, lease.name, start, len(body)), None, deadline
-    )
+    worker.loading += 1  # NOTE: simdjson holds the GIL: heartbeats may wait (worker_handle)
+    try:
+        reply = await worker.call(
+            lambda rid: ParseJson(rid, lease.name, start, len(body)), None, deadline
+        )
+    finally:
+        worker.loading -= 1
     if isinstance(reply, Failed):
         raise from_kind(reply.kind, reply.message)
     assert isinstance(reply, JsonParsed)
@@ -132,6 +136,7 @@ async def decode(
     except BaseException:
         lease.release()
         raise
+    worker.loading += 1  # NOTE: as in parse
     try:
         reply = await waiting
     except BaseException:
@@ -140,6 +145,8 @@ async def decode(
         else:
             abandoned = True
         raise
+    finally:
+        worker.loading -= 1
     if isinstance(reply, Failed):
         lease.release()
         raise from_kind(reply.kind, reply.message)

@@ -146,8 +146,9 @@ class WorkerHandle:
         self._heartbeat: asyncio.Transport | None = None
         #: Loop time of the worker's last heartbeat echo (or of its start).
         self.last_heartbeat = 0.0
-        #: Loads in progress: ONNX Runtime may hold the GIL while it builds a session, so
-        #: a loading worker's heartbeat thread can be silent for a while.
+        #: Steps in progress during which the worker's heartbeat thread may be silent for a
+        #: while, because the step holds the GIL: loads (ONNX Runtime building a session)
+        #: and large JSON bodies (simdjson, ~1.6 ms per MiB; ``json_offload``).
         self.loading = 0
         self._hung = ""
 

@@ -27,6 +27,7 @@ class FakeWorker:
     worker_id = 1
 
     def __init__(self) -> None:
+        self.loading = 0
         self.future: asyncio.Future[object] | None = None
         self.on_done: Callable[[], None] | None = None
 
@@ -87,10 +88,12 @@ def test_a_failure_gives_the_lease_back(pool: BufferPool) -> None:
 def test_a_caller_past_its_deadline_leaves_the_lease_until_the_reply(pool: BufferPool) -> None:
     async def script(worker: FakeWorker, task: asyncio.Task) -> object:
         assert worker.future is not None
+        assert worker.loading == 1  # its heartbeats may wait while it decodes
         worker.future.set_exception(DeadlineExceeded())  # as WorkerHandle._expire_overdue
         with pytest.raises(DeadlineExceeded):
             await task
         assert pool.leased_count == 2, "released while the worker may still write into it"
+        assert worker.loading == 0
         worker.reply(JsonDecoded(7))
         return None
 
