@@ -13,6 +13,8 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import os
+import signal
 import threading
 import time
 import zlib
@@ -31,7 +33,7 @@ from oipserve.wire.datatypes import bf16_to_float32, float32_to_bf16
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.messages import TEXT_OUTPUT_MIN
 from tests.raw_http import post_json
-from tests.server import ServerProcess
+from tests.server import ServerProcess, shm_entries, wait_for
 
 
 def _body(data_text: str, shape: list[int], datatype: str, **extra: object) -> bytes:
@@ -371,3 +373,36 @@ def test_large_outputs_the_front_prints_are_printed_a_step_at_a_time(
     worst = _worst_while_printing(batched_server, values)
     # NOTE: orjson printed 8 M floats in ~200 ms of the loop at once.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms while outputs were printed"
+
+
+def test_a_worker_killed_while_it_reads_a_body(batched_server: ServerProcess) -> None:
+    """503 for that request, nothing leaked, and the replacement reads the next body."""
+    server = batched_server
+    body = _large_json_body(np.arange(400_000, dtype=np.float32))
+
+    def inputs() -> set[str]:
+        return {n for n in shm_entries(server.process.pid) if "-in-" in n}
+
+    before = inputs()
+    (worker,) = server.worker_pids()
+    os.kill(worker, signal.SIGSTOP)  # the body's ParseJson waits for it
+    answers: list[tuple[int, dict[str, object]]] = []
+    sender = threading.Thread(
+        target=lambda: answers.append(post_json(server, "identity_fp32", body))
+    )
+    sender.start()
+    time.sleep(0.5)
+    os.kill(worker, signal.SIGKILL)
+    sender.join(60)
+    ((status, answer),) = answers
+    assert status == 503, answer
+    assert "stopped while handling this request" in str(answer["error"])
+    assert wait_for(lambda: server.worker_pids() not in ([], [worker]))
+    again = ("/v2/models/identity_fp32/infer", body, {})
+    assert wait_for(lambda: _raw_post(server, again)[0] == 200, timeout=60)
+    # The killed request's body lease went back to the pool: its body and its decoded
+    #   tensor need at most two new input segments, request after request (a leaked
+    #   lease would make the next body take a third).
+    for _ in range(2):
+        assert _raw_post(server, again)[0] == 200
+        assert len(inputs() - before) <= 2, inputs() - before
