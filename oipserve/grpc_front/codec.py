@@ -146,6 +146,11 @@ class InferReply:
         # PERF: a __del__ rather than weakref.finalize (0.8 us a reply); release is idempotent.
         self.result.release()
 
+    @property
+    def nbytes(self) -> int:
+        """The outputs' bytes: what ``serialize`` copies."""
+        return sum(len(tensor.data) for tensor in self.result.outputs)
+
     def serialize(self) -> bytes:
         try:
             parts: list[bytes | memoryview] = [self.head.SerializeToString()]
@@ -166,8 +171,11 @@ class InferReply:
             self.result.release()
 
 
-def serialize_infer(reply: InferReply | pb.ModelInferResponse) -> bytes:
-    """The response serializer of ModelInfer: hand-written for ``InferReply``s."""
+def serialize_infer(reply: InferReply | pb.ModelInferResponse | bytes) -> bytes:
+    """The response serializer of ModelInfer: hand-written for ``InferReply``s; bytes are a
+    reply serialized already (a large one, in a thread)."""
     if isinstance(reply, InferReply):
         return reply.serialize()
+    if isinstance(reply, bytes):
+        return reply
     return reply.SerializeToString()
