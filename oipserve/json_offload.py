@@ -53,7 +53,7 @@ async def parse(
     ``body`` lies at ``start`` in ``lease``. A body that is not a valid inference
     request is InvalidInput, with the words ``decode_request`` uses.
     """
-    worker.loading += 1  # NOTE: simdjson holds the GIL: heartbeats may wait (worker_handle)
+    worker.loading += 1  # NOTE: the parse holds the GIL: heartbeats may wait (worker_handle)
     try:
         reply = await worker.call(
             lambda rid: ParseJson(rid, lease.name, start, len(body)), None, deadline

@@ -148,7 +148,7 @@ class WorkerHandle:
         self.last_heartbeat = 0.0
         #: Steps in progress during which the worker's heartbeat thread may be silent for a
         #: while, because the step holds the GIL: loads (ONNX Runtime building a session)
-        #: and large JSON bodies (simdjson, ~1.6 ms per MiB; ``json_offload``).
+        #: and large JSON bodies (msgspec and simdjson, ~1.6 ms per MiB; ``json_offload``).
         self.loading = 0
         self._hung = ""
 
