@@ -153,12 +153,20 @@ class InferReply:
 
     def serialize(self) -> bytes:
         try:
-            parts: list[bytes | memoryview] = [self.head.SerializeToString()]
-            for tensor in self.result.outputs:
-                parts += (_RAW_OUTPUT_TAG, _varint_bytes(len(tensor.data)), tensor.data)
-            return b"".join(parts)
+            return self.join()
         finally:
             self.result.release()
+
+    def join(self) -> bytes:
+        """The wire bytes, leaving the segment to the caller (``serialize`` releases it).
+
+        Safe in another thread: it only reads the outputs. The release must happen on
+        the event loop (it queues a message to the worker).
+        """
+        parts: list[bytes | memoryview] = [self.head.SerializeToString()]
+        for tensor in self.result.outputs:
+            parts += (_RAW_OUTPUT_TAG, _varint_bytes(len(tensor.data)), tensor.data)
+        return b"".join(parts)
 
     def message(self) -> pb.ModelInferResponse:
         """The whole response as a protobuf message (for streams), releasing the segment."""
