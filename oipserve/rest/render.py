@@ -26,6 +26,8 @@ from oipserve.protocol import encode_response
 from oipserve.rest.coding import COMPRESS_STEP, choose_encoding, compress, compress_stream
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
 from oipserve.tensors import json_values
+from oipserve.wire.datatypes import bytes_elements_from
+from oipserve.wire.json_values import bytes_as_text
 
 #: Below this many binary bytes a response is joined into one buffer: one socket
 #: write costs more than copying a few kilobytes.
@@ -40,7 +42,7 @@ PRINT_STEP = 65_536
 def prints_here(result: InferResult, flags: list[bool] | None, all_binary: bool) -> bool:
     """Whether an output the client gets as JSON is large enough for ``print_in_steps``."""
     for index, tensor in enumerate(result.outputs):
-        if len(tensor.data) > PRINT_STEP and not tensor.text and tensor.datatype != "BYTES":
+        if len(tensor.data) > PRINT_STEP and not tensor.text:
             if not (flags[index] if flags is not None else all_binary):
                 return True
     return False
@@ -52,22 +54,21 @@ async def print_in_steps(result: InferResult, flags: list[bool] | None, all_bina
     (Outputs of batched models: the front splits a batch's outputs per request.) Each
     becomes a text output, as if the worker had printed it: ``render_infer`` splices it
     in. orjson prints a flat array without spaces, so the steps' texts joined by commas
-    inside one pair of brackets are the text of the whole array. BYTES outputs are
-    left to ``render_infer`` (their elements are split in one pass).
+    inside one pair of brackets are the text of the whole array.
     """
     try:
         for index, tensor in enumerate(result.outputs):
             if flags[index] if flags is not None else all_binary:
                 continue
-            if tensor.text or tensor.region is not None or tensor.datatype == "BYTES":
+            if tensor.text or tensor.region is not None or tensor.count <= PRINT_STEP:
                 continue
-            if tensor.count <= PRINT_STEP:
-                continue
-            values = json_values(tensor.datatype, tensor.data, tensor.count)
-            pieces = []
-            for start in range(0, len(values), PRINT_STEP):
-                await asyncio.sleep(0)
-                step = orjson.dumps(values[start : start + PRINT_STEP], option=_NUMPY)
+            steps = (
+                _bytes_steps(tensor.data)
+                if tensor.datatype == "BYTES"
+                else _number_steps(json_values(tensor.datatype, tensor.data, tensor.count))
+            )
+            pieces: list[bytes] = []
+            async for step in steps:
                 # NOTE: "[1,2]" "[3]" become "[1,2" ",3]": the pieces in a row are the
                 #   array's text, never joined here (80 MB joined took ~20 ms of the loop).
                 pieces.append(step[:-1] if not pieces else b"," + step[1:-1])
@@ -77,6 +78,22 @@ async def print_in_steps(result: InferResult, flags: list[bool] | None, all_bina
     except BaseException:
         result.release()
         raise
+
+
+async def _number_steps(values: object) -> AsyncIterator[bytes]:
+    """The JSON text of ``PRINT_STEP`` values at a time, the loop given back before each."""
+    for start in range(0, len(values), PRINT_STEP):  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        yield orjson.dumps(values[start : start + PRINT_STEP], option=_NUMPY)  # type: ignore[index]
+
+
+async def _bytes_steps(data: memoryview) -> AsyncIterator[bytes]:
+    """Like ``_number_steps`` for BYTES elements, decoded as ``json_values`` decodes them."""
+    pos = 0
+    while pos < len(data):
+        await asyncio.sleep(0)
+        elements, pos = bytes_elements_from(data, pos, PRINT_STEP)
+        yield orjson.dumps(bytes_as_text(elements))
 
 
 def render_infer(

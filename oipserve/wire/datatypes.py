@@ -129,18 +129,30 @@ def encode_bytes_elements(elements: list[bytes]) -> bytearray:
 def split_bytes_elements(buf: memoryview) -> list[memoryview]:
     """The elements of BYTES data in binary form (uint32 LE length, then the bytes), as views.
 
-    The one walker of that form, in the front and in the workers. The prefixes must
-    tile ``buf`` exactly; a ValueError says where they do not. The views keep ``buf``'s
-    exporter alive: a shared-memory segment cannot be closed while they exist.
+    The prefixes must tile ``buf`` exactly; a ValueError says where they do not. The
+    views keep ``buf``'s exporter alive: a shared-memory segment cannot be closed while
+    they exist.
+    """
+    parts, _ = bytes_elements_from(buf, 0, None)
+    return parts
+
+
+def bytes_elements_from(
+    buf: memoryview, pos: int, most: int | None
+) -> tuple[list[memoryview], int]:
+    """Up to ``most`` elements (None: all) of BYTES data from offset ``pos``, and where
+    the next one starts: for walking a large tensor a step at a time.
+
+    The one walker of that form, in the front and in the workers; errors as
+    ``split_bytes_elements``.
     """
     view = memoryview(buf)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     total = len(view)
     parts: list[memoryview] = []
-    pos = 0
     unpack = LENGTH_PREFIX.unpack_from
-    while pos < total:
+    while pos < total and (most is None or len(parts) < most):
         if pos + 4 > total:
             raise ValueError(
                 f"the length prefix of element {len(parts)} is cut off "
@@ -154,7 +166,7 @@ def split_bytes_elements(buf: memoryview) -> list[memoryview]:
                 f"element {len(parts)} declares {length} bytes but only {total - start} remain"
             )
         parts.append(view[start:pos])
-    return parts
+    return parts, pos
 
 
 # ---- BF16 ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from oipserve.wire.datatypes import (
     BY_TRITON,
     DATATYPES,
     ELEMENT_SIZES,
+    bytes_elements_from,
     encode_bytes_elements,
     split_bytes_elements,
     write_bytes_elements,
@@ -79,3 +80,15 @@ def test_image_elements_are_numpy_names() -> None:
     for row in DATATYPES.values():
         if row.image:
             assert np.dtype(row.element).name == row.element
+
+
+def test_bytes_elements_walked_in_steps_are_the_whole_split() -> None:
+    elements = [bytes([i % 251]) * (i % 7) for i in range(1000)]
+    data = memoryview(encode_bytes_elements(elements))
+    walked: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        step, pos = bytes_elements_from(data, pos, 64)
+        assert len(step) <= 64
+        walked += [bytes(e) for e in step]
+    assert walked == [bytes(e) for e in split_bytes_elements(data)] == elements

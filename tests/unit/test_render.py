@@ -18,6 +18,7 @@ import orjson
 from oipserve.inference import InferResult, OutputTensor
 from oipserve.rest.media import HEADER_LENGTH
 from oipserve.rest.render import PRINT_STEP, print_in_steps, prints_here, render_infer
+from oipserve.wire.datatypes import encode_bytes_elements
 
 
 class FakeModel:
@@ -121,4 +122,20 @@ def test_an_output_printed_in_steps_is_the_text_of_the_whole_array() -> None:
         },
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
+    assert _body(resp) == expected
+
+
+def test_a_bytes_output_printed_in_steps_is_the_text_of_the_whole_list() -> None:
+    elements = [f"row {i} é".encode() for i in range(PRINT_STEP + 1000)] + [b"\xff bad \xfe"]
+    data = memoryview(encode_bytes_elements(elements))
+    result = InferResult(  # type: ignore[arg-type]
+        FakeModel(), [OutputTensor("S", "BYTES", [len(elements)], data)], lambda: None
+    )
+    assert prints_here(result, None, False)
+    asyncio.run(print_in_steps(result, None, False))
+    resp = falcon.asgi.Response()
+    render_infer(FakeRequest(), resp, result, None, None, False)  # type: ignore[arg-type]
+    texts = [element.decode("utf-8", "replace") for element in elements]
+    entry = {"name": "S", "datatype": "BYTES", "shape": [len(elements)], "data": texts}
+    expected = orjson.dumps({"model_name": "m", "model_version": "1", "outputs": [entry]})
     assert _body(resp) == expected
