@@ -30,7 +30,7 @@ from oipserve.tensors import Deferred
 from oipserve.wire.datatypes import ELEMENT_SIZES
 from oipserve.wire.json_request import InferRequest, decode_request
 from oipserve.wire.messages import DecodeJson, Failed, JsonParsed, JsonText, ParseJson
-from oipserve.wire.shm import BufferPool, Lease, align
+from oipserve.wire.shm import BufferPool, Lease, layout
 
 if TYPE_CHECKING:
     from oipserve.worker_handle import WorkerHandle
@@ -108,8 +108,9 @@ async def decode(
     ``tensors`` pairs each input with its element count. Afterwards each input is
     ``located`` in the returned lease, which the caller owns (and releases).
     """
-    offsets, total = _layout(tensors)
-    lease = await pool.acquire_async(max(total, 1))
+    sizes = [count * ELEMENT_SIZES[tensor.datatype] for tensor, count in tensors]
+    offsets, total = layout(sizes)
+    lease = await pool.acquire_async(total)
     texts = []
     for (tensor, count), offset in zip(tensors, offsets, strict=True):
         deferred = tensor.values
@@ -150,17 +151,7 @@ async def decode(
     if isinstance(reply, Failed):
         lease.release()
         raise from_kind(reply.kind, reply.message)
-    for (tensor, count), offset in zip(tensors, offsets, strict=True):
+    for (tensor, _), offset, size in zip(tensors, offsets, sizes, strict=True):
         tensor.values = None
-        tensor.located = (lease, offset, count * ELEMENT_SIZES[tensor.datatype])
+        tensor.located = (lease, offset, size)
     return lease
-
-
-def _layout(tensors: list[tuple[InputTensor, int]]) -> tuple[list[int], int]:
-    """Each decoded tensor's offset in one segment, and the segment's size."""
-    offsets = []
-    total = 0
-    for tensor, count in tensors:
-        offsets.append(total)
-        total = align(total + count * ELEMENT_SIZES[tensor.datatype])
-    return offsets, total

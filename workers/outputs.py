@@ -12,7 +12,7 @@ import numpy as np
 
 from oipserve.wire.datatypes import NUMPY_DTYPES, element_count
 from oipserve.wire.messages import TEXT_OUTPUT_MIN, OutputTarget, TensorDesc
-from oipserve.wire.shm import BufferPool
+from oipserve.wire.shm import BufferPool, layout
 from workers import json_text, runtime
 from workers.regions import RegionCache
 
@@ -108,7 +108,7 @@ def write_outputs(
             )
     if not sizes:
         return "", descs
-    offsets, total = runtime.layout(sizes)
+    offsets, total = layout(sizes)
     lease = pool.acquire(total)
     spots = iter(offsets)
     for name, shape, nbytes, ready, target in prepared:

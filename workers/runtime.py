@@ -25,7 +25,6 @@ from oipserve.wire.datatypes import (
     write_bytes_elements,
 )
 from oipserve.wire.messages import TensorMeta
-from oipserve.wire.shm import align
 
 _BF16 = 16  # ONNX TensorProto.BFLOAT16
 
@@ -261,13 +260,3 @@ def write_output(target: memoryview, offset: int, nbytes: int, prepared: object)
     array: np.ndarray = prepared  # type: ignore[assignment]
     dest = np.frombuffer(target, dtype=array.dtype, count=array.size, offset=offset)
     np.copyto(dest.reshape(array.shape), array, casting="no")
-
-
-def layout(sizes: list[int]) -> tuple[list[int], int]:
-    """Aligned offsets for tensors packed one after another, and the total size."""
-    offsets = []
-    pos = 0
-    for size in sizes:
-        offsets.append(pos)
-        pos = align(pos + size)
-    return offsets, max(pos, 1)

@@ -37,6 +37,17 @@ def align(offset: int) -> int:
     return (offset + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 
 
+def layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Aligned offsets for tensors packed one after another in one segment, and the
+    segment's size (at least 1 byte: zero-element tensors still need a segment)."""
+    offsets = []
+    pos = 0
+    for size in sizes:
+        offsets.append(pos)
+        pos = align(pos + size)
+    return offsets, max(pos, 1)
+
+
 class Segment:
     """One POSIX shared-memory object mapped into this process."""
 
