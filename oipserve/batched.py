@@ -20,7 +20,7 @@ from oipserve.batch_policy import BatchPolicy
 from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
 from oipserve.inference import InferResult, client_outputs
 from oipserve.models import ModelVersion
-from oipserve.placement import Placement, hosted_size, place_into
+from oipserve.placement import Placement, place
 from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
 from oipserve.stats import FailureReason, ModelStats, failure_reason, refusal_reason
 from oipserve.wire.messages import ErrorKind, InferDone
@@ -201,14 +201,11 @@ class BatchRunner:
         owned: list[Lease] = []
         lease: Lease | None = None
         try:
-            # NOTE: a large new segment is made in a thread (acquire_async), not on the loop.
             if len(requests) == 1:
-                size = hosted_size(requests[0].placements)
-                if size is not None:
-                    lease = await self.inputs.acquire_async(size)
-                descs = place_into(requests[0].placements, lease)
+                descs, lease = await place(requests[0].placements, self.inputs)
                 owned = requests[0].owned
             else:
+                # NOTE: a large new segment is made in a thread, not on the loop.
                 placements = [r.placements for r in requests]
                 lease = await self.inputs.acquire_async(batch_size(placements))
                 descs = assemble(placements, lease)

@@ -33,7 +33,7 @@ from oipserve.errors import InvalidInput
 from oipserve.inference import InferResult, InputTensor, client_outputs
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.placement import Placement, check_size, hosted_size, place_into
+from oipserve.placement import Placement, check_size, place
 from oipserve.pool import WorkerPool
 from oipserve.request_checks import check_request, output_targets
 from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
@@ -41,7 +41,7 @@ from oipserve.tensors import Deferred
 from oipserve.wire.datatypes import element_count
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef, OutputTarget
-from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease, SegmentCache
+from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 from oipserve.worker_handle import WorkerHandle
 
 log = logging.getLogger("oipserve.dataplane")
@@ -210,15 +210,7 @@ class DataPlane:
                 model.check_serving()  # the batcher would otherwise queue it
                 self._copy_regions(placements, owned)
             else:
-                size = hosted_size(placements)
-                if size is not None:
-                    # PERF: the coroutine only for sizes it may create in a thread.
-                    lease = (
-                        self.inputs.acquire(size)
-                        if size < CREATE_IN_THREAD
-                        else await self.inputs.acquire_async(size)
-                    )
-                descs = place_into(placements, lease)
+                descs, lease = await place(placements, self.inputs)
                 worker = model.pick(self.max_queue)
         except BaseException as exc:
             for held in owned:

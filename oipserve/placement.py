@@ -1,10 +1,10 @@
 """Putting checked inputs into shared memory, where the worker reads them.
 
 ``payload`` checks an input's data against its shape and gives its byte size and its
-host-side data (None when it already lies in a pooled segment); ``hosted_size`` says how
-large a segment that data needs, and ``place_into`` writes it into one (acquired by the
-caller, off the loop when large) and describes every input to the worker (no copy for
-data that is already in a segment).
+host-side data (None when it already lies in a pooled segment); ``place`` writes the
+host-side data of a request into one pooled segment (a large new one created off the
+loop) and describes every input to the worker (no copy for data that is already in a
+segment).
 """
 
 from __future__ import annotations
@@ -23,23 +23,34 @@ from oipserve.wire.datatypes import (
     split_bytes_elements,
 )
 from oipserve.wire.messages import TensorDesc
-from oipserve.wire.shm import Lease, align
+from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease, align
 
-__all__ = [
-    "Placement",
-    "check_size",
-    "hosted_size",
-    "image_payload_of",
-    "payload",
-    "place_into",
-    "values_of",
-]
+__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place", "values_of"]
 
 #: One checked input: the tensor, the shape the model gets, its byte size, its host data.
 Placement = tuple[InputTensor, list[int], int, object]
 
 
-def hosted_size(placements: list[Placement]) -> int | None:
+async def place(
+    placements: list[Placement], pool: BufferPool
+) -> tuple[list[TensorDesc], Lease | None]:
+    """Descriptors for every input, host-side data copied into one new pooled segment.
+
+    A large new segment is created off the event loop (``BufferPool.acquire_async``).
+    """
+    size = _hosted_size(placements)
+    if size is None:
+        return _place_into(placements, None), None
+    # PERF: acquire_async's coroutine only for sizes it may create in a thread.
+    lease = pool.acquire(size) if size < CREATE_IN_THREAD else await pool.acquire_async(size)
+    try:
+        return _place_into(placements, lease), lease
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _hosted_size(placements: list[Placement]) -> int | None:
     """Bytes of one segment for the inputs' host-side data; None when no input has any.
 
     (Zero-element tensors, [0, 16], have no bytes but still need a segment to name in
@@ -54,9 +65,9 @@ def hosted_size(placements: list[Placement]) -> int | None:
     return max(total, 1) if hosted else None
 
 
-def place_into(placements: list[Placement], lease: Lease | None) -> list[TensorDesc]:
+def _place_into(placements: list[Placement], lease: Lease | None) -> list[TensorDesc]:
     """Descriptors for every input, copying host-side data into ``lease``
-    (of ``hosted_size`` bytes at least; None when that is None)."""
+    (of ``_hosted_size`` bytes at least; None when that is None)."""
     descs = []
     offset = 0
     for tensor, shape, nbytes, data in placements:
