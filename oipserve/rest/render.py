@@ -21,7 +21,7 @@ import falcon.asgi
 import numpy as np
 import orjson
 
-from oipserve.inference import InferResult, region_parameters_of
+from oipserve.inference import InferResult, OutputTensor, region_parameters_of
 from oipserve.protocol import encode_response
 from oipserve.rest.coding import COMPRESS_STEP, choose_encoding, compress, compress_stream
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
@@ -39,29 +39,33 @@ JOIN_LIMIT = 64 * 1024
 PRINT_STEP = 65_536
 
 
-def prints_here(result: InferResult, flags: list[bool] | None, all_binary: bool) -> bool:
-    """Whether an output the client gets as JSON is large enough for ``print_in_steps``."""
-    for index, tensor in enumerate(result.outputs):
-        if len(tensor.data) > PRINT_STEP and not tensor.text:
-            if not (flags[index] if flags is not None else all_binary):
-                return True
-    return False
+def outputs_to_print(
+    result: InferResult, flags: list[bool] | None, all_binary: bool
+) -> list[OutputTensor]:
+    """The outputs ``print_in_steps`` prints: large, wanted as JSON, not printed yet."""
+    return [
+        tensor
+        for index, tensor in enumerate(result.outputs)
+        # NOTE: the byte size first: one len() is all a small output costs.
+        if len(tensor.data) > PRINT_STEP
+        and not (flags[index] if flags is not None else all_binary)
+        and not tensor.text
+        and tensor.region is None
+        and tensor.count > PRINT_STEP
+    ]
 
 
-async def print_in_steps(result: InferResult, flags: list[bool] | None, all_binary: bool) -> None:
-    """Print the large JSON outputs the worker did not print, ``PRINT_STEP`` elements at a time.
+async def print_in_steps(result: InferResult, tensors: list[OutputTensor]) -> None:
+    """Print large JSON outputs the worker did not print, ``PRINT_STEP`` elements at a time.
 
     (Outputs of batched models: the front splits a batch's outputs per request.) Each
     becomes a text output, as if the worker had printed it: ``render_infer`` splices it
     in. orjson prints a flat array without spaces, so the steps' texts joined by commas
-    inside one pair of brackets are the text of the whole array.
+    inside one pair of brackets are the text of the whole array. ``tensors`` are some of
+    ``result``'s outputs (``outputs_to_print``).
     """
     try:
-        for index, tensor in enumerate(result.outputs):
-            if flags[index] if flags is not None else all_binary:
-                continue
-            if tensor.text or tensor.region is not None or tensor.count <= PRINT_STEP:
-                continue
+        for tensor in tensors:
             steps = (
                 _bytes_steps(tensor.data)
                 if tensor.datatype == "BYTES"

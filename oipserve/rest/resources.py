@@ -25,7 +25,7 @@ from oipserve.models import ModelVersion
 from oipserve.protocol import ENCODER
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
-from oipserve.rest.render import print_in_steps, prints_here, render_infer
+from oipserve.rest.render import outputs_to_print, print_in_steps, render_infer
 from oipserve.settings import Settings
 from oipserve.stats_report import model_statistics
 from oipserve.tensors import Deferred, check_datatype, decode_data
@@ -170,8 +170,9 @@ class ModelResource:
         result = await self.dataplane.infer(
             target, inputs, names, owned, priority, timeout_us, watch, into_regions, text_outputs
         )
-        if prints_here(result, flags, all_binary):
-            await print_in_steps(result, flags, all_binary)
+        printing = outputs_to_print(result, flags, all_binary)
+        if printing:
+            await print_in_steps(result, printing)
         render_infer(req, resp, result, request_id, flags, all_binary)
 
     def _output_flag(

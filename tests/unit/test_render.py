@@ -17,7 +17,7 @@ import orjson
 
 from oipserve.inference import InferResult, OutputTensor
 from oipserve.rest.media import HEADER_LENGTH
-from oipserve.rest.render import PRINT_STEP, print_in_steps, prints_here, render_infer
+from oipserve.rest.render import PRINT_STEP, outputs_to_print, print_in_steps, render_infer
 from oipserve.wire.datatypes import encode_bytes_elements
 
 
@@ -106,8 +106,10 @@ def test_an_output_printed_in_steps_is_the_text_of_the_whole_array() -> None:
         OutputTensor("B", "INT64", [5], memoryview(small.tobytes())),
     ]
     result = InferResult(FakeModel(), outputs, lambda: None)  # type: ignore[arg-type]
-    assert prints_here(result, None, False) and not prints_here(result, None, True)
-    asyncio.run(print_in_steps(result, None, False))
+    assert outputs_to_print(result, None, True) == []
+    printing = outputs_to_print(result, None, False)
+    assert printing == [outputs[0]]
+    asyncio.run(print_in_steps(result, printing))
     assert outputs[0].text and not outputs[1].text
     resp = falcon.asgi.Response()
     render_infer(FakeRequest(), resp, result, None, None, False)  # type: ignore[arg-type]
@@ -131,8 +133,9 @@ def test_a_bytes_output_printed_in_steps_is_the_text_of_the_whole_list() -> None
     result = InferResult(  # type: ignore[arg-type]
         FakeModel(), [OutputTensor("S", "BYTES", [len(elements)], data)], lambda: None
     )
-    assert prints_here(result, None, False)
-    asyncio.run(print_in_steps(result, None, False))
+    printing = outputs_to_print(result, None, False)
+    assert printing == result.outputs
+    asyncio.run(print_in_steps(result, printing))
     resp = falcon.asgi.Response()
     render_infer(FakeRequest(), resp, result, None, None, False)  # type: ignore[arg-type]
     texts = [element.decode("utf-8", "replace") for element in elements]
