@@ -179,17 +179,24 @@ class Worker:
         )
 
     def parse_json(self, message: ParseJson) -> None:
-        self._json_step(message.rid, "parsing", lambda: json_text.parse(message, self.inputs))
-
-    def decode_json(self, message: DecodeJson) -> None:
         self._json_step(
-            message.rid, "decoding", lambda: json_text.decode(message.texts, self.inputs)
+            message.rid,
+            "parsing",
+            lambda: JsonParsed(message.rid, json_text.parse(message, self.inputs)),
         )
 
+    def decode_json(self, message: DecodeJson) -> None:
+        def step() -> JsonDecoded:
+            json_text.decode(message.texts, self.inputs)
+            return JsonDecoded(message.rid)
+
+        self._json_step(message.rid, "decoding", step)
+
     def _json_step(self, rid: int, doing: str, step: Callable[[], object]) -> None:
-        """Run one step of a large JSON body (json_text); ValueError is the client's."""
+        """Run one step of a large JSON body (json_text) and reply with what it returns;
+        a ValueError is the client's."""
         try:
-            spans = step()
+            reply = step()
         except ValueError as exc:
             self.fail(rid, ErrorKind.INVALID_INPUT, str(exc))
             return
@@ -197,7 +204,7 @@ class Worker:
             log.exception("%s a JSON request body failed", doing)
             self.fail(rid, ErrorKind.INTERNAL, f"{doing} the request failed{_SEE_LOG}")
             return
-        self.reply(JsonParsed(rid, spans) if spans is not None else JsonDecoded(rid))  # type: ignore[arg-type]
+        self.reply(reply)
 
     def infer(self, message: Infer) -> None:
         started = monotonic_ns()
