@@ -90,49 +90,46 @@ async def read_body(
             # PERF: a large JSON body lands in pooled memory whose pages are mapped
             #   already, without uvicorn's copies and the join (~5 ms at 5 MB).
             return await _receive_leased(req, pool, length, 0)
-        json: bytes | bytearray
-        if encoding != "identity":
-            json = await read_decompressed(req, encoding, limit)
-        else:
-            json = await read_all(req, limit)
+        json = await _read_whole(req, encoding, limit)
         if len(json) < PARSE_MIN:
             return Body(memoryview(json) if isinstance(json, bytearray) else json)
         # NOTE: a large compressed or chunked JSON body goes into a lease too, so that a
-        #   worker can parse it (json_offload); copied in slices, the loop given back.
-        lease = await pool.acquire_async(len(json))
-        try:
-            await _copy_in_slices(lease.buf, json)
-        except BaseException:
-            lease.release()
-            raise
-        return Body(lease.buf[: len(json)], lease, 0)
+        #   worker can parse it (json_offload).
+        return await _into_lease(pool, json, 0)
     # NOTE: place the body so the first binary chunk starts on a 64-byte boundary;
     #   numpy and ONNX Runtime then read it in place instead of copying.
     text = header_length.strip()
     pad = (-int(text)) % ALIGNMENT if text.isascii() and text.isdigit() else 0
     if length is None or encoding != "identity":
-        data: bytes | bytearray
-        if encoding != "identity":
-            data = await read_decompressed(req, encoding, limit)
-        else:
-            data = await read_all(req, limit)
-        lease = await pool.acquire_async(pad + len(data))
-        lease.buf[pad : pad + len(data)] = data
-        return Body(lease.buf[pad : pad + len(data)], lease, pad)
+        return await _into_lease(pool, await _read_whole(req, encoding, limit), pad)
     return await _receive_leased(req, pool, length, pad)
+
+
+async def _read_whole(req: falcon.asgi.Request, encoding: str, limit: int) -> bytes | bytearray:
+    """A body of unknown length (chunked) or compressed, read whole, inflated."""
+    if encoding != "identity":
+        return await read_decompressed(req, encoding, limit)
+    return await read_all(req, limit)
 
 
 #: Bytes copied at a time into a lease (about a millisecond) before the loop is given back.
 COPY_SLICE = 8 * 1024 * 1024
 
 
-async def _copy_in_slices(target: memoryview, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    for start in range(0, len(view), COPY_SLICE):
-        if start:
-            await asyncio.sleep(0)
-        end = min(start + COPY_SLICE, len(view))
-        target[start:end] = view[start:end]
+async def _into_lease(pool: BufferPool, data: bytes | bytearray, pad: int) -> Body:
+    """``data`` copied into a new lease, ``pad`` bytes in, a slice at a time."""
+    lease = await pool.acquire_async(pad + len(data))
+    try:
+        view = memoryview(data)
+        for start in range(0, len(view), COPY_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            end = min(start + COPY_SLICE, len(view))
+            lease.buf[pad + start : pad + end] = view[start:end]
+    except BaseException:
+        lease.release()
+        raise
+    return Body(lease.buf[pad : pad + len(data)], lease, pad)
 
 
 async def _receive_leased(
