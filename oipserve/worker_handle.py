@@ -24,8 +24,6 @@ from oipserve.wire.messages import (
     Failed,
     Forget,
     ForgetRegions,
-    FrameSplitter,
-    FromWorker,
     Infer,
     InferDone,
     Loaded,
@@ -41,12 +39,12 @@ from oipserve.wire.messages import (
     frame,
 )
 from oipserve.wire.shm import sweep
+from oipserve.worker_sockets import HeartbeatProtocol, MessageProtocol
 from oipserve.workerproc import WorkerProcess
 
 log = logging.getLogger("oipserve.pool")  # NOTE: the name operators know
 
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(FromWorker)
 
 #: Seconds a new worker has to import ONNX Runtime and say it is ready.
 START_TIMEOUT = 120.0
@@ -76,33 +74,6 @@ def _status(code: int | None) -> str:
         except ValueError:
             return f" (killed by signal {-code})"
     return f" (exit status {code})"
-
-
-class _Protocol(asyncio.Protocol):
-    __slots__ = ("worker", "splitter")
-
-    def __init__(self, worker: WorkerHandle) -> None:
-        self.worker = worker
-        self.splitter = FrameSplitter()
-
-    def data_received(self, data: bytes) -> None:
-        for body in self.splitter.feed(data):
-            self.worker.on_message(_DECODER.decode(body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.worker.connection_closed()
-
-
-class _HeartbeatProtocol(asyncio.Protocol):
-    """The worker's echoes of our heartbeats: each one says it is still responsive."""
-
-    __slots__ = ("worker",)
-
-    def __init__(self, worker: WorkerHandle) -> None:
-        self.worker = worker
-
-    def data_received(self, data: bytes) -> None:
-        self.worker.answered_heartbeat()
 
 
 class WorkerHandle:
@@ -183,9 +154,9 @@ class WorkerHandle:
         self._hung = ""
         self.ready = asyncio.Event()
         loop.add_reader(process.sentinel, self.on_exit, "its process exited")
-        transport, _ = await loop.connect_accepted_socket(lambda: _Protocol(self), ours)
+        transport, _ = await loop.connect_accepted_socket(lambda: MessageProtocol(self), ours)
         self.transport = transport  # type: ignore[assignment]
-        beat, _ = await loop.connect_accepted_socket(lambda: _HeartbeatProtocol(self), beat_ours)
+        beat, _ = await loop.connect_accepted_socket(lambda: HeartbeatProtocol(self), beat_ours)
         self._heartbeat = beat  # type: ignore[assignment]
         try:
             await asyncio.wait_for(self.ready.wait(), START_TIMEOUT)
