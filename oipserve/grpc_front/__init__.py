@@ -8,14 +8,14 @@ workers happen once, in ``DataPlane``. One job per module:
   (``raw_input_contents`` split off as views, the response written by hand).
 - ``convert``: protobuf tensors and parameters as the data plane's types.
 - ``service``: the RPC handlers (``InferenceService``).
-- ``handlers``: the method-handler table grpc.aio serves, every failure as a
-  status, unsupported RPCs as UNIMPLEMENTED.
+- ``handlers``: the method table (parse, answer, write) and its grpc.aio handlers,
+  unsupported RPCs as UNIMPLEMENTED.
+- ``streaming``: ModelStreamInfer's ordered, concurrent responses.
 - ``status``: the one place an exception becomes a gRPC status.
-- ``server``: binding, starting and the shutdown drain (``GrpcServer``).
+- ``server``: a grpc.aio server over any handler table: binding, the drain (``GrpcServer``).
+- ``start``: the service on grpc.aio.
 
-(The package is not named ``grpc``, which would shadow grpcio for readers.)
+This package's ``__init__`` imports nothing, so that a module can use ``server``
+and ``streaming`` without the data plane. (The package is not named ``grpc``,
+which would shadow grpcio.)
 """
-
-from oipserve.grpc_front.server import GrpcServer, start_grpc
-
-__all__ = ["GrpcServer", "start_grpc"]
