@@ -13,9 +13,11 @@ workers happen once, in ``DataPlane``. One job per module:
 - ``streaming``: ModelStreamInfer's ordered, concurrent responses.
 - ``status``: the one place an exception becomes a gRPC status.
 - ``server``: a grpc.aio server over any handler table: binding, the drain (``GrpcServer``).
-- ``start``: the service on grpc.aio.
+- ``start``: the service on grpc.aio in the front process (``--grpc-processes 0``), or
+  forwarded from gRPC processes (``oipserve.grpc_relay``).
 
-This package's ``__init__`` imports nothing, so that a module can use ``server``
-and ``streaming`` without the data plane. (The package is not named ``grpc``,
-which would shadow grpcio.)
+``oipserve.grpc_relay`` and ``oipserve.grpc_process`` serve the same table from
+separate processes (``--grpc-processes N``). This package's ``__init__`` imports
+nothing, so that a gRPC process can use ``server`` and ``streaming`` without the
+data plane. (The package is not named ``grpc``, which would shadow grpcio.)
 """
