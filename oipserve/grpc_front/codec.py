@@ -12,6 +12,10 @@ output is copied once, from the worker's segment into the wire bytes.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
 from google.protobuf.message import DecodeError
 
 from oipserve.grpc_front.varint import varint_bytes
@@ -150,7 +154,11 @@ class InferReply:
             self.result.release()
 
     def join(self) -> bytes:
-        """The wire bytes, leaving the segment to the caller (``serialize`` releases it).
+        """The wire bytes, leaving the segment to the caller (``serialize`` releases it)."""
+        return b"".join(self.parts())
+
+    def parts(self) -> list[bytes | memoryview]:
+        """The wire bytes in order, outputs as views of the worker's segment.
 
         Safe in another thread: it only reads the outputs. The release must happen on
         the event loop (it queues a message to the worker).
@@ -158,7 +166,31 @@ class InferReply:
         parts: list[bytes | memoryview] = [self.head.SerializeToString()]
         for tensor in self.result.outputs:
             parts += (_RAW_OUTPUT_TAG, varint_bytes(len(tensor.data)), tensor.data)
-        return b"".join(parts)
+        return parts
+
+
+#: Replies with this many output bytes or more are written out in a thread.
+WRITE_IN_THREAD = 4 * 1024 * 1024
+
+Written = TypeVar("Written")
+
+
+async def written_in_thread(reply: InferReply, write: Callable[[InferReply], Written]) -> Written:
+    """``write(reply)`` in a thread; the reply's segment released on the loop afterwards.
+
+    Copying a large reply's outputs holds the loop for as long as the copy takes when
+    it runs there (~36 ms for 128 MB). The release queues a message to the worker, so
+    it waits for the thread and runs on the loop, also when the call is cancelled
+    meanwhile.
+    """
+    writing = asyncio.ensure_future(asyncio.to_thread(write, reply))
+    try:
+        return await asyncio.shield(writing)
+    finally:
+        if writing.done():
+            reply.result.release()
+        else:
+            writing.add_done_callback(lambda _: reply.result.release())
 
 
 def serialize_infer(reply: InferReply | pb.ModelInferResponse | bytes) -> bytes:

@@ -20,7 +20,14 @@ import grpc
 import grpc.aio
 
 from oipserve.errors import Unsupported
-from oipserve.grpc_front.codec import InferCall, serialize_infer, split_infer_request
+from oipserve.grpc_front.codec import (
+    WRITE_IN_THREAD,
+    InferCall,
+    InferReply,
+    serialize_infer,
+    split_infer_request,
+    written_in_thread,
+)
 from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, unary
 from oipserve.grpc_front.service import InferenceService
 from oipserve.grpc_front.streaming import ordered_responses
@@ -64,17 +71,17 @@ def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandle
     """The table as grpc.aio method handlers, ModelStreamInfer included."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for name, method in unary_methods(service).items():
-        deserialize = method.deserialize
+        deserialize, call = method.deserialize, method.call
         if name == "ModelInfer":
-            deserialize = arrived(service.arriving, deserialize)
+            deserialize, call = arrived(service.arriving, deserialize), _joined(call)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            unary(name, method.call),
+            unary(name, call),
             request_deserializer=deserialize,
             response_serializer=method.serialize,
         )
 
     async def infer(call: InferCall) -> bytes:
-        return serialize_infer(await service.ModelInfer(call))
+        return serialize_infer(await _joined(service.ModelInfer)(call))
 
     async def stream(
         requests: AsyncIterator[InferCall], context: grpc.aio.ServicerContext
@@ -86,6 +93,25 @@ def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandle
         stream, request_deserializer=split_infer_request
     )
     return handlers
+
+
+def _joined(
+    infer: Callable[[InferCall], Awaitable[InferReply]],
+) -> Callable[[InferCall], Awaitable[InferReply | bytes]]:
+    """ModelInfer whose large replies are joined in a thread (grpc.aio wants one bytes
+    object, and serializes on the loop).
+
+    NOTE: ``bytes.join`` keeps the GIL, so this moves the copy off the loop's stack
+    but not out of its way; gRPC processes copy without the GIL (``grpc_relay``).
+    """
+
+    async def call(request: InferCall) -> InferReply | bytes:
+        reply = await infer(request)
+        if reply.nbytes >= WRITE_IN_THREAD:
+            return await written_in_thread(reply, InferReply.join)
+        return reply
+
+    return call
 
 
 def _refuse(method: str, reason: str) -> Callable[[Any], Awaitable[Any]]:

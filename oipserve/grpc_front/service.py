@@ -29,27 +29,6 @@ from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
 from oipserve.stats_report import model_statistics
 
-#: Replies with this many output bytes or more are serialized in a thread.
-SERIALIZE_IN_THREAD = 4 * 1024 * 1024
-
-
-async def _joined_in_thread(reply: InferReply) -> bytes:
-    """A large reply's wire bytes, joined in a thread; the segment released on the loop.
-
-    grpc.aio takes one bytes object: joining 128 MB of outputs into it took ~36 ms of
-    the loop, and ``bytes.join`` lets go of the GIL for large joins. The release
-    queues a message to the worker, so it waits for the thread and runs here, also
-    when the call is cancelled meanwhile.
-    """
-    joining = asyncio.ensure_future(asyncio.to_thread(reply.join))
-    try:
-        return await asyncio.shield(joining)
-    finally:
-        if joining.done():
-            reply.result.release()
-        else:
-            joining.add_done_callback(lambda _: reply.result.release())
-
 
 class InferenceService:
     """Handlers of GRPCInferenceService; anything not listed answers UNIMPLEMENTED."""
@@ -166,13 +145,10 @@ class InferenceService:
     CudaSharedMemoryRegister = CudaSharedMemoryStatus
     CudaSharedMemoryUnregister = CudaSharedMemoryStatus
 
-    async def ModelInfer(self, call: InferCall) -> InferReply | bytes:
+    async def ModelInfer(self, call: InferCall) -> InferReply:
         self.active += 1
         try:
-            reply = await self._infer(call)
-            if reply.nbytes >= SERIALIZE_IN_THREAD:
-                return await _joined_in_thread(reply)
-            return reply
+            return await self._infer(call)
         finally:
             self.active -= 1
 

@@ -84,6 +84,27 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Header).decode
 
 
+def unmap_off_loop(payload: Payload) -> None:
+    """Return a large payload's memory to the system in a thread, once it is done with.
+
+    Unmapping 100 MB of touched pages takes tens of milliseconds; done by the last
+    reference's ``del`` it would hold the loop that long. Where something still holds a
+    view of it, it is left to be freed with that view.
+    """
+    memory = payload.obj if type(payload) is memoryview else None
+    if not isinstance(memory, mmap.mmap):
+        return
+    payload.release()  # type: ignore[union-attr]
+
+    def close() -> None:
+        try:
+            memory.close()
+        except BufferError:
+            pass  # still viewed: freed with the last view
+
+    asyncio.get_running_loop().run_in_executor(None, close)
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """Reads frames into ``frame_received``; ``send`` writes one (gathered per loop turn).
 

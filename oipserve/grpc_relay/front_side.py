@@ -2,7 +2,8 @@
 
 Each ``Call`` runs as its own task through the same method table the front serves
 in-process (``oipserve.grpc_front.handlers.unary_methods``): the request bytes are
-parsed here, the data plane answers, the response is serialized here. A ``Cancel``
+parsed here, the data plane answers, the response is serialized here (a large
+reply copied out in a thread, without the GIL: ``gathered``). A ``Cancel``
 (the client went away, or its deadline passed) cancels that task, which withdraws
 a request still queued in a dynamic batcher, exactly as grpc.aio's cancellation
 does in-process. If the socket closes (the process died) every call it had
@@ -12,8 +13,12 @@ forwarded is cancelled.
 from __future__ import annotations
 
 import asyncio
+import mmap
+
+import numpy as np
 
 from oipserve.errors import kind_of
+from oipserve.grpc_front.codec import WRITE_IN_THREAD, InferReply, written_in_thread
 from oipserve.grpc_front.handlers import Method
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_relay.frames import (
@@ -24,6 +29,7 @@ from oipserve.grpc_relay.frames import (
     Listening,
     Payload,
     Reply,
+    unmap_off_loop,
 )
 
 
@@ -55,7 +61,10 @@ class FrontSide(FrameProtocol):
         try:
             method = self._methods[call.method]
             response = await method.call(method.deserialize(payload))
-            data = method.serialize(response)
+            if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
+                data: Payload = await written_in_thread(response, gathered)
+            else:
+                data = method.serialize(response)
         except asyncio.CancelledError:
             return  # the process gave up on it (Cancel) or is gone
         except Exception as exc:
@@ -67,6 +76,7 @@ class FrontSide(FrameProtocol):
             self.send(Reply(call.id), data)
         finally:
             self._running.pop(call.id, None)
+            unmap_off_loop(payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for task in self._running.values():
@@ -75,3 +85,20 @@ class FrontSide(FrameProtocol):
         if not self.listening.done():
             self.listening.cancel()
         self.closed.set()
+
+
+def gathered(reply: InferReply) -> memoryview:
+    """A large reply's wire bytes in memory of their own, copied without the GIL.
+
+    The copies (numpy's, which let go of the GIL) leave the loop free to run while they
+    go on in a thread; the memory (anonymous mmap) goes back to the system once the
+    socket has taken it. The caller releases the reply's segment.
+    """
+    parts = reply.parts()
+    memory = memoryview(mmap.mmap(-1, sum(memoryview(p).nbytes for p in parts)))
+    offset = 0
+    for part in parts:
+        source = np.frombuffer(part, np.uint8)
+        np.copyto(np.frombuffer(memory, np.uint8, source.size, offset), source)
+        offset += source.size
+    return memory
