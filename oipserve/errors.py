@@ -133,15 +133,20 @@ def from_kind(kind: ErrorKind, message: str) -> ServerError:
     return _BY_KIND[kind](message)
 
 
+def kind_of(exc: BaseException) -> tuple[ErrorKind, str]:
+    """The kind and client message of any exception a handler lets out."""
+    if isinstance(exc, ServerError):
+        return exc.kind, exc.message
+    return ErrorKind.INTERNAL, INTERNAL_MESSAGE
+
+
 def http_status(exc: BaseException) -> tuple[int, str]:
     """HTTP status and client message for any exception a handler lets out."""
-    if isinstance(exc, ServerError):
-        return STATUS[exc.kind][0], exc.message
-    return 500, INTERNAL_MESSAGE
+    kind, message = kind_of(exc)
+    return STATUS[kind][0], message
 
 
 def grpc_status(exc: BaseException) -> tuple[str, str]:
     """gRPC status code name and client message for any exception a handler lets out."""
-    if isinstance(exc, ServerError):
-        return STATUS[exc.kind][1], exc.message
-    return "INTERNAL", INTERNAL_MESSAGE
+    kind, message = kind_of(exc)
+    return STATUS[kind][1], message

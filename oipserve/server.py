@@ -28,7 +28,7 @@ import uvicorn
 from hardware import make_inventory_source, parse_devices
 from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.dataplane import DataPlane
-from oipserve.grpc_front import GrpcServer, start_grpc
+from oipserve.grpc_front.start import RunningGrpc, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
@@ -302,7 +302,7 @@ async def serve(settings: Settings) -> int:
     )
     server: _UvicornServer | None = None
     metrics_server: _UvicornServer | None = None
-    grpc_server: GrpcServer | None = None
+    grpc_server: RunningGrpc | None = None
     grpc_stopping: asyncio.Task[None] | None = None
     serving = False
     stop_requested = asyncio.Event()

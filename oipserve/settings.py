@@ -33,6 +33,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
+    #: Processes that serve the gRPC port and forward each call to this one (0: gRPC is
+    #: served in this process). grpc.aio's per-call work then runs on other cores.
+    grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     devices: str = "auto"
     instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     #: Triton's default is 64 MB; ours is 256 MiB so a 64 MiB FP32 tensor fits in JSON too.
@@ -150,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--grpc-max-message-bytes", metavar="N", help="largest gRPC message, either way"
+    )
+    serve.add_argument(
+        "--grpc-processes",
+        metavar="N",
+        help="serve gRPC from N processes of its own that share the port and forward each "
+        "call to the front (0: in the front process); see docs/grpc.md",
     )
     serve.add_argument(
         "--devices",
@@ -327,6 +336,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
     _check_load_model(settings)
+    if settings.grpc_processes and not settings.allow_grpc:
+        raise SettingsError("--grpc-processes needs gRPC; it cannot go with --allow-grpc false")
     return args.command, settings
 
 

@@ -40,7 +40,7 @@ from oipserve.wire.messages import (
 )
 from oipserve.wire.shm import sweep
 from oipserve.worker_sockets import HeartbeatProtocol, MessageProtocol
-from oipserve.workerproc import WorkerProcess
+from oipserve.workerproc import WorkerProcess, exit_status
 
 log = logging.getLogger("oipserve.pool")  # NOTE: the name operators know
 
@@ -62,18 +62,6 @@ EXIT_GRACE = 1.0
 
 class WorkerDied(Unavailable):
     pass
-
-
-def _status(code: int | None) -> str:
-    """How a dead worker's process ended, for the log."""
-    if code is None:
-        return ""
-    if code < 0:
-        try:
-            return f" (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return f" (killed by signal {-code})"
-    return f" (exit status {code})"
 
 
 class WorkerHandle:
@@ -238,7 +226,9 @@ class WorkerHandle:
                 code,
             )
         else:
-            log.error("worker %d (pid %s) died: %s%s", self.worker_id, self.pid, why, _status(code))
+            log.error(
+                "worker %d (pid %s) died: %s%s", self.worker_id, self.pid, why, exit_status(code)
+            )
         for listener in self._death_listeners:
             listener(self)
 

@@ -1,8 +1,9 @@
-"""Starting a worker process: ``python -m workers`` with one end of a socket pair.
+"""Starting the front's child programs: workers (``python -m workers``), gRPC processes.
 
-A fresh interpreter runs the worker program; nothing of the front is imported
-there (multiprocessing's spawn would import the front's ``__main__`` module in
-every worker, and with it everything the front imports). A pidfd is the
+A fresh interpreter runs each child program; nothing of the front is imported
+there that the program does not import itself (multiprocessing's spawn would
+import the front's ``__main__`` module in every child, and with it everything
+the front imports). A pidfd is the
 process's sentinel: it becomes readable when the process exits, so the event
 loop notices a death at once.
 """
@@ -10,42 +11,26 @@ loop notices a death at once.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 
 
-class WorkerProcess:
-    """A running worker program: its sentinel, liveness, kill and reaping."""
+class ChildProcess:
+    """A child program, ``python -P -m <module> <args>``: its sentinel, liveness, kill, reaping."""
 
-    def __init__(
-        self, sock: socket.socket, heartbeat: socket.socket, segment_prefix: str, log_level: str
-    ) -> None:
-        fd = sock.fileno()
-        beat_fd = heartbeat.fileno()
+    def __init__(self, module: str, args: list[str], pass_fds: tuple[int, ...]) -> None:
         self._popen = subprocess.Popen(
-            [
-                sys.executable,
-                # NOTE: -P and the front's own sys.path: the worker imports the same
-                #   ``workers`` and ``oipserve.wire`` the front did, never a ``workers``
-                #   folder that happens to lie in the current directory.
-                "-P",
-                "-m",
-                "workers",
-                "--socket-fd",
-                str(fd),
-                "--heartbeat-fd",
-                str(beat_fd),
-                "--segment-prefix",
-                segment_prefix,
-                "--log-level",
-                log_level,
-            ],
-            pass_fds=(fd, beat_fd),
+            # NOTE: -P and the front's own sys.path: the child imports the same
+            #   ``workers`` and ``oipserve`` the front did, never a folder of that
+            #   name that happens to lie in the current directory.
+            [sys.executable, "-P", "-m", module, *args],
+            pass_fds=pass_fds,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(_import_path())},
             # NOTE: its own process group: Ctrl-C in a terminal, or a supervisor that
             #   signals the front's group, reaches only the front, which drains first
-            #   and then stops the workers.
+            #   and then stops its children.
             process_group=0,
         )
         self.pid = self._popen.pid
@@ -73,6 +58,31 @@ class WorkerProcess:
         if self.sentinel >= 0:  # NOTE: after the event loop stopped watching it
             os.close(self.sentinel)
             self.sentinel = -1
+
+
+class WorkerProcess(ChildProcess):
+    """A worker program (``python -m workers``) on its two sockets."""
+
+    def __init__(
+        self, sock: socket.socket, heartbeat: socket.socket, segment_prefix: str, log_level: str
+    ) -> None:
+        fd = sock.fileno()
+        beat_fd = heartbeat.fileno()
+        args = ["--socket-fd", str(fd), "--heartbeat-fd", str(beat_fd)]
+        args += ["--segment-prefix", segment_prefix, "--log-level", log_level]
+        super().__init__("workers", args, (fd, beat_fd))
+
+
+def exit_status(code: int | None) -> str:
+    """How a child process ended, for the log: `` (killed by SIGKILL)``, `` (exit status 1)``."""
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f" (killed by signal {-code})"
+    return f" (exit status {code})"
 
 
 def _import_path() -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
+from oipserve.grpc_front.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InferResult, region_parameters_of
 
@@ -104,15 +105,6 @@ def split_infer_request(data: bytes) -> InferCall:
 # ---- responses: raw_output_contents written once --------------------------------
 
 
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 class InferReply:
     """A ModelInferResponse whose raw outputs are still views of the worker's segment.
 
@@ -165,18 +157,8 @@ class InferReply:
         """
         parts: list[bytes | memoryview] = [self.head.SerializeToString()]
         for tensor in self.result.outputs:
-            parts += (_RAW_OUTPUT_TAG, _varint_bytes(len(tensor.data)), tensor.data)
+            parts += (_RAW_OUTPUT_TAG, varint_bytes(len(tensor.data)), tensor.data)
         return b"".join(parts)
-
-    def message(self) -> pb.ModelInferResponse:
-        """The whole response as a protobuf message (for streams), releasing the segment."""
-        try:
-            response = pb.ModelInferResponse()
-            response.CopyFrom(self.head)
-            response.raw_output_contents.extend(bytes(t.data) for t in self.result.outputs)
-            return response
-        finally:
-            self.result.release()
 
 
 def serialize_infer(reply: InferReply | pb.ModelInferResponse | bytes) -> bytes:

@@ -1,27 +1,30 @@
-"""The method-handler table grpc.aio serves: one handler per RPC of the service descriptor.
+"""The method tables of GRPCInferenceService: how each RPC is parsed, answered and written.
 
-Built from the generated messages rather than the generated servicer base
-class, so that ModelInfer can use this package's codec (``codec``) instead of
-protobuf's, every unary failure leaves as a status from ``status.status_of``,
-and RPCs of extensions this server lacks answer UNIMPLEMENTED with a reason.
+``unary_methods`` is the table without a transport: for every unary RPC, the
+request parser, the handler of ``InferenceService`` that answers it and the
+response writer. ModelInfer uses this package's codec (``codec``) instead of
+protobuf's, and RPCs of extensions this server lacks raise ``Unsupported``
+(UNIMPLEMENTED, with a reason). Two transports serve the table:
+
+- ``method_handlers``: grpc.aio in this process (``--grpc-processes 0``), every
+  failure leaving as a status from ``status.status_of``;
+- ``oipserve.grpc_relay.front_side``: calls forwarded by gRPC processes.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple
 
 import grpc
 import grpc.aio
 
+from oipserve.errors import Unsupported
 from oipserve.grpc_front.codec import InferCall, serialize_infer, split_infer_request
+from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, unary
 from oipserve.grpc_front.service import InferenceService
-from oipserve.grpc_front.status import log_failure, status_of
+from oipserve.grpc_front.streaming import ordered_responses
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-
-#: The fully qualified service name, as clients address it.
-SERVICE = "inference.GRPCInferenceService"
 
 _REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 _UNIMPLEMENTED = {
@@ -30,73 +33,63 @@ _UNIMPLEMENTED = {
 }
 
 
-def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler]:
-    """One handler per RPC of the service descriptor, built from the generated messages."""
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
-        name = method.name
-        request_type = getattr(pb, method.input_type.name)
-        response_type = getattr(pb, method.output_type.name)
-        deserialize = request_type.FromString
-        if request_type is pb.ModelInferRequest:
-            deserialize = _arrived(service, split_infer_request)
-        serialize = (
-            serialize_infer
-            if response_type is pb.ModelInferResponse
-            else response_type.SerializeToString
-        )
-        if name == "ModelStreamInfer":
-            handlers[name] = grpc.stream_stream_rpc_method_handler(
-                service.ModelStreamInfer,  # an async generator: grpc.aio iterates it
-                request_deserializer=deserialize,
-                response_serializer=serialize,
-            )
+class Method(NamedTuple):
+    """One unary RPC: parse the request bytes, answer, write the response bytes."""
+
+    deserialize: Callable[[bytes], Any]
+    call: Callable[[Any], Awaitable[Any]]
+    serialize: Callable[[Any], bytes]
+
+
+def unary_methods(service: InferenceService) -> dict[str, Method]:
+    """Every unary RPC of the service descriptor, by name."""
+    methods: dict[str, Method] = {}
+    for name, (request_type, response_type) in RPCS.items():
+        if name == STREAM_RPC:
             continue
         if name in _UNIMPLEMENTED:
-            behaviour = _unimplemented(name, _UNIMPLEMENTED[name])
+            call = _refuse(name, _UNIMPLEMENTED[name])
         elif name in _REPOSITORY_RPCS and service.management is None:
-            behaviour = _unimplemented(name, "the model repository extension is not enabled")
+            call = _refuse(name, "the model repository extension is not enabled")
         else:
-            behaviour = _unary(name, getattr(service, name))
+            call = getattr(service, name)
+        if request_type is pb.ModelInferRequest:
+            methods[name] = Method(split_infer_request, call, serialize_infer)
+        else:
+            methods[name] = Method(request_type.FromString, call, response_type.SerializeToString)
+    return methods
+
+
+def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler]:
+    """The table as grpc.aio method handlers, ModelStreamInfer included."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for name, method in unary_methods(service).items():
+        deserialize = method.deserialize
+        if name == "ModelInfer":
+            deserialize = arrived(service.arriving, deserialize)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            behaviour, request_deserializer=deserialize, response_serializer=serialize
+            unary(name, method.call),
+            request_deserializer=deserialize,
+            response_serializer=method.serialize,
         )
+
+    async def infer(call: InferCall) -> bytes:
+        return serialize_infer(await service.ModelInfer(call))
+
+    async def stream(
+        requests: AsyncIterator[InferCall], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        async for response in ordered_responses(requests, infer, service.closing, context):
+            yield response
+
+    handlers[STREAM_RPC] = grpc.stream_stream_rpc_method_handler(
+        stream, request_deserializer=split_infer_request
+    )
     return handlers
 
 
-def _unary(
-    method: str, handler: Callable[[Any], Awaitable[Any]]
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """Wrap a handler so every failure leaves as a status from ``status_of``."""
-
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            code, message = status_of(exc)
-            log_failure(method, code, message, exc)
-            await context.abort(code, message)
+def _refuse(method: str, reason: str) -> Callable[[Any], Awaitable[Any]]:
+    async def call(request: Any) -> Any:
+        raise Unsupported(f"{method}: {reason}")
 
     return call
-
-
-def _unimplemented(method: str, message: str) -> Callable[..., Awaitable[Any]]:
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {message}")
-
-    return call
-
-
-def _arrived(
-    service: InferenceService, parse: Callable[[bytes], InferCall]
-) -> Callable[[bytes], InferCall]:
-    """``parse`` that also marks a ModelInfer call as no longer arriving (now or never running)."""
-
-    def deserialize(data: bytes) -> InferCall:
-        if service.arriving:
-            service.arriving.popleft()
-        return parse(data)
-
-    return deserialize

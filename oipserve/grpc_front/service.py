@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
 
-import grpc
-import grpc.aio
 from google.protobuf import json_format
 
 from oipserve.client_regions import RegionUse
@@ -28,7 +25,6 @@ from oipserve.grpc_front.convert import (
     requested_version,
     schedule_parameters,
 )
-from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
 from oipserve.stats_report import model_statistics
@@ -209,59 +205,3 @@ class InferenceService:
             model, inputs, outputs, owned, priority, timeout_us, None, into_regions
         )
         return InferReply(result, message.id)
-
-    async def ModelStreamInfer(
-        self, requests: AsyncIterator[InferCall], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently; responses come back in request order.
-
-        A failed request is answered in-band (``error_message``) and the stream
-        goes on, as Triton does; a client that sent the ``triton_grpc_error:
-        true`` header instead gets the failure as the stream's status.
-        """
-        metadata = context.invocation_metadata() or ()
-        strict = any(k == "triton_grpc_error" and v == "true" for k, v in metadata)
-        pending: asyncio.Queue[asyncio.Task[InferReply] | None] = asyncio.Queue(64)
-
-        async def read() -> None:
-            try:
-                async for call in requests:
-                    await pending.put(asyncio.ensure_future(self.ModelInfer(call)))
-            finally:
-                await pending.put(None)
-
-        reader = asyncio.ensure_future(read())
-        closing = asyncio.ensure_future(self.closing.wait())
-        try:
-            while True:
-                if self.closing.is_set() and pending.empty():
-                    break  # shutting down, and every request so far is answered
-                getter = asyncio.ensure_future(pending.get())
-                if not self.closing.is_set():
-                    await asyncio.wait((getter, closing), return_when=asyncio.FIRST_COMPLETED)
-                    if not getter.done():
-                        getter.cancel()
-                        continue
-                task = await getter
-                if task is None:
-                    await reader  # surfaces a broken request stream
-                    break
-                try:
-                    response = await task
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    code, message = status_of(exc)
-                    log_failure("ModelStreamInfer", code, message, exc)
-                    if strict:
-                        await context.abort(code, message)
-                    yield pb.ModelStreamInferResponse(error_message=message)
-                    continue
-                yield pb.ModelStreamInferResponse(infer_response=response.message())
-        finally:
-            reader.cancel()
-            closing.cancel()
-            while not pending.empty():
-                task = pending.get_nowait()
-                if task is not None:
-                    task.cancel()

@@ -168,7 +168,8 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
     released: list[int] = []
     model = SimpleNamespace(name="m", version="1")
     reply = InferReply(InferResult(model, [], lambda: released.append(1)), "")  # type: ignore[arg-type]
-    assert reply.message().model_name == "m" and released == [1]
+    assert service_pb2.ModelInferResponse.FromString(reply.serialize()).model_name == "m"
+    assert released == [1]
     reply = InferReply(InferResult(model, [], lambda: released.append(2)), "")  # type: ignore[arg-type]
     del reply
     gc.collect()
@@ -177,11 +178,12 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
 
 def test_method_lookup_counts_model_infer_calls_as_arriving() -> None:
     """The drain's arrival count comes from the method lookup (no interceptor per call)."""
-    from oipserve.grpc_front.server import _Service
+    from oipserve.grpc_front.handlers import method_handlers
+    from oipserve.grpc_front.server import _Lookup
     from oipserve.grpc_front.service import InferenceService
 
     service = InferenceService(SimpleNamespace(), None)  # type: ignore[arg-type]
-    table = _Service(service)
+    table = _Lookup(service.arriving, method_handlers(service))
 
     def lookup(method: str) -> grpc.RpcMethodHandler | None:
         return table.service(SimpleNamespace(method=method, invocation_metadata=()))  # type: ignore[arg-type]

@@ -119,6 +119,15 @@ def test_a_worker_process_loads_nothing_of_the_front() -> None:
     assert not front, sorted(front)
 
 
+def test_a_grpc_process_loads_no_data_plane() -> None:
+    """``--grpc-processes``: the child forwards bytes; the front's data plane stays in the front."""
+    loaded = _loaded_after("import oipserve.grpc_process")
+    assert "grpc" in loaded and "oipserve.grpc_front.streaming" in loaded
+    forbidden = {"oipserve.dataplane", "oipserve.grpc_front.service", "oipserve.pool"}
+    assert not forbidden & loaded
+    assert not {m for m in loaded if m.partition(".")[0] in FRONT_FORBIDDEN}
+
+
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     assert _violation("workers", "oipserve.dataplane") is not None
     assert _violation("workers", "oipserve.wire.shm") is None

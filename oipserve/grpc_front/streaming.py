@@ -1,0 +1,104 @@
+"""ModelStreamInfer: requests of one stream run concurrently, responses leave in order.
+
+The same loop serves the stream whether the inferences run in this process
+(``handlers``) or are forwarded to the front (``oipserve.grpc_process``): it
+takes a function from a request to the serialized ModelInferResponse and yields
+serialized ModelStreamInferResponses, so no response is parsed or copied again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+
+from oipserve.grpc_front.status import log_failure, status_of
+from oipserve.grpc_front.varint import varint_bytes
+from oipserve.grpc_generated import grpc_service_pb2 as pb
+
+Request = TypeVar("Request")
+
+#: ModelStreamInferResponse.infer_response (field 2), length-delimited.
+_INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
+#: Requests of one stream that may run at once before reading the stream waits.
+_IN_FLIGHT = 64
+
+
+def infer_response(serialized: bytes) -> bytes:
+    """A ModelStreamInferResponse carrying a serialized ModelInferResponse, without parsing it."""
+    return _INFER_RESPONSE_TAG + varint_bytes(len(serialized)) + serialized
+
+
+def error_response(message: str) -> bytes:
+    return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
+
+
+def strict_errors(context: grpc.aio.ServicerContext) -> bool:
+    """Triton's ``triton_grpc_error: true`` header: a failure ends the stream with its status."""
+    metadata = context.invocation_metadata() or ()
+    return any(k == "triton_grpc_error" and v == "true" for k, v in metadata)
+
+
+async def ordered_responses(
+    requests: AsyncIterator[Request],
+    infer: Callable[[Request], Awaitable[bytes]],
+    closing: asyncio.Event,
+    context: grpc.aio.ServicerContext,
+    log_failures: bool = True,
+) -> AsyncIterator[bytes]:
+    """Requests run concurrently; responses come back in request order.
+
+    A failed request is answered in-band (``error_message``) and the stream goes
+    on, as Triton does; a client that sent the ``triton_grpc_error: true`` header
+    instead gets the failure as the stream's status. Once ``closing`` is set
+    (shutdown) the stream ends when every request read so far is answered.
+    """
+    strict = strict_errors(context)
+    pending: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue(_IN_FLIGHT)
+
+    async def read() -> None:
+        try:
+            async for request in requests:
+                await pending.put(asyncio.ensure_future(infer(request)))
+        finally:
+            await pending.put(None)
+
+    reader = asyncio.ensure_future(read())
+    closed = asyncio.ensure_future(closing.wait())
+    try:
+        while True:
+            if closing.is_set() and pending.empty():
+                break  # shutting down, and every request so far is answered
+            getter = asyncio.ensure_future(pending.get())
+            if not closing.is_set():
+                await asyncio.wait((getter, closed), return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    continue
+            task = await getter
+            if task is None:
+                await reader  # surfaces a broken request stream
+                break
+            try:
+                response = await task
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                code, message = status_of(exc)
+                if log_failures:
+                    log_failure("ModelStreamInfer", code, message, exc)
+                if strict:
+                    await context.abort(code, message)
+                yield error_response(message)
+                continue
+            yield infer_response(response)
+    finally:
+        reader.cancel()
+        closed.cancel()
+        while not pending.empty():
+            task = pending.get_nowait()
+            if task is not None:
+                task.cancel()

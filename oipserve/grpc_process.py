@@ -1,0 +1,214 @@
+"""A gRPC process (``--grpc-processes N``): grpc.aio on the gRPC port, every call forwarded.
+
+The front starts it (``oipserve.grpc_relay.processes``) with one end of a socket
+pair. The first frame brings the settings and the port; the process binds it
+(with ``SO_REUSEPORT`` when several processes share it), says ``Listening`` and
+from then on forwards each call's raw request bytes to the front and sends back
+the bytes or the error the front answers. What a client sees is what the front
+would have answered in-process: the restriction check, message limits,
+compression and deadlines are grpc.aio's here, the rest is the front's.
+
+It stops when the front says ``Stop`` or on SIGTERM, letting running calls finish
+(``GrpcServer.stop``), and at once when its socket to the front closes (the front
+is gone: nothing could be answered any more). It imports no data plane and no
+ONNX Runtime (``tests/unit/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import logging
+import signal
+import socket
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+import grpc.aio
+import msgspec
+import uvloop
+
+from oipserve.errors import Unavailable, from_kind
+from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, serve_grpc, unary
+from oipserve.grpc_front.streaming import ordered_responses
+from oipserve.grpc_relay.frames import (
+    Call,
+    Cancel,
+    Failed,
+    FrameProtocol,
+    Header,
+    Listening,
+    Payload,
+    Reply,
+    Start,
+    Stop,
+)
+from oipserve.settings import Settings
+
+log = logging.getLogger("oipserve.grpc_process")
+
+#: How long the process waits for its settings before giving up on the front.
+_START_WAIT = 60.0
+
+
+class FrontLink(FrameProtocol):
+    """This process's end of the socket: calls out, replies back to their callers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        loop = asyncio.get_running_loop()
+        self._waiting: dict[int, asyncio.Future[tuple[Reply, Payload]]] = {}
+        self._ids = itertools.count()
+        self.started: asyncio.Future[tuple[Start, Payload]] = loop.create_future()
+        #: Set by ``Stop``, with the time running calls get to finish.
+        self.stop_requested = asyncio.Event()
+        self.stop_timeout: float | None = None
+        self.closed = asyncio.Event()
+
+    def frame_received(self, header: Header, payload: Payload) -> None:
+        if type(header) is Reply:
+            waiting = self._waiting.pop(header.id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result((header, payload))
+        elif type(header) is Start and not self.started.done():
+            self.started.set_result((header, payload))
+        elif type(header) is Stop:
+            self.stop_timeout = header.timeout
+            self.stop_requested.set()
+
+    async def call(self, method: str, request: bytes) -> bytes:
+        """Forward one call; its response bytes, or its error raised as the front raised it."""
+        if self.closed.is_set():
+            raise Unavailable("the server is shutting down")
+        call_id = next(self._ids)
+        answer: asyncio.Future[tuple[Reply, Payload]] = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = answer
+        self.send(Call(call_id, method), request)
+        try:
+            reply, payload = await answer
+        except asyncio.CancelledError:
+            if self._waiting.pop(call_id, None) is not None:
+                self.send(Cancel(call_id))
+            raise
+        if reply.kind is not None:
+            raise from_kind(reply.kind, reply.message)
+        return payload if type(payload) is bytes else bytes(payload)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        gone = Unavailable("the server is shutting down")
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(gone)
+        self._waiting.clear()
+        if not self.started.done():
+            self.started.cancel()
+        self.closed.set()
+
+
+class Forwarding:
+    """The grpc.aio handler table of this process, and what its drain counts."""
+
+    def __init__(self, link: FrontLink) -> None:
+        self.link = link
+        self.active = 0
+        self.arriving: deque[float] = deque()
+        self.closing = asyncio.Event()
+
+    async def infer(self, request: bytes) -> bytes:
+        self.active += 1
+        try:
+            return await self.link.call("ModelInfer", request)
+        finally:
+            self.active -= 1
+
+    async def stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        async for response in ordered_responses(
+            requests, self.infer, self.closing, context, log_failures=False
+        ):
+            yield response
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """Every RPC forwarded as bytes (the front logs failures; they are not logged twice)."""
+        handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for name in RPCS:
+            if name == STREAM_RPC:
+                handlers[name] = grpc.stream_stream_rpc_method_handler(self.stream)
+            elif name == "ModelInfer":
+                handlers[name] = grpc.unary_unary_rpc_method_handler(
+                    unary(name, self.infer, log_failures=False),
+                    request_deserializer=arrived(self.arriving, bytes),
+                )
+            else:
+                handlers[name] = grpc.unary_unary_rpc_method_handler(
+                    unary(name, self._forward(name), log_failures=False)
+                )
+        return handlers
+
+    def _forward(self, method: str) -> Callable[[bytes], Awaitable[bytes]]:
+        async def forward(request: bytes) -> bytes:
+            return await self.link.call(method, request)
+
+        return forward
+
+
+async def serve(link_fd: int) -> int:
+    loop = asyncio.get_running_loop()
+    link = FrontLink()
+    transport, _ = await loop.connect_accepted_socket(lambda: link, socket.socket(fileno=link_fd))
+    try:
+        start, payload = await asyncio.wait_for(asyncio.shield(link.started), _START_WAIT)
+    except (TimeoutError, asyncio.CancelledError):
+        return 1
+    settings = msgspec.json.decode(payload, type=Settings)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    forwarding = Forwarding(link)
+    try:
+        server, port = await serve_grpc(
+            settings, forwarding, forwarding.handlers(), start.port, start.reuse_port
+        )
+    except RuntimeError as exc:
+        link.send(Failed(str(exc)))
+        transport.close()
+        return 3
+    link.send(Listening(port))
+    terminated = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, terminated.set)
+    loop.add_signal_handler(signal.SIGINT, lambda: None)  # the front decides; see workerproc
+    gc.freeze()  # what start-up allocated stays out of every later collection
+    waits = [
+        asyncio.ensure_future(link.stop_requested.wait()),
+        asyncio.ensure_future(terminated.wait()),
+        asyncio.ensure_future(link.closed.wait()),
+    ]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if link.closed.is_set():
+        log.error("the front process is gone; stopping")
+        await server.server.stop(0)
+        return 1
+    timeout = link.stop_timeout
+    await server.stop(settings.shutdown_timeout if timeout is None else timeout)
+    transport.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oipserve.grpc_process")
+    parser.add_argument("--link-fd", type=int, required=True, help="socket to the front")
+    args = parser.parse_args(argv)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve(args.link_fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
