@@ -16,6 +16,7 @@ import queue
 import signal
 import threading
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_lifecycle import run_cli
@@ -35,14 +37,20 @@ PROCESSES = 2
 GRPC_PROCESS = "oipserve.grpc_process"
 #: TCP state ESTABLISHED in /proc/net/tcp.
 ESTABLISHED = "01"
+#: Channel arguments for a connection of the channel's own: grpc shares one connection
+#: between the channels of a process to the same target (its global subchannel pool).
+OWN_CONNECTION = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     """Two gRPC processes; a heartbeat timeout that outlasts a stopped worker."""
-    proc = ServerProcess(
-        args=["--grpc-processes", str(PROCESSES), "--worker-heartbeat-timeout", "60"]
-    ).wait_ready()
+    args = ["--grpc-processes", str(PROCESSES), "--worker-heartbeat-timeout", "60"]
+    proc = ServerProcess(args=[*args, "--allow-client-shm", "true"]).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log
 
@@ -212,14 +220,14 @@ def test_the_grpc_processes_are_children_of_the_front(server: ServerProcess) -> 
 
 
 def test_concurrent_clients_are_spread_and_answered(server: ServerProcess) -> None:
-    """Sixteen channels: SO_REUSEPORT gives every gRPC process some of them."""
+    """Sixteen connections: SO_REUSEPORT gives every gRPC process some of them."""
     clients = 16
     errors: list[BaseException] = []
     finished: list[int] = []
     release = threading.Event()
 
     def work(seed: int) -> None:
-        with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        with grpcclient.InferenceServerClient(server.grpc_url, channel_args=OWN_CONNECTION) as own:
             try:
                 for call in range(10):
                     check_simple(own, seed * 100 + call)
@@ -306,6 +314,33 @@ def test_statistics_count_calls_through_the_processes(server: ServerProcess) -> 
     assert same["inference_count"] == after.inference_count
 
 
+def test_system_shared_memory_through_the_processes(server: ServerProcess) -> None:
+    """Regions registered through one call are used and listed by later ones."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-test-{uuid.uuid4().hex[:12]}"
+    region = shm.create_shared_memory_region(name, key, 256)
+    try:
+        shm.set_shared_memory_region(region, [a, b])
+        with grpcclient.InferenceServerClient(server.grpc_url) as own:
+            own.register_system_shared_memory(name, key, 256)
+            try:
+                ins = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+                outs = [grpcclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+                for index, tensor in enumerate(ins + outs):
+                    tensor.set_shared_memory(name, 64, offset=64 * index)
+                result = own.infer("simple", ins, outputs=outs)
+                assert list(result.get_response().raw_output_contents) == [b"", b""]
+                got = shm.get_contents_as_numpy(region, np.int32, [2, 16], offset=128)
+                np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
+                assert list(own.get_system_shared_memory_status().regions) == [name]
+            finally:
+                own.unregister_system_shared_memory(name)
+            assert not own.get_system_shared_memory_status().regions
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
 def test_a_client_deadline_reaches_the_front(server: ServerProcess) -> None:
     """The call ends at its deadline, and its queued request leaves the front's queue."""
     with ThreadPoolExecutor(24) as pool, grpcclient.InferenceServerClient(server.grpc_url) as own:
@@ -316,6 +351,25 @@ def test_a_client_deadline_reaches_the_front(server: ServerProcess) -> None:
             assert wait_for(lambda: pending(server) == queued, 10), pending(server)
         assert batched_answer(own.infer("batched", batched_inputs(grpcclient, 8)), 8)
         check_simple(own, 1)
+
+
+def test_a_cancelled_call_leaves_the_front(server: ServerProcess) -> None:
+    """The client's cancellation is forwarded: the queued request is withdrawn."""
+    outcomes: queue.Queue[tuple[object, object]] = queue.Queue()
+    with ThreadPoolExecutor(24) as pool, grpcclient.InferenceServerClient(server.grpc_url) as own:
+        with instance_held(server, pool) as queued:
+            call = own.async_infer(
+                "batched",
+                batched_inputs(grpcclient, 6),
+                callback=lambda result, error: outcomes.put((result, error)),
+            )
+            assert wait_for(steadily(lambda: pending(server) == queued + 1), 10)
+            call.cancel()
+            result, error = outcomes.get(timeout=30)
+            assert result is None and isinstance(error, InferenceServerException), result
+            assert error.status() == str(grpc.StatusCode.CANCELLED), error
+            assert wait_for(lambda: pending(server) == queued, 10), pending(server)
+        check_simple(own, 3)
 
 
 def _server_side(proc: ServerProcess, client: grpcclient.InferenceServerClient) -> int:
