@@ -1,7 +1,9 @@
 """The gRPC service end to end, spoken to by tritonclient.grpc (and its raw stubs).
 
-Read-only tests share the session server; the ones that need a broken model
-or a shutdown start their own.
+Read-only tests run twice: against the session server, which serves gRPC in its front
+process (``[front]``), and against one started with ``--grpc-processes 2``, whose calls
+go through two gRPC processes (``[processes]``): every answer must be the same. The ones
+that need a broken model or a shutdown start their own.
 """
 
 from __future__ import annotations
@@ -38,6 +40,21 @@ TYPED_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+
+
+#: ``server`` param -> the extra serve arguments of that gRPC mode.
+GRPC_MODES: dict[str, tuple[str, ...]] = {"front": (), "processes": ("--grpc-processes", "2")}
+
+
+@pytest.fixture(scope="module", params=list(GRPC_MODES))
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """The session server (gRPC in the front), or this module's own with two gRPC processes."""
+    if request.param == "front":
+        yield request.getfixturevalue("server")  # conftest's session server
+        return
+    proc = ServerProcess(args=GRPC_MODES[request.param]).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
 
 
 @pytest.fixture(scope="module")
@@ -457,14 +474,16 @@ def test_unknown_shared_memory_region_is_refused(client: grpcclient.InferenceSer
     )
 
 
-@pytest.fixture(scope="module")
-def broken_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=list(GRPC_MODES))
+def broken_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     """A repository with one model whose file is not ONNX: that model is UNAVAILABLE."""
     root: Path = tmp_path_factory.mktemp("repo")
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
-    proc = ServerProcess(root).wait_ready()
+    proc = ServerProcess(root, GRPC_MODES[request.param]).wait_ready()
     yield proc
     proc.stop()
 
@@ -478,9 +497,10 @@ def test_unavailable(broken_server: ServerProcess) -> None:
         assert own.infer("versioned", _stream_inputs(1)).as_numpy("OUTPUT0").tolist() == [3.0]
 
 
-def test_message_size_limit_is_a_flag(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(GRPC_MODES))
+def test_message_size_limit_is_a_flag(tmp_path: Path, mode: str) -> None:
     proc = ServerProcess(
-        tmp_path_repo(tmp_path), args=["--grpc-max-message-bytes", "100000"]
+        tmp_path_repo(tmp_path), args=["--grpc-max-message-bytes", "100000", *GRPC_MODES[mode]]
     ).wait_ready()
     try:
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
@@ -502,9 +522,10 @@ def tmp_path_repo(tmp_path: Path) -> Path:
     return root
 
 
-def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(GRPC_MODES))
+def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path, mode: str) -> None:
     """Calls in flight when SIGTERM arrives are answered before the workers stop."""
-    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
+    proc = ServerProcess(tmp_path_repo(tmp_path), GRPC_MODES[mode]).wait_ready()
     # 64 MiB each: a call takes long enough that all four are surely on the wire (not
     # still being built by the client) when SIGTERM comes 0.25 s after they start.
     data = np.random.default_rng(3).random((1, 16 * 1024 * 1024), dtype=np.float32)
@@ -539,10 +560,11 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
             np.testing.assert_array_equal(outcome, data)
 
 
-def test_repository_rpcs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(GRPC_MODES))
+def test_repository_rpcs(tmp_path: Path, mode: str) -> None:
     root = tmp_path_repo(tmp_path)
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
-    proc = ServerProcess(root).wait_ready()
+    proc = ServerProcess(root, GRPC_MODES[mode]).wait_ready()
     try:
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
             index = own.get_model_repository_index(as_json=True)["models"]

@@ -1,0 +1,536 @@
+"""``--grpc-processes N``: gRPC served by N child processes that forward every call to the front.
+
+One server with two gRPC processes serves the read-only and the recoverable tests (the
+one that kills a gRPC process comes last); the restricted protocol and the ends of the
+front (SIGTERM, SIGKILL) get servers of their own; bad settings never start one.
+
+A call is known to have reached the front, without timing, by the model ``batched``
+(one instance, dynamic batching): while its worker is SIGSTOPped, one request holds the
+instance and later ones stay queued, which ``nv_inference_pending_request_count`` shows.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.test_lifecycle import run_cli
+from tests.server import SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
+
+PROCESSES = 2
+GRPC_PROCESS = "oipserve.grpc_process"
+#: TCP state ESTABLISHED in /proc/net/tcp.
+ESTABLISHED = "01"
+#: Channel arguments for a connection of the channel's own: grpc shares one connection
+#: between the channels of a process to the same target (its global subchannel pool).
+OWN_CONNECTION = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """Two gRPC processes; a heartbeat timeout that outlasts a stopped worker."""
+    args = ["--grpc-processes", str(PROCESSES), "--worker-heartbeat-timeout", "60"]
+    proc = ServerProcess(args=[*args, "--allow-client-shm", "true"]).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+# ---- processes, sockets, metrics ------------------------------------------------------
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    """Children of ``pid``, whichever of its threads started them."""
+    pids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def grpc_pids(proc: ServerProcess) -> list[int]:
+    """The front's gRPC processes."""
+    return sorted(p for p in _children(proc.process.pid) if GRPC_PROCESS in _cmdline(p))
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, waiting to be reaped, has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def tcp_links(pid: int) -> list[tuple[int, int]]:
+    """(local port, remote port) of the established TCP connections ``pid`` holds."""
+    inodes = _socket_inodes(pid)
+    links = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if state == ESTABLISHED and inode in inodes:
+                links.append((int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
+    return links
+
+
+def pending(proc: ServerProcess, model: str = "batched") -> int:
+    """Requests of ``model`` queued in the front (Triton's pending request count)."""
+    with urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    key = f'nv_inference_pending_request_count{{model="{model}",version="1"}} '
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(key)]
+    return int(float(line.split()[-1]))
+
+
+def steadily(predicate: Callable[[], bool], times: int = 3) -> Callable[[], bool]:
+    """True once ``predicate`` held on ``times`` polls in a row (a lone request is queued
+    for the batcher's 2 ms delay: that must not count)."""
+    hits = 0
+
+    def check() -> bool:
+        nonlocal hits
+        hits = hits + 1 if predicate() else 0
+        return hits >= times
+
+    return check
+
+
+# ---- requests -------------------------------------------------------------------------
+
+
+def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
+    inputs = [
+        grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
+        grpcclient.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def check_simple(client: grpcclient.InferenceServerClient, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-1000, 1000, (1, 16), dtype=np.int32)
+    b = rng.integers(-1000, 1000, (1, 16), dtype=np.int32)
+    result = client.infer("simple", simple_inputs(a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def batched_inputs(module: object, value: float) -> list:
+    x = module.InferInput("INPUT0", [1, 4], "FP32")  # type: ignore[attr-defined]
+    x.set_data_from_numpy(np.full((1, 4), value, dtype=np.float32))
+    text = module.InferInput("TEXT", [1, 1], "BYTES")  # type: ignore[attr-defined]
+    text.set_data_from_numpy(np.array([[b"t"]], dtype=object))
+    return [x, text]
+
+
+def batched_answer(result: object, value: float) -> bool:
+    got = result.as_numpy("OUTPUT0")  # type: ignore[attr-defined]
+    return got.tolist() == [[value + 1] * 4]
+
+
+def _hold(proc: ServerProcess, value: float) -> object:
+    client = httpclient.InferenceServerClient(proc.host_port, network_timeout=120)
+    try:
+        return client.infer("batched", batched_inputs(httpclient, value))
+    finally:
+        client.close()
+
+
+@contextmanager
+def instance_held(proc: ServerProcess, pool: ThreadPoolExecutor) -> Iterator[int]:
+    """The worker SIGSTOPped, ``batched``'s instance busy, requests after it queued.
+
+    HTTP requests are sent until one stays queued; yields how many are queued. On exit
+    the worker goes on and every one of them must be answered.
+    """
+    (worker,) = proc.worker_pids()
+    holders: list[Future[object]] = []
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        for attempt in range(20):
+            holders.append(pool.submit(_hold, proc, float(attempt)))
+            if wait_for(steadily(lambda: pending(proc) >= 1), 0.5):
+                break
+        else:
+            raise AssertionError(f"no request stayed queued behind the stopped worker:\n{proc.log}")
+        yield pending(proc)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    for value, holder in enumerate(holders):
+        assert batched_answer(holder.result(60), float(value))
+
+
+# ---- the processes serve ----------------------------------------------------------------
+
+
+def test_the_grpc_processes_are_children_of_the_front(server: ServerProcess) -> None:
+    pids = grpc_pids(server)
+    assert len(pids) == PROCESSES, (pids, server.log)
+    for pid in pids:
+        assert "-P -m oipserve.grpc_process" in _cmdline(pid), _cmdline(pid)
+    assert "grpc=" in server.ready_line and server.grpc_port
+
+
+def test_concurrent_clients_are_spread_and_answered(server: ServerProcess) -> None:
+    """Sixteen connections: SO_REUSEPORT gives every gRPC process some of them."""
+    clients = 16
+    errors: list[BaseException] = []
+    finished: list[int] = []
+    release = threading.Event()
+
+    def work(seed: int) -> None:
+        with grpcclient.InferenceServerClient(server.grpc_url, channel_args=OWN_CONNECTION) as own:
+            try:
+                for call in range(10):
+                    check_simple(own, seed * 100 + call)
+            except BaseException as exc:
+                errors.append(exc)
+            finished.append(seed)
+            release.wait(60)  # the connection stays open until it is counted
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: len(finished) == clients, 120)
+        assert not errors, errors[0]
+        per_process = {
+            pid: sum(local == server.grpc_port for local, _ in tcp_links(pid))
+            for pid in grpc_pids(server)
+        }
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert sum(per_process.values()) >= clients, per_process
+    assert all(per_process.values()), per_process
+
+
+def _stream_inputs(value: float) -> list[grpcclient.InferInput]:
+    inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+    inp.set_data_from_numpy(np.array([value], dtype=np.float32))
+    return [inp]
+
+
+def test_stream_answers_in_order_and_errors_in_band(server: ServerProcess) -> None:
+    results: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        own.start_stream(callback=lambda result, error: results.put((result, error)))
+        for i in range(10):
+            own.async_stream_infer("versioned", _stream_inputs(i), request_id=str(i))
+        own.async_stream_infer("nope", _stream_inputs(0), request_id="bad")
+        own.async_stream_infer("versioned", _stream_inputs(100), model_version="1", request_id="x")
+        got = [results.get(timeout=30) for _ in range(12)]
+        own.stop_stream()
+    for i, (result, error) in enumerate(got[:10]):
+        assert error is None, error
+        assert result.get_response().id == str(i)  # type: ignore[attr-defined]
+        assert result.as_numpy("OUTPUT0").tolist() == [i + 2.0]  # type: ignore[attr-defined]
+    result, error = got[10]
+    assert result is None and "unknown model 'nope'" in str(error)
+    result, error = got[11]
+    assert error is None and result.as_numpy("OUTPUT0").tolist() == [101.0]  # type: ignore[attr-defined]
+
+
+def test_large_message_round_trips(server: ServerProcess) -> None:
+    data = np.random.default_rng(5).random((1, 10 * 1024 * 1024), dtype=np.float32)  # 40 MiB
+    inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        result = own.infer("identity_fp32", [inp])
+    assert result.as_numpy("OUTPUT0").tobytes() == data.tobytes()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_request_round_trips(server: ServerProcess, algorithm: str) -> None:
+    data = np.repeat(np.arange(64, dtype=np.float32), 4096).reshape(1, -1)
+    inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        result = own.infer("identity_fp32", [inp], compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+
+
+def test_statistics_count_calls_through_the_processes(server: ServerProcess) -> None:
+    calls = 7
+    with grpcclient.InferenceServerClient(server.grpc_url) as own:
+        (before,) = own.get_inference_statistics("simple").model_stats
+        for seed in range(calls):
+            check_simple(own, seed)
+        (after,) = own.get_inference_statistics("simple").model_stats
+    assert after.inference_count - before.inference_count == calls
+    success = after.inference_stats.success.count - before.inference_stats.success.count
+    assert success == calls
+    rest = httpclient.InferenceServerClient(server.host_port)
+    (same,) = rest.get_inference_statistics("simple")["model_stats"]
+    assert same["inference_count"] == after.inference_count
+
+
+def test_system_shared_memory_through_the_processes(server: ServerProcess) -> None:
+    """Regions registered through one call are used and listed by later ones."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-test-{uuid.uuid4().hex[:12]}"
+    region = shm.create_shared_memory_region(name, key, 256)
+    try:
+        shm.set_shared_memory_region(region, [a, b])
+        with grpcclient.InferenceServerClient(server.grpc_url) as own:
+            own.register_system_shared_memory(name, key, 256)
+            try:
+                ins = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+                outs = [grpcclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+                for index, tensor in enumerate(ins + outs):
+                    tensor.set_shared_memory(name, 64, offset=64 * index)
+                result = own.infer("simple", ins, outputs=outs)
+                assert list(result.get_response().raw_output_contents) == [b"", b""]
+                got = shm.get_contents_as_numpy(region, np.int32, [2, 16], offset=128)
+                np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
+                assert list(own.get_system_shared_memory_status().regions) == [name]
+            finally:
+                own.unregister_system_shared_memory(name)
+            assert not own.get_system_shared_memory_status().regions
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def test_a_client_deadline_reaches_the_front(server: ServerProcess) -> None:
+    """The call ends at its deadline, and its queued request leaves the front's queue."""
+    with ThreadPoolExecutor(24) as pool, grpcclient.InferenceServerClient(server.grpc_url) as own:
+        with instance_held(server, pool) as queued:
+            with pytest.raises(InferenceServerException) as info:
+                own.infer("batched", batched_inputs(grpcclient, 7), client_timeout=0.5)
+            assert info.value.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED), info.value
+            assert wait_for(lambda: pending(server) == queued, 10), pending(server)
+        assert batched_answer(own.infer("batched", batched_inputs(grpcclient, 8)), 8)
+        check_simple(own, 1)
+
+
+def test_a_cancelled_call_leaves_the_front(server: ServerProcess) -> None:
+    """The client's cancellation is forwarded: the queued request is withdrawn."""
+    outcomes: queue.Queue[tuple[object, object]] = queue.Queue()
+    with ThreadPoolExecutor(24) as pool, grpcclient.InferenceServerClient(server.grpc_url) as own:
+        with instance_held(server, pool) as queued:
+            call = own.async_infer(
+                "batched",
+                batched_inputs(grpcclient, 6),
+                callback=lambda result, error: outcomes.put((result, error)),
+            )
+            assert wait_for(steadily(lambda: pending(server) == queued + 1), 10)
+            call.cancel()
+            result, error = outcomes.get(timeout=30)
+            assert result is None and isinstance(error, InferenceServerException), result
+            assert error.status() == str(grpc.StatusCode.CANCELLED), error
+            assert wait_for(lambda: pending(server) == queued, 10), pending(server)
+        check_simple(own, 3)
+
+
+def _server_side(proc: ServerProcess, client: grpcclient.InferenceServerClient) -> int:
+    """The gRPC process that holds ``client``'s (this test process's only) connection."""
+    assert client.is_server_live()  # connected
+    (ours,) = [local for local, remote in tcp_links(os.getpid()) if remote == proc.grpc_port]
+    (pid,) = [p for p in grpc_pids(proc) if (proc.grpc_port, ours) in tcp_links(p)]
+    return pid
+
+
+def test_a_killed_grpc_process_is_replaced(server: ServerProcess) -> None:
+    """Its calls fail (UNAVAILABLE) and leave the front; new ones work again."""
+    before = grpc_pids(server)
+    with ThreadPoolExecutor(24) as pool:
+        own = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            victim = _server_side(server, own)
+            with instance_held(server, pool) as queued:
+                call = pool.submit(own.infer, "batched", batched_inputs(grpcclient, 9))
+                assert wait_for(steadily(lambda: pending(server) == queued + 1), 10)
+                os.kill(victim, signal.SIGKILL)
+                with pytest.raises(InferenceServerException) as info:
+                    call.result(30)
+                assert info.value.status() == str(grpc.StatusCode.UNAVAILABLE), info.value
+                # The front saw the call end: its request left the queue.
+                assert wait_for(lambda: pending(server) == queued, 10), pending(server)
+        finally:
+            own.close()
+    assert wait_for(lambda: _died_logged(server), 10), server.log
+    assert wait_for(
+        lambda: len(grpc_pids(server)) == PROCESSES and victim not in grpc_pids(server), 30
+    ), (before, grpc_pids(server), server.log)
+    assert not alive(victim)
+    assert wait_for(lambda: _answers(server), 30), server.log
+
+
+def _died_logged(proc: ServerProcess) -> bool:
+    return any(
+        " ERROR " in line and "gRPC process" in line and "died" in line for line in proc.lines
+    )
+
+
+def _answers(proc: ServerProcess) -> bool:
+    """One call on a fresh channel succeeds."""
+    try:
+        with grpcclient.InferenceServerClient(proc.grpc_url) as fresh:
+            check_simple(fresh, 2)
+    except InferenceServerException:
+        return False
+    return True
+
+
+# ---- servers of their own ----------------------------------------------------------------
+
+
+def test_restricted_protocol_through_a_process() -> None:
+    proc = ServerProcess(
+        args=["--grpc-processes", "1", "--grpc-restricted-protocol", "inference:secret=xyz"]
+    ).wait_ready()
+    try:
+        assert len(grpc_pids(proc)) == 1
+        with grpcclient.InferenceServerClient(proc.grpc_url) as own:
+            assert own.is_server_live()  # health is not restricted
+            for headers in ({}, {"triton-grpc-protocol-secret": "wrong"}):
+                with pytest.raises(InferenceServerException) as info:
+                    check_simple_with(own, headers)
+                assert info.value.status() == str(grpc.StatusCode.PERMISSION_DENIED)
+                assert "triton-grpc-protocol-secret" in info.value.message()
+            check_simple_with(own, {"triton-grpc-protocol-secret": "xyz"})
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def check_simple_with(client: grpcclient.InferenceServerClient, headers: dict[str, str]) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    result = client.infer("simple", simple_inputs(a, a), headers=headers)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+def test_sigterm_answers_the_call_in_flight_and_leaves_nothing() -> None:
+    proc = ServerProcess(
+        args=["--grpc-processes", str(PROCESSES), "--worker-heartbeat-timeout", "60"]
+    ).wait_ready()
+    front = proc.process.pid
+    children = grpc_pids(proc) + proc.worker_pids()
+    try:
+        assert len(grpc_pids(proc)) == PROCESSES, proc.log
+        with ThreadPoolExecutor(24) as pool:
+            own = grpcclient.InferenceServerClient(proc.grpc_url)
+            try:
+                with instance_held(proc, pool) as queued:
+                    call = pool.submit(own.infer, "batched", batched_inputs(grpcclient, 5))
+                    assert wait_for(steadily(lambda: pending(proc) == queued + 1), 10)
+                    proc.process.send_signal(signal.SIGTERM)
+                    assert wait_for(lambda: "received SIGTERM" in proc.log, 10), proc.log
+                assert batched_answer(call.result(60), 5)
+            finally:
+                own.close()
+        assert proc.stop() == 0, proc.log
+    finally:
+        proc.kill()
+    # The front waited for its children: none is left running once it has exited.
+    assert [pid for pid in children if alive(pid)] == [], proc.log
+    assert shm_entries(front) == []
+
+
+def test_grpc_processes_exit_when_the_front_is_killed() -> None:
+    """Through the environment this time: OIPSERVE_GRPC_PROCESSES."""
+    proc = ServerProcess(env={"OIPSERVE_GRPC_PROCESSES": str(PROCESSES)}).wait_ready()
+    front = proc.process.pid
+    children = grpc_pids(proc)
+    workers = proc.worker_pids()
+    try:
+        assert len(children) == PROCESSES, proc.log
+        proc.kill()
+        assert wait_for(lambda: not any(alive(pid) for pid in children), 10), [
+            (pid, _cmdline(pid)) for pid in children if alive(pid)
+        ]
+    finally:
+        proc.kill()
+        for pid in children + workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for name in shm_entries(front):
+            Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+# ---- settings refused -----------------------------------------------------------------
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = run_cli(
+        "serve",
+        "--model-repository",
+        str(SAMPLE_REPOSITORY),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        *args,
+        timeout=30,
+        env=env,
+    )
+    return result.returncode, result.stderr
+
+
+def test_grpc_processes_without_grpc_is_refused() -> None:
+    code, stderr = _serve("--grpc-processes", "2", "--allow-grpc", "false")
+    assert code != 0 and "--grpc-processes" in stderr, stderr
+    assert "unrecognized arguments" not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "given", [("--grpc-processes", "65"), ("--grpc-processes", "-1")], ids=["65", "-1"]
+)
+def test_grpc_processes_out_of_range(given: tuple[str, str]) -> None:
+    code, stderr = _serve(*given)
+    assert code == 2 and "--grpc-processes" in stderr, stderr
+    assert "unrecognized arguments" not in stderr, stderr
+
+
+def test_grpc_processes_out_of_range_in_the_environment() -> None:
+    code, stderr = _serve(env={"OIPSERVE_GRPC_PROCESSES": "65"})
+    assert code == 2 and "OIPSERVE_GRPC_PROCESSES" in stderr, stderr
