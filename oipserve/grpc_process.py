@@ -47,6 +47,7 @@ from oipserve.grpc_relay.frames import (
     Start,
     Stop,
 )
+from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.settings import Settings
 
 log = logging.getLogger("oipserve.grpc_process")
@@ -56,14 +57,19 @@ _START_WAIT = 60.0
 
 
 class FrontLink(FrameProtocol):
-    """This process's end of the socket: calls out, replies back to their callers."""
+    """This process's end of the socket: calls out, replies back to their callers.
+
+    Every payload becomes ``bytes`` (what grpc.aio sends) as it arrives.
+    """
+
+    payloads_copied = True
 
     def __init__(self) -> None:
         super().__init__()
         loop = asyncio.get_running_loop()
-        self._waiting: dict[int, asyncio.Future[tuple[Reply, Payload]]] = {}
+        self._waiting: dict[int, asyncio.Future[tuple[Reply, bytes]]] = {}
         self._ids = itertools.count()
-        self.started: asyncio.Future[tuple[Start, Payload]] = loop.create_future()
+        self.started: asyncio.Future[tuple[Start, bytes]] = loop.create_future()
         #: Set by ``Stop``, with the time running calls get to finish.
         self.stop_requested = asyncio.Event()
         self.stop_timeout: float | None = None
@@ -73,9 +79,9 @@ class FrontLink(FrameProtocol):
         if type(header) is Reply:
             waiting = self._waiting.pop(header.id, None)
             if waiting is not None and not waiting.done():
-                waiting.set_result((header, payload))
+                waiting.set_result((header, bytes(payload)))
         elif type(header) is Start and not self.started.done():
-            self.started.set_result((header, payload))
+            self.started.set_result((header, bytes(payload)))
         elif type(header) is Stop:
             self.stop_timeout = header.timeout
             self.stop_requested.set()
@@ -85,7 +91,7 @@ class FrontLink(FrameProtocol):
         if self.closed.is_set():
             raise Unavailable("the server is shutting down")
         call_id = next(self._ids)
-        answer: asyncio.Future[tuple[Reply, Payload]] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[tuple[Reply, bytes]] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = answer
         self.send(Call(call_id, method), request)
         try:
@@ -96,7 +102,7 @@ class FrontLink(FrameProtocol):
             raise
         if reply.kind is not None:
             raise from_kind(reply.kind, reply.message)
-        return payload if type(payload) is bytes else bytes(payload)
+        return payload
 
     def connection_lost(self, exc: Exception | None) -> None:
         gone = Unavailable("the server is shutting down")
@@ -170,6 +176,22 @@ async def serve(link_fd: int) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The front's malloc settings, for the same reasons (oipserve.memory_trim): messages
+    # below 8 MiB reuse the heap instead of faulting in fresh pages, larger ones and what
+    # a refused compressed message inflated go back to the system.
+    return_large_blocks_to_os()
+    trimmer = MemoryTrimmer()
+    trimmer.start()
+    try:
+        return await _serve(link, transport, start, settings)
+    finally:
+        await trimmer.stop()
+
+
+async def _serve(
+    link: FrontLink, transport: asyncio.BaseTransport, start: Start, settings: Settings
+) -> int:
+    loop = asyncio.get_running_loop()
     forwarding = Forwarding(link)
     try:
         server, port = await serve_grpc(

@@ -110,8 +110,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     The kernel copies small frames into one reusable buffer; a large payload is read
     straight into its own memory, so that a 100 MB message costs the loop only many
-    short reads.
+    short reads. A protocol whose ``frame_received`` copies every payload out before it
+    returns sets ``payloads_copied``: its large payloads below the mmap size are then read
+    into one buffer kept from frame to frame (no fresh pages to fault in, no zeroing).
     """
+
+    payloads_copied = False
 
     def __init__(self) -> None:
         self._buffer = bytearray(_BUFFER)
@@ -122,6 +126,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._large_header: Header | None = None
         self._large: memoryview | None = None
         self._filled = 0
+        self._spare = bytearray()
         self._out: CorkedTransport | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -185,7 +190,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._start = self._end = 0
 
     def _begin_large(self, header: Header, length: int, first: memoryview) -> None:
-        memory = memoryview(mmap.mmap(-1, length) if length >= _MAPPED else bytearray(length))
+        if length >= _MAPPED:
+            memory = memoryview(mmap.mmap(-1, length))
+        elif self.payloads_copied:
+            if len(self._spare) < length:
+                self._spare = bytearray(length)
+            memory = memoryview(self._spare)[:length]
+        else:
+            memory = memoryview(bytearray(length))
         memory[: len(first)] = first
         self._large_header, self._large, self._filled = header, memory, len(first)
         self._start = self._end = 0
