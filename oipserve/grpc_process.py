@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import itertools
 import logging
 import signal
@@ -32,6 +31,7 @@ import grpc.aio
 import msgspec
 import uvloop
 
+from oipserve.collector import settle_garbage_collector
 from oipserve.errors import Unavailable, from_kind
 from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, serve_grpc, unary
 from oipserve.grpc_front.streaming import ordered_responses
@@ -205,7 +205,7 @@ async def _serve(
     terminated = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, terminated.set)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the front decides; see workerproc
-    gc.freeze()  # what start-up allocated stays out of every later collection
+    settle_garbage_collector()
     waits = [
         asyncio.ensure_future(link.stop_requested.wait()),
         asyncio.ensure_future(terminated.wait()),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ import uvicorn
 
 from hardware import make_inventory_source, parse_devices
 from oipserve.client_regions import ClientRegions, cuda_refusal
+from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front.start import RunningGrpc, start_grpc
 from oipserve.http_protocol import CorkedHttpToolsProtocol
@@ -129,21 +129,6 @@ def _threads_per_worker(device: str, logical_cores: int, instances: int) -> int:
     if device == "cpu":
         return max(1, logical_cores // instances)
     return 1
-
-
-def _settle_garbage_collector() -> None:
-    """Keep the cyclic GC off the hot path.
-
-    PERF: under load the collector took 13% of the front's time, mostly full
-    collections walking the objects that imports and model loading left behind
-    (numpy, ONNX metadata, protobuf descriptors). Freezing them moves them out
-    of every later collection, and a larger first threshold makes collections
-    rarer; request objects are short-lived and mostly freed by reference
-    counting anyway.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 50, 100)
 
 
 def _metrics_server(settings: Settings, app: MetricsApp) -> _UvicornServer:
@@ -397,7 +382,7 @@ async def serve(settings: Settings) -> int:
         metrics_task: asyncio.Task[None] | None = None
         if metrics_server is not None and metrics_sock is not None:
             metrics_task = loop.create_task(metrics_server.serve(sockets=[metrics_sock]))
-        _settle_garbage_collector()
+        settle_garbage_collector()
         # Refused gRPC messages leave their inflated slices in malloc's arenas.
         trimmer = MemoryTrimmer()
         trimmer.start()
