@@ -8,7 +8,9 @@ Framework-free: ``rest_admin`` and ``grpc_service`` turn requests into calls on
 - ``worker_params``: checking and converting ``/v2/workers/{w}/load`` parameters;
 - ``endpoint_naming``: amdinfer's typed parameter keys and ``W``/``W-0`` naming;
 - ``load_limits``: bounds on every number a load may ask for, and the load timeout;
-- ``worker_endpoints``: creating, growing, shrinking and describing endpoints;
+- ``endpoint_plan``: a new endpoint checked against the node, limits and repository;
+- ``endpoint_sessions``: endpoint sessions on workers, and the workers started for them;
+- ``worker_endpoints``: the endpoint table: creating, growing, shrinking, describing;
 - ``repository_control``: repository index/load/unload and the models loaded at start;
 - ``load_override``: a repository load's ``config`` and ``file:`` parameters.
 

@@ -1,9 +1,10 @@
 """``Management``: the one object the management routes (REST and gRPC) talk to.
 
 A thin facade over three jobs, each in its own module: the hardware view
-(``hardware_view``), worker endpoints (``worker_endpoints``) and repository control
-(``repository_control``). It settles the one place where the jobs meet: worker endpoints
-and repository models share one namespace.
+(``hardware_view``), worker endpoints (``worker_endpoints``, which checks new ones with
+``endpoint_plan`` and places their sessions with ``endpoint_sessions``) and repository
+control (``repository_control``). It settles the one place where the jobs meet: worker
+endpoints and repository models share one namespace.
 
 There is no lock over management: a load that starts a process or creates a session
 must not make every other load (or unload) wait behind it (one slow load once held all
@@ -22,11 +23,12 @@ from pathlib import Path
 
 from hardware import InventorySource
 from oipserve.errors import InvalidInput
+from oipserve.management.endpoint_sessions import DeathListener
 from oipserve.management.hardware_view import HardwareView
 from oipserve.management.load_limits import LoadLimits
 from oipserve.management.load_override import parse_load_parameters
 from oipserve.management.repository_control import RepositoryControl
-from oipserve.management.worker_endpoints import DeathListener, WorkerEndpoints
+from oipserve.management.worker_endpoints import WorkerEndpoints
 from oipserve.management.worker_params import parse_load_request
 from oipserve.model_manager import ModelManager
 from oipserve.models import ModelRegistry
