@@ -159,7 +159,8 @@ def main() -> None:
     binary_body, binary_headers = binary_request(values)
     small_body, small_headers = binary_request(values[: ELEMENTS // 4])
     args = ["--model-control-mode", "explicit", "--load-model", "identity_fp32"]
-    args += ["--grpc-processes", str(options.grpc_processes)]
+    if options.grpc_processes:  # (so the script also runs against builds without the flag)
+        args += ["--grpc-processes", str(options.grpc_processes)]
     server = ServerProcess(args=args).wait_ready()
     try:
         idle = [("idle", lambda: time.sleep(3), 1)]

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from oipserve.grpc_front.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InferResult, region_parameters_of
+from oipserve.wire.shm import Lease
 
 _RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
@@ -31,13 +32,32 @@ _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_content
 
 class InferCall:
     """A parsed ModelInferRequest plus its raw input entries (views of the wire bytes,
-    or copies for a small message)."""
+    or copies for a small message).
 
-    __slots__ = ("message", "raw")
+    A message received straight into a pooled segment (``oipserve.grpc_relay``) also
+    carries that ``lease`` and where each raw entry lies in it (``spans``): its inputs
+    are then read by the worker where they are, and whoever answers the call owns the
+    lease.
+    """
 
-    def __init__(self, message: pb.ModelInferRequest, raw: list[memoryview] | list[bytes]) -> None:
+    __slots__ = ("message", "raw", "spans", "lease")
+
+    def __init__(
+        self,
+        message: pb.ModelInferRequest,
+        raw: list[memoryview] | list[bytes],
+        spans: list[tuple[int, int]] | None = None,
+    ) -> None:
         self.message = message
         self.raw = raw
+        self.spans = spans
+        self.lease: Lease | None = None
+
+    def located(self) -> list[tuple[Lease, int, int]] | None:
+        """Each raw entry as (lease, offset, size), when the message lies in a lease."""
+        if self.lease is None or self.spans is None:
+            return None
+        return [(self.lease, start, size) for start, size in self.spans]
 
 
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:
@@ -71,6 +91,7 @@ def split_infer_request(data: bytes) -> InferCall:
         return InferCall(message, list(message.raw_input_contents))
     view = memoryview(data)
     raw: list[memoryview] = []
+    spans: list[tuple[int, int]] = []
     rest: list[memoryview] = []
     pos = 0
     end = len(view)
@@ -93,6 +114,7 @@ def split_infer_request(data: bytes) -> InferCall:
                 if kept_from < start:
                     rest.append(view[kept_from:start])
                 raw.append(view[pos : pos + length])
+                spans.append((pos, length))
                 kept_from = pos + length
             pos += length
         else:
@@ -100,10 +122,10 @@ def split_infer_request(data: bytes) -> InferCall:
         if pos > end:
             raise DecodeError("truncated message")
     if not raw:
-        return InferCall(pb.ModelInferRequest.FromString(data), raw)
+        return InferCall(pb.ModelInferRequest.FromString(data), raw, spans)
     if kept_from < end:
         rest.append(view[kept_from:end])
-    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), raw)
+    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), raw, spans)
 
 
 # ---- responses: raw_output_contents written once --------------------------------

@@ -17,6 +17,7 @@ from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InputTensor
 from oipserve.tensors import Deferred, check_datatype
 from oipserve.wire.datatypes import DATATYPES
+from oipserve.wire.shm import Lease
 
 #: Which ``InferTensorContents`` field carries the typed values of each datatype.
 CONTENTS_FIELD: dict[str, str] = {
@@ -43,11 +44,14 @@ def input_tensors(
     raw: Sequence[memoryview | bytes],
     regions: ClientRegions,
     owned: list,
+    located: Sequence[tuple[Lease, int, int]] | None = None,
 ) -> list[InputTensor]:
     """InputTensors of a request: raw entries by position, typed ``contents``, or regions.
 
     Inputs in a client's shared-memory region have no raw entry (tritonclient sends
     raw entries for the other inputs only, in order). Each region held goes in ``owned``.
+    ``located``: where each raw entry lies in a pooled segment, when the message was
+    received into one; those inputs are not copied again.
     """
     tensors: list[InputTensor] = []
     wanted = [region_request(f"input '{t.name}'", t.parameters) for t in message.inputs]
@@ -61,6 +65,7 @@ def input_tensors(
                 "raw_input_contents entries; give exactly one per input, in the same order"
             )
     entries = iter(raw)
+    places = iter(located) if located is not None else None
     for tensor, region in zip(message.inputs, wanted, strict=True):
         name, datatype = tensor.name, tensor.datatype
         check_datatype(name, datatype)
@@ -75,6 +80,9 @@ def input_tensors(
             tensors.append(InputTensor(name, datatype, shape, region=use))
             continue
         if raw:
+            if places is not None:
+                tensors.append(InputTensor(name, datatype, shape, located=next(places)))
+                continue
             tensors.append(InputTensor(name, datatype, shape, raw=next(entries)))
             continue
         contents = typed_contents(tensor)

@@ -28,6 +28,7 @@ from oipserve.grpc_front.convert import (
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.management import Management
 from oipserve.stats_report import model_statistics
+from oipserve.wire.shm import Lease
 
 
 class InferenceService:
@@ -154,12 +155,20 @@ class InferenceService:
 
     async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
-        model = self.dataplane.resolve(message.model_name, requested_version(message.model_version))
         regions = self.dataplane.regions
-        owned: list[RegionUse] = []
+        # NOTE: a message received into a lease (grpc_relay) hands it over here; the data
+        #   plane releases it once the worker has read the inputs, as a REST body's.
+        owned: list[Lease | RegionUse] = [call.lease] if call.lease is not None else []
         into_regions: dict[str, RegionUse] = {}
         try:
-            inputs = input_tensors(message, call.raw, regions, owned)
+            version = requested_version(message.model_version)
+            model = self.dataplane.resolve(message.model_name, version)
+        except Exception:
+            for held in owned:
+                held.release()
+            raise
+        try:
+            inputs = input_tensors(message, call.raw, regions, owned, call.located())
             outputs = []
             for output in message.outputs:
                 where = f"output '{output.name}'"

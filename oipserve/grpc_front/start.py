@@ -30,5 +30,7 @@ async def start_grpc(
     service = InferenceService(dataplane, management)
     if settings.grpc_processes == 0:
         return await serve_grpc(settings, service, method_handlers(service), settings.grpc_port)
-    processes = GrpcProcesses(settings, unary_methods(service), settings.grpc_processes)
+    processes = GrpcProcesses(
+        settings, unary_methods(service), settings.grpc_processes, dataplane.inputs
+    )
     return processes, await processes.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import struct
+from collections.abc import Awaitable
 
 import msgspec
 
@@ -127,6 +128,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._large: memoryview | None = None
         self._filled = 0
         self._spare = bytearray()
+        #: What arrived of a payload whose memory is being prepared (``memory_for``).
+        self._waiting_first = b""
         self._out: CorkedTransport | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -151,7 +154,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._large is not None:
-            return self._large[self._filled :]
+            # NOTE: a slice of at most _BUFFER: one read into fresh pages faults them in
+            #   (~1 ms a MiB), and libuv reads again while reads fill the buffer.
+            return self._large[self._filled : self._filled + _BUFFER]
         if self._end == len(self._buffer):
             self._compact()
         return self._view[self._end :]
@@ -189,7 +194,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._start == self._end:
             self._start = self._end = 0
 
+    def memory_for(self, header: Header, length: int) -> Awaitable[memoryview] | None:
+        """Where a large payload is to be read; None: memory of its own (see the class).
+
+        A protocol may return an awaitable of ``length`` bytes of memory: reading pauses
+        until it is there.
+        """
+        return None
+
     def _begin_large(self, header: Header, length: int, first: memoryview) -> None:
+        given = self.memory_for(header, length)
+        if given is not None:
+            self._large_header = header
+            self._waiting_first = bytes(first)
+            self._start = self._end = 0
+            assert self.transport is not None
+            self.transport.pause_reading()
+            asyncio.ensure_future(given).add_done_callback(self._memory_given)
+            return
         if length >= _MAPPED:
             memory = memoryview(mmap.mmap(-1, length))
         elif self.payloads_copied:
@@ -198,9 +220,25 @@ class FrameProtocol(asyncio.BufferedProtocol):
             memory = memoryview(self._spare)[:length]
         else:
             memory = memoryview(bytearray(length))
+        self._fill(header, memory, first)
+        self._start = self._end = 0
+
+    def _fill(self, header: Header, memory: memoryview, first: memoryview | bytes) -> None:
         memory[: len(first)] = first
         self._large_header, self._large, self._filled = header, memory, len(first)
-        self._start = self._end = 0
+        if self._filled == len(memory):
+            self._deliver_large()
+
+    def _memory_given(self, given: asyncio.Future[memoryview]) -> None:
+        header, first = self._large_header, self._waiting_first
+        self._waiting_first = b""
+        assert header is not None and self.transport is not None
+        if given.cancelled() or given.exception() is not None:
+            self.transport.close()  # no memory for what the peer sends: nothing can follow
+            return
+        self._fill(header, given.result(), first)
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _deliver_large(self) -> None:
         header, payload = self._large_header, self._large

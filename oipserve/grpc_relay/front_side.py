@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
+from collections.abc import Awaitable
 
 import numpy as np
 
@@ -31,15 +32,24 @@ from oipserve.grpc_relay.frames import (
     Reply,
     unmap_off_loop,
 )
+from oipserve.wire.shm import BufferPool, Lease
 
 
 class FrontSide(FrameProtocol):
-    """Runs the calls one gRPC process forwards."""
+    """Runs the calls one gRPC process forwards.
 
-    def __init__(self, methods: dict[str, Method]) -> None:
+    A large ModelInfer message is read straight into a segment of ``pool``, the input
+    pool: its raw inputs are then where the worker reads them, as a REST body's are,
+    and the front never copies them (nor faults in fresh pages for them).
+    """
+
+    def __init__(self, methods: dict[str, Method], pool: BufferPool | None = None) -> None:
         super().__init__()
         self._methods = methods
+        self._pool = pool
         self._running: dict[int, asyncio.Task[None]] = {}
+        #: Leases holding a call's message that no running call has taken over yet.
+        self._unclaimed: dict[int, Lease] = {}
         loop = asyncio.get_running_loop()
         self._loop = loop
         #: The port the process serves, once it says so.
@@ -47,9 +57,27 @@ class FrontSide(FrameProtocol):
         #: Set when the socket closes.
         self.closed = asyncio.Event()
 
+    def memory_for(self, header: Header, length: int) -> Awaitable[memoryview] | None:
+        if self._pool is None or type(header) is not Call or header.method != "ModelInfer":
+            return None
+        return self._leased(header.id, length)
+
+    async def _leased(self, call_id: int, length: int) -> memoryview:
+        assert self._pool is not None
+        lease = await self._pool.acquire_async(length)
+        if self.closed.is_set():
+            lease.release()
+            raise ConnectionError("the gRPC process went away")
+        self._unclaimed[call_id] = lease
+        return lease.buf[:length]
+
     def frame_received(self, header: Header, payload: Payload) -> None:
         if type(header) is Call:
-            self._running[header.id] = self._loop.create_task(self._answer(header, payload))
+            task = self._loop.create_task(self._answer(header, payload))
+            if header.id in self._unclaimed:
+                # NOTE: a task cancelled before its first step never runs its body.
+                task.add_done_callback(lambda _, call_id=header.id: self._release(call_id))
+            self._running[header.id] = task
         elif type(header) is Cancel:
             task = self._running.pop(header.id, None)
             if task is not None:
@@ -57,10 +85,19 @@ class FrontSide(FrameProtocol):
         elif type(header) is Listening and not self.listening.done():
             self.listening.set_result(header.port)
 
+    def _release(self, call_id: int) -> None:
+        lease = self._unclaimed.pop(call_id, None)
+        if lease is not None:
+            lease.release()
+
     async def _answer(self, call: Call, payload: Payload) -> None:
+        leased = call.id in self._unclaimed
         try:
             method = self._methods[call.method]
-            response = await method.call(method.deserialize(payload))
+            request = method.deserialize(payload)
+            if leased:
+                request.lease = self._unclaimed.pop(call.id)  # the service owns it now
+            response = await method.call(request)
             if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
                 data: Payload = await written_in_thread(response, gathered)
             else:
@@ -76,12 +113,16 @@ class FrontSide(FrameProtocol):
             self.send(Reply(call.id), data)
         finally:
             self._running.pop(call.id, None)
-            unmap_off_loop(payload)
+            self._release(call.id)  # not taken over: the message did not parse
+            if not leased:
+                unmap_off_loop(payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for task in self._running.values():
             task.cancel()
         self._running.clear()
+        for call_id in list(self._unclaimed):
+            self._release(call_id)  # read in part, or never run: the process went away
         if not self.listening.done():
             self.listening.cancel()
         self.closed.set()

@@ -21,6 +21,7 @@ from oipserve.grpc_front.handlers import Method
 from oipserve.grpc_relay.frames import Failed, Header, Payload, Start, Stop
 from oipserve.grpc_relay.front_side import FrontSide
 from oipserve.settings import Settings
+from oipserve.wire.shm import BufferPool
 from oipserve.workerproc import ChildProcess, exit_status
 
 log = logging.getLogger("oipserve.grpc")
@@ -28,7 +29,7 @@ log = logging.getLogger("oipserve.grpc")
 #: How long a new gRPC process may take to import, bind and say ``Listening``.
 START_TIMEOUT = 60.0
 #: Send buffer of each end of a gRPC process's socket.
-SOCKET_BUFFER = 4 * 1024 * 1024
+SOCKET_BUFFER = 1024 * 1024
 #: Beyond the drain's timeout, how long a stopping process gets to exit.
 EXIT_GRACE = 5.0
 
@@ -52,12 +53,16 @@ class GrpcProcess:
 
 
 class GrpcProcesses:
-    """``count`` gRPC processes serving one port, each forwarding to ``methods``."""
+    """``count`` gRPC processes serving one port, each forwarding to ``methods``; large
+    request messages are read into segments of ``inputs`` (the data plane's input pool)."""
 
-    def __init__(self, settings: Settings, methods: dict[str, Method], count: int) -> None:
+    def __init__(
+        self, settings: Settings, methods: dict[str, Method], count: int, inputs: BufferPool
+    ) -> None:
         self._settings = settings
         self._encoded_settings = msgspec.json.encode(settings)
         self._methods = methods
+        self._inputs = inputs
         self._count = count
         self._reuse_port = count > 1
         self._running: list[GrpcProcess] = []
@@ -90,7 +95,8 @@ class GrpcProcesses:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (ours, theirs):
             # PERF: a 1 MiB message through the default ~200 KB buffer took five wake-ups
-            #   each way; the kernel caps this at net.core.wmem_max (4 MiB here).
+            #   each way. Not more: each write and read copies up to this much (twice it,
+            #   the kernel doubles it) on the loop, with the page faults of fresh memory.
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         try:
             process = ChildProcess(
@@ -98,7 +104,7 @@ class GrpcProcesses:
             )
         finally:
             theirs.close()
-        side = _Starting(self._methods)
+        side = _Starting(self._methods, self._inputs)
         await loop.connect_accepted_socket(lambda: side, ours)
         side.send(Start(port, self._reuse_port), self._encoded_settings)
         started = GrpcProcess(process, side)

@@ -95,3 +95,114 @@ def test_send_writes_what_the_reader_reads() -> None:
     reader = Recorder()
     _feed(reader, b"".join(written), 1 << 30)
     assert [(h, p) for h, p, _ in reader.received] == SENT[:5]
+
+
+# ---- the front's end: a large ModelInfer message read into a lease ---------------------
+
+
+class _Lease:
+    def __init__(self, size: int, log: list[str]) -> None:
+        self.buf = memoryview(bytearray(size))
+        self.log = log
+
+    def release(self) -> None:
+        self.log.append("released")
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    async def acquire_async(self, nbytes: int) -> _Lease:
+        self.log.append("acquired")
+        return _Lease(nbytes, self.log)
+
+
+def _large_infer_request() -> bytes:
+    from oipserve.grpc_generated import grpc_service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="UINT8", shape=[1, frames._BUFFER * 2])
+    request.raw_input_contents.append(b"\x01" * (frames._BUFFER * 2))
+    return request.SerializeToString()
+
+
+def _run_front_side(answer: object, frames_out: list[tuple[Header, bytes]]) -> list[str]:
+    """Send ``frames_out`` to a FrontSide over a socket pair; the pool's log afterwards."""
+    import asyncio
+    import socket
+
+    from oipserve.grpc_front.codec import split_infer_request
+    from oipserve.grpc_front.handlers import Method
+    from oipserve.grpc_relay.front_side import FrontSide
+
+    pool = _Pool()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        methods = {"ModelInfer": Method(split_infer_request, answer, bytes)}  # type: ignore[arg-type]
+        side = FrontSide(methods, pool)  # type: ignore[arg-type]
+        await loop.connect_accepted_socket(lambda: side, ours)
+        with theirs:
+            theirs.setblocking(False)
+            await loop.sock_sendall(theirs, b"".join(_frame(h, p) for h, p in frames_out))
+            for _ in range(200):
+                await asyncio.sleep(0.005)
+                if pool.log.count("released") == pool.log.count("acquired") and pool.log:
+                    break
+        side.transport.close()  # type: ignore[union-attr]
+        await side.closed.wait()
+
+    asyncio.run(main())
+    return pool.log
+
+
+def test_a_large_message_hands_its_lease_to_the_call() -> None:
+    taken: list[object] = []
+
+    async def answer(call: object) -> bytes:
+        taken.append(call.lease)  # type: ignore[attr-defined]
+        assert call.located()[0][1:] == (
+            len(_large_infer_request()) - frames._BUFFER * 2,
+            frames._BUFFER * 2,
+        )  # type: ignore[attr-defined]
+        call.lease.release()  # type: ignore[attr-defined]
+        return b"ok"
+
+    log = _run_front_side(answer, [(Call(1, "ModelInfer"), _large_infer_request())])
+    assert log == ["acquired", "released"] and len(taken) == 1
+
+
+def test_a_lease_is_released_when_its_message_does_not_parse() -> None:
+    async def answer(call: object) -> bytes:
+        raise AssertionError("not parsed: never called")
+
+    garbage = b"\xff" * (frames._BUFFER * 2)
+    log = _run_front_side(answer, [(Call(1, "ModelInfer"), garbage)])
+    assert log == ["acquired", "released"]
+
+
+def test_a_lease_is_released_when_its_call_is_cancelled_before_it_runs() -> None:
+    """A Cancel read in the same turn as its Call: the call's task never runs its body."""
+    import asyncio
+
+    from oipserve.grpc_front.codec import split_infer_request
+    from oipserve.grpc_front.handlers import Method
+    from oipserve.grpc_relay.front_side import FrontSide
+
+    async def answer(call: object) -> bytes:
+        raise AssertionError("cancelled before it ran")
+
+    async def main() -> list[str]:
+        pool = _Pool()
+        methods = {"ModelInfer": Method(split_infer_request, answer, bytes)}  # type: ignore[arg-type]
+        side = FrontSide(methods, pool)  # type: ignore[arg-type]
+        payload = await side._leased(1, len(_large_infer_request()))
+        payload[:] = _large_infer_request()
+        side.frame_received(Call(1, "ModelInfer"), payload)
+        side.frame_received(Cancel(1), b"")
+        await asyncio.sleep(0.01)
+        return pool.log
+
+    assert asyncio.run(main()) == ["acquired", "released"]
