@@ -34,8 +34,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_lifecycle import run_cli
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
+from tests.e2e.test_lifecycle import run_serve
+from tests.server import ServerProcess, shm_entries, wait_for
 
 PROCESSES = 2
 GRPC_PROCESS = "oipserve.grpc_process"
@@ -256,32 +256,6 @@ def test_concurrent_clients_are_spread_and_answered(server: ServerProcess) -> No
             thread.join(30)
     assert sum(per_process.values()) >= clients, per_process
     assert all(per_process.values()), per_process
-
-
-def _stream_inputs(value: float) -> list[grpcclient.InferInput]:
-    inp = grpcclient.InferInput("INPUT0", [1], "FP32")
-    inp.set_data_from_numpy(np.array([value], dtype=np.float32))
-    return [inp]
-
-
-def test_stream_answers_in_order_and_errors_in_band(server: ServerProcess) -> None:
-    results: queue.Queue[tuple[object, object]] = queue.Queue()
-    with grpcclient.InferenceServerClient(server.grpc_url) as own:
-        own.start_stream(callback=lambda result, error: results.put((result, error)))
-        for i in range(10):
-            own.async_stream_infer("versioned", _stream_inputs(i), request_id=str(i))
-        own.async_stream_infer("nope", _stream_inputs(0), request_id="bad")
-        own.async_stream_infer("versioned", _stream_inputs(100), model_version="1", request_id="x")
-        got = [results.get(timeout=30) for _ in range(12)]
-        own.stop_stream()
-    for i, (result, error) in enumerate(got[:10]):
-        assert error is None, error
-        assert result.get_response().id == str(i)  # type: ignore[attr-defined]
-        assert result.as_numpy("OUTPUT0").tolist() == [i + 2.0]  # type: ignore[attr-defined]
-    result, error = got[10]
-    assert result is None and "unknown model 'nope'" in str(error)
-    result, error = got[11]
-    assert error is None and result.as_numpy("OUTPUT0").tolist() == [101.0]  # type: ignore[attr-defined]
 
 
 def test_large_message_round_trips(server: ServerProcess) -> None:
@@ -546,14 +520,7 @@ def test_grpc_processes_exit_when_the_front_is_killed() -> None:
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    result = run_cli(
-        "serve",
-        "--model-repository",
-        str(SAMPLE_REPOSITORY),
-        "--http-port",
-        "0",
-        "--grpc-port",
-        "0",
+    result = run_serve(
         *args,
         timeout=30,
         env=env,

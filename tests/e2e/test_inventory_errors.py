@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from oipserve.cli import EXIT_STARTUP_FAILURE
-from tests.e2e.test_lifecycle import run_cli
+from tests.e2e.test_lifecycle import run_serve
 from tests.e2e.test_rest_basics import request
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
 
@@ -37,14 +37,7 @@ def test_unreadable_inventory_stops_start_up(
     inventory = tmp_path / "inventory.json"
     if content is not None:
         inventory.write_text(content)
-    result = run_cli(
-        "serve",
-        "--model-repository",
-        str(SAMPLE_REPOSITORY),
-        "--http-port",
-        "0",
-        "--grpc-port",
-        "0",
+    result = run_serve(
         "--hardware-inventory",
         str(inventory),
     )

@@ -36,6 +36,14 @@ def run_cli(
     )
 
 
+def run_serve(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``oipserve serve`` on the sample repository, free HTTP and gRPC ports, then ARGS."""
+    fixed = ["--model-repository", str(SAMPLE_REPOSITORY), "--http-port", "0", "--grpc-port", "0"]
+    return run_cli("serve", *fixed, *args, timeout=timeout, env=env)
+
+
 def test_bad_flag_exits_non_zero_with_message() -> None:
     result = run_cli("serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", "x")
     assert result.returncode == 2

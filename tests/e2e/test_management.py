@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.e2e.test_lifecycle import run_cli
+from tests.e2e.test_lifecycle import run_serve
 from tests.e2e.test_rest_basics import request
 from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
@@ -471,14 +471,7 @@ def test_unload_under_load_finishes_in_flight_then_404(srv: ServerProcess) -> No
 
 
 def test_unknown_load_model_stops_start_up() -> None:
-    result = run_cli(
-        "serve",
-        "--model-repository",
-        str(SAMPLE_REPOSITORY),
-        "--http-port",
-        "0",
-        "--grpc-port",
-        "0",
+    result = run_serve(
         "--model-control-mode",
         "explicit",
         "--load-model",

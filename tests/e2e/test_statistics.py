@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_lifecycle import run_cli
+from tests.e2e.test_lifecycle import run_serve
 from tests.e2e.test_rest_basics import request
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
 
@@ -289,14 +289,7 @@ def test_metrics_port_in_use_fails_start_up() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli(
-            "serve",
-            "--model-repository",
-            str(SAMPLE_REPOSITORY),
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
+        result = run_serve(
             "--metrics-port",
             str(port),
         )
