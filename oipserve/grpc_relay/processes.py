@@ -139,11 +139,12 @@ class GrpcProcesses:
             gone.side.transport.close()
         if self._stopping:
             return
-        log.error(
-            "gRPC process %d died%s; starting another",
-            gone.process.pid,
-            exit_status(gone.process.returncode),
-        )
+        code = gone.process.returncode
+        # NOTE: a process that exits 0 was stopped on purpose (SIGTERM to it alone: it
+        #   drains first), as a worker is; anything else is a death.
+        report = log.info if code == 0 else log.error
+        how = "was stopped" if code == 0 else "died"
+        report("gRPC process %d %s%s; starting another", gone.process.pid, how, exit_status(code))
         task = asyncio.get_running_loop().create_task(self._replace())
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)

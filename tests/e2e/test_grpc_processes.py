@@ -399,6 +399,20 @@ def _server_side(proc: ServerProcess, client: grpcclient.InferenceServerClient) 
     return pid
 
 
+def test_a_grpc_process_stopped_with_sigterm_is_replaced_quietly(server: ServerProcess) -> None:
+    """SIGTERM to one gRPC process alone (an operator's stop): it drains and exits 0, the
+    front logs that at INFO (not as a death) and starts another."""
+    victim = grpc_pids(server)[0]
+    os.kill(victim, signal.SIGTERM)
+    stopped = f"gRPC process {victim} was stopped"
+    assert wait_for(lambda: any(stopped in line for line in server.lines), 20), server.log
+    assert not any(stopped in line and " ERROR " in line for line in server.lines)
+    assert wait_for(
+        lambda: len(grpc_pids(server)) == PROCESSES and victim not in grpc_pids(server), 30
+    ), server.log
+    assert wait_for(lambda: _answers(server), 30), server.log
+
+
 def test_a_killed_grpc_process_is_replaced(server: ServerProcess) -> None:
     """Its calls fail (UNAVAILABLE) and leave the front; new ones work again."""
     before = grpc_pids(server)
