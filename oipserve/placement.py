@@ -9,14 +9,13 @@ segment).
 
 from __future__ import annotations
 
-import asyncio
-
-import numpy as np
+from functools import partial
 
 from oipserve import json_offload
 from oipserve.errors import InvalidInput
 from oipserve.images import image_payload
 from oipserve.inference import InputTensor
+from oipserve.off_loop import copy_into, in_thread
 from oipserve.tensors import Deferred, array_from_values, bytes_from_values
 from oipserve.wire.datatypes import (
     ELEMENT_SIZES,
@@ -50,26 +49,11 @@ async def place(
         except BaseException:
             lease.release()
             raise
+    # NOTE: large copies go to a thread (numpy's copies let go of the GIL): a 122 MiB
+    #   gRPC input copied on the loop held it for ~0.5 s here, page faults included.
     lease = await pool.acquire_async(size)
-    return await _placed_in_thread(placements, lease), lease
-
-
-async def _placed_in_thread(placements: list[Placement], lease: Lease) -> list[TensorDesc]:
-    """``_place_into`` in a thread: large copies (numpy's let go of the GIL) off the loop.
-
-    A 122 MiB gRPC input copied on the loop held it for ~0.5 s on this machine (page
-    faults of the fresh segment included). The lease is released only once the thread
-    has finished with it, also when the request is cancelled meanwhile.
-    """
-    copying = asyncio.ensure_future(asyncio.to_thread(_place_into, placements, lease))
-    try:
-        return await asyncio.shield(copying)
-    except BaseException:
-        if copying.done():
-            lease.release()
-        else:
-            copying.add_done_callback(lambda _: lease.release())
-        raise
+    placing = partial(_place_into, placements, lease)
+    return await in_thread(placing, lease.release, after_success=False), lease
 
 
 def _hosted_size(placements: list[Placement]) -> int | None:
@@ -123,7 +107,7 @@ def _place_into(placements: list[Placement], lease: Lease | None) -> list[Tensor
             )
             continue
         assert lease is not None
-        _copy(lease.buf, offset, nbytes, data)
+        copy_into(lease.buf, offset, nbytes, data)
         descs.append(
             TensorDesc(
                 tensor.name,
@@ -137,20 +121,6 @@ def _place_into(placements: list[Placement], lease: Lease | None) -> list[Tensor
         )
         offset = align(offset + nbytes)
     return descs
-
-
-#: Copies from this size go through numpy, which lets go of the GIL while it copies.
-_COPY_WITHOUT_GIL = 1024 * 1024
-
-
-def _copy(target: memoryview, offset: int, nbytes: int, data: object) -> None:
-    if isinstance(data, np.ndarray):
-        data = data.view(np.uint8).reshape(-1).data
-    if nbytes < _COPY_WITHOUT_GIL:
-        target[offset : offset + nbytes] = data  # type: ignore[index]
-    else:
-        into = np.frombuffer(target, np.uint8, nbytes, offset)
-        np.copyto(into, np.frombuffer(data, np.uint8))  # type: ignore[call-overload]
 
 
 def values_of(tensor: InputTensor, count: int) -> object:

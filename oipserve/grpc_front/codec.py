@@ -12,8 +12,8 @@ output is copied once, from the worker's segment into the wire bytes.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError
@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from oipserve.grpc_front.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InferResult, region_parameters_of
+from oipserve.off_loop import in_thread
 from oipserve.wire.shm import Lease
 
 _RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
@@ -201,18 +202,9 @@ async def written_in_thread(reply: InferReply, write: Callable[[InferReply], Wri
     """``write(reply)`` in a thread; the reply's segment released on the loop afterwards.
 
     Copying a large reply's outputs holds the loop for as long as the copy takes when
-    it runs there (~36 ms for 128 MB). The release queues a message to the worker, so
-    it waits for the thread and runs on the loop, also when the call is cancelled
-    meanwhile.
+    it runs there (~36 ms for 128 MB).
     """
-    writing = asyncio.ensure_future(asyncio.to_thread(write, reply))
-    try:
-        return await asyncio.shield(writing)
-    finally:
-        if writing.done():
-            reply.result.release()
-        else:
-            writing.add_done_callback(lambda _: reply.result.release())
+    return await in_thread(partial(write, reply), reply.result.release, after_success=True)
 
 
 def serialize_infer(reply: InferReply | pb.ModelInferResponse | bytes) -> bytes:

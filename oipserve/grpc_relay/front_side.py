@@ -16,8 +16,6 @@ import asyncio
 import mmap
 from collections.abc import Awaitable
 
-import numpy as np
-
 from oipserve.errors import kind_of
 from oipserve.grpc_front.codec import WRITE_IN_THREAD, InferReply, written_in_thread
 from oipserve.grpc_front.handlers import Method
@@ -32,6 +30,7 @@ from oipserve.grpc_relay.frames import (
     Reply,
     unmap_off_loop,
 )
+from oipserve.off_loop import copy_into
 from oipserve.wire.shm import BufferPool, Lease
 
 
@@ -135,11 +134,10 @@ def gathered(reply: InferReply) -> memoryview:
     go on in a thread; the memory (anonymous mmap) goes back to the system once the
     socket has taken it. The caller releases the reply's segment.
     """
-    parts = reply.parts()
-    memory = memoryview(mmap.mmap(-1, sum(memoryview(p).nbytes for p in parts)))
+    parts = [memoryview(part).cast("B") for part in reply.parts()]
+    memory = memoryview(mmap.mmap(-1, sum(part.nbytes for part in parts)))
     offset = 0
     for part in parts:
-        source = np.frombuffer(part, np.uint8)
-        np.copyto(np.frombuffer(memory, np.uint8, source.size, offset), source)
-        offset += source.size
+        copy_into(memory, offset, part.nbytes, part)
+        offset += part.nbytes
     return memory

@@ -1,0 +1,51 @@
+"""Work kept off the event loop: in a thread, holding what it uses until it is done
+(``in_thread``), with copies that let go of the GIL meanwhile (``copy_into``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+
+Result = TypeVar("Result")
+
+
+async def in_thread(
+    work: Callable[[], Result], release: Callable[[], None], *, after_success: bool
+) -> Result:
+    """``work()`` in a thread, then ``release()`` on the loop.
+
+    ``release`` runs after a failure, and after success too when ``after_success``. If
+    the awaiting task is cancelled meanwhile, it runs once the thread has finished: the
+    thread may still be reading or writing what ``release`` gives back (a segment, a
+    lease), and releases queue messages to workers, which only the loop may do.
+    """
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        result = await asyncio.shield(running)
+    except BaseException:
+        if running.done():
+            release()
+        else:
+            running.add_done_callback(lambda _: release())
+        raise
+    if after_success:
+        release()
+    return result
+
+
+#: Copies from this size go through numpy, which lets go of the GIL while it copies.
+_COPY_WITHOUT_GIL = 1024 * 1024
+
+
+def copy_into(target: memoryview, offset: int, nbytes: int, data: object) -> None:
+    """``data`` (bytes-like or an array) into ``target[offset : offset + nbytes]``."""
+    if isinstance(data, np.ndarray):
+        data = data.view(np.uint8).reshape(-1).data
+    if nbytes < _COPY_WITHOUT_GIL:
+        target[offset : offset + nbytes] = data  # type: ignore[index]
+    else:
+        into = np.frombuffer(target, np.uint8, nbytes, offset)
+        np.copyto(into, np.frombuffer(data, np.uint8))  # type: ignore[call-overload]
