@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,7 +10,7 @@ from collections.abc import Sequence
 import uvloop
 
 from oipserve.server import StartupError, serve
-from oipserve.settings import SettingsError, load_settings
+from oipserve.settings import SettingsError, configure_logging, load_settings
 
 EXIT_STARTUP_FAILURE = 3
 
@@ -22,10 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"oipserve: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(serve(settings))

@@ -36,6 +36,7 @@ from oipserve.errors import Unavailable, from_kind
 from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, serve_grpc, unary
 from oipserve.grpc_front.streaming import ordered_responses
 from oipserve.grpc_relay.frames import (
+    MAPPED,
     Call,
     Cancel,
     Failed,
@@ -48,7 +49,7 @@ from oipserve.grpc_relay.frames import (
     Stop,
 )
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
-from oipserve.settings import Settings
+from oipserve.settings import Settings, configure_logging
 
 log = logging.getLogger("oipserve.grpc_process")
 
@@ -59,13 +60,14 @@ _START_WAIT = 60.0
 class FrontLink(FrameProtocol):
     """This process's end of the socket: calls out, replies back to their callers.
 
-    Every payload becomes ``bytes`` (what grpc.aio sends) as it arrives.
+    Every payload becomes ``bytes`` (what grpc.aio sends) as it arrives, so large ones
+    below ``MAPPED`` are read into one buffer kept from frame to frame: no fresh pages to
+    fault in, no zeroing.
     """
-
-    payloads_copied = True
 
     def __init__(self) -> None:
         super().__init__()
+        self._spare = bytearray()
         loop = asyncio.get_running_loop()
         self._waiting: dict[int, asyncio.Future[tuple[Reply, bytes]]] = {}
         self._ids = itertools.count()
@@ -74,6 +76,13 @@ class FrontLink(FrameProtocol):
         self.stop_requested = asyncio.Event()
         self.stop_timeout: float | None = None
         self.closed = asyncio.Event()
+
+    def memory_for(self, header: Header, length: int) -> memoryview | None:
+        if length >= MAPPED:
+            return None
+        if len(self._spare) < length:
+            self._spare = bytearray(length)
+        return memoryview(self._spare)[:length]
 
     def frame_received(self, header: Header, payload: Payload) -> None:
         if type(header) is Reply:
@@ -172,10 +181,7 @@ async def serve(link_fd: int) -> int:
     except (TimeoutError, asyncio.CancelledError):
         return 1
     settings = msgspec.json.decode(payload, type=Settings)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings)
     # The front's malloc settings, for the same reasons (oipserve.memory_trim): messages
     # below 8 MiB reuse the heap instead of faulting in fresh pages, larger ones and what
     # a refused compressed message inflated go back to the system.

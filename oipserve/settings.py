@@ -8,6 +8,7 @@ reads the environment after start-up.
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Literal
 
@@ -89,6 +90,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: then only over gRPC) or no gRPC port; at least one of the two must stay on.
     allow_http: bool = True
     allow_grpc: bool = True
+
+
+def configure_logging(settings: Settings) -> None:
+    """The log format and level of every oipserve process (the front, gRPC processes)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 class SettingsError(ValueError):

@@ -80,8 +80,10 @@ def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandle
             response_serializer=method.serialize,
         )
 
+    joined = _joined(service.ModelInfer)
+
     async def infer(call: InferCall) -> bytes:
-        return serialize_infer(await _joined(service.ModelInfer)(call))
+        return serialize_infer(await joined(call))
 
     async def stream(
         requests: AsyncIterator[InferCall], context: grpc.aio.ServicerContext

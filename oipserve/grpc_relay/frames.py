@@ -28,7 +28,7 @@ _BUFFER = 256 * 1024
 #: zeroed by the kernel as they are first written, never all at once on the loop, and
 #: go back to the system when the message is freed. The front's malloc takes blocks of
 #: this size from mmap anyway (``oipserve.memory_trim``).
-_MAPPED = 8 * 1024 * 1024
+MAPPED = 8 * 1024 * 1024
 
 
 class Start(msgspec.Struct, tag=True, array_like=True):
@@ -110,13 +110,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
     """Reads frames into ``frame_received``; ``send`` writes one (gathered per loop turn).
 
     The kernel copies small frames into one reusable buffer; a large payload is read
-    straight into its own memory, so that a 100 MB message costs the loop only many
-    short reads. A protocol whose ``frame_received`` copies every payload out before it
-    returns sets ``payloads_copied``: its large payloads below the mmap size are then read
-    into one buffer kept from frame to frame (no fresh pages to fault in, no zeroing).
+    straight into memory of its own (``memory_for`` lets a protocol choose where), so
+    that a 100 MB message costs the loop only many short reads.
     """
-
-    payloads_copied = False
 
     def __init__(self) -> None:
         self._buffer = bytearray(_BUFFER)
@@ -127,7 +123,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._large_header: Header | None = None
         self._large: memoryview | None = None
         self._filled = 0
-        self._spare = bytearray()
         #: What arrived of a payload whose memory is being prepared (``memory_for``).
         self._waiting_first = b""
         self._out: CorkedTransport | None = None
@@ -194,17 +189,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._start == self._end:
             self._start = self._end = 0
 
-    def memory_for(self, header: Header, length: int) -> Awaitable[memoryview] | None:
-        """Where a large payload is to be read; None: memory of its own (see the class).
-
-        A protocol may return an awaitable of ``length`` bytes of memory: reading pauses
-        until it is there.
+    def memory_for(self, header: Header, length: int) -> memoryview | Awaitable[memoryview] | None:
+        """Where a large payload is to be read: ``length`` bytes of memory, or an awaitable
+        of them (reading pauses until it is there); None: memory of its own (``MAPPED``).
         """
         return None
 
     def _begin_large(self, header: Header, length: int, first: memoryview) -> None:
         given = self.memory_for(header, length)
-        if given is not None:
+        if given is not None and not isinstance(given, memoryview):
             self._large_header = header
             self._waiting_first = bytes(first)
             self._start = self._end = 0
@@ -212,12 +205,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.transport.pause_reading()
             asyncio.ensure_future(given).add_done_callback(self._memory_given)
             return
-        if length >= _MAPPED:
+        if given is not None:
+            memory = given
+        elif length >= MAPPED:
             memory = memoryview(mmap.mmap(-1, length))
-        elif self.payloads_copied:
-            if len(self._spare) < length:
-                self._spare = bytearray(length)
-            memory = memoryview(self._spare)[:length]
         else:
             memory = memoryview(bytearray(length))
         self._fill(header, memory, first)

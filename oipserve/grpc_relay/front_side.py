@@ -23,6 +23,7 @@ from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_relay.frames import (
     Call,
     Cancel,
+    Failed,
     FrameProtocol,
     Header,
     Listening,
@@ -32,6 +33,10 @@ from oipserve.grpc_relay.frames import (
 )
 from oipserve.off_loop import copy_into
 from oipserve.wire.shm import BufferPool, Lease
+
+
+class ExitedBeforeListening(RuntimeError):
+    """The process's socket closed before it said ``Listening`` (nor ``Failed``)."""
 
 
 class FrontSide(FrameProtocol):
@@ -51,8 +56,10 @@ class FrontSide(FrameProtocol):
         self._unclaimed: dict[int, Lease] = {}
         loop = asyncio.get_running_loop()
         self._loop = loop
-        #: The port the process serves, once it says so.
+        #: The port the process serves once it says so; its reason if it cannot.
         self.listening: asyncio.Future[int] = loop.create_future()
+        # NOTE: a start that was given up on (timed out, cancelled) never reads the reason.
+        self.listening.add_done_callback(lambda f: f.cancelled() or f.exception())
         #: Set when the socket closes.
         self.closed = asyncio.Event()
 
@@ -83,6 +90,8 @@ class FrontSide(FrameProtocol):
                 task.cancel()
         elif type(header) is Listening and not self.listening.done():
             self.listening.set_result(header.port)
+        elif type(header) is Failed and not self.listening.done():
+            self.listening.set_exception(RuntimeError(header.message))
 
     def _release(self, call_id: int) -> None:
         lease = self._unclaimed.pop(call_id, None)
@@ -123,7 +132,7 @@ class FrontSide(FrameProtocol):
         for call_id in list(self._unclaimed):
             self._release(call_id)  # read in part, or never run: the process went away
         if not self.listening.done():
-            self.listening.cancel()
+            self.listening.set_exception(ExitedBeforeListening())
         self.closed.set()
 
 

@@ -18,8 +18,8 @@ import socket
 import msgspec
 
 from oipserve.grpc_front.handlers import Method
-from oipserve.grpc_relay.frames import Failed, Header, Payload, Start, Stop
-from oipserve.grpc_relay.front_side import FrontSide
+from oipserve.grpc_relay.frames import Start, Stop
+from oipserve.grpc_relay.front_side import ExitedBeforeListening, FrontSide
 from oipserve.settings import Settings
 from oipserve.wire.shm import BufferPool
 from oipserve.workerproc import ChildProcess, exit_status
@@ -32,16 +32,6 @@ START_TIMEOUT = 60.0
 SOCKET_BUFFER = 1024 * 1024
 #: Beyond the drain's timeout, how long a stopping process gets to exit.
 EXIT_GRACE = 5.0
-
-
-class _Starting(FrontSide):
-    """A front side that also hears a process's ``Failed``."""
-
-    def frame_received(self, header: Header, payload: Payload) -> None:
-        if type(header) is Failed and not self.listening.done():
-            self.listening.set_exception(RuntimeError(header.message))
-            return
-        super().frame_received(header, payload)
 
 
 class GrpcProcess:
@@ -59,7 +49,6 @@ class GrpcProcesses:
     def __init__(
         self, settings: Settings, methods: dict[str, Method], count: int, inputs: BufferPool
     ) -> None:
-        self._settings = settings
         self._encoded_settings = msgspec.json.encode(settings)
         self._methods = methods
         self._inputs = inputs
@@ -69,10 +58,6 @@ class GrpcProcesses:
         self._stopping = False
         self._replacing: set[asyncio.Task[None]] = set()
         self.port = settings.grpc_port
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.process.pid for p in self._running]
 
     async def start(self) -> int:
         """Start every process; the port they serve. Raises RuntimeError when one cannot."""
@@ -104,20 +89,18 @@ class GrpcProcesses:
             )
         finally:
             theirs.close()
-        side = _Starting(self._methods, self._inputs)
+        side = FrontSide(self._methods, self._inputs)
         await loop.connect_accepted_socket(lambda: side, ours)
         side.send(Start(port, self._reuse_port), self._encoded_settings)
         started = GrpcProcess(process, side)
         try:
             await asyncio.wait_for(asyncio.shield(side.listening), START_TIMEOUT)
-        except asyncio.CancelledError:
+        except ExitedBeforeListening:
             self._end(started)
-            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                raise
             raise RuntimeError(
                 f"the gRPC process exited before it listened{exit_status(process.returncode)}"
             ) from None
-        except (TimeoutError, RuntimeError):
+        except BaseException:
             self._end(started)
             raise
         return started

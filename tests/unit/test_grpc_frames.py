@@ -41,7 +41,7 @@ def _feed(reader: FrameProtocol, data: bytes, cut: int) -> None:
 
 
 LARGE = frames._BUFFER * 3 + 17
-MAPPED = frames._MAPPED + 5
+MAPPED = frames.MAPPED + 5
 
 SENT: list[tuple[Header, bytes]] = [
     (Call(1, "ModelInfer"), b"x" * 100),
