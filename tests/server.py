@@ -135,10 +135,21 @@ class ServerProcess:
             pids = [int(p) for p in children.read_text().split()]
         except OSError:
             return []
-        return [p for p in pids if "-m workers" in _cmdline(p)]
+        return [p for p in pids if "-m workers" in cmdline(p)]
+
+    def grpc_process_pids(self) -> list[int]:
+        """PIDs of the server's gRPC processes (``--grpc-processes``), whichever of the
+        front's threads started them."""
+        pids: list[int] = []
+        for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
+            try:
+                pids += [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return sorted(p for p in pids if "oipserve.grpc_process" in cmdline(p))
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import tritonclient.grpc as grpcclient
 
 ROUND_TRIP = {
     "BOOL": np.array([[True, False, True]]),
@@ -21,3 +22,14 @@ ROUND_TRIP = {
     "BF16": np.array([[1.0, -2.5, 0.5]], dtype=ml_dtypes.bfloat16),
     "BYTES": np.array([["héllo", "", "x" * 300]], dtype=object),
 }
+
+
+def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
+    """The sample model ``simple``'s two INT32 inputs, for tritonclient.grpc."""
+    inputs = [
+        grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
+        grpcclient.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs

@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.server import SAMPLE_REPOSITORY, ServerProcess
-from tests.tensors import ROUND_TRIP
+from tests.tensors import ROUND_TRIP, simple_inputs
 
 #: InferTensorContents field per datatype (the typed, non-raw encoding).
 TYPED_FIELD = {
@@ -90,16 +90,6 @@ def _raw_fail(call: object, code: grpc.StatusCode, match: str | None = None) -> 
     return info.value.details()
 
 
-def _simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
-    inputs = [
-        grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
-        grpcclient.InferInput("INPUT1", list(b.shape), "INT32"),
-    ]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
-
-
 # ---- health and metadata ------------------------------------------------------
 
 
@@ -145,7 +135,7 @@ def test_model_config(server: ServerProcess, client: grpcclient.InferenceServerC
 def test_simple(client: grpcclient.InferenceServerClient) -> None:
     a = np.arange(32, dtype=np.int32).reshape(2, 16)
     b = np.ones((2, 16), dtype=np.int32)
-    result = client.infer("simple", _simple_inputs(a, b), request_id="req-7")
+    result = client.infer("simple", simple_inputs(a, b), request_id="req-7")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
     response = result.get_response()
@@ -156,7 +146,7 @@ def test_simple(client: grpcclient.InferenceServerClient) -> None:
         grpcclient.InferRequestedOutput("OUTPUT1"),
         grpcclient.InferRequestedOutput("OUTPUT0"),
     ]
-    result = client.infer("simple", _simple_inputs(a, b), outputs=outputs)
+    result = client.infer("simple", simple_inputs(a, b), outputs=outputs)
     assert [o.name for o in result.get_response().outputs] == ["OUTPUT1", "OUTPUT0"]
 
 
@@ -273,7 +263,7 @@ def test_sixteen_concurrent_clients(server: ServerProcess) -> None:
                     rows = int(rng.integers(1, 9))
                     a = rng.integers(-1000, 1000, (rows, 16), dtype=np.int32)
                     b = rng.integers(-1000, 1000, (rows, 16), dtype=np.int32)
-                    result = own.infer("simple", _simple_inputs(a, b))
+                    result = own.infer("simple", simple_inputs(a, b))
                     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
                     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
                     x = rng.random((1, int(rng.integers(1, 50_000))), dtype=np.float32)
@@ -395,7 +385,7 @@ def test_invalid_argument_same_message_as_rest(
 ) -> None:
     a = np.zeros((1, 15), dtype=np.int32)
     message = _fail(
-        lambda: client.infer("simple", _simple_inputs(a, a)), grpc.StatusCode.INVALID_ARGUMENT
+        lambda: client.infer("simple", simple_inputs(a, a)), grpc.StatusCode.INVALID_ARGUMENT
     )
     rest = httpclient.InferenceServerClient(server.host_port)
     inputs = [httpclient.InferInput(n, [1, 15], "INT32") for n in ("INPUT0", "INPUT1")]
@@ -409,7 +399,7 @@ def test_invalid_argument_same_message_as_rest(
     _fail(
         lambda: client.infer(
             "simple",
-            _simple_inputs(np.zeros((1, 16), np.int32), np.zeros((1, 16), np.int32)),
+            simple_inputs(np.zeros((1, 16), np.int32), np.zeros((1, 16), np.int32)),
             outputs=[grpcclient.InferRequestedOutput("NOPE")],
         ),
         grpc.StatusCode.INVALID_ARGUMENT,

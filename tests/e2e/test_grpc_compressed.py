@@ -35,14 +35,8 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
 
 def _receiving_pid(server: ServerProcess) -> int:
     """The process grpc inflates messages in: the front, or its one gRPC process."""
-    front = server.process.pid
-    children = Path(f"/proc/{front}/task/{front}/children").read_text().split()
-    grpc_processes = [
-        int(pid)
-        for pid in children
-        if b"oipserve.grpc_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-    return grpc_processes[0] if grpc_processes else front
+    grpc_processes = server.grpc_process_pids()
+    return grpc_processes[0] if grpc_processes else server.process.pid
 
 
 def memory(pid: int, name: str) -> int:

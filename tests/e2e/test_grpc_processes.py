@@ -35,7 +35,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_lifecycle import run_serve
-from tests.server import ServerProcess, shm_entries, wait_for
+from tests.server import ServerProcess, cmdline, shm_entries, wait_for
+from tests.tensors import simple_inputs
 
 PROCESSES = 2
 GRPC_PROCESS = "oipserve.grpc_process"
@@ -60,29 +61,6 @@ def server() -> Iterator[ServerProcess]:
 
 
 # ---- processes, sockets, metrics ------------------------------------------------------
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _children(pid: int) -> list[int]:
-    """Children of ``pid``, whichever of its threads started them."""
-    pids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return pids
-
-
-def grpc_pids(proc: ServerProcess) -> list[int]:
-    """The front's gRPC processes."""
-    return sorted(p for p in _children(proc.process.pid) if GRPC_PROCESS in _cmdline(p))
 
 
 def alive(pid: int) -> bool:
@@ -148,16 +126,6 @@ def steadily(predicate: Callable[[], bool], times: int = 3) -> Callable[[], bool
 # ---- requests -------------------------------------------------------------------------
 
 
-def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
-    inputs = [
-        grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
-        grpcclient.InferInput("INPUT1", list(b.shape), "INT32"),
-    ]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
-
-
 def check_simple(client: grpcclient.InferenceServerClient, seed: int) -> None:
     rng = np.random.default_rng(seed)
     a = rng.integers(-1000, 1000, (1, 16), dtype=np.int32)
@@ -216,10 +184,10 @@ def instance_held(proc: ServerProcess, pool: ThreadPoolExecutor) -> Iterator[int
 
 
 def test_the_grpc_processes_are_children_of_the_front(server: ServerProcess) -> None:
-    pids = grpc_pids(server)
+    pids = server.grpc_process_pids()
     assert len(pids) == PROCESSES, (pids, server.log)
     for pid in pids:
-        assert "-P -m oipserve.grpc_process" in _cmdline(pid), _cmdline(pid)
+        assert "-P -m oipserve.grpc_process" in cmdline(pid), cmdline(pid)
     assert "grpc=" in server.ready_line and server.grpc_port
 
 
@@ -248,7 +216,7 @@ def test_concurrent_clients_are_spread_and_answered(server: ServerProcess) -> No
         assert not errors, errors[0]
         per_process = {
             pid: sum(local == server.grpc_port for local, _ in tcp_links(pid))
-            for pid in grpc_pids(server)
+            for pid in server.grpc_process_pids()
         }
     finally:
         release.set()
@@ -395,27 +363,25 @@ def _server_side(proc: ServerProcess, client: grpcclient.InferenceServerClient) 
     """The gRPC process that holds ``client``'s (this test process's only) connection."""
     assert client.is_server_live()  # connected
     (ours,) = [local for local, remote in tcp_links(os.getpid()) if remote == proc.grpc_port]
-    (pid,) = [p for p in grpc_pids(proc) if (proc.grpc_port, ours) in tcp_links(p)]
+    (pid,) = [p for p in proc.grpc_process_pids() if (proc.grpc_port, ours) in tcp_links(p)]
     return pid
 
 
 def test_a_grpc_process_stopped_with_sigterm_is_replaced_quietly(server: ServerProcess) -> None:
     """SIGTERM to one gRPC process alone (an operator's stop): it drains and exits 0, the
     front logs that at INFO (not as a death) and starts another."""
-    victim = grpc_pids(server)[0]
+    victim = server.grpc_process_pids()[0]
     os.kill(victim, signal.SIGTERM)
     stopped = f"gRPC process {victim} was stopped"
     assert wait_for(lambda: any(stopped in line for line in server.lines), 20), server.log
     assert not any(stopped in line and " ERROR " in line for line in server.lines)
-    assert wait_for(
-        lambda: len(grpc_pids(server)) == PROCESSES and victim not in grpc_pids(server), 30
-    ), server.log
+    assert wait_for(lambda: _replaced(server, victim), 30), server.log
     assert wait_for(lambda: _answers(server), 30), server.log
 
 
 def test_a_killed_grpc_process_is_replaced(server: ServerProcess) -> None:
     """Its calls fail (UNAVAILABLE) and leave the front; new ones work again."""
-    before = grpc_pids(server)
+    before = server.grpc_process_pids()
     with ThreadPoolExecutor(24) as pool:
         own = grpcclient.InferenceServerClient(server.grpc_url)
         try:
@@ -432,11 +398,19 @@ def test_a_killed_grpc_process_is_replaced(server: ServerProcess) -> None:
         finally:
             own.close()
     assert wait_for(lambda: _died_logged(server), 10), server.log
-    assert wait_for(
-        lambda: len(grpc_pids(server)) == PROCESSES and victim not in grpc_pids(server), 30
-    ), (before, grpc_pids(server), server.log)
+    assert wait_for(lambda: _replaced(server, victim), 30), (
+        before,
+        server.grpc_process_pids(),
+        server.log,
+    )
     assert not alive(victim)
     assert wait_for(lambda: _answers(server), 30), server.log
+
+
+def _replaced(proc: ServerProcess, victim: int) -> bool:
+    """``victim`` is gone and another gRPC process has taken its place."""
+    pids = proc.grpc_process_pids()
+    return len(pids) == PROCESSES and victim not in pids
 
 
 def _died_logged(proc: ServerProcess) -> bool:
@@ -463,7 +437,7 @@ def test_restricted_protocol_through_a_process() -> None:
         args=["--grpc-processes", "1", "--grpc-restricted-protocol", "inference:secret=xyz"]
     ).wait_ready()
     try:
-        assert len(grpc_pids(proc)) == 1
+        assert len(proc.grpc_process_pids()) == 1
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
             assert own.is_server_live()  # health is not restricted
             for headers in ({}, {"triton-grpc-protocol-secret": "wrong"}):
@@ -487,9 +461,9 @@ def test_sigterm_answers_the_call_in_flight_and_leaves_nothing() -> None:
         args=["--grpc-processes", str(PROCESSES), "--worker-heartbeat-timeout", "60"]
     ).wait_ready()
     front = proc.process.pid
-    children = grpc_pids(proc) + proc.worker_pids()
+    children = proc.grpc_process_pids() + proc.worker_pids()
     try:
-        assert len(grpc_pids(proc)) == PROCESSES, proc.log
+        assert len(proc.grpc_process_pids()) == PROCESSES, proc.log
         with ThreadPoolExecutor(24) as pool:
             own = grpcclient.InferenceServerClient(proc.grpc_url)
             try:
@@ -513,13 +487,13 @@ def test_grpc_processes_exit_when_the_front_is_killed() -> None:
     """Through the environment this time: OIPSERVE_GRPC_PROCESSES."""
     proc = ServerProcess(env={"OIPSERVE_GRPC_PROCESSES": str(PROCESSES)}).wait_ready()
     front = proc.process.pid
-    children = grpc_pids(proc)
+    children = proc.grpc_process_pids()
     workers = proc.worker_pids()
     try:
         assert len(children) == PROCESSES, proc.log
         proc.kill()
         assert wait_for(lambda: not any(alive(pid) for pid in children), 10), [
-            (pid, _cmdline(pid)) for pid in children if alive(pid)
+            (pid, cmdline(pid)) for pid in children if alive(pid)
         ]
     finally:
         proc.kill()
