@@ -1,27 +1,34 @@
-"""CPU per gRPC call of the front, with gRPC in the front and with ``--grpc-processes``.
+"""gRPC calls/s and CPU per call, gRPC in the front against ``--grpc-processes N``.
 
 What ``--grpc-processes`` is for: the front's core is the limit of one server's gRPC
 calls/s on a node with cores to spare, and a gRPC process takes grpc.aio's share of
-each call off it. Calls/s on this 2-core machine cannot show that (no core is free);
-the front's CPU time per call can: one front core allows about 1e6 / (front µs per
-call) calls/s. Both servers (same build, the benchmark repository that
-`benchmarks/run.py` writes) run at once and are driven in turn, order reversed every
-other round, by the harness's gRPC client (tiny ``simple`` request, c=16); CPU times
-come from /proc for the front, its gRPC processes and its workers separately.
+each call off it. On a 2-core machine calls/s cannot show that (no core is free); the
+front's CPU time per call can: one front core allows about 1e6 / (front µs per call)
+calls/s. On a many-core node the calls/s curve over N is the measurement itself.
 
-    python benchmarks/grpc_front_cpu.py --rounds 4
+One server per mode (same build, the benchmark repository) runs at once; every round
+drives each mode in turn, order reversed every other round, with the harness's gRPC
+client; CPU times come from /proc for the front, its gRPC processes and its workers
+separately.
 
-Needs a prior `benchmarks/run.py` run (for benchmarks/.work/).
+    python benchmarks/grpc_front_cpu.py --rounds 4                  # 2 cores: 0 against 1
+    python benchmarks/grpc_front_cpu.py --prepare --modes 0,1,2,4 --instances 4 \\
+        --client-processes 6 --scenarios tiny:16,tiny:64,mib:16 --json out.json  # many cores
+
+Needs the benchmark repository and payloads in benchmarks/.work/: a prior
+`benchmarks/run.py` run writes them, or ``--prepare`` builds them (onnx needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -31,7 +38,24 @@ from oipbench.load import run_grpc  # noqa: E402
 from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
 
 WORK = BENCH / ".work"
-SPEC = WORK / "payloads" / "simple.grpc.json"
+PAYLOADS = WORK / "payloads"
+REPOSITORY = WORK / "repos" / "oipserve"
+# scenario name -> (model, request payload bytes for MB/s; 0: report calls/s only)
+MODELS = {"tiny": ("simple", 0), "mib": ("identity_fp32", 1 << 20)}
+
+
+@dataclass
+class Row:
+    mode: int
+    scenario: str
+    round: int
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    front_us: float
+    grpc_processes_us: float
+    workers_us: float
+    client_cpu_pct: float
 
 
 def _spent(before: CpuSnapshot, after: CpuSnapshot, front: int) -> tuple[float, float, float]:
@@ -53,11 +77,26 @@ def _is_grpc_process(pid: int) -> bool:
         return False
 
 
-def _start(processes: int) -> tuple[subprocess.Popen[str], str]:
+def _prepare(instances: int) -> None:
+    """Models, gRPC specs and the oipserve repository, as `benchmarks/run.py` writes them."""
+    from oipbench.models import build_models, write_oipserve_repo
+    from oipbench.payloads import grpc_spec
+    from oipbench.servers import Tuning
+
+    cases = build_models(WORK / "models")
+    for case in cases.values():
+        grpc_spec(case, PAYLOADS)
+    write_oipserve_repo(cases, REPOSITORY, instances, Tuning(instances=instances).ort_params())
+
+
+def _start(processes: int, instances: int) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "OIPSERVE_METRICS_PORT": "0"}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
     argv = [sys.executable, "-P", "-m", "oipserve", "serve", "--model-repository",
-            str(WORK / "repos" / "oipserve"), "--http-port", "0", "--grpc-port", "0",
-            "--instances-per-device", "2", "--grpc-processes", str(processes)]  # fmt: skip
+            str(REPOSITORY), "--http-port", "0", "--grpc-port", "0", "--devices", "cpu",
+            "--instances-per-device", str(instances),
+            "--grpc-processes", str(processes)]  # fmt: skip
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -69,44 +108,89 @@ def _start(processes: int) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError(f"--grpc-processes {processes}: the server did not start")
 
 
+def _scenarios(text: str) -> list[tuple[str, int]]:
+    """Parse "tiny:16,mib:4" into [("tiny", 16), ("mib", 4)]."""
+    out = []
+    for item in text.split(","):
+        name, _, concurrency = item.partition(":")
+        if name not in MODELS or not concurrency.isdigit():
+            raise SystemExit(f"--scenarios: {item!r} is not <tiny|mib>:<concurrency>")
+        out.append((name, int(concurrency)))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4)
-    parser.add_argument("--processes", type=int, default=1, help="--grpc-processes to compare")
+    parser.add_argument("--modes", default="0,1", help="--grpc-processes values to compare")
+    parser.add_argument("--scenarios", default="tiny:16", help="<tiny|mib>:<concurrency>,...")
+    parser.add_argument("--instances", type=int, default=2, help="ORT workers per model")
+    parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument("--prepare", action="store_true", help="build benchmarks/.work first")
+    parser.add_argument("--json", type=Path, help="write every measurement here")
     ns = parser.parse_args()
+    if ns.prepare:
+        _prepare(ns.instances)
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    modes = [0, ns.processes]
-    servers = {mode: _start(mode) for mode in modes}
-    rows: dict[int, list[tuple[float, float, float, float]]] = {mode: [] for mode in modes}
+    modes = [int(m) for m in ns.modes.split(",")]
+    scenarios = _scenarios(ns.scenarios)
+    servers = {mode: _start(mode, ns.instances) for mode in modes}
+    rows: list[Row] = []
     try:
         for rnd in range(ns.rounds):
-            for mode in modes if rnd % 2 == 0 else modes[::-1]:
-                proc, target = servers[mode]
-                before = cpu_snapshot(proc.pid)
-                m = run_grpc(f"processes={mode}", "tiny-grpc-c16", rnd, Path(sys.executable),
-                             target, SPEC, 16, 0, ns.seconds, scratch, proc.pid)  # fmt: skip
-                front, in_grpc, workers = _spent(before, cpu_snapshot(proc.pid), proc.pid)
-                if not m.ok or not m.requests:
-                    raise RuntimeError(f"--grpc-processes {mode}: {m.note}")
-                per_call = [x / m.requests * 1e6 for x in (front, in_grpc, workers)]
-                rows[mode].append((m.rps, *per_call))
-                print(f"round {rnd} --grpc-processes {mode}: {m.rps:,.0f} calls/s, CPU per call "
-                      f"front {per_call[0]:.0f} us, gRPC processes {per_call[1]:.0f} us, "
-                      f"workers {per_call[2]:.0f} us", flush=True)  # fmt: skip
+            for name, concurrency in scenarios:
+                model, payload_bytes = MODELS[name]
+                for mode in modes if rnd % 2 == 0 else modes[::-1]:
+                    proc, target = servers[mode]
+                    before = cpu_snapshot(proc.pid)
+                    m = run_grpc(f"processes={mode}", f"{name}-c{concurrency}", rnd,
+                                 Path(sys.executable), target,
+                                 PAYLOADS / f"{model}.grpc.json", concurrency, 0, ns.seconds,
+                                 scratch, proc.pid, payload_bytes,
+                                 client_processes=ns.client_processes)  # fmt: skip
+                    front, in_grpc, workers = _spent(before, cpu_snapshot(proc.pid), proc.pid)
+                    if not m.ok or not m.requests:
+                        raise RuntimeError(f"--grpc-processes {mode}: {m.note}")
+                    us = [x / m.requests * 1e6 for x in (front, in_grpc, workers)]
+                    row = Row(mode, f"{name}-c{concurrency}", rnd, m.rps, m.p50_ms, m.p99_ms,
+                              *us, m.client_cpu_pct)  # fmt: skip
+                    rows.append(row)
+                    print(f"round {rnd} {row.scenario} --grpc-processes {mode}: "
+                          f"{m.rps:,.0f} calls/s, p50 {m.p50_ms:.2f} ms, p99 {m.p99_ms:.2f} ms, "
+                          f"CPU per call front {us[0]:.0f} us, gRPC processes {us[1]:.0f} us, "
+                          f"workers {us[2]:.0f} us, client {m.client_cpu_pct:.0f} %",
+                          flush=True)  # fmt: skip
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
+    if ns.json:
+        ns.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    _summary(rows, modes, scenarios)
+
+
+def _summary(rows: list[Row], modes: list[int], scenarios: list[tuple[str, int]]) -> None:
+    """Medians over rounds, one line per scenario and mode, calls/s relative to mode 0."""
     print()
-    for mode, results in rows.items():
-        rps, front, in_grpc, workers = (statistics.median(r[i] for r in results) for i in range(4))
-        print(
-            f"--grpc-processes {mode}: {rps:8,.0f} calls/s   CPU per call: front {front:4.0f} us, "
-            f"gRPC processes {in_grpc:4.0f} us, workers {workers:4.0f} us   "
-            f"(one front core: ~{1e6 / front:,.0f} calls/s)"
-        )
+    for name, concurrency in scenarios:
+        scenario = f"{name}-c{concurrency}"
+        base = None
+        for mode in modes:
+            got = [r for r in rows if r.scenario == scenario and r.mode == mode]
+            med = {k: statistics.median(getattr(r, k) for r in got) for k in
+                   ("calls_per_s", "p50_ms", "p99_ms", "front_us", "grpc_processes_us",
+                    "workers_us")}  # fmt: skip
+            base = base or med["calls_per_s"]
+            print(
+                f"{scenario:10} --grpc-processes {mode}: {med['calls_per_s']:8,.0f} calls/s "
+                f"({med['calls_per_s'] / base:.2f}x)  p50 {med['p50_ms']:.2f} ms  "
+                f"p99 {med['p99_ms']:.2f} ms   CPU per call: front {med['front_us']:4.0f} us, "
+                f"gRPC processes {med['grpc_processes_us']:4.0f} us, "
+                f"workers {med['workers_us']:4.0f} us  "
+                f"(one front core: ~{1e6 / med['front_us']:,.0f} calls/s)"
+            )
 
 
 if __name__ == "__main__":

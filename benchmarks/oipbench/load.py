@@ -155,6 +155,7 @@ def run_grpc(
     server_pid: int,
     payload_bytes: int = 0,
     max_requests: int = 500_000,
+    client_processes: int = 2,
 ) -> Measurement:
     """One run of grpc_client.py; server CPU is sampled around the measurement window."""
     script = Path(__file__).with_name("grpc_client.py")
@@ -174,7 +175,7 @@ def run_grpc(
         "--concurrency",
         str(concurrency),
         "--processes",
-        str(min(2, concurrency)),
+        str(min(client_processes, concurrency)),
         "--startup",
         str(startup),
         "--warmup",
