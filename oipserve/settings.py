@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 import msgspec
 
 import oipserve
+from hardware.cpus import usable_cpus
 from oipserve.access import Restriction, RestrictionError, parse_restrictions
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -35,7 +36,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
     #: Processes that serve the gRPC port and forward each call to this one (0: gRPC is
-    #: served in this process). grpc.aio's per-call work then runs on other cores.
+    #: served in this process). grpc.aio's per-call work then runs on other cores. The
+    #: command line's default is "auto" (``auto_grpc_processes``), resolved at load.
     grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     devices: str = "auto"
     instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
@@ -90,6 +92,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: then only over gRPC) or no gRPC port; at least one of the two must stay on.
     allow_http: bool = True
     allow_grpc: bool = True
+
+
+#: ``--grpc-processes auto``: none below this many usable CPUs (measured: on 2 cores a gRPC
+#: process costs 0.87-1.02x the calls/s, there is no core for it), else one for every
+#: four CPUs, at most ``AUTO_GRPC_PROCESSES_MAX`` (on 16 cores 4 gave 2.1-2.7x the tiny
+#: calls/s of none, 2 gave 2.0-2.6x; past that the front is the limit).
+#: benchmarks/results/2026-11-26-grpc-scaling-16-cores.md.
+AUTO_GRPC_PROCESSES_MIN_CPUS = 8
+AUTO_GRPC_PROCESSES_MAX = 4
+
+
+def auto_grpc_processes(cpus: int) -> int:
+    """``--grpc-processes auto`` on a process that may use ``cpus`` CPUs."""
+    if cpus < AUTO_GRPC_PROCESSES_MIN_CPUS:
+        return 0
+    return min(AUTO_GRPC_PROCESSES_MAX, cpus // 4)
 
 
 def configure_logging(settings: Settings) -> None:
@@ -165,9 +183,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--grpc-processes",
-        metavar="N",
+        metavar="N|auto",
         help="serve gRPC from N processes of its own that share the port and forward each "
-        "call to the front (0: in the front process); see docs/grpc.md",
+        "call to the front (0: in the front process; auto: 0 below "
+        f"{AUTO_GRPC_PROCESSES_MIN_CPUS} usable CPUs, else one per 4 CPUs, at most "
+        f"{AUTO_GRPC_PROCESSES_MAX}); see docs/grpc.md",
     )
     serve.add_argument(
         "--devices",
@@ -296,6 +316,7 @@ def _parser() -> argparse.ArgumentParser:
 def _document_defaults(parser: argparse.ArgumentParser) -> None:
     """Append each flag's Settings default and its OIPSERVE_* variable to its help."""
     fields = {f.name: f for f in msgspec.structs.fields(Settings)}
+    shown = {"grpc_processes": "auto"}  # resolved by load_settings, not a Settings default
     for action in parser._actions:
         field = fields.get(action.dest)
         if field is None:
@@ -307,7 +328,8 @@ def _document_defaults(parser: argparse.ArgumentParser) -> None:
         if field.required:
             action.help = f"{action.help} (env {variable})"
             continue
-        action.help = f"{action.help} (default: {_shown(field.default)}; env {variable})"
+        default = shown.get(field.name) or _shown(field.default)
+        action.help = f"{action.help} (default: {default}; env {variable})"
 
 
 def _shown(value: object) -> str:
@@ -340,10 +362,17 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
             values[name] = _restrictions(name, values[name], grpc)  # type: ignore[arg-type]
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
+    auto = values.get("grpc_processes", "auto") == "auto"
+    if auto:
+        values.pop("grpc_processes", None)
     try:
         settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
+    if auto and settings.allow_grpc:  # without gRPC: 0; an explicit N is refused below
+        settings = msgspec.structs.replace(
+            settings, grpc_processes=auto_grpc_processes(usable_cpus())
+        )
     _check_load_model(settings)
     if settings.grpc_processes and not settings.allow_grpc:
         raise SettingsError("--grpc-processes needs gRPC; it cannot go with --allow-grpc false")

@@ -52,6 +52,9 @@ class ServerProcess:
                 *args,
             ]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # gRPC in the front unless a test (or the caller's environment) says otherwise:
+        # `--grpc-processes auto` would depend on the cores of the machine running the tests.
+        full_env.setdefault("OIPSERVE_GRPC_PROCESSES", "0")
         self.process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,

@@ -1,0 +1,100 @@
+"""How many CPUs this process may really use: its affinity mask and its cgroup's CPU quota.
+
+``os.cpu_count()`` and psutil count the node's CPUs. In a Kubernetes pod with
+``resources.limits.cpu: 4`` on a 64-core node that is 64, while the kernel lets the pod
+run 4 CPUs' worth of time (the CFS quota of its cgroup). Sizing a process pool from the
+node's count there oversubscribes the pod, so what depends on "how many cores do I
+have" reads this instead. (The standard library's ``os.process_cpu_count``, 3.13+,
+reads the affinity mask only; no maintained library reads the quota.)
+
+cgroup v2: ``cpu.max`` holds ``"<quota> <period>"`` or ``"max <period>"``. cgroup v1:
+``cpu.cfs_quota_us`` (-1: none) and ``cpu.cfs_period_us``. A quota of 2.5 CPUs counts
+as 3 (the pod may run three threads at once, for part of the time).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def usable_cpus(
+    cgroup_root: Path = _CGROUP_ROOT, own_cgroup: Path = Path("/proc/self/cgroup")
+) -> int:
+    """CPUs in this process's affinity mask, capped by its cgroup's CPU quota; at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root, own_cgroup)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return max(1, cpus)
+
+
+def cgroup_cpu_quota(cgroup_root: Path, own_cgroup: Path) -> float | None:
+    """The CPU quota (in CPUs) of this process's cgroup, None where there is none."""
+    v2_dirs, v1_dirs = _own_dirs(cgroup_root, _read(own_cgroup) or "")
+    for directory in v2_dirs:
+        text = _read(directory / "cpu.max")
+        if text is not None:
+            return parse_cpu_max(text)
+    for directory in v1_dirs:
+        quota, period = (
+            _read(directory / "cpu.cfs_quota_us"),
+            _read(directory / "cpu.cfs_period_us"),
+        )
+        if quota is not None and period is not None:
+            return parse_cfs(quota, period)
+    return None
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """cgroup v2 ``cpu.max``: ``"400000 100000"`` -> 4.0, ``"max 100000"`` -> None."""
+    fields = text.split()
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        quota, period = int(fields[0]), int(fields[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def parse_cfs(quota_text: str, period_text: str) -> float | None:
+    """cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; a quota of -1 is none."""
+    try:
+        quota, period = int(quota_text), int(period_text)
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _own_dirs(cgroup_root: Path, proc_cgroup: str) -> tuple[list[Path], list[Path]]:
+    """Where this process's cgroup v2 and v1 ``cpu`` settings may lie, nearest first.
+
+    From /proc/self/cgroup (``0::/path`` for v2, ``N:cpu,cpuacct:/path`` for v1), then the
+    hierarchy's root as mounted: inside a container's cgroup namespace that is its own.
+    """
+    v2: list[Path] = []
+    v1: list[Path] = []
+    v1_mounts = [cgroup_root / "cpu", cgroup_root / "cpu,cpuacct"]
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        relative = path.strip().lstrip("/")
+        if hierarchy == "0" and not controllers and relative:
+            v2.append(cgroup_root / relative)
+        elif "cpu" in controllers.split(",") and relative:
+            v1.extend(mount / relative for mount in v1_mounts)
+    return v2 + [cgroup_root], v1 + v1_mounts
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None

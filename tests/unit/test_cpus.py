@@ -1,0 +1,110 @@
+"""Usable CPUs (affinity and cgroup quota) and the `--grpc-processes auto` rule built on them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hardware.cpus import cgroup_cpu_quota, parse_cfs, parse_cpu_max, usable_cpus
+from oipserve import settings as settings_module
+from oipserve.settings import auto_grpc_processes, load_settings
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("400000 100000", 4.0),
+        ("250000 100000", 2.5),
+        ("max 100000", None),
+        ("", None),
+        ("x 100000", None),
+        ("0 100000", None),
+    ],  # fmt: skip
+)
+def test_cpu_max(text: str, cpus: float | None) -> None:
+    assert parse_cpu_max(text) == cpus
+
+
+@pytest.mark.parametrize(
+    ("quota", "period", "cpus"),
+    [("200000", "100000", 2.0), ("-1", "100000", None), ("?", "1", None)],
+)
+def test_cfs(quota: str, period: str, cpus: float | None) -> None:
+    assert parse_cfs(quota, period) == cpus
+
+
+def _proc_cgroup(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proc-self-cgroup"
+    path.write_text(text)
+    return path
+
+
+def test_v2_quota_of_own_cgroup_wins_over_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    own = root / "kubepods.slice" / "pod1"
+    own.mkdir(parents=True)
+    (own / "cpu.max").write_text("300000 100000\n")
+    (root / "cpu.max").write_text("max 100000\n")
+    proc = _proc_cgroup(tmp_path, "0::/kubepods.slice/pod1\n")
+    assert cgroup_cpu_quota(root, proc) == 3.0
+    assert usable_cpus(root, proc) == min(3, len(os.sched_getaffinity(0)))
+
+
+def test_v2_inside_a_cgroup_namespace_reads_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(root, _proc_cgroup(tmp_path, "0::/\n")) == 1.5
+    assert usable_cpus(root, _proc_cgroup(tmp_path, "0::/\n")) <= 2  # 1.5 CPUs: 2 at once
+
+
+def test_v1_cpu_hierarchy(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    own = root / "cpu,cpuacct" / "docker" / "abc"
+    own.mkdir(parents=True)
+    (own / "cpu.cfs_quota_us").write_text("200000\n")
+    (own / "cpu.cfs_period_us").write_text("100000\n")
+    proc = _proc_cgroup(tmp_path, "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n0::/\n")
+    assert cgroup_cpu_quota(root, proc) == 2.0
+
+
+def test_no_cgroup_files_means_no_quota(tmp_path: Path) -> None:
+    proc = _proc_cgroup(tmp_path, "0::/\n")
+    assert cgroup_cpu_quota(tmp_path / "none", proc) is None
+    assert usable_cpus(tmp_path / "none", proc) >= 1
+
+
+@pytest.mark.parametrize(
+    ("cpus", "processes"), [(1, 0), (2, 0), (7, 0), (8, 2), (12, 3), (16, 4), (64, 4)]
+)
+def test_auto_grpc_processes(cpus: int, processes: int) -> None:
+    assert auto_grpc_processes(cpus) == processes
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "cpus", "expected"),
+    [
+        ([], {}, 16, 4),  # the default is auto
+        (["--grpc-processes", "auto"], {}, 8, 2),
+        ([], {"OIPSERVE_GRPC_PROCESSES": "auto"}, 2, 0),
+        (["--grpc-processes", "1"], {}, 2, 1),  # an explicit N is taken as it is
+        ([], {"OIPSERVE_GRPC_PROCESSES": "3"}, 16, 3),
+        (["--allow-grpc", "false"], {}, 16, 0),  # auto without gRPC: none, not refused
+    ],
+)
+def test_grpc_processes_setting(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], cpus: int, expected: int
+) -> None:
+    monkeypatch.setattr(settings_module, "usable_cpus", lambda: cpus)
+    _, settings = load_settings(["serve", "--model-repository", "x", *argv], env)
+    assert settings.grpc_processes == expected
+
+
+def test_help_text_names_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(["serve", "--help"], {})
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--grpc-processes N|auto" in text
+    assert "default: auto; env OIPSERVE_GRPC_PROCESSES" in text
