@@ -6,7 +6,15 @@ File shape (every field optional; unknown fields are rejected to catch typos):
              "memory_total": 68719476736, "memory_available": 60000000000},
      "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...",
                "memory_total": 85899345920, "memory_free": 80000000000, "utilization": 0,
-               "driver_version": "550.54.15", "cuda_version": "12.4"}]}
+               "driver_version": "550.54.15", "cuda_version": "12.4"}],
+     "gpu_sessions": "simulated"}
+
+`gpu_sessions` says what the front does with a session planned on a fake GPU:
+"simulated" (the default) sends the worker only CPUExecutionProvider, so the session
+runs on the CPU while the planned CUDA providers are recorded; "real" sends the planned
+CUDA providers to the real ONNX Runtime, as on a GPU node. On a machine without a usable
+GPU, ONNX Runtime then falls back to the CPU and the load fails as it would on a GPU node
+whose CUDA provider cannot start (tests of that failure).
 
 Missing CPU fields come from the real machine. Missing GPU fields: index = position,
 uuid = "GPU-fake-<index>", name = "NVIDIA Fake GPU", memory_total = memory_free or 16 GiB,
@@ -17,7 +25,7 @@ The file is re-read on every read(), so tests can change free memory between cal
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -54,6 +62,7 @@ class _GpuSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class _FileSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu: _CpuSpec = _CpuSpec()
     gpus: list[_GpuSpec] = []
+    gpu_sessions: Literal["simulated", "real"] = "simulated"
 
 
 def _or(value: T | None, default: T) -> T:
@@ -122,4 +131,5 @@ class FakeInventory:
             cpu=_cpu(spec.cpu),
             gpus=_gpus(self.path, spec.gpus),
             gpu_note=f"fake inventory from {self.path}",
+            simulate_gpu_sessions=spec.gpu_sessions == "simulated",
         )

@@ -54,12 +54,15 @@ class Inventory(msgspec.Struct, frozen=True):
     """One snapshot of the machine.
 
     `gpu_note` is for the start-up log: why GPU discovery found nothing, or where fake GPUs
-    came from; empty when NVML found GPUs.
+    came from; empty when NVML found GPUs. `simulate_gpu_sessions` is True for a fake
+    inventory's GPUs (`hardware.fake`, `gpu_sessions: "simulated"`): they do not exist, so
+    sessions planned on them are given the CPU provider only.
     """
 
     cpu: CpuInfo
     gpus: tuple[GpuInfo, ...] = ()
     gpu_note: str = ""
+    simulate_gpu_sessions: bool = False
 
     @property
     def device_ids(self) -> tuple[str, ...]:

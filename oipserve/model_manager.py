@@ -24,7 +24,7 @@ from oipserve.uploads import UploadArea
 from oipserve.wire.messages import Loaded
 from oipserve.worker_handle import WorkerHandle
 
-__all__ = ["ModelManager"]
+__all__ = ["ModelManager", "gpu_fallback_refusal", "unload_quietly"]
 
 # NOTE: the logger the load lines always came from (operators grep for it).
 log = logging.getLogger("oipserve.models")
@@ -32,6 +32,9 @@ log = logging.getLogger("oipserve.models")
 #: What means "this model cannot be loaded" (bad config, a graph that does not match it,
 #: a device or file problem, a worker's refusal), as opposed to a bug of the server.
 _CANNOT_LOAD = (ServerError, MetadataConflict, ModelConfigError, OSError)
+
+#: The provider a session planned on a GPU must really get (``gpu_fallback_refusal``).
+_CUDA = "CUDAExecutionProvider"
 
 
 class ModelManager:
@@ -53,8 +56,9 @@ class ModelManager:
         self.start_cpu_workers = start_cpu_workers
         #: Ids of the workers started that way: they hold KIND_CPU instances only.
         self.cpu_on_demand: set[int] = set()
-        #: Fake inventory: GPUs do not exist, so sessions run on the CPU provider while the
-        #: planned CUDA providers are only recorded (``ModelVersion.placements``).
+        #: Fake inventory (``gpu_sessions: "simulated"``): GPUs do not exist, so sessions run
+        #: on the CPU provider while the planned CUDA providers are only recorded
+        #: (``ModelVersion.placements``).
         self.simulate_devices = simulate_devices
         self.lock = asyncio.Lock()
         #: Uploaded model files (loads with ``file:`` parameters), and which upload
@@ -121,11 +125,21 @@ class ModelManager:
         return chosen
 
     async def place(self, model: ModelVersion, worker: WorkerHandle, threads: int | None) -> Loaded:
-        """Create one session of ``model`` on ``worker`` and record what it was given."""
+        """Create one session of ``model`` on ``worker`` and record what it was given.
+
+        A session sent to a GPU that ONNX Runtime put on the CPU is unloaded at once and
+        the placement fails (InvalidInput, like the worker's own load refusals).
+        """
         planned = self.providers_for(worker, model)
         sent = [("CPUExecutionProvider", {})] if self.simulate_devices else planned
         options = session_options(model.name, model.parameters)
         loaded = await worker.load(model.key, model.path, sent, threads, options)
+        refusal = gpu_fallback_refusal(
+            model.name, model.version, worker.device, [name for name, _ in sent], loaded.providers
+        )
+        if refusal is not None:
+            await unload_quietly(worker, model.key)
+            raise InvalidInput(refusal)
         model.placements[worker.worker_id] = {
             "worker": worker.worker_id,
             "device": worker.device,
@@ -376,6 +390,35 @@ class ModelManager:
 
     async def _reloaded(self, worker: WorkerHandle) -> None:
         log.info("worker %d holds %d model versions again", worker.worker_id, len(worker.models))
+
+
+def gpu_fallback_refusal(
+    name: str, version: str, device: str, sent: list[str], session_providers: list[str]
+) -> str | None:
+    """Why a session sent to the GPU cannot serve there, or None when it got its GPU.
+
+    ONNX Runtime silently falls back to the next provider when the CUDA one cannot start
+    (a CPU-only onnxruntime, CUDA or cuDNN libraries that do not load, a driver too old
+    for them). As in Triton, a GPU instance without its GPU is a failed load, not a CPU
+    instance many times slower than the operator expects.
+    """
+    if not sent or sent[0] != _CUDA or _CUDA in session_providers:
+        return None
+    got = ", ".join(session_providers) or "no execution provider"
+    return (
+        f"model '{name}' version {version} on {device}: ONNX Runtime could not use the GPU "
+        f"(the session got {got} only); install onnxruntime-gpu with CUDA and cuDNN libraries "
+        "that match the driver (docs/deploy.md), or serve the model on the CPU "
+        "(--devices cpu, or instance_group KIND_CPU)"
+    )
+
+
+async def unload_quietly(worker: WorkerHandle, key: str) -> None:
+    """Unload ``key`` from ``worker``; a worker that died meanwhile has nothing left to unload."""
+    try:
+        await worker.unload(key)
+    except ServerError:
+        pass
 
 
 def _placement(workers: list[WorkerHandle]) -> str:

@@ -273,7 +273,7 @@ async def serve(settings: Settings) -> int:
             return await start_workers("cpu")
 
     manager = ModelManager(
-        root, pool, registry, settings.hardware_inventory is not None, cpu_workers_on_demand
+        root, pool, registry, inventory.simulate_gpu_sessions, cpu_workers_on_demand
     )
     management = Management(
         root,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import psutil
 
 from hardware import CPU_DEVICE
-from oipserve.errors import InvalidInput, ServerError
-from oipserve.model_manager import ModelManager
+from oipserve.errors import InvalidInput
+from oipserve.model_manager import ModelManager, unload_quietly
 from oipserve.models import ModelVersion, merge_metadata
 from oipserve.pool import WorkerPool
 from oipserve.worker_handle import WorkerHandle
@@ -149,7 +149,7 @@ class EndpointSessions:
             return
         worker.models.pop(model.key, None)
         if worker.alive:
-            task = asyncio.get_running_loop().create_task(_unload_quietly(worker, model.key))
+            task = asyncio.get_running_loop().create_task(unload_quietly(worker, model.key))
             self.background.add(task)
             task.add_done_callback(self.background.discard)
 
@@ -169,11 +169,3 @@ class EndpointSessions:
         if worker.dedicated and not worker.models:
             await self.pool.remove_worker(worker, self.stop_timeout)
             log.info("stopped worker %d: no endpoint uses it", worker.worker_id)
-
-
-async def _unload_quietly(worker: WorkerHandle, key: str) -> None:
-    """Unload ``key`` from ``worker``; a worker that died meanwhile has nothing to unload."""
-    try:
-        await worker.unload(key)
-    except ServerError:
-        pass

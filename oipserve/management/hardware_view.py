@@ -31,7 +31,8 @@ class HardwareView:
         self.source = source
         self.pool = pool
         self.registry = registry
-        #: True with a fake inventory: GPU sessions really run on the CPU provider.
+        #: True with a fake inventory (``gpu_sessions: "simulated"``): GPU sessions really
+        #: run on the CPU provider.
         self.simulated = simulated
 
     def inventory(self) -> Inventory:

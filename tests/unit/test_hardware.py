@@ -321,7 +321,22 @@ def test_fake_inventory_full_cpu_does_not_read_the_machine(
 
     monkeypatch.setattr(fake_module, "read_cpu", boom)
     path = write(tmp_path / "inv.json", {"cpu": msgspec.to_builtins(CPU)})
-    assert FakeInventory(path).read() == Inventory(cpu=CPU, gpu_note=f"fake inventory from {path}")
+    assert FakeInventory(path).read() == Inventory(
+        cpu=CPU, gpu_note=f"fake inventory from {path}", simulate_gpu_sessions=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu_sessions", "simulated"), [(None, True), ("simulated", True), ("real", False)]
+)
+def test_fake_inventory_gpu_sessions(
+    tmp_path: Path, gpu_sessions: str | None, simulated: bool
+) -> None:
+    content: dict[str, Any] = {"gpus": [{}]}
+    if gpu_sessions is not None:
+        content["gpu_sessions"] = gpu_sessions
+    inv = FakeInventory(write(tmp_path / "inv.json", content)).read()
+    assert inv.simulate_gpu_sessions is simulated
 
 
 def test_fake_inventory_empty_object_is_cpu_only(tmp_path: Path) -> None:
@@ -367,6 +382,7 @@ def test_make_inventory_source_without_path_is_the_system() -> None:
             ["`$.cpu.physical_cores`", "Expected `int", "got `bool`"],
         ),
         ('{"gpu": []}', ["unknown field `gpu`"]),
+        ('{"gpu_sessions": "cuda"}', ["`$.gpu_sessions`", "Invalid enum value 'cuda'"]),
         (
             '{"gpus": [{"memory_total": 10, "memory_free": 11}]}',
             ["gpus[0].memory_free (11) exceeds memory_total (10)"],
