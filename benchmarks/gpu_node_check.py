@@ -72,7 +72,8 @@ def main() -> None:
     def read_log() -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
             log.append(line.rstrip())
-            match = re.search(r"ready (http://\S+).*metrics=(\S+)", line)
+            # "ready http://..." or "not ready: ...; serving http://...": either way it serves
+            match = re.search(r"(?:ready|serving) (http://\S+).*metrics=(\S+)", line)
             if match:
                 addresses["http"], addresses["metrics"] = match.group(1), match.group(2)
                 ready.set()
@@ -83,7 +84,11 @@ def main() -> None:
         if not ready.wait(ns.seconds_to_ready):
             print("\n".join(log))
             raise SystemExit(f"not ready after {ns.seconds_to_ready:.0f} s")
-        print(f"== ready after {time.monotonic() - started:.1f} s")
+        print(f"== serving after {time.monotonic() - started:.1f} s")
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        commands = [Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ") for c in children]
+        print(f"== child processes: {len(commands)}, of which gRPC processes: "
+              f"{sum(b'oipserve.grpc_process' in c for c in commands)}")  # fmt: skip
         http = addresses["http"]
         print("== start-up log (model lines: the first four)")
         model_lines = [line for line in log if "oipserve.models" in line]
