@@ -15,9 +15,8 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-import psutil
-
 from hardware import CPU_DEVICE
+from hardware.cpus import usable_cpus
 from oipserve.errors import InvalidInput
 from oipserve.model_manager import ModelManager, unload_quietly
 from oipserve.models import ModelVersion, merge_metadata
@@ -100,7 +99,7 @@ class EndpointSessions:
         if threads is None:
             threads = 1
             if device == CPU_DEVICE:
-                threads = max(1, (psutil.cpu_count() or 1) // 2)
+                threads = max(1, usable_cpus() // 2)
         worker = await self._start_worker(device, threads)
         for listener in self.death_listeners:
             worker.add_death_listener(listener)

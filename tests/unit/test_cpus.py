@@ -108,3 +108,13 @@ def test_help_text_names_auto(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "--grpc-processes N|auto" in text
     assert "default: auto; env OIPSERVE_GRPC_PROCESSES" in text
+
+
+def test_cpu_workers_share_the_usable_cpus_not_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod limited to 4 CPUs on a 64-core node: 2 instances get 2 threads each, not 32."""
+    from oipserve import server
+
+    monkeypatch.setattr(server, "usable_cpus", lambda: 4)
+    assert server._threads_per_worker("cpu", 64, 2) == 2
+    assert server._threads_per_worker("cpu", 2, 1) == 2  # the inventory's cores still cap it
+    assert server._threads_per_worker("cuda:0", 64, 2) == 1
