@@ -7,92 +7,160 @@ is rendered.
 Decompression is the one place where a small request costs much more than its
 size (a 1 MiB gzip body can inflate to 1 GiB), so ``Inflater`` bounds it three
 ways: the output is produced ``STEP`` bytes at a time and refused (413) as soon
-as it passes the limit, never inflated further; the event loop is given back
-between steps, so other requests go on while a large body inflates; and
-whatever follows the end of the compressed stream is refused (400), not
-silently dropped.
+as it passes the limit, never inflated further; the event loop is not held
+meanwhile; and whatever follows the end of the compressed stream is refused
+(400), not silently dropped.
 
-WHY slices on the loop rather than a thread pool: one step is well under a
-millisecond, so a request waiting behind a bomb waits at most that long per
-bomb in flight, with no thread, no hand-off and no lock; a thread pool would
-need its own bound and on a small machine would take the core from the loop
-anyway (zlib releases the GIL, but the cores are shared). Bodies that inflate
-to less than ``STEP`` never yield at all.
+WHERE the zlib work runs: a small body (until its output reaches
+``INFLATE_IN_THREAD``) on the loop, a step at a time, the loop given back between
+steps; a small response (up to ``COMPRESS_ON_LOOP_MAX``) on the loop at once;
+anything larger in a thread (``off_loop.in_thread``), where zlib lets go of the
+GIL while it works. Steps on the loop were cheap on a quiet machine (256 KiB
+inflated in ~0.5 ms, 64 KiB compressed in ~3 ms), but their cost is the machine's:
+on a slower, shared 2-core one a 64 KiB compression step took ~6 ms, and a probe
+request needs a few loop turns, each waiting for one step of every large body in
+flight, so it waited 25-30 ms. In a thread no step is the loop's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
+
+import numpy as np
 
 from oipserve.errors import InvalidInput, PayloadTooLarge
+from oipserve.off_loop import copy_into, in_thread
 
-#: Bytes of output inflated before the event loop is given back (~0.5 ms of zlib).
+#: Bytes of output inflated per step (one zlib call): the most inflated past the limit
+#: before a bomb is refused, and on the loop the work between two turns (~0.5 ms).
 STEP = 256 * 1024
 #: Bytes of compressed input handed to zlib at a time: zlib keeps what a step did
 #: not consume as a new ``bytes`` (``unconsumed_tail``), so a large input would
 #: otherwise be copied once per step.
 INPUT_SLICE = 64 * 1024
+#: Once a body has inflated to this many bytes, the rest of it is inflated in a thread,
+#: each chunk as it arrives in one trip: bodies smaller than this never leave the loop.
+INFLATE_IN_THREAD = 1024 * 1024
+#: Full steps inflated per trip to a thread (at most 4 MiB of output): a bomb's chunk
+#: does not keep a thread of the shared pool for long.
+TRIP_STEPS = 16
+#: Bytes of each block the output past ``INFLATE_IN_THREAD`` is gathered in. Fixed
+#: blocks, never regrown: a growing bytearray is copied whole when realloc cannot
+#: extend it (up to ~28 ms per step at 80 MB here, holding the GIL, so the loop would
+#: wait for it even from a thread).
+BLOCK = 4 * 1024 * 1024
 
 
 class Inflater:
     """Inflates one gzip or deflate body as its chunks arrive, bounded by ``limit``."""
 
-    __slots__ = ("encoding", "limit", "out", "_zlib")
+    __slots__ = ("encoding", "limit", "size", "_head", "_blocks", "_fill", "_zlib")
 
     def __init__(self, encoding: str, limit: int) -> None:
         if encoding not in ("gzip", "deflate"):
             raise ValueError(f"not a compressed encoding: {encoding}")
         self.encoding = encoding
         self.limit = limit
-        #: The output so far; a bytearray so that it grows in place, without joins.
-        self.out = bytearray()
+        #: Bytes of output so far.
+        self.size = 0
+        #: The output up to ``INFLATE_IN_THREAD`` (and the step that passed it).
+        self._head = bytearray()
+        #: The output after ``_head``, ``BLOCK`` bytes a block, the last filled to ``_fill``.
+        self._blocks: list[np.ndarray] = []
+        self._fill = BLOCK
         self._zlib: zlib._Decompress | None = None
 
     async def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Inflate ``data``, yielding to the loop between steps; 413 past the limit."""
-        view = memoryview(data)
-        for start in range(0, len(view), INPUT_SLICE):
-            chunk: bytes | memoryview = view[start : start + INPUT_SLICE]
-            decompressor = self._decompressor(chunk)
-            while True:
-                if decompressor.eof:
-                    if chunk:
-                        raise InvalidInput(
-                            f"the {self.encoding} request body has data after its end"
-                            " (trailing bytes or a second gzip member)"
-                        )
-                    break
-                try:
-                    piece = decompressor.decompress(chunk, STEP)
-                except zlib.error as exc:
-                    raise InvalidInput(
-                        f"the {self.encoding} request body cannot be decompressed: {exc}"
-                    ) from None
-                if len(self.out) + len(piece) > self.limit:
-                    raise PayloadTooLarge(
-                        f"the decompressed body is larger than the limit of {self.limit} bytes"
-                    )
-                self.out += piece
-                if len(piece) < STEP:
-                    # NOTE: zlib stops short of ``STEP`` only when its input is used up
-                    #   or the stream ended; what follows the end is refused above.
-                    if not decompressor.eof:
-                        break
-                    chunk = decompressor.unused_data
-                    continue
-                # A full step: more may be pending inside zlib even with no input left.
-                chunk = (
-                    decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
+        """Inflate ``data``; 413 as soon as the output passes the limit.
+
+        On the loop while the output is under ``INFLATE_IN_THREAD``, the loop given
+        back after each full step; from there on in a thread, ``TRIP_STEPS`` full steps
+        a trip (a whole chunk of ordinary data is one trip).
+        """
+        steps = self._steps(memoryview(data))
+        while True:
+            if self.size < INFLATE_IN_THREAD:
+                more = _take(steps, 1)
+            else:
+                # NOTE: nothing to release: a request gone meanwhile drops the
+                #   Inflater once the thread is done with it.
+                more = await in_thread(
+                    partial(_take, steps, TRIP_STEPS), _nothing, after_success=False
                 )
+            if not more:
+                return
+            if self.size < INFLATE_IN_THREAD:
                 await asyncio.sleep(0)  # give the loop back between steps
 
-    def finish(self) -> bytearray:
-        """The whole output; 400 if the compressed stream did not end."""
+    def finish(self) -> list[bytes | bytearray | memoryview]:
+        """The whole output, in order, in one part or more; 400 if the stream did not end."""
         if self._zlib is None or not self._zlib.eof:
             raise InvalidInput(f"the {self.encoding} request body is truncated")
-        return self.out
+        parts: list[bytes | bytearray | memoryview] = [self._head]
+        parts += [block.data for block in self._blocks]
+        if self._blocks:
+            parts[-1] = parts[-1][: self._fill]
+        return parts
+
+    def _steps(self, view: memoryview) -> Iterator[bool]:
+        """Inflates ``view`` a step at a time, pausing (yielding) after each full step."""
+        for start in range(0, len(view), INPUT_SLICE):
+            pending: bytes | memoryview | None = view[start : start + INPUT_SLICE]
+            while pending is not None:
+                pending = self._step(pending)
+                if pending is not None:
+                    yield True
+
+    def _step(self, data: bytes | memoryview) -> bytes | memoryview | None:
+        """Inflate up to ``STEP`` bytes from ``data``; the input left to inflate after
+        this step (perhaps empty, with output still inside zlib), None when there is none."""
+        decompressor = self._decompressor(data)
+        if decompressor.eof:
+            if data:
+                raise InvalidInput(
+                    f"the {self.encoding} request body has data after its end"
+                    " (trailing bytes or a second gzip member)"
+                )
+            return None
+        try:
+            piece = decompressor.decompress(data, STEP)
+        except zlib.error as exc:
+            raise InvalidInput(
+                f"the {self.encoding} request body cannot be decompressed: {exc}"
+            ) from None
+        self._keep(piece)
+        if len(piece) == STEP:  # a full step: more may be pending inside zlib
+            return decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
+        # NOTE: zlib stops short of ``STEP`` only when its input is used up or the stream
+        #   ended; what follows the end is refused by the next step.
+        return (decompressor.unused_data or None) if decompressor.eof else None
+
+    def _keep(self, piece: bytes) -> None:
+        """Add ``piece`` to the output; 413 if it takes the output past the limit."""
+        if self.size + len(piece) > self.limit:
+            raise PayloadTooLarge(
+                f"the decompressed body is larger than the limit of {self.limit} bytes"
+            )
+        if self.size < INFLATE_IN_THREAD:
+            self._head += piece  # (grows in place, without joins)
+        else:
+            self._into_blocks(memoryview(piece))
+        self.size += len(piece)
+
+    def _into_blocks(self, piece: memoryview) -> None:
+        while piece:
+            if self._fill == BLOCK:
+                # NOTE: np.empty, not bytearray(BLOCK): no zeroing of pages about to be
+                #   written.
+                self._blocks.append(np.empty(BLOCK, np.uint8))
+                self._fill = 0
+            size = min(len(piece), BLOCK - self._fill)
+            copy_into(self._blocks[-1].data, self._fill, size, piece[:size])
+            self._fill += size
+            piece = piece[size:]
 
     def _decompressor(self, first: bytes | memoryview) -> zlib._Decompress:
         if self._zlib is None:
@@ -104,6 +172,15 @@ class Inflater:
                 wbits = -zlib.MAX_WBITS  # raw deflate, as browsers sometimes send
             self._zlib = zlib.decompressobj(wbits)
         return self._zlib
+
+
+def _take(steps: Iterator[bool], count: int) -> bool:
+    """Run ``steps`` to its ``count``-th pause; False once it has run to its end."""
+    return all(next(steps, False) for _ in range(count))
+
+
+def _nothing() -> None:
+    pass
 
 
 def choose_encoding(accept: str | None) -> str:
@@ -128,9 +205,13 @@ def choose_encoding(accept: str | None) -> str:
     return best
 
 
-#: Bytes of input compressed before the event loop is given back: about 3 ms of zlib at
-#: level 6 on JSON text (20 MB/s here), 2 ms on binary tensors.
-COMPRESS_STEP = 64 * 1024
+#: Responses of this many bytes or fewer are compressed on the loop, at once: about
+#: 0.5 ms of zlib at level 6 on JSON text on a quiet machine, 1.5 ms on a slow shared one.
+#: Larger ones go through ``compress_stream``.
+COMPRESS_ON_LOOP_MAX = 16 * 1024
+#: Bytes of input compressed per trip to a thread (~20 ms of zlib on JSON text at the
+#: ~12 MB/s of a slow 2-core machine; a trip costs the loop ~0.1 ms).
+COMPRESS_STEP = 256 * 1024
 
 
 def _compressor(encoding: str) -> zlib._Compress:
@@ -149,21 +230,30 @@ def compress(parts: list[bytes | memoryview], encoding: str) -> bytes:
 async def compress_stream(
     parts: list[bytes | memoryview], encoding: str, done: Callable[[], None]
 ) -> AsyncIterator[bytes]:
-    """``parts`` as one compressed stream, ``COMPRESS_STEP`` bytes of input at a time.
+    """``parts`` as one compressed stream, ``COMPRESS_STEP`` bytes of input at a time,
+    each step in a thread (zlib lets go of the GIL while it compresses).
 
     For large responses: compressing 10 MB of JSON at once held the event loop for half
-    a second. The loop is given back between steps; ``done`` is called once every part
-    has been read (the worker's segment they are views of can then be released).
+    a second, and 64 KiB steps on the loop still held it 5-6 ms each on a slow machine.
+    ``done`` is called once every part has been read (the worker's segment they are
+    views of can then be released): after the last step, or, when the stream is
+    abandoned during a step, once that step's thread has finished with the part.
     """
     compressor = _compressor(encoding)
+    released = False
     try:
         for part in parts:
             view = memoryview(part)
             for start in range(0, len(view), COMPRESS_STEP):
-                out = compressor.compress(view[start : start + COMPRESS_STEP])
+                step = partial(compressor.compress, view[start : start + COMPRESS_STEP])
+                try:
+                    out = await in_thread(step, done, after_success=False)
+                except BaseException:
+                    released = True  # by in_thread, once the thread is done
+                    raise
                 if out:
                     yield out
-                await asyncio.sleep(0)
     finally:
-        done()
+        if not released:
+            done()
     yield compressor.flush()

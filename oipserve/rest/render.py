@@ -23,7 +23,7 @@ import orjson
 
 from oipserve.inference import InferResult, OutputTensor, region_parameters_of
 from oipserve.protocol import encode_response
-from oipserve.rest.coding import COMPRESS_STEP, choose_encoding, compress, compress_stream
+from oipserve.rest.coding import COMPRESS_ON_LOOP_MAX, choose_encoding, compress, compress_stream
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
 from oipserve.tensors import json_values
 from oipserve.wire.datatypes import bytes_elements_from
@@ -155,7 +155,7 @@ def render_infer(
         resp.content_type = JSON
         if encoding == "identity":
             resp.data = header
-        elif len(header) <= COMPRESS_STEP:
+        elif len(header) <= COMPRESS_ON_LOOP_MAX:
             resp.data = compress([header], encoding)
         else:
             resp.stream = compress_stream([header], encoding, _nothing)
@@ -168,9 +168,9 @@ def render_infer(
             resp.content_type = JSON
         parts: list[bytes | memoryview] = [*head, *chunks]
         total = header_size + sum(len(c) for c in chunks)
-        if encoding != "identity" and total > COMPRESS_STEP:
-            # NOTE: compressed a step at a time, the loop given back between steps; the
-            #   segment is released once the last part has been read.
+        if encoding != "identity" and total > COMPRESS_ON_LOOP_MAX:
+            # NOTE: compressed a step at a time in a thread; the segment is released
+            #   once the last part has been read.
             resp.stream = compress_stream(parts, encoding, result.release)
         elif encoding != "identity" or total <= JOIN_LIMIT:
             try:
