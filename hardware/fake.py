@@ -3,7 +3,8 @@
 File shape (every field optional; unknown fields are rejected to catch typos):
 
     {"cpu": {"model_name": "...", "physical_cores": 8, "logical_cores": 16,
-             "memory_total": 68719476736, "memory_available": 60000000000},
+             "memory_total": 68719476736, "memory_available": 60000000000,
+             "usable_cores": 4},
      "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...",
                "memory_total": 85899345920, "memory_free": 80000000000, "utilization": 0,
                "driver_version": "550.54.15", "cuda_version": "12.4"}],
@@ -44,6 +45,7 @@ class _CpuSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_name: str | None = None
     physical_cores: _Count | None = None
     logical_cores: _Count | None = None
+    usable_cores: _Count | None = None
     memory_total: _Bytes | None = None
     memory_available: _Bytes | None = None
 
@@ -70,12 +72,25 @@ def _or(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
-def _cpu(spec: _CpuSpec) -> CpuInfo:
-    """Overrides on top of the real CPU; the real one is read only if something is missing."""
+def _cpu(path: Path, spec: _CpuSpec) -> CpuInfo:
+    """Overrides on top of the real CPU; the real one is read only if something is missing.
+
+    A file that gives ``logical_cores`` but not ``usable_cores`` describes a node without
+    a CPU quota: all its cores are usable.
+    """
     overrides = {k: v for k, v in msgspec.structs.asdict(spec).items() if v is not None}
+    if "logical_cores" in overrides:
+        overrides.setdefault("usable_cores", overrides["logical_cores"])
     if len(overrides) == len(spec.__struct_fields__):
-        return CpuInfo(**overrides)
-    return msgspec.structs.replace(read_cpu(), **overrides)
+        cpu = CpuInfo(**overrides)
+    else:
+        cpu = msgspec.structs.replace(read_cpu(), **overrides)
+    if cpu.usable_cores > cpu.logical_cores:
+        raise InventoryError(
+            f"{path}: cpu.usable_cores ({cpu.usable_cores}) exceeds logical_cores "
+            f"({cpu.logical_cores})"
+        )
+    return cpu
 
 
 def _gpus(path: Path, specs: list[_GpuSpec]) -> tuple[GpuInfo, ...]:
@@ -128,7 +143,7 @@ class FakeInventory:
         except msgspec.DecodeError as exc:
             raise InventoryError(f"fake inventory {self.path} is not valid JSON: {exc}") from exc
         return Inventory(
-            cpu=_cpu(spec.cpu),
+            cpu=_cpu(self.path, spec.cpu),
             gpus=_gpus(self.path, spec.gpus),
             gpu_note=f"fake inventory from {self.path}",
             simulate_gpu_sessions=spec.gpu_sessions == "simulated",

@@ -30,6 +30,9 @@ class CpuInfo(msgspec.Struct, frozen=True):
     logical_cores: int
     memory_total: int
     memory_available: int
+    #: CPUs this process may use: its affinity mask capped by its cgroup's CPU quota
+    #: (``hardware.cpus``); what CPU workers' default threads are sized from.
+    usable_cores: int
 
 
 class GpuInfo(msgspec.Struct, frozen=True):

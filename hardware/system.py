@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from hardware.cpus import usable_cpus
 from hardware.inventory import CpuInfo, GpuInfo, Inventory
 
 _CPUINFO = Path("/proc/cpuinfo")
@@ -46,6 +47,7 @@ def read_cpu() -> CpuInfo:
         logical_cores=logical,
         memory_total=int(memory.total),
         memory_available=int(memory.available),
+        usable_cores=min(logical, usable_cpus()),
     )
 
 

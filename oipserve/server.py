@@ -25,7 +25,6 @@ from pathlib import Path
 import uvicorn
 
 from hardware import make_inventory_source, parse_devices
-from hardware.cpus import usable_cpus
 from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
@@ -126,16 +125,16 @@ class _UvicornServer(uvicorn.Server):
         await asyncio.sleep(BACKLOG_HEAD_WAIT)
 
 
-def _threads_per_worker(device: str, logical_cores: int, instances: int) -> int:
+def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
     """ONNX Runtime intra-op threads of each worker started with the server.
 
-    On the CPU the cores are shared out among the instances: the cores this process may
-    use (a pod's CPU limit, its affinity mask; ``hardware.cpus``), never more than the
-    inventory's. Sizing from the node's count in a pod limited to 4 CPUs on a 64-core
-    node would give 64 threads throttled to 4 CPUs' time.
+    On the CPU the cores this process may use (a pod's CPU limit, its affinity mask:
+    ``CpuInfo.usable_cores``) are shared out among the instances. Sizing from the node's
+    count in a pod limited to 4 CPUs on a 64-core node would give 64 threads throttled
+    to 4 CPUs' time.
     """
     if device == "cpu":
-        return max(1, min(logical_cores, usable_cpus()) // instances)
+        return max(1, usable_cores // instances)
     return 1
 
 
@@ -258,7 +257,7 @@ async def serve(settings: Settings) -> int:
 
     async def start_workers(device: str) -> list[WorkerHandle]:
         threads = _threads_per_worker(
-            device, inventory.cpu.logical_cores, settings.instances_per_device
+            device, inventory.cpu.usable_cores, settings.instances_per_device
         )
         started = []
         for _ in range(settings.instances_per_device):

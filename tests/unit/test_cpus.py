@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hardware import FakeInventory, InventoryError, SystemInventory
 from hardware.cpus import cgroup_cpu_quota, parse_cfs, parse_cpu_max, usable_cpus
 from oipserve import settings as settings_module
 from oipserve.settings import auto_grpc_processes, load_settings
@@ -110,11 +111,27 @@ def test_help_text_names_auto(capsys: pytest.CaptureFixture[str]) -> None:
     assert "default: auto; env OIPSERVE_GRPC_PROCESSES" in text
 
 
-def test_cpu_workers_share_the_usable_cpus_not_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_workers_share_the_usable_cpus_not_the_nodes() -> None:
     """A pod limited to 4 CPUs on a 64-core node: 2 instances get 2 threads each, not 32."""
-    from oipserve import server
+    from oipserve.server import _threads_per_worker
 
-    monkeypatch.setattr(server, "usable_cpus", lambda: 4)
-    assert server._threads_per_worker("cpu", 64, 2) == 2
-    assert server._threads_per_worker("cpu", 2, 1) == 2  # the inventory's cores still cap it
-    assert server._threads_per_worker("cuda:0", 64, 2) == 1
+    assert _threads_per_worker("cpu", 4, 2) == 2
+    assert _threads_per_worker("cpu", 1, 2) == 1
+    assert _threads_per_worker("cuda:0", 4, 2) == 1
+
+
+def test_the_system_inventory_counts_usable_cores() -> None:
+    cpu = SystemInventory().read().cpu
+    assert 1 <= cpu.usable_cores <= cpu.logical_cores
+    assert cpu.usable_cores == min(cpu.logical_cores, usable_cpus())
+
+
+def test_a_fake_inventory_without_usable_cores_has_no_quota(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.json"
+    path.write_text('{"cpu": {"logical_cores": 16}}')
+    assert FakeInventory(path).read().cpu.usable_cores == 16
+    path.write_text('{"cpu": {"logical_cores": 16, "usable_cores": 4}}')
+    assert FakeInventory(path).read().cpu.usable_cores == 4
+    path.write_text('{"cpu": {"logical_cores": 4, "usable_cores": 8}}')
+    with pytest.raises(InventoryError, match="usable_cores"):
+        FakeInventory(path).read()

@@ -38,6 +38,7 @@ CPU = CpuInfo(
     logical_cores=16,
     memory_total=64 * GIB,
     memory_available=60 * GIB,
+    usable_cores=16,
 )
 
 

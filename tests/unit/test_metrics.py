@@ -81,7 +81,7 @@ def test_model_families_are_the_statistics_in_microseconds() -> None:
 
 
 def _inventory(*gpus: GpuInfo) -> Inventory:
-    cpu = CpuInfo("cpu", 2, 4, memory_total=1000, memory_available=250)
+    cpu = CpuInfo("cpu", 2, 4, memory_total=1000, memory_available=250, usable_cores=4)
     return Inventory(cpu=cpu, gpus=gpus)
 
 
