@@ -5,7 +5,8 @@ request, read from /proc for the front process and its workers separately, moves
 and says which process a change made costlier. Each build is a source tree (a git
 worktree of some commit); all are started at once on the benchmark repository that
 `benchmarks/run.py` writes, then driven in turn (order reversed every other round) by
-wrk at c=16 with the tiny JSON request, and medians over rounds are printed.
+wrk at c=16 (``--concurrency``) with the tiny JSON request, and medians over rounds are
+printed.
 
     git worktree add --detach ../base <commit>
     python benchmarks/cpu_per_request.py ../base . --rounds 8
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("builds", nargs="+", type=Path, help="source trees to compare")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
     ns = parser.parse_args()
     body = HttpBody(WORK / "payloads" / "simple.json", "application/json", None)
     scratch = WORK / "scratch"
@@ -76,8 +78,9 @@ def main() -> None:
             for build in ns.builds if rnd % 2 == 0 else ns.builds[::-1]:
                 proc, url = servers[build]
                 before = cpu_snapshot(proc.pid)
-                m = run_wrk(str(build), "tiny-json-c16", rnd, f"http://{url}/v2/models/simple/infer",
-                            body, 16, ns.seconds, scratch, proc.pid)  # fmt: skip
+                m = run_wrk(str(build), f"tiny-json-c{ns.concurrency}", rnd,
+                            f"http://{url}/v2/models/simple/infer", body, ns.concurrency,
+                            ns.seconds, scratch, proc.pid)  # fmt: skip
                 front, workers = _front_and_workers(before, cpu_snapshot(proc.pid), proc.pid)
                 if not m.ok:
                     raise RuntimeError(f"{build}: {m.note}")
