@@ -57,11 +57,7 @@ def parse_cpu_max(text: str) -> float | None:
     fields = text.split()
     if len(fields) != 2 or fields[0] == "max":
         return None
-    try:
-        quota, period = int(fields[0]), int(fields[1])
-    except ValueError:
-        return None
-    return quota / period if quota > 0 and period > 0 else None
+    return parse_cfs(fields[0], fields[1])  # the same two numbers, v2's one file
 
 
 def parse_cfs(quota_text: str, period_text: str) -> float | None:
