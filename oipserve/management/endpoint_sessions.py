@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable
 
 from hardware import CPU_DEVICE
-from hardware.cpus import usable_cpus
 from oipserve.errors import InvalidInput
 from oipserve.model_manager import ModelManager, unload_quietly
 from oipserve.models import ModelVersion, merge_metadata
@@ -38,9 +37,13 @@ class EndpointSessions:
         manager: ModelManager,
         death_listeners: list[DeathListener],
         stop_timeout: float,
+        usable_cores: Callable[[], int],
     ) -> None:
         self.pool = pool
         self.manager = manager
+        #: The CPUs this server may use (the inventory's ``usable_cores``): a dedicated CPU
+        #: worker gets half of them, as the repository's CPU workers share them all.
+        self.usable_cores = usable_cores
         #: Given to every worker this module starts, so the data plane hears of its death.
         self.death_listeners = death_listeners
         self.stop_timeout = stop_timeout
@@ -99,7 +102,7 @@ class EndpointSessions:
         if threads is None:
             threads = 1
             if device == CPU_DEVICE:
-                threads = max(1, usable_cpus() // 2)
+                threads = max(1, self.usable_cores() // 2)
         worker = await self._start_worker(device, threads)
         for listener in self.death_listeners:
             worker.add_death_listener(listener)

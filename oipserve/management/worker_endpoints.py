@@ -82,7 +82,9 @@ class WorkerEndpoints:
         self.names = EndpointNames()
         self.endpoints: dict[str, Endpoint] = {}
         #: The sessions of onnxruntime endpoints, and the workers started for them.
-        self.sessions = EndpointSessions(pool, manager, death_listeners, stop_timeout)
+        self.sessions = EndpointSessions(
+            pool, manager, death_listeners, stop_timeout, lambda: inventory().cpu.usable_cores
+        )
         self.limits = limits
         #: True for names repository models hold or are being loaded under.
         self.name_taken = name_taken

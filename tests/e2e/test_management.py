@@ -334,6 +334,29 @@ def test_killed_endpoint_worker_is_replaced_with_its_session(srv: ServerProcess)
     assert post(srv, f"/v2/workers/{name}/unload")[0] == 200
 
 
+def test_cpu_workers_threads_follow_the_usable_cores(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A pod limited to 6 of a node's 16 CPUs: the repository's CPU worker gets the 6, a
+    dedicated endpoint worker half of them, not the node's 16 (or this machine's own)."""
+    inventory = tmp_path_factory.mktemp("hw-usable") / "inventory.json"
+    inventory.write_text(json.dumps({"cpu": {"logical_cores": 16, "usable_cores": 6}}))
+    args = ["--devices", "cpu", "--hardware-inventory", str(inventory),
+            "--instances-per-device", "1", "--model-control-mode", "explicit",
+            "--load-model", "simple"]  # fmt: skip
+    srv = ServerProcess(repo, args).wait_ready()
+    try:
+        # Two instances: the repository's worker takes one, a dedicated worker the other.
+        name = load_worker(srv, "onnxruntime", {"model": "identity_fp32", "instances": 2})
+        fp32_infer(srv, name)
+        cpu = get(srv, "/v2/hardware")[1]["devices"]["cpu"]  # type: ignore[index]
+        assert cpu["usable_cores"] == 6
+        threads = {w["dedicated"]: w["threads"] for w in cpu["workers"]}
+        assert threads == {False: 6, True: 3}, cpu["workers"]
+    finally:
+        assert srv.stop() == 0, srv.log
+
+
 # ---- model repository -----------------------------------------------------------
 
 
