@@ -446,7 +446,7 @@ def test_values_onnxruntime_refuses_are_invalid_argument(
 
 def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
     _fail(
-        lambda: client.get_cuda_shared_memory_status(),
+        lambda: client.register_cuda_shared_memory("r", b"0" * 64, 0, 64),
         grpc.StatusCode.INVALID_ARGUMENT,
         "CUDA shared memory is not available: no GPU",
     )
