@@ -55,39 +55,40 @@ IDENTITY_TYPES: dict[str, int] = {
     "bytes": TensorProto.STRING,
 }
 
-SIMPLE_CONFIG = """\
-name: "simple"
+
+def _add_sub_config(name: str, data_type: str) -> str:
+    """config.pbtxt of Triton's `simple` family: INPUT0, INPUT1 -> OUTPUT0, OUTPUT1, all [16]."""
+    tensors = {
+        kind: ",\n".join(
+            f'  {{\n    name: "{kind.upper()}{i}"\n'
+            f"    data_type: {data_type}\n    dims: [ 16 ]\n  }}"
+            for i in (0, 1)
+        )
+        for kind in ("input", "output")
+    }
+    return (
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        f"input [\n{tensors['input']}\n]\noutput [\n{tensors['output']}\n]\n"
+        "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
+    )
+
+
+SIMPLE_CONFIG = _add_sub_config("simple", "TYPE_INT32")
+# Triton's examples (simple_grpc_explicit_int8_content_client.py) call it with INT8 tensors.
+SIMPLE_INT8_CONFIG = _add_sub_config("simple_int8", "TYPE_INT8")
+# Triton's string examples: BYTES elements hold decimal integers; outputs are decimal strings.
+SIMPLE_STRING_CONFIG = _add_sub_config("simple_string", "TYPE_STRING")
+
+# Triton's string examples echo BYTES tensors (embedded NULs, arbitrary bytes) through it.
+SIMPLE_IDENTITY_CONFIG = """\
+name: "simple_identity"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
 input [
-  {
-    name: "INPUT0"
-    data_type: TYPE_INT32
-    dims: [ 16 ]
-  },
-  {
-    name: "INPUT1"
-    data_type: TYPE_INT32
-    dims: [ 16 ]
-  }
+  { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] }
 ]
 output [
-  {
-    name: "OUTPUT0"
-    data_type: TYPE_INT32
-    dims: [ 16 ]
-  },
-  {
-    name: "OUTPUT1"
-    data_type: TYPE_INT32
-    dims: [ 16 ]
-  }
-]
-instance_group [
-  {
-    count: 1
-    kind: KIND_CPU
-  }
+  { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] }
 ]
 """
 
@@ -205,17 +206,20 @@ def _write(out: Path, model_name: str, version: int, model: onnx.ModelProto) -> 
     return path
 
 
-def make_simple() -> onnx.ModelProto:
-    """Triton's `simple` example: element-wise sum and difference of two INT32 [-1,16] inputs."""
+def make_simple(name: str = "simple", elem_type: int = TensorProto.INT32) -> onnx.ModelProto:
+    """Triton's `simple` example: element-wise sum and difference of two [-1,16] inputs.
+
+    INT32 for `simple`; `simple_int8` is the same graph over INT8 (wrapping as INT8 does).
+    """
     dims: Dims = ["batch", 16]
     return _model(
-        "simple",
+        name,
         [
             helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
             helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
         ],
-        [_tensor("INPUT0", TensorProto.INT32, dims), _tensor("INPUT1", TensorProto.INT32, dims)],
-        [_tensor("OUTPUT0", TensorProto.INT32, dims), _tensor("OUTPUT1", TensorProto.INT32, dims)],
+        [_tensor("INPUT0", elem_type, dims), _tensor("INPUT1", elem_type, dims)],
+        [_tensor("OUTPUT0", elem_type, dims), _tensor("OUTPUT1", elem_type, dims)],
         doc="OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1",
     )
 
@@ -225,6 +229,62 @@ def build_simple(out: Path) -> str:
     _write(out, "simple", 1, make_simple())
     (out / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG, encoding="utf-8")
     return "simple"
+
+
+def build_simple_int8(out: Path) -> str:
+    """Write `simple_int8` (Triton's INT8 `simple`) and its config.pbtxt."""
+    _write(out, "simple_int8", 1, make_simple("simple_int8", TensorProto.INT8))
+    (out / "simple_int8" / "config.pbtxt").write_text(SIMPLE_INT8_CONFIG, encoding="utf-8")
+    return "simple_int8"
+
+
+def make_simple_string() -> onnx.ModelProto:
+    """Triton's `simple_string`: BYTES [-1,16] inputs holding decimal integers.
+
+    Cast parses each element as an INT32, Add/Sub compute as `simple` does, and Cast writes
+    the results back as decimal strings ("-1", "16"). An element that is not a decimal
+    integer makes ONNX Runtime fail the request (a 400 with its message).
+    """
+    dims: Dims = ["batch", 16]
+    nodes = [
+        helper.make_node("Cast", [name], [f"{name}_INT"], name=f"parse{i}", to=TensorProto.INT32)
+        for i, name in enumerate(("INPUT0", "INPUT1"))
+    ]
+    nodes += [
+        helper.make_node("Add", ["INPUT0_INT", "INPUT1_INT"], ["SUM"], name="add"),
+        helper.make_node("Sub", ["INPUT0_INT", "INPUT1_INT"], ["DIFFERENCE"], name="sub"),
+        helper.make_node("Cast", ["SUM"], ["OUTPUT0"], name="format0", to=TensorProto.STRING),
+        helper.make_node(
+            "Cast", ["DIFFERENCE"], ["OUTPUT1"], name="format1", to=TensorProto.STRING
+        ),
+    ]
+    return _model(
+        "simple_string",
+        nodes,
+        [_tensor("INPUT0", TensorProto.STRING, dims), _tensor("INPUT1", TensorProto.STRING, dims)],
+        [
+            _tensor("OUTPUT0", TensorProto.STRING, dims),
+            _tensor("OUTPUT1", TensorProto.STRING, dims),
+        ],
+        doc="OUTPUT0 = str(int(INPUT0) + int(INPUT1)), OUTPUT1 = str(int(INPUT0) - int(INPUT1))",
+    )
+
+
+def build_simple_string(out: Path) -> str:
+    """Write `simple_string` and its config.pbtxt."""
+    _write(out, "simple_string", 1, make_simple_string())
+    (out / "simple_string" / "config.pbtxt").write_text(SIMPLE_STRING_CONFIG, encoding="utf-8")
+    return "simple_string"
+
+
+def build_simple_identity(out: Path) -> str:
+    """Write `simple_identity` (Triton's BYTES identity, batched [-1,-1]) and its config.pbtxt."""
+    model = make_identity("bytes")
+    model.graph.name = "simple_identity"
+    onnx.checker.check_model(model, full_check=True)
+    _write(out, "simple_identity", 1, model)
+    (out / "simple_identity" / "config.pbtxt").write_text(SIMPLE_IDENTITY_CONFIG, encoding="utf-8")
+    return "simple_identity"
 
 
 def make_identity(type_name: str) -> onnx.ModelProto:
@@ -518,6 +578,9 @@ def _builders() -> list[Callable[[Path], str]]:
         build_image_rgb_fp32,
         build_reshape_optional,
         build_batched,
+        build_simple_int8,
+        build_simple_string,
+        build_simple_identity,
     ]
     return builders
 

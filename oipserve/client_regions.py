@@ -283,6 +283,14 @@ class ClientRegions:
                 own.add((info.st_dev, info.st_ino))
         return own
 
+    def cuda_status(self, name: str | None) -> list[dict[str, object]]:
+        """CUDA regions: none can be registered (``cuda_refusal``), so none is listed and a
+        name is unknown. Unregistering them is a no-op that succeeds, so that clients which
+        clean up first (Triton's examples) work on this server."""
+        if name is None:
+            return []
+        raise NotFound(f"Unable to find cuda shared memory region: '{name}' ({self.cuda_refusal})")
+
     def status(self, name: str | None) -> list[dict[str, object]]:
         if name is None:
             return [region.status() for region in self._regions.values()]

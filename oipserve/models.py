@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Literal
 
-from oipserve.errors import NotFound, Unavailable
+from oipserve.errors import InvalidInput, NotFound, Unavailable
 from oipserve.metadata import TensorSpec, merge_metadata
 from oipserve.model_config import ModelConfig
 from oipserve.worker_handle import WorkerHandle
@@ -32,6 +32,22 @@ PLATFORM = "onnxruntime_onnx"
 
 #: Reasons of versions taken out of service on purpose (``ModelManager._unload_version``).
 GONE = ("unloaded", "replaced by a reload")
+
+
+def unknown_model(name: str) -> NotFound:
+    """A name never loaded since start, in Triton's words: its clients (and Triton's example
+    clients) match "Request for unknown model"."""
+    return NotFound(f"Request for unknown model: '{name}' is not found")
+
+
+def check_version(version: str) -> None:
+    """A requested version must be a number: InvalidInput in Triton's words otherwise (its
+    clients match them), not a NotFound for a version named "latest"."""
+    if not (version.isascii() and version.isdigit()):
+        raise InvalidInput(
+            f"failed to get model version from specified version string '{version}', "
+            "version should be an integral value > 0"
+        )
 
 
 class ModelVersion:
@@ -147,8 +163,9 @@ class ModelRegistry:
                 raise Unavailable(f"model '{name}' is being loaded; retry", retry_after=1)
             if name in self.unloaded:
                 raise NotFound(f"model '{name}' is not loaded (it was unloaded)")
-            raise NotFound(f"unknown model '{name}'")
+            raise unknown_model(name)
         if version is not None:
+            check_version(version)
             model = versions.get(version)
             if model is None:
                 raise NotFound(
@@ -180,9 +197,10 @@ class ModelRegistry:
         if versions is None:
             if name in self.failed or name in self.unloaded or name in self.loading:
                 return False  # known, not ready (Triton's contract too)
-            raise NotFound(f"unknown model '{name}'")
+            raise unknown_model(name)
         if version is None:
             return any(v.ready for v in versions.values())
+        check_version(version)
         model = versions.get(version)
         if model is None:
             raise NotFound(f"model '{name}' has no version '{version}'")

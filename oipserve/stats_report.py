@@ -11,7 +11,7 @@ as every other model route of this server answers (docs/metrics.md).
 from __future__ import annotations
 
 from oipserve.errors import NotFound, Unavailable
-from oipserve.models import ModelRegistry, ModelVersion
+from oipserve.models import ModelRegistry, ModelVersion, check_version, unknown_model
 from oipserve.stats import ModelStats, StatsRegistry
 
 
@@ -33,8 +33,9 @@ def select(
         reason = models.failed.get(name)
         if reason is not None:
             raise Unavailable(f"model '{name}' is unavailable: {reason}")
-        raise NotFound(f"unknown model '{name}'")
+        raise unknown_model(name)
     if version:
+        check_version(version)
         model = versions.get(version)
         if model is None:
             raise NotFound(

@@ -57,8 +57,12 @@ def input_tensors(
     wanted = [region_request(f"input '{t.name}'", t.parameters) for t in message.inputs]
     carried = sum(1 for w in wanted if w is None)
     if raw:
-        if any(t.HasField("contents") for t in message.inputs):
-            raise InvalidInput("contents field must not be specified when using raw_input_contents")
+        with_contents = [t.name for t in message.inputs if t.HasField("contents")]
+        if with_contents:
+            raise InvalidInput(
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{with_contents[0]}' for model '{message.model_name}'"
+            )
         if len(raw) != carried:
             raise InvalidInput(
                 f"the request has {carried} input(s) not in shared memory but {len(raw)} "

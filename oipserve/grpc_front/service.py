@@ -140,11 +140,19 @@ class InferenceService:
         await self.dataplane.regions.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def CudaSharedMemoryStatus(self, request: object) -> object:
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self.dataplane.regions.cuda_status(request.name or None)  # nothing, or NotFound
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: object) -> object:
         raise InvalidInput(self.dataplane.regions.cuda_refusal)
 
-    CudaSharedMemoryRegister = CudaSharedMemoryStatus
-    CudaSharedMemoryUnregister = CudaSharedMemoryStatus
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region is ever registered
 
     async def ModelInfer(self, call: InferCall) -> InferReply:
         self.active += 1

@@ -1,7 +1,8 @@
 """The shared-memory extensions' REST routes: ``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``.
 
 System regions are registered, listed and unregistered in ``oipserve.client_regions``;
-CUDA regions are refused with a 400 that says why (docs/shared-memory.md).
+CUDA registration is refused with a 400 that says why; CUDA status lists nothing and
+unregister succeeds (docs/shared-memory.md).
 """
 
 from __future__ import annotations
@@ -56,28 +57,26 @@ class SystemSharedMemoryResource:
 
 
 class CudaSharedMemoryResource:
-    """CUDA shared memory: every route answers 400 with the reason."""
+    """CUDA shared memory: register answers 400 with the reason; nothing is ever registered,
+    so status lists nothing and unregister succeeds."""
 
     def __init__(self, regions: ClientRegions) -> None:
         self.regions = regions
 
-    def _refuse(self) -> None:
-        raise InvalidInput(self.regions.cuda_refusal)
-
     async def on_get_status(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, region: str | None = None
     ) -> None:
-        self._refuse()
+        resp.data = ENCODER.encode(self.regions.cuda_status(region))
 
     async def on_post_register(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, region: str
     ) -> None:
-        self._refuse()
+        raise InvalidInput(self.regions.cuda_refusal)
 
     async def on_post_unregister(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, region: str | None = None
     ) -> None:
-        self._refuse()
+        resp.data = b""
 
 
 def add_shared_memory_routes(app: falcon.asgi.App, regions: ClientRegions) -> None:

@@ -99,7 +99,11 @@ def test_health(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_model_ready("simple")
     assert client.is_model_ready("versioned", "1")
     assert client.is_model_ready("versioned", "2")
-    _fail(lambda: client.is_model_ready("nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'")
+    _fail(
+        lambda: client.is_model_ready("nope"),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'nope' is not found",
+    )
     _fail(lambda: client.is_model_ready("versioned", "9"), grpc.StatusCode.NOT_FOUND)
 
 
@@ -355,7 +359,9 @@ def test_stream(server: ServerProcess) -> None:
         assert result.get_response().id == str(i)  # answered in request order
         assert result.as_numpy("OUTPUT0").tolist() == [i + 2.0]
     result, error = got[20]
-    assert result is None and "unknown model 'nope'" in str(error)  # in-band, stream goes on
+    assert result is None and "Request for unknown model: 'nope' is not found" in str(
+        error
+    )  # in-band, stream goes on
     result, error = got[21]
     assert error is None and result.as_numpy("OUTPUT0").tolist() == [101.0]
 
@@ -425,7 +431,7 @@ def test_not_found(client: grpcclient.InferenceServerClient) -> None:
     _fail(
         lambda: client.infer("missing", _stream_inputs(1)),
         grpc.StatusCode.NOT_FOUND,
-        "unknown model 'missing'",
+        "Request for unknown model: 'missing' is not found",
     )
 
 
@@ -446,7 +452,7 @@ def test_values_onnxruntime_refuses_are_invalid_argument(
 
 def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
     _fail(
-        lambda: client.get_cuda_shared_memory_status(),
+        lambda: client.register_cuda_shared_memory("r", b"0" * 64, 0, 64),
         grpc.StatusCode.INVALID_ARGUMENT,
         "CUDA shared memory is not available: no GPU",
     )

@@ -129,4 +129,4 @@ def test_grpc_config_of_unknown_model(grpc_client: grpcclient.InferenceServerCli
     with pytest.raises(InferenceServerException) as info:
         grpc_client.get_model_config("nope")
     assert info.value.status() == str(grpc.StatusCode.NOT_FOUND)
-    assert "unknown model 'nope'" in str(info.value.message())
+    assert "Request for unknown model: 'nope' is not found" in str(info.value.message())

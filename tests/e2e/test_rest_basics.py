@@ -272,5 +272,7 @@ def test_values_onnxruntime_refuses_are_400_and_worker_keeps_serving(
 
 
 def test_tritonclient_error_surface(client: httpclient.InferenceServerClient) -> None:
-    with pytest.raises(InferenceServerException, match="unknown model 'missing'"):
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'missing' is not found"
+    ):
         client.get_model_metadata("missing")

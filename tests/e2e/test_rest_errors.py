@@ -137,7 +137,7 @@ def test_float_overflow_in_fp16(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("path", "fragment"),
     [
-        ("/v2/models/nope/infer", "unknown model 'nope'"),
+        ("/v2/models/nope/infer", "Request for unknown model: 'nope' is not found"),
         ("/v2/models/simple/versions/7/infer", "no version '7'"),
         ("/v2/models/nope", "unknown model"),
         ("/v2/models/versioned/versions/3", "no version '3'"),

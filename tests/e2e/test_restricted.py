@@ -106,7 +106,8 @@ HTTP_CALLS: dict[str, list[tuple[str, str, str | None, int]]] = {
     "shared-memory": [
         ("GET", "/v2/systemsharedmemory/status", None, 200),
         ("POST", "/v2/systemsharedmemory/unregister", None, 200),
-        ("GET", "/v2/cudasharedmemory/status", None, 400),
+        ("GET", "/v2/cudasharedmemory/status", None, 200),
+        ("POST", "/v2/cudasharedmemory/region/r/register", "{}", 400),
     ],
 }
 
@@ -202,10 +203,14 @@ GRPC_CALLS: dict[str, list[tuple[GrpcCall, str | None]]] = {
         (lambda c, h: c.get_model_repository_index(headers=h), None),
         (lambda c, h: c.unload_model("nonexistent", headers=h), None),
     ],
-    # CUDA shared memory: the restriction is checked first, then the RPC answers 400 (no GPU).
+    # CUDA shared memory: the restriction is checked first, then registering answers 400 (no GPU).
     "shared-memory": [
         (lambda c, h: c.get_system_shared_memory_status(headers=h), None),
-        (lambda c, h: c.get_cuda_shared_memory_status(headers=h), "StatusCode.INVALID_ARGUMENT"),
+        (lambda c, h: c.get_cuda_shared_memory_status(headers=h), None),
+        (
+            lambda c, h: c.register_cuda_shared_memory("r", b"0" * 64, 0, 64, headers=h),
+            "StatusCode.INVALID_ARGUMENT",
+        ),
     ],
     # Not served: the restriction is checked first, then the RPC answers UNIMPLEMENTED.
     "trace": [(lambda c, h: c.get_trace_settings(headers=h), "StatusCode.UNIMPLEMENTED")],

@@ -468,18 +468,26 @@ def test_flag_off_refuses_registration_only(server: ServerProcess, regions: list
 def test_cuda_shared_memory_answers_no_gpu(
     http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
 ) -> None:
+    """Registering is refused with the reason; status and unregister answer as for a server
+    with no CUDA region, so clients that clean up first (Triton's shm examples call
+    ``unregister_cuda_shared_memory()`` before anything else) work without a GPU."""
     message = "CUDA shared memory is not available: no GPU"
-    _http_fail(lambda: http.get_cuda_shared_memory_status(), 400, message)
-    _http_fail(lambda: http.unregister_cuda_shared_memory(), 400, message)
+    _http_fail(lambda: http.register_cuda_shared_memory("r", b"0" * 64, 0, 64), 400, message)
     _grpc_fail(
-        lambda: grpc_client.get_cuda_shared_memory_status(),
+        lambda: grpc_client.register_cuda_shared_memory("r", b"0" * 64, 0, 64),
         grpc.StatusCode.INVALID_ARGUMENT,
         message,
     )
-    _grpc_fail(
-        lambda: grpc_client.unregister_cuda_shared_memory("x"),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        message,
+    assert http.get_cuda_shared_memory_status() == []
+    assert not grpc_client.get_cuda_shared_memory_status().regions
+    http.unregister_cuda_shared_memory()
+    http.unregister_cuda_shared_memory("x")
+    grpc_client.unregister_cuda_shared_memory()
+    grpc_client.unregister_cuda_shared_memory("x")
+    found = "Unable to find cuda shared memory region: 'x'"
+    assert message in _http_fail(lambda: http.get_cuda_shared_memory_status("x"), 404, found)
+    assert message in _grpc_fail(
+        lambda: grpc_client.get_cuda_shared_memory_status("x"), grpc.StatusCode.NOT_FOUND, found
     )
 
 

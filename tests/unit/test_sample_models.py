@@ -105,7 +105,31 @@ EXPECTED: dict[str, tuple[Signature, Signature]] = {
             ("ROWS", "tensor(int64)", [-1, 1]),
         ],
     ),
+    "simple_int8": (
+        [("INPUT0", "tensor(int8)", [-1, 16]), ("INPUT1", "tensor(int8)", [-1, 16])],
+        [("OUTPUT0", "tensor(int8)", [-1, 16]), ("OUTPUT1", "tensor(int8)", [-1, 16])],
+    ),
+    "simple_string": (
+        [("INPUT0", "tensor(string)", [-1, 16]), ("INPUT1", "tensor(string)", [-1, 16])],
+        [("OUTPUT0", "tensor(string)", [-1, 16]), ("OUTPUT1", "tensor(string)", [-1, 16])],
+    ),
+    "simple_identity": (
+        [("INPUT0", "tensor(string)", [-1, -1])],
+        [("OUTPUT0", "tensor(string)", [-1, -1])],
+    ),
 }
+
+# Models with a config.pbtxt.
+CONFIGURED = (
+    "simple",
+    "image_rgb_fp32",
+    "versioned",
+    "reshape_optional",
+    "batched",
+    "simple_int8",
+    "simple_string",
+    "simple_identity",
+)
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +183,7 @@ def test_signature_and_metadata(built: Path, name: str) -> None:
 
 def test_files_and_size(built: Path) -> None:
     expected = [f"{n}/1/model.onnx" for n in EXPECTED]
-    expected += [f"{n}/config.pbtxt" for n in ("simple", "image_rgb_fp32", "versioned")]
-    expected.append("reshape_optional/config.pbtxt")
-    expected.append("batched/config.pbtxt")
+    expected += [f"{n}/config.pbtxt" for n in CONFIGURED]
     expected.append("versioned/2/model.onnx")
     assert _model_files(built) == sorted(expected)
     total = sum((built / f).stat().st_size for f in expected)
@@ -199,10 +221,45 @@ def test_simple_computes_sum_and_difference(built: Path) -> None:
     assert out0.dtype == out1.dtype == np.int32
 
 
-def test_simple_config_matches_model(built: Path) -> None:
-    config = read_model_config(built / "simple" / "config.pbtxt")
-    session = _session(built / "simple" / "1" / "model.onnx")
-    assert config.name == "simple" and config.platform == "onnxruntime_onnx"
+def test_simple_int8_wraps_as_int8(built: Path) -> None:
+    session = _session(built / "simple_int8" / "1" / "model.onnx")
+    a = np.array([list(range(15)) + [127]], dtype=np.int8)
+    b = np.ones((1, 16), dtype=np.int8)
+    out0, out1 = session.run(["OUTPUT0", "OUTPUT1"], {"INPUT0": a, "INPUT1": b})
+    assert out0.dtype == out1.dtype == np.int8
+    assert out0.tolist() == [list(range(1, 16)) + [-128]]
+    assert out1.tolist() == [list(range(-1, 14)) + [126]]
+
+
+def test_simple_string_adds_decimal_strings(built: Path) -> None:
+    """Triton's simple_string: decimal integers in, their sum and difference out as text."""
+    session = _session(built / "simple_string" / "1" / "model.onnx")
+    a = np.array([[str(i) for i in range(16)], ["-7"] * 16], dtype=object)
+    b = np.array([["1"] * 16, ["10"] * 16], dtype=object)
+    out0, out1 = session.run(["OUTPUT0", "OUTPUT1"], {"INPUT0": a, "INPUT1": b})
+    assert out0.tolist() == [[str(i + 1) for i in range(16)], ["3"] * 16]
+    assert out1.tolist() == [[str(i - 1) for i in range(16)], ["-17"] * 16]
+
+
+def test_simple_identity_keeps_bytes(built: Path) -> None:
+    session = _session(built / "simple_identity" / "1" / "model.onnx")
+    x = np.array([["he\x00llo", ""], ["ü", "\x00\x01\x02\x03"]], dtype=object)
+    (out,) = session.run(None, {"INPUT0": x})
+    assert out.tolist() == x.tolist()
+
+
+@pytest.mark.parametrize(
+    "name, data_type, ort_type",
+    [
+        ("simple", "INT32", "tensor(int32)"),
+        ("simple_int8", "INT8", "tensor(int8)"),
+        ("simple_string", "BYTES", "tensor(string)"),
+    ],
+)
+def test_simple_config_matches_model(built: Path, name: str, data_type: str, ort_type: str) -> None:
+    config = read_model_config(built / name / "config.pbtxt")
+    session = _session(built / name / "1" / "model.onnx")
+    assert config.name == name and config.platform == "onnxruntime_onnx"
     assert config.max_batch_size == 8
     assert config.instance_groups[0].kind == "KIND_CPU" and config.instance_groups[0].count == 1
     for tensors, args in (
@@ -211,7 +268,7 @@ def test_simple_config_matches_model(built: Path) -> None:
     ):
         assert [t.name for t in tensors] == [a.name for a in args]
         for tensor, arg in zip(tensors, args, strict=True):
-            assert tensor.data_type == "INT32" and arg.type == "tensor(int32)"
+            assert tensor.data_type == data_type and arg.type == ort_type
             assert list(tensor.dims) == arg.shape[1:]  # batch dim implied by max_batch_size
 
 
