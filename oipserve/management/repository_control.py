@@ -42,7 +42,9 @@ class RepositoryControl:
             raise Unavailable(str(exc)) from None
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model in the directory, loaded or not, one entry per version."""
+        """Every model in the directory, loaded or not: one entry per version of a model
+        loaded, unloaded or failed, and a model never loaded by its name alone, as Triton
+        lists it (no version, state or reason: nothing has been tried)."""
         entries = []
         loaded = (n for n in self.registry.models if not self.is_endpoint(n))
         for name in sorted({*self._names(), *loaded}):
@@ -57,15 +59,17 @@ class RepositoryControl:
                     )
                 continue
             reason = self.registry.failed.get(name)
-            if reason is None:
-                reason = "unloaded" if name in self.registry.unloaded else "not loaded"
+            if reason is None and name not in self.registry.unloaded:
+                entries.append({"name": name})
+                continue
+            reason = reason or "unloaded"
             source = read_model(self.root, name)
             for version in list(source.versions) or [""]:
                 entries.append(
                     {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
                 )
         if ready_only:
-            entries = [e for e in entries if e["state"] == "READY"]
+            entries = [e for e in entries if e.get("state") == "READY"]
         return entries
 
     async def load(
