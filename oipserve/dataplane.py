@@ -46,8 +46,6 @@ from oipserve.worker_handle import WorkerHandle
 
 log = logging.getLogger("oipserve.dataplane")
 
-SERVER_NAME = "oipserve"
-
 
 class DataPlane:
     def __init__(
@@ -57,8 +55,11 @@ class DataPlane:
         max_queue: int,
         infer_timeout: float = 120.0,
         regions: ClientRegions | None = None,
+        server_name: str = "oipserve",
     ) -> None:
         self.registry = registry
+        #: The ``name`` of the server metadata (``--server-name``).
+        self.server_name = server_name
         self.pool = pool
         self.max_queue = max_queue
         #: Seconds an inference may take unless its ``timeout`` parameter is shorter.
@@ -96,7 +97,7 @@ class DataPlane:
 
     def server_metadata(self) -> dict[str, object]:
         return {
-            "name": SERVER_NAME,
+            "name": self.server_name,
             "version": oipserve.__version__,
             "extensions": [
                 "binary_tensor_data",

@@ -251,7 +251,12 @@ async def serve(settings: Settings) -> int:
     registry = ModelRegistry()
     regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
     dataplane = DataPlane(
-        registry, pool, settings.max_queue_per_worker, settings.infer_timeout, regions
+        registry,
+        pool,
+        settings.max_queue_per_worker,
+        settings.infer_timeout,
+        regions,
+        settings.server_name,
     )
     cpu_lock = asyncio.Lock()
 

@@ -92,6 +92,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: then only over gRPC) or no gRPC port; at least one of the two must stay on.
     allow_http: bool = True
     allow_grpc: bool = True
+    #: The ``name`` of the server metadata (``GET /v2``, gRPC ServerMetadata). Clients
+    #: written for Triton sometimes check it: Triton's own example clients require "triton".
+    server_name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "oipserve"
 
 
 #: ``--grpc-processes auto``: none below this many usable CPUs (measured: on 2 cores a gRPC
@@ -308,6 +311,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--allow-grpc", metavar="true|false", help="serve the gRPC port (Triton's flag)"
+    )
+    serve.add_argument(
+        "--server-name",
+        metavar="NAME",
+        help='the server\'s name in its metadata (GET /v2, ServerMetadata); "triton" for '
+        "clients that check for Triton",
     )
     _document_defaults(serve)
     return parser

@@ -169,3 +169,24 @@ def test_allow_http_false_with_a_failed_model_says_not_ready_and_names_grpc(
         client.close()
     finally:
         assert srv.stop() == 0, srv.log
+
+
+def test_server_name_is_what_clients_written_for_triton_check(repository: Path) -> None:
+    """`--server-name triton`: Triton's health/metadata example clients require that name."""
+    srv = ServerProcess(repository, ["--server-name", "triton"]).wait_ready()
+    try:
+        status, _, body = request(srv, "GET", "/v2")
+        assert status == 200 and json.loads(body)["name"] == "triton"
+        with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+            assert client.get_server_metadata().name == "triton"
+    finally:
+        assert srv.stop() == 0, srv.log
+
+
+def test_server_name_from_the_environment_and_never_empty() -> None:
+    _, settings = load_settings(["serve", "--model-repository", "m"], {"OIPSERVE_SERVER_NAME": "t"})
+    assert settings.server_name == "t"
+    _, settings = load_settings(["serve", "--model-repository", "m"], {})
+    assert settings.server_name == "oipserve"
+    result = run_cli("serve", "--model-repository", str(SAMPLE_REPOSITORY), "--server-name=")
+    assert result.returncode == 2 and "--server-name" in result.stderr, result.stderr
