@@ -154,6 +154,10 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
     #   as float64, int64 or uint64, and checked below like any decoded list.
     if not isinstance(values, (list, np.ndarray)):
         raise DataError(f"'data' of input '{name}' must be an array")
+    if type(values) is list and 0 < len(values) == count <= SMALL_FLAT:
+        small = _small_flat(name, datatype, values)
+        if small is not None:
+            return small
     try:
         source = np.asarray(values)
     except (ValueError, OverflowError):
@@ -183,25 +187,64 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
                 source, kind = exact, "i"
         if kind not in "iu":
             raise _kind_error(name, datatype, "integers", source)
-        low, high = int(source.min()), int(source.max())
-        if low < bounds[0] or high > bounds[1]:
-            bad = low if low < bounds[0] else high
-            raise DataError(
-                f"input '{name}': value {bad} is out of range for {datatype} "
-                f"[{bounds[0]}, {bounds[1]}]"
-            )
+        _check_int_range(name, datatype, int(source.min()), int(source.max()), bounds)
         return source.astype(NUMPY_DTYPES[datatype])
     if datatype in FLOAT_TYPES:
         if kind not in "iuf":
             raise _kind_error(name, datatype, "numbers", source)
-        limit = _FLOAT_LIMITS.get(datatype)
         # NOTE: integers too: 70000 is beyond FP16 and would become inf.
-        if limit is not None and max(-float(source.min()), float(source.max())) > limit:
-            raise DataError(f"input '{name}': a value is too large for {datatype}")
+        _check_float_range(name, datatype, float(source.min()), float(source.max()))
         if datatype == "BF16":
             return float32_to_bf16(source.astype(np.float32))
         return source.astype(NUMPY_DTYPES[datatype])
     raise DataError(f"input '{name}': datatype {datatype} cannot be sent as JSON values")
+
+
+#: Flat lists of at most this many values skip numpy's type inference: checking each
+#: value's type and the bounds in Python costs less than ``np.asarray`` and two
+#: reductions: 2.4 against 5.0 us for 16 INT32 values, 3.8 against 5.7 at 32; by 64
+#: the two are nearly even.
+SMALL_FLAT = 32
+
+
+def _small_flat(name: str, datatype: str, values: list[object]) -> np.ndarray | None:
+    """``values`` as an array when they are all JSON integers (integer datatypes) or all
+    JSON floats (FP16, FP32, FP64), checked as the general path checks them; else None,
+    and the general path decides (its messages for wrong kinds stay the only ones)."""
+    bounds = _INT_BOUNDS.get(datatype)
+    if bounds is not None:
+        for value in values:
+            if type(value) is not int:  # (a bool is not an int here)
+                return None
+        _check_int_range(name, datatype, min(values), max(values), bounds)
+        return np.array(values, dtype=NUMPY_DTYPES[datatype])
+    if datatype in _SMALL_FLOATS:
+        for value in values:
+            if type(value) is not float:
+                return None
+        _check_float_range(name, datatype, min(values), max(values))
+        return np.array(values, dtype=NUMPY_DTYPES[datatype])
+    return None
+
+
+#: The float types ``_small_flat`` builds directly (BF16 is converted from float32).
+_SMALL_FLOATS = frozenset({"FP16", "FP32", "FP64"})
+
+
+def _check_int_range(
+    name: str, datatype: str, low: int, high: int, bounds: tuple[int, int]
+) -> None:
+    if low < bounds[0] or high > bounds[1]:
+        bad = low if low < bounds[0] else high
+        raise DataError(
+            f"input '{name}': value {bad} is out of range for {datatype} [{bounds[0]}, {bounds[1]}]"
+        )
+
+
+def _check_float_range(name: str, datatype: str, low: float, high: float) -> None:
+    limit = _FLOAT_LIMITS.get(datatype)
+    if limit is not None and max(-low, high) > limit:
+        raise DataError(f"input '{name}': a value is too large for {datatype}")
 
 
 def bytes_as_text(elements: Iterable[bytes | memoryview]) -> list[str]:

@@ -56,6 +56,58 @@ def test_bad_values(datatype: str, values: object, count: int, fragment: str) ->
         array_from_values("x", datatype, values, count)
 
 
+#: Flat lists short enough for the small-list path, each beside the same values nested one
+#: level deeper (which always takes the general path): both must give the same array or
+#: the same error.
+SMALL_CASES = [
+    ("INT32", list(range(16))),
+    ("INT32", [-(2**31), 2**31 - 1]),
+    ("INT32", [0, 2**31]),
+    ("INT32", [-(2**31) - 1, 5]),
+    ("INT32", [1, True]),  # a bool among ints
+    ("INT32", [1, 2.0]),  # a float among ints
+    ("INT32", [1, "2"]),
+    ("INT8", [-128, 127, 0]),
+    ("UINT8", [255, -1]),
+    ("UINT64", [0, 2**64 - 1]),
+    ("UINT64", [2**64]),
+    ("INT64", [-(2**63), 2**63 - 1]),
+    ("INT64", [2**63, -(2**70)]),
+    ("FP32", [0.5, -1.25, 3.0e38]),
+    ("FP32", [3.5e38]),
+    ("FP32", [1.0, 2]),  # an int among floats
+    ("FP32", [1.0, False]),
+    ("FP32", [float("inf")]),
+    ("FP16", [0.5, 65504.0]),
+    ("FP16", [70000.0]),
+    ("FP16", [-70000.0, 1.0]),
+    ("FP64", [1e308, -1e308, float("inf")]),
+    ("BF16", [1.5, 2.0]),
+    ("BOOL", [True, False]),
+    ("BOOL", [1, 0]),
+]
+
+
+def _outcome(datatype: str, values: list, count: int) -> tuple[str, np.ndarray | str]:
+    try:
+        return "array", array_from_values("x", datatype, values, count)
+    except InvalidInput as exc:
+        return "error", str(exc)
+
+
+@pytest.mark.parametrize(("datatype", "values"), SMALL_CASES)
+def test_small_flat_lists_match_the_general_path(datatype: str, values: list) -> None:
+    flat = _outcome(datatype, values, len(values))
+    nested = _outcome(datatype, [values], len(values))
+    assert flat[0] == nested[0], (flat, nested)
+    if flat[0] == "error":
+        assert flat[1] == nested[1]
+    else:
+        assert isinstance(flat[1], np.ndarray) and isinstance(nested[1], np.ndarray)
+        assert flat[1].dtype == nested[1].dtype
+        np.testing.assert_array_equal(flat[1], nested[1])
+
+
 def test_bytes_values() -> None:
     assert bytes_from_values("s", [["a", "é"], [""]], 3) == [b"a", "é".encode(), b""]
     with pytest.raises(InvalidInput, match="must hold strings"):
