@@ -206,6 +206,13 @@ def _write(out: Path, model_name: str, version: int, model: onnx.ModelProto) -> 
     return path
 
 
+def _write_with_config(out: Path, model_name: str, model: onnx.ModelProto, config: str) -> str:
+    """Write version 1 of a model and its config.pbtxt; return the model's name."""
+    _write(out, model_name, 1, model)
+    (out / model_name / "config.pbtxt").write_text(config, encoding="utf-8")
+    return model_name
+
+
 def make_simple(name: str = "simple", elem_type: int = TensorProto.INT32) -> onnx.ModelProto:
     """Triton's `simple` example: element-wise sum and difference of two [-1,16] inputs.
 
@@ -226,16 +233,14 @@ def make_simple(name: str = "simple", elem_type: int = TensorProto.INT32) -> onn
 
 def build_simple(out: Path) -> str:
     """Write `simple` and its Triton config.pbtxt."""
-    _write(out, "simple", 1, make_simple())
-    (out / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG, encoding="utf-8")
-    return "simple"
+    return _write_with_config(out, "simple", make_simple(), SIMPLE_CONFIG)
 
 
 def build_simple_int8(out: Path) -> str:
     """Write `simple_int8` (Triton's INT8 `simple`) and its config.pbtxt."""
-    _write(out, "simple_int8", 1, make_simple("simple_int8", TensorProto.INT8))
-    (out / "simple_int8" / "config.pbtxt").write_text(SIMPLE_INT8_CONFIG, encoding="utf-8")
-    return "simple_int8"
+    return _write_with_config(
+        out, "simple_int8", make_simple("simple_int8", TensorProto.INT8), SIMPLE_INT8_CONFIG
+    )
 
 
 def make_simple_string() -> onnx.ModelProto:
@@ -272,9 +277,7 @@ def make_simple_string() -> onnx.ModelProto:
 
 def build_simple_string(out: Path) -> str:
     """Write `simple_string` and its config.pbtxt."""
-    _write(out, "simple_string", 1, make_simple_string())
-    (out / "simple_string" / "config.pbtxt").write_text(SIMPLE_STRING_CONFIG, encoding="utf-8")
-    return "simple_string"
+    return _write_with_config(out, "simple_string", make_simple_string(), SIMPLE_STRING_CONFIG)
 
 
 def build_simple_identity(out: Path) -> str:
@@ -282,9 +285,7 @@ def build_simple_identity(out: Path) -> str:
     model = make_identity("bytes")
     model.graph.name = "simple_identity"
     onnx.checker.check_model(model, full_check=True)
-    _write(out, "simple_identity", 1, model)
-    (out / "simple_identity" / "config.pbtxt").write_text(SIMPLE_IDENTITY_CONFIG, encoding="utf-8")
-    return "simple_identity"
+    return _write_with_config(out, "simple_identity", model, SIMPLE_IDENTITY_CONFIG)
 
 
 def make_identity(type_name: str) -> onnx.ModelProto:
@@ -407,11 +408,9 @@ def make_reshape_optional() -> onnx.ModelProto:
 
 def build_reshape_optional(out: Path) -> str:
     """Write `reshape_optional` and its config.pbtxt (reshape, optional input)."""
-    _write(out, "reshape_optional", 1, make_reshape_optional())
-    (out / "reshape_optional" / "config.pbtxt").write_text(
-        RESHAPE_OPTIONAL_CONFIG, encoding="utf-8"
+    return _write_with_config(
+        out, "reshape_optional", make_reshape_optional(), RESHAPE_OPTIONAL_CONFIG
     )
-    return "reshape_optional"
 
 
 def make_batched() -> onnx.ModelProto:
@@ -451,9 +450,7 @@ def make_batched() -> onnx.ModelProto:
 
 def build_batched(out: Path) -> str:
     """Write `batched` and its config.pbtxt (dynamic batching)."""
-    _write(out, "batched", 1, make_batched())
-    (out / "batched" / "config.pbtxt").write_text(BATCHED_CONFIG, encoding="utf-8")
-    return "batched"
+    return _write_with_config(out, "batched", make_batched(), BATCHED_CONFIG)
 
 
 def make_image_nhwc_u8() -> onnx.ModelProto:
@@ -533,9 +530,7 @@ def make_image_rgb_fp32() -> onnx.ModelProto:
 
 def build_image_rgb_fp32(out: Path) -> str:
     """Write `image_rgb_fp32` and its config.pbtxt (batch <= 2, RGB, mean 10, scale 2)."""
-    _write(out, "image_rgb_fp32", 1, make_image_rgb_fp32())
-    (out / "image_rgb_fp32" / "config.pbtxt").write_text(IMAGE_RGB_FP32_CONFIG, encoding="utf-8")
-    return "image_rgb_fp32"
+    return _write_with_config(out, "image_rgb_fp32", make_image_rgb_fp32(), IMAGE_RGB_FP32_CONFIG)
 
 
 def make_matmul_relu(size: int = MATMUL_SIZE, seed: int = MATMUL_SEED) -> onnx.ModelProto:
