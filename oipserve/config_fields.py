@@ -83,7 +83,11 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "data_type": FieldRule(H, "required; must match the graph"),
         "dims": FieldRule(H, "the shape clients receive (without the batch dim)"),
         "reshape": FieldRule(H, "the shape the model produces"),
-        "label_filename": FieldRule(W, "the classification extension is not implemented"),
+        "label_filename": FieldRule(
+            H,
+            "class labels, one a line, read at load from a file inside the model's directory "
+            "(classification extension)",
+        ),
         "is_shape_tensor": FieldRule(R, "shape tensors are TensorRT-only"),
         "is_non_linear_format_io": FieldRule(R, "TensorRT-only"),
     },

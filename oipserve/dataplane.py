@@ -15,7 +15,8 @@ The inference path, top to bottom (``DataPlane.infer``):
    copied into one pooled segment; binary payloads already received into a
    segment are referenced where they lie;
 4. send a descriptor to the least busy worker and await its reply;
-5. return views of the worker's output segment; the caller releases them.
+5. return views of the worker's output segment, outputs asked for as classes
+   replaced by their top-k strings (``classification``); the caller releases them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from time import monotonic_ns
 import oipserve
 from oipserve import json_offload
 from oipserve.batched import BatchRunner, Watch
+from oipserve.classification import check_classification, classify
 from oipserve.client_regions import ClientRegions, RegionUse
 from oipserve.echo import answer_echo
 from oipserve.errors import InvalidInput
@@ -101,6 +103,7 @@ class DataPlane:
             "version": oipserve.__version__,
             "extensions": [
                 "binary_tensor_data",
+                "classification",
                 "model_configuration",
                 "model_repository",
                 "statistics",
@@ -141,6 +144,7 @@ class DataPlane:
         watch: Watch | None = None,
         into_regions: dict[str, RegionUse] | None = None,
         text_outputs: list[str] | None = None,
+        classification: dict[str, int] | None = None,
     ) -> InferResult:
         """Run one request; ``owned`` leases are released once the worker is done reading.
 
@@ -150,18 +154,25 @@ class DataPlane:
         ``into_regions`` holds the outputs to write into clients' shared-memory regions
         (released here, in every case, once the call returns). ``text_outputs`` names the
         outputs the client gets as JSON: a worker prints the large ones (``TensorDesc.text``).
+        ``classification`` maps outputs the client wants as their top-k classes to k
+        (``oipserve.classification``): those come back as BYTES tensors.
 
         Every request is counted once in the version's statistics: a success with the
         worker's phase times, or a failure with its reason (``oipserve.stats``).
         """
         into = into_regions or {}
+        counts = classification or {}
+        if counts and text_outputs:
+            # NOTE: classified in the front from the raw values: never printed by a worker.
+            text_outputs = [name for name in text_outputs if name not in counts]
         try:
             result = await self._run(
-                model, inputs, output_names, owned, priority, timeout_us, watch, into, text_outputs
-            )
+                model, inputs, output_names, owned, priority, timeout_us, watch, into,
+                text_outputs, counts,
+            )  # fmt: skip
             if into:
                 _deliver(result, into)
-            return result
+            return classify(result, counts) if counts else result
         finally:
             for use in into.values():
                 use.release()
@@ -177,6 +188,7 @@ class DataPlane:
         watch: Watch | None,
         into: dict[str, RegionUse],
         text_outputs: list[str] | None,
+        counts: dict[str, int],
     ) -> InferResult:
         stats = self.stats.of(model)
         start = monotonic_ns()
@@ -187,6 +199,7 @@ class DataPlane:
                         f"model '{model.name}' is answered by the front (echo) and takes no "
                         "shared memory regions"
                     )
+                check_classification(model, counts, into)
                 result = answer_echo(model, inputs, output_names, owned)
             except BaseException as exc:
                 stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
@@ -203,6 +216,7 @@ class DataPlane:
         targets: list[OutputTarget] = []
         try:
             placements = check_request(model, inputs, output_names)
+            check_classification(model, counts, into)
             if any(isinstance(data, Deferred) for _, _, _, data in placements):
                 placements = await self._decode_in_worker(model, placements, owned, deadline)
             if into:

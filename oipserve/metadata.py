@@ -32,6 +32,8 @@ class TensorSpec(msgspec.Struct, frozen=True):
     model_shape: tuple[int, ...] | None = None
     #: An input a request may leave out (config.pbtxt ``optional``).
     optional: bool = False
+    #: An output's class labels (config.pbtxt ``label_filename``), for classification.
+    labels: tuple[str, ...] = ()
 
 
 def reshaped(shape: list[int], pattern: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
@@ -100,7 +102,9 @@ def _refine(
             )
         seen_by_model = _merge_dims(kind, entry.name, model_shape or dims, actual.shape)
         shape = dims if model_shape is not None else seen_by_model
-        refined.append(TensorSpec(entry.name, entry.data_type, shape, model_shape, optional))
+        refined.append(
+            TensorSpec(entry.name, entry.data_type, shape, model_shape, optional, entry.labels)
+        )
     if kind == "input":
         missing = sorted(set(by_name) - {t.name for t in refined})
         if missing:

@@ -70,6 +70,10 @@ class TensorConfig(msgspec.Struct, frozen=True):
     reshape: tuple[int, ...] | None = None
     #: Inputs only: a request may leave it out.
     optional: bool = False
+    #: Outputs only: the file of class labels, relative to the model's directory.
+    label_filename: str = ""
+    #: Outputs only: the labels of ``label_filename``, one per index (read at load).
+    labels: tuple[str, ...] = ()
 
 
 class InstanceGroup(msgspec.Struct, frozen=True):
@@ -164,7 +168,8 @@ def _tensor(entry: Any, path: str, seen: set[str]) -> TensorConfig:
         if len(dims) != 3:
             fmt = mc.ModelInput.Format.Name(entry.format)
             raise ModelConfigError(f"{path}: {fmt} needs 3 dims, got {list(dims)}")
-    return TensorConfig(entry.name, row.name, dims, reshape, optional)
+    label_filename = getattr(entry, "label_filename", "")
+    return TensorConfig(entry.name, row.name, dims, reshape, optional, label_filename)
 
 
 def _instance_group(group: Any, path: str) -> InstanceGroup:

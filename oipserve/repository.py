@@ -14,6 +14,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
+from oipserve.classification import read_labels
 from oipserve.model_config import (
     ModelConfig,
     ModelConfigError,
@@ -84,6 +87,10 @@ def read_model(root: Path, name: str, override: ModelConfig | None = None) -> Mo
             log.warning(
                 "model '%s': %s is not supported by oipserve and is ignored", name, field_name
             )
+        try:
+            config = with_labels(config, directory, what)
+        except ValueError as exc:
+            return ModelSource(name, directory, config, error=str(exc))
     filename = (config.default_model_filename if config else None) or DEFAULT_MODEL_FILENAME
     found: dict[int, str] = {}
     try:
@@ -124,6 +131,22 @@ def read_model(root: Path, name: str, override: ModelConfig | None = None) -> Mo
             f"it asks for {list(policy.versions)}",
         )
     return ModelSource(name, directory, config, {str(v): found[v] for v in chosen})
+
+
+def with_labels(config: ModelConfig, directory: Path, what: str) -> ModelConfig:
+    """``config`` with the labels of each output's ``label_filename`` read from ``directory``."""
+    if not any(output.label_filename for output in config.outputs):
+        return config
+    outputs = tuple(
+        msgspec.structs.replace(
+            output,
+            labels=read_labels(directory, output.label_filename, f"{what} output '{output.name}'"),
+        )
+        if output.label_filename
+        else output
+        for output in config.outputs
+    )
+    return msgspec.structs.replace(config, outputs=outputs)
 
 
 def list_models(root: Path) -> list[str]:

@@ -116,6 +116,19 @@ def typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Sized:
     return values
 
 
+def class_count(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> int:
+    """An output's ``classification`` parameter (``int64_param`` > 0); 0 when not asked for."""
+    parameters = output.parameters
+    if not parameters or "classification" not in parameters:
+        return 0
+    param = parameters["classification"]
+    if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param <= 0:
+        raise InvalidInput(
+            f"parameter 'classification' of output '{output.name}' must be a positive int64_param"
+        )
+    return param.int64_param
+
+
 def requested_version(text: str) -> str | None:
     """A request's ``model_version``: protobuf's empty string means "the default version"."""
     return text or None

@@ -19,6 +19,7 @@ from oipserve.dataplane import DataPlane
 from oipserve.errors import InvalidInput
 from oipserve.grpc_front.codec import InferCall, InferReply
 from oipserve.grpc_front.convert import (
+    class_count,
     input_tensors,
     region_request,
     repository_parameter,
@@ -178,6 +179,7 @@ class InferenceService:
         try:
             inputs = input_tensors(message, call.raw, regions, owned, call.located())
             outputs = []
+            classes: dict[str, int] = {}  # outputs wanted as their top-k classes: k
             for output in message.outputs:
                 where = f"output '{output.name}'"
                 wanted = region_request(where, output.parameters)
@@ -186,6 +188,9 @@ class InferenceService:
                         raise InvalidInput(f"output '{output.name}' is requested more than once")
                     into_regions[output.name] = regions.use(wanted, where)
                 outputs.append(output.name)
+                count = class_count(output)
+                if count:
+                    classes[output.name] = count
             priority, timeout_us = schedule_parameters(message.parameters)
         except Exception as exc:
             for held in [*owned, *into_regions.values()]:
@@ -195,6 +200,6 @@ class InferenceService:
         # NOTE: a client that cancels or goes away cancels this call's task, which
         #   withdraws a request still queued in a dynamic batcher.
         result = await self.dataplane.infer(
-            model, inputs, outputs, owned, priority, timeout_us, None, into_regions
+            model, inputs, outputs, owned, priority, timeout_us, None, into_regions, None, classes
         )
         return InferReply(result, message.id)

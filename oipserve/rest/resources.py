@@ -124,6 +124,7 @@ class ModelResource:
             target = self.dataplane.resolve(model, version)
             priority = timeout_us = 0
             text_outputs: list[str] = []  # the outputs rendered as JSON
+            classes: dict[str, int] = {}  # outputs wanted as their top-k classes: k
             if header_length == 0:
                 inputs = [self._raw_input(target, body)]
                 request_id, names, flags = None, [], None
@@ -156,6 +157,7 @@ class ModelResource:
                         for name, flag in zip(names, flags, strict=True)
                         if not flag and name not in into_regions
                     ]
+                    classes = {o.name: count for o in request.outputs if (count := _class_count(o))}
                 elif not all_binary:
                     text_outputs = list(target.output_map)
                 request_id = request.id
@@ -168,8 +170,9 @@ class ModelResource:
             raise
         watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
         result = await self.dataplane.infer(
-            target, inputs, names, owned, priority, timeout_us, watch, into_regions, text_outputs
-        )
+            target, inputs, names, owned, priority, timeout_us, watch, into_regions,
+            text_outputs, classes,
+        )  # fmt: skip
         printing = outputs_to_print(result, flags, all_binary)
         if printing:
             await print_in_steps(result, printing)
@@ -289,6 +292,20 @@ def _flag(params: dict[str, object] | None, key: str, default: bool, where: str)
     value = params[key]
     if type(value) is not bool:
         raise InvalidInput(f"parameter '{key}' of {where} must be true or false, got {value!r}")
+    return value
+
+
+def _class_count(output: RequestOutput) -> int:
+    """An output's ``classification`` parameter: how many classes; 0 when not asked for."""
+    params = output.parameters
+    if not params or "classification" not in params:
+        return 0
+    value = params["classification"]
+    if type(value) is not int or value < 0:
+        raise InvalidInput(
+            f"parameter 'classification' of output '{output.name}' must be an unsigned "
+            f"integer, got {value!r}"
+        )
     return value
 
 

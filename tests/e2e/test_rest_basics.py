@@ -49,6 +49,7 @@ def test_server_metadata(server: ServerProcess, client: httpclient.InferenceServ
     assert meta["name"] == "oipserve"
     assert meta["extensions"] == [
         "binary_tensor_data",
+        "classification",
         "model_configuration",
         "model_repository",
         "statistics",

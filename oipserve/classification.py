@@ -1,0 +1,155 @@
+"""Triton's classification extension: an output answered as its top-k classes.
+
+A request asks for it per output (REST ``parameters.classification``, gRPC
+``int64_param``); each adapter parses its wire format into ``{output name: k}`` and
+the data plane calls ``check_classification`` before the run and ``classify`` on its
+result. For that output the client gets a BYTES tensor, shape ``[batch, k']`` for a
+batching model or ``[k']`` otherwise (``k' = min(k, elements per batch item)``),
+each element ``"<value>:<index>"`` or ``"<value>:<index>:<label>"`` when the output
+has a label for that index (config.pbtxt ``label_filename``). Values are printed
+as C++ ``std::to_string`` prints them, as Triton does: floats with 6 decimals,
+integers plain. Equal values keep the lower index first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from oipserve.errors import InvalidInput
+from oipserve.inference import InferResult, OutputTensor
+from oipserve.wire.datatypes import DATATYPES, encode_bytes_elements
+
+if TYPE_CHECKING:
+    from oipserve.client_regions import RegionUse
+    from oipserve.models import ModelVersion
+
+__all__ = [
+    "LABELS_MAX_BYTES",
+    "check_classification",
+    "class_strings",
+    "classify",
+    "read_labels",
+    "top_k",
+]
+
+#: Datatypes an output cannot be classified in (as Triton refuses them).
+UNSUPPORTED = frozenset({"BOOL", "FP16", "BF16", "BYTES"})
+
+#: A label file larger than this is refused (ImageNet-21k's labels take about 500 KB).
+LABELS_MAX_BYTES = 16 * 1024 * 1024
+
+
+def check_classification(
+    model: ModelVersion, counts: dict[str, int], into: dict[str, RegionUse]
+) -> None:
+    """InvalidInput if an output asked for as classes cannot be: run before the model runs.
+
+    ``counts`` names outputs the request asked for (``check_request`` has checked them).
+    """
+    for name in counts:
+        if name in into:
+            raise InvalidInput(
+                f"output '{name}' cannot be both in shared memory and a classification"
+            )
+        spec = model.output_map.get(name)
+        if spec is not None and spec.datatype in UNSUPPORTED:
+            raise InvalidInput(
+                f"output '{name}' has datatype {spec.datatype}, which the classification "
+                "extension does not support"
+            )
+
+
+def classify(result: InferResult, counts: dict[str, int]) -> InferResult:
+    """``result`` with each output named in ``counts`` replaced by its top-k class strings.
+
+    The worker's segment stays ``result``'s to release; on failure it is released here.
+    """
+    try:
+        batched = result.model.max_batch_size > 0
+        result.outputs = [
+            _classified(tensor, counts[tensor.name], batched, _labels_of(result.model, tensor))
+            if tensor.name in counts
+            else tensor
+            for tensor in result.outputs
+        ]
+    except BaseException:
+        result.release()
+        raise
+    return result
+
+
+def _labels_of(model: ModelVersion, tensor: OutputTensor) -> tuple[str, ...]:
+    spec = model.output_map.get(tensor.name)
+    return spec.labels if spec is not None else ()
+
+
+def _classified(tensor: OutputTensor, k: int, batched: bool, labels: Sequence[str]) -> OutputTensor:
+    dtype = DATATYPES[tensor.datatype].numpy
+    values = np.frombuffer(tensor.data, dtype=dtype, count=tensor.count)
+    rows = tensor.shape[0] if batched and tensor.shape else 1
+    per_row = values.reshape(rows, -1) if rows else values.reshape(0, 0)
+    strings = class_strings(per_row, k, tensor.datatype, labels)
+    width = len(strings[0]) if strings else 0
+    shape = [rows, width] if batched else [width]
+    flat = [text.encode() for row in strings for text in row]
+    return OutputTensor(tensor.name, "BYTES", shape, memoryview(bytes(encode_bytes_elements(flat))))
+
+
+def top_k(row: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` highest values of a 1-D array, highest first; ties lower index first."""
+    backwards = row[::-1]
+    order = np.argsort(backwards, kind="stable")[::-1][:k]
+    return len(row) - 1 - order
+
+
+def class_strings(
+    rows: np.ndarray, k: int, datatype: str, labels: Sequence[str] = ()
+) -> list[list[str]]:
+    """Each row's top-``k`` classes as ``"<value>:<index>[:<label>]"``."""
+    floating = datatype in ("FP32", "FP64")
+    out = []
+    for row in rows:
+        texts = []
+        for index in top_k(row, k).tolist():
+            value = row[index]
+            text = f"{float(value):f}:{index}" if floating else f"{int(value)}:{index}"
+            label = labels[index] if index < len(labels) else ""
+            texts.append(f"{text}:{label}" if label else text)
+        out.append(texts)
+    return out
+
+
+def read_labels(directory: Path, filename: str, where: str) -> tuple[str, ...]:
+    """The labels of ``directory/filename``, one a line; ValueError naming ``where``.
+
+    The file must lie inside the model's directory (no absolute path, no way out
+    through ``..`` or a link), be UTF-8 and at most ``LABELS_MAX_BYTES``.
+    """
+    root = directory.resolve()
+    path = (root / filename).resolve()
+    if Path(filename).is_absolute() or not path.is_relative_to(root) or path == root:
+        raise ValueError(f"{where}: label_filename {filename!r} must name a file inside {root}")
+    try:
+        with path.open("rb") as file:
+            data = file.read(LABELS_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read label_filename {filename!r}: {exc}") from None
+    if len(data) > LABELS_MAX_BYTES:
+        raise ValueError(
+            f"{where}: label_filename {filename!r} is larger than {LABELS_MAX_BYTES} bytes"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{where}: label_filename {filename!r} is not valid UTF-8 ({exc.reason} at byte "
+            f"{exc.start})"
+        ) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return tuple(line.removesuffix("\r") for line in lines)
