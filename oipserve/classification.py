@@ -28,9 +28,14 @@ if TYPE_CHECKING:
     from oipserve.models import ModelVersion
 
 __all__ = [
+    "CLASSIFY_ON_LOOP_MAX",
     "LABELS_MAX_BYTES",
+    "MAX_CLASS_COUNT",
+    "MAX_CLASS_STRINGS",
     "check_classification",
     "class_strings",
+    "classified_elements",
+    "classified_outputs",
     "classify",
     "read_labels",
     "top_k",
@@ -41,6 +46,15 @@ UNSUPPORTED = frozenset({"BOOL", "FP16", "BF16", "BYTES"})
 
 #: A label file larger than this is refused (ImageNet-21k's labels take about 500 KB).
 LABELS_MAX_BYTES = 16 * 1024 * 1024
+#: Most classes one output may be asked for (ImageNet-21k has 21,841): the strings are
+#: made in Python, so their number bounds what a request costs (issue #18).
+MAX_CLASS_COUNT = 65536
+#: Most class strings one request may get back, over all its rows and outputs.
+MAX_CLASS_STRINGS = 1024 * 1024
+#: Outputs of more elements than this (over all classified outputs of a request) are
+#: sorted in a thread: numpy sorts without the GIL, and a sort of a few hundred thousand
+#: values would otherwise hold the event loop for milliseconds.
+CLASSIFY_ON_LOOP_MAX = 65536
 
 
 def check_classification(
@@ -50,7 +64,11 @@ def check_classification(
 
     ``counts`` names outputs the request asked for (``check_request`` has checked them).
     """
-    for name in counts:
+    for name, k in counts.items():
+        if k > MAX_CLASS_COUNT:
+            raise InvalidInput(
+                f"output '{name}' asks for {k} classes; at most {MAX_CLASS_COUNT} may be asked"
+            )
         if name in into:
             raise InvalidInput(
                 f"output '{name}' cannot be both in shared memory and a classification"
@@ -69,17 +87,40 @@ def classify(result: InferResult, counts: dict[str, int]) -> InferResult:
     The worker's segment stays ``result``'s to release; on failure it is released here.
     """
     try:
-        batched = result.model.max_batch_size > 0
-        result.outputs = [
-            _classified(tensor, counts[tensor.name], batched, _labels_of(result.model, tensor))
-            if tensor.name in counts
-            else tensor
-            for tensor in result.outputs
-        ]
+        result.outputs = classified_outputs(result, counts)
     except BaseException:
         result.release()
         raise
     return result
+
+
+def classified_outputs(result: InferResult, counts: dict[str, int]) -> list[OutputTensor]:
+    """``result``'s outputs, those named in ``counts`` as their top-k class strings; 400
+    past ``MAX_CLASS_STRINGS`` strings in all. Reads ``result``, changes nothing (so it
+    may run in a thread)."""
+    batched = result.model.max_batch_size > 0
+    strings = 0
+    for tensor in result.outputs:
+        if tensor.name in counts:
+            rows = tensor.shape[0] if batched and tensor.shape else 1
+            per_row = tensor.count // rows if rows else 0
+            strings += rows * min(counts[tensor.name], per_row)
+    if strings > MAX_CLASS_STRINGS:
+        raise InvalidInput(
+            f"the classification asked for would return {strings} class strings; at most "
+            f"{MAX_CLASS_STRINGS} may be returned for one request"
+        )
+    return [
+        _classified(tensor, counts[tensor.name], batched, _labels_of(result.model, tensor))
+        if tensor.name in counts
+        else tensor
+        for tensor in result.outputs
+    ]
+
+
+def classified_elements(result: InferResult, counts: dict[str, int]) -> int:
+    """Elements of the outputs to classify: more than ``CLASSIFY_ON_LOOP_MAX``, in a thread."""
+    return sum(tensor.count for tensor in result.outputs if tensor.name in counts)
 
 
 def _labels_of(model: ModelVersion, tensor: OutputTensor) -> tuple[str, ...]:

@@ -254,3 +254,28 @@ def test_label_file_outside_the_model_directory_is_refused(
         in (index["escaping"]["reason"])
     )
     assert index["classes"]["state"] == "READY"
+
+
+def test_a_large_output_is_classified_in_a_thread_with_the_same_answer(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """Past CLASSIFY_ON_LOOP_MAX elements the sort runs off the event loop: same strings."""
+    values = np.random.default_rng(5).random((1, 200_000), dtype=np.float32)
+    given = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+    given.set_data_from_numpy(values, binary_data=True)
+    wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True, class_count=3)
+    result = http.infer("identity_fp32", [given], outputs=[wanted])
+    flat = values.ravel()
+    best = np.argsort(flat)[::-1][:3]
+    assert _texts(result.as_numpy("OUTPUT0")) == [f"{flat[i]:f}:{i}" for i in best]
+
+
+def test_more_classes_than_the_bound_are_refused(
+    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    with pytest.raises(InferenceServerException, match="at most 65536 may be asked") as info:
+        _http_infer(http, "identity_fp32", FLAT, 65537)
+    assert info.value.status() == "400"
+    with pytest.raises(InferenceServerException, match="at most 65536 may be asked") as info:
+        _grpc_infer(grpc_client, "identity_fp32", FLAT, 65537)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from oipserve.classification import class_strings, read_labels, top_k
+from oipserve.classification import (
+    MAX_CLASS_STRINGS,
+    class_strings,
+    classified_outputs,
+    read_labels,
+    top_k,
+)
+from oipserve.errors import InvalidInput
+from oipserve.inference import OutputTensor
 
 
 def test_top_k_is_highest_first_and_ties_keep_the_lower_index() -> None:
@@ -70,3 +79,16 @@ def test_read_labels_refuses_missing_and_invalid_files(tmp_path: Path) -> None:
     (tmp_path / "bad.txt").write_bytes(b"\xff\n")
     with pytest.raises(ValueError, match="not valid UTF-8"):
         read_labels(tmp_path, "bad.txt", "output 'OUT'")
+
+
+def test_too_many_class_strings_in_one_request_are_refused() -> None:
+    """rows x k' past MAX_CLASS_STRINGS: 400 naming the bound, before any string is made."""
+    rows, per_row = 32, MAX_CLASS_STRINGS // 16
+    data = memoryview(np.zeros(rows * per_row, np.float32).tobytes())
+    tensor = OutputTensor("OUT", "FP32", [rows, per_row], data)
+    model = SimpleNamespace(max_batch_size=rows, output_map={})
+    result = SimpleNamespace(model=model, outputs=[tensor])
+    with pytest.raises(InvalidInput, match=f"at most {MAX_CLASS_STRINGS} may be returned"):
+        classified_outputs(result, {"OUT": per_row})  # type: ignore[arg-type]
+    (small,) = classified_outputs(result, {"OUT": 1})  # type: ignore[arg-type]
+    assert (small.datatype, small.shape) == ("BYTES", [rows, 1])
