@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from oipserve.errors import InvalidInput
+from oipserve.parameters import unsigned
 from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
 from oipserve.wire.json_request import RequestInput
 
@@ -36,16 +37,9 @@ def parse_header_length(text: str | None, body_size: int) -> int | None:
 
 def binary_size(tensor: RequestInput) -> int | None:
     """``parameters.binary_data_size`` of an input, checked, or None if absent."""
-    params = tensor.parameters
-    if not params or "binary_data_size" not in params:
-        return None
-    size = params["binary_data_size"]
-    if type(size) is not int or size < 0:
-        raise InvalidInput(
-            f"binary_data_size of input '{tensor.name}' must be a non-negative integer, "
-            f"got {size!r}"
-        )
-    return size
+    return unsigned(
+        tensor.parameters, "binary_data_size", f"binary_data_size of input '{tensor.name}'"
+    )
 
 
 def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[int, int] | None]:

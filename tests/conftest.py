@@ -3,6 +3,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.server import ServerProcess
 
@@ -19,3 +21,19 @@ def server() -> Iterator[ServerProcess]:
 @pytest.fixture(scope="session")
 def url(server: ServerProcess) -> str:
     return server.url
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    """A tritonclient HTTP client of ``server`` (a module's own ``server`` fixture wins)."""
+    client = httpclient.InferenceServerClient(server.host_port)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    """A tritonclient gRPC client of ``server`` (a module's own ``server`` fixture wins)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()

@@ -22,6 +22,7 @@ from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import InputTensor
 from oipserve.models import ModelVersion
+from oipserve.parameters import unsigned
 from oipserve.protocol import ENCODER
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
@@ -297,16 +298,8 @@ def _flag(params: dict[str, object] | None, key: str, default: bool, where: str)
 
 def _class_count(output: RequestOutput) -> int:
     """An output's ``classification`` parameter: how many classes; 0 when not asked for."""
-    params = output.parameters
-    if not params or "classification" not in params:
-        return 0
-    value = params["classification"]
-    if type(value) is not int or value < 0:
-        raise InvalidInput(
-            f"parameter 'classification' of output '{output.name}' must be an unsigned "
-            f"integer, got {value!r}"
-        )
-    return value
+    where = f"parameter 'classification' of output '{output.name}'"
+    return unsigned(output.parameters, "classification", where) or 0
 
 
 def _schedule(params: dict[str, object] | None) -> tuple[int, int]:

@@ -48,16 +48,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     assert proc.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(server.host_port)
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server: ServerProcess) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(server.grpc_url)
-
-
 def _texts(array: np.ndarray) -> list:
     return [
         _texts(item) if isinstance(item, np.ndarray) else _text(item)
@@ -167,9 +157,9 @@ def test_integers_print_plain_and_zero_means_not_asked(
     ("model", "values", "datatype", "words"),
     [
         ("identity_fp16", np.ones((1, 2), np.float16), "FP16", "datatype FP16"),
-        ("identity_fp32", FLAT, "FP32", "must be an unsigned integer, got -1"),
-        ("identity_fp32", FLAT, "FP32", "must be an unsigned integer, got 1.5"),
-        ("identity_fp32", FLAT, "FP32", "must be an unsigned integer, got '2'"),
+        ("identity_fp32", FLAT, "FP32", "must be a non-negative integer, got -1"),
+        ("identity_fp32", FLAT, "FP32", "must be a non-negative integer, got 1.5"),
+        ("identity_fp32", FLAT, "FP32", "must be a non-negative integer, got '2'"),
     ],
 )
 def test_refusals_over_http(

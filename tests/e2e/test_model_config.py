@@ -23,16 +23,6 @@ def _expected(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return (x.reshape(-1, 2, 2) @ SCALE + bias).reshape(-1, 4)
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(server.host_port)
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server: ServerProcess) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(server.grpc_url)
-
-
 def test_reshape_and_optional_input_over_http(http: httpclient.InferenceServerClient) -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     given = httpclient.InferInput("X", [3, 4], "FP32")

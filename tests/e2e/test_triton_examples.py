@@ -21,20 +21,6 @@ BAD_VERSION = "failed to get model version from specified version string 'wrong_
 
 
 @pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def stub(server: ServerProcess) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub]:
     with grpc.insecure_channel(server.grpc_url) as channel:
         yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
