@@ -196,3 +196,18 @@ def test_the_server_serves_on_after_refusals_with_the_same_workers(server: Serve
         assert read_response(sock)[0] == 200
     assert server.worker_pids() == workers
     assert "Traceback" not in server.log, server.log
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [(b"", "malformed JSON"), (b"inference-header-content-length: 0\r\n", "exactly one input")],
+)
+def test_an_empty_chunked_body_is_a_400(server: ServerProcess, extra: bytes, words: str) -> None:
+    """A body of no chunks at all (only the last chunk): nothing to join, a clear 400."""
+    head = HEAD.replace(b"transfer-encoding", extra + b"transfer-encoding")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + b"0\r\n\r\n")
+        status, _, body = read_response(sock)
+    assert status == 400, body
+    assert words in json.loads(body)["error"]
+    assert "Traceback" not in server.log
