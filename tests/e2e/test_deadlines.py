@@ -105,6 +105,9 @@ def test_a_grpc_client_deadline_withdraws_its_request(server: ServerProcess) -> 
                 held.result(10)
         finally:
             os.kill(worker, signal.SIGCONT)
+            # NOTE: closed in the thread that used it: tritonclient's HTTP client waits on
+            #   a gevent pool bound to that thread, and its __del__ elsewhere warns.
+            pool.submit(holder.close).result(10)
     assert grpc.infer("batched", _batched(grpcclient)).as_numpy("ROWS").tolist() == [[1]]
     # The server saw the call end: the queued request was withdrawn, never run.
     assert _failures(server, "batched", "CANCELED") == 1
