@@ -14,6 +14,7 @@ integers plain. Equal values keep the lower index first.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from oipserve.errors import InvalidInput
 from oipserve.inference import InferResult, OutputTensor
+from oipserve.off_loop import in_thread
 from oipserve.wire.datatypes import DATATYPES, encode_bytes_elements
 
 if TYPE_CHECKING:
@@ -34,7 +36,6 @@ __all__ = [
     "MAX_CLASS_STRINGS",
     "check_classification",
     "class_strings",
-    "classified_elements",
     "classified_outputs",
     "classify",
     "read_labels",
@@ -81,13 +82,20 @@ def check_classification(
             )
 
 
-def classify(result: InferResult, counts: dict[str, int]) -> InferResult:
+async def classify(result: InferResult, counts: dict[str, int]) -> InferResult:
     """``result`` with each output named in ``counts`` replaced by its top-k class strings.
 
-    The worker's segment stays ``result``'s to release; on failure it is released here.
+    Outputs of more than ``CLASSIFY_ON_LOOP_MAX`` elements in all are sorted in a thread
+    (numpy lets go of the GIL). The worker's segment stays ``result``'s to release; if the
+    classification fails, or the request is abandoned meanwhile, it is released here.
     """
+    work = partial(classified_outputs, result, counts)
+    elements = sum(tensor.count for tensor in result.outputs if tensor.name in counts)
+    if elements > CLASSIFY_ON_LOOP_MAX:
+        result.outputs = await in_thread(work, result.release, after_success=False)
+        return result
     try:
-        result.outputs = classified_outputs(result, counts)
+        result.outputs = work()
     except BaseException:
         result.release()
         raise
@@ -102,7 +110,7 @@ def classified_outputs(result: InferResult, counts: dict[str, int]) -> list[Outp
     strings = 0
     for tensor in result.outputs:
         if tensor.name in counts:
-            rows = tensor.shape[0] if batched and tensor.shape else 1
+            rows = _rows(tensor, batched)
             per_row = tensor.count // rows if rows else 0
             strings += rows * min(counts[tensor.name], per_row)
     if strings > MAX_CLASS_STRINGS:
@@ -118,9 +126,9 @@ def classified_outputs(result: InferResult, counts: dict[str, int]) -> list[Outp
     ]
 
 
-def classified_elements(result: InferResult, counts: dict[str, int]) -> int:
-    """Elements of the outputs to classify: more than ``CLASSIFY_ON_LOOP_MAX``, in a thread."""
-    return sum(tensor.count for tensor in result.outputs if tensor.name in counts)
+def _rows(tensor: OutputTensor, batched: bool) -> int:
+    """Rows classified separately: the batch dim of a batching model's output, else one."""
+    return tensor.shape[0] if batched and tensor.shape else 1
 
 
 def _labels_of(model: ModelVersion, tensor: OutputTensor) -> tuple[str, ...]:
@@ -131,13 +139,13 @@ def _labels_of(model: ModelVersion, tensor: OutputTensor) -> tuple[str, ...]:
 def _classified(tensor: OutputTensor, k: int, batched: bool, labels: Sequence[str]) -> OutputTensor:
     dtype = DATATYPES[tensor.datatype].numpy
     values = np.frombuffer(tensor.data, dtype=dtype, count=tensor.count)
-    rows = tensor.shape[0] if batched and tensor.shape else 1
+    rows = _rows(tensor, batched)
     per_row = values.reshape(rows, -1) if rows else values.reshape(0, 0)
     strings = class_strings(per_row, k, tensor.datatype, labels)
     width = len(strings[0]) if strings else 0
     shape = [rows, width] if batched else [width]
     flat = [text.encode() for row in strings for text in row]
-    return OutputTensor(tensor.name, "BYTES", shape, memoryview(bytes(encode_bytes_elements(flat))))
+    return OutputTensor(tensor.name, "BYTES", shape, memoryview(encode_bytes_elements(flat)))
 
 
 def top_k(row: np.ndarray, k: int) -> np.ndarray:

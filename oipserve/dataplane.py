@@ -23,26 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from time import monotonic_ns
 
 import oipserve
 from oipserve import json_offload
 from oipserve.batched import BatchRunner, Watch
-from oipserve.classification import (
-    CLASSIFY_ON_LOOP_MAX,
-    check_classification,
-    classified_elements,
-    classified_outputs,
-    classify,
-)
+from oipserve.classification import check_classification, classify
 from oipserve.client_regions import ClientRegions, RegionUse
 from oipserve.echo import answer_echo
 from oipserve.errors import InvalidInput
 from oipserve.inference import InferResult, InputTensor, client_outputs
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.off_loop import in_thread
 from oipserve.placement import Placement, check_size, place
 from oipserve.pool import WorkerPool
 from oipserve.request_checks import check_request, output_targets
@@ -180,15 +172,7 @@ class DataPlane:
             )  # fmt: skip
             if into:
                 _deliver(result, into)
-            if not counts:
-                return result
-            if classified_elements(result, counts) <= CLASSIFY_ON_LOOP_MAX:
-                return classify(result, counts)
-            # NOTE: a large output is sorted in a thread (numpy lets go of the GIL); the
-            #   result's segment is released if that fails or the request is abandoned.
-            work = partial(classified_outputs, result, counts)
-            result.outputs = await in_thread(work, result.release, after_success=False)
-            return result
+            return await classify(result, counts) if counts else result
         finally:
             for use in into.values():
                 use.release()
