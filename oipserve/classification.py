@@ -22,7 +22,7 @@ import numpy as np
 
 from oipserve.errors import InvalidInput
 from oipserve.inference import InferResult, OutputTensor
-from oipserve.off_loop import in_thread
+from oipserve.off_loop import releasing_on_failure
 from oipserve.wire.datatypes import DATATYPES, encode_bytes_elements
 
 if TYPE_CHECKING:
@@ -91,14 +91,9 @@ async def classify(result: InferResult, counts: dict[str, int]) -> InferResult:
     """
     work = partial(classified_outputs, result, counts)
     elements = sum(tensor.count for tensor in result.outputs if tensor.name in counts)
-    if elements > CLASSIFY_ON_LOOP_MAX:
-        result.outputs = await in_thread(work, result.release, after_success=False)
-        return result
-    try:
-        result.outputs = work()
-    except BaseException:
-        result.release()
-        raise
+    result.outputs = await releasing_on_failure(
+        work, result.release, in_a_thread=elements > CLASSIFY_ON_LOOP_MAX
+    )
     return result
 
 

@@ -1,5 +1,6 @@
 """Work kept off the event loop: in a thread, holding what it uses until it is done
-(``in_thread``), with copies that let go of the GIL meanwhile (``copy_into``)."""
+(``in_thread``; ``releasing_on_failure`` when the work's size decides), with copies that
+let go of the GIL meanwhile (``copy_into``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,23 @@ async def in_thread(
     if after_success:
         release()
     return result
+
+
+async def releasing_on_failure(
+    work: Callable[[], Result], release: Callable[[], None], *, in_a_thread: bool
+) -> Result:
+    """``work()``, and ``release()`` if it fails: in a thread when ``in_a_thread`` (then
+    also if the awaiting task is abandoned, as ``in_thread`` does), else on the loop.
+
+    For work whose size decides where it runs: small on the loop, large in a thread.
+    """
+    if in_a_thread:
+        return await in_thread(work, release, after_success=False)
+    try:
+        return work()
+    except BaseException:
+        release()
+        raise
 
 
 #: Copies from this size go through numpy, which lets go of the GIL while it copies.

@@ -17,7 +17,7 @@ import falcon.asgi
 from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
 from oipserve.http_protocol import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
 from oipserve.json_offload import PARSE_MIN
-from oipserve.off_loop import copy_into, in_thread
+from oipserve.off_loop import copy_into, releasing_on_failure
 from oipserve.rest.coding import Inflater
 from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
@@ -146,14 +146,7 @@ async def _into_lease(pool: BufferPool, parts: Parts, pad: int) -> Body:
     size = sum(len(part) for part in parts)
     lease = await pool.acquire_async(pad + size)
     copying = partial(_copy_parts, lease.buf, pad, parts)
-    if size >= COPY_IN_THREAD:
-        await in_thread(copying, lease.release, after_success=False)
-    else:
-        try:
-            copying()
-        except BaseException:
-            lease.release()
-            raise
+    await releasing_on_failure(copying, lease.release, in_a_thread=size >= COPY_IN_THREAD)
     return Body(lease.buf[pad : pad + size], lease, pad)
 
 
