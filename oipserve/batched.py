@@ -18,7 +18,7 @@ from time import monotonic_ns
 from oipserve.batch_io import SharedRelease, assemble, batch_size, split
 from oipserve.batch_policy import BatchPolicy
 from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
-from oipserve.inference import InferResult, client_outputs
+from oipserve.inference import Inference, InferResult, client_outputs
 from oipserve.models import ModelVersion
 from oipserve.placement import Placement, place
 from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
@@ -107,17 +107,12 @@ class BatchRunner:
 
     async def infer(
         self,
-        model: ModelVersion,
+        inference: Inference,
         policy: BatchPolicy,
         stats: ModelStats,
         start: int,
         placements: list[Placement],
-        output_names: list[str],
-        owned: list[Lease],
-        priority: int,
-        timeout_us: int,
         deadline: float,
-        watch: Watch | None,
     ) -> InferResult:
         """Queue one checked request and wait for its own part of a batch's answer.
 
@@ -125,6 +120,8 @@ class BatchRunner:
         keeps that count), then as a success (recorded with its batch, in ``_run_batch``)
         or a failure here.
         """
+        model, output_names, owned = inference.model, inference.output_names, inference.owned
+        priority, timeout_us, watch = inference.priority, inference.timeout_us, inference.watch
         try:
             rows = batch_rows(model, placements)
             queued = _Queued(placements, output_names, owned, rows, start, stats)

@@ -27,14 +27,15 @@ from time import monotonic_ns
 
 import oipserve
 from oipserve import json_offload
-from oipserve.batched import BatchRunner, Watch
+from oipserve.batched import BatchRunner
 from oipserve.classification import check_classification, classify
 from oipserve.client_regions import ClientRegions, RegionUse
 from oipserve.echo import answer_echo
 from oipserve.errors import InvalidInput
-from oipserve.inference import InferResult, InputTensor, client_outputs
+from oipserve.inference import Inference, InferResult, client_outputs
 from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
+from oipserve.off_loop import nothing_to_release
 from oipserve.placement import Placement, check_size, place
 from oipserve.pool import WorkerPool
 from oipserve.request_checks import check_request, output_targets
@@ -133,63 +134,30 @@ class DataPlane:
     def resolve(self, name: str, version: str | None) -> ModelVersion:
         return self.registry.resolve(name, version)
 
-    async def infer(
-        self,
-        model: ModelVersion,
-        inputs: list[InputTensor],
-        output_names: list[str],
-        owned: list[Lease | RegionUse],
-        priority: int = 0,
-        timeout_us: int = 0,
-        watch: Watch | None = None,
-        into_regions: dict[str, RegionUse] | None = None,
-        text_outputs: list[str] | None = None,
-        classification: dict[str, int] | None = None,
-    ) -> InferResult:
-        """Run one request; ``owned`` leases are released once the worker is done reading.
-
-        ``priority`` and ``timeout_us`` are the request's schedule-policy parameters (0:
-        the model's defaults), and ``watch`` registers what to do if the client goes
-        away: they matter for models with dynamic batching, whose requests may wait.
-        ``into_regions`` holds the outputs to write into clients' shared-memory regions
-        (released here, in every case, once the call returns). ``text_outputs`` names the
-        outputs the client gets as JSON: a worker prints the large ones (``TensorDesc.text``).
-        ``classification`` maps outputs the client wants as their top-k classes to k
-        (``oipserve.classification``): those come back as BYTES tensors.
+    async def infer(self, inference: Inference) -> InferResult:
+        """Run one request; its ``owned`` leases are released once the worker is done
+        reading, and its ``into_regions`` uses once the call returns, in every case.
 
         Every request is counted once in the version's statistics: a success with the
         worker's phase times, or a failure with its reason (``oipserve.stats``).
         """
-        into = into_regions or {}
-        counts = classification or {}
-        if counts and text_outputs:
+        counts = inference.classification
+        if counts and inference.text_outputs:
             # NOTE: classified in the front from the raw values: never printed by a worker.
-            text_outputs = [name for name in text_outputs if name not in counts]
+            inference.text_outputs = [name for name in inference.text_outputs if name not in counts]
         try:
-            result = await self._run(
-                model, inputs, output_names, owned, priority, timeout_us, watch, into,
-                text_outputs, counts,
-            )  # fmt: skip
-            if into:
-                _deliver(result, into)
+            result = await self._run(inference)
+            if inference.into_regions:
+                _deliver(result, inference.into_regions)
             return await classify(result, counts) if counts else result
         finally:
-            for use in into.values():
+            for use in inference.into_regions.values():
                 use.release()
 
-    async def _run(
-        self,
-        model: ModelVersion,
-        inputs: list[InputTensor],
-        output_names: list[str],
-        owned: list[Lease | RegionUse],
-        priority: int,
-        timeout_us: int,
-        watch: Watch | None,
-        into: dict[str, RegionUse],
-        text_outputs: list[str] | None,
-        counts: dict[str, int],
-    ) -> InferResult:
+    async def _run(self, inference: Inference) -> InferResult:
+        model, inputs, owned = inference.model, inference.inputs, inference.owned
+        into = inference.into_regions
+        counts = inference.classification
         stats = self.stats.of(model)
         start = monotonic_ns()
         if model.echo:
@@ -200,7 +168,7 @@ class DataPlane:
                         "shared memory regions"
                     )
                 check_classification(model, counts, into)
-                result = answer_echo(model, inputs, output_names, owned)
+                result = answer_echo(model, inputs, inference.output_names, owned)
             except BaseException as exc:
                 stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
                 raise
@@ -208,14 +176,14 @@ class DataPlane:
             stats.request_succeeded(1, monotonic_ns() - start, 0, 0, 0, 0)
             return result
         timeout = self.infer_timeout
-        if timeout_us and timeout_us / 1e6 < timeout:
-            timeout = timeout_us / 1e6
+        if inference.timeout_us and inference.timeout_us / 1e6 < timeout:
+            timeout = inference.timeout_us / 1e6
         deadline = self._loop.time() + timeout
         policy = model.config.dynamic_batching if model.config else None
         lease: Lease | None = None
         targets: list[OutputTarget] = []
         try:
-            placements = check_request(model, inputs, output_names)
+            placements = check_request(model, inputs, inference.output_names)
             check_classification(model, counts, into)
             if any(isinstance(data, Deferred) for _, _, _, data in placements):
                 placements = await self._decode_in_worker(model, placements, owned, deadline)
@@ -235,10 +203,7 @@ class DataPlane:
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
         if policy is not None:
-            return await self.batches.infer(
-                model, policy, stats, start, placements, output_names, owned, priority,
-                timeout_us, deadline, watch,
-            )  # fmt: skip
+            return await self.batches.infer(inference, policy, stats, start, placements, deadline)
         if lease is not None:
             owned.append(lease)
 
@@ -253,8 +218,9 @@ class DataPlane:
         sent = monotonic_ns()
         try:
             done = await worker.infer(
-                model.key, descs, output_names, inputs_free, deadline, targets, text_outputs
-            )
+                model.key, descs, inference.output_names, inputs_free, deadline, targets,
+                inference.text_outputs,
+            )  # fmt: skip
         except BaseException as exc:
             stats.request_failed(failure_reason(exc), monotonic_ns() - start)
             raise
@@ -281,7 +247,7 @@ class DataPlane:
             raise
         stats.ran_alone(batch, start, sent, done)
         if not done.segment:
-            return InferResult(model, outputs, _nothing)
+            return InferResult(model, outputs, nothing_to_release)
         return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
 
     async def parse_json(
@@ -352,10 +318,6 @@ class DataPlane:
 
 
 _EMPTY = memoryview(b"")
-
-
-def _nothing() -> None:
-    pass
 
 
 def _deliver(result: InferResult, into: dict[str, RegionUse]) -> None:

@@ -1,8 +1,8 @@
 """What a request and its answer are, between the protocol fronts and the data plane.
 
-REST and gRPC parse their wire format into ``InputTensor``s; the data plane answers
-with an ``InferResult`` whose outputs are views of a worker's shared memory until it
-is released.
+REST and gRPC parse their wire format into ``InputTensor``s and hand them to the data
+plane as one ``Inference``; the data plane answers with an ``InferResult`` whose
+outputs are views of a worker's shared memory until it is released.
 """
 
 from __future__ import annotations
@@ -18,12 +18,20 @@ from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import Lease
 
 if TYPE_CHECKING:
+    from oipserve.batched import Watch
     from oipserve.client_regions import RegionUse
     from oipserve.models import ModelVersion
 
 _EMPTY = memoryview(b"")
 
-__all__ = ["InferResult", "InputTensor", "OutputTensor", "client_outputs", "region_parameters_of"]
+__all__ = [
+    "Inference",
+    "InferResult",
+    "InputTensor",
+    "OutputTensor",
+    "client_outputs",
+    "region_parameters_of",
+]
 
 
 class InputTensor:
@@ -57,6 +65,59 @@ class InputTensor:
         self.region = region
         #: Set by the data plane when the input is encoded images (see oipserve.images).
         self.image: ImageSpec | None = None
+
+
+class Inference:
+    """One inference request as a protocol adapter hands it to ``DataPlane.infer``.
+
+    ``owned`` holds what the inputs' data lives in (leases of segments, uses of
+    clients' regions): the data plane releases it once the worker is done reading.
+    ``priority`` and ``timeout_us`` are the request's schedule-policy parameters (0:
+    the model's defaults), and ``watch`` registers what to do if the client goes
+    away: they matter for models with dynamic batching, whose requests may wait.
+    ``into_regions`` holds the outputs to write into clients' shared-memory regions,
+    released once the call returns. ``text_outputs`` names the outputs the client
+    gets as JSON (a worker prints the large ones); ``classification`` maps outputs
+    the client wants as their top-k classes to k (``oipserve.classification``).
+    """
+
+    __slots__ = (
+        "model",
+        "inputs",
+        "output_names",
+        "owned",
+        "priority",
+        "timeout_us",
+        "watch",
+        "into_regions",
+        "text_outputs",
+        "classification",
+    )
+
+    def __init__(
+        self,
+        model: ModelVersion,
+        inputs: list[InputTensor],
+        output_names: list[str],
+        owned: list[Lease | RegionUse],
+        *,
+        priority: int = 0,
+        timeout_us: int = 0,
+        watch: Watch | None = None,
+        into_regions: dict[str, RegionUse] | None = None,
+        text_outputs: list[str] | None = None,
+        classification: dict[str, int] | None = None,
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.output_names = output_names
+        self.owned = owned
+        self.priority = priority
+        self.timeout_us = timeout_us
+        self.watch = watch
+        self.into_regions: dict[str, RegionUse] = into_regions or {}
+        self.text_outputs = text_outputs
+        self.classification: dict[str, int] = classification or {}
 
 
 class OutputTensor:

@@ -13,6 +13,10 @@ import numpy as np
 Result = TypeVar("Result")
 
 
+def nothing_to_release() -> None:
+    """The ``release`` of work that holds nothing (one no-op for every such caller)."""
+
+
 async def in_thread(
     work: Callable[[], Result], release: Callable[[], None], *, after_success: bool
 ) -> Result:

@@ -27,6 +27,7 @@ from oipserve.grpc_front.convert import (
     schedule_parameters,
 )
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.inference import Inference
 from oipserve.management import Management
 from oipserve.stats_report import model_statistics
 from oipserve.wire.shm import Lease
@@ -199,7 +200,9 @@ class InferenceService:
             raise
         # NOTE: a client that cancels or goes away cancels this call's task, which
         #   withdraws a request still queued in a dynamic batcher.
-        result = await self.dataplane.infer(
-            model, inputs, outputs, owned, priority, timeout_us, None, into_regions, None, classes
-        )
+        inference = Inference(
+            model, inputs, outputs, owned, priority=priority, timeout_us=timeout_us,
+            into_regions=into_regions, classification=classes,
+        )  # fmt: skip
+        result = await self.dataplane.infer(inference)
         return InferReply(result, message.id)

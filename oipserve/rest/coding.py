@@ -32,7 +32,7 @@ from functools import partial
 import numpy as np
 
 from oipserve.errors import InvalidInput, PayloadTooLarge
-from oipserve.off_loop import copy_into, in_thread
+from oipserve.off_loop import copy_into, in_thread, nothing_to_release
 
 #: Bytes of output inflated per step (one zlib call): the most inflated past the limit
 #: before a bomb is refused, and on the loop the work between two turns (~0.5 ms).
@@ -88,7 +88,7 @@ class Inflater:
                 # NOTE: nothing to release: a request gone meanwhile drops the
                 #   Inflater once the thread is done with it.
                 more = await in_thread(
-                    partial(_take, steps, TRIP_STEPS), _nothing, after_success=False
+                    partial(_take, steps, TRIP_STEPS), nothing_to_release, after_success=False
                 )
             if not more:
                 return
@@ -177,10 +177,6 @@ class Inflater:
 def _take(steps: Iterator[bool], count: int) -> bool:
     """Run ``steps`` to its ``count``-th pause; False once it has run to its end."""
     return all(next(steps, False) for _ in range(count))
-
-
-def _nothing() -> None:
-    pass
 
 
 def choose_encoding(accept: str | None) -> str:

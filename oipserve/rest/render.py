@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from oipserve.inference import InferResult, OutputTensor, region_parameters_of
+from oipserve.off_loop import nothing_to_release
 from oipserve.protocol import encode_response
 from oipserve.rest.coding import COMPRESS_ON_LOOP_MAX, choose_encoding, compress, compress_stream
 from oipserve.rest.media import HEADER_LENGTH, JSON, OCTET_STREAM
@@ -158,7 +159,7 @@ def render_infer(
         elif len(header) <= COMPRESS_ON_LOOP_MAX:
             resp.data = compress([header], encoding)
         else:
-            resp.stream = compress_stream([header], encoding, _nothing)
+            resp.stream = compress_stream([header], encoding, nothing_to_release)
     else:
         header_size = sum(len(part) for part in head)
         if chunks:
@@ -205,10 +206,6 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 #: a Fragment as it is, and never writes a NUL byte of its own (it escapes control
 #: characters in strings), so each NUL in the header marks one text, in order.
 _TEXT_MARK = orjson.Fragment(b"\x00")
-
-
-def _nothing() -> None:
-    pass
 
 
 def _splice(header: bytes, texts: list[list[bytes] | list[memoryview]]) -> list[bytes | memoryview]:

@@ -20,7 +20,7 @@ from oipserve.client_regions import RegionUse, region_parameters
 from oipserve.dataplane import DataPlane
 from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
-from oipserve.inference import InputTensor
+from oipserve.inference import Inference, InputTensor
 from oipserve.models import ModelVersion
 from oipserve.parameters import unsigned
 from oipserve.protocol import ENCODER
@@ -170,10 +170,11 @@ class ModelResource:
                 self.dataplane.refused(target, exc)
             raise
         watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
-        result = await self.dataplane.infer(
-            target, inputs, names, owned, priority, timeout_us, watch, into_regions,
-            text_outputs, classes,
+        inference = Inference(
+            target, inputs, names, owned, priority=priority, timeout_us=timeout_us, watch=watch,
+            into_regions=into_regions, text_outputs=text_outputs, classification=classes,
         )  # fmt: skip
+        result = await self.dataplane.infer(inference)
         printing = outputs_to_print(result, flags, all_binary)
         if printing:
             await print_in_steps(result, printing)
