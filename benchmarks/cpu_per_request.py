@@ -1,38 +1,67 @@
-"""CPU per request of several oipserve builds, interleaved: where a build spends more.
+"""CPU per request of several oipserve builds (and Triton), interleaved: where each spends.
 
 Throughput on this shared 2-core machine drifts 30-40 % between runs; CPU time per
 request, read from /proc for the front process and its workers separately, moves less
 and says which process a change made costlier. Each build is a source tree (a git
 worktree of some commit); all are started at once on the benchmark repository that
 `benchmarks/run.py` writes, then driven in turn (order reversed every other round) by
-wrk at c=16 (``--concurrency``) with the tiny JSON request, and medians over rounds are
-printed.
+wrk at c=16 (``--concurrency``) with one of the harness's REST requests (``--request``:
+the tiny JSON one by default), and medians over rounds are printed.
 
     git worktree add --detach ../base <commit>
     python benchmarks/cpu_per_request.py ../base . --rounds 8
 
-Needs a prior `benchmarks/run.py` run (for benchmarks/.work/) and wrk; it drives wrk and reads
-CPU times with the harness's own `run_wrk` and `cpu_snapshot`.
+``--triton`` measures Triton in the same rounds, started as the harness starts it: its
+``tritonserver`` process counts as the front, its python-backend stubs as the workers.
+Besides the CPU per request, each row says how much of the machine the server tree
+kept busy (``busy``, % of one core): on 2 cores a server can lose to another that costs
+no more per request but keeps both cores busy.
+
+Needs a prior `benchmarks/run.py` run (for benchmarks/.work/, and its Triton venv for
+``--triton``) and wrk; it drives wrk and reads CPU times with the harness's own `run_wrk`
+and `cpu_snapshot`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from oipbench.load import run_wrk  # noqa: E402
+from oipbench.models import build_models  # noqa: E402
 from oipbench.payloads import HttpBody  # noqa: E402
 from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
+from oipbench.servers import Tuning, start_triton  # noqa: E402
 
 WORK = BENCH / ".work"
+TRITON_VENV = BENCH / ".venvs" / "triton"
+
+#: --request: (model, body file under .work/payloads, content type).
+REQUESTS = {
+    "tiny-json": ("simple", "simple.json", "application/json"),
+    "tiny-binary": ("simple", "simple.bin", "application/octet-stream"),
+    "matmul-binary": ("matmul_relu", "matmul_relu.bin", "application/octet-stream"),
+}
+
+
+def _body(request: str) -> tuple[str, HttpBody]:
+    model, name, content_type = REQUESTS[request]
+    path = WORK / "payloads" / name
+    if content_type == "application/json":
+        return model, HttpBody(path, content_type, None)
+    # The binary extension's JSON header opens the body; raw tensor bytes follow it.
+    _, header_end = json.JSONDecoder().raw_decode(path.read_bytes().decode("latin-1"))
+    return model, HttpBody(path, content_type, header_end)
 
 
 def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot, front: int) -> tuple[float, float]:
@@ -44,7 +73,7 @@ def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot, front: int) -> t
     return spent.get(front, 0.0), sum(s for pid, s in spent.items() if pid != front)
 
 
-def _start(build: Path) -> tuple[subprocess.Popen[str], str]:
+def _start(build: Path) -> tuple[int, str, Callable[[], None]]:
     # NOTE: -P and PYTHONPATH: each build's own code, not the current directory's.
     env = {**os.environ, "PYTHONPATH": str(build), "OIPSERVE_METRICS_PORT": "0"}
     argv = [sys.executable, "-P", "-m", "oipserve", "serve", "--model-repository",
@@ -57,8 +86,17 @@ def _start(build: Path) -> tuple[subprocess.Popen[str], str]:
     for line in proc.stdout:
         match = re.search(r"ready http://(\S+)", line)
         if match:
-            return proc, match.group(1)
+            return proc.pid, match.group(1), proc.terminate
     raise RuntimeError(f"{build}: the server did not start")
+
+
+def _start_triton() -> tuple[int, str, Callable[[], None]]:
+    if not TRITON_VENV.exists():
+        raise RuntimeError(f"{TRITON_VENV} is missing: run benchmarks/run.py once first")
+    cases = build_models(WORK / "models")
+    server = start_triton(TRITON_VENV, cases, WORK / "cpu-triton", Tuning())
+    assert server.proc is not None
+    return server.root_pid(), server.http_url.removeprefix("http://"), server.proc.stop
 
 
 def main() -> None:
@@ -67,32 +105,44 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
+    parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
+    parser.add_argument("--triton", action="store_true", help="measure Triton too")
     ns = parser.parse_args()
-    body = HttpBody(WORK / "payloads" / "simple.json", "application/json", None)
+    model, body = _body(ns.request)
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    servers = {build: _start(build.resolve()) for build in ns.builds}
-    results: dict[Path, list[tuple[float, float, float]]] = {b: [] for b in ns.builds}
+    servers: dict[str, tuple[int, str, Callable[[], None]]] = {}
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
     try:
+        for build in ns.builds:
+            servers[str(build)] = _start(build.resolve())
+        if ns.triton:
+            servers["triton"] = _start_triton()
+        names = list(servers)
+        rows = {name: [] for name in names}
         for rnd in range(ns.rounds):
-            for build in ns.builds if rnd % 2 == 0 else ns.builds[::-1]:
-                proc, url = servers[build]
-                before = cpu_snapshot(proc.pid)
-                m = run_wrk(str(build), f"tiny-json-c{ns.concurrency}", rnd,
-                            f"http://{url}/v2/models/simple/infer", body, ns.concurrency,
-                            ns.seconds, scratch, proc.pid)  # fmt: skip
-                front, workers = _front_and_workers(before, cpu_snapshot(proc.pid), proc.pid)
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                pid, url, _ = servers[name]
+                before = cpu_snapshot(pid)
+                m = run_wrk(name, f"{ns.request}-c{ns.concurrency}", rnd,
+                            f"http://{url}/v2/models/{model}/infer", body, ns.concurrency,
+                            ns.seconds, scratch, pid)  # fmt: skip
+                front, workers = _front_and_workers(before, cpu_snapshot(pid), pid)
                 if not m.ok:
-                    raise RuntimeError(f"{build}: {m.note}")
-                results[build].append((m.rps, front / m.requests * 1e6, workers / m.requests * 1e6))
+                    raise RuntimeError(f"{name}: {m.note}")
+                per_request = 1e6 / m.requests
+                busy = (front + workers) / m.duration_s * 100
+                rows[name].append((m.rps, front * per_request, workers * per_request, busy))
     finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-    for build, rows in results.items():
-        rps, front, workers = (statistics.median(r[i] for r in rows) for i in range(3))
+        for _, _, stop in servers.values():
+            stop()
+    print(f"{ns.request}, c={ns.concurrency}, {ns.rounds} rounds of {ns.seconds} s (medians):")
+    for name, measured in rows.items():
+        rps, front, workers, busy = (statistics.median(r[i] for r in measured) for i in range(4))
         print(
-            f"{str(build):30s} req/s {rps:8,.0f}   CPU per request: front {front:5.0f} us "
-            f"(min {min(r[1] for r in rows):.0f}), workers {workers:5.0f} us"
+            f"{name:30s} req/s {rps:8,.0f}   CPU per request: front {front:5.0f} us "
+            f"(min {min(r[1] for r in measured):.0f}), workers {workers:5.0f} us, "
+            f"busy {busy:4.0f}%"
         )
 
 
