@@ -54,7 +54,7 @@ REQUESTS = {
 }
 
 
-def _body(request: str) -> tuple[str, HttpBody]:
+def request_body(request: str) -> tuple[str, HttpBody]:
     model, name, content_type = REQUESTS[request]
     path = WORK / "payloads" / name
     if content_type == "application/json":
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
     ns = parser.parse_args()
-    model, body = _body(ns.request)
+    model, body = request_body(ns.request)
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     servers: dict[str, tuple[int, str, Callable[[], None]]] = {}
