@@ -48,8 +48,8 @@ TRITON_VENV = BENCH / ".venvs" / "triton"
 
 #: --request: (model, body file under .work/payloads, content type).
 REQUESTS = {
-    "tiny-json": ("simple", "simple.json", "application/json"),
     "tiny-binary": ("simple", "simple.bin", "application/octet-stream"),
+    "tiny-json": ("simple", "simple.json", "application/json"),
     "matmul-binary": ("matmul_relu", "matmul_relu.bin", "application/octet-stream"),
 }
 

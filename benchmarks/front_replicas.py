@@ -9,10 +9,15 @@ nearest stand-in, with the same clients and the same number of processes:
 - **two fronts**: two servers with one worker each, each driven by one wrk at c=8;
 - with ``--triton``, Triton (as the harness starts it) driven by the same two clients.
 
+``--protocol grpc`` drives the servers' gRPC ports with the harness's gRPC client (one
+client process of c=8 in place of each wrk); gRPC then runs in each front, as
+``--grpc-processes auto`` has it below 8 CPUs.
+
 Rounds are interleaved, the order reversed every other round, and the medians of the
 summed req/s are printed, with each configuration's errors.
 
     python benchmarks/front_replicas.py --rounds 6 [--request tiny-binary] [--triton]
+    python benchmarks/front_replicas.py --rounds 6 --protocol grpc [--request matmul] [--triton]
 
 Needs a prior `benchmarks/run.py` run (for benchmarks/.work/, and its Triton venv for
 ``--triton``) and wrk.
@@ -31,28 +36,38 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from cpu_per_request import REQUESTS, TRITON_VENV, WORK, request_body  # noqa: E402
-from oipbench.load import Measurement, run_wrk  # noqa: E402
+from oipbench.load import Measurement, run_grpc, run_wrk  # noqa: E402
 from oipbench.models import build_models  # noqa: E402
-from oipbench.payloads import HttpBody  # noqa: E402
 from oipbench.servers import Server, Tuning, start_oipserve, start_triton  # noqa: E402
 
-#: Connections of each of the two wrk processes.
+#: Connections of each of the two clients.
 CONNECTIONS = 8
+#: The harness's gRPC client, in its tools venv (a `benchmarks/run.py` run makes both).
+TOOLS_PYTHON = BENCH / ".venvs" / "tools" / "bin" / "python"
+#: --protocol grpc --request: the model, and its request spec under .work/payloads.
+GRPC_REQUESTS = {"tiny": "simple", "matmul": "matmul_relu"}
 
 
-def _drive(
-    name: str, targets: list[Server], model: str, body: HttpBody, seconds: int, rnd: int
-) -> tuple[float, int]:
-    """Two wrk processes at once, spread over ``targets``: summed req/s and errors."""
+def _client(ns: argparse.Namespace, name: str, rnd: int, i: int, server: Server) -> Measurement:
+    """Client ``i`` of a round against ``server``, over ``--protocol``."""
+    scratch = WORK / "scratch" / f"replicas-{i}"
+    if ns.protocol == "grpc":
+        assert server.grpc_target is not None
+        spec = WORK / "payloads" / f"{GRPC_REQUESTS[ns.request]}.grpc.json"
+        return run_grpc(name, f"replicas-{i}", rnd, TOOLS_PYTHON, server.grpc_target, spec,
+                        CONNECTIONS, 1.0, ns.seconds, scratch, server.root_pid(),
+                        client_processes=1)  # fmt: skip
+    model, body = request_body(ns.request)
+    return run_wrk(name, f"replicas-{i}", rnd, server.infer_url(model), body, CONNECTIONS,
+                   ns.seconds, scratch, server.root_pid())  # fmt: skip
 
-    def one_client(index: int) -> Measurement:
-        server = targets[index % len(targets)]
-        scratch = WORK / "scratch" / f"replicas-{index}"
-        return run_wrk(name, f"replicas-{index}", rnd, server.infer_url(model), body,
-                       CONNECTIONS, seconds, scratch, server.root_pid())  # fmt: skip
 
+def _drive(ns: argparse.Namespace, name: str, targets: list[Server], rnd: int) -> tuple[float, int]:
+    """Two clients at once, spread over ``targets``: summed req/s and errors."""
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(one_client, range(2)))
+        runs = list(
+            pool.map(lambda i: _client(ns, name, rnd, i, targets[i % len(targets)]), range(2))
+        )
     for m in runs:
         if not m.ok:
             raise RuntimeError(f"{name}: {m.note}")
@@ -63,7 +78,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=5)
-    parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-binary")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument(
+        "--request",
+        choices=sorted({*REQUESTS, *GRPC_REQUESTS}),
+        default=None,
+        help="http: tiny-json, tiny-binary (default), matmul-binary; grpc: tiny (default), matmul",
+    )
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
     parser.add_argument(
         "--oipserve",
@@ -71,7 +92,10 @@ def main() -> None:
         help="command that runs oipserve (default: this interpreter, this checkout)",
     )
     ns = parser.parse_args()
-    model, body = request_body(ns.request)
+    known = GRPC_REQUESTS if ns.protocol == "grpc" else REQUESTS
+    ns.request = ns.request or next(iter(known))
+    if ns.request not in known:
+        parser.error(f"--request {ns.request} is not one of {', '.join(known)} for {ns.protocol}")
     cases = build_models(WORK / "models")
     # NOTE: -P keeps the current directory off sys.path; this checkout comes first instead.
     cmd = f"env PYTHONPATH={shlex.quote(str(BENCH.parent))} {ns.oipserve}"
@@ -94,13 +118,16 @@ def main() -> None:
         results: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
         for rnd in range(ns.rounds):
             for name in names if rnd % 2 == 0 else names[::-1]:
-                results[name].append(_drive(name, configs[name], model, body, ns.seconds, rnd))
+                results[name].append(_drive(ns, name, configs[name], rnd))
     finally:
         for servers in configs.values():
             for server in servers:
                 server.stop()
     base = statistics.median(r[0] for r in results[names[0]])
-    print(f"{ns.request}, 2 wrk x c={CONNECTIONS}, {ns.rounds} rounds of {ns.seconds} s:")
+    print(
+        f"{ns.protocol} {ns.request}, 2 clients x c={CONNECTIONS}, "
+        f"{ns.rounds} rounds of {ns.seconds} s:"
+    )
     for name in names:
         rates = [r[0] for r in results[name]]
         rps = statistics.median(rates)
