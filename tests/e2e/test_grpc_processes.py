@@ -11,14 +11,12 @@ instance and later ones stay queued, which ``nv_inference_pending_request_count`
 
 from __future__ import annotations
 
-import http.client
 import os
 import queue
 import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,7 +35,7 @@ from tritonclient.utils import InferenceServerException
 from hardware.cpus import usable_cpus
 from oipserve.settings import auto_grpc_processes
 from tests.e2e.test_lifecycle import run_serve
-from tests.server import ServerProcess, cmdline, shm_entries, wait_for
+from tests.server import ServerProcess, cmdline, shm_entries, wait_for, worst_live_probe
 from tests.tensors import simple_inputs
 
 PROCESSES = 2
@@ -259,17 +257,9 @@ def test_large_grpc_messages_leave_the_fronts_loop_free(server: ServerProcess) -
     senders = [
         subprocess.Popen([sys.executable, "-c", _SEND_LARGE, server.grpc_url]) for _ in range(2)
     ]
-    probe = http.client.HTTPConnection(server.host_port, timeout=30)
-    worst = 0.0
     try:
-        while any(sender.poll() is None for sender in senders):
-            start = time.perf_counter()
-            probe.request("GET", "/v2/health/live")
-            probe.getresponse().read()
-            worst = max(worst, time.perf_counter() - start)
-            time.sleep(0.002)
+        worst = worst_live_probe(server, lambda: any(s.poll() is None for s in senders))
     finally:
-        probe.close()
         for sender in senders:
             sender.wait(120)
     assert [sender.returncode for sender in senders] == [0, 0]

@@ -33,7 +33,7 @@ from oipserve.wire.datatypes import bf16_to_float32, float32_to_bf16
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.messages import TEXT_OUTPUT_MIN
 from tests.raw_http import post_json
-from tests.server import ServerProcess, shm_entries, wait_for
+from tests.server import ServerProcess, shm_entries, wait_for, worst_live_probe
 
 
 def _body(data_text: str, shape: list[int], datatype: str, **extra: object) -> bytes:
@@ -166,19 +166,11 @@ def test_the_loop_keeps_answering_while_large_bodies_are_read(server: ServerProc
 
 def _worst_probe(server: ServerProcess, senders: list[threading.Thread]) -> float:
     """The longest a front-answered request took while ``senders`` ran (seconds)."""
-    probe = http.client.HTTPConnection(server.host_port, timeout=30)
-    worst = 0.0
     for sender in senders:
         sender.start()
-    while any(sender.is_alive() for sender in senders):
-        start = time.perf_counter()
-        probe.request("GET", "/v2/health/live")
-        probe.getresponse().read()
-        worst = max(worst, time.perf_counter() - start)
-        time.sleep(0.002)
+    worst = worst_live_probe(server, lambda: any(sender.is_alive() for sender in senders))
     for sender in senders:
         sender.join()
-    probe.close()
     return worst
 
 
