@@ -14,7 +14,8 @@ client process of c=8 in place of each wrk); gRPC then runs in each front, as
 ``--grpc-processes auto`` has it below 8 CPUs.
 
 Rounds are interleaved, the order reversed every other round, and the medians of the
-summed req/s are printed, with each configuration's errors.
+summed req/s are printed, with each configuration's errors, how much of the machine its
+servers kept busy (% of one core) and their CPU per request.
 
     python benchmarks/front_replicas.py --rounds 6 [--request tiny-binary] [--triton]
     python benchmarks/front_replicas.py --rounds 6 --protocol grpc [--request matmul] [--triton]
@@ -62,8 +63,11 @@ def _client(ns: argparse.Namespace, name: str, rnd: int, i: int, server: Server)
                    ns.seconds, scratch, server.root_pid())  # fmt: skip
 
 
-def _drive(ns: argparse.Namespace, name: str, targets: list[Server], rnd: int) -> tuple[float, int]:
-    """Two clients at once, spread over ``targets``: summed req/s and errors."""
+def _drive(
+    ns: argparse.Namespace, name: str, targets: list[Server], rnd: int
+) -> tuple[float, int, float]:
+    """Two clients at once, spread over ``targets``: summed req/s, errors, and the CPU the
+    servers' trees used meanwhile (% of one core)."""
     with ThreadPoolExecutor(2) as pool:
         runs = list(
             pool.map(lambda i: _client(ns, name, rnd, i, targets[i % len(targets)]), range(2))
@@ -71,7 +75,10 @@ def _drive(ns: argparse.Namespace, name: str, targets: list[Server], rnd: int) -
     for m in runs:
         if not m.ok:
             raise RuntimeError(f"{name}: {m.note}")
-    return sum(m.rps for m in runs), sum(m.errors for m in runs)
+    # NOTE: each client measures the whole tree of the server it drives: a server that
+    #   both clients drive is counted once.
+    busy = sum(m.server_cpu_pct for m in runs[: len(targets)])
+    return sum(m.rps for m in runs), sum(m.errors for m in runs), busy
 
 
 def main() -> None:
@@ -115,7 +122,7 @@ def main() -> None:
             if failed:
                 raise RuntimeError(f"{name}: {failed[0]}")
         names = list(configs)
-        results: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
+        results: dict[str, list[tuple[float, int, float]]] = {name: [] for name in names}
         for rnd in range(ns.rounds):
             for name in names if rnd % 2 == 0 else names[::-1]:
                 results[name].append(_drive(ns, name, configs[name], rnd))
@@ -131,9 +138,11 @@ def main() -> None:
     for name in names:
         rates = [r[0] for r in results[name]]
         rps = statistics.median(rates)
+        busy = statistics.median(r[2] for r in results[name])
         print(
             f"{name:28s} req/s {rps:8,.0f} (range {min(rates):,.0f}-{max(rates):,.0f}), "
-            f"{rps / base:.2f}x one front, errors {sum(r[1] for r in results[name])}"
+            f"{rps / base:.2f}x one front, errors {sum(r[1] for r in results[name])}; "
+            f"servers busy {busy:.0f}%, {busy / 100 / rps * 1e6:.0f} us CPU a request"
         )
 
 
