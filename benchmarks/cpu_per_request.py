@@ -17,6 +17,7 @@ Besides the CPU per request, each row says how much of the machine the server tr
 kept busy (``busy``, % of one core): on 2 cores a server can lose to another that costs
 no more per request but keeps both cores busy.
 
+The request bodies are written again as `benchmarks/run.py` writes them (the same bytes).
 Needs a prior `benchmarks/run.py` run (for benchmarks/.work/, and its Triton venv for
 ``--triton``) and wrk; it drives wrk and reads CPU times with the harness's own `run_wrk`
 and `cpu_snapshot`.
@@ -25,7 +26,6 @@ and `cpu_snapshot`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -38,30 +38,27 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from oipbench.load import run_wrk  # noqa: E402
-from oipbench.models import build_models  # noqa: E402
-from oipbench.payloads import HttpBody  # noqa: E402
+from oipbench.models import ModelCase, build_models  # noqa: E402
+from oipbench.payloads import HttpBody, binary_body, json_body  # noqa: E402
 from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
 from oipbench.servers import Tuning, start_triton  # noqa: E402
 
 WORK = BENCH / ".work"
 TRITON_VENV = BENCH / ".venvs" / "triton"
 
-#: --request: (model, body file under .work/payloads, content type).
-REQUESTS = {
-    "tiny-binary": ("simple", "simple.bin", "application/octet-stream"),
-    "tiny-json": ("simple", "simple.json", "application/json"),
-    "matmul-binary": ("matmul_relu", "matmul_relu.bin", "application/octet-stream"),
+#: --request: the model, and the harness's writer of its body.
+REQUESTS: dict[str, tuple[str, Callable[[ModelCase, Path], HttpBody]]] = {
+    "tiny-binary": ("simple", binary_body),
+    "tiny-json": ("simple", json_body),
+    "matmul-binary": ("matmul_relu", binary_body),
 }
 
 
-def request_body(request: str) -> tuple[str, HttpBody]:
-    model, name, content_type = REQUESTS[request]
-    path = WORK / "payloads" / name
-    if content_type == "application/json":
-        return model, HttpBody(path, content_type, None)
-    # The binary extension's JSON header opens the body; raw tensor bytes follow it.
-    _, header_end = json.JSONDecoder().raw_decode(path.read_bytes().decode("latin-1"))
-    return model, HttpBody(path, content_type, header_end)
+def request_body(request: str, cases: dict[str, ModelCase]) -> tuple[str, HttpBody]:
+    """The model of ``request`` and its body, written as `benchmarks/run.py` writes it."""
+    model, write = REQUESTS[request]
+    suffix = "json" if write is json_body else "bin"
+    return model, write(cases[model], WORK / "payloads" / f"{model}.{suffix}")
 
 
 def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot, front: int) -> tuple[float, float]:
@@ -90,10 +87,9 @@ def _start(build: Path) -> tuple[int, str, Callable[[], None]]:
     raise RuntimeError(f"{build}: the server did not start")
 
 
-def _start_triton() -> tuple[int, str, Callable[[], None]]:
+def _start_triton(cases: dict[str, ModelCase]) -> tuple[int, str, Callable[[], None]]:
     if not TRITON_VENV.exists():
         raise RuntimeError(f"{TRITON_VENV} is missing: run benchmarks/run.py once first")
-    cases = build_models(WORK / "models")
     server = start_triton(TRITON_VENV, cases, WORK / "cpu-triton", Tuning())
     assert server.proc is not None
     return server.root_pid(), server.http_url.removeprefix("http://"), server.proc.stop
@@ -108,7 +104,8 @@ def main() -> None:
     parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
     ns = parser.parse_args()
-    model, body = request_body(ns.request)
+    cases = build_models(WORK / "models")
+    model, body = request_body(ns.request, cases)
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     servers: dict[str, tuple[int, str, Callable[[], None]]] = {}
@@ -117,7 +114,7 @@ def main() -> None:
         for build in ns.builds:
             servers[str(build)] = _start(build.resolve())
         if ns.triton:
-            servers["triton"] = _start_triton()
+            servers["triton"] = _start_triton(cases)
         names = list(servers)
         rows = {name: [] for name in names}
         for rnd in range(ns.rounds):

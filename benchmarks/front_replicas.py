@@ -39,38 +39,45 @@ sys.path.insert(0, str(BENCH))
 from cpu_per_request import REQUESTS, TRITON_VENV, WORK, request_body  # noqa: E402
 from oipbench.load import Measurement, run_grpc, run_wrk  # noqa: E402
 from oipbench.models import build_models  # noqa: E402
+from oipbench.payloads import HttpBody, grpc_spec  # noqa: E402
 from oipbench.servers import Server, Tuning, start_oipserve, start_triton  # noqa: E402
 
 #: Connections of each of the two clients.
 CONNECTIONS = 8
 #: The harness's gRPC client, in its tools venv (a `benchmarks/run.py` run makes both).
 TOOLS_PYTHON = BENCH / ".venvs" / "tools" / "bin" / "python"
-#: --protocol grpc --request: the model, and its request spec under .work/payloads.
+#: --protocol grpc --request: the model (its request spec is the harness's, `grpc_spec`).
 GRPC_REQUESTS = {"tiny": "simple", "matmul": "matmul_relu"}
 
 
-def _client(ns: argparse.Namespace, name: str, rnd: int, i: int, server: Server) -> Measurement:
-    """Client ``i`` of a round against ``server``, over ``--protocol``."""
+def _client(
+    ns: argparse.Namespace, request: Path | tuple[str, HttpBody], name: str, rnd: int, i: int,
+    server: Server,
+) -> Measurement:  # fmt: skip
+    """Client ``i`` of a round against ``server``: gRPC with a spec file, else REST."""
     scratch = WORK / "scratch" / f"replicas-{i}"
-    if ns.protocol == "grpc":
+    if isinstance(request, Path):
         assert server.grpc_target is not None
-        spec = WORK / "payloads" / f"{GRPC_REQUESTS[ns.request]}.grpc.json"
-        return run_grpc(name, f"replicas-{i}", rnd, TOOLS_PYTHON, server.grpc_target, spec,
+        return run_grpc(name, f"replicas-{i}", rnd, TOOLS_PYTHON, server.grpc_target, request,
                         CONNECTIONS, 1.0, ns.seconds, scratch, server.root_pid(),
                         client_processes=1)  # fmt: skip
-    model, body = request_body(ns.request)
+    model, body = request
     return run_wrk(name, f"replicas-{i}", rnd, server.infer_url(model), body, CONNECTIONS,
                    ns.seconds, scratch, server.root_pid())  # fmt: skip
 
 
 def _drive(
-    ns: argparse.Namespace, name: str, targets: list[Server], rnd: int
-) -> tuple[float, int, float]:
+    ns: argparse.Namespace, request: Path | tuple[str, HttpBody], name: str,
+    targets: list[Server], rnd: int,
+) -> tuple[float, int, float]:  # fmt: skip
     """Two clients at once, spread over ``targets``: summed req/s, errors, and the CPU the
     servers' trees used meanwhile (% of one core)."""
     with ThreadPoolExecutor(2) as pool:
         runs = list(
-            pool.map(lambda i: _client(ns, name, rnd, i, targets[i % len(targets)]), range(2))
+            pool.map(
+                lambda i: _client(ns, request, name, rnd, i, targets[i % len(targets)]),
+                range(2),
+            )
         )
     for m in runs:
         if not m.ok:
@@ -104,6 +111,11 @@ def main() -> None:
     if ns.request not in known:
         parser.error(f"--request {ns.request} is not one of {', '.join(known)} for {ns.protocol}")
     cases = build_models(WORK / "models")
+    request: Path | tuple[str, HttpBody] = (
+        grpc_spec(cases[GRPC_REQUESTS[ns.request]], WORK / "payloads")
+        if ns.protocol == "grpc"
+        else request_body(ns.request, cases)
+    )
     # NOTE: -P keeps the current directory off sys.path; this checkout comes first instead.
     cmd = f"env PYTHONPATH={shlex.quote(str(BENCH.parent))} {ns.oipserve}"
     work = WORK / "replicas"
@@ -125,7 +137,7 @@ def main() -> None:
         results: dict[str, list[tuple[float, int, float]]] = {name: [] for name in names}
         for rnd in range(ns.rounds):
             for name in names if rnd % 2 == 0 else names[::-1]:
-                results[name].append(_drive(ns, name, configs[name], rnd))
+                results[name].append(_drive(ns, request, name, configs[name], rnd))
     finally:
         for servers in configs.values():
             for server in servers:
