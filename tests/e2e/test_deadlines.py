@@ -60,33 +60,38 @@ def _stopped(server: ServerProcess) -> int:
 
 
 def test_a_stalled_worker_fails_requests_at_their_deadline(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.host_port, network_timeout=30)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    worker = _stopped(server)
-    try:
-        started = time.monotonic()
-        with pytest.raises(InferenceServerException, match="deadline") as info:
-            client.infer("simple", _simple(httpclient))
-        assert info.value.status() == "503"
-        assert 0.9 < time.monotonic() - started < 5  # --infer-timeout 1
-        started = time.monotonic()  # the request's own, shorter timeout (µs)
-        with pytest.raises(InferenceServerException, match="deadline"):
-            client.infer("simple", _simple(httpclient), timeout=200_000)
-        assert time.monotonic() - started < 0.9
-        with pytest.raises(InferenceServerException, match="deadline") as info:
-            grpc.infer("simple", _simple(grpcclient))
-        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-        # A model with dynamic batching: the queued request leaves the queue at its deadline.
-        with pytest.raises(InferenceServerException, match="deadline"):
-            client.infer("batched", _batched(httpclient), timeout=200_000)
-    finally:
-        os.kill(worker, signal.SIGCONT)
-    # The worker answers the stale requests; their answers are dropped and it serves on.
-    result = client.infer("simple", _simple(httpclient))
-    assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
-    assert client.infer("batched", _batched(httpclient)).as_numpy("ROWS").tolist() == [[1]]
-    stats = client.get_inference_statistics("simple")["model_stats"][0]
-    assert stats["inference_stats"]["fail"]["count"] >= 3
+    # NOTE: closed by the with, not by garbage collection: `info` holds this frame in a
+    #   cycle, so the clients lived on until a collector pass, which could run in another
+    #   test's thread, where tritonclient's HTTP client fails to close (gevent).
+    with (
+        httpclient.InferenceServerClient(server.host_port, network_timeout=30) as client,
+        grpcclient.InferenceServerClient(server.grpc_url) as grpc,
+    ):
+        worker = _stopped(server)
+        try:
+            started = time.monotonic()
+            with pytest.raises(InferenceServerException, match="deadline") as info:
+                client.infer("simple", _simple(httpclient))
+            assert info.value.status() == "503"
+            assert 0.9 < time.monotonic() - started < 5  # --infer-timeout 1
+            started = time.monotonic()  # the request's own, shorter timeout (µs)
+            with pytest.raises(InferenceServerException, match="deadline"):
+                client.infer("simple", _simple(httpclient), timeout=200_000)
+            assert time.monotonic() - started < 0.9
+            with pytest.raises(InferenceServerException, match="deadline") as info:
+                grpc.infer("simple", _simple(grpcclient))
+            assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            # A model with dynamic batching: the queued request leaves the queue at its deadline.
+            with pytest.raises(InferenceServerException, match="deadline"):
+                client.infer("batched", _batched(httpclient), timeout=200_000)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        # The worker answers the stale requests; their answers are dropped and it serves on.
+        result = client.infer("simple", _simple(httpclient))
+        assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
+        assert client.infer("batched", _batched(httpclient)).as_numpy("ROWS").tolist() == [[1]]
+        stats = client.get_inference_statistics("simple")["model_stats"][0]
+        assert stats["inference_stats"]["fail"]["count"] >= 3
 
 
 def test_a_grpc_client_deadline_withdraws_its_request(server: ServerProcess) -> None:
@@ -136,10 +141,13 @@ def test_a_hung_worker_is_declared_unhealthy_and_replaced() -> None:
             with pytest.raises(InferenceServerException) as info:
                 stuck.result(10)  # the request on the hung worker: a clean 503, no hang
             assert info.value.status() == "503"
+            # NOTE: closed in the thread that used it (tritonclient's gevent pool).
+            pool.submit(sender.close).result(10)
         assert wait_for(lambda: proc.worker_pids() and worker not in proc.worker_pids(), 30)
         assert wait_for(client.is_server_ready, 60), proc.log
         assert client.infer("simple", _simple(httpclient)).as_numpy("OUTPUT1").shape == (1, 16)
         assert not os.path.exists(f"/proc/{worker}") or "Z" in open(f"/proc/{worker}/stat").read()
+        client.close()
     finally:
         assert proc.stop() == 0, proc.log
     assert "stopped answering its heartbeat" in proc.log
