@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import struct
+from collections.abc import Iterator
 
 import cv2
 import numpy as np
@@ -19,8 +20,12 @@ from tests.server import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(server.host_port)
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    # NOTE: closed at teardown: the ExceptionInfo of a pytest.raises holds a test's frame,
+    #   and so this client, in a cycle; left to the collector, it may be closed in another
+    #   thread, where tritonclient's HTTP client fails (gevent).
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        yield client
 
 
 def _noise(height: int, width: int, channels: int = 3, seed: int = 0) -> np.ndarray:

@@ -447,17 +447,20 @@ def test_unload_under_load_finishes_in_flight_then_404(srv: ServerProcess) -> No
     stop = threading.Event()
 
     def hammer() -> None:
-        client = httpclient.InferenceServerClient(srv.host_port, network_timeout=30)
-        x = np.ones((1, 200_000), dtype=np.float32)
-        while not stop.is_set():
-            inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
-            inp.set_data_from_numpy(x)
-            sent = time.monotonic()
-            try:
-                client.infer(name, [inp])
-                results.append((sent, 200))
-            except Exception as exc:
-                results.append((sent, str(exc)))
+        # NOTE: closed by the with, in the thread that used it: a failed infer leaves this
+        #   frame in a cycle, and a client left to the collector may be closed in another
+        #   thread, where tritonclient's HTTP client fails (gevent).
+        with httpclient.InferenceServerClient(srv.host_port, network_timeout=30) as client:
+            x = np.ones((1, 200_000), dtype=np.float32)
+            while not stop.is_set():
+                inp = httpclient.InferInput("INPUT0", [1, x.shape[1]], "FP32")
+                inp.set_data_from_numpy(x)
+                sent = time.monotonic()
+                try:
+                    client.infer(name, [inp])
+                    results.append((sent, 200))
+                except Exception as exc:
+                    results.append((sent, str(exc)))
 
     threads = [threading.Thread(target=hammer) for _ in range(3)]
     for thread in threads:

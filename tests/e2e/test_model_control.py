@@ -56,8 +56,13 @@ def srv(repo: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def http(srv: ServerProcess) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(srv.host_port)
+def http(srv: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    # NOTE: closed at teardown: the ExceptionInfo of a pytest.raises holds the test's frame,
+    #   and so this client, in a cycle; left to the collector, it may be closed in another
+    #   thread, where tritonclient's HTTP client fails (gevent).
+    client = httpclient.InferenceServerClient(srv.host_port)
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -328,22 +333,23 @@ def test_reloads_and_unloads_under_concurrent_inference(srv: ServerProcess) -> N
     stop = threading.Event()
 
     def hammer(model: str, batched: bool) -> None:
-        client = httpclient.InferenceServerClient(srv.host_port, network_timeout=30)
-        x = np.ones((1, 4), dtype=np.float32)
-        while not stop.is_set():
-            inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32")]
-            inputs[0].set_data_from_numpy(x)
-            if batched:
-                text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
-                text.set_data_from_numpy(np.array([[b"a"]], dtype=object))
-                inputs.append(text)
-            sent = time.monotonic()
-            try:
-                out = client.infer(model, inputs).as_numpy("OUTPUT0")
-                status, message = (200, "") if out is not None else (0, "no output")
-            except InferenceServerException as exc:
-                status, message = int(exc.status() or 0), exc.message()
-            results.append((model, sent, time.monotonic(), status, message))
+        # NOTE: closed by the with, in the thread that used it (see the http fixture).
+        with httpclient.InferenceServerClient(srv.host_port, network_timeout=30) as client:
+            x = np.ones((1, 4), dtype=np.float32)
+            while not stop.is_set():
+                inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32")]
+                inputs[0].set_data_from_numpy(x)
+                if batched:
+                    text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+                    text.set_data_from_numpy(np.array([[b"a"]], dtype=object))
+                    inputs.append(text)
+                sent = time.monotonic()
+                try:
+                    out = client.infer(model, inputs).as_numpy("OUTPUT0")
+                    status, message = (200, "") if out is not None else (0, "no output")
+                except InferenceServerException as exc:
+                    status, message = int(exc.status() or 0), exc.message()
+                results.append((model, sent, time.monotonic(), status, message))
 
     def hammer_grpc(model: str) -> None:
         codes = {grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.NOT_FOUND: 404}

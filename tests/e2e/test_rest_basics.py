@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -31,8 +32,12 @@ def request(
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(server.host_port)
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    # NOTE: closed at teardown: the ExceptionInfo of a pytest.raises holds a test's frame,
+    #   and so this client, in a cycle; left to the collector, it may be closed in another
+    #   thread, where tritonclient's HTTP client fails (gevent).
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        yield client
 
 
 def test_health(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:

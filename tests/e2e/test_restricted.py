@@ -126,20 +126,22 @@ def test_http_group_opens_with_its_own_header_only(each: ServerProcess, api: str
 
 
 def test_tritonclient_http_sends_the_header(each: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(each.host_port)
-    with pytest.raises(InferenceServerException) as caught:
-        client.get_model_metadata("simple")
-    assert caught.value.status() == "403"
-    assert _value("metadata") not in str(caught.value)
-    metadata = client.get_model_metadata(
-        "simple", headers={_header("metadata"): _value("metadata")}
-    )
-    assert metadata["name"] == "simple"
-    inputs = _http_inputs()
-    with pytest.raises(InferenceServerException, match="restricted"):
-        client.infer("simple", inputs)
-    result = client.infer("simple", inputs, headers={_header("inference"): _value("inference")})
-    assert (result.as_numpy("OUTPUT0") == 2 * np.arange(16)).all()
+    # NOTE: closed by the with: `caught` holds this frame in a cycle, and a client left to
+    #   the collector may be closed in another thread, where tritonclient fails (gevent).
+    with httpclient.InferenceServerClient(each.host_port) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.get_model_metadata("simple")
+        assert caught.value.status() == "403"
+        assert _value("metadata") not in str(caught.value)
+        metadata = client.get_model_metadata(
+            "simple", headers={_header("metadata"): _value("metadata")}
+        )
+        assert metadata["name"] == "simple"
+        inputs = _http_inputs()
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.infer("simple", inputs)
+        result = client.infer("simple", inputs, headers={_header("inference"): _value("inference")})
+        assert (result.as_numpy("OUTPUT0") == 2 * np.arange(16)).all()
 
 
 def test_refused_binary_upload_leaves_the_connection_usable(each: ServerProcess) -> None:
