@@ -22,9 +22,11 @@ log = logging.getLogger("oipserve.pool")
 class WorkerPool:
     """All worker processes, by device."""
 
-    def __init__(self, front_pid: int, log_level: str) -> None:
+    def __init__(self, front_pid: int, log_level: str, accepts_fronts: bool = False) -> None:
         self.prefix = owner_prefix(front_pid)
         self.log_level = log_level
+        #: Workers also listen for the server's other fronts (``--http-workers``).
+        self.accepts_fronts = accepts_fronts
         self.workers: list[WorkerHandle] = []
         self._next_id = 0
         self._replaced: list[Callable[[WorkerHandle], Awaitable[None]]] = []
@@ -57,7 +59,12 @@ class WorkerPool:
     async def add_worker(self, device: str, threads: int, dedicated: bool = False) -> WorkerHandle:
         self._next_id += 1
         handle = WorkerHandle(
-            self._next_id, device, threads, f"{self.prefix}w{self._next_id}-", dedicated
+            self._next_id,
+            device,
+            threads,
+            f"{self.prefix}w{self._next_id}-",
+            dedicated,
+            self.accepts_fronts,
         )
         handle.add_death_listener(self._on_death)
         self.workers.append(handle)

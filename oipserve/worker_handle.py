@@ -1,11 +1,13 @@
-"""One worker process as seen from the front: start it, talk to it, notice its death.
+"""One worker process as seen from the front that started it.
 
-Each worker is a ``python -m workers`` process with a socket pair to the front. Requests
-carry an id; the reply resolves the matching future; a request with a deadline fails at
-it. A worker's death is seen at once through its process sentinel (and the socket
-closing): its in-flight requests fail with 503 and its death listeners are told. A
-second socket pair carries heartbeats, which a worker answers from a thread of its own.
-``oipserve.pool`` keeps all the handles and replaces dead workers.
+Each worker is a ``python -m workers`` process with a socket pair to the front. The
+requests on that socket (ids, replies, deadlines) are ``oipserve.worker_link``'s; this
+adds the process: starting it, loading and unloading its models, noticing its death. A
+death is seen at once through its process sentinel (and the socket closing): its
+in-flight requests fail with 503 and its death listeners are told. A second socket pair
+carries heartbeats, which a worker answers from a thread of its own. With
+``accepts_fronts`` the worker also listens for other fronts' connections
+(``--http-workers``). ``oipserve.pool`` keeps all the handles and replaces dead workers.
 """
 
 from __future__ import annotations
@@ -15,93 +17,52 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
 
-import msgspec
-
-from oipserve.errors import DeadlineExceeded, Unavailable, from_kind
-from oipserve.wire.messages import (
-    Failed,
-    Forget,
-    ForgetRegions,
-    Infer,
-    InferDone,
-    Loaded,
-    LoadModel,
-    ObjectRef,
-    OutputTarget,
-    Release,
-    Reply,
-    Stop,
-    TensorDesc,
-    UnloadModel,
-    WorkerReady,
-    frame,
-)
+from oipserve.errors import from_kind
+from oipserve.wire.messages import Failed, Loaded, LoadModel, Stop, UnloadModel, WorkerReady
 from oipserve.wire.shm import sweep
+from oipserve.worker_link import WorkerDied, WorkerLink
 from oipserve.worker_sockets import HeartbeatProtocol, MessageProtocol
 from oipserve.workerproc import WorkerProcess, exit_status
 
-log = logging.getLogger("oipserve.pool")  # NOTE: the name operators know
+__all__ = ["WorkerDied", "WorkerHandle"]
 
-_ENCODER = msgspec.msgpack.Encoder()
+log = logging.getLogger("oipserve.pool")  # NOTE: the name operators know
 
 #: Seconds a new worker has to import ONNX Runtime and say it is ready.
 START_TIMEOUT = 120.0
-#: How often a worker's pending requests are checked against their deadlines: a request
-#: fails at most this much after its deadline.
-DEADLINE_SWEEP = 0.05
-#: Seconds a housekeeping message (Release, Forget) waits for a request to carry it.
-LAZY_FLUSH = 0.002
-
-
 #: Seconds a worker whose connection closed may take to exit on its own before it is
 #: declared dead and killed (its exit status tells a requested stop from a death).
 EXIT_GRACE = 1.0
 
 
-class WorkerDied(Unavailable):
-    pass
-
-
-class WorkerHandle:
+class WorkerHandle(WorkerLink):
     """One worker process, the requests in flight on it and the models it holds."""
 
     def __init__(
-        self, worker_id: int, device: str, threads: int, prefix: str, dedicated: bool = False
+        self,
+        worker_id: int,
+        device: str,
+        threads: int,
+        prefix: str,
+        dedicated: bool = False,
+        accepts_fronts: bool = False,
     ) -> None:
-        self.worker_id = worker_id
-        self.device = device
+        super().__init__(worker_id, device, prefix)
         self.threads = threads
         #: Started for worker endpoints (POST /v2/workers/.../load): repository models
         #: are not placed here, and it stops once its last session is unloaded.
         self.dedicated = dedicated
-        self.segment_prefix = prefix
+        #: The worker listens for other fronts (``front_address``).
+        self.accepts_fronts = accepts_fronts
+        #: Where other fronts connect to this process (an abstract Unix socket name, new
+        #: for each process started in this handle); empty unless ``accepts_fronts``.
+        self.front_address = ""
+        self._starts = 0
         self.process: WorkerProcess | None = None
-        self.transport: asyncio.Transport | None = None
-        self.pending: dict[int, asyncio.Future[object]] = {}
-        #: Per pending infer: callbacks run when the worker no longer reads its inputs.
-        self.on_done: dict[int, Callable[[], None]] = {}
-        self.models: dict[str, LoadModel] = {}
-        self.alive = False
-        self.ready = asyncio.Event()
-        self.pid: int | None = None
-        self._next_rid = 0
-        self._outbox: list[bytes] = []
-        #: A flush is scheduled for this loop iteration.
-        self._flush_soon = False
-        #: The timer that sends housekeeping messages no request came to carry.
-        self._lazy_flush: asyncio.TimerHandle | None = None
-        #: PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._death_listeners: list[Callable[[WorkerHandle], None]] = []
         self._stopping = False
         #: Its end was logged and its death listeners told (once per process).
         self._reported = False
-        #: Per pending request with a deadline: that deadline (loop time). PERF: one sweep
-        #:   timer per worker checks them, rather than a timer per request.
-        self._deadlines: dict[int, float] = {}
-        self._sweep: asyncio.TimerHandle | None = None
         self._heartbeat: asyncio.Transport | None = None
         #: Loop time of the worker's last heartbeat echo (or of its start).
         self.last_heartbeat = 0.0
@@ -109,15 +70,6 @@ class WorkerHandle:
         #: while, because the step holds the GIL: loads (ONNX Runtime building a session)
         #: and large JSON bodies (msgspec and simdjson, ~1.6 ms per MiB; ``json_offload``).
         self.loading = 0
-        self._hung = ""
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.pending)
-
-    def _rid(self) -> int:
-        self._next_rid += 1
-        return self._next_rid
 
     async def start(self, loop: asyncio.AbstractEventLoop, log_level: str) -> None:
         # NOTE: CUDA must number GPUs as NVML does, or device_id "N" would not be cuda:N
@@ -125,8 +77,9 @@ class WorkerHandle:
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         ours, theirs = socket.socketpair()
         beat_ours, beat_theirs = socket.socketpair()
+        listener = self._front_listener()
         try:
-            process = WorkerProcess(theirs, beat_theirs, self.segment_prefix, log_level)
+            process = WorkerProcess(theirs, beat_theirs, self.segment_prefix, log_level, listener)
         except BaseException:
             ours.close()
             beat_ours.close()
@@ -134,6 +87,8 @@ class WorkerHandle:
         finally:
             theirs.close()
             beat_theirs.close()
+            if listener is not None:
+                listener.close()
         self._loop = loop
         self.process = process
         self.alive = True
@@ -156,26 +111,30 @@ class WorkerHandle:
         if not self.alive:
             raise RuntimeError(f"worker {self.worker_id} exited during start-up")
 
-    def add_death_listener(self, listener: Callable[[WorkerHandle], None]) -> None:
-        self._death_listeners.append(listener)
+    def _front_listener(self) -> socket.socket | None:
+        """The listening socket other fronts connect to, bound here and handed to the worker.
+
+        An abstract Unix socket: nothing to remove from the file system, gone with the
+        last process holding it. The worker accepts only peers of this user.
+        """
+        if not self.accepts_fronts:
+            self.front_address = ""
+            return None
+        self._starts += 1
+        self.front_address = f"\0{self.segment_prefix}fronts-{self._starts}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.front_address)
+            listener.listen(64)
+        except BaseException:
+            listener.close()
+            raise
+        return listener
 
     def on_message(self, message: object) -> None:
-        if isinstance(message, Reply):
-            self._deadlines.pop(message.rid, None)
-            done = self.on_done.pop(message.rid, None)
-            if done is not None:
-                done()
-            future = self.pending.pop(message.rid, None)
-            if future is not None and not future.done():
-                future.set_result(message)
-            elif isinstance(message, InferDone):
-                # NOTE: nobody waits for these outputs any more (the request was
-                #   cancelled); hand the segment straight back.
-                self.release_outputs(message.segment)
-        elif isinstance(message, WorkerReady):
-            self.pid = message.pid
+        super().on_message(message)
+        if isinstance(message, WorkerReady):
             self.last_heartbeat = self._loop.time()  # type: ignore[union-attr]
-            self.ready.set()
 
     def connection_closed(self) -> None:
         """The worker closed its socket: it is exiting, or broken.
@@ -233,107 +192,13 @@ class WorkerHandle:
             listener(self)
 
     def _cut_off(self, why: str) -> None:
-        """Fail everything in flight and take no more (once): it can no longer answer."""
         if not self.alive:
             return
-        self.alive = False
-        if self.transport is not None:
-            self.transport.abort()
         if self._heartbeat is not None:
             self._heartbeat.abort()
-        self._deadlines.clear()
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        why = self._hung or why
-        self.ready.set()  # wake a start() that waits
-        error = WorkerDied(
-            f"worker {self.worker_id} ({self.device}) stopped while handling this request: {why}"
-        )
-        for rid, future in list(self.pending.items()):
-            done = self.on_done.pop(rid, None)
-            if done is not None:
-                done()
-            if not future.done():
-                future.set_exception(error)
-        self.pending.clear()
-        # The dead process's output segments: nobody else will unlink them.
+        super()._cut_off(why)
+        # The dead process's output segments (every front's): nobody else will unlink them.
         sweep(self.segment_prefix)
-
-    def send(self, message: object, urgent: bool = True) -> None:
-        """Queue a message; everything queued in one loop iteration goes out in one write.
-
-        A message that is not ``urgent`` (housekeeping: Release, Forget) waits for the next
-        urgent one to ride along with, or at most ``LAZY_FLUSH`` seconds.
-        """
-        if self.transport is None or not self.alive:
-            return
-        # PERF: one socket write per request (Infer) and one per response (Release)
-        #   cost a fifth of the front's time under load; coalescing them per event
-        #   loop iteration turns many into one. A Release alone also woke the worker
-        #   for nothing: under load it now rides with the next Infer.
-        self._outbox.append(frame(_ENCODER, message))
-        if urgent:
-            if not self._flush_soon:
-                self._flush_soon = True
-                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
-        elif self._lazy_flush is None:
-            self._lazy_flush = self._loop.call_later(LAZY_FLUSH, self._flush_lazily)  # type: ignore[union-attr]
-
-    def _flush(self) -> None:
-        self._flush_soon = False
-        outbox, self._outbox = self._outbox, []
-        if self.transport is not None and self.alive and outbox:
-            self.transport.write(b"".join(outbox))
-
-    def _flush_lazily(self) -> None:
-        self._lazy_flush = None
-        self._flush()
-
-    def call(
-        self,
-        make: Callable[[int], object],
-        on_done: Callable[[], None] | None = None,
-        deadline: float | None = None,
-    ) -> Awaitable[object]:
-        """Send a request built with a fresh id; the awaitable resolves to the reply.
-
-        At ``deadline`` (loop time) the awaitable fails with DeadlineExceeded; the request
-        stays pending until the worker answers it (the worker may still be reading its
-        inputs, and its outputs go straight back to it).
-        """
-        if not self.alive:
-            raise WorkerDied(f"worker {self.worker_id} ({self.device}) is not running")
-        rid = self._rid()
-        loop = self._loop
-        future: asyncio.Future[object] = loop.create_future()  # type: ignore[union-attr]
-        self.pending[rid] = future
-        if on_done is not None:
-            self.on_done[rid] = on_done
-        if deadline is not None:
-            self._deadlines[rid] = deadline
-            if self._sweep is None:
-                self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
-        self.send(make(rid))
-        if len(self.pending) == 1:
-            # PERF: an idle worker gets its request at once (one loop iteration less
-            #   of latency); a busy one cannot start it sooner, so it is batched.
-            self._flush()
-        return future
-
-    def _expire_overdue(self) -> None:
-        """Fail the pending requests past their deadline; look again while any are left."""
-        self._sweep = None
-        loop = self._loop
-        now = loop.time()  # type: ignore[union-attr]
-        overdue = [rid for rid, deadline in self._deadlines.items() if deadline <= now]
-        for rid in overdue:
-            del self._deadlines[rid]
-            future = self.pending.get(rid)
-            if future is not None and not future.done():
-                future.set_exception(DeadlineExceeded())
-        if self._deadlines:
-            self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
 
     # ---- heartbeat -------------------------------------------------------------------
 
@@ -351,6 +216,8 @@ class WorkerHandle:
             self.kill()  # its sentinel reports the exit: requests fail 503, it is replaced
             return
         self._heartbeat.write(b".")
+
+    # ---- models and the process ------------------------------------------------------
 
     async def load(
         self,
@@ -384,35 +251,6 @@ class WorkerHandle:
         self.models.pop(key, None)
         if self.alive:
             await self.call(lambda rid: UnloadModel(rid, key))
-
-    async def infer(
-        self,
-        key: str,
-        inputs: list[TensorDesc],
-        outputs: list[str],
-        on_inputs_free: Callable[[], None],
-        deadline: float | None = None,
-        targets: list[OutputTarget] | None = None,
-        text_outputs: list[str] | None = None,
-    ) -> InferDone:
-        into = targets or []
-        texts = text_outputs or []
-        reply = await self.call(
-            lambda rid: Infer(rid, key, inputs, outputs, into, texts), on_inputs_free, deadline
-        )
-        if isinstance(reply, Failed):
-            raise from_kind(reply.kind, reply.message)
-        return reply  # type: ignore[return-value]
-
-    def release_outputs(self, segment: str) -> None:
-        self.send(Release([segment]), urgent=False)
-
-    def forget_inputs(self, segments: list[str]) -> None:
-        self.send(Forget(segments), urgent=False)
-
-    def forget_regions(self, objects: list[ObjectRef]) -> None:
-        if self.alive:
-            self.send(ForgetRegions(objects))
 
     async def stop(self, timeout: float) -> None:
         """Ask the worker to stop, wait, then kill it if it does not."""

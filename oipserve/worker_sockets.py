@@ -1,4 +1,4 @@
-"""The asyncio protocols on a worker's two sockets, feeding its ``WorkerHandle``."""
+"""The asyncio protocols on a worker's sockets, feeding its ``WorkerLink`` (or ``WorkerHandle``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from oipserve.wire.messages import FrameSplitter, FromWorker
 
 if TYPE_CHECKING:
     from oipserve.worker_handle import WorkerHandle
+    from oipserve.worker_link import WorkerLink
 
 __all__ = ["HeartbeatProtocol", "MessageProtocol"]
 
@@ -22,7 +23,7 @@ class MessageProtocol(asyncio.Protocol):
 
     __slots__ = ("worker", "splitter")
 
-    def __init__(self, worker: WorkerHandle) -> None:
+    def __init__(self, worker: WorkerLink) -> None:
         self.worker = worker
         self.splitter = FrameSplitter()
 

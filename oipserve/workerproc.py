@@ -61,16 +61,26 @@ class ChildProcess:
 
 
 class WorkerProcess(ChildProcess):
-    """A worker program (``python -m workers``) on its two sockets."""
+    """A worker program (``python -m workers``) on its two sockets, and optionally a
+    listening socket where other fronts connect."""
 
     def __init__(
-        self, sock: socket.socket, heartbeat: socket.socket, segment_prefix: str, log_level: str
+        self,
+        sock: socket.socket,
+        heartbeat: socket.socket,
+        segment_prefix: str,
+        log_level: str,
+        fronts: socket.socket | None = None,
     ) -> None:
         fd = sock.fileno()
         beat_fd = heartbeat.fileno()
         args = ["--socket-fd", str(fd), "--heartbeat-fd", str(beat_fd)]
         args += ["--segment-prefix", segment_prefix, "--log-level", log_level]
-        super().__init__("workers", args, (fd, beat_fd))
+        fds = [fd, beat_fd]
+        if fronts is not None:
+            args += ["--fronts-fd", str(fronts.fileno())]
+            fds.append(fronts.fileno())
+        super().__init__("workers", args, tuple(fds))
 
 
 def exit_status(code: int | None) -> str:

@@ -1,6 +1,7 @@
 """``python -m workers``: one worker process, started by the front (``oipserve.workerproc``).
 
-The front passes one end of a socket pair as an inherited file descriptor. This
+The front passes one end of a socket pair as an inherited file descriptor (and,
+for ``--http-workers``, a listening socket for the other fronts). This
 entry point imports only the worker side (and the wire contract), never the
 front's modules.
 """
@@ -19,6 +20,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--heartbeat-fd", type=int, required=True)
     parser.add_argument("--segment-prefix", required=True)
     parser.add_argument("--log-level", default="info")
+    # A listening socket where the server's other fronts connect (--http-workers).
+    parser.add_argument("--fronts-fd", type=int, default=None)
     return parser.parse_args()
 
 
@@ -29,4 +32,5 @@ if __name__ == "__main__":
     start_heartbeat(socket.socket(fileno=args.heartbeat_fd))
     from workers.worker import main
 
-    main(socket.socket(fileno=args.socket_fd), args.segment_prefix, args.log_level)
+    fronts = None if args.fronts_fd is None else socket.socket(fileno=args.fronts_fd)
+    main(socket.socket(fileno=args.socket_fd), args.segment_prefix, args.log_level, fronts)

@@ -1,10 +1,13 @@
 """Entry point of a worker process.
 
 A worker owns ONNX Runtime sessions for the models placed on it and serves
-one request at a time, in arrival order, from a socket to the front. It never
-handles SIGINT (the front coordinates shutdown); SIGTERM sent to the worker
-itself makes it finish what it has already received, free its shared memory
-and exit 0.
+one request at a time, in arrival order, from a socket to the front that started
+it. With a listening socket (``--http-workers``), other fronts of the same server
+connect too: each connection gets its replies on itself and output segments of
+its own, freed when it closes; only the starting front loads, unloads and stops.
+It never handles SIGINT (the front coordinates shutdown); SIGTERM sent to the
+worker itself makes it finish what it has already received, free its shared
+memory and exit 0.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 from collections.abc import Callable
 from time import monotonic_ns
 
@@ -56,102 +60,192 @@ log = logging.getLogger("oipserve.worker")
 _SEE_LOG = " (an internal error; the server log has the details)"
 
 
-class Worker:
-    def __init__(self, sock: socket.socket, segment_prefix: str) -> None:
+#: Seconds a reply to another front may wait for room in its socket before that front is
+#: dropped: a front that stopped reading must not wedge the worker for everyone else.
+FRONT_SEND_TIMEOUT = 5.0
+
+
+class FrontConnection:
+    """One front's socket to this worker: its frames, its replies, its output segments."""
+
+    def __init__(self, sock: socket.socket, output_prefix: str, starter: bool) -> None:
         self.sock = sock
-        self.sessions: dict[str, runtime.ModelSession] = {}
+        #: The front that started this worker (its end of the socket pair).
+        self.starter = starter
+        self.splitter = FrameSplitter()
+        #: This front's input segments, mapped by name (names are unique to one front; a
+        #: front that leaves takes its mappings with it).
         self.inputs = SegmentCache()
+        self.replies: list[bytes] = []
+        #: Output segments the pool dropped since the last reply (the front forgets them).
+        self.dropped: list[str] = []
+        self.outputs = BufferPool(output_prefix, on_drop=self.dropped.append)
+
+    def flush(self) -> bool:
+        """Send the queued replies; False when the front cannot take them (gone, stuck)."""
+        if not self.replies:
+            return True
+        payload = b"".join(self.replies)
+        self.replies.clear()
+        try:
+            self.sock.sendall(payload)
+        except OSError:  # reset, broken pipe, or (another front) past FRONT_SEND_TIMEOUT
+            return False
+        return True
+
+    def close(self) -> None:
+        self.outputs.close()
+        self.sock.close()
+
+
+class Worker:
+    def __init__(
+        self, sock: socket.socket, segment_prefix: str, fronts: socket.socket | None = None
+    ) -> None:
+        self.sessions: dict[str, runtime.ModelSession] = {}
         #: Clients' shared-memory objects (system shared-memory extension).
         self.regions = RegionCache()
-        self.dropped: list[str] = []
-        self.outputs = BufferPool(segment_prefix, on_drop=self.dropped.append)
+        self.segment_prefix = segment_prefix
+        self.starter = FrontConnection(sock, segment_prefix, starter=True)
+        #: Every front's connection, the starter's first.
+        self.connections: list[FrontConnection] = [self.starter]
+        #: Where other fronts connect (``--http-workers``), or None.
+        self.fronts = fronts
+        self._accepted = 0
+        #: What each front is told first (the process and its ONNX Runtime).
+        self.greeting = WorkerReady(os.getpid(), "")
         self.decoder = msgspec.msgpack.Decoder(ToWorker)
         self.encoder = msgspec.msgpack.Encoder()
-        self.replies: list[bytes] = []
 
     def serve(self) -> None:
-        """Read frames until Stop, EOF or SIGTERM; answer each in order."""
+        """Read frames until the starter's Stop or EOF, or SIGTERM; answer each in order."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        terminating = False
-        splitter = FrameSplitter()
-        # PERF: the socket stays blocking (toggling O_NONBLOCK costs two fcntl calls
+        # PERF: the sockets stay blocking (toggling O_NONBLOCK costs two fcntl calls
         #   each way per reply); the selector says when a recv will not block, and the
         #   drain after SIGTERM reads with MSG_DONTWAIT.
         # NOTE: a selector (epoll), not select(): select() fails with "filedescriptor
         #   out of range" once an fd number passes 1024, which a worker started by a
         #   front with many open connections inherits.
-        self.sock.setblocking(True)
+        self.starter.sock.setblocking(True)
         selector = selectors.DefaultSelector()
-        selector.register(self.sock, selectors.EVENT_READ)
-        selector.register(wake_r, selectors.EVENT_READ)
+        selector.register(self.starter.sock, selectors.EVENT_READ, self.starter)
+        selector.register(wake_r, selectors.EVENT_READ, None)
+        if self.fronts is not None:
+            self.fronts.setblocking(False)
+            selector.register(self.fronts, selectors.EVENT_READ, self.fronts)
         try:
             while True:
-                flags = 0
-                if not terminating:
-                    events = selector.select()
-                    if any(key.fd == wake_r for key, _ in events):
-                        os.read(wake_r, 64)
-                        terminating = True  # drain what already arrived, then leave
-                if terminating:
-                    flags = socket.MSG_DONTWAIT
-                try:
-                    data = self.sock.recv(1 << 20, flags)
-                except BlockingIOError:
-                    return  # terminating, and nothing more has arrived
-                if not data:
-                    return  # the front is gone
-                for body in splitter.feed(data):
-                    if not self.handle(self.decoder.decode(body)):
-                        self.flush()
-                        return
-                self.flush()
+                events = selector.select()
+                if any(key.fd == wake_r for key, _ in events):
+                    os.read(wake_r, 64)
+                    # Drain what already arrived, on every connection, then leave.
+                    for connection in self.connections:
+                        while self.receive(connection, socket.MSG_DONTWAIT):
+                            pass
+                    return
+                for key, _ in events:
+                    if key.data is self.fronts:
+                        self.accept(selector)
+                    elif not self.receive(key.data, 0):
+                        if key.data is self.starter:
+                            return  # the starting front is gone, or said Stop
+                        self.disconnect(key.data, selector)
         finally:
             selector.close()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
 
-    def flush(self) -> None:
-        if not self.replies:
-            return
-        payload = b"".join(self.replies)
-        self.replies.clear()
+    def receive(self, connection: FrontConnection, flags: int) -> bool:
+        """Handle what arrived on one connection; False once it ended (EOF, Stop, a front
+        that cannot take its replies) or, with MSG_DONTWAIT, when nothing more is there."""
         try:
-            self.sock.sendall(payload)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+            data = connection.sock.recv(1 << 20, flags)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return False
+        if not data:
+            return False
+        for body in connection.splitter.feed(data):
+            if not self.handle(self.decoder.decode(body), connection):
+                connection.flush()
+                return False
+        return connection.flush()
 
-    def reply(self, message: object) -> None:
-        self.replies.append(frame(self.encoder, message))
+    def accept(self, selector: selectors.BaseSelector) -> None:
+        """Another front of this server connects (only peers of this user are kept)."""
+        assert self.fronts is not None
+        try:
+            sock, _ = self.fronts.accept()
+        except OSError:
+            return
+        pid, uid, _gid = struct.unpack(
+            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        )
+        if uid != os.getuid():
+            log.warning("refused a front connection from pid %d (uid %d)", pid, uid)
+            sock.close()
+            return
+        sock.setblocking(True)
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(FRONT_SEND_TIMEOUT), 0)
+        )
+        self._accepted += 1
+        connection = FrontConnection(sock, f"{self.segment_prefix}c{self._accepted}-", False)
+        self.connections.append(connection)
+        selector.register(sock, selectors.EVENT_READ, connection)
+        self.reply(connection, self.greeting)
+        if connection.flush():
+            log.info("front pid %d connected", pid)
+        else:
+            self.disconnect(connection, selector)
 
-    def fail(self, rid: int, kind: ErrorKind, message: str) -> None:
-        self.reply(Failed(rid, kind, message))
+    def disconnect(self, connection: FrontConnection, selector: selectors.BaseSelector) -> None:
+        """Another front left (or cannot be written to): its output segments go with it."""
+        selector.unregister(connection.sock)
+        self.connections.remove(connection)
+        connection.close()
 
-    def handle(self, message: ToWorker) -> bool:
-        """Handle one message; False means stop."""
+    def reply(self, connection: FrontConnection, message: object) -> None:
+        connection.replies.append(frame(self.encoder, message))
+
+    def fail(self, connection: FrontConnection, rid: int, kind: ErrorKind, message: str) -> None:
+        self.reply(connection, Failed(rid, kind, message))
+
+    def handle(self, message: ToWorker, connection: FrontConnection) -> bool:
+        """Handle one message from one front; False ends that connection (and, from the
+        starter, the worker)."""
         if isinstance(message, Infer):
-            self.infer(message)
+            self.infer(message, connection)
         elif isinstance(message, ParseJson):
-            self.parse_json(message)
+            self.parse_json(message, connection)
         elif isinstance(message, DecodeJson):
-            self.decode_json(message)
+            self.decode_json(message, connection)
         elif isinstance(message, Release):
             for name in message.segments:
-                self.outputs.release_by_name(name)
+                connection.outputs.release_by_name(name)
         elif isinstance(message, Forget):
             for name in message.segments:
-                self.inputs.forget(name)
+                connection.inputs.forget(name)
         elif isinstance(message, ForgetRegions):
             self.regions.forget(message.objects)
+        elif isinstance(message, Stop):
+            return False
+        elif not connection.starter:  # NOTE: only the starting front manages sessions
+            self.fail(
+                connection,
+                message.rid,
+                ErrorKind.INTERNAL,
+                "only the front that started this worker loads and unloads models",
+            )
         elif isinstance(message, LoadModel):
             self.load(message)
         elif isinstance(message, UnloadModel):
             self.sessions.pop(message.key, None)
-            self.reply(Unloaded(message.rid, message.key))
-        elif isinstance(message, Stop):
-            return False
+            self.reply(connection, Unloaded(message.rid, message.key))
         return True
 
     def load(self, message: LoadModel) -> None:
@@ -160,14 +254,20 @@ class Worker:
                 message.path, message.intra_op_threads, message.providers, message.session_options
             )
         except runtime.LOAD_ERRORS as exc:  # the model file or its options: say why
-            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            self.fail(self.starter, message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except Exception:
             log.exception("loading %s from %s failed", message.key, message.path)
-            self.fail(message.rid, ErrorKind.INTERNAL, f"loading '{message.key}' failed{_SEE_LOG}")
+            self.fail(
+                self.starter,
+                message.rid,
+                ErrorKind.INTERNAL,
+                f"loading '{message.key}' failed{_SEE_LOG}",
+            )
             return
         self.sessions[message.key] = session
         self.reply(
+            self.starter,
             Loaded(
                 message.rid,
                 message.key,
@@ -175,50 +275,56 @@ class Worker:
                 session.outputs,
                 session.session.get_providers(),
                 session.optional_inputs,
-            )
+            ),
         )
 
-    def parse_json(self, message: ParseJson) -> None:
+    def parse_json(self, message: ParseJson, connection: FrontConnection) -> None:
         self._json_step(
+            connection,
             message.rid,
             "parsing",
-            lambda: JsonParsed(message.rid, json_text.parse(message, self.inputs)),
+            lambda: JsonParsed(message.rid, json_text.parse(message, connection.inputs)),
         )
 
-    def decode_json(self, message: DecodeJson) -> None:
+    def decode_json(self, message: DecodeJson, connection: FrontConnection) -> None:
         def step() -> JsonDecoded:
-            json_text.decode(message.texts, self.inputs)
+            json_text.decode(message.texts, connection.inputs)
             return JsonDecoded(message.rid)
 
-        self._json_step(message.rid, "decoding", step)
+        self._json_step(connection, message.rid, "decoding", step)
 
-    def _json_step(self, rid: int, doing: str, step: Callable[[], object]) -> None:
+    def _json_step(
+        self, connection: FrontConnection, rid: int, doing: str, step: Callable[[], object]
+    ) -> None:
         """Run one step of a large JSON body (json_text) and reply with what it returns;
         a ValueError is the client's."""
         try:
             reply = step()
         except ValueError as exc:
-            self.fail(rid, ErrorKind.INVALID_INPUT, str(exc))
+            self.fail(connection, rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except Exception:
             log.exception("%s a JSON request body failed", doing)
-            self.fail(rid, ErrorKind.INTERNAL, f"{doing} the request failed{_SEE_LOG}")
+            self.fail(connection, rid, ErrorKind.INTERNAL, f"{doing} the request failed{_SEE_LOG}")
             return
-        self.reply(reply)
+        self.reply(connection, reply)
 
-    def infer(self, message: Infer) -> None:
+    def infer(self, message: Infer, connection: FrontConnection) -> None:
         started = monotonic_ns()
         session = self.sessions.get(message.key)
         if session is None:
             self.fail(
-                message.rid, ErrorKind.UNAVAILABLE, f"model '{message.key}' is not loaded here"
+                connection,
+                message.rid,
+                ErrorKind.UNAVAILABLE,
+                f"model '{message.key}' is not loaded here",
             )
             return
         targets = {t.name: t for t in message.targets}
         try:
             feeds = {}
             for t in message.inputs:
-                buf = self._input(t)
+                buf = self._input(t, connection)
                 if t.image is not None:  # encoded images: decode here, not in the front
                     # NOTE: the front checked that the length prefixes tile the data.
                     parts = split_bytes_elements(buf)
@@ -254,15 +360,18 @@ class Worker:
             del feeds
             ran = monotonic_ns()
         except (runtime.RequestError, ImageError, RegionError) as exc:
-            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            self.fail(connection, message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except Exception as exc:  # report it and keep serving
             if runtime.rejects_input(exc):
-                self.fail(message.rid, ErrorKind.INVALID_INPUT, f"onnxruntime: {exc}")
+                self.fail(connection, message.rid, ErrorKind.INVALID_INPUT, f"onnxruntime: {exc}")
             else:
                 log.exception("model '%s' failed while running", message.key)
                 self.fail(
-                    message.rid, ErrorKind.INTERNAL, f"model '{message.key}' failed{_SEE_LOG}"
+                    connection,
+                    message.rid,
+                    ErrorKind.INTERNAL,
+                    f"model '{message.key}' failed{_SEE_LOG}",
                 )
             return
         if bound is not None:
@@ -280,27 +389,36 @@ class Worker:
                 for name in names
             ]
             del bound
-            self._done(message.rid, "", descs, started, fed, ran)
+            self._done(connection, message.rid, "", descs, started, fed, ran)
             return
         assert values is not None
         try:
             segment, descs = write_outputs(
-                self.regions, self.outputs, session, names, values, targets, message.text_outputs
+                self.regions,
+                connection.outputs,
+                session,
+                names,
+                values,
+                targets,
+                message.text_outputs,
             )
         except (runtime.RequestError, RegionError) as exc:
-            self.fail(message.rid, ErrorKind.INVALID_INPUT, str(exc))
+            self.fail(connection, message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except OSError as exc:
             self.fail(
-                message.rid, ErrorKind.UNAVAILABLE, f"no shared memory for the outputs: {exc}"
+                connection,
+                message.rid,
+                ErrorKind.UNAVAILABLE,
+                f"no shared memory for the outputs: {exc}",
             )
             return
-        self._done(message.rid, segment, descs, started, fed, ran)
+        self._done(connection, message.rid, segment, descs, started, fed, ran)
 
-    def _input(self, t: TensorDesc) -> memoryview:
+    def _input(self, t: TensorDesc, connection: FrontConnection) -> memoryview:
         """An input's bytes: in a segment of the front's, or in a client's region."""
         if t.region is None:
-            return self.inputs.get(t.segment).buf[t.offset : t.offset + t.nbytes]
+            return connection.inputs.get(t.segment).buf[t.offset : t.offset + t.nbytes]
         buf = self.regions.view(t.region, t.offset, t.nbytes)
         if t.datatype == "BYTES":
             # NOTE: the front does not read clients' regions: the prefixes are checked here.
@@ -318,23 +436,38 @@ class Worker:
         return buf
 
     def _done(
-        self, rid: int, segment: str, descs: list[TensorDesc], started: int, fed: int, ran: int
+        self,
+        connection: FrontConnection,
+        rid: int,
+        segment: str,
+        descs: list[TensorDesc],
+        started: int,
+        fed: int,
+        ran: int,
     ) -> None:
-        dropped = self.dropped[:]
-        self.dropped.clear()
+        dropped = connection.dropped[:]
+        connection.dropped.clear()
         copied = monotonic_ns()
         self.reply(
-            InferDone(rid, segment, descs, dropped, started, fed - started, ran - fed, copied - ran)
+            connection,
+            InferDone(
+                rid, segment, descs, dropped, started, fed - started, ran - fed, copied - ran
+            ),
         )
 
     def close(self) -> None:
-        self.outputs.close()
-        self.inputs.close()
+        for connection in self.connections:
+            connection.close()
+        self.connections.clear()
+        if self.fronts is not None:
+            self.fronts.close()
         self.regions.close()
         self.sessions.clear()
 
 
-def main(sock: socket.socket, segment_prefix: str, log_level: str) -> None:
+def main(
+    sock: socket.socket, segment_prefix: str, log_level: str, fronts: socket.socket | None = None
+) -> None:
     """Process entry (spawned): serve until told to stop, then free shared memory."""
     # NOTE: our own process group: Ctrl-C in a terminal, or a supervisor that
     #   signals the front's group, reaches only the front, which drains HTTP first
@@ -345,11 +478,11 @@ def main(sock: socket.socket, segment_prefix: str, log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     import onnxruntime
 
-    worker = Worker(sock, segment_prefix)
-    worker.reply(WorkerReady(os.getpid(), onnxruntime.__version__))
-    worker.flush()
+    worker = Worker(sock, segment_prefix, fronts)
+    worker.greeting = WorkerReady(os.getpid(), onnxruntime.__version__)
+    worker.reply(worker.starter, worker.greeting)
+    worker.starter.flush()
     try:
         worker.serve()
     finally:
         worker.close()
-        sock.close()

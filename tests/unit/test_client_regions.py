@@ -198,11 +198,11 @@ def test_worker_reads_in_place_and_onnxruntime_writes_into_the_region(shm_object
             OutputTarget("OUTPUT0", ref, 128, 64, [1, 16]),
             OutputTarget("OUTPUT1", ref, 192, 64, [1, 16]),
         ]
-        worker.handle(Infer(1, "simple/1", inputs, ["OUTPUT0", "OUTPUT1"], targets))
-        (frame,) = worker.replies
+        worker.handle(Infer(1, "simple/1", inputs, ["OUTPUT0", "OUTPUT1"], targets), worker.starter)
+        (frame,) = worker.starter.replies
         reply = msgspec.msgpack.decode(frame[4:], type=FromWorker)
         assert isinstance(reply, InferDone), reply
-        assert reply.segment == "" and worker.outputs.leased_count == 0
+        assert reply.segment == "" and worker.starter.outputs.leased_count == 0
         assert [(d.name, d.offset, d.nbytes, d.region) for d in reply.outputs] == [
             ("OUTPUT0", 128, 64, ref),
             ("OUTPUT1", 192, 64, ref),
@@ -249,9 +249,9 @@ class _Spied:
     def infer(self, inputs: list[TensorDesc], targets: list[OutputTarget]) -> object:
         self.calls.clear()
         names = [t.name for t in targets]
-        self.worker.handle(Infer(1, self.key, inputs, names, targets))
-        (frame,) = self.worker.replies
-        self.worker.replies.clear()
+        self.worker.handle(Infer(1, self.key, inputs, names, targets), self.worker.starter)
+        (frame,) = self.worker.starter.replies
+        self.worker.starter.replies.clear()
         return msgspec.msgpack.decode(frame[4:], type=FromWorker)
 
     def close(self) -> None:
@@ -277,7 +277,7 @@ def test_outputs_of_named_dynamic_dims_are_written_by_onnxruntime_into_the_regio
         assert isinstance(reply, InferDone), reply
         assert spied.calls == ["run_into"]
         assert spied.pointers["OUTPUT0"] - spied.pointers["INPUT0"] == 1280
-        assert reply.segment == "" and spied.worker.outputs.leased_count == 0
+        assert reply.segment == "" and spied.worker.starter.outputs.leased_count == 0
         (desc,) = reply.outputs
         assert (desc.shape, desc.offset, desc.nbytes, desc.region) == ([3, 100], 1280, 1200, ref)
         got = np.fromfile(path, dtype=np.float32, count=300, offset=1280).reshape(3, 100)
@@ -308,7 +308,7 @@ def test_outputs_whose_dims_do_not_resolve_are_copied_into_the_region(shm_object
         reply = spied.infer(inputs, [OutputTarget("OUTPUT0", ref, 64, 64, None)])
         assert isinstance(reply, InferDone), reply
         assert spied.calls == ["run"]
-        assert reply.segment == "" and spied.worker.outputs.leased_count == 0
+        assert reply.segment == "" and spied.worker.starter.outputs.leased_count == 0
         (desc,) = reply.outputs
         assert (desc.shape, desc.offset, desc.nbytes) == ([2, 4], 64, 32)
         got = np.fromfile(path, dtype=np.float32, count=8, offset=64)

@@ -40,8 +40,8 @@ def worker() -> Iterator[Worker]:
 
 
 def _only_reply(worker: Worker) -> Failed:
-    (frame,) = worker.replies
-    worker.replies.clear()
+    (frame,) = worker.starter.replies
+    worker.starter.replies.clear()
     reply = DECODER.decode(frame[4:])
     assert isinstance(reply, Failed)
     return reply
@@ -49,7 +49,7 @@ def _only_reply(worker: Worker) -> Failed:
 
 def _infer_failing_with(worker: Worker, error: Exception) -> Failed:
     worker.sessions["m/1"] = _Session(error)  # type: ignore[assignment]
-    worker.handle(Infer(7, "m/1", [], ["y"]))
+    worker.handle(Infer(7, "m/1", [], ["y"]), worker.starter)
     reply = _only_reply(worker)
     assert reply.rid == 7
     return reply
@@ -98,7 +98,7 @@ def test_genuine_failures_are_internal_with_a_generic_message(
 
 
 def test_unknown_model_is_unavailable(worker: Worker) -> None:
-    worker.handle(Infer(3, "gone/1", [], []))
+    worker.handle(Infer(3, "gone/1", [], []), worker.starter)
     assert _only_reply(worker).kind is ErrorKind.UNAVAILABLE
 
 
@@ -107,7 +107,9 @@ def test_a_model_file_onnxruntime_cannot_load_is_invalid_input(
 ) -> None:
     bad = tmp_path / "model.onnx"
     bad.write_bytes(b"not a model")
-    worker.handle(LoadModel(5, "bad/1", str(bad), 1, [("CPUExecutionProvider", {})]))
+    worker.handle(
+        LoadModel(5, "bad/1", str(bad), 1, [("CPUExecutionProvider", {})]), worker.starter
+    )
     reply = _only_reply(worker)
     assert reply.kind is ErrorKind.INVALID_INPUT
     assert "INVALID_PROTOBUF" in reply.message or "Protobuf" in reply.message
