@@ -1,12 +1,14 @@
-"""Would a second front process pay on this machine? One server against two, same cores.
+"""Does a second front process pay on this machine? One front against two, same cores.
 
 The front is one Python thread. At c=16 a tiny request saturates it while the machine
-still has idle time (results/2026-11-27-cpu-vs-triton.md). ``--http-workers`` (several
-front processes over one worker pool, docs/scaling.md) is not built. This measures its
-nearest stand-in, with the same clients and the same number of processes:
+still has idle time (results/2026-11-27-cpu-vs-triton.md). This compares, with the same
+clients and the same number of workers:
 
 - **one front**: one server with two workers, driven by two wrk processes at c=8 each;
-- **two fronts**: two servers with one worker each, each driven by one wrk at c=8;
+- **--http-workers 2**: the same server with two HTTP fronts over its two workers
+  (docs/scaling.md), driven by the same two clients;
+- **two servers**: two servers with one worker each, each driven by one wrk at c=8 (the
+  stand-in measured before ``--http-workers`` was built: nothing shared);
 - with ``--triton``, Triton (as the harness starts it) driven by the same two clients.
 
 ``--protocol grpc`` drives the servers' gRPC ports with the harness's gRPC client (one
@@ -124,7 +126,17 @@ def main() -> None:
         configs["one front, 2 workers"] = [
             start_oipserve(cmd, cases, work / "one", Tuning(instances=2))
         ]
-        configs["two fronts, 1 worker each"] = [
+        if ns.protocol == "http":
+            configs["--http-workers 2, 2 workers"] = [
+                start_oipserve(
+                    cmd,
+                    cases,
+                    work / "http-workers",
+                    Tuning(instances=2),
+                    extra_args=["--http-workers", "2"],
+                )
+            ]
+        configs["two servers, 1 worker each"] = [
             start_oipserve(cmd, cases, work / f"two-{i}", Tuning(instances=1)) for i in (0, 1)
         ]
         if ns.triton:

@@ -19,7 +19,7 @@ import asyncio
 import os
 import stat
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
 from oipserve.wire.messages import ObjectRef
@@ -199,6 +199,14 @@ class RegionUse:
         )
 
 
+class RegionMirror(Protocol):
+    """The server's other HTTP fronts (``--http-workers``), which keep the same table."""
+
+    async def added(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+
+    async def removed(self, name: str | None) -> None: ...
+
+
 class ClientRegions:
     """The registered regions by name; refuses registration unless allowed."""
 
@@ -216,6 +224,8 @@ class ClientRegions:
         self.on_closed: Callable[[list[ObjectRef]], None] | None = None
         #: What a CUDA shared-memory request is answered (400).
         self.cuda_refusal = cuda_refusal
+        #: The other HTTP fronts, told of each registration (``share``) and unregistration.
+        self.mirror: RegionMirror | None = None
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -252,6 +262,18 @@ class ClientRegions:
             os.close(fd)
             raise
         self._regions[name] = ClientRegion(name, key, offset, byte_size, fd, ref)
+
+    async def share(self, name: str) -> None:
+        """After ``register``: the other HTTP fronts register the region too; if one
+        cannot, the registration is undone here and the error raised."""
+        if self.mirror is None:
+            return
+        region = self._regions[name]
+        try:
+            await self.mirror.added(name, region.key, region.offset, region.byte_size)
+        except BaseException:
+            await self.unregister(name)
+            raise
 
     def _open(self, key: str) -> int:
         name = object_name(key)
@@ -314,6 +336,8 @@ class ClientRegions:
         for region in regions:
             await region.idle()
             os.close(region.fd)
+        if regions and self.mirror is not None:
+            await self.mirror.removed(name)  # the other fronts' requests are done too
         if regions and self.on_closed is not None:
             self.on_closed([region.ref for region in regions])
 

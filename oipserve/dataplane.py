@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from time import monotonic_ns
+from typing import Protocol
 
 import oipserve
 from oipserve import json_offload
@@ -37,7 +39,6 @@ from oipserve.model_config_response import model_config_document
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.off_loop import nothing_to_release
 from oipserve.placement import Placement, check_size, place
-from oipserve.pool import WorkerPool
 from oipserve.request_checks import check_request, output_targets
 from oipserve.stats import StatsRegistry, failure_reason, refusal_reason
 from oipserve.tensors import Deferred
@@ -45,16 +46,27 @@ from oipserve.wire.datatypes import element_count
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef, OutputTarget
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
-from oipserve.worker_handle import WorkerHandle
+from oipserve.worker_link import WorkerLink
 
 log = logging.getLogger("oipserve.dataplane")
+
+
+class Workers(Protocol):
+    """What the data plane needs of the workers: the prefix of its segments and a link to
+    each (``WorkerPool`` in the primary front, ``replicas.process.Links`` in the others)."""
+
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def workers(self) -> Sequence[WorkerLink]: ...
 
 
 class DataPlane:
     def __init__(
         self,
         registry: ModelRegistry,
-        pool: WorkerPool,
+        pool: Workers,
         max_queue: int,
         infer_timeout: float = 120.0,
         regions: ClientRegions | None = None,
@@ -87,7 +99,7 @@ class DataPlane:
         for worker in self.pool.workers:
             worker.forget_inputs([name])
 
-    def worker_gone(self, worker: WorkerHandle) -> None:
+    def worker_gone(self, worker: WorkerLink) -> None:
         self.outputs.forget_prefix(worker.segment_prefix)
 
     # ---- health and metadata ------------------------------------------------

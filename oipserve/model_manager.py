@@ -67,6 +67,11 @@ class ModelManager:
         self.upload_of: dict[str, Path] = {}
         #: Unloads of sessions abandoned at a load timeout, still waiting for their worker.
         self.background: set[asyncio.Task[None]] = set()
+        #: The other HTTP fronts (``--http-workers``, ``oipserve.replicas``): told after
+        #: each change of the registry (``changed``), and before a version's sessions are
+        #: unloaded (``retiring``: they stop answering it and finish what they sent).
+        self.changed: Callable[[], Awaitable[None]] | None = None
+        self.retiring: Callable[[ModelVersion, str], Awaitable[None]] | None = None
         pool.on_replaced(self._reloaded)
 
     def providers_for(
@@ -182,9 +187,14 @@ class ModelManager:
                 raise
             finally:
                 self.registry.loading.discard(name)
+                await self._tell_changed()
             if reason is not None and place is not None and self.upload_of.get(name) != place:
                 self.uploads.remove(place)
             return reason
+
+    async def _tell_changed(self) -> None:
+        if self.changed is not None:
+            await asyncio.shield(self.changed())
 
     async def _load_source(self, source: ModelSource, timeout: float | None) -> str | None:
         name = source.name
@@ -196,6 +206,8 @@ class ModelManager:
         versions = {
             v: ModelVersion(name, v, path, source.config) for v, path in source.versions.items()
         }
+        for model in versions.values():
+            model.repository = True
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.gather(*(self._load_version(m) for m in versions.values()))
@@ -228,6 +240,7 @@ class ModelManager:
         self.registry.models[name] = versions
         self.registry.failed.pop(name, None)
         self.registry.unloaded.discard(name)
+        await self._tell_changed()  # the other fronts get the new versions before the old go
         old_place = self.upload_of.pop(name, None)
         if source.directory.parent != self.root:
             self.upload_of[name] = source.directory.parent
@@ -341,6 +354,9 @@ class ModelManager:
         if model.batcher is not None:
             # Queued requests: 503; batches running finish.
             model.batcher.close(model.gone_while("queued"))
+        if self.retiring is not None:
+            # The other fronts' requests already sent are answered before the Unload too.
+            await self.retiring(model, why)
         for worker in model.workers:
             # Requests already sent to this worker are answered before the Unload.
             if worker.alive and model.key in worker.models:
@@ -380,6 +396,7 @@ class ModelManager:
                 await self._unload_version(model)
             if not remaining:
                 self.uploads.remove(self.upload_of.pop(name, None))
+            await self._tell_changed()
             log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
             return True
 

@@ -6,6 +6,7 @@ versions onto workers is ``oipserve.model_manager``'s job.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING, Literal
 
@@ -29,6 +30,9 @@ log = logging.getLogger("oipserve.models")
 State = Literal["LOADING", "READY", "UNAVAILABLE", "UNLOADING"]
 PLATFORM = "onnxruntime_onnx"
 
+
+#: Serial numbers of ModelVersion objects: one per load, never reused in this process.
+_SERIALS = itertools.count(1)
 
 #: Reasons of versions taken out of service on purpose (``ModelManager._unload_version``).
 GONE = ("unloaded", "replaced by a reload")
@@ -57,6 +61,9 @@ class ModelVersion:
         self.name = name
         self.version = version
         self.key = f"{name}/{version}"
+        #: This load of the version, for the other HTTP fronts (``oipserve.replicas``): their
+        #: copies and statistics rows name it, and a reload's new objects get new serials.
+        self.serial = next(_SERIALS)
         self.path = path
         self.config = config
         self.max_batch_size = config.max_batch_size if config else 0
@@ -72,6 +79,9 @@ class ModelVersion:
         self.platform = PLATFORM
         #: Echo endpoints are answered by the front (inputs copied to outputs), no session.
         self.echo = False
+        #: Loaded from the repository by ``ModelManager`` (not a worker endpoint's model): the
+        #: other HTTP fronts may answer it (``oipserve.replicas``).
+        self.repository = False
         #: Extra CUDA settings (from worker-load parameters) on top of config parameters.
         self.cuda_settings: dict[str, str] = {}
         #: Its dynamic batcher (config.pbtxt ``dynamic_batching``), made on first use.

@@ -14,12 +14,10 @@ anything left under our prefix, exit 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -29,13 +27,19 @@ from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front.start import RunningGrpc, start_grpc
-from oipserve.http_protocol import CorkedHttpToolsProtocol
+from oipserve.http_server import UvicornServer, http_server, tcp_listener
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.metrics import MetricsApp, Scraper
 from oipserve.model_manager import ModelManager
 from oipserve.models import ModelRegistry
 from oipserve.pool import WorkerPool
+from oipserve.replicas.primary import (
+    Replicas,
+    follow_the_primary,
+    forward_address,
+    forward_listener,
+)
 from oipserve.repository import RepositoryError, check_repository, layout_warnings
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
@@ -51,78 +55,13 @@ class StartupError(Exception):
     """Start-up cannot go on; the message says why, for the user."""
 
 
-def bind_socket(host: str, port: int, flag: str) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def bind_socket(host: str, port: int, flag: str, reuse_port: bool = False) -> socket.socket:
     try:
-        sock.bind((host, port))
+        return tcp_listener(host, port, reuse_port)
     except OSError as exc:
-        sock.close()
         raise StartupError(
             f"cannot listen on {host}:{port} ({flag} {port}): {exc.strerror}"
         ) from None
-    sock.set_inheritable(False)
-    return sock
-
-
-#: How long connections taken from the backlog at shutdown get for their request heads to
-#: arrive before uvicorn closes those still without one.
-BACKLOG_HEAD_WAIT = 0.05
-
-
-class _UvicornServer(uvicorn.Server):
-    """uvicorn's server, with signals left to us so that shutdown order stays ours.
-
-    At shutdown it also answers the connections the kernel had already accepted: uvicorn
-    closes the listening socket, which resets every connection still in its backlog, so
-    a client that had sent its request saw a reset and no answer (11 of 16 closed-loop
-    clients at SIGTERM). Those connections are accepted and served first, then closed.
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self._serve_backlog()
-        await super().shutdown(sockets)
-
-    async def _serve_backlog(self) -> None:
-        waiting: list[socket.socket] = []
-        # NOTE: no await from the first accept to close(): a connection that completes its
-        #   handshake after the last accept is reset, but the window is one loop step.
-        for server in self.servers:
-            for listener in server.sockets:
-                with socket.socket(fileno=os.dup(listener.fileno())) as dup:
-                    dup.setblocking(False)
-                    while True:
-                        try:
-                            connection, _ = dup.accept()
-                        except (BlockingIOError, InterruptedError):
-                            break
-                        except OSError:
-                            break  # EMFILE and the like: what is left is reset, as before
-                        waiting.append(connection)
-            server.close()
-        if not waiting:
-            return
-        loop = asyncio.get_running_loop()
-        config = self.config
-
-        def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state
-            )
-
-        for connection in waiting:
-            connection.setblocking(False)
-            try:
-                await loop.connect_accepted_socket(protocol, connection)
-            except OSError:
-                connection.close()
-        log.info("answering %d connections accepted before shutdown", len(waiting))
-        await asyncio.sleep(BACKLOG_HEAD_WAIT)
 
 
 def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
@@ -138,7 +77,7 @@ def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
     return 1
 
 
-def _metrics_server(settings: Settings, app: MetricsApp) -> _UvicornServer:
+def _metrics_server(settings: Settings, app: MetricsApp) -> UvicornServer:
     """A second uvicorn server on the same loop, for ``GET /metrics`` only."""
     config = uvicorn.Config(
         app,
@@ -149,31 +88,7 @@ def _metrics_server(settings: Settings, app: MetricsApp) -> _UvicornServer:
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
     )
-    return _UvicornServer(config)
-
-
-def _http_server(
-    settings: Settings, dataplane: DataPlane, management: Management
-) -> _UvicornServer:
-    """The OIP REST front (with the admin routes) on uvicorn."""
-    app = create_app(settings, dataplane)
-    add_admin_routes(app, management)
-    config = uvicorn.Config(
-        app,
-        http=CorkedHttpToolsProtocol.configured(
-            settings.header_timeout, settings.max_request_bytes
-        ),
-        loop="none",
-        lifespan="off",
-        access_log=False,
-        # PERF: no X-Forwarded-* rewriting per request; nothing here uses the client address.
-        proxy_headers=False,
-        log_config=None,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
-        h11_max_incomplete_event_size=None,
-    )
-    return _UvicornServer(config)
+    return UvicornServer(config)
 
 
 def _check_ports(settings: Settings) -> None:
@@ -221,7 +136,9 @@ async def serve(settings: Settings) -> int:
         # --allow-http false: no HTTP port at all (health over gRPC only).
         sock: socket.socket | None = None
         if settings.allow_http:
-            sock = bind_socket(settings.host, settings.http_port, "--http-port")
+            sock = bind_socket(
+                settings.host, settings.http_port, "--http-port", settings.http_workers > 1
+            )
             held.append(sock)
         metrics_sock: socket.socket | None = None
         if settings.allow_metrics:
@@ -247,7 +164,7 @@ async def serve(settings: Settings) -> int:
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
 
-    pool = WorkerPool(os.getpid(), settings.log_level)
+    pool = WorkerPool(os.getpid(), settings.log_level, accepts_fronts=settings.http_workers > 1)
     registry = ModelRegistry()
     regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
     dataplane = DataPlane(
@@ -297,10 +214,12 @@ async def serve(settings: Settings) -> int:
         settings.shutdown_timeout,
         LoadLimits.from_settings(settings),
     )
-    server: _UvicornServer | None = None
-    metrics_server: _UvicornServer | None = None
+    server: UvicornServer | None = None
+    metrics_server: UvicornServer | None = None
     grpc_server: RunningGrpc | None = None
     grpc_stopping: asyncio.Task[None] | None = None
+    replicas: Replicas | None = None
+    replicas_stopping: asyncio.Task[None] | None = None
     serving = False
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -312,10 +231,18 @@ async def serve(settings: Settings) -> int:
             grpc_stopping = loop.create_task(grpc_server.stop(settings.shutdown_timeout))
         return grpc_stopping
 
+    def stop_replicas() -> asyncio.Task[None] | None:
+        """The other HTTP fronts stop accepting and answer what they received."""
+        nonlocal replicas_stopping
+        if replicas_stopping is None and replicas is not None:
+            replicas_stopping = loop.create_task(replicas.stop(settings.shutdown_timeout))
+        return replicas_stopping
+
     def on_signal(signum: int) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         dataplane.shutting_down = True
         stop_grpc()
+        stop_replicas()
         stop_requested.set()
         if serving:
             if server is not None:
@@ -325,6 +252,7 @@ async def serve(settings: Settings) -> int:
         else:
             startup.cancel()
 
+    forward: socket.socket | None = None
     startup = asyncio.current_task()
     assert startup is not None
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -350,15 +278,23 @@ async def serve(settings: Settings) -> int:
             grpc_port: int | None = None
             if settings.allow_grpc:
                 grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
+            if sock is not None and settings.http_workers > 1:
+                forward = forward_listener(forward_address(pool.prefix))
+                held.append(forward)
+                replicas = Replicas(settings, registry, pool, forward_address(pool.prefix))
+                follow_the_primary(replicas, manager, pool, regions, dataplane)
+                await replicas.start(sock.getsockname()[1])
         except asyncio.CancelledError:
             log.info("start-up interrupted")
             return 0
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
 
-        servers: list[_UvicornServer] = []
+        servers: list[UvicornServer] = []
         if sock is not None:
-            server = _http_server(settings, dataplane, management)
+            app = create_app(settings, dataplane)
+            add_admin_routes(app, management)
+            server = http_server(settings, app)
             servers.append(server)
         if metrics_sock is not None:
             metrics_server = _metrics_server(
@@ -400,7 +336,7 @@ async def serve(settings: Settings) -> int:
         trimmer.start()
         try:
             if server is not None and sock is not None:
-                await server.serve(sockets=[sock])
+                await server.serve(sockets=[sock] if forward is None else [sock, forward])
             else:
                 await stop_requested.wait()
         finally:
@@ -413,8 +349,12 @@ async def serve(settings: Settings) -> int:
         return 0
     finally:
         dataplane.shutting_down = True
-        # gRPC calls in flight finish (or time out) before the workers go away.
+        # gRPC calls in flight finish (or time out) before the workers go away, and so do
+        # the other HTTP fronts' requests.
         stopping = stop_grpc()
+        if stopping is not None:
+            await stopping
+        stopping = stop_replicas()
         if stopping is not None:
             await stopping
         await pool.stop(settings.shutdown_timeout)

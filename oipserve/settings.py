@@ -39,6 +39,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: served in this process). grpc.aio's per-call work then runs on other cores. The
     #: command line's default is "auto" (``auto_grpc_processes``), resolved at load.
     grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
+    #: more, each with its own event loop and its own connection to every worker; they
+    #: answer inference of unbatched repository models themselves and hand this process
+    #: everything else (docs/scaling.md).
+    http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     devices: str = "auto"
     instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     #: Triton's default is 64 MB; ours is 256 MiB so a 64 MiB FP32 tensor fits in JSON too.
@@ -191,6 +196,12 @@ def _parser() -> argparse.ArgumentParser:
         "call to the front (0: in the front process; auto: 0 below "
         f"{AUTO_GRPC_PROCESSES_MIN_CPUS} usable CPUs, else one per 4 CPUs, at most "
         f"{AUTO_GRPC_PROCESSES_MAX}); see docs/grpc.md",
+    )
+    serve.add_argument(
+        "--http-workers",
+        metavar="N",
+        help="serve HTTP from N processes that share the port, each with its own event loop "
+        "and connections to the workers (1: this process alone); see docs/scaling.md",
     )
     serve.add_argument(
         "--devices",
@@ -385,6 +396,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     _check_load_model(settings)
     if settings.grpc_processes and not settings.allow_grpc:
         raise SettingsError("--grpc-processes needs gRPC; it cannot go with --allow-grpc false")
+    if settings.http_workers > 1 and not settings.allow_http:
+        raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
 
 

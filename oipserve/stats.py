@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from time import monotonic_ns
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from oipserve.errors import DeadlineExceeded, Unavailable
 
@@ -182,13 +184,105 @@ class ModelStats:
         row[2] += infer_ns
         row[3] += output_ns
 
+    def add(self, row: StatsRow) -> None:
+        """Count another process's row of the same version in (``--http-workers``)."""
+        self.success_count += row.success_count
+        self.success_ns += row.success_ns
+        self.fail_count += row.fail_count
+        self.fail_ns += row.fail_ns
+        for reason, count in row.failures.items():
+            self.failures[FailureReason(reason)] += count
+        self.queue_ns += row.queue_ns
+        self.input_ns += row.input_ns
+        self.infer_ns += row.infer_ns
+        self.output_ns += row.output_ns
+        self.inference_count += row.inference_count
+        self.execution_count += row.execution_count
+        for size, counts in row.batches.items():
+            mine = self.batches.setdefault(size, [0, 0, 0, 0])
+            for i, value in enumerate(counts):
+                mine[i] += value
+        self.pending += row.pending
+        # NOTE: CLOCK_MONOTONIC is one clock for every process of the machine.
+        self.last_success_ns = max(self.last_success_ns, row.last_success_ns)
+
+    def row(self, serial: int) -> StatsRow:
+        """These counters, to send to the process that reports them (``--http-workers``)."""
+        return StatsRow(
+            serial,
+            self.success_count,
+            self.success_ns,
+            self.fail_count,
+            self.fail_ns,
+            {str(reason): count for reason, count in self.failures.items() if count},
+            self.queue_ns,
+            self.input_ns,
+            self.infer_ns,
+            self.output_ns,
+            self.inference_count,
+            self.execution_count,
+            {size: list(counts) for size, counts in self.batches.items()},
+            self.pending,
+            self.last_success_ns,
+        )
+
+
+class StatsRow(msgspec.Struct, frozen=True, array_like=True):
+    """One version's counters in another HTTP front, by the version's ``serial``."""
+
+    serial: int
+    success_count: int
+    success_ns: int
+    fail_count: int
+    fail_ns: int
+    failures: dict[str, int]
+    queue_ns: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+    inference_count: int
+    execution_count: int
+    batches: dict[int, list[int]]
+    pending: int
+    last_success_ns: int
+
 
 class StatsRegistry:
-    """The ``ModelStats`` of every model version the model registry holds."""
+    """The ``ModelStats`` of every model version the model registry holds.
+
+    With ``--http-workers``, the other fronts count the requests they answer themselves;
+    ``collect`` (set by ``oipserve.replicas``) fetches their rows, and the readers
+    (``ready``, ``totals``) report this process's counters with theirs added.
+    """
 
     def __init__(self, models: ModelRegistry) -> None:
         self._models = models
         self._stats: dict[ModelVersion, ModelStats] = {}
+        #: Fetches the other fronts' rows; None when this process is the only front.
+        self.collect: Callable[[], Awaitable[list[StatsRow]]] | None = None
+        #: The rows of the last ``refresh``, by version serial.
+        self._others: dict[int, list[StatsRow]] = {}
+
+    async def refresh(self) -> None:
+        """Before reading: the other fronts' counters as they are now."""
+        if self.collect is None:
+            return
+        others: dict[int, list[StatsRow]] = {}
+        for row in await self.collect():
+            others.setdefault(row.serial, []).append(row)
+        self._others = others
+
+    def totals(self, model: ModelVersion) -> ModelStats:
+        """What to report of a version: its counters here plus the other fronts' rows."""
+        mine = self.of(model)
+        rows = self._others.get(model.serial)
+        if not rows:
+            return mine
+        total = ModelStats(model.name, model.version)
+        total.add(mine.row(model.serial))
+        for row in rows:
+            total.add(row)
+        return total
 
     def of(self, model: ModelVersion) -> ModelStats:
         """The version's statistics, created at its first use."""
@@ -198,6 +292,11 @@ class StatsRegistry:
             stats = self._stats[model] = ModelStats(model.name, model.version)
         return stats
 
+    def rows(self) -> list[StatsRow]:
+        """Every counted version's counters, by serial (what another front reports)."""
+        self.prune()
+        return [stats.row(model.serial) for model, stats in self._stats.items()]
+
     def prune(self) -> None:
         """Forget versions that left the model registry (unloaded or replaced by a reload)."""
         models = self._models.models
@@ -206,7 +305,8 @@ class StatsRegistry:
             del self._stats[model]
 
     def ready(self, name: str | None = None) -> Iterator[tuple[ModelVersion, ModelStats]]:
-        """Every READY version (of ``name``, or of all models) with its statistics.
+        """Every READY version (of ``name``, or of all models) with its statistics
+        (``totals``: what to report).
 
         Ordered by model name, then version number, so listings are stable.
         """
@@ -218,7 +318,7 @@ class StatsRegistry:
             for version in sorted(versions, key=_version_order):
                 model = versions[version]
                 if model.state == "READY":
-                    yield model, self.of(model)
+                    yield model, self.totals(model)
 
 
 def _version_order(version: str) -> tuple[int, str]:

@@ -43,7 +43,7 @@ def select(
             )
         if model.state != "READY":
             raise Unavailable(f"model '{name}' version {version} is not ready")
-        return [(model, stats.of(model))]
+        return [(model, stats.totals(model))]
     found = list(stats.ready(name))
     if not found:
         raise Unavailable(f"model '{name}' has no ready version")

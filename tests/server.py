@@ -143,15 +143,22 @@ class ServerProcess:
         return [p for p in pids if "-m workers" in cmdline(p)]
 
     def grpc_process_pids(self) -> list[int]:
-        """PIDs of the server's gRPC processes (``--grpc-processes``), whichever of the
-        front's threads started them."""
+        """PIDs of the server's gRPC processes (``--grpc-processes``)."""
+        return self._children_running("oipserve.grpc_process")
+
+    def http_front_pids(self) -> list[int]:
+        """PIDs of the server's other HTTP fronts (``--http-workers``)."""
+        return self._children_running("oipserve.replicas.process")
+
+    def _children_running(self, module: str) -> list[int]:
+        """The front's children running ``module``, whichever of its threads started them."""
         pids: list[int] = []
         for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
             try:
                 pids += [int(p) for p in (task / "children").read_text().split()]
             except OSError:
                 continue
-        return sorted(p for p in pids if "oipserve.grpc_process" in cmdline(p))
+        return sorted(p for p in pids if f"-m {module}" in cmdline(p))
 
 
 def cmdline(pid: int) -> str:

@@ -80,6 +80,7 @@ class InferenceService:
     ) -> pb.ModelStatisticsResponse:
         """The statistics extension: the same dict as REST's, parsed into the protobuf."""
         dataplane = self.dataplane
+        await dataplane.stats.refresh()
         report = model_statistics(
             dataplane.stats, dataplane.registry, request.name or None, request.version or None
         )
@@ -134,6 +135,7 @@ class InferenceService:
         self.dataplane.regions.register(
             request.name, request.key, request.offset, request.byte_size
         )
+        await self.dataplane.regions.share(request.name)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(

@@ -55,6 +55,7 @@ class Scraper:
                 log.warning("host metrics not refreshed: cannot read the hardware: %s", exc)
             else:
                 self._host = host_families(inventory, cpu_utilization())
+        await self._stats.refresh()
         models = model_families(stats for _, stats in self._stats.ready())
         text = render([*models, *self._host])
         return text.encode() + generate_latest(self._process)

@@ -68,6 +68,7 @@ class StatisticsResource:
         version: str | None = None,
     ) -> None:
         dataplane = self.dataplane
+        await dataplane.stats.refresh()
         report = model_statistics(dataplane.stats, dataplane.registry, model, version)
         resp.data = ENCODER.encode(report)
 

@@ -128,6 +128,15 @@ def test_a_grpc_process_loads_no_data_plane() -> None:
     assert not {m for m in loaded if m.partition(".")[0] in FRONT_FORBIDDEN}
 
 
+def test_another_http_front_loads_no_onnxruntime_and_no_management() -> None:
+    """``--http-workers``: the other fronts run the data plane, never models or the manager."""
+    loaded = _loaded_after("import oipserve.replicas.process")
+    assert "oipserve.dataplane" in loaded and "oipserve.replicas.forward" in loaded
+    forbidden = {"oipserve.model_manager", "oipserve.management", "oipserve.pool"}
+    assert not forbidden & loaded, sorted(forbidden & loaded)
+    assert not {m for m in loaded if m.partition(".")[0] in FRONT_FORBIDDEN}
+
+
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     assert _violation("workers", "oipserve.dataplane") is not None
     assert _violation("workers", "oipserve.wire.shm") is None

@@ -165,3 +165,52 @@ def test_failure_reasons() -> None:
     assert failure_reason(InvalidInput("onnxruntime refused")) is FailureReason.BACKEND
     assert failure_reason(WorkerDied("worker died")) is FailureReason.BACKEND
     assert failure_reason(asyncio.CancelledError()) is FailureReason.CANCELED
+
+
+def _counted(stats: ModelStats, executions: int, batch: int) -> ModelStats:
+    for _ in range(executions):
+        stats.executed(batch, 1, 10, 100)
+        stats.request_succeeded(batch, 1000, 5, 1, 10, 100)
+    stats.request_failed(FailureReason.OTHER, 7)
+    return stats
+
+
+def test_another_fronts_row_adds_up_with_this_ones() -> None:
+    """``--http-workers``: a row sent by another front counts in, field by field."""
+    here = _counted(ModelStats("m", "1"), 2, 1)
+    there = _counted(ModelStats("m", "1"), 3, 4)
+    there.pending = 2
+    total = ModelStats("m", "1")
+    total.add(here.row(9))
+    total.add(there.row(9))
+    assert total.success_count == 5 and total.success_ns == 5000
+    assert total.inference_count == 2 * 1 + 3 * 4 and total.execution_count == 5
+    assert total.fail_count == 2 and total.failures[FailureReason.OTHER] == 2
+    assert total.batches == {1: [2, 2, 20, 200], 4: [3, 3, 30, 300]}
+    assert total.pending == 2
+    assert total.last_success_ns == max(here.last_success_ns, there.last_success_ns)
+    assert model_stat(total)["inference_stats"]["queue"] == {"count": 5, "ns": 25}
+
+
+async def test_totals_are_what_the_readers_report() -> None:
+    registry = ModelRegistry()
+    model = ModelVersion("m", "1", "", None)
+    model.state = "READY"
+    model.echo = True
+    registry.models["m"] = {"1": model}
+    stats = StatsRegistry(registry)
+    _counted(stats.of(model), 1, 1)
+    other = _counted(ModelStats("m", "1"), 4, 1)
+    gone = _counted(ModelStats("m", "1"), 100, 1)
+    rows = [other.row(model.serial), gone.row(model.serial + 1000)]  # a serial not served
+
+    async def collect() -> list:
+        return rows
+
+    stats.collect = collect
+    await stats.refresh()
+    assert stats.totals(model).success_count == 5
+    assert [s.success_count for _, s in stats.ready()] == [5]
+    # Recording still goes to this front's own counters, never to the totals.
+    assert stats.of(model).success_count == 1
+    assert stats.rows() == [stats.of(model).row(model.serial)]

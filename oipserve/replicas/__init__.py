@@ -1,0 +1,1 @@
+"""The HTTP front replicas of ``--http-workers N``: the primary front and its secondaries."""

@@ -1,0 +1,459 @@
+"""``--http-workers N``: N processes serve the HTTP port over one worker pool.
+
+The primary front starts N-1 others (``oipserve.replicas``); the kernel spreads new
+connections across all of them (``SO_REUSEPORT``). A replica answers inference of
+unbatched repository models itself, straight to the workers, and forwards everything
+else to the primary. These tests hold many keep-alive connections (``Fronts``), see in
+``/proc`` which process holds each one, and check that every connection, whichever
+front it landed on, sees one server: the same answers, statistics, regions and
+models.
+
+Knowing without timing that a replica answered by itself: while the primary is
+SIGSTOPped, the connections a replica holds are still answered.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+
+from tests.e2e.test_grpc_processes import alive, tcp_links
+from tests.e2e.test_lifecycle import run_serve
+from tests.server import ServerProcess, shm_entries, wait_for
+
+FRONTS = 2
+#: Enough connections that each front gets some (all on one: 2**-15 with two fronts).
+CONNECTIONS = 16
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """Two HTTP fronts; a heartbeat timeout that outlasts a stopped primary."""
+    args = ["--http-workers", str(FRONTS), "--worker-heartbeat-timeout", "60"]
+    proc = ServerProcess(args=[*args, "--allow-client-shm", "true"]).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+class Fronts:
+    """``CONNECTIONS`` keep-alive connections and, for each, the pid of the front holding it."""
+
+    def __init__(self, proc: ServerProcess) -> None:
+        self.proc = proc
+        self.connections = [
+            http.client.HTTPConnection("127.0.0.1", proc.port, timeout=30)
+            for _ in range(CONNECTIONS)
+        ]
+        for connection in self.connections:
+            assert get(connection, "/v2/health/live")[0] == 200
+        self.holder = self._holders()
+
+    def _holders(self) -> list[int]:
+        fronts = [self.proc.process.pid, *self.proc.http_front_pids()]
+        by_port = {}
+        for pid in fronts:
+            for local, remote in tcp_links(pid):
+                if local == self.proc.port:
+                    by_port[remote] = pid
+        return [by_port[c.sock.getsockname()[1]] for c in self.connections]  # type: ignore[union-attr]
+
+    def on(self, pid: int) -> list[http.client.HTTPConnection]:
+        return [c for c, holder in zip(self.connections, self.holder, strict=True) if holder == pid]
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
+
+
+@contextmanager
+def fronts(proc: ServerProcess) -> Iterator[Fronts]:
+    held = Fronts(proc)
+    try:
+        yield held
+    finally:
+        held.close()
+
+
+def get(connection: http.client.HTTPConnection, path: str) -> tuple[int, bytes]:
+    connection.request("GET", path)
+    response = connection.getresponse()
+    return response.status, response.read()
+
+
+def post(connection: http.client.HTTPConnection, path: str, body: object) -> tuple[int, dict]:
+    connection.request(
+        "POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    response = connection.getresponse()
+    data = response.read()
+    return response.status, json.loads(data) if data else {}
+
+
+def simple_body(seed: int, **parameters: object) -> tuple[dict, list[int], list[int]]:
+    a = [(seed * 7 + i) % 1000 for i in range(16)]
+    b = [(seed * 3 + i) % 100 for i in range(16)]
+    body: dict = {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": a},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": b},
+        ]
+    }
+    if parameters:
+        body["parameters"] = parameters
+    pairs = list(zip(a, b, strict=True))
+    return body, [x + y for x, y in pairs], [x - y for x, y in pairs]
+
+
+def infer_simple(connection: http.client.HTTPConnection, seed: int) -> None:
+    body, total, difference = simple_body(seed)
+    status, answer = post(connection, "/v2/models/simple/infer", body)
+    assert status == 200, answer
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    assert outputs == {"OUTPUT0": total, "OUTPUT1": difference}
+
+
+def stats_of(proc: ServerProcess, model: str) -> dict:
+    with urllib.request.urlopen(f"{proc.url}/v2/models/{model}/stats", timeout=30) as resp:
+        (entry,) = json.load(resp)["model_stats"]
+    return entry
+
+
+def metric(proc: ServerProcess, name: str, model: str) -> float:
+    with urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    key = f'{name}{{model="{model}",version="1"}} '
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(key)]
+    return float(line.split()[-1])
+
+
+# ---- processes and connections --------------------------------------------------------
+
+
+def test_the_other_fronts_are_children_and_connect_to_every_worker(server: ServerProcess) -> None:
+    replicas = server.http_front_pids()
+    assert len(replicas) == FRONTS - 1, server.log
+    for pid in replicas:
+        assert wait_for(lambda pid=pid: f"front pid {pid} connected" in server.log, 10)
+
+
+def test_connections_are_spread_and_every_answer_is_right(server: ServerProcess) -> None:
+    with fronts(server) as held:
+        assert set(held.holder) == {server.process.pid, *server.http_front_pids()}, held.holder
+        for round_ in range(5):
+            for index, connection in enumerate(held.connections):
+                infer_simple(connection, round_ * 100 + index)
+
+
+def test_a_replica_answers_inference_while_the_primary_is_stopped(server: ServerProcess) -> None:
+    primary = server.process.pid
+    with fronts(server) as held:
+        (replica,) = server.http_front_pids()
+        theirs = held.on(replica)
+        assert theirs, held.holder
+        os.kill(primary, signal.SIGSTOP)
+        try:
+            for seed, connection in enumerate(theirs):
+                infer_simple(connection, seed)
+        finally:
+            os.kill(primary, signal.SIGCONT)
+        # And the primary's connections are answered again once it runs.
+        for seed, connection in enumerate(held.on(primary)):
+            infer_simple(connection, seed)
+
+
+# ---- one server, whichever front answers ----------------------------------------------
+
+
+def test_statistics_and_metrics_count_the_requests_of_every_front(server: ServerProcess) -> None:
+    before = stats_of(server, "simple")
+    metric_before = metric(server, "nv_inference_request_success", "simple")
+    with fronts(server) as held:
+        for round_ in range(3):
+            for index, connection in enumerate(held.connections):
+                infer_simple(connection, round_ * 50 + index)
+        # A failure on each connection too (a wrong datatype: counted, reason OTHER).
+        bad, _, _ = simple_body(1)
+        bad["inputs"][0]["datatype"] = "FP32"
+        for connection in held.connections:
+            assert post(connection, "/v2/models/simple/infer", bad)[0] == 400
+    after = stats_of(server, "simple")
+    sent = 3 * CONNECTIONS
+    assert after["inference_count"] - before["inference_count"] == sent
+    assert after["execution_count"] - before["execution_count"] == sent
+    success = after["inference_stats"]["success"]
+    assert success["count"] - before["inference_stats"]["success"]["count"] == sent
+    assert success["ns"] > before["inference_stats"]["success"]["ns"]
+    fail = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
+    assert fail == CONNECTIONS
+    assert metric(server, "nv_inference_request_success", "simple") - metric_before == sent
+
+
+def test_every_other_route_answers_alike_on_every_connection(server: ServerProcess) -> None:
+    """Forwarded to the primary: metadata, readiness, config, repository, hardware, a
+    batched model's inference, errors."""
+    with fronts(server) as held:
+        first: dict[str, tuple[int, bytes]] = {}
+        for connection in held.connections:
+            for path in (
+                "/v2",
+                "/v2/health/ready",
+                "/v2/models/simple",
+                "/v2/models/simple/ready",
+                "/v2/models/simple/config",
+                "/v2/models/no-such-model",
+            ):
+                got = get(connection, path)
+                assert got == first.setdefault(path, got), (path, got, first[path])
+            assert first["/v2/models/no-such-model"][0] == 404
+            status, index = post(connection, "/v2/repository/index", {})
+            assert status == 200 and any(m["name"] == "simple" for m in index)
+            status, answer = post(
+                connection,
+                "/v2/models/batched/infer",
+                {
+                    "inputs": [
+                        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4},
+                        {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
+                    ]
+                },
+            )
+            assert status == 200, answer
+            status, answer = post(connection, "/v2/models/no-such-model/infer", {})
+            assert status == 404 and "no-such-model" in answer["error"]
+
+
+def test_shared_memory_regions_reach_every_front(server: ServerProcess) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-test-{uuid.uuid4().hex[:12]}"
+    region = shm.create_shared_memory_region(name, key, 256)
+    body = {
+        "inputs": [
+            {
+                "name": n,
+                "datatype": "INT32",
+                "shape": [1, 16],
+                "parameters": {
+                    "shared_memory_region": name,
+                    "shared_memory_byte_size": 64,
+                    "shared_memory_offset": 64 * i,
+                },
+            }
+            for i, n in enumerate(("INPUT0", "INPUT1"))
+        ],
+        "outputs": [
+            {
+                "name": n,
+                "parameters": {
+                    "shared_memory_region": name,
+                    "shared_memory_byte_size": 64,
+                    "shared_memory_offset": 128 + 64 * i,
+                },
+            }
+            for i, n in enumerate(("OUTPUT0", "OUTPUT1"))
+        ],
+    }
+    try:
+        shm.set_shared_memory_region(region, [a, b])
+        with fronts(server) as held:
+            register = {"key": key, "offset": 0, "byte_size": 256}
+            status, _ = post(
+                held.connections[0], f"/v2/systemsharedmemory/region/{name}/register", register
+            )
+            assert status == 200
+            for connection in held.connections:
+                status, answer = post(connection, "/v2/models/simple/infer", body)
+                assert status == 200, answer
+                got = shm.get_contents_as_numpy(region, np.int32, [2, 16], offset=128)
+                np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
+            status, _ = post(
+                held.connections[-1], f"/v2/systemsharedmemory/region/{name}/unregister", {}
+            )
+            assert status == 200
+            for connection in held.connections:
+                status, answer = post(connection, "/v2/models/simple/infer", body)
+                assert status == 400 and name in answer["error"], answer
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def test_a_killed_replica_is_replaced_and_counts_stay(server: ServerProcess) -> None:
+    (victim,) = server.http_front_pids()
+    with fronts(server) as held:
+        for index, connection in enumerate(held.connections):
+            infer_simple(connection, index)
+    before = stats_of(server, "simple")["inference_count"]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: _replaced(server, victim), 30), server.log
+    assert not alive(victim)
+    assert any(" ERROR " in line and "HTTP front 1" in line for line in server.lines)
+    # Counters never go back: what the dead front counted stays counted.
+    assert stats_of(server, "simple")["inference_count"] >= before
+    with fronts(server) as held:
+        assert set(held.holder) == {server.process.pid, *server.http_front_pids()}
+        for index, connection in enumerate(held.connections):
+            infer_simple(connection, index)
+
+
+def _replaced(proc: ServerProcess, victim: int) -> bool:
+    pids = proc.http_front_pids()
+    return len(pids) == FRONTS - 1 and victim not in pids
+
+
+def test_a_killed_worker_comes_back_on_every_front(server: ServerProcess) -> None:
+    (worker,) = server.worker_pids()
+    os.kill(worker, signal.SIGKILL)
+    assert wait_for(lambda: len(server.worker_pids()) == 1 and worker not in server.worker_pids())
+
+    def serves_everywhere() -> bool:
+        with fronts(server) as held:
+            try:
+                for index, connection in enumerate(held.connections):
+                    infer_simple(connection, index)
+            except AssertionError:
+                return False
+        return True
+
+    assert wait_for(serves_everywhere, 60), server.log
+
+
+# ---- models loaded and unloaded -------------------------------------------------------
+
+
+@pytest.fixture
+def explicit() -> Iterator[ServerProcess]:
+    args = [
+        "--http-workers",
+        str(FRONTS),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "simple",
+        "--worker-heartbeat-timeout",
+        "60",
+    ]
+    proc = ServerProcess(args=args).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def test_unload_and_load_reach_every_front(explicit: ServerProcess) -> None:
+    with fronts(explicit) as held, httpclient.InferenceServerClient(explicit.host_port) as client:
+        for index, connection in enumerate(held.connections):
+            infer_simple(connection, index)
+        client.unload_model("simple")
+        body, _, _ = simple_body(3)
+        for connection in held.connections:
+            status, answer = post(connection, "/v2/models/simple/infer", body)
+            assert status == 404 and "unloaded" in answer["error"], answer
+        client.load_model("simple")
+        for index, connection in enumerate(held.connections):
+            infer_simple(connection, index)
+        # A reload with a new config: the new versions answer on every front at once.
+        config = json.dumps({"max_batch_size": 4})
+        client.load_model("simple", config=config)
+        too_big = {
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [8, 16], "data": [1] * 128}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        }
+        for connection in held.connections:
+            status, answer = post(connection, "/v2/models/simple/infer", too_big)
+            assert status == 400, answer
+
+
+def test_unload_waits_for_a_replicas_request_in_flight(explicit: ServerProcess) -> None:
+    """A request a replica already sent to the worker is answered, then the unload ends."""
+    (worker,) = explicit.worker_pids()
+    with fronts(explicit) as held, ThreadPoolExecutor(2) as pool:
+        (replica,) = explicit.http_front_pids()
+        (connection, *_) = held.on(replica)
+        infer_simple(connection, 1)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            body, total, _ = simple_body(5)
+            in_flight = pool.submit(post, connection, "/v2/models/simple/infer", body)
+            assert wait_for(lambda: not in_flight.done(), 1)
+            with httpclient.InferenceServerClient(explicit.host_port) as client:
+                unloading = pool.submit(client.unload_model, "simple")
+                assert not wait_for(unloading.done, 1)  # waits for the replica's request
+                os.kill(worker, signal.SIGCONT)
+                status, answer = in_flight.result(30)
+                unloading.result(30)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+    assert status == 200, answer
+    assert answer["outputs"][0]["data"] == total
+
+
+# ---- the server's ends ----------------------------------------------------------------
+
+
+def test_sigterm_stops_every_front_and_leaves_nothing() -> None:
+    proc = ServerProcess(args=["--http-workers", "3"]).wait_ready()
+    front = proc.process.pid
+    children = proc.http_front_pids() + proc.worker_pids()
+    try:
+        assert len(proc.http_front_pids()) == 2, proc.log
+        with fronts(proc) as held:
+            for index, connection in enumerate(held.connections):
+                infer_simple(connection, index)
+        assert proc.stop() == 0, proc.log
+    finally:
+        proc.kill()
+    assert [pid for pid in children if alive(pid)] == [], proc.log
+    assert shm_entries(front) == []
+
+
+def test_the_other_fronts_exit_when_the_primary_is_killed() -> None:
+    proc = ServerProcess(args=["--http-workers", str(FRONTS)]).wait_ready()
+    front = proc.process.pid
+    replicas = proc.http_front_pids()
+    workers = proc.worker_pids()
+    try:
+        assert replicas, proc.log
+        proc.kill()
+        assert wait_for(lambda: not any(alive(pid) for pid in replicas), 10)
+    finally:
+        proc.kill()
+        for pid in replicas + workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for name in shm_entries(front):
+            Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def test_http_workers_without_http_is_refused() -> None:
+    result = run_serve("--http-workers", "2", "--allow-http", "false", timeout=30)
+    assert result.returncode != 0 and "--http-workers" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("count", ["0", "65"])
+def test_http_workers_out_of_range(count: str) -> None:
+    result = run_serve("--http-workers", count, timeout=30)
+    assert result.returncode == 2 and "--http-workers" in result.stderr, result.stderr
+
+
+def test_a_forwarded_answer_has_one_date_and_one_server_header(server: ServerProcess) -> None:
+    with fronts(server) as held:
+        for connection in held.connections:
+            connection.request("GET", "/v2/models/simple")
+            response = connection.getresponse()
+            response.read()
+            names = [name.lower() for name, _ in response.getheaders()]
+            assert response.status == 200
+            assert names.count("date") == 1 and names.count("server") <= 1, names

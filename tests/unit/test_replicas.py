@@ -1,0 +1,99 @@
+"""``--http-workers``: which requests another front answers, and which versions it is given."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from oipserve.batch_policy import BatchPolicy
+from oipserve.model_config import ModelConfig
+from oipserve.models import ModelRegistry, ModelVersion
+from oipserve.pool import WorkerPool
+from oipserve.replicas.primary import snapshot
+from oipserve.replicas.process import Router
+from oipserve.wire.messages import LoadModel
+from oipserve.worker_handle import WorkerHandle
+
+LIMIT = 1024
+
+
+async def _local(scope: dict, receive: object, send: object) -> None:
+    scope["answered"] = "here"
+
+
+async def _forward(scope: dict, receive: object, send: object) -> None:
+    scope["answered"] = "primary"
+
+
+async def _where(router: Router, method: str, path: str, length: int | None = None) -> str:
+    headers = [] if length is None else [(b"content-length", str(length).encode())]
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    await router(scope, None, None)
+    return scope["answered"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "where"),
+    [
+        ("POST", "/v2/models/simple/infer", "here"),
+        ("POST", "/v2/models/simple/infer/", "here"),
+        ("POST", "/v2/models/simple/versions/1/infer", "here"),
+        ("POST", "/v2/models/simple/versions/2/infer", "primary"),  # not given here
+        ("POST", "/v2/models/batched/infer", "primary"),
+        ("POST", "/v2/models/other/infer", "primary"),
+        ("GET", "/v2/models/simple/infer", "primary"),
+        ("GET", "/v2/health/live", "here"),
+        ("GET", "/v2/health/ready", "primary"),
+        ("GET", "/v2/models/simple", "primary"),
+        ("GET", "/v2/models/simple/stats", "primary"),
+        ("POST", "/v2/repository/models/simple/load", "primary"),
+        ("POST", "/v2/systemsharedmemory/region/r/register", "primary"),
+        ("POST", "/v3/models/simple/infer", "primary"),
+    ],
+)
+async def test_the_router_answers_only_inference_it_was_given(
+    method: str, path: str, where: str
+) -> None:
+    router = Router(_local, _forward, LIMIT)
+    router.versions = {"simple": frozenset({"1"})}
+    assert await _where(router, method, path) == where
+
+
+async def test_a_body_over_the_limit_is_refused_here_whatever_the_route() -> None:
+    router = Router(_local, _forward, LIMIT)
+    assert await _where(router, "POST", "/v2/repository/models/m/load", LIMIT + 1) == "here"
+    assert await _where(router, "POST", "/v2/repository/models/m/load", LIMIT) == "primary"
+
+
+def _version(registry: ModelRegistry, name: str, worker: WorkerHandle, **config: object) -> None:
+    model = ModelVersion(name, "1", f"/models/{name}/1/model.onnx", ModelConfig(**config))
+    model.state = "READY"
+    model.repository = True
+    model.workers = [worker]
+    worker.models[model.key] = LoadModel(0, model.key, model.path, 1, [])
+    registry.models[name] = {"1": model}
+
+
+def test_a_snapshot_holds_ready_unbatched_repository_versions() -> None:
+    pool = WorkerPool(os.getpid(), "info", accepts_fronts=True)
+    worker = WorkerHandle(1, "cpu", 1, f"{pool.prefix}w1-", accepts_fronts=True)
+    worker.alive = True
+    worker.front_address = "\0somewhere"
+    pool.workers.append(worker)
+    registry = ModelRegistry()
+    _version(registry, "plain", worker)
+    _version(registry, "batched", worker, dynamic_batching=BatchPolicy(max_batch_size=8))
+    _version(registry, "loading", worker)
+    registry.models["loading"]["1"].state = "LOADING"
+    _version(registry, "endpoint", worker)
+    registry.models["endpoint"]["1"].repository = False
+    taken = snapshot(7, registry, pool)
+    assert taken.seq == 7
+    assert [(w.worker_id, w.address) for w in taken.workers] == [(1, "\0somewhere")]
+    (plain,) = taken.versions
+    assert plain.name == "plain" and plain.serial == registry.models["plain"]["1"].serial
+    assert list(plain.sessions) == [1]
+    # A worker the other fronts cannot reach (dead, or no listener) holds nothing for them.
+    worker.alive = False
+    assert snapshot(8, registry, pool).versions == []
