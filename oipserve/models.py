@@ -126,10 +126,12 @@ class ModelVersion:
         """The worker with the fewest requests in flight, or 503."""
         self._check_not_unloaded()
         best: WorkerHandle | None = None
+        best_load = 0
         for worker in self.workers:
             if worker.alive and self.key in worker.models:
-                if best is None or worker.in_flight < best.in_flight:
-                    best = worker
+                load = worker.in_flight + worker.away
+                if best is None or load < best_load:
+                    best, best_load = worker, load
         if best is None:
             raise self._no_instance()
         if best.in_flight >= max_queue:

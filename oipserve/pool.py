@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from oipserve.wire.shm import owner_prefix, sweep
 from oipserve.worker_handle import WorkerHandle
+from oipserve.worker_link import away
 
 __all__ = ["WorkerPool"]
 
@@ -22,11 +23,12 @@ log = logging.getLogger("oipserve.pool")
 class WorkerPool:
     """All worker processes, by device."""
 
-    def __init__(self, front_pid: int, log_level: str, accepts_fronts: bool = False) -> None:
+    def __init__(self, front_pid: int, log_level: str, fronts: int = 1) -> None:
         self.prefix = owner_prefix(front_pid)
         self.log_level = log_level
-        #: Workers also listen for the server's other fronts (``--http-workers``).
-        self.accepts_fronts = accepts_fronts
+        #: The server's HTTP fronts (``--http-workers``); with more than one, workers also
+        #: listen for the others, and this front (the primary, 0) keeps to its own workers.
+        self.fronts = fronts
         self.workers: list[WorkerHandle] = []
         self._next_id = 0
         self._replaced: list[Callable[[WorkerHandle], Awaitable[None]]] = []
@@ -64,8 +66,9 @@ class WorkerPool:
             threads,
             f"{self.prefix}w{self._next_id}-",
             dedicated,
-            self.accepts_fronts,
+            accepts_fronts=self.fronts > 1,
         )
+        handle.away = away(handle.worker_id, 0, self.fronts)
         handle.add_death_listener(self._on_death)
         self.workers.append(handle)
         try:

@@ -164,7 +164,7 @@ async def serve(settings: Settings) -> int:
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
 
-    pool = WorkerPool(os.getpid(), settings.log_level, accepts_fronts=settings.http_workers > 1)
+    pool = WorkerPool(os.getpid(), settings.log_level, fronts=settings.http_workers)
     registry = ModelRegistry()
     regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
     dataplane = DataPlane(

@@ -65,6 +65,8 @@ class Start(msgspec.Struct, frozen=True, tag=True, array_like=True):
     what is not answered locally to ``forward_to``; segments under ``segment_prefix``."""
 
     seq: int
+    #: This front's number, 1 to N-1 (the primary is 0): which workers are its own.
+    index: int
     port: int
     forward_to: str
     segment_prefix: str

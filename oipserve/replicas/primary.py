@@ -207,6 +207,7 @@ class Replicas:
         self.running.append(replica)
         start = Start(
             next(self._seq),
+            index,
             self._port,
             self._forward_to,
             segment_prefix,

@@ -59,7 +59,7 @@ from oipserve.replicas.forward import Forwarder
 from oipserve.rest import create_app
 from oipserve.settings import Settings, configure_logging
 from oipserve.wire.shm import sweep
-from oipserve.worker_link import WorkerLink
+from oipserve.worker_link import WorkerLink, away
 
 log = logging.getLogger("oipserve.replicas")
 
@@ -144,6 +144,7 @@ class Replica:
         self.router = Router(
             create_app(settings, self.dataplane), self.forwarder, settings.max_request_bytes
         )
+        self.index = start.index
         self.links: dict[int, WorkerLink] = {}
         self._addresses: dict[int, str] = {}
         #: The versions answered here, by serial (kept across snapshots with their counters).
@@ -192,6 +193,7 @@ class Replica:
             except (OSError, TimeoutError) as exc:
                 log.warning("cannot connect to worker %d: %s", copy.worker_id, exc)
                 continue
+            link.away = away(copy.worker_id, self.index, self.settings.http_workers)
             link.add_death_listener(self.dataplane.worker_gone)
             self.links[copy.worker_id] = link
             self._addresses[copy.worker_id] = copy.address

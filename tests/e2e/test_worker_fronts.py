@@ -30,7 +30,7 @@ CPU = [("CPUExecutionProvider", {})]
 
 @pytest.fixture
 async def pool() -> AsyncIterator[WorkerPool]:
-    pool = WorkerPool(os.getpid(), "warning", accepts_fronts=True)
+    pool = WorkerPool(os.getpid(), "warning", fronts=2)
     yield pool
     await pool.stop(10)
 

@@ -14,6 +14,7 @@ from oipserve.replicas.primary import snapshot
 from oipserve.replicas.process import Router
 from oipserve.wire.messages import LoadModel
 from oipserve.worker_handle import WorkerHandle
+from oipserve.worker_link import AWAY, WorkerLink, away
 
 LIMIT = 1024
 
@@ -76,7 +77,7 @@ def _version(registry: ModelRegistry, name: str, worker: WorkerHandle, **config:
 
 
 def test_a_snapshot_holds_ready_unbatched_repository_versions() -> None:
-    pool = WorkerPool(os.getpid(), "info", accepts_fronts=True)
+    pool = WorkerPool(os.getpid(), "info", fronts=2)
     worker = WorkerHandle(1, "cpu", 1, f"{pool.prefix}w1-", accepts_fronts=True)
     worker.alive = True
     worker.front_address = "\0somewhere"
@@ -97,3 +98,29 @@ def test_a_snapshot_holds_ready_unbatched_repository_versions() -> None:
     # A worker the other fronts cannot reach (dead, or no listener) holds nothing for them.
     worker.alive = False
     assert snapshot(8, registry, pool).versions == []
+
+
+def test_each_front_has_its_own_workers_round_robin() -> None:
+    assert [away(w, 0, 2) for w in (1, 2, 3, 4)] == [0, AWAY, 0, AWAY]
+    assert [away(w, 1, 2) for w in (1, 2, 3, 4)] == [AWAY, 0, AWAY, 0]
+    assert [away(w, 0, 1) for w in (1, 2, 3)] == [0, 0, 0]  # one front: every worker
+    # More fronts than workers: the fronts past the last worker have none of their own,
+    # and so share every worker alike.
+    assert [away(1, f, 3) for f in (0, 1, 2)] == [0, AWAY, AWAY]
+
+
+def test_a_front_keeps_to_its_own_worker_until_it_is_away_requests_behind() -> None:
+    model = ModelVersion("m", "1", "", None)
+    own, other = WorkerLink(1, "cpu", "p-w1-"), WorkerLink(2, "cpu", "p-w2-")
+    other.away = AWAY
+    for link in (own, other):
+        link.alive = True
+        link.models[model.key] = LoadModel(0, model.key, "", 1, [])
+    model.workers = [other, own]
+    picked = []
+    for rid in range(AWAY + 3):
+        worker = model.pick(256)
+        worker.pending[rid] = None  # type: ignore[assignment]  # in flight from now on
+        picked.append(worker.worker_id)
+    assert picked[:AWAY] == [1] * AWAY  # its own, although the other is idle
+    assert set(picked[AWAY:]) == {1, 2}  # then the least loaded, counting AWAY
