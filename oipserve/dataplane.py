@@ -157,12 +157,15 @@ class DataPlane:
         if counts and inference.text_outputs:
             # NOTE: classified in the front from the raw values: never printed by a worker.
             inference.text_outputs = [name for name in inference.text_outputs if name not in counts]
+        model = inference.model
+        model.in_flight += 1
         try:
             result = await self._run(inference)
             if inference.into_regions:
                 _deliver(result, inference.into_regions)
             return await classify(result, counts) if counts else result
         finally:
+            model.in_flight -= 1
             for use in inference.into_regions.values():
                 use.release()
 

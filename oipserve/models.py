@@ -86,6 +86,8 @@ class ModelVersion:
         self.cuda_settings: dict[str, str] = {}
         #: Its dynamic batcher (config.pbtxt ``dynamic_batching``), made on first use.
         self.batcher: DynamicBatcher | None = None
+        #: Requests in the data plane now (``DataPlane.infer``), queued or running.
+        self.in_flight = 0
         #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
         self.placements: dict[int, dict[str, object]] = {}
 

@@ -41,7 +41,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
     #: more, each with its own event loop and its own connection to every worker; they
-    #: answer inference of unbatched repository models themselves and hand this process
+    #: answer inference of repository models themselves and hand this process
     #: everything else (docs/scaling.md).
     http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     devices: str = "auto"

@@ -2,7 +2,7 @@
 
 The primary starts each replica (``python -m oipserve.replicas.process``) with a
 control socket, tells it what it answers itself (``snapshot``: the workers'
-addresses, the READY unbatched repository versions), and keeps it in step:
+addresses, the READY repository versions), and keeps it in step:
 
 - after every change of the registry and every worker replacement, a new snapshot
   (``sync``), acknowledged before the load or unload answers its client;
@@ -90,11 +90,8 @@ def snapshot(seq: int, registry: ModelRegistry, pool: WorkerPool) -> Snapshot:
 
 
 def _answered_by_replicas(model: ModelVersion) -> bool:
-    if model.state != "READY" or model.echo or not model.repository:
-        return False  # NOTE: worker endpoints' models change outside the model manager
-    if model.config is not None and model.config.dynamic_batching is not None:
-        return False  # NOTE: batches form in one process, the primary's
-    return True
+    # NOTE: worker endpoints' models change outside the model manager: the primary's only.
+    return model.state == "READY" and model.repository and not model.echo
 
 
 def _copy(model: ModelVersion, sessions: dict) -> VersionCopy:

@@ -7,11 +7,11 @@ model versions it answers itself. It then binds the HTTP port with ``SO_REUSEPOR
 so the kernel spreads new connections across all the fronts, and says ``Listening``.
 
 Per request (``Router``): inference of a version it was given runs here, through the
-same REST app and data plane as in the primary, straight to a worker; liveness is
-answered here; everything else (metadata, readiness, statistics, repository and
-worker-endpoint APIs, shared-memory registration, batched models) is forwarded to the
-primary over a private Unix socket (``Forwarder``), so there is one owner of each
-piece of state.
+same REST app and data plane as in the primary, straight to a worker (a batched
+model through this front's own dynamic batcher); liveness is answered here;
+everything else (metadata, readiness, statistics, repository and worker-endpoint
+APIs, shared-memory registration) is forwarded to the primary over a private Unix
+socket (``Forwarder``), so there is one owner of each piece of state.
 
 It stops on ``Drain`` or SIGTERM (answering what it received, like the primary), and
 at once when the control socket closes (the primary is gone). It imports no ONNX
@@ -206,11 +206,11 @@ class Replica:
         self.router.versions = {name: frozenset(versions) for name, versions in models.items()}
 
     async def retire(self, message: Retire) -> None:
-        """Forward the version's requests from now on; return once those sent are answered."""
+        """Forward the version's requests from now on, answer those queued in its batcher
+        503, and return once those sent to its workers are answered."""
         model = self.versions.get(message.serial)
         if model is None:
             return
-        stats = self.dataplane.stats.of(model)  # NOTE: before it leaves the registry
         models = {
             name: {v: m for v, m in versions.items() if m is not model}
             for name, versions in self.registry.models.items()
@@ -218,8 +218,10 @@ class Replica:
         self._serve({name: versions for name, versions in models.items() if versions})
         model.state = "UNLOADING"  # requests past resolve now get a retryable 503
         model.reason = message.why
+        if model.batcher is not None:
+            model.batcher.close(model.gone_while("queued"))  # batches running finish
         deadline = asyncio.get_running_loop().time() + self.settings.infer_timeout
-        while stats.pending and asyncio.get_running_loop().time() < deadline:
+        while model.in_flight and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(RETIRE_POLL)
 
     # ---- the control socket -----------------------------------------------------------

@@ -30,7 +30,7 @@ import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from tests.e2e.test_grpc_processes import alive, tcp_links
+from tests.e2e.test_grpc_processes import alive, pending, steadily, tcp_links
 from tests.e2e.test_lifecycle import run_serve
 from tests.server import ServerProcess, shm_entries, wait_for
 
@@ -115,6 +115,15 @@ def simple_body(seed: int, **parameters: object) -> tuple[dict, list[int], list[
         body["parameters"] = parameters
     pairs = list(zip(a, b, strict=True))
     return body, [x + y for x, y in pairs], [x - y for x, y in pairs]
+
+
+#: One row for the model ``batched`` (dynamic batching).
+BATCHED_BODY = {
+    "inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4},
+        {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
+    ]
+}
 
 
 def infer_simple(connection: http.client.HTTPConnection, seed: int) -> None:
@@ -202,8 +211,8 @@ def test_statistics_and_metrics_count_the_requests_of_every_front(server: Server
 
 
 def test_every_other_route_answers_alike_on_every_connection(server: ServerProcess) -> None:
-    """Forwarded to the primary: metadata, readiness, config, repository, hardware, a
-    batched model's inference, errors."""
+    """Forwarded to the primary: metadata, readiness, config, repository, errors; and a
+    batched model's inference (answered by each front's own batcher)."""
     with fronts(server) as held:
         first: dict[str, tuple[int, bytes]] = {}
         for connection in held.connections:
@@ -220,16 +229,7 @@ def test_every_other_route_answers_alike_on_every_connection(server: ServerProce
             assert first["/v2/models/no-such-model"][0] == 404
             status, index = post(connection, "/v2/repository/index", {})
             assert status == 200 and any(m["name"] == "simple" for m in index)
-            status, answer = post(
-                connection,
-                "/v2/models/batched/infer",
-                {
-                    "inputs": [
-                        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4},
-                        {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
-                    ]
-                },
-            )
+            status, answer = post(connection, "/v2/models/batched/infer", BATCHED_BODY)
             assert status == 200, answer
             status, answer = post(connection, "/v2/models/no-such-model/infer", {})
             assert status == 404 and "no-such-model" in answer["error"]
@@ -341,7 +341,7 @@ def explicit() -> Iterator[ServerProcess]:
         "--model-control-mode",
         "explicit",
         "--load-model",
-        "simple",
+        "simple,batched",
         "--worker-heartbeat-timeout",
         "60",
     ]
@@ -379,15 +379,16 @@ def test_unload_and_load_reach_every_front(explicit: ServerProcess) -> None:
 def test_unload_waits_for_a_replicas_request_in_flight(explicit: ServerProcess) -> None:
     """A request a replica already sent to the worker is answered, then the unload ends."""
     (worker,) = explicit.worker_pids()
+    body, total, _ = simple_body(5)
     with fronts(explicit) as held, ThreadPoolExecutor(2) as pool:
         (replica,) = explicit.http_front_pids()
         (connection, *_) = held.on(replica)
         infer_simple(connection, 1)
         os.kill(worker, signal.SIGSTOP)
         try:
-            body, total, _ = simple_body(5)
             in_flight = pool.submit(post, connection, "/v2/models/simple/infer", body)
-            assert wait_for(lambda: not in_flight.done(), 1)
+            # Sent to the (stopped) worker: counted pending until it answers.
+            assert wait_for(steadily(lambda: pending(explicit, "simple") == 1), 10)
             with httpclient.InferenceServerClient(explicit.host_port) as client:
                 unloading = pool.submit(client.unload_model, "simple")
                 assert not wait_for(unloading.done, 1)  # waits for the replica's request
@@ -398,6 +399,36 @@ def test_unload_waits_for_a_replicas_request_in_flight(explicit: ServerProcess) 
             os.kill(worker, signal.SIGCONT)
     assert status == 200, answer
     assert answer["outputs"][0]["data"] == total
+
+
+def test_a_replicas_own_batcher_answers_what_it_ran_and_refuses_what_it_queued(
+    explicit: ServerProcess,
+) -> None:
+    """``batched`` on a replica: the request its batcher sent to the (stopped) worker holds
+    the instance; the next one waits in the queue (the merged pending count shows it). An
+    unload then answers the queued one 503 at once, and waits for the running one."""
+    (worker,) = explicit.worker_pids()
+    with fronts(explicit) as held, ThreadPoolExecutor(3) as pool:
+        (replica,) = explicit.http_front_pids()
+        first, second, *_ = held.on(replica)
+        assert post(first, "/v2/models/batched/infer", BATCHED_BODY)[0] == 200
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            running = pool.submit(post, first, "/v2/models/batched/infer", BATCHED_BODY)
+            assert wait_for(steadily(lambda: pending(explicit) == 0), 10)
+            queued = pool.submit(post, second, "/v2/models/batched/infer", BATCHED_BODY)
+            assert wait_for(steadily(lambda: pending(explicit) == 1), 10)
+            with httpclient.InferenceServerClient(explicit.host_port) as client:
+                unloading = pool.submit(client.unload_model, "batched")
+                status, answer = queued.result(30)
+                assert status == 503 and "queued" in answer["error"], answer
+                assert not unloading.done()  # the running batch is not answered yet
+                os.kill(worker, signal.SIGCONT)
+                status, answer = running.result(30)
+                unloading.result(30)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+    assert status == 200, answer
 
 
 # ---- the server's ends ----------------------------------------------------------------

@@ -41,7 +41,6 @@ async def _where(router: Router, method: str, path: str, length: int | None = No
         ("POST", "/v2/models/simple/infer/", "here"),
         ("POST", "/v2/models/simple/versions/1/infer", "here"),
         ("POST", "/v2/models/simple/versions/2/infer", "primary"),  # not given here
-        ("POST", "/v2/models/batched/infer", "primary"),
         ("POST", "/v2/models/other/infer", "primary"),
         ("GET", "/v2/models/simple/infer", "primary"),
         ("GET", "/v2/health/live", "here"),
@@ -76,7 +75,7 @@ def _version(registry: ModelRegistry, name: str, worker: WorkerHandle, **config:
     registry.models[name] = {"1": model}
 
 
-def test_a_snapshot_holds_ready_unbatched_repository_versions() -> None:
+def test_a_snapshot_holds_ready_repository_versions() -> None:
     pool = WorkerPool(os.getpid(), "info", fronts=2)
     worker = WorkerHandle(1, "cpu", 1, f"{pool.prefix}w1-", accepts_fronts=True)
     worker.alive = True
@@ -92,8 +91,9 @@ def test_a_snapshot_holds_ready_unbatched_repository_versions() -> None:
     taken = snapshot(7, registry, pool)
     assert taken.seq == 7
     assert [(w.worker_id, w.address) for w in taken.workers] == [(1, "\0somewhere")]
-    (plain,) = taken.versions
-    assert plain.name == "plain" and plain.serial == registry.models["plain"]["1"].serial
+    assert sorted(v.name for v in taken.versions) == ["batched", "plain"]
+    (plain,) = [v for v in taken.versions if v.name == "plain"]
+    assert plain.serial == registry.models["plain"]["1"].serial
     assert list(plain.sessions) == [1]
     # A worker the other fronts cannot reach (dead, or no listener) holds nothing for them.
     worker.alive = False
