@@ -345,6 +345,8 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[object]
     if drain is None:
         log.error("the primary front is gone; stopping")
         server.force_exit = True
+    elif drain.timeout >= 0:  # NOTE: SIGTERM to this front alone: --shutdown-timeout
+        server.config.timeout_graceful_shutdown = int(drain.timeout) or None
     server.should_exit = True
     await serving
     return code
