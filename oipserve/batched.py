@@ -25,7 +25,7 @@ from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
 from oipserve.stats import FailureReason, ModelStats, failure_reason, refusal_reason
 from oipserve.wire.messages import ErrorKind, InferDone
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
-from oipserve.worker_handle import WorkerHandle
+from oipserve.worker_link import WorkerLink
 
 __all__ = ["BatchRunner", "Withdrawn"]
 
@@ -190,7 +190,7 @@ class BatchRunner:
         return batcher
 
     async def _run_batch(
-        self, model: ModelVersion, entries: list[Entry], worker: WorkerHandle
+        self, model: ModelVersion, entries: list[Entry], worker: WorkerLink
     ) -> list[InferResult]:
         requests: list[_Queued] = [entry.request for entry in entries]
         for request in requests:

@@ -33,7 +33,7 @@ from oipserve.wire.messages import DecodeJson, Failed, JsonParsed, JsonText, Par
 from oipserve.wire.shm import BufferPool, Lease, layout
 
 if TYPE_CHECKING:
-    from oipserve.worker_handle import WorkerHandle
+    from oipserve.worker_link import WorkerLink
 
 #: Bodies this large or larger are parsed by a worker (a body in a pooled segment of
 #: 1 MiB costs the front about 1 ms to check and 3 ms to decode).
@@ -46,7 +46,7 @@ __all__ = ["DECODE_MIN", "PARSE_MIN", "decode", "parse", "wants_worker"]
 
 
 async def parse(
-    worker: WorkerHandle, lease: Lease, start: int, body: memoryview, deadline: float
+    worker: WorkerLink, lease: Lease, start: int, body: memoryview, deadline: float
 ) -> tuple[InferRequest, list[tuple[int, int] | None]]:
     """The request's header, and where each input's ``data`` text lies in ``body``.
 
@@ -98,7 +98,7 @@ def wants_worker(tensor: InputTensor, data: object) -> bool:
 
 
 async def decode(
-    worker: WorkerHandle,
+    worker: WorkerLink,
     tensors: list[tuple[InputTensor, int]],
     pool: BufferPool,
     deadline: float,

@@ -145,14 +145,21 @@ class ModelVersion:
         return best
 
     def instances(self) -> list[WorkerHandle]:
-        """The workers that can run this version now."""
-        return [w for w in self.workers if w.alive and self.key in w.models]
+        """The workers that can run this version now, this front's own first (``away``:
+        the dynamic batcher takes the first one free)."""
+        running = [w for w in self.workers if w.alive and self.key in w.models]
+        running.sort(key=_away)
+        return running
 
     @property
     def ready(self) -> bool:
         if self.echo:
             return self.state == "READY"
         return self.state == "READY" and any(w.alive and self.key in w.models for w in self.workers)
+
+
+def _away(worker: WorkerHandle) -> int:
+    return worker.away
 
 
 class ModelRegistry:

@@ -66,10 +66,6 @@ class WorkerHandle(WorkerLink):
         self._heartbeat: asyncio.Transport | None = None
         #: Loop time of the worker's last heartbeat echo (or of its start).
         self.last_heartbeat = 0.0
-        #: Steps in progress during which the worker's heartbeat thread may be silent for a
-        #: while, because the step holds the GIL: loads (ONNX Runtime building a session)
-        #: and large JSON bodies (msgspec and simdjson, ~1.6 ms per MiB; ``json_offload``).
-        self.loading = 0
 
     async def start(self, loop: asyncio.AbstractEventLoop, log_level: str) -> None:
         # NOTE: CUDA must number GPUs as NVML does, or device_id "N" would not be cuda:N

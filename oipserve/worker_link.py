@@ -101,6 +101,13 @@ class WorkerLink:
         self._sweep: asyncio.TimerHandle | None = None
         #: Why requests fail once the link is cut off, when there is more to say (a hang).
         self._hung = ""
+        #: Steps in progress during which the worker's heartbeat thread may be silent for a
+        #: while, because the step holds the GIL: loads (ONNX Runtime building a session)
+        #: and large JSON bodies (msgspec and simdjson, ~1.6 ms per MiB; ``json_offload``).
+        #: The heartbeat is the starting front's (``WorkerHandle``); another front's steps
+        #: are counted on its own link, and at ~1.6 ms per MiB of a body capped by
+        #: ``--max-request-bytes`` they stay far below the heartbeat's timeout.
+        self.loading = 0
 
     async def connect(self, address: str) -> None:
         """Connect to the worker's listener for other fronts (``WorkerHandle.front_address``)

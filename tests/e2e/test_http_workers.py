@@ -488,3 +488,84 @@ def test_a_forwarded_answer_has_one_date_and_one_server_header(server: ServerPro
             names = [name.lower() for name, _ in response.getheaders()]
             assert response.status == 200
             assert names.count("date") == 1 and names.count("server") <= 1, names
+
+
+def test_large_bodies_through_every_front(server: ServerProcess) -> None:
+    """A 2 MiB JSON body (parsed and decoded by the worker, ``json_offload``) and an 8 MiB
+    binary body (received straight into a segment) on every connection: the worker reads
+    each front's own segments."""
+    values = np.arange(512 * 1024, dtype=np.float32)
+    as_json = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, values.size],
+                    "data": values.tolist(),
+                }
+            ]
+        }
+    ).encode()
+    assert len(as_json) > 2 * 1024 * 1024
+    big = np.random.default_rng(3).random((1, 2 * 1024 * 1024), dtype=np.float32)  # 8 MiB
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": list(big.shape),
+                    "parameters": {"binary_data_size": big.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    with fronts(server) as held:
+        for connection in held.connections:
+            connection.request(
+                "POST",
+                "/v2/models/identity_fp32/infer",
+                as_json,
+                {"Content-Type": "application/json"},
+            )
+            response = connection.getresponse()
+            answer = json.loads(response.read())
+            assert response.status == 200, answer
+            assert answer["outputs"][0]["data"][-1] == float(values[-1])
+            connection.request(
+                "POST",
+                "/v2/models/identity_fp32/infer",
+                header + big.tobytes(),
+                {"Inference-Header-Content-Length": str(len(header))},
+            )
+            response = connection.getresponse()
+            data = response.read()
+            assert response.status == 200, data[:200]
+            length = int(response.getheader("Inference-Header-Content-Length"))
+            np.testing.assert_array_equal(np.frombuffer(data[length:], np.float32), big.ravel())
+
+
+def test_restricted_inference_holds_on_every_front() -> None:
+    proc = ServerProcess(
+        args=["--http-workers", str(FRONTS), "--http-restricted-api", "inference:x-key=s3cret"]
+    ).wait_ready()
+    try:
+        body, total, _ = simple_body(2)
+        with fronts(proc) as held:
+            assert len(set(held.holder)) == FRONTS, held.holder
+            for connection in held.connections:
+                status, answer = post(connection, "/v2/models/simple/infer", body)
+                assert status == 403 and "x-key" in answer["error"], answer
+                connection.request(
+                    "POST",
+                    "/v2/models/simple/infer",
+                    json.dumps(body).encode(),
+                    {"Content-Type": "application/json", "x-key": "s3cret"},
+                )
+                response = connection.getresponse()
+                answer = json.loads(response.read())
+                assert response.status == 200 and answer["outputs"][0]["data"] == total
+    finally:
+        assert proc.stop() == 0, proc.log
