@@ -27,12 +27,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from tests.e2e.test_grpc_processes import alive, pending, steadily, tcp_links
 from tests.e2e.test_lifecycle import run_serve
 from tests.server import ServerProcess, shm_entries, wait_for
+from tests.tensors import simple_inputs
 
 FRONTS = 2
 #: Enough connections that each front gets some (all on one: 2**-15 with two fronts).
@@ -567,5 +569,26 @@ def test_restricted_inference_holds_on_every_front() -> None:
                 response = connection.getresponse()
                 answer = json.loads(response.read())
                 assert response.status == 200 and answer["outputs"][0]["data"] == total
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def test_with_grpc_processes_both_ports_serve() -> None:
+    """``--http-workers`` and ``--grpc-processes`` together: REST on every front, gRPC
+    through the gRPC process to the primary, statistics counting both."""
+    proc = ServerProcess(args=["--http-workers", str(FRONTS), "--grpc-processes", "1"])
+    proc.wait_ready()
+    try:
+        assert len(proc.http_front_pids()) == FRONTS - 1 and len(proc.grpc_process_pids()) == 1
+        before = stats_of(proc, "simple")["inference_count"]
+        with fronts(proc) as held:
+            for index, connection in enumerate(held.connections):
+                infer_simple(connection, index)
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+            for _ in range(4):
+                result = client.infer("simple", simple_inputs(a, a))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+        assert stats_of(proc, "simple")["inference_count"] - before == CONNECTIONS + 4
     finally:
         assert proc.stop() == 0, proc.log
