@@ -592,3 +592,38 @@ def test_with_grpc_processes_both_ports_serve() -> None:
         assert stats_of(proc, "simple")["inference_count"] - before == CONNECTIONS + 4
     finally:
         assert proc.stop() == 0, proc.log
+
+
+def test_sigterm_answers_every_fronts_requests_in_flight() -> None:
+    """Requests on both fronts, held at a stopped worker when SIGTERM comes: every one is
+    answered before the workers stop, and nothing is left."""
+    proc = ServerProcess(
+        args=["--http-workers", str(FRONTS), "--worker-heartbeat-timeout", "60"]
+    ).wait_ready()
+    front = proc.process.pid
+    children = proc.http_front_pids() + proc.worker_pids()
+    (worker,) = proc.worker_pids()
+    try:
+        with fronts(proc) as held, ThreadPoolExecutor(CONNECTIONS) as pool:
+            assert len(set(held.holder)) == FRONTS, held.holder
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                bodies = [simple_body(i) for i in range(CONNECTIONS)]
+                calls = [
+                    pool.submit(post, connection, "/v2/models/simple/infer", body)
+                    for connection, (body, _, _) in zip(held.connections, bodies, strict=True)
+                ]
+                assert wait_for(steadily(lambda: pending(proc, "simple") == CONNECTIONS), 10)
+                proc.process.send_signal(signal.SIGTERM)
+                assert wait_for(lambda: "received SIGTERM" in proc.log, 10), proc.log
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            for call, (_, total, _) in zip(calls, bodies, strict=True):
+                status, answer = call.result(30)
+                assert status == 200, answer
+                assert answer["outputs"][0]["data"] == total
+        assert proc.stop() == 0, proc.log
+    finally:
+        proc.kill()
+    assert [pid for pid in children if alive(pid)] == [], proc.log
+    assert shm_entries(front) == []
