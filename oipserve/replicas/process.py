@@ -67,6 +67,9 @@ log = logging.getLogger("oipserve.replicas")
 START_WAIT = 60.0
 #: How often a retiring version's requests in flight are looked at.
 RETIRE_POLL = 0.005
+#: The timeout of the Drain that a SIGTERM to this front alone makes: keep the
+#: configured ``--shutdown-timeout``.
+OWN_TIMEOUT = -1.0
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
@@ -337,7 +340,7 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[object]
         replica.control.send(Refused(start.seq, "the HTTP server did not start"))
         return 3
     replica.control.send(Listening(start.seq, os.getpid()))
-    loop.add_signal_handler(signal.SIGTERM, lambda: messages.put_nowait(Drain(0, -1.0)))
+    loop.add_signal_handler(signal.SIGTERM, lambda: messages.put_nowait(Drain(0, OWN_TIMEOUT)))
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the primary decides
     settle_garbage_collector()
     drain = await replica.follow(messages)
@@ -345,7 +348,7 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[object]
     if drain is None:
         log.error("the primary front is gone; stopping")
         server.force_exit = True
-    elif drain.timeout >= 0:  # NOTE: SIGTERM to this front alone: --shutdown-timeout
+    elif drain.timeout != OWN_TIMEOUT:  # the primary's drain: its timeout
         server.config.timeout_graceful_shutdown = int(drain.timeout) or None
     server.should_exit = True
     await serving

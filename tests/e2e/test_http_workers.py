@@ -292,6 +292,20 @@ def test_shared_memory_regions_reach_every_front(server: ServerProcess) -> None:
         shm.destroy_shared_memory_region(region)
 
 
+def test_a_replica_stopped_with_sigterm_is_replaced_quietly(server: ServerProcess) -> None:
+    """SIGTERM to another front alone: it drains and exits 0, the primary logs a stop (not
+    a death) and starts another; serving goes on."""
+    (victim,) = server.http_front_pids()
+    os.kill(victim, signal.SIGTERM)
+    assert wait_for(lambda: _replaced(server, victim), 30), server.log
+    assert any("HTTP front" in line and "was stopped" in line for line in server.lines)
+    assert not any(" ERROR " in line and "HTTP front" in line for line in server.lines)
+    with fronts(server) as held:
+        assert set(held.holder) == {server.process.pid, *server.http_front_pids()}
+        for index, connection in enumerate(held.connections):
+            infer_simple(connection, index)
+
+
 def test_a_killed_replica_is_replaced_and_counts_stay(server: ServerProcess) -> None:
     (victim,) = server.http_front_pids()
     with fronts(server) as held:
@@ -311,8 +325,11 @@ def test_a_killed_replica_is_replaced_and_counts_stay(server: ServerProcess) -> 
 
 
 def _replaced(proc: ServerProcess, victim: int) -> bool:
+    """``victim`` is gone and another front serves the port in its place."""
     pids = proc.http_front_pids()
-    return len(pids) == FRONTS - 1 and victim not in pids
+    if len(pids) != FRONTS - 1 or victim in pids:
+        return False
+    return all(f"(pid {pid}) serves port" in proc.log for pid in pids)
 
 
 def test_a_killed_worker_comes_back_on_every_front(server: ServerProcess) -> None:
