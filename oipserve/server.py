@@ -279,9 +279,10 @@ async def serve(settings: Settings) -> int:
             if settings.allow_grpc:
                 grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
             if sock is not None and settings.http_workers > 1:
-                forward = forward_listener(forward_address(pool.prefix))
+                address = forward_address(pool.prefix)
+                forward = forward_listener(address)
                 held.append(forward)
-                replicas = Replicas(settings, registry, pool, forward_address(pool.prefix))
+                replicas = Replicas(settings, registry, pool, address)
                 follow_the_primary(replicas, manager, pool, regions, dataplane)
                 await replicas.start(sock.getsockname()[1])
         except asyncio.CancelledError:

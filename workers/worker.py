@@ -163,9 +163,7 @@ class Worker:
         that cannot take its replies) or, with MSG_DONTWAIT, when nothing more is there."""
         try:
             data = connection.sock.recv(1 << 20, flags)
-        except BlockingIOError:
-            return False
-        except OSError:
+        except OSError:  # BlockingIOError (nothing more, MSG_DONTWAIT), a reset: both end it
             return False
         if not data:
             return False

@@ -158,22 +158,17 @@ class Replica:
     async def apply(self, snapshot: Snapshot) -> None:
         await self._connect(snapshot)
         models: dict[str, dict[str, ModelVersion]] = {}
-        answered = []
-        for copy in snapshot.versions:
-            workers = [self.links[i] for i in copy.sessions if i in self.links]
-            if not workers:
-                continue  # NOTE: no link to any of its workers: the primary answers it
-            model = self.versions.get(copy.serial) or _version(copy)
-            model.workers = workers
-            models.setdefault(copy.name, {})[copy.version] = model
-            answered.append(copy)
         keys = set()
-        for copy in answered:
-            for worker_id, load in copy.sessions.items():
-                link = self.links.get(worker_id)
-                if link is not None:
-                    link.models[copy.key] = load
-                    keys.add(copy.key)
+        for copy in snapshot.versions:
+            held = {i: load for i, load in copy.sessions.items() if i in self.links}
+            if not held:
+                continue  # NOTE: no link to any of its workers: the primary answers it
+            for worker_id, load in held.items():
+                self.links[worker_id].models[copy.key] = load
+            keys.add(copy.key)
+            model = self.versions.get(copy.serial) or _version(copy)
+            model.workers = [self.links[i] for i in held]
+            models.setdefault(copy.name, {})[copy.version] = model
         for link in self.links.values():
             link.models = {k: v for k, v in link.models.items() if k in keys}
         self._serve(models)
@@ -214,11 +209,11 @@ class Replica:
         model = self.versions.get(message.serial)
         if model is None:
             return
-        models = {
+        kept = {
             name: {v: m for v, m in versions.items() if m is not model}
             for name, versions in self.registry.models.items()
         }
-        self._serve({name: versions for name, versions in models.items() if versions})
+        self._serve({name: versions for name, versions in kept.items() if versions})
         model.state = "UNLOADING"  # requests past resolve now get a retryable 503
         model.reason = message.why
         if model.batcher is not None:
