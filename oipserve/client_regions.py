@@ -224,7 +224,7 @@ class ClientRegions:
         self.on_closed: Callable[[list[ObjectRef]], None] | None = None
         #: What a CUDA shared-memory request is answered (400).
         self.cuda_refusal = cuda_refusal
-        #: The other HTTP fronts, told of each registration (``share``) and unregistration.
+        #: The other HTTP fronts, told of each registration and unregistration.
         self.mirror: RegionMirror | None = None
 
     def __len__(self) -> int:
@@ -232,7 +232,20 @@ class ClientRegions:
 
     # ---- register, status, unregister -------------------------------------------
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Open and check the client's object and keep the region under ``name``; with
+        ``--http-workers``, every other HTTP front registers it too before this returns
+        (if one cannot, the registration is undone here and its error raised)."""
+        self._register(name, key, offset, byte_size)
+        if self.mirror is None:
+            return
+        try:
+            await self.mirror.added(name, key, offset, byte_size)
+        except BaseException:
+            await self.unregister(name)
+            raise
+
+    def _register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if not self.allowed:
             raise Forbidden(FLAG_MESSAGE)
         if not name:
@@ -262,18 +275,6 @@ class ClientRegions:
             os.close(fd)
             raise
         self._regions[name] = ClientRegion(name, key, offset, byte_size, fd, ref)
-
-    async def share(self, name: str) -> None:
-        """After ``register``: the other HTTP fronts register the region too; if one
-        cannot, the registration is undone here and the error raised."""
-        if self.mirror is None:
-            return
-        region = self._regions[name]
-        try:
-            await self.mirror.added(name, region.key, region.offset, region.byte_size)
-        except BaseException:
-            await self.unregister(name)
-            raise
 
     def _open(self, key: str) -> int:
         name = object_name(key)

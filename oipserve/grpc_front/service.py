@@ -132,10 +132,9 @@ class InferenceService:
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.dataplane.regions.register(
+        await self.dataplane.regions.register(
             request.name, request.key, request.offset, request.byte_size
         )
-        await self.dataplane.regions.share(request.name)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(

@@ -248,7 +248,7 @@ class Replica:
         elif isinstance(message, Retire):
             await self.retire(message)
         elif isinstance(message, RegionAdded):
-            self.dataplane.regions.register(
+            await self.dataplane.regions.register(
                 message.name, message.key, message.offset, message.byte_size
             )
         elif isinstance(message, RegionsRemoved):

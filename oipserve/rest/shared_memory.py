@@ -46,8 +46,7 @@ class SystemSharedMemoryResource:
         key = body["key"]
         if not isinstance(key, str):
             raise InvalidInput("'key' of the shared memory register request must be a string")
-        self.regions.register(region, key, body.get("offset", 0), body["byte_size"])
-        await self.regions.share(region)
+        await self.regions.register(region, key, body.get("offset", 0), body["byte_size"])
         resp.data = b""
 
     async def on_post_unregister(

@@ -88,17 +88,17 @@ def shm_object() -> Iterator[str]:
         os.unlink(path)
 
 
-def test_registry_checks(shm_object: str) -> None:
+async def test_registry_checks(shm_object: str) -> None:
     with pytest.raises(Forbidden, match="--allow-client-shm"):
-        ClientRegions(False, "oipserve-own-").register("r", shm_object, 0, 8)
+        await ClientRegions(False, "oipserve-own-").register("r", shm_object, 0, 8)
     regions = ClientRegions(True, "oipserve-own-")
     with pytest.raises(InvalidInput, match="past the end"):
-        regions.register("r", shm_object, 4000, 100)
+        await regions.register("r", shm_object, 4000, 100)
     with pytest.raises(InvalidInput, match="'/nothing-here-at-all'"):
-        regions.register("r", "/nothing-here-at-all", 0, 8)
-    regions.register("r", shm_object, 96, 1000)
+        await regions.register("r", "/nothing-here-at-all", 0, 8)
+    await regions.register("r", shm_object, 96, 1000)
     with pytest.raises(AlreadyExists):
-        regions.register("r", shm_object, 0, 8)
+        await regions.register("r", shm_object, 0, 8)
     assert regions.status(None) == [
         {"name": "r", "key": shm_object, "offset": 96, "byte_size": 1000}
     ]
@@ -114,10 +114,10 @@ def test_registry_checks(shm_object: str) -> None:
     regions.close()
 
 
-def test_own_segments_are_refused(shm_object: str) -> None:
+async def test_own_segments_are_refused(shm_object: str) -> None:
     own = ClientRegions(True, shm_object[1:12])  # the object's name starts with this prefix
     with pytest.raises(InvalidInput, match="own segments"):
-        own.register("r", shm_object, 0, 8)
+        await own.register("r", shm_object, 0, 8)
 
 
 def test_unregister_waits_for_uses(shm_object: str) -> None:
@@ -125,7 +125,7 @@ def test_unregister_waits_for_uses(shm_object: str) -> None:
         regions = ClientRegions(True, "oipserve-own-")
         closed: list[ObjectRef] = []
         regions.on_closed = closed.extend
-        regions.register("r", shm_object, 0, 64)
+        await regions.register("r", shm_object, 0, 64)
         use = regions.use(RegionRequest("r", 8, 0), "input 'a'")
         events = []
         task = asyncio.ensure_future(regions.unregister("r"))
