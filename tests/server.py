@@ -205,3 +205,35 @@ def worst_live_probe(server: ServerProcess, busy: Callable[[], bool]) -> float:
             gc.enable()
         probe.close()
     return worst
+
+
+#: Two identity calls of 64 MiB each way, sent from a process of its own: grpc's Python
+#: layer holds the GIL while it copies a message, which would stall this process's probe.
+_SEND_LARGE_GRPC = """
+import sys, grpc, numpy as np
+from tritonclient.grpc import service_pb2
+request = service_pb2.ModelInferRequest(model_name="identity_fp32")
+request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16 * 1024 * 1024])
+request.raw_input_contents.append(np.ones(16 * 1024 * 1024, np.float32).tobytes())
+limit = [("grpc.max_send_message_length", 1 << 28), ("grpc.max_receive_message_length", 1 << 28)]
+with grpc.insecure_channel(sys.argv[1], options=limit) as channel:
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    for _ in range(2):
+        reply = infer(request.SerializeToString(), timeout=120)
+        assert len(reply) > 64 * 1024 * 1024, len(reply)
+"""
+
+
+def worst_probe_during_large_grpc_calls(server: ServerProcess) -> float:
+    """``worst_live_probe`` while two clients each make two 64 MiB identity calls."""
+    senders = [
+        subprocess.Popen([sys.executable, "-c", _SEND_LARGE_GRPC, server.grpc_url])
+        for _ in range(2)
+    ]
+    try:
+        worst = worst_live_probe(server, lambda: any(s.poll() is None for s in senders))
+    finally:
+        for sender in senders:
+            sender.wait(120)
+    assert [sender.returncode for sender in senders] == [0, 0]
+    return worst

@@ -6,18 +6,15 @@ response writer. ModelInfer uses this package's codec (``codec``) instead of
 protobuf's, and RPCs of extensions this server lacks raise ``Unsupported``
 (UNIMPLEMENTED, with a reason). Two transports serve the table:
 
-- ``method_handlers``: grpc.aio in this process (``--grpc-processes 0``), every
-  failure leaving as a status from ``status.status_of``;
+- ``oipserve.grpc_h2``: the front's own HTTP/2, in this process (``--grpc-processes
+  0``), with ``counted_methods`` and ``stream_infer``;
 - ``oipserve.grpc_relay.front_side``: calls forwarded by gRPC processes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
-
-import grpc
-import grpc.aio
 
 from oipserve.errors import Unsupported
 from oipserve.grpc_front.codec import (
@@ -28,9 +25,8 @@ from oipserve.grpc_front.codec import (
     split_infer_request,
     written_in_thread,
 )
-from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, unary
+from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived
 from oipserve.grpc_front.service import InferenceService
-from oipserve.grpc_front.streaming import ordered_responses
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 
 _REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
@@ -67,34 +63,23 @@ def unary_methods(service: InferenceService) -> dict[str, Method]:
     return methods
 
 
-def method_handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler]:
-    """The table as grpc.aio method handlers, ModelStreamInfer included."""
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for name, method in unary_methods(service).items():
-        deserialize, call = method.deserialize, method.call
-        if name == "ModelInfer":
-            deserialize, call = arrived(service.arriving, deserialize), _joined(call)
-        handlers[name] = grpc.unary_unary_rpc_method_handler(
-            unary(name, call),
-            request_deserializer=deserialize,
-            response_serializer=method.serialize,
-        )
+def counted_methods(service: InferenceService) -> dict[str, Method]:
+    """The unary table for a transport that hands ModelInfer messages over whole: parsing
+    one marks it as no longer arriving (the transport counts it arriving)."""
+    methods = unary_methods(service)
+    infer = methods["ModelInfer"]
+    methods["ModelInfer"] = infer._replace(deserialize=arrived(service.arriving, infer.deserialize))
+    return methods
 
+
+def stream_infer(service: InferenceService) -> Callable[[InferCall], Awaitable[bytes]]:
+    """One request of ModelStreamInfer, answered as a serialized ModelInferResponse."""
     joined = _joined(service.ModelInfer)
 
     async def infer(call: InferCall) -> bytes:
         return serialize_infer(await joined(call))
 
-    async def stream(
-        requests: AsyncIterator[InferCall], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        async for response in ordered_responses(requests, infer, service.closing, context):
-            yield response
-
-    handlers[STREAM_RPC] = grpc.stream_stream_rpc_method_handler(
-        stream, request_deserializer=split_infer_request
-    )
-    return handlers
+    return infer
 
 
 def _joined(

@@ -130,10 +130,16 @@ def arrived(arriving: deque[float], parse: Callable[[bytes], Any]) -> Callable[[
     return deserialize
 
 
-class GrpcServer:
-    """The running grpc.aio server and its calls, stopped in the order shutdown needs."""
+class Stoppable(Protocol):
+    """A gRPC server's own stop: grpc.aio's, or ``grpc_h2.server.H2Server``'s."""
 
-    def __init__(self, server: grpc.aio.Server, calls: Calls) -> None:
+    async def stop(self, grace: float | None) -> None: ...
+
+
+class GrpcServer:
+    """A running gRPC server and its calls, stopped in the order shutdown needs."""
+
+    def __init__(self, server: Stoppable, calls: Calls) -> None:
         self.server = server
         self.calls = calls
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from oipserve.dataplane import DataPlane
-from oipserve.grpc_front.handlers import method_handlers, unary_methods
-from oipserve.grpc_front.server import serve_grpc
+from oipserve.grpc_front.handlers import counted_methods, stream_infer, unary_methods
+from oipserve.grpc_front.server import GrpcServer
 from oipserve.grpc_front.service import InferenceService
+from oipserve.grpc_h2.call import CallTable
+from oipserve.grpc_h2.server import H2Server
 from oipserve.grpc_relay.processes import GrpcProcesses
 from oipserve.management import Management
 from oipserve.settings import Settings
@@ -24,12 +26,23 @@ async def start_grpc(
 ) -> tuple[RunningGrpc, int]:
     """Serve the service on ``host:grpc_port``; return what stops it and the port.
 
-    ``--grpc-processes 0``: grpc.aio in this process. N: N processes take the calls
-    and forward them here, where the same method table answers them.
+    ``--grpc-processes 0``: the front's own HTTP/2 (``grpc_h2``) in this process. N: N
+    processes serve the calls with grpc.aio and forward them here, where the same method
+    table answers them.
     """
     service = InferenceService(dataplane, management)
     if settings.grpc_processes == 0:
-        return await serve_grpc(settings, service, method_handlers(service), settings.grpc_port)
+        table = CallTable(
+            settings,
+            counted_methods(service),
+            stream_infer(service),
+            service.arriving,
+            service.closing,
+            dataplane.inputs,
+        )
+        own = H2Server(table)
+        port = await own.serve(settings.host, settings.grpc_port, reuse_port=False)
+        return GrpcServer(own, service), port
     processes = GrpcProcesses(
         settings, unary_methods(service), settings.grpc_processes, dataplane.inputs
     )

@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import subprocess
-import sys
 import threading
 import urllib.request
 import uuid
@@ -35,7 +33,13 @@ from tritonclient.utils import InferenceServerException
 from hardware.cpus import usable_cpus
 from oipserve.settings import auto_grpc_processes
 from tests.e2e.test_lifecycle import run_serve
-from tests.server import ServerProcess, cmdline, shm_entries, wait_for, worst_live_probe
+from tests.server import (
+    ServerProcess,
+    cmdline,
+    shm_entries,
+    wait_for,
+    worst_probe_during_large_grpc_calls,
+)
 from tests.tensors import simple_inputs
 
 PROCESSES = 2
@@ -235,34 +239,10 @@ def test_large_message_round_trips(server: ServerProcess) -> None:
     assert result.as_numpy("OUTPUT0").tobytes() == data.tobytes()
 
 
-#: Two identity calls of 64 MiB each way, sent from a process of its own: grpc's Python
-#: layer holds the GIL while it copies a message, which would stall this process's probe.
-_SEND_LARGE = """
-import sys, grpc, numpy as np
-from tritonclient.grpc import service_pb2
-request = service_pb2.ModelInferRequest(model_name="identity_fp32")
-request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16 * 1024 * 1024])
-request.raw_input_contents.append(np.ones(16 * 1024 * 1024, np.float32).tobytes())
-limit = [("grpc.max_send_message_length", 1 << 28), ("grpc.max_receive_message_length", 1 << 28)]
-with grpc.insecure_channel(sys.argv[1], options=limit) as channel:
-    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-    for _ in range(2):
-        infer(request.SerializeToString(), timeout=120)
-"""
-
-
 def test_large_grpc_messages_leave_the_fronts_loop_free(server: ServerProcess) -> None:
     """Issue #18: a 64 MiB gRPC message held the front's loop ~0.25-0.5 s when grpc.aio
     ran there (REST probes waited that long); the front now only copies off the loop."""
-    senders = [
-        subprocess.Popen([sys.executable, "-c", _SEND_LARGE, server.grpc_url]) for _ in range(2)
-    ]
-    try:
-        worst = worst_live_probe(server, lambda: any(s.poll() is None for s in senders))
-    finally:
-        for sender in senders:
-            sender.wait(120)
-    assert [sender.returncode for sender in senders] == [0, 0]
+    worst = worst_probe_during_large_grpc_calls(server)
     # NOTE: the front's own stalls are 5-20 ms here (benchmarks/loop_stalls.py); the bound
     #   leaves room for this shared 2-core machine, as test_json_offload's does.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms during 64 MiB gRPC calls"

@@ -177,13 +177,12 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
 
 
 def test_method_lookup_counts_model_infer_calls_as_arriving() -> None:
-    """The drain's arrival count comes from the method lookup (no interceptor per call)."""
-    from oipserve.grpc_front.handlers import method_handlers
+    """A gRPC process's drain counts arrivals in the method lookup (no interceptor per call)."""
     from oipserve.grpc_front.server import _Lookup
-    from oipserve.grpc_front.service import InferenceService
+    from oipserve.grpc_process import Forwarding
 
-    service = InferenceService(SimpleNamespace(), None)  # type: ignore[arg-type]
-    table = _Lookup(service.arriving, method_handlers(service))
+    service = Forwarding(SimpleNamespace())  # type: ignore[arg-type]
+    table = _Lookup(service.arriving, service.handlers())
 
     def lookup(method: str) -> grpc.RpcMethodHandler | None:
         return table.service(SimpleNamespace(method=method, invocation_metadata=()))  # type: ignore[arg-type]

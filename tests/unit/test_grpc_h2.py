@@ -1,0 +1,271 @@
+"""The front's own HTTP/2 for gRPC (oipserve.grpc_h2): header blocks, the HPACK cache, and a
+connection driven frame by frame through a fake transport.
+
+The e2e tests (test_grpc*.py, test_deadlines.py, ...) run real grpc clients against it;
+these pin the rules a real client rarely exercises: flow control both ways, streamed
+DATA frames cut anywhere, CONTINUATION, padding, and protocol errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import hpack
+import pytest
+
+from oipserve.grpc_h2.connection import STREAM_WINDOW, Connection
+from oipserve.grpc_h2.frames import (
+    ACK,
+    END_HEADERS,
+    END_STREAM,
+    HEADER,
+    PADDED,
+    PREFACE,
+    RESPONSE_HEADERS,
+    TRAILERS_OK,
+    ErrorCode,
+    Frame,
+    Setting,
+    frame,
+    settings_frame,
+    trailers,
+    window_update,
+)
+from oipserve.grpc_h2.headers import HeaderDecoder
+
+
+def _decoded(block: bytes) -> list[tuple[str, str]]:
+    return [(name, value) for name, value in hpack.Decoder().decode(block)]
+
+
+def test_the_servers_header_blocks_decode_as_meant() -> None:
+    assert _decoded(RESPONSE_HEADERS) == [
+        (":status", "200"),
+        ("content-type", "application/grpc"),
+        ("grpc-accept-encoding", "identity,deflate,gzip"),
+    ]
+    assert _decoded(TRAILERS_OK) == [("grpc-status", "0")]
+
+
+def test_a_status_message_is_percent_encoded() -> None:
+    block = trailers(3, "bad 100% input: é\n" + "x" * 300)
+    assert _decoded(block) == [
+        ("grpc-status", "3"),
+        ("grpc-message", "bad 100%25 input: %C3%A9%0A" + "x" * 300),
+    ]
+
+
+def test_the_header_cache_follows_the_dynamic_table() -> None:
+    """The same bytes mean other headers once the table changed: never served stale."""
+    encoder = hpack.Encoder()
+    decoder = HeaderDecoder()
+    first = encoder.encode([(":path", "/a")])  # adds /a at index 62
+    assert decoder.decode(first) == ((":path", "/a"),)
+    again = encoder.encode([(":path", "/a")])  # index 62 only
+    assert again == b"\xbe"
+    assert decoder.decode(again) == ((":path", "/a"),)
+    assert decoder.decode(again) == ((":path", "/a"),)  # from the cache
+    decoder.decode(encoder.encode([(":path", "/b")]))  # /b is index 62 now
+    assert decoder.decode(b"\xbe") == ((":path", "/b"),)
+
+
+def test_hpacks_decoder_still_has_the_table_the_cache_counts() -> None:
+    decoder = HeaderDecoder()
+    assert decoder._decoder.header_table is decoder._table
+
+
+# ---- a connection, frame by frame --------------------------------------------------
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def writelines(self, parts: list[bytes]) -> None:
+        for part in parts:
+            self.written += part
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def frames(self) -> list[tuple[int, int, int, bytes]]:
+        """Everything written so far, as (type, flags, stream, payload); then forgotten."""
+        out, pos, data = [], 0, bytes(self.written)
+        while pos < len(data):
+            high, low, kind, flags, stream = HEADER.unpack_from(data, pos)
+            length = (high << 8) | low
+            out.append((kind, flags, stream, data[pos + 9 : pos + 9 + length]))
+            pos += 9 + length
+        self.written.clear()
+        return out
+
+
+class RecordingStream:
+    """A call that records what the connection hands it."""
+
+    def __init__(self) -> None:
+        self.send_window = 0
+        self.headers: list[tuple[str, str]] = []
+        self.data = bytearray()
+        self.ended = False
+        self.was_reset = False
+
+    def headers_received(self, headers: Any, end_stream: bool) -> None:
+        self.headers = list(headers)
+        self.ended = end_stream
+
+    def data_received(self, data: memoryview) -> None:
+        self.data += data
+
+    def end_received(self) -> None:
+        self.ended = True
+
+    def reset(self) -> None:
+        self.was_reset = True
+
+
+class Peer:
+    """A connection under test, its transport, and the streams it made."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, RecordingStream] = {}
+        self.connection = Connection(self._stream, lambda _: None)
+        self.transport = FakeTransport()
+        self.connection.connection_made(self.transport)  # type: ignore[arg-type]
+        self.encoder = hpack.Encoder()
+
+    def _stream(self, connection: Connection, stream: int) -> RecordingStream:
+        self.streams[stream] = RecordingStream()
+        return self.streams[stream]
+
+    def send(self, data: bytes) -> None:
+        self.connection.data_received(data)
+
+    def headers(self, stream: int, flags: int = END_HEADERS) -> bytes:
+        block = self.encoder.encode([(":method", "POST"), (":path", "/s/M")])
+        return frame(Frame.HEADERS, flags, stream, block)
+
+    async def written(self) -> list[tuple[int, int, int, bytes]]:
+        await asyncio.sleep(0)  # writes leave at the end of the loop iteration
+        return self.transport.frames()
+
+
+async def test_the_server_opens_with_its_settings_and_window() -> None:
+    peer = Peer()
+    frames = await peer.written()
+    assert frames[0][0] == Frame.SETTINGS
+    settings = dict(struct.iter_unpack(">HI", frames[0][3]))
+    assert settings[Setting.INITIAL_WINDOW_SIZE] == STREAM_WINDOW
+    assert settings[Setting.ENABLE_PUSH] == 0
+    assert frames[1][0] == Frame.WINDOW_UPDATE and frames[1][2] == 0
+
+
+async def test_frames_cut_anywhere_reach_the_stream_whole() -> None:
+    peer = Peer()
+    await peer.written()
+    payload = bytes(range(256)) * 40
+    wire = (
+        PREFACE
+        + settings_frame({Setting.INITIAL_WINDOW_SIZE: 1 << 20})
+        + peer.headers(1)
+        + frame(Frame.DATA, 0, 1, payload[:5000])
+        + frame(Frame.DATA, END_STREAM, 1, payload[5000:])
+    )
+    for cut in range(0, len(wire), 7):
+        peer.send(wire[cut : cut + 7])
+    stream = peer.streams[1]
+    assert stream.headers == [(":method", "POST"), (":path", "/s/M")]
+    assert bytes(stream.data) == payload and stream.ended
+    frames = await peer.written()
+    assert (Frame.SETTINGS, ACK, 0, b"") in frames
+
+
+async def test_continuation_and_padding_are_read() -> None:
+    peer = Peer()
+    block = peer.encoder.encode([(":method", "POST"), (":path", "/s/M")])
+    peer.send(PREFACE + settings_frame({}))
+    peer.send(frame(Frame.HEADERS, PADDED, 1, bytes([3]) + block[:2] + b"\0\0\0"))
+    peer.send(frame(Frame.CONTINUATION, END_HEADERS, 1, block[2:]))
+    peer.send(frame(Frame.DATA, PADDED | END_STREAM, 1, bytes([2]) + b"abc" + b"\0\0"))
+    stream = peer.streams[1]
+    assert stream.headers == [(":method", "POST"), (":path", "/s/M")]
+    assert bytes(stream.data) == b"abc" and stream.ended
+
+
+async def test_sending_waits_for_the_peers_window() -> None:
+    peer = Peer()
+    peer.send(PREFACE + settings_frame({}) + peer.headers(1))
+    await peer.written()
+    stream = peer.streams[1]
+    data = memoryview(bytes(100_000))
+    sending = asyncio.ensure_future(peer.connection.send_data(stream, 1, data))
+    await asyncio.sleep(0.01)
+    sent = [f for f in await peer.written() if f[0] == Frame.DATA]
+    assert sum(len(f[3]) for f in sent) == 65_535  # the default window, in 16 KiB frames
+    assert all(len(f[3]) <= 16_384 for f in sent) and not sending.done()
+    peer.send(window_update(0, 50_000))  # the connection's: the stream's is spent still
+    await asyncio.sleep(0.01)
+    assert not [f for f in await peer.written() if f[0] == Frame.DATA]
+    peer.send(window_update(1, 50_000))
+    await asyncio.wait_for(sending, 1)
+    sent = [f for f in await peer.written() if f[0] == Frame.DATA]
+    assert sum(len(f[3]) for f in sent) == 100_000 - 65_535
+
+
+async def test_a_reset_stream_is_reset_and_later_data_ignored() -> None:
+    peer = Peer()
+    peer.send(PREFACE + settings_frame({}) + peer.headers(1))
+    peer.send(frame(Frame.RST_STREAM, 0, 1, struct.pack(">I", ErrorCode.CANCEL)))
+    assert peer.streams[1].was_reset
+    peer.send(frame(Frame.DATA, END_STREAM, 1, b"late"))
+    assert peer.streams[1].data == b""
+    assert not peer.transport.closed
+
+
+async def test_pings_are_answered() -> None:
+    peer = Peer()
+    peer.send(PREFACE + settings_frame({}))
+    await peer.written()
+    peer.send(frame(Frame.PING, 0, 0, b"12345678"))
+    assert (Frame.PING, ACK, 0, b"12345678") in await peer.written()
+
+
+@pytest.mark.parametrize(
+    ("wire", "code"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", ErrorCode.PROTOCOL_ERROR),
+        (PREFACE + frame(Frame.DATA, 0, 3, b"x"), ErrorCode.PROTOCOL_ERROR),  # idle stream
+        (PREFACE + frame(Frame.HEADERS, END_HEADERS, 2, b"\x82"), ErrorCode.PROTOCOL_ERROR),
+        (PREFACE + frame(Frame.HEADERS, END_HEADERS, 1, b"\xff\xff"), ErrorCode.COMPRESSION_ERROR),
+        (PREFACE + frame(Frame.PING, 0, 0, b"1"), ErrorCode.FRAME_SIZE_ERROR),
+        (PREFACE + frame(Frame.WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), ErrorCode.PROTOCOL_ERROR),
+        (PREFACE + HEADER.pack(0x4000, 1, Frame.DATA, 0, 1), ErrorCode.FRAME_SIZE_ERROR),
+    ],
+    ids=["http1", "idle-stream", "even-stream", "bad-hpack", "short-ping", "zero-window", "huge"],
+)
+async def test_a_broken_peer_gets_a_goaway_and_is_closed(wire: bytes, code: ErrorCode) -> None:
+    peer = Peer()
+    await peer.written()
+    peer.send(wire)
+    goaways = [f for f in peer.transport.frames() if f[0] == Frame.GOAWAY]
+    assert goaways and struct.unpack(">II", goaways[0][3][:8])[1] == code
+    assert peer.transport.closed
+
+
+async def test_going_away_closes_once_the_last_stream_ends() -> None:
+    peer = Peer()
+    peer.send(PREFACE + settings_frame({}) + peer.headers(1))
+    peer.connection.go_away()
+    assert not peer.transport.closed
+    peer.send(peer.headers(3))  # a new stream after the GOAWAY is refused
+    assert 3 not in peer.streams
+    frames = await peer.written()
+    assert any(f[0] == Frame.RST_STREAM and f[2] == 3 for f in frames)
+    peer.connection.send_headers(1, TRAILERS_OK, end_stream=True)
+    assert peer.transport.closed
