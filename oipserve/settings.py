@@ -15,7 +15,6 @@ from typing import Annotated, Literal
 import msgspec
 
 import oipserve
-from hardware.cpus import usable_cpus
 from oipserve.access import Restriction, RestrictionError, parse_restrictions
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -35,9 +34,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
-    #: Processes that serve the gRPC port and forward each call to this one (0: gRPC is
-    #: served in this process). grpc.aio's per-call work then runs on other cores. The
-    #: command line's default is "auto" (``auto_grpc_processes``), resolved at load.
+    #: Processes that serve the gRPC port with grpc.aio and forward each call to this one
+    #: (0: gRPC is served in this process, on its own HTTP/2). The command line's default
+    #: is "auto" (``AUTO_GRPC_PROCESSES``), resolved at load.
     grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
     #: more, each with its own event loop and its own connection to every worker; they
@@ -102,20 +101,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     server_name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "oipserve"
 
 
-#: ``--grpc-processes auto``: none below this many usable CPUs (measured: on 2 cores a gRPC
-#: process costs 0.87-1.02x the calls/s, there is no core for it), else one for every
-#: four CPUs, at most ``AUTO_GRPC_PROCESSES_MAX`` (on 16 cores 4 gave 2.1-2.7x the tiny
-#: calls/s of none, 2 gave 2.0-2.6x; past that the front is the limit).
-#: benchmarks/results/2026-11-26-grpc-scaling-16-cores.md.
-AUTO_GRPC_PROCESSES_MIN_CPUS = 8
-AUTO_GRPC_PROCESSES_MAX = 4
-
-
-def auto_grpc_processes(cpus: int) -> int:
-    """``--grpc-processes auto`` on a process that may use ``cpus`` CPUs."""
-    if cpus < AUTO_GRPC_PROCESSES_MIN_CPUS:
-        return 0
-    return min(AUTO_GRPC_PROCESSES_MAX, cpus // 4)
+#: What ``--grpc-processes auto`` (the default) gives. It counted CPUs while the front
+#: served gRPC with grpc.aio (two thirds of a call's CPU was grpc.aio's, so processes of
+#: their own paid on 8 or more cores). The front's own HTTP/2 spends less of the front's
+#: CPU on a tiny call than a forwarded call does (241 against 279 us), at 0.4x the
+#: server's CPU in all; only large messages still cost the front less forwarded (1,186
+#: against 1,596 us at 1 MiB), which ``--grpc-processes N`` is left for.
+#: benchmarks/results/2026-11-27-grpc-front-cpu.md.
+AUTO_GRPC_PROCESSES = 0
 
 
 def configure_logging(settings: Settings) -> None:
@@ -192,10 +185,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-processes",
         metavar="N|auto",
-        help="serve gRPC from N processes of its own that share the port and forward each "
-        "call to the front (0: in the front process; auto: 0 below "
-        f"{AUTO_GRPC_PROCESSES_MIN_CPUS} usable CPUs, else one per 4 CPUs, at most "
-        f"{AUTO_GRPC_PROCESSES_MAX}); see docs/grpc.md",
+        help="serve gRPC from N processes of its own (grpc.aio) that share the port and "
+        "forward each call to the front (0: in the front process, on its own HTTP/2; auto: "
+        f"{AUTO_GRPC_PROCESSES}); see docs/grpc.md",
     )
     serve.add_argument(
         "--http-workers",
@@ -390,9 +382,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
     if auto and settings.allow_grpc:  # without gRPC: 0; an explicit N is refused below
-        settings = msgspec.structs.replace(
-            settings, grpc_processes=auto_grpc_processes(usable_cpus())
-        )
+        settings = msgspec.structs.replace(settings, grpc_processes=AUTO_GRPC_PROCESSES)
     _check_load_model(settings)
     if settings.grpc_processes and not settings.allow_grpc:
         raise SettingsError("--grpc-processes needs gRPC; it cannot go with --allow-grpc false")

@@ -384,9 +384,10 @@ class Connection(asyncio.Protocol):
     async def send_data(self, call: Stream, stream: int, data: memoryview) -> None:
         """Send ``data`` in DATA frames, as the windows and the transport allow.
 
-        Each frame's payload is copied out of ``data`` (so ``data`` may be released once
-        this returns); the loop runs others every ``_SEND_SLICE`` bytes. Raises
-        ``ConnectionError`` if the stream or the connection ends meanwhile.
+        Frames are views of ``data``, which the transport may hold until they are sent:
+        ``data`` is immutable bytes, or memory whose release waits for its last view
+        (``grpc_relay.frames.unmap_off_loop``). The loop runs others every ``_SEND_SLICE``
+        bytes. Raises ``ConnectionError`` if the stream or the connection ends meanwhile.
         """
         pos = 0
         sent = 0
@@ -402,7 +403,7 @@ class Connection(asyncio.Protocol):
             self._send_window -= room
             call.send_window -= room
             self._out.append(frame_header(room, Frame.DATA, 0, stream))
-            self._out.append(bytes(data[pos : pos + room]))
+            self._out.append(data[pos : pos + room])
             pos += room
             sent += room
             if sent >= _SEND_SLICE:

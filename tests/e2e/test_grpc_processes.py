@@ -30,8 +30,6 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from hardware.cpus import usable_cpus
-from oipserve.settings import auto_grpc_processes
 from tests.e2e.test_lifecycle import run_serve
 from tests.server import (
     ServerProcess,
@@ -508,12 +506,11 @@ def test_grpc_processes_out_of_range_in_the_environment() -> None:
     assert code == 2 and "OIPSERVE_GRPC_PROCESSES" in stderr, stderr
 
 
-def test_auto_starts_what_the_rule_gives_for_this_machine() -> None:
-    """`--grpc-processes auto` (the default) resolves from the CPUs the server may use."""
-    expected = auto_grpc_processes(usable_cpus())
+def test_auto_serves_grpc_in_the_front() -> None:
+    """`--grpc-processes auto` (the default) starts no gRPC process, on any node."""
     proc = ServerProcess(args=["--grpc-processes", "auto"]).wait_ready()
     try:
-        assert len(proc.grpc_process_pids()) == expected, proc.log
+        assert proc.grpc_process_pids() == [], proc.log
         with grpcclient.InferenceServerClient(proc.grpc_url) as client:
             check_simple(client, seed=7)
     finally:

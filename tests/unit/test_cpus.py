@@ -9,8 +9,7 @@ import pytest
 
 from hardware import FakeInventory, InventoryError, SystemInventory
 from hardware.cpus import cgroup_cpu_quota, parse_cfs, parse_cpu_max, usable_cpus
-from oipserve import settings as settings_module
-from oipserve.settings import auto_grpc_processes, load_settings
+from oipserve.settings import load_settings
 
 
 @pytest.mark.parametrize(
@@ -78,27 +77,17 @@ def test_no_cgroup_files_means_no_quota(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpus", "processes"), [(1, 0), (2, 0), (7, 0), (8, 2), (12, 3), (16, 4), (64, 4)]
-)
-def test_auto_grpc_processes(cpus: int, processes: int) -> None:
-    assert auto_grpc_processes(cpus) == processes
-
-
-@pytest.mark.parametrize(
-    ("argv", "env", "cpus", "expected"),
+    ("argv", "env", "expected"),
     [
-        ([], {}, 16, 4),  # the default is auto
-        (["--grpc-processes", "auto"], {}, 8, 2),
-        ([], {"OIPSERVE_GRPC_PROCESSES": "auto"}, 2, 0),
-        (["--grpc-processes", "1"], {}, 2, 1),  # an explicit N is taken as it is
-        ([], {"OIPSERVE_GRPC_PROCESSES": "3"}, 16, 3),
-        (["--allow-grpc", "false"], {}, 16, 0),  # auto without gRPC: none, not refused
+        ([], {}, 0),  # the default is auto: gRPC in the front, whatever the node
+        (["--grpc-processes", "auto"], {}, 0),
+        ([], {"OIPSERVE_GRPC_PROCESSES": "auto"}, 0),
+        (["--grpc-processes", "1"], {}, 1),  # an explicit N is taken as it is
+        ([], {"OIPSERVE_GRPC_PROCESSES": "3"}, 3),
+        (["--allow-grpc", "false"], {}, 0),  # auto without gRPC: none, not refused
     ],
 )
-def test_grpc_processes_setting(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], cpus: int, expected: int
-) -> None:
-    monkeypatch.setattr(settings_module, "usable_cpus", lambda: cpus)
+def test_grpc_processes_setting(argv: list[str], env: dict[str, str], expected: int) -> None:
     _, settings = load_settings(["serve", "--model-repository", "x", *argv], env)
     assert settings.grpc_processes == expected
 

@@ -4,14 +4,12 @@ import os
 
 import pytest
 
-from oipserve import settings as settings_module
 from oipserve.settings import Settings, SettingsError, load_settings
 from oipserve.wire.shm import BufferPool, Segment, SegmentCache, size_class, sweep
 
 
-def test_flags_beat_environment_beat_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `--grpc-processes auto` (the default) on a 2-CPU machine is 0, Settings' own default.
-    monkeypatch.setattr(settings_module, "usable_cpus", lambda: 2)
+def test_flags_beat_environment_beat_defaults() -> None:
+    # `--grpc-processes auto` (the default) is 0, Settings' own default.
     env = {
         "OIPSERVE_HTTP_PORT": "9001",
         "OIPSERVE_MODEL_REPOSITORY": "/env",
