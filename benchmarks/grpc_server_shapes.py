@@ -13,6 +13,8 @@ figures are the gRPC machinery alone. They are driven in turn, in interleaved ro
 - ``forward``: grpc.aio in a process of its own, forwarding each call over a Unix socket
   (length-prefixed frames) to a second process that answers it: gRPC served from its own
   process beside the front. CPU is both processes'.
+- ``h2``: the front's own HTTP/2 (``oipserve.grpc_h2``, what the front runs since
+  2026-11-27) with a method table answering the canned reply.
 
     python benchmarks/grpc_server_shapes.py --rounds 4 --seconds 3
 
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from concurrent import futures
 from pathlib import Path
 
@@ -41,7 +44,7 @@ SERVICE = "inference.GRPCInferenceService"
 #: A ModelInferResponse the size of the tiny model's (two 64-byte outputs).
 REPLY = b"\x0a\x06simple" + (b"\x32\x40" + bytes(64)) * 2
 FRAME = struct.Struct("<II")  # payload length, call id
-SHAPES = ("aio", "aio-registered", "sync", "sync-bridge", "forward")
+SHAPES = ("aio", "aio-registered", "sync", "sync-bridge", "forward", "h2")
 
 
 def _same(data: bytes) -> bytes:
@@ -173,6 +176,28 @@ async def _serve_front(path: str) -> None:
     await asyncio.Event().wait()
 
 
+async def _serve_h2(port: int) -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    from oipserve.grpc_front.handlers import Method
+    from oipserve.grpc_h2.call import CallTable
+    from oipserve.grpc_h2.server import H2Server
+    from oipserve.settings import Settings
+
+    async def answer(request: bytes) -> bytes:
+        return REPLY
+
+    async def no_stream(request: object) -> bytes:
+        raise NotImplementedError
+
+    methods = {"ModelInfer": Method(bytes, answer, bytes)}
+    table = CallTable(
+        Settings(model_repository="."), methods, no_stream, deque(), asyncio.Event(), None
+    )
+    await H2Server(table).serve("127.0.0.1", port, reuse_port=False)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
 def serve(shape: str, port: int, path: str | None) -> None:
     import uvloop
 
@@ -182,6 +207,8 @@ def serve(shape: str, port: int, path: str | None) -> None:
         _serve_sync(port, shape == "sync-bridge")
     elif shape == "forward":
         uvloop.run(_serve_aio(port, shape, path))
+    elif shape == "h2":
+        uvloop.run(_serve_h2(port))
     elif shape == "front":
         assert path is not None
         uvloop.run(_serve_front(path))

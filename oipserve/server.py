@@ -39,6 +39,7 @@ from oipserve.replicas.primary import (
     follow_the_primary,
     forward_address,
     forward_listener,
+    grpc_forward_address,
 )
 from oipserve.repository import RepositoryError, check_repository, layout_warnings
 from oipserve.rest import create_app
@@ -276,13 +277,21 @@ async def serve(settings: Settings) -> int:
             if grpc_probe is not None:
                 grpc_probe.close()
             grpc_port: int | None = None
+            replicas_grpc: tuple[int, str] | None = None
             if settings.allow_grpc:
-                grpc_server, grpc_port = await start_grpc(settings, dataplane, management)
+                private = None
+                if sock is not None and settings.http_workers > 1 and not settings.grpc_processes:
+                    grpc_address = grpc_forward_address(pool.prefix)
+                    private = forward_listener(grpc_address)
+                    held.append(private)
+                grpc_server, grpc_port = await start_grpc(settings, dataplane, management, private)
+                if private is not None:
+                    replicas_grpc = (grpc_port, grpc_address)
             if sock is not None and settings.http_workers > 1:
                 address = forward_address(pool.prefix)
                 forward = forward_listener(address)
                 held.append(forward)
-                replicas = Replicas(settings, registry, pool, address)
+                replicas = Replicas(settings, registry, pool, address, replicas_grpc)
                 follow_the_primary(replicas, manager, pool, regions, dataplane)
                 await replicas.start(sock.getsockname()[1])
         except asyncio.CancelledError:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
 import ml_dtypes
 import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
 
 ROUND_TRIP = {
     "BOOL": np.array([[True, False, True]]),
@@ -33,3 +39,28 @@ def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs
+
+
+class SimpleRegion(NamedTuple):
+    """A client's shared-memory region for ``simple``: its two inputs at offsets 0 and 64,
+    room for its two outputs at 128 and 192."""
+
+    a: np.ndarray
+    b: np.ndarray
+    name: str
+    key: str
+    handle: object
+
+
+@contextmanager
+def simple_region() -> Iterator[SimpleRegion]:
+    """A new 256-byte POSIX region holding ``simple``'s inputs; destroyed afterwards."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-test-{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(name, key, 256)
+    try:
+        shm.set_shared_memory_region(handle, [a, b])
+        yield SimpleRegion(a, b, name, key, handle)
+    finally:
+        shm.destroy_shared_memory_region(handle)

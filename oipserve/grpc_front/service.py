@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import TYPE_CHECKING
 
 from google.protobuf import json_format
 
@@ -28,9 +29,11 @@ from oipserve.grpc_front.convert import (
 )
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import Inference
-from oipserve.management import Management
 from oipserve.stats_report import model_statistics
 from oipserve.wire.shm import Lease
+
+if TYPE_CHECKING:  # the other HTTP fronts answer ModelInfer here without the manager
+    from oipserve.management import Management
 
 
 class InferenceService:

@@ -38,6 +38,7 @@ from oipserve.grpc_front.codec import (
     written_in_thread,
 )
 from oipserve.grpc_front.handlers import Method
+from oipserve.grpc_front.server import RPCS, SERVICE, STREAM_RPC
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_front.streaming import ordered_responses
 from oipserve.grpc_h2.connection import Connection
@@ -55,9 +56,6 @@ from oipserve.grpc_relay.front_side import gathered
 from oipserve.settings import Settings
 from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease
 
-#: The fully qualified service name, as clients address it.
-SERVICE = "inference.GRPCInferenceService"
-STREAM_RPC = "ModelStreamInfer"
 #: ModelInfer messages from this size are read into an input segment.
 LEASED = 256 * 1024
 #: Other messages from this size are read into anonymous memory of their own.
@@ -110,8 +108,17 @@ class Context:
         raise Aborted(code, details)
 
 
+#: Another front that answers what this one does not: (method, request, the call's
+#: metadata, seconds left or None) -> the response message.
+Forward = Callable[[str, bytes, tuple[tuple[str, str], ...], "float | None"], Awaitable[bytes]]
+
+
 class CallTable:
-    """What every call of one server shares: the methods, the restrictions, the limits."""
+    """What every call of one server shares: the methods, the restrictions, the limits.
+
+    ``methods`` are answered here; with ``forward``, every other unary RPC of the
+    service is handed to it as bytes (``--http-workers``: the primary answers them).
+    """
 
     def __init__(
         self,
@@ -121,8 +128,17 @@ class CallTable:
         arriving: deque[float],
         closing: asyncio.Event,
         pool: BufferPool | None,
+        forward: Forward | None = None,
     ) -> None:
-        self.methods = {f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()}
+        #: path -> (RPC name, its method; None: forwarded).
+        self.methods: dict[str, tuple[str, Method | None]] = {
+            f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()
+        }
+        self.forward = forward
+        if forward is not None:
+            for name in RPCS:
+                if name != STREAM_RPC and name not in methods:
+                    self.methods[f"/{SERVICE}/{name}"] = (name, None)
         self.stream_path = f"/{SERVICE}/{STREAM_RPC}"
         self.stream_infer = stream_infer
         self.arriving = arriving
@@ -152,7 +168,8 @@ class Call:
     """One call: the connection feeds it frames' contents; it answers on the stream."""
 
     __slots__ = ("send_window", "_conn", "_stream", "_table", "_name", "_method", "_encoding",
-                 "_metadata", "_timer", "_task", "_done", "_ended", "_expired", "_prefix",
+                 "_metadata", "_timer", "_deadline_at", "_task", "_done", "_ended", "_expired",
+                 "_prefix",
                  "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled", "_lease",
                  "_waiting", "_unacked", "_messages", "_queue")  # fmt: skip
 
@@ -166,6 +183,8 @@ class Call:
         self._encoding = "identity"
         self._metadata: tuple[tuple[str, str], ...] = ()
         self._timer: asyncio.TimerHandle | None = None
+        #: The loop's time at the call's deadline (``grpc-timeout``), if it has one.
+        self._deadline_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         #: Answered (or reset): nothing more is read or written.
         self._done = False
@@ -233,7 +252,7 @@ class Call:
         if self._encoding not in ("identity", "gzip", "deflate"):
             self._fail(_UNIMPLEMENTED, f"grpc-encoding {self._encoding!r} is not supported")
             return
-        if self._method is None:
+        if self._name == STREAM_RPC:
             self._queue = asyncio.Queue()
             self._task = asyncio.ensure_future(self._run_stream())
         elif self._name == "ModelInfer":
@@ -247,7 +266,9 @@ class Call:
             self._fail(_INTERNAL, f"malformed grpc-timeout {text!r}")
             return
         seconds = int(match[1]) * _UNITS[match[2]]
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire)
+        loop = asyncio.get_running_loop()
+        self._deadline_at = loop.time() + seconds
+        self._timer = loop.call_later(seconds, self._expire)
 
     def _expire(self) -> None:
         self._timer = None
@@ -408,19 +429,21 @@ class Call:
 
     async def _run_unary(self) -> None:
         method = self._method
-        assert method is not None
         compressed, message, lease, mapped = self._messages.pop()
         payload: Any = None
         try:
             payload = await self._inflate(message) if compressed else message
-            request = method.deserialize(payload)
-            if lease is not None:
-                request.lease, lease = lease, None  # the service owns it now
-            response = await method.call(request)
-            if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
-                data: bytes | memoryview = await written_in_thread(response, gathered)
+            if method is None:  # answered by another front
+                data: bytes | memoryview = await self._forwarded(bytes(payload))
             else:
-                data = method.serialize(response)
+                request = method.deserialize(payload)
+                if lease is not None:
+                    request.lease, lease = lease, None  # the service owns it now
+                response = await method.call(request)
+                if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
+                    data = await written_in_thread(response, gathered)
+                else:
+                    data = method.serialize(response)
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -442,6 +465,14 @@ class Call:
         finally:
             unmap_off_loop(data)  # type: ignore[arg-type]
         self._finish(TRAILERS_OK)
+
+    def _forwarded(self, request: bytes) -> Awaitable[bytes]:
+        forward = self._table.forward
+        assert forward is not None
+        left = None
+        if self._deadline_at is not None:
+            left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
+        return forward(self._name, request, self._metadata, left)
 
     async def _run_stream(self) -> None:
         started = False

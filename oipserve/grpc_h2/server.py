@@ -9,6 +9,7 @@ for the calls still running, and closes what is left.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from oipserve.grpc_h2.call import Call, CallTable
 from oipserve.grpc_h2.connection import Connection
@@ -22,7 +23,7 @@ class H2Server:
     def __init__(self, table: CallTable) -> None:
         self._table = table
         self._connections: set[Connection] = set()
-        self._listener: asyncio.Server | None = None
+        self._listeners: list[asyncio.Server] = []
 
     def _connection(self) -> Connection:
         connection = Connection(self._call, self._connections.discard)
@@ -36,19 +37,25 @@ class H2Server:
         """Listen on ``host:port`` (0 picks one); return the port."""
         loop = asyncio.get_running_loop()
         try:
-            self._listener = await loop.create_server(
+            listener = await loop.create_server(
                 self._connection, host, port, reuse_port=reuse_port or None, backlog=1024
             )
         except OSError as exc:
             shown = f"[{host}]" if ":" in host else host
             raise RuntimeError(f"cannot listen for gRPC on {shown}:{port}: {exc}") from None
-        sockets = self._listener.sockets
+        self._listeners.append(listener)
+        sockets = listener.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def serve_unix(self, sock: socket.socket) -> None:
+        """Also serve a listening Unix socket (the primary's, for the other fronts)."""
+        loop = asyncio.get_running_loop()
+        self._listeners.append(await loop.create_unix_server(self._connection, sock=sock))
 
     async def stop(self, grace: float | None) -> None:
         loop = asyncio.get_running_loop()
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         for connection in list(self._connections):
             connection.go_away()
         deadline = loop.time() + (grace or 0.0)
@@ -58,5 +65,5 @@ class H2Server:
             for call in list(connection.streams.values()):
                 call.reset()
             connection.close()
-        if self._listener is not None:
-            await self._listener.wait_closed()
+        for listener in self._listeners:
+            await listener.wait_closed()

@@ -62,13 +62,16 @@ class Snapshot(msgspec.Struct, frozen=True, tag=True, array_like=True):
 
 class Start(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """Serve the HTTP port (``reuse_port`` is always set: the primary holds it too), hand
-    what is not answered locally to ``forward_to``; segments under ``segment_prefix``."""
+    what is not answered locally to ``forward_to``; segments under ``segment_prefix``.
+    The same for gRPC on ``grpc_port`` (0: none) and ``grpc_forward_to``."""
 
     seq: int
     #: This front's number, 1 to N-1 (the primary is 0): which workers are its own.
     index: int
     port: int
     forward_to: str
+    grpc_port: int
+    grpc_forward_to: str
     segment_prefix: str
     #: The prefix every segment of this server has (own objects clients cannot register).
     server_prefix: str

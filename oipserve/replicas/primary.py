@@ -150,12 +150,16 @@ class Replicas:
         registry: ModelRegistry,
         pool: WorkerPool,
         forward_to: str,
+        grpc: tuple[int, str] | None = None,
     ) -> None:
+        """``grpc``: the gRPC port the other fronts serve too, and the address of the
+        primary's private gRPC socket; None: they serve no gRPC."""
         self._settings = settings
         self._encoded_settings = msgspec.json.encode(settings)
         self._registry = registry
         self._pool = pool
         self._forward_to = forward_to
+        self._grpc = grpc or (0, "")
         self._count = settings.http_workers - 1
         self._port = 0
         self._seq = itertools.count(1)
@@ -207,6 +211,7 @@ class Replicas:
             index,
             self._port,
             self._forward_to,
+            *self._grpc,
             segment_prefix,
             self._pool.prefix,
             self._encoded_settings,
@@ -385,6 +390,11 @@ def forward_address(prefix: str) -> str:
     """Where the primary takes what the other fronts forward: an abstract Unix socket
     (nothing to remove from the file system, gone with the process)."""
     return f"\0{prefix}http"
+
+
+def grpc_forward_address(prefix: str) -> str:
+    """Where the primary takes the gRPC calls the other fronts forward."""
+    return f"\0{prefix}grpc"
 
 
 def forward_listener(address: str) -> socket.socket:

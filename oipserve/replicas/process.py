@@ -36,6 +36,10 @@ from oipserve.client_regions import ClientRegions
 from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
 from oipserve.errors import ServerError
+from oipserve.grpc_front.server import GrpcServer
+from oipserve.grpc_front.service import InferenceService
+from oipserve.grpc_h2.server import H2Server
+from oipserve.grpc_h2.tables import in_front_table
 from oipserve.http_server import http_server, tcp_listener
 from oipserve.memory_trim import return_large_blocks_to_os
 from oipserve.models import ModelRegistry, ModelVersion
@@ -56,6 +60,7 @@ from oipserve.replicas.control import (
     to_replica_decoder,
 )
 from oipserve.replicas.forward import Forwarder
+from oipserve.replicas.grpc_forward import GrpcForwarder
 from oipserve.rest import create_app
 from oipserve.settings import Settings, configure_logging
 from oipserve.wire.shm import sweep
@@ -144,6 +149,7 @@ class Replica:
             settings.server_name,
         )
         self.forwarder = Forwarder(start.forward_to)
+        self.grpc_forwarder: GrpcForwarder | None = None
         self.router = Router(
             create_app(settings, self.dataplane), self.forwarder, settings.max_request_bytes
         )
@@ -255,6 +261,15 @@ class Replica:
             await self.dataplane.regions.unregister(message.name)
         return Done(message.seq)  # type: ignore[attr-defined]
 
+    async def serve_grpc(self, port: int, forward_to: str) -> GrpcServer:
+        """Serve gRPC on ``port`` too (the primary shares it): inference and liveness here,
+        the rest forwarded to the primary at ``forward_to``."""
+        self.grpc_forwarder = GrpcForwarder(forward_to)
+        service = InferenceService(self.dataplane)
+        own = H2Server(in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder))
+        await own.serve(self.settings.host, port, reuse_port=True)
+        return GrpcServer(own, service)
+
     def close(self) -> None:
         """After serving: the links, the segments and the regions of this front."""
         self.forwarder.close()
@@ -334,6 +349,15 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[object]
     if serving.done():
         replica.control.send(Refused(start.seq, "the HTTP server did not start"))
         return 3
+    grpc: GrpcServer | None = None
+    if start.grpc_port:
+        try:
+            grpc = await replica.serve_grpc(start.grpc_port, start.grpc_forward_to)
+        except RuntimeError as exc:
+            replica.control.send(Refused(start.seq, str(exc)))
+            server.should_exit = True
+            await serving
+            return 3
     replica.control.send(Listening(start.seq, os.getpid()))
     loop.add_signal_handler(signal.SIGTERM, lambda: messages.put_nowait(Drain(0, OWN_TIMEOUT)))
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the primary decides
@@ -346,7 +370,16 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[object]
     elif drain.timeout != OWN_TIMEOUT:  # the primary's drain: its timeout
         server.config.timeout_graceful_shutdown = int(drain.timeout) or None
     server.should_exit = True
-    await serving
+    if grpc is None:
+        await serving
+        return code
+    if drain is None:
+        grace = 0.0
+    else:
+        grace = settings.shutdown_timeout if drain.timeout == OWN_TIMEOUT else drain.timeout
+    await asyncio.gather(serving, grpc.stop(grace))
+    if replica.grpc_forwarder is not None:
+        await replica.grpc_forwarder.close()
     return code
 
 

@@ -16,7 +16,6 @@ import queue
 import signal
 import threading
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,7 +37,7 @@ from tests.server import (
     wait_for,
     worst_probe_during_large_grpc_calls,
 )
-from tests.tensors import simple_inputs
+from tests.tensors import simple_inputs, simple_region
 
 PROCESSES = 2
 GRPC_PROCESS = "oipserve.grpc_process"
@@ -273,12 +272,8 @@ def test_statistics_count_calls_through_the_processes(server: ServerProcess) -> 
 
 def test_system_shared_memory_through_the_processes(server: ServerProcess) -> None:
     """Regions registered through one call are used and listed by later ones."""
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.full((1, 16), 3, dtype=np.int32)
-    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-test-{uuid.uuid4().hex[:12]}"
-    region = shm.create_shared_memory_region(name, key, 256)
-    try:
-        shm.set_shared_memory_region(region, [a, b])
+    with simple_region() as region:
+        a, b, name, key = region.a, region.b, region.name, region.key
         with grpcclient.InferenceServerClient(server.grpc_url) as own:
             own.register_system_shared_memory(name, key, 256)
             try:
@@ -288,14 +283,12 @@ def test_system_shared_memory_through_the_processes(server: ServerProcess) -> No
                     tensor.set_shared_memory(name, 64, offset=64 * index)
                 result = own.infer("simple", ins, outputs=outs)
                 assert list(result.get_response().raw_output_contents) == [b"", b""]
-                got = shm.get_contents_as_numpy(region, np.int32, [2, 16], offset=128)
+                got = shm.get_contents_as_numpy(region.handle, np.int32, [2, 16], offset=128)
                 np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
                 assert list(own.get_system_shared_memory_status().regions) == [name]
             finally:
                 own.unregister_system_shared_memory(name)
             assert not own.get_system_shared_memory_status().regions
-    finally:
-        shm.destroy_shared_memory_region(region)
 
 
 def test_a_client_deadline_reaches_the_front(server: ServerProcess) -> None:

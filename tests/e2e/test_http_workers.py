@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -30,11 +29,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_grpc_processes import alive, pending, steadily, tcp_links
 from tests.e2e.test_lifecycle import run_serve
 from tests.server import ServerProcess, shm_entries, wait_for
-from tests.tensors import simple_inputs
+from tests.tensors import SimpleRegion, simple_inputs, simple_region
 
 FRONTS = 2
 #: Enough connections that each front gets some (all on one: 2**-15 with two fronts).
@@ -238,10 +238,12 @@ def test_every_other_route_answers_alike_on_every_connection(server: ServerProce
 
 
 def test_shared_memory_regions_reach_every_front(server: ServerProcess) -> None:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.full((1, 16), 3, dtype=np.int32)
-    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-test-{uuid.uuid4().hex[:12]}"
-    region = shm.create_shared_memory_region(name, key, 256)
+    with simple_region() as region:
+        _regions_reach_every_front(server, region)
+
+
+def _regions_reach_every_front(server: ServerProcess, region: SimpleRegion) -> None:
+    a, b, name, key = region.a, region.b, region.name, region.key
     body = {
         "inputs": [
             {
@@ -268,28 +270,24 @@ def test_shared_memory_regions_reach_every_front(server: ServerProcess) -> None:
             for i, n in enumerate(("OUTPUT0", "OUTPUT1"))
         ],
     }
-    try:
-        shm.set_shared_memory_region(region, [a, b])
-        with fronts(server) as held:
-            register = {"key": key, "offset": 0, "byte_size": 256}
-            status, _ = post(
-                held.connections[0], f"/v2/systemsharedmemory/region/{name}/register", register
-            )
-            assert status == 200
-            for connection in held.connections:
-                status, answer = post(connection, "/v2/models/simple/infer", body)
-                assert status == 200, answer
-                got = shm.get_contents_as_numpy(region, np.int32, [2, 16], offset=128)
-                np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
-            status, _ = post(
-                held.connections[-1], f"/v2/systemsharedmemory/region/{name}/unregister", {}
-            )
-            assert status == 200
-            for connection in held.connections:
-                status, answer = post(connection, "/v2/models/simple/infer", body)
-                assert status == 400 and name in answer["error"], answer
-    finally:
-        shm.destroy_shared_memory_region(region)
+    with fronts(server) as held:
+        register = {"key": key, "offset": 0, "byte_size": 256}
+        status, _ = post(
+            held.connections[0], f"/v2/systemsharedmemory/region/{name}/register", register
+        )
+        assert status == 200
+        for connection in held.connections:
+            status, answer = post(connection, "/v2/models/simple/infer", body)
+            assert status == 200, answer
+            got = shm.get_contents_as_numpy(region.handle, np.int32, [2, 16], offset=128)
+            np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
+        status, _ = post(
+            held.connections[-1], f"/v2/systemsharedmemory/region/{name}/unregister", {}
+        )
+        assert status == 200
+        for connection in held.connections:
+            status, answer = post(connection, "/v2/models/simple/infer", body)
+            assert status == 400 and name in answer["error"], answer
 
 
 def test_a_replica_stopped_with_sigterm_is_replaced_quietly(server: ServerProcess) -> None:
@@ -644,3 +642,171 @@ def test_sigterm_answers_every_fronts_requests_in_flight() -> None:
         proc.kill()
     assert [pid for pid in children if alive(pid)] == [], proc.log
     assert shm_entries(front) == []
+
+
+# ---- gRPC on every front --------------------------------------------------------------
+
+
+class GrpcFronts:
+    """``CONNECTIONS`` gRPC clients, each on a connection of its own, and the pid of the
+    front holding each (found by opening them one at a time and looking in /proc)."""
+
+    def __init__(self, proc: ServerProcess) -> None:
+        port = int(proc.grpc_url.rsplit(":", 1)[1])
+        pids = [proc.process.pid, *proc.http_front_pids()]
+
+        def links() -> set[tuple[int, int]]:
+            return {(pid, far) for pid in pids for near, far in tcp_links(pid) if near == port}
+
+        self.clients: list[grpcclient.InferenceServerClient] = []
+        self.holder: list[int] = []
+        seen = links()
+        for _ in range(CONNECTIONS):
+            # NOTE: a local subchannel pool, or grpc shares one connection among clients.
+            client = grpcclient.InferenceServerClient(
+                proc.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            self.clients.append(client)
+            assert client.is_server_live()
+            now = links()
+            (new,) = now - seen
+            seen = now
+            self.holder.append(new[0])
+
+    def on(self, pid: int) -> list[grpcclient.InferenceServerClient]:
+        return [c for c, holder in zip(self.clients, self.holder, strict=True) if holder == pid]
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+@contextmanager
+def grpc_fronts(proc: ServerProcess) -> Iterator[GrpcFronts]:
+    held = GrpcFronts(proc)
+    try:
+        yield held
+    finally:
+        held.close()
+
+
+def grpc_infer_simple(
+    client: grpcclient.InferenceServerClient, seed: int, **kwargs: object
+) -> None:
+    a = (np.arange(16, dtype=np.int32) * seed % 1000).reshape(1, 16)
+    b = np.full((1, 16), seed % 100, dtype=np.int32)
+    result = client.infer("simple", simple_inputs(a, b), **kwargs)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_grpc_connections_are_spread_and_every_rpc_answers_alike(server: ServerProcess) -> None:
+    with grpc_fronts(server) as held:
+        assert set(held.holder) == {server.process.pid, *server.http_front_pids()}, held.holder
+        config = held.clients[0].get_model_config("simple", as_json=True)
+        index = held.clients[0].get_model_repository_index(as_json=True)
+        for seed, client in enumerate(held.clients):
+            grpc_infer_simple(client, seed)
+            assert client.is_server_ready() and client.is_model_ready("simple")
+            assert client.get_model_metadata("simple").name == "simple"
+            assert client.get_model_config("simple", as_json=True) == config
+            assert client.get_model_repository_index(as_json=True) == index
+            with pytest.raises(InferenceServerException) as info:
+                client.get_model_metadata("no_such_model")
+            assert info.value.status() == "StatusCode.NOT_FOUND", info.value
+
+
+def test_grpc_streams_run_on_every_front(server: ServerProcess) -> None:
+    with grpc_fronts(server) as held:
+        for seed, client in enumerate(held.clients):
+            answers: list[object] = []
+
+            def collect(result: object, error: object, answers: list[object] = answers) -> None:
+                answers.append(error or result)
+
+            client.start_stream(callback=collect)
+            a = np.full((1, 16), seed, dtype=np.int32)
+            for _ in range(3):
+                client.async_stream_infer("simple", simple_inputs(a, a))
+            client.stop_stream()
+            assert len(answers) == 3, answers
+            for result in answers:
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)  # type: ignore[attr-defined]
+
+
+def test_a_replica_answers_grpc_inference_while_the_primary_is_stopped(
+    server: ServerProcess,
+) -> None:
+    primary = server.process.pid
+    with grpc_fronts(server) as held:
+        (replica,) = server.http_front_pids()
+        theirs = held.on(replica)
+        assert theirs and held.on(primary), held.holder
+        os.kill(primary, signal.SIGSTOP)
+        try:
+            for seed, client in enumerate(theirs):
+                grpc_infer_simple(client, seed, client_timeout=10)
+                assert client.is_server_live()
+        finally:
+            os.kill(primary, signal.SIGCONT)
+        for seed, client in enumerate(held.on(primary)):
+            grpc_infer_simple(client, seed)
+
+
+def test_grpc_statistics_count_the_calls_of_every_front(server: ServerProcess) -> None:
+    with grpc_fronts(server) as held:
+        before = stats_of(server, "simple")["inference_count"]
+        for round_ in range(3):
+            for seed, client in enumerate(held.clients):
+                grpc_infer_simple(client, round_ * 50 + seed)
+        for client in held.clients:
+            (entry,) = client.get_inference_statistics("simple", as_json=True)["model_stats"]
+            assert int(entry["inference_count"]) - before == 3 * CONNECTIONS
+
+
+def test_grpc_shared_memory_regions_reach_every_front(server: ServerProcess) -> None:
+    with simple_region() as region, grpc_fronts(server) as held:
+        a, b, name = region.a, region.b, region.name
+        (replica,) = server.http_front_pids()
+        held.on(replica)[0].register_system_shared_memory(name, region.key, 256)
+        for client in held.clients:
+            inputs = simple_inputs(a, b)
+            for i, tensor in enumerate(inputs):
+                tensor.set_shared_memory(name, 64, offset=64 * i)
+            outputs = [grpcclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+            for i, output in enumerate(outputs):
+                output.set_shared_memory(name, 64, offset=128 + 64 * i)
+            client.infer("simple", inputs, outputs=outputs)
+            got = shm.get_contents_as_numpy(region.handle, np.int32, [2, 16], offset=128)
+            np.testing.assert_array_equal(got, np.concatenate([a + b, a - b]))
+            zeros = np.zeros((2, 16), np.int32)
+            shm.set_shared_memory_region(region.handle, [zeros], offset=128)
+        status = held.clients[-1].get_system_shared_memory_status(as_json=True)
+        assert name in status["regions"], status
+        held.clients[-1].unregister_system_shared_memory(name)
+
+
+def test_restricted_grpc_holds_on_every_front() -> None:
+    proc = ServerProcess(
+        args=[
+            "--http-workers",
+            str(FRONTS),
+            "--grpc-restricted-protocol",
+            "inference,metadata:x-key=s3cret",
+        ]
+    ).wait_ready()
+    try:
+        with grpc_fronts(proc) as held:
+            assert len(set(held.holder)) == FRONTS, held.holder
+            key = {"triton-grpc-protocol-x-key": "s3cret"}
+            for seed, client in enumerate(held.clients):
+                with pytest.raises(InferenceServerException) as info:
+                    grpc_infer_simple(client, seed)  # answered here
+                assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+                with pytest.raises(InferenceServerException) as info:
+                    client.get_model_metadata("simple")  # forwarded to the primary
+                assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+                grpc_infer_simple(client, seed, headers=key)
+                assert client.get_model_metadata("simple", headers=key).name == "simple"
+    finally:
+        assert proc.stop() == 0, proc.log
