@@ -456,6 +456,8 @@ class Call:
                 unmap_off_loop(payload)
         try:
             await self._send(data, first=True)
+            if type(data) is memoryview:  # gathered into memory of its own: unmapped next
+                await self._conn.drained()
         except (asyncio.CancelledError, ConnectionError):
             self._cancelled()
             return

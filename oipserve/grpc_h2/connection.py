@@ -71,6 +71,8 @@ MAX_FRAME = 256 * 1024
 _CONNECTION_ACK = CONNECTION_WINDOW // 4
 #: Bytes of DATA frames written before a large send lets the loop run others.
 _SEND_SLICE = 1024 * 1024
+#: How often ``drained`` looks at the transport's buffer.
+_DRAIN_POLL = 0.002
 
 _SETTINGS = settings_frame(
     {
@@ -411,6 +413,15 @@ class Connection(asyncio.Protocol):
                 self._flush()
                 await asyncio.sleep(0)
         self._flush_soon()
+
+    async def drained(self) -> None:
+        """Return once the transport has handed everything written to the kernel, so that
+        memory it still viewed is freed here and now, not by the transport's last release
+        of it (a 100 MB unmap then happens wherever that is, the loop's thread included)."""
+        while self.transport is not None and not self.lost:
+            if not self.transport.get_write_buffer_size():
+                return
+            await asyncio.sleep(_DRAIN_POLL)
 
     def reset_stream(self, stream: int, code: ErrorCode) -> None:
         """End a stream from this side (the call, if any, is not told)."""
