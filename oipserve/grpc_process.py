@@ -1,12 +1,13 @@
-"""A gRPC process (``--grpc-processes N``): grpc.aio on the gRPC port, every call forwarded.
+"""A gRPC process (``--grpc-processes N``): the gRPC port, every call forwarded to the front.
 
 The front starts it (``oipserve.grpc_relay.processes``) with one end of a socket
 pair. The first frame brings the settings and the port; the process binds it
 (with ``SO_REUSEPORT`` when several processes share it), says ``Listening`` and
 from then on forwards each call's raw request bytes to the front and sends back
-the bytes or the error the front answers. What a client sees is what the front
-would have answered in-process: the restriction check, message limits,
-compression and deadlines are grpc.aio's here, the rest is the front's.
+the bytes or the error the front answers. It speaks HTTP/2 with the front's own
+implementation (``oipserve.grpc_h2``), so what a client sees is what the front would
+have answered in-process: the restriction check, message limits, compression and
+deadlines are checked here, the rest is the front's.
 
 It stops when the front says ``Stop`` or on SIGTERM, letting running calls finish
 (``GrpcServer.stop``), and at once when its socket to the front closes (the front
@@ -24,17 +25,16 @@ import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-import grpc
-import grpc.aio
 import msgspec
 import uvloop
 
 from oipserve.collector import settle_garbage_collector
 from oipserve.errors import Unavailable, from_kind
-from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived, serve_grpc, unary
-from oipserve.grpc_front.streaming import ordered_responses
+from oipserve.grpc_front.server import RPCS, STREAM_RPC, GrpcServer, Method, arrived
+from oipserve.grpc_h2.call import CallTable
+from oipserve.grpc_h2.server import H2Server
 from oipserve.grpc_relay.frames import (
     MAPPED,
     Call,
@@ -60,16 +60,16 @@ _START_WAIT = 60.0
 class FrontLink(FrameProtocol):
     """This process's end of the socket: calls out, replies back to their callers.
 
-    Every payload becomes ``bytes`` (what grpc.aio sends) as it arrives, so large ones
-    below ``MAPPED`` are read into one buffer kept from frame to frame: no fresh pages to
-    fault in, no zeroing.
+    Payloads below ``MAPPED`` are read into one buffer kept from frame to frame (no fresh
+    pages to fault in, no zeroing) and copied out; larger ones into memory of their own,
+    which the reply is sent from.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._spare = bytearray()
         loop = asyncio.get_running_loop()
-        self._waiting: dict[int, asyncio.Future[tuple[Reply, bytes]]] = {}
+        self._waiting: dict[int, asyncio.Future[tuple[Reply, Payload]]] = {}
         self._ids = itertools.count()
         self.started: asyncio.Future[tuple[Start, bytes]] = loop.create_future()
         #: Set by ``Stop``, with the time running calls get to finish.
@@ -88,19 +88,21 @@ class FrontLink(FrameProtocol):
         if type(header) is Reply:
             waiting = self._waiting.pop(header.id, None)
             if waiting is not None and not waiting.done():
-                waiting.set_result((header, bytes(payload)))
+                # NOTE: a payload below MAPPED is a view of the buffer reused for the next
+                #   frame: copied. A larger one has memory of its own and is sent as it is.
+                waiting.set_result((header, payload if len(payload) >= MAPPED else bytes(payload)))
         elif type(header) is Start and not self.started.done():
             self.started.set_result((header, bytes(payload)))
         elif type(header) is Stop:
             self.stop_timeout = header.timeout
             self.stop_requested.set()
 
-    async def call(self, method: str, request: bytes) -> bytes:
+    async def call(self, method: str, request: Payload) -> Payload:
         """Forward one call; its response bytes, or its error raised as the front raised it."""
         if self.closed.is_set():
             raise Unavailable("the server is shutting down")
         call_id = next(self._ids)
-        answer: asyncio.Future[tuple[Reply, bytes]] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[tuple[Reply, Payload]] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = answer
         self.send(Call(call_id, method), request)
         try:
@@ -125,7 +127,7 @@ class FrontLink(FrameProtocol):
 
 
 class Forwarding:
-    """The grpc.aio handler table of this process, and what its drain counts."""
+    """This process's call table, every RPC forwarded as bytes, and what its drain counts."""
 
     def __init__(self, link: FrontLink) -> None:
         self.link = link
@@ -133,43 +135,44 @@ class Forwarding:
         self.arriving: deque[float] = deque()
         self.closing = asyncio.Event()
 
-    async def infer(self, request: bytes) -> bytes:
+    async def infer(self, request: Payload) -> Payload:
         self.active += 1
         try:
             return await self.link.call("ModelInfer", request)
         finally:
             self.active -= 1
 
-    async def stream(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        async for response in ordered_responses(
-            requests, self.infer, self.closing, context, log_failures=False
-        ):
-            yield response
-
-    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        """Every RPC forwarded as bytes (the front logs failures; they are not logged twice)."""
-        handlers: dict[str, grpc.RpcMethodHandler] = {}
+    def table(self, settings: Settings) -> CallTable:
+        """Every RPC forwarded as it came (the front logs failures; they are not logged
+        twice); the front parses the messages, so a stream's requests stay bytes here."""
+        methods: dict[str, Method] = {}
         for name in RPCS:
             if name == STREAM_RPC:
-                handlers[name] = grpc.stream_stream_rpc_method_handler(self.stream)
-            elif name == "ModelInfer":
-                handlers[name] = grpc.unary_unary_rpc_method_handler(
-                    unary(name, self.infer, log_failures=False),
-                    request_deserializer=arrived(self.arriving, bytes),
-                )
+                continue
+            if name == "ModelInfer":
+                methods[name] = Method(arrived(self.arriving, _same), self.infer, _same)
             else:
-                handlers[name] = grpc.unary_unary_rpc_method_handler(
-                    unary(name, self._forward(name), log_failures=False)
-                )
-        return handlers
+                methods[name] = Method(_same, self._forward(name), _same)
+        return CallTable(
+            settings,
+            methods,
+            self.infer,
+            self.arriving,
+            self.closing,
+            pool=None,
+            parse_stream=_same,
+            log_failures=False,
+        )
 
-    def _forward(self, method: str) -> Callable[[bytes], Awaitable[bytes]]:
-        async def forward(request: bytes) -> bytes:
+    def _forward(self, method: str) -> Callable[[Payload], Awaitable[Payload]]:
+        async def forward(request: Payload) -> Payload:
             return await self.link.call(method, request)
 
         return forward
+
+
+def _same(payload: Payload) -> Payload:
+    return payload
 
 
 async def serve(link_fd: int) -> int:
@@ -199,10 +202,10 @@ async def _serve(
 ) -> int:
     loop = asyncio.get_running_loop()
     forwarding = Forwarding(link)
+    own = H2Server(forwarding.table(settings))
+    server = GrpcServer(own, forwarding)
     try:
-        server, port = await serve_grpc(
-            settings, forwarding, forwarding.handlers(), start.port, start.reuse_port
-        )
+        port = await own.serve(settings.host, start.port, start.reuse_port)
     except RuntimeError as exc:
         link.send(Failed(str(exc)))
         transport.close()
@@ -222,7 +225,7 @@ async def _serve(
         wait.cancel()
     if link.closed.is_set():
         log.error("the front process is gone; stopping")
-        await server.server.stop(0)
+        await own.stop(0)
         return 1
     timeout = link.stop_timeout
     await server.stop(settings.shutdown_timeout if timeout is None else timeout)

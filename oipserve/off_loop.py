@@ -1,10 +1,12 @@
 """Work kept off the event loop: in a thread, holding what it uses until it is done
 (``in_thread``; ``releasing_on_failure`` when the work's size decides), with copies that
-let go of the GIL meanwhile (``copy_into``)."""
+let go of the GIL meanwhile (``copy_into``), and large anonymous memory unmapped in a
+thread once nothing sends from it (``until_sent``, ``unmap_off_loop``)."""
 
 from __future__ import annotations
 
 import asyncio
+import mmap
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -71,3 +73,41 @@ def copy_into(target: memoryview, offset: int, nbytes: int, data: object) -> Non
     else:
         into = np.frombuffer(target, np.uint8, nbytes, offset)
         np.copyto(into, np.frombuffer(data, np.uint8))  # type: ignore[call-overload]
+
+
+def unmap_off_loop(payload: object) -> None:
+    """Return a large payload's memory to the system in a thread, once it is done with.
+
+    Unmapping 100 MB of touched pages takes tens of milliseconds; done by the last
+    reference's ``del`` it would hold the loop that long. Where something still holds a
+    view of it, it is left to be freed with that view.
+    """
+    memory = payload.obj if type(payload) is memoryview else None
+    if not isinstance(memory, mmap.mmap):
+        return
+    payload.release()  # type: ignore[union-attr]
+
+    def close() -> None:
+        try:
+            memory.close()
+        except BufferError:
+            pass  # still viewed: freed with the last view
+
+    asyncio.get_running_loop().run_in_executor(None, close)
+
+
+#: How often ``until_sent`` looks at a transport's buffer.
+_SENT_POLL = 0.002
+
+
+async def until_sent(transport: asyncio.WriteTransport | None) -> None:
+    """Return once ``transport`` has handed everything written to the kernel.
+
+    A transport keeps views of what it could not send yet; memory it views is freed
+    by its last release of it, wherever that happens (a 100 MB unmap on the loop's
+    thread). Awaiting this before ``unmap_off_loop`` keeps the unmap in a thread.
+    """
+    while transport is not None and not transport.is_closing():
+        if not transport.get_write_buffer_size():
+            return
+        await asyncio.sleep(_SENT_POLL)

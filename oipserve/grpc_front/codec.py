@@ -12,6 +12,7 @@ output is copied once, from the worker's segment into the wire bytes.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
@@ -21,7 +22,7 @@ from google.protobuf.message import DecodeError
 from oipserve.grpc_front.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InferResult, region_parameters_of
-from oipserve.off_loop import in_thread
+from oipserve.off_loop import copy_into, in_thread
 from oipserve.wire.shm import Lease
 
 _RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
@@ -205,6 +206,22 @@ async def written_in_thread(reply: InferReply, write: Callable[[InferReply], Wri
     it runs there (~36 ms for 128 MB).
     """
     return await in_thread(partial(write, reply), reply.result.release, after_success=True)
+
+
+def gathered(reply: InferReply) -> memoryview:
+    """A large reply's wire bytes in memory of their own, copied without the GIL.
+
+    The copies (numpy's, which let go of the GIL) leave the loop free to run while they
+    go on in a thread; the memory (anonymous mmap) goes back to the system once the
+    socket has taken it. The caller releases the reply's segment.
+    """
+    parts = [memoryview(part).cast("B") for part in reply.parts()]
+    memory = memoryview(mmap.mmap(-1, sum(part.nbytes for part in parts)))
+    offset = 0
+    for part in parts:
+        copy_into(memory, offset, part.nbytes, part)
+        offset += part.nbytes
+    return memory
 
 
 def serialize_infer(reply: InferReply | pb.ModelInferResponse | bytes) -> bytes:

@@ -14,7 +14,7 @@ protobuf's, and RPCs of extensions this server lacks raise ``Unsupported``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from oipserve.errors import Unsupported
 from oipserve.grpc_front.codec import (
@@ -25,7 +25,7 @@ from oipserve.grpc_front.codec import (
     split_infer_request,
     written_in_thread,
 )
-from oipserve.grpc_front.server import RPCS, STREAM_RPC, arrived
+from oipserve.grpc_front.server import RPCS, STREAM_RPC, Method, arrived
 from oipserve.grpc_front.service import InferenceService
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 
@@ -34,14 +34,6 @@ _UNIMPLEMENTED = {
     "TraceSetting": "the trace extension is not supported by this server",
     "LogSettings": "the logging extension is not supported by this server",
 }
-
-
-class Method(NamedTuple):
-    """One unary RPC: parse the request bytes, answer, write the response bytes."""
-
-    deserialize: Callable[[bytes], Any]
-    call: Callable[[Any], Awaitable[Any]]
-    serialize: Callable[[Any], bytes]
 
 
 def unary_methods(service: InferenceService) -> dict[str, Method]:

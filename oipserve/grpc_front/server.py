@@ -1,11 +1,9 @@
-"""A running grpc.aio server: binding, the method lookup, call wrappers, a draining stop.
+"""The service's RPCs, and a running gRPC server's draining stop.
 
-Nothing here knows what answers the calls: ``in_front.start_grpc`` serves the
-front's own handler table (``handlers``), ``oipserve.grpc_process`` a table that
-forwards every call to the front. grpc.aio's own ``stop(grace)`` cancels calls
-whose message has not fully arrived; ``GrpcServer.stop`` drains first (with
-``_Lookup`` counting calls from their headers on), then stops. See docs/grpc.md,
-"Shutdown".
+``GrpcServer.stop`` drains the calls first (the transport counts a ModelInfer call as
+arriving from its headers on, and ``arrived`` takes it off once its message is
+parsed), then stops the server (``grpc_h2.server.H2Server``), which refuses new calls
+and closes connections as their last call ends. See docs/grpc.md, "Shutdown".
 """
 
 from __future__ import annotations
@@ -14,15 +12,9 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-import grpc
-import grpc.aio
-
-from oipserve.grpc_front.restricted import Restricted
-from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.settings import Settings
 
 #: The fully qualified service name, as clients address it.
 SERVICE = "inference.GRPCInferenceService"
@@ -34,12 +26,19 @@ RPCS: dict[str, tuple[Any, Any]] = {
 #: The one streaming RPC.
 STREAM_RPC = "ModelStreamInfer"
 
-_MODEL_INFER = f"/{SERVICE}/ModelInfer"
 #: How long a drain waits for a request message still uploading at shutdown.
 _UPLOAD_GRACE = 2.0
 _POLL_SECONDS = 0.02
 #: A drain ends after this many polls in a row without a running inference.
 _QUIET_POLLS = 5
+
+
+class Method(NamedTuple):
+    """One unary RPC: parse the request bytes, answer, write the response bytes."""
+
+    deserialize: Callable[[bytes], Any]
+    call: Callable[[Any], Awaitable[Any]]
+    serialize: Callable[[Any], bytes]
 
 
 class Calls(Protocol):
@@ -54,71 +53,6 @@ class Calls(Protocol):
     closing: asyncio.Event
 
 
-async def serve_grpc(
-    settings: Settings,
-    calls: Calls,
-    handlers: dict[str, grpc.RpcMethodHandler],
-    port: int,
-    reuse_port: bool = False,
-) -> tuple[GrpcServer, int]:
-    """Bind ``host:port`` (0 picks a free port), start serving, return (server, port).
-
-    ``reuse_port``: several processes serve the port (``--grpc-processes`` above 1);
-    otherwise a port already taken is an error.
-    """
-    limit = settings.grpc_max_message_bytes
-    # NOTE: grpc's core checks the receive limit while it inflates a compressed
-    #   message (it stops at the limit: "Decompressed message larger than max"),
-    #   so this bounds what a small gzip message can cost, like an HTTP body.
-    receive_limit = min(limit, settings.max_request_bytes)
-    server = grpc.aio.server(
-        interceptors=_restricted(settings),
-        options=[
-            ("grpc.max_receive_message_length", receive_limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", int(reuse_port)),
-        ],
-    )
-    server.add_generic_rpc_handlers((_Lookup(calls.arriving, handlers),))
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    address = f"{host}:{port}"
-    try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise RuntimeError(f"cannot listen for gRPC on {address}: {exc}") from None
-    if bound == 0:
-        raise RuntimeError(f"cannot listen for gRPC on {address}")
-    await server.start()
-    return GrpcServer(server, calls), bound
-
-
-def _restricted(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
-    """The restriction check, first (a refused call is never counted as arriving);
-    none at all when nothing is restricted, so unrestricted servers pay nothing."""
-    if not settings.grpc_restricted_protocol:
-        return []
-    return [Restricted(SERVICE, settings.grpc_restricted_protocol)]
-
-
-def unary(
-    method: str, handler: Callable[[Any], Awaitable[Any]], log_failures: bool = True
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """Wrap a handler so every failure leaves as a status from ``status_of``."""
-
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            code, message = status_of(exc)
-            if log_failures:
-                log_failure(method, code, message, exc)
-            await context.abort(code, message)
-
-    return call
-
-
 def arrived(arriving: deque[float], parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     """``parse`` that also marks a ModelInfer call as no longer arriving (now or never running)."""
 
@@ -131,7 +65,7 @@ def arrived(arriving: deque[float], parse: Callable[[bytes], Any]) -> Callable[[
 
 
 class Stoppable(Protocol):
-    """A gRPC server's own stop: grpc.aio's, or ``grpc_h2.server.H2Server``'s."""
+    """A gRPC server's own stop (``grpc_h2.server.H2Server``)."""
 
     async def stop(self, grace: float | None) -> None: ...
 
@@ -146,13 +80,12 @@ class GrpcServer:
     async def stop(self, timeout: float) -> None:
         """Let running inferences finish (up to ``timeout`` in all), then close.
 
-        ``grpc.aio.Server.stop(grace)`` alone is not enough: calls that reached
-        the transport but were not yet handed to the application when it runs
-        are cancelled (CANCELLED), not finished. Draining first, while the
-        server still serves (ServerReady already says false), lets those be
-        answered; idle streams end by themselves once ``closing`` is set. A call
-        that is never parsed (rejected as too large, or abandoned by its client)
-        is forgotten after ``_UPLOAD_GRACE`` seconds, so it cannot hold the drain.
+        Draining first, while the server still serves (ServerReady already says
+        false), lets calls still uploading their message be answered: the server's
+        own stop refuses new calls at once. Idle streams end by themselves once
+        ``closing`` is set. A call that is never parsed (rejected as too large, or
+        abandoned by its client) is forgotten after ``_UPLOAD_GRACE`` seconds, so it
+        cannot hold the drain.
         """
         loop = asyncio.get_running_loop()
         self.calls.closing.set()
@@ -165,27 +98,3 @@ class GrpcServer:
                 arriving.popleft()  # never parsed: rejected (too large) or abandoned
             quiet = 0 if self.calls.active or arriving else quiet + 1
         await self.server.stop(max(0.0, deadline - loop.time()))
-
-
-class _Lookup(grpc.GenericRpcHandler):
-    """The service's method table; a ModelInfer call is counted as arriving when looked up.
-
-    grpc.aio looks a call's handler up from its headers, before its message has
-    arrived, and hands a unary call to the application only once the whole message
-    is in: a large tensor still uploading at shutdown would otherwise look like no
-    call at all, and ``Server.stop`` would cancel it. (Restriction checks run before
-    the lookup, so a refused call is never counted.)
-
-    PERF: counting here rather than in an interceptor saves grpc.aio's interceptor
-    chain (two coroutines and a ``functools.partial``) on every call.
-    """
-
-    def __init__(self, arriving: deque[float], handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self._arriving = arriving
-        self._handlers = {f"/{SERVICE}/{name}": handler for name, handler in handlers.items()}
-
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = details.method
-        if method == _MODEL_INFER:
-            self._arriving.append(time.monotonic())
-        return self._handlers.get(method)

@@ -32,13 +32,12 @@ from oipserve.access import GRPC_METHODS, allows, by_api, denial
 from oipserve.errors import Forbidden, InvalidInput, PayloadTooLarge
 from oipserve.grpc_front.codec import (
     WRITE_IN_THREAD,
-    InferCall,
     InferReply,
+    gathered,
     split_infer_request,
     written_in_thread,
 )
-from oipserve.grpc_front.handlers import Method
-from oipserve.grpc_front.server import RPCS, SERVICE, STREAM_RPC
+from oipserve.grpc_front.server import RPCS, SERVICE, STREAM_RPC, Method
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_front.streaming import ordered_responses
 from oipserve.grpc_h2.connection import Connection
@@ -51,8 +50,7 @@ from oipserve.grpc_h2.frames import (
     trailers_only,
 )
 from oipserve.grpc_h2.headers import Headers
-from oipserve.grpc_relay.frames import unmap_off_loop
-from oipserve.grpc_relay.front_side import gathered
+from oipserve.off_loop import unmap_off_loop
 from oipserve.settings import Settings
 from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease
 
@@ -118,18 +116,25 @@ class CallTable:
 
     ``methods`` are answered here; with ``forward``, every other unary RPC of the
     service is handed to it as bytes (``--http-workers``: the primary answers them).
+    ``parse_stream`` reads a ModelStreamInfer request for ``stream_infer``, and
+    ``log_failures`` says whether failures are logged here (a gRPC process leaves that to
+    the front, which answered them).
     """
 
     def __init__(
         self,
         settings: Settings,
         methods: dict[str, Method],
-        stream_infer: Callable[[InferCall], Awaitable[bytes]],
+        stream_infer: Callable[[Any], Awaitable[bytes]],
         arriving: deque[float],
         closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,
+        parse_stream: Callable[[Any], Any] = split_infer_request,
+        log_failures: bool = True,
     ) -> None:
+        self.parse_stream = parse_stream
+        self.log_failures = log_failures
         #: path -> (RPC name, its method; None: forwarded).
         self.methods: dict[str, tuple[str, Method | None]] = {
             f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()
@@ -457,7 +462,7 @@ class Call:
         try:
             await self._send(data, first=True)
             if type(data) is memoryview:  # gathered into memory of its own: unmapped next
-                await self._conn.drained()
+                await self._conn.sent()
         except (asyncio.CancelledError, ConnectionError):
             self._cancelled()
             return
@@ -480,8 +485,9 @@ class Call:
         started = False
         try:
             context = Context(self._metadata)
+            table = self._table
             responses = ordered_responses(
-                self._requests(), self._table.stream_infer, self._table.closing, context
+                self._requests(), table.stream_infer, table.closing, context, table.log_failures
             )
             async for response in responses:
                 await self._send(response, first=not started)
@@ -496,12 +502,13 @@ class Call:
             return
         except Exception as exc:
             code, message = status_of(exc)
-            log_failure(STREAM_RPC, code, message, exc)
+            if self._table.log_failures:
+                log_failure(STREAM_RPC, code, message, exc)
             self._end(code.value[0], message, started)
             return
         self._end(_OK, "", started)
 
-    async def _requests(self) -> AsyncIterator[InferCall]:
+    async def _requests(self) -> AsyncIterator[Any]:
         assert self._queue is not None
         while True:
             item = await self._queue.get()
@@ -512,7 +519,7 @@ class Call:
                 self._acknowledge()
             if compressed:
                 message = await self._inflate(message)
-            yield split_infer_request(message)
+            yield self._table.parse_stream(message)
 
     async def _inflate(self, data: bytes | memoryview) -> bytes | memoryview:
         """The message inflated in a thread (zlib lets go of the GIL), up to the limit.
@@ -588,7 +595,8 @@ class Call:
             self._fail(exc.code.value[0], exc.message)
             return
         code, message = status_of(exc)
-        log_failure(self._name or "gRPC call", code, message, exc)
+        if self._table.log_failures:
+            log_failure(self._name or "gRPC call", code, message, exc)
         self._fail(code.value[0], message)
 
     def _cancelled(self) -> None:

@@ -55,6 +55,7 @@ from oipserve.grpc_h2.frames import (
     window_update,
 )
 from oipserve.grpc_h2.headers import MAX_HEADER_LIST, HeaderDecoder, Headers
+from oipserve.off_loop import until_sent
 
 log = logging.getLogger("oipserve.grpc")
 
@@ -71,8 +72,6 @@ MAX_FRAME = 256 * 1024
 _CONNECTION_ACK = CONNECTION_WINDOW // 4
 #: Bytes of DATA frames written before a large send lets the loop run others.
 _SEND_SLICE = 1024 * 1024
-#: How often ``drained`` looks at the transport's buffer.
-_DRAIN_POLL = 0.002
 
 _SETTINGS = settings_frame(
     {
@@ -388,7 +387,7 @@ class Connection(asyncio.Protocol):
 
         Frames are views of ``data``, which the transport may hold until they are sent:
         ``data`` is immutable bytes, or memory whose release waits for its last view
-        (``grpc_relay.frames.unmap_off_loop``). The loop runs others every ``_SEND_SLICE``
+        (``off_loop.unmap_off_loop``). The loop runs others every ``_SEND_SLICE``
         bytes. Raises ``ConnectionError`` if the stream or the connection ends meanwhile.
         """
         pos = 0
@@ -414,14 +413,10 @@ class Connection(asyncio.Protocol):
                 await asyncio.sleep(0)
         self._flush_soon()
 
-    async def drained(self) -> None:
-        """Return once the transport has handed everything written to the kernel, so that
-        memory it still viewed is freed here and now, not by the transport's last release
-        of it (a 100 MB unmap then happens wherever that is, the loop's thread included)."""
-        while self.transport is not None and not self.lost:
-            if not self.transport.get_write_buffer_size():
-                return
-            await asyncio.sleep(_DRAIN_POLL)
+    async def sent(self) -> None:
+        """Return once everything written so far is in the kernel's hands (``until_sent``)."""
+        self._flush()
+        await until_sent(self.transport)
 
     def reset_stream(self, stream: int, code: ErrorCode) -> None:
         """End a stream from this side (the call, if any, is not told)."""

@@ -17,6 +17,7 @@ from collections.abc import Awaitable
 import msgspec
 
 from oipserve.http_io import CorkedTransport
+from oipserve.off_loop import until_sent
 from oipserve.wire.messages import ErrorKind
 
 PREFIX = struct.Struct("!IQ")
@@ -85,27 +86,6 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Header).decode
 
 
-def unmap_off_loop(payload: Payload) -> None:
-    """Return a large payload's memory to the system in a thread, once it is done with.
-
-    Unmapping 100 MB of touched pages takes tens of milliseconds; done by the last
-    reference's ``del`` it would hold the loop that long. Where something still holds a
-    view of it, it is left to be freed with that view.
-    """
-    memory = payload.obj if type(payload) is memoryview else None
-    if not isinstance(memory, mmap.mmap):
-        return
-    payload.release()  # type: ignore[union-attr]
-
-    def close() -> None:
-        try:
-            memory.close()
-        except BufferError:
-            pass  # still viewed: freed with the last view
-
-    asyncio.get_running_loop().run_in_executor(None, close)
-
-
 class FrameProtocol(asyncio.BufferedProtocol):
     """Reads frames into ``frame_received``; ``send`` writes one (gathered per loop turn).
 
@@ -133,6 +113,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._out = CorkedTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+
+    async def sent(self) -> None:
+        """Return once everything sent so far is in the kernel's hands (``until_sent``)."""
+        if self._out is not None:
+            self._out.flush()
+        await until_sent(self.transport)
 
     def send(self, header: Header, payload: Payload = b"") -> None:
         if self._out is None or self._out.is_closing():

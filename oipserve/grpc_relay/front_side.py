@@ -13,12 +13,11 @@ forwarded is cancelled.
 from __future__ import annotations
 
 import asyncio
-import mmap
 from collections.abc import Awaitable
 
 from oipserve.errors import kind_of
-from oipserve.grpc_front.codec import WRITE_IN_THREAD, InferReply, written_in_thread
-from oipserve.grpc_front.handlers import Method
+from oipserve.grpc_front.codec import WRITE_IN_THREAD, InferReply, gathered, written_in_thread
+from oipserve.grpc_front.server import Method
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_relay.frames import (
     Call,
@@ -29,9 +28,8 @@ from oipserve.grpc_relay.frames import (
     Listening,
     Payload,
     Reply,
-    unmap_off_loop,
 )
-from oipserve.off_loop import copy_into
+from oipserve.off_loop import unmap_off_loop
 from oipserve.wire.shm import BufferPool, Lease
 
 
@@ -119,6 +117,9 @@ class FrontSide(FrameProtocol):
             self.send(Reply(call.id, kind, message))
         else:
             self.send(Reply(call.id), data)
+            if type(data) is memoryview:  # gathered into memory of its own: unmapped next
+                await self.sent()
+                unmap_off_loop(data)
         finally:
             self._running.pop(call.id, None)
             self._release(call.id)  # not taken over: the message did not parse
@@ -134,19 +135,3 @@ class FrontSide(FrameProtocol):
         if not self.listening.done():
             self.listening.set_exception(ExitedBeforeListening())
         self.closed.set()
-
-
-def gathered(reply: InferReply) -> memoryview:
-    """A large reply's wire bytes in memory of their own, copied without the GIL.
-
-    The copies (numpy's, which let go of the GIL) leave the loop free to run while they
-    go on in a thread; the memory (anonymous mmap) goes back to the system once the
-    socket has taken it. The caller releases the reply's segment.
-    """
-    parts = [memoryview(part).cast("B") for part in reply.parts()]
-    memory = memoryview(mmap.mmap(-1, sum(part.nbytes for part in parts)))
-    offset = 0
-    for part in parts:
-        copy_into(memory, offset, part.nbytes, part)
-        offset += part.nbytes
-    return memory

@@ -269,3 +269,87 @@ async def test_going_away_closes_once_the_last_stream_ends() -> None:
     assert any(f[0] == Frame.RST_STREAM and f[2] == 3 for f in frames)
     peer.connection.send_headers(1, TRAILERS_OK, end_stream=True)
     assert peer.transport.closed
+
+
+# ---- calls: a gRPC process's table over a connection ---------------------------------
+
+
+class FakeFront:
+    """The front a gRPC process forwards to: records each call, answers ``b"reply"``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes]] = []
+
+    async def call(self, method: str, request: bytes | memoryview) -> bytes:
+        self.calls.append((method, bytes(request)))
+        return b"reply"
+
+
+def _grpc_peer() -> tuple[Peer, Any, FakeFront]:
+    from oipserve.grpc_h2.call import Call
+    from oipserve.grpc_process import Forwarding
+    from oipserve.settings import Settings
+
+    front = FakeFront()
+    forwarding = Forwarding(front)  # type: ignore[arg-type]
+    table = forwarding.table(Settings(model_repository="."))
+    peer = Peer()
+    peer.connection = Connection(lambda conn, stream: Call(conn, stream, table), lambda _: None)
+    peer.connection.connection_made(peer.transport)  # type: ignore[arg-type]
+    peer.send(PREFACE + settings_frame({}))
+    return peer, forwarding, front
+
+
+def _grpc_headers(peer: Peer, stream: int, method: str) -> bytes:
+    block = peer.encoder.encode(
+        [
+            (":method", "POST"),
+            (":path", f"/inference.GRPCInferenceService/{method}"),
+            ("content-type", "application/grpc"),
+        ]
+    )
+    return frame(Frame.HEADERS, END_HEADERS, stream, block)
+
+
+def _message(payload: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(payload)) + payload
+
+
+async def test_a_call_is_arriving_from_its_headers_until_its_message_is_parsed() -> None:
+    """The drain's count: a ModelInfer call still uploading is not forgotten at shutdown."""
+    peer, forwarding, front = _grpc_peer()
+    peer.send(_grpc_headers(peer, 1, "ModelInfer"))
+    peer.send(frame(Frame.DATA, 0, 1, _message(b"request")[:4]))
+    assert len(forwarding.arriving) == 1 and not front.calls
+    peer.send(frame(Frame.DATA, END_STREAM, 1, _message(b"request")[4:]))
+    await asyncio.sleep(0.01)
+    assert not forwarding.arriving
+    assert front.calls == [("ModelInfer", b"request")]
+    frames = await peer.written()
+    data = [f[3] for f in frames if f[0] == Frame.DATA and f[2] == 1]
+    assert data == [_message(b"reply")]
+    trailers = [f for f in frames if f[0] == Frame.HEADERS and f[1] & END_STREAM]
+    assert hpack.Decoder().decode(trailers[0][3]) == [("grpc-status", "0")]
+
+
+async def test_an_unknown_method_is_unimplemented_before_its_message() -> None:
+    peer, forwarding, front = _grpc_peer()
+    peer.send(_grpc_headers(peer, 1, "Nope"))
+    frames = await peer.written()
+    (answer,) = [f for f in frames if f[0] == Frame.HEADERS]
+    headers = dict(hpack.Decoder().decode(answer[3]))
+    assert headers["grpc-status"] == "12" and "Nope" in headers["grpc-message"]
+    assert answer[1] & END_STREAM and not forwarding.arriving and not front.calls
+    # The client is told to stop sending (RST_STREAM NO_ERROR), and its data is ignored.
+    assert any(f[0] == Frame.RST_STREAM and f[2] == 1 for f in frames)
+
+
+async def test_a_message_over_the_limit_is_refused_by_its_declared_length() -> None:
+    peer, forwarding, front = _grpc_peer()
+    peer.send(_grpc_headers(peer, 1, "ServerLive"))
+    peer.send(frame(Frame.DATA, 0, 1, struct.pack(">BI", 0, 2**31)))
+    frames = await peer.written()
+    (answer,) = [f for f in frames if f[0] == Frame.HEADERS]
+    headers = dict(hpack.Decoder().decode(answer[3]))
+    assert headers["grpc-status"] == "8", headers  # RESOURCE_EXHAUSTED
+    assert not front.calls

@@ -174,27 +174,3 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
     del reply
     gc.collect()
     assert released == [1, 2]
-
-
-def test_method_lookup_counts_model_infer_calls_as_arriving() -> None:
-    """A gRPC process's drain counts arrivals in the method lookup (no interceptor per call)."""
-    from oipserve.grpc_front.server import _Lookup
-    from oipserve.grpc_process import Forwarding
-
-    service = Forwarding(SimpleNamespace())  # type: ignore[arg-type]
-    table = _Lookup(service.arriving, service.handlers())
-
-    def lookup(method: str) -> grpc.RpcMethodHandler | None:
-        return table.service(SimpleNamespace(method=method, invocation_metadata=()))  # type: ignore[arg-type]
-
-    infer = lookup("/inference.GRPCInferenceService/ModelInfer")
-    assert infer is not None and not infer.request_streaming
-    assert len(service.arriving) == 1
-    assert lookup("/inference.GRPCInferenceService/ServerLive") is not None
-    assert lookup("/inference.GRPCInferenceService/ModelStreamInfer") is not None
-    assert lookup("/inference.GRPCInferenceService/Nope") is None
-    assert lookup("/other.Service/ModelInfer") is None
-    assert len(service.arriving) == 1
-    # Parsing the message takes the call off the arriving list.
-    infer.request_deserializer(pb.ModelInferRequest(model_name="m").SerializeToString())
-    assert not service.arriving
