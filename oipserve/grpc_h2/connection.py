@@ -167,12 +167,19 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def pause_writing(self) -> None:
+        # NOTE: no reading while the client does not read: a client that sends calls and
+        #   never reads their answers would otherwise grow the transport's buffer without
+        #   bound (uvicorn does the same for HTTP/1.1).
         self._paused = True
         self._can_send.clear()
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
         self._can_send.set()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

@@ -83,6 +83,7 @@ class FakeTransport:
     def __init__(self) -> None:
         self.written = bytearray()
         self.closed = False
+        self.reading = True
 
     def writelines(self, parts: list[bytes]) -> None:
         for part in parts:
@@ -90,6 +91,12 @@ class FakeTransport:
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def close(self) -> None:
         self.closed = True
@@ -216,6 +223,15 @@ async def test_sending_waits_for_the_peers_window() -> None:
     await asyncio.wait_for(sending, 1)
     sent = [f for f in await peer.written() if f[0] == Frame.DATA]
     assert sum(len(f[3]) for f in sent) == 100_000 - 65_535
+
+
+async def test_a_client_that_does_not_read_is_not_read_either() -> None:
+    """Answers the client leaves unread pile up in the transport: reading stops meanwhile."""
+    peer = Peer()
+    peer.connection.pause_writing()
+    assert not peer.transport.reading
+    peer.connection.resume_writing()
+    assert peer.transport.reading
 
 
 async def test_a_reset_stream_is_reset_and_later_data_ignored() -> None:
