@@ -18,8 +18,8 @@ at once copied into its message's memory) and a stream's as its call takes the d
 (``acknowledge``). Sending, ``send_data`` waits for both windows and for the
 transport to drain.
 
-PERF: all frames written in one loop iteration leave in one write (``_out``), as
-``http_io.CorkedTransport`` does for HTTP/1.1; a tiny call costs one header-block
+PERF: all frames written in one loop iteration leave in one write (``_out``, an
+``http_io.CorkedTransport``, as for HTTP/1.1); a tiny call costs one header-block
 lookup, one task, and no await for windows.
 """
 
@@ -55,6 +55,7 @@ from oipserve.grpc_h2.frames import (
     window_update,
 )
 from oipserve.grpc_h2.headers import MAX_HEADER_LIST, HeaderDecoder, Headers
+from oipserve.http_io import CorkedTransport
 from oipserve.off_loop import until_sent
 
 log = logging.getLogger("oipserve.grpc")
@@ -125,8 +126,8 @@ class Connection(asyncio.Protocol):
         self._continued: tuple[int, list[bytes], int] | None = None
         self._last_stream = 0
         self._received = 0
-        self._out: list[bytes | memoryview] = []
-        self._flush_due = False
+        #: The transport, writes gathered per loop turn (from ``connection_made`` on).
+        self._out: CorkedTransport
         # The peer's side: its window for our DATA, its streams' initial window, its frames.
         self._send_window = DEFAULT_WINDOW
         self._peer_stream_window = DEFAULT_WINDOW
@@ -143,6 +144,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self._out = CorkedTransport(self.transport, self._loop)  # type: ignore[arg-type]
         self._write(_SETTINGS)
 
     def data_received(self, data: bytes) -> None:
@@ -405,24 +407,23 @@ class Connection(asyncio.Protocol):
             room = min(self._send_window, call.send_window, self._peer_max_frame, len(data) - pos)
             if room <= 0 or self._paused:
                 self._can_send.clear()
-                self._flush()
+                self._out.flush()
                 await self._can_send.wait()
                 continue
             self._send_window -= room
             call.send_window -= room
-            self._out.append(frame_header(room, Frame.DATA, 0, stream))
-            self._out.append(data[pos : pos + room])
+            self._out.write(frame_header(room, Frame.DATA, 0, stream))
+            self._out.write(data[pos : pos + room])
             pos += room
             sent += room
             if sent >= _SEND_SLICE:
                 sent = 0
-                self._flush()
+                self._out.flush()
                 await asyncio.sleep(0)
-        self._flush_soon()
 
     async def sent(self) -> None:
         """Return once everything written so far is in the kernel's hands (``until_sent``)."""
-        self._flush()
+        self._out.flush()
         await until_sent(self.transport)
 
     def reset_stream(self, stream: int, code: ErrorCode) -> None:
@@ -443,29 +444,14 @@ class Connection(asyncio.Protocol):
         self._maybe_close()
 
     def close(self) -> None:
-        self._flush()
         if self.transport is not None:
-            self.transport.close()
+            self._out.close()
 
     # ---- frames out -----------------------------------------------------------------
 
     def _maybe_close(self) -> None:
         if self.going_away and not self.streams:
-            self._flush()
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
 
     def _write(self, data: bytes) -> None:
-        self._out.append(data)
-        self._flush_soon()
-
-    def _flush_soon(self) -> None:
-        if not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_due = False
-        out, self._out = self._out, []
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(out)
+        self._out.write(data)
