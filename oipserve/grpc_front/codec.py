@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -222,6 +222,15 @@ def gathered(reply: InferReply) -> memoryview:
         copy_into(memory, offset, part.nbytes, part)
         offset += part.nbytes
     return memory
+
+
+async def wire_bytes(response: object, serialize: Callable[[Any], bytes]) -> bytes | memoryview:
+    """A response's wire bytes: an ``InferReply`` of ``WRITE_IN_THREAD`` or more gathered
+    in a thread into memory of its own (the caller unmaps it once it is sent:
+    ``off_loop.until_sent``, ``off_loop.unmap_off_loop``), anything else ``serialize``d."""
+    if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
+        return await written_in_thread(response, gathered)
+    return serialize(response)
 
 
 def serialize_infer(reply: InferReply | pb.ModelInferResponse | bytes) -> bytes:

@@ -30,13 +30,7 @@ import grpc
 
 from oipserve.access import GRPC_METHODS, allows, by_api, denial
 from oipserve.errors import Forbidden, InvalidInput, PayloadTooLarge
-from oipserve.grpc_front.codec import (
-    WRITE_IN_THREAD,
-    InferReply,
-    gathered,
-    split_infer_request,
-    written_in_thread,
-)
+from oipserve.grpc_front.codec import split_infer_request, wire_bytes
 from oipserve.grpc_front.server import RPCS, SERVICE, STREAM_RPC, Method
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_front.streaming import ordered_responses
@@ -50,14 +44,14 @@ from oipserve.grpc_h2.frames import (
     trailers_only,
 )
 from oipserve.grpc_h2.headers import Headers
+from oipserve.grpc_relay.frames import MAPPED
 from oipserve.off_loop import unmap_off_loop
 from oipserve.settings import Settings
 from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease
 
-#: ModelInfer messages from this size are read into an input segment.
+#: ModelInfer messages from this size are read into an input segment; other messages from
+#: ``MAPPED`` into anonymous memory of their own (as a gRPC process's link reads them).
 LEASED = 256 * 1024
-#: Other messages from this size are read into anonymous memory of their own.
-MAPPED = 8 * 1024 * 1024
 #: A unary call's stream window is given back once this much of its message is in.
 _STREAM_ACK = 1024 * 1024
 #: A stream's messages read ahead of its handler before its window stops being given back.
@@ -75,7 +69,6 @@ _NOT_METADATA = frozenset(("content-type", "te", "grpc-encoding", "grpc-accept-e
                            "grpc-timeout", "user-agent"))  # fmt: skip
 
 _OK = grpc.StatusCode.OK.value[0]
-_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
@@ -174,9 +167,8 @@ class Call:
 
     __slots__ = ("send_window", "_conn", "_stream", "_table", "_name", "_method", "_encoding",
                  "_metadata", "_timer", "_deadline_at", "_task", "_done", "_ended", "_expired",
-                 "_prefix",
-                 "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled", "_lease",
-                 "_waiting", "_unacked", "_messages", "_queue")  # fmt: skip
+                 "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
+                 "_lease", "_waiting", "_unacked", "_messages", "_queue")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -444,11 +436,7 @@ class Call:
                 request = method.deserialize(payload)
                 if lease is not None:
                     request.lease, lease = lease, None  # the service owns it now
-                response = await method.call(request)
-                if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
-                    data = await written_in_thread(response, gathered)
-                else:
-                    data = method.serialize(response)
+                data = await wire_bytes(await method.call(request), method.serialize)
         except asyncio.CancelledError:
             self._cancelled()
             return

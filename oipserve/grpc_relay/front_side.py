@@ -3,10 +3,10 @@
 Each ``Call`` runs as its own task through the same method table the front serves
 in-process (``oipserve.grpc_front.handlers.unary_methods``): the request bytes are
 parsed here, the data plane answers, the response is serialized here (a large
-reply copied out in a thread, without the GIL: ``gathered``). A ``Cancel``
+reply copied out in a thread, without the GIL: ``codec.wire_bytes``). A ``Cancel``
 (the client went away, or its deadline passed) cancels that task, which withdraws
-a request still queued in a dynamic batcher, exactly as grpc.aio's cancellation
-does in-process. If the socket closes (the process died) every call it had
+a request still queued in a dynamic batcher, exactly as a cancelled call does
+in-process. If the socket closes (the process died) every call it had
 forwarded is cancelled.
 """
 
@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Awaitable
 
 from oipserve.errors import kind_of
-from oipserve.grpc_front.codec import WRITE_IN_THREAD, InferReply, gathered, written_in_thread
+from oipserve.grpc_front.codec import wire_bytes
 from oipserve.grpc_front.server import Method
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_relay.frames import (
@@ -103,11 +103,7 @@ class FrontSide(FrameProtocol):
             request = method.deserialize(payload)
             if leased:
                 request.lease = self._unclaimed.pop(call.id)  # the service owns it now
-            response = await method.call(request)
-            if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
-                data: Payload = await written_in_thread(response, gathered)
-            else:
-                data = method.serialize(response)
+            data = await wire_bytes(await method.call(request), method.serialize)
         except asyncio.CancelledError:
             return  # the process gave up on it (Cancel) or is gone
         except Exception as exc:
