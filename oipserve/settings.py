@@ -22,6 +22,16 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 ENV_PREFIX = "OIPSERVE_"
 
 
+#: What ``--grpc-processes auto`` (the default) gives. It counted CPUs while the front
+#: served gRPC with grpc.aio (two thirds of a call's CPU was grpc.aio's, so processes of
+#: their own paid on 8 or more cores). The front's own HTTP/2 spends less of the front's
+#: CPU on a tiny call than a forwarded call does (241 against 279 us), at 0.4x the
+#: server's CPU in all; only large messages still cost the front less forwarded (1,186
+#: against 1,596 us at 1 MiB), which ``--grpc-processes N`` is left for.
+#: benchmarks/results/2026-11-27-grpc-front-cpu.md.
+AUTO_GRPC_PROCESSES = 0
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model_repository: str
     host: str = "127.0.0.1"
@@ -37,7 +47,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Processes that serve the gRPC port with grpc.aio and forward each call to this one
     #: (0: gRPC is served in this process, on its own HTTP/2). The command line's default
     #: is "auto" (``AUTO_GRPC_PROCESSES``), resolved at load.
-    grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = AUTO_GRPC_PROCESSES
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
     #: more, each with its own event loop and its own connection to every worker; they
     #: answer inference of repository models themselves and hand this process
@@ -99,16 +109,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: The ``name`` of the server metadata (``GET /v2``, gRPC ServerMetadata). Clients
     #: written for Triton sometimes check it: Triton's own example clients require "triton".
     server_name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "oipserve"
-
-
-#: What ``--grpc-processes auto`` (the default) gives. It counted CPUs while the front
-#: served gRPC with grpc.aio (two thirds of a call's CPU was grpc.aio's, so processes of
-#: their own paid on 8 or more cores). The front's own HTTP/2 spends less of the front's
-#: CPU on a tiny call than a forwarded call does (241 against 279 us), at 0.4x the
-#: server's CPU in all; only large messages still cost the front less forwarded (1,186
-#: against 1,596 us at 1 MiB), which ``--grpc-processes N`` is left for.
-#: benchmarks/results/2026-11-27-grpc-front-cpu.md.
-AUTO_GRPC_PROCESSES = 0
 
 
 def configure_logging(settings: Settings) -> None:
@@ -374,15 +374,12 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
             values[name] = _restrictions(name, values[name], grpc)  # type: ignore[arg-type]
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
-    auto = values.get("grpc_processes", "auto") == "auto"
-    if auto:
-        values.pop("grpc_processes", None)
+    if values.get("grpc_processes") == "auto":
+        del values["grpc_processes"]  # Settings' default, AUTO_GRPC_PROCESSES
     try:
         settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
-    if auto and settings.allow_grpc:  # without gRPC: 0; an explicit N is refused below
-        settings = msgspec.structs.replace(settings, grpc_processes=AUTO_GRPC_PROCESSES)
     _check_load_model(settings)
     if settings.grpc_processes and not settings.allow_grpc:
         raise SettingsError("--grpc-processes needs gRPC; it cannot go with --allow-grpc false")
