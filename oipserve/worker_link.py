@@ -82,7 +82,7 @@ class WorkerLink:
         self.models: dict[str, LoadModel] = {}
         self.alive = False
         #: Added to its requests in flight when a front picks a worker: 0 for the workers
-        #: that are this front's own (``--http-workers``: ``home``), more for the others.
+        #: that are this front's own (``--http-workers``: ``away()``), more for the others.
         self.away = 0
         self.ready = asyncio.Event()
         self.pid: int | None = None

@@ -77,11 +77,11 @@ def stream_infer(service: InferenceService) -> Callable[[InferCall], Awaitable[b
 def _joined(
     infer: Callable[[InferCall], Awaitable[InferReply]],
 ) -> Callable[[InferCall], Awaitable[InferReply | bytes]]:
-    """ModelInfer whose large replies are joined in a thread (grpc.aio wants one bytes
-    object, and serializes on the loop).
+    """ModelInfer whose large replies are joined in a thread: a stream's response is one
+    bytes object (``streaming.infer_response`` prefixes it).
 
     NOTE: ``bytes.join`` keeps the GIL, so this moves the copy off the loop's stack
-    but not out of its way; gRPC processes copy without the GIL (``grpc_relay``).
+    but not out of its way; unary replies copy without the GIL (``codec.wire_bytes``).
     """
 
     async def call(request: InferCall) -> InferReply | bytes:

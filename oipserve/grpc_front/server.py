@@ -46,8 +46,9 @@ class Calls(Protocol):
 
     #: Inferences running now (unary calls and stream requests alike).
     active: int
-    #: Arrival times of ModelInfer calls whose request message is not yet fully in
-    #: (``_Lookup`` appends, parsing pops, see ``arrived``); a drain waits for them too.
+    #: Arrival times of ModelInfer calls whose request message is not yet fully in (the
+    #: transport appends at a call's headers, parsing pops: ``arrived``); a drain waits
+    #: for them too.
     arriving: deque[float]
     #: Set at shutdown: streams end once they have nothing left to answer.
     closing: asyncio.Event

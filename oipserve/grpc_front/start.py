@@ -32,8 +32,9 @@ async def start_grpc(
 
     ``--grpc-processes 0``: the front's own HTTP/2 (``grpc_h2``) in this process, also on
     ``private`` when given (``--http-workers``: the other fronts share the port and
-    forward what they do not answer to that socket). N: N processes serve the calls
-    with grpc.aio and forward them here, where the same method table answers them.
+    forward what they do not answer to that socket). N: N processes serve the port
+    (with the same HTTP/2) and forward the calls here, where the same method table
+    answers them.
     """
     service = InferenceService(dataplane, management)
     if settings.grpc_processes == 0:
