@@ -6,7 +6,8 @@ one) and the others on the port it got; with more than one they bind with
 that dies is logged and replaced on the same port (the calls it had forwarded
 are cancelled; its clients see their connection close, UNAVAILABLE). ``stop``
 tells every process to drain, while the front keeps answering what they forward,
-and kills any still running after the timeout.
+and kills any still running after the timeout. Watching, replacing and stopping
+are ``oipserve.supervision``'s, as for the other HTTP fronts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from oipserve.grpc_front.handlers import Method
 from oipserve.grpc_relay.frames import Start, Stop
 from oipserve.grpc_relay.front_side import ExitedBeforeListening, FrontSide
 from oipserve.settings import Settings
+from oipserve.supervision import EXIT_GRACE, Supervisor
 from oipserve.wire.shm import BufferPool
 from oipserve.workerproc import ChildProcess, exit_status
 
@@ -30,8 +32,6 @@ log = logging.getLogger("oipserve.grpc")
 START_TIMEOUT = 60.0
 #: Send buffer of each end of a gRPC process's socket.
 SOCKET_BUFFER = 1024 * 1024
-#: Beyond the drain's timeout, how long a stopping process gets to exit.
-EXIT_GRACE = 5.0
 
 
 class GrpcProcess:
@@ -54,28 +54,25 @@ class GrpcProcesses:
         self._inputs = inputs
         self._count = count
         self._reuse_port = count > 1
-        self._running: list[GrpcProcess] = []
-        self._stopping = False
-        self._replacing: set[asyncio.Task[None]] = set()
+        self._children: Supervisor[GrpcProcess] = Supervisor(
+            log, "a gRPC process", _describe, self._start_one, _close_link
+        )
         self.port = settings.grpc_port
 
     async def start(self) -> int:
         """Start every process; the port they serve. Raises RuntimeError when one cannot."""
         try:
-            first = await self._start_one(self.port)
+            first = await self._children.add(0)
             self.port = first.side.listening.result()
-            self._watch(first)
-            for _ in range(self._count - 1):
-                self._watch(await self._start_one(self.port))
+            for slot in range(1, self._count):
+                await self._children.add(slot)
         except BaseException:
-            self._stopping = True
-            for started in self._running:
-                self._unwatch(started)
-                self._end(started)
+            self._children.abandon()
             raise
         return self.port
 
-    async def _start_one(self, port: int) -> GrpcProcess:
+    async def _start_one(self, slot: int) -> GrpcProcess:
+        """A new process on ``self.port``, serving once it says ``Listening``."""
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (ours, theirs):
@@ -87,85 +84,44 @@ class GrpcProcesses:
             process = ChildProcess(
                 "oipserve.grpc_process", ["--link-fd", str(theirs.fileno())], (theirs.fileno(),)
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         side = FrontSide(self._methods, self._inputs)
         await loop.connect_accepted_socket(lambda: side, ours)
-        side.send(Start(port, self._reuse_port), self._encoded_settings)
+        side.send(Start(self.port, self._reuse_port), self._encoded_settings)
         started = GrpcProcess(process, side)
         try:
             await asyncio.wait_for(asyncio.shield(side.listening), START_TIMEOUT)
         except ExitedBeforeListening:
-            self._end(started)
+            _end(started)
             raise RuntimeError(
                 f"the gRPC process exited before it listened{exit_status(process.returncode)}"
             ) from None
         except BaseException:
-            self._end(started)
+            _end(started)
             raise
+        log.info("gRPC process %d serves port %d", process.pid, side.listening.result())
         return started
-
-    def _watch(self, started: GrpcProcess) -> None:
-        self._running.append(started)
-        asyncio.get_running_loop().add_reader(started.process.sentinel, self._exited, started)
-
-    def _unwatch(self, started: GrpcProcess) -> None:
-        if started.process.sentinel >= 0:
-            asyncio.get_running_loop().remove_reader(started.process.sentinel)
-
-    def _exited(self, gone: GrpcProcess) -> None:
-        self._unwatch(gone)
-        gone.process.join(0)
-        if gone in self._running:
-            self._running.remove(gone)
-        if gone.side.transport is not None:
-            gone.side.transport.close()
-        if self._stopping:
-            return
-        code = gone.process.returncode
-        # NOTE: a process that exits 0 was stopped on purpose (SIGTERM to it alone: it
-        #   drains first), as a worker is; anything else is a death.
-        report = log.info if code == 0 else log.error
-        how = "was stopped" if code == 0 else "died"
-        report("gRPC process %d %s%s; starting another", gone.process.pid, how, exit_status(code))
-        task = asyncio.get_running_loop().create_task(self._replace())
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
-
-    async def _replace(self) -> None:
-        try:
-            started = await self._start_one(self.port)
-        except (RuntimeError, TimeoutError) as exc:
-            log.error("cannot start a gRPC process on port %d: %s", self.port, exc)
-            return
-        if self._stopping:
-            self._end(started)
-            return
-        self._watch(started)
-        log.info("gRPC process %d serves port %d", started.process.pid, self.port)
-
-    def _end(self, started: GrpcProcess) -> None:
-        started.process.kill()
-        started.process.join(EXIT_GRACE)
-        if started.side.transport is not None:
-            started.side.transport.close()
 
     async def stop(self, timeout: float) -> None:
         """Every process drains (the front still answers), then exits; stragglers are killed."""
-        self._stopping = True
-        for task in list(self._replacing):
-            task.cancel()
-        running = list(self._running)
-        for each in running:
-            each.side.send(Stop(timeout))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout + EXIT_GRACE
-        for each in running:
-            try:
-                await asyncio.wait_for(each.side.closed.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                log.warning("gRPC process %d did not stop in time; killing it", each.process.pid)
-        for each in running:
-            self._unwatch(each)
-            self._end(each)
-        self._running.clear()
+        await self._children.stop(timeout, lambda running: running.side.send(Stop(timeout)))
+
+
+def _describe(running: GrpcProcess) -> str:
+    return f"gRPC process {running.process.pid}"
+
+
+def _close_link(gone: GrpcProcess) -> None:
+    if gone.side.transport is not None:
+        gone.side.transport.close()
+
+
+def _end(started: GrpcProcess) -> None:
+    """A process that did not get to serve: killed, reaped, its link closed."""
+    started.process.kill()
+    started.process.join(EXIT_GRACE)
+    _close_link(started)

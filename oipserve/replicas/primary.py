@@ -14,6 +14,7 @@ addresses, the READY repository versions), and keeps it in step:
 
 A replica that dies is replaced (its segments swept, its last statistics rows kept
 so that counters never go back); at shutdown every replica drains its own requests.
+Watching, replacing and stopping them is ``oipserve.supervision``'s.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from oipserve.replicas.control import (
 )
 from oipserve.settings import Settings
 from oipserve.stats import StatsRow
+from oipserve.supervision import Supervisor
 from oipserve.wire.shm import sweep
 from oipserve.workerproc import ChildProcess, exit_status
 
@@ -60,8 +62,6 @@ START_TIMEOUT = 60.0
 #: Seconds a replica may take to acknowledge a snapshot or a region (no request waits on
 #: it; one that does not answer is broken and is replaced).
 ANSWER_TIMEOUT = 30.0
-#: Beyond the drain's timeout, how long a stopping replica gets to exit.
-EXIT_GRACE = 5.0
 
 
 def snapshot(seq: int, registry: ModelRegistry, pool: WorkerPool) -> Snapshot:
@@ -164,22 +164,26 @@ class Replicas:
         self._port = 0
         self._seq = itertools.count(1)
         self._started = itertools.count(1)
-        self.running: list[Replica] = []
-        self._stopping = False
-        self._replacing: set[asyncio.Task[None]] = set()
+        self._children: Supervisor[Replica] = Supervisor(
+            log, "an HTTP front", _describe, self._start_one, self._cleanup
+        )
         #: Statistics rows of replicas that died: kept, so that counters never go back.
         self._rows_of_the_dead: list[StatsRow] = []
+
+    @property
+    def running(self) -> list[Replica]:
+        """The replicas serving now, and any that is being started (it gets every
+        control message from its ``Start`` on)."""
+        return self._children.running
 
     async def start(self, port: int) -> None:
         """Start every replica on ``port``; RuntimeError when one cannot start."""
         self._port = port
         try:
             for index in range(1, self._count + 1):
-                await self._start_one(index)
+                await self._children.add(index)
         except BaseException:
-            self._stopping = True
-            for replica in self.running:
-                replica.process.kill()
+            self._children.abandon()
             raise
 
     async def _start_one(self, index: int) -> Replica:
@@ -232,7 +236,6 @@ class Replicas:
                     f"HTTP front {index} did not start{exit_status(process.returncode)}"
                 ) from None
             raise
-        asyncio.get_running_loop().add_reader(process.sentinel, self._exited, replica)
         log.info("HTTP front %d (pid %d) serves port %d", index, reply.pid, self._port)
         return replica
 
@@ -301,16 +304,12 @@ class Replicas:
 
     # ---- deaths and shutdown --------------------------------------------------------
 
-    def _exited(self, gone: Replica) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(gone.process.sentinel)
-        gone.process.join(0)
-        if gone in self.running:
-            self.running.remove(gone)
+    def _cleanup(self, gone: Replica) -> None:
+        """A replica exited: its link closed, its segments swept, its last rows kept."""
         if gone.control is not None and gone.control.transport is not None:
             gone.control.transport.close()
         sweep(gone.segment_prefix)
-        if self._stopping:
+        if self._children.stopping:
             return
         serving = {
             m.serial for versions in self._registry.models.values() for m in versions.values()
@@ -318,53 +317,19 @@ class Replicas:
         self._rows_of_the_dead = [
             row for row in [*self._rows_of_the_dead, *gone.last_rows] if row.serial in serving
         ]
-        code = gone.process.returncode
-        report = log.info if code == 0 else log.error
-        how = "was stopped" if code == 0 else "died"
-        report(
-            "HTTP front %d (pid %d) %s%s; starting another",
-            gone.index,
-            gone.process.pid,
-            how,
-            exit_status(code),
-        )
-        task = loop.create_task(self._replace(gone.index))
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
-
-    async def _replace(self, index: int) -> None:
-        attempt = 0
-        while not self._stopping:
-            attempt += 1
-            try:
-                await self._start_one(index)
-                return
-            except (RuntimeError, OSError) as exc:
-                log.error("cannot start HTTP front %d (attempt %d): %s", index, attempt, exc)
-                await asyncio.sleep(min(5.0, 0.5 * attempt))
 
     async def stop(self, timeout: float) -> None:
         """Every replica stops accepting and answers what it received, then exits."""
-        self._stopping = True
-        for task in list(self._replacing):
-            task.cancel()
-        running = list(self.running)
-        for replica in running:
+
+        def drain(replica: Replica) -> None:
             assert replica.control is not None
             replica.control.send(Drain(next(self._seq), timeout))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout + EXIT_GRACE
-        while any(r.process.is_alive() for r in running) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        for replica in running:
-            if replica.process.is_alive():
-                log.warning("HTTP front %d did not stop in time; killing it", replica.index)
-                replica.process.kill()
-            replica.process.join(5)
-            if replica in self.running:
-                loop.remove_reader(replica.process.sentinel)
-                self.running.remove(replica)
-            sweep(replica.segment_prefix)
+
+        await self._children.stop(timeout, drain)
+
+
+def _describe(replica: Replica) -> str:
+    return f"HTTP front {replica.index} (pid {replica.process.pid})"
 
 
 class RegionsOfReplicas:
