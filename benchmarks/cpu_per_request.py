@@ -13,6 +13,10 @@ the tiny JSON one by default), and medians over rounds are printed.
 
 ``--triton`` measures Triton in the same rounds, started as the harness starts it: its
 ``tritonserver`` process counts as the front, its python-backend stubs as the workers.
+``--http-workers N`` starts each oipserve build with N HTTP fronts; their CPU is summed
+as "front". Each row also says how many requests a model run served on average (``rows
+a run``, from the statistics extension's ``inference_count`` over ``execution_count``,
+which both servers keep): above 1 only for a model with dynamic batching.
 Besides the CPU per request, each row says how much of the machine the server tree
 kept busy (``busy``, % of one core): on 2 cores a server can lose to another that costs
 no more per request but keeps both cores busy.
@@ -26,13 +30,17 @@ and `cpu_snapshot`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -51,6 +59,7 @@ REQUESTS: dict[str, tuple[str, Callable[[ModelCase, Path], HttpBody]]] = {
     "tiny-binary": ("simple", binary_body),
     "tiny-json": ("simple", json_body),
     "matmul-binary": ("matmul_relu", binary_body),
+    "matmul-batched": ("matmul_batched", binary_body),
 }
 
 
@@ -61,21 +70,47 @@ def request_body(request: str, cases: dict[str, ModelCase]) -> tuple[str, HttpBo
     return model, write(cases[model], WORK / "payloads" / f"{model}.{suffix}")
 
 
-def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot, front: int) -> tuple[float, float]:
-    """CPU seconds the front and the rest of its tree (its workers) spent in between."""
-    spent = {
-        pid: seconds - before.per_pid.get(pid, ("", 0.0))[1]
-        for pid, (_, seconds) in after.per_pid.items()
-    }
-    return spent.get(front, 0.0), sum(s for pid, s in spent.items() if pid != front)
+#: An argument of the processes that run models: oipserve's workers (``python -m workers``)
+#: and Triton's python-backend stubs. Every other process of a server's tree is a front.
+_MODEL_RUNNERS = ("workers", "triton_python_backend_stub")
 
 
-def _start(build: Path) -> tuple[int, str, Callable[[], None]]:
+def _runs_models(pid: int) -> bool:
+    try:
+        command = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return any(os.path.basename(part) in _MODEL_RUNNERS for part in command)
+
+
+def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot) -> tuple[float, float]:
+    """CPU seconds the fronts and the workers of a tree spent in between."""
+    front = workers = 0.0
+    for pid, (_, seconds) in after.per_pid.items():
+        spent = seconds - before.per_pid.get(pid, ("", 0.0))[1]
+        if _runs_models(pid):
+            workers += spent
+        else:
+            front += spent
+    return front, workers
+
+
+def _counts(url: str, model: str) -> tuple[int, int]:
+    """The model's ``inference_count`` and ``execution_count`` (statistics extension)."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=10) as answer:
+        stats = json.load(answer)["model_stats"]
+    return (
+        sum(int(v["inference_count"]) for v in stats),
+        sum(int(v["execution_count"]) for v in stats),
+    )
+
+
+def _start(build: Path, http_workers: int) -> tuple[int, str, Callable[[], None]]:
     # NOTE: -P and PYTHONPATH: each build's own code, not the current directory's.
     env = {**os.environ, "PYTHONPATH": str(build), "OIPSERVE_METRICS_PORT": "0"}
     argv = [sys.executable, "-P", "-m", "oipserve", "serve", "--model-repository",
             str(WORK / "repos" / "oipserve"), "--http-port", "0", "--grpc-port", "0",
-            "--instances-per-device", "2"]  # fmt: skip
+            "--instances-per-device", "2", "--http-workers", str(http_workers)]  # fmt: skip
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -103,16 +138,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
     parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
+    parser.add_argument("--http-workers", type=int, default=1, help="oipserve's HTTP fronts")
     ns = parser.parse_args()
     cases = build_models(WORK / "models")
     model, body = request_body(ns.request, cases)
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     servers: dict[str, tuple[int, str, Callable[[], None]]] = {}
-    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
     try:
         for build in ns.builds:
-            servers[str(build)] = _start(build.resolve())
+            servers[str(build)] = _start(build.resolve(), ns.http_workers)
         if ns.triton:
             servers["triton"] = _start_triton(cases)
         names = list(servers)
@@ -120,26 +156,38 @@ def main() -> None:
         for rnd in range(ns.rounds):
             for name in names if rnd % 2 == 0 else names[::-1]:
                 pid, url, _ = servers[name]
+                counted = _counts(url, model)
                 before = cpu_snapshot(pid)
                 m = run_wrk(name, f"{ns.request}-c{ns.concurrency}", rnd,
                             f"http://{url}/v2/models/{model}/infer", body, ns.concurrency,
                             ns.seconds, scratch, pid)  # fmt: skip
-                front, workers = _front_and_workers(before, cpu_snapshot(pid), pid)
+                front, workers = _front_and_workers(before, cpu_snapshot(pid))
                 if not m.ok:
                     raise RuntimeError(f"{name}: {m.note}")
+                inferences, executions = (
+                    now - then for now, then in zip(_counts(url, model), counted, strict=True)
+                )
                 per_request = 1e6 / m.requests
                 busy = (front + workers) / m.duration_s * 100
-                rows[name].append((m.rps, front * per_request, workers * per_request, busy))
+                rows[name].append(
+                    (m.rps, front * per_request, workers * per_request, busy,
+                     inferences / max(executions, 1))
+                )  # fmt: skip
     finally:
         for _, _, stop in servers.values():
             stop()
-    print(f"{ns.request}, c={ns.concurrency}, {ns.rounds} rounds of {ns.seconds} s (medians):")
+    fronts = f", {ns.http_workers} HTTP fronts" if ns.http_workers > 1 else ""
+    print(
+        f"{ns.request}, c={ns.concurrency}{fronts}, {ns.rounds} rounds of {ns.seconds} s (medians):"
+    )
     for name, measured in rows.items():
-        rps, front, workers, busy = (statistics.median(r[i] for r in measured) for i in range(4))
+        rps, front, workers, busy, batch = (
+            statistics.median(r[i] for r in measured) for i in range(5)
+        )
         print(
             f"{name:30s} req/s {rps:8,.0f}   CPU per request: front {front:5.0f} us "
             f"(min {min(r[1] for r in measured):.0f}), workers {workers:5.0f} us, "
-            f"busy {busy:4.0f}%"
+            f"busy {busy:4.0f}%, rows a run {batch:4.1f}"
         )
 
 
