@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from oipserve.batch_policy import BatchPolicy
 from oipserve.errors import Unavailable
+from oipserve.precise_timer import PreciseTimer
 
 __all__ = ["DynamicBatcher", "Entry", "PendingGauge", "QueueRejected"]
 
@@ -107,6 +108,12 @@ class Entry:
         self.timer: asyncio.TimerHandle | None = None
 
 
+#: The last seconds of a queue delay are waited out going round the loop, not asleep:
+#: waking a sleeping process costs tens of µs here (more in a VM), and a batch that
+#: fires late costs every request in it. Measured: docs/scheduler.md.
+SPIN_WINDOW = 100e-6
+
+
 class DynamicBatcher:
     """Queue and batch formation for one model version; one batch per free instance."""
 
@@ -139,6 +146,9 @@ class DynamicBatcher:
         #   a plain future that _wake() resolves.
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
+        #: Wakes the batcher when a partial batch's queue delay is over (to the µs: the
+        #: loop's own timers count whole milliseconds, see precise_timer.py).
+        self._delay_timer = PreciseTimer(self._loop, self._wake)
         self._next_seq = 0
         self._deliver_seq = 0
         self._finished: dict[int, tuple[Entry, Any, BaseException | None]] = {}
@@ -341,16 +351,23 @@ class DynamicBatcher:
             if timeout is None:
                 await waiter
                 continue
-            # PERF: a timer that wakes it, not asyncio.wait_for, which makes a task per
-            #   wait (the batcher waits once per arrival under load).
-            timer = loop.call_later(max(timeout, 0.0), self._wake)
+            # PERF: it sleeps on a timer of its own: not asyncio.wait_for, which makes a
+            #   task per wait (the batcher waits once per arrival under load), nor the loop's
+            #   call_later, which counts whole milliseconds (precise_timer.py). The last
+            #   SPIN_WINDOW of a wait it goes round the loop instead.
+            if timeout <= SPIN_WINDOW:
+                loop.call_soon(self._wake)
+                await waiter
+                continue
+            self._delay_timer.arm(timeout - SPIN_WINDOW)
             try:
                 await waiter
             finally:
-                timer.cancel()
+                self._delay_timer.disarm()
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The loop ended: by close(), or by a bug, which must not leave callers waiting."""
+        self._delay_timer.close()
         if not task.cancelled() and task.exception() is not None:
             log.error("the batcher of %s failed", self.name, exc_info=task.exception())
             self.close()

@@ -7,10 +7,11 @@ import time
 from typing import Any
 
 import pytest
+import uvloop
 
 from oipserve.batch_policy import BatchPolicy, QueuePolicy
 from oipserve.errors import Unavailable
-from oipserve.scheduler import DynamicBatcher, Entry, QueueRejected
+from oipserve.scheduler import SPIN_WINDOW, DynamicBatcher, Entry, QueueRejected
 
 
 class Instance:
@@ -277,3 +278,37 @@ def test_timeout_override_follows_tritons_rule() -> None:
     assert policy.timeout_ns(500) == 500_000  # shorter: honoured
     assert policy.timeout_ns(5_000) == 1_000_000  # longer: never
     assert QueuePolicy(default_timeout_ns=1_000_000).timeout_ns(500) == 1_000_000
+
+
+def test_a_sub_millisecond_delay_is_waited_out_asleep_and_in_full() -> None:
+    """uvloop's timers count whole milliseconds: 0.4 ms fired at once, so a batcher
+    waiting out a short delay went round the loop from the request's arrival to the
+    deadline (precise_timer.py). It now sleeps until the last SPIN_WINDOW."""
+    delay_ns = 400_000
+
+    async def scenario() -> tuple[list[int], int]:
+        h = Harness(policy(max_queue_delay_ns=delay_ns))
+        looks: list[int] = []
+        form = h.batcher.form
+
+        def counted(now_ns: int) -> tuple[list[Entry], int | None]:
+            looks.append(time.monotonic_ns())
+            return form(now_ns)
+
+        h.batcher.form = counted  # type: ignore[method-assign]
+        started = time.monotonic_ns()
+        assert await h.submit("a") == "done a"
+        waited = time.monotonic_ns() - started
+        h.batcher.close()
+        await settle()
+        return [look - started for look in looks], waited
+
+    looks, waited = uvloop.run(scenario())
+    assert waited >= delay_ns
+    # NOTE: the first look may come late on a busy machine; from it on, the batcher
+    #   sleeps until the deadline's last SPIN_WINDOW.
+    asleep_until = delay_ns - SPIN_WINDOW * 1e9
+    early = [look for look in looks[1:] if look < asleep_until]
+    assert not early or looks[0] >= asleep_until, (
+        f"the batcher looked at {early} ns, before {asleep_until:.0f} ns"
+    )
