@@ -82,6 +82,7 @@ class Entry:
         "state",
         "delayed",
         "timer",
+        "due_ns",
     )
 
     def __init__(
@@ -106,7 +107,14 @@ class Entry:
         #: Its DELAY timeout expired: it now waits behind its level's other requests.
         self.delayed = False
         self.timer: asyncio.TimerHandle | None = None
+        #: When its queue timeout expires (monotonic ns; 0: it has none).
+        self.due_ns = 0
 
+
+#: The loop's timers count whole milliseconds and round to the nearest (uvloop): one
+#: may fire up to this much early. A timeout found early is set again for what is left,
+#: plus this, so that it fires at or after its time.
+_HALF_MS = 0.0005
 
 #: The last seconds of a queue delay are waited out going round the loop, not asleep:
 #: waking a sleeping process costs tens of µs here (more in a VM), and a batch that
@@ -189,6 +197,7 @@ class DynamicBatcher:
         self._next_seq += 1
         timeout_ns = policy.timeout_ns(timeout_us)
         if timeout_ns:
+            entry.due_ns = entry.enqueued_ns + timeout_ns
             entry.timer = loop.call_later(timeout_ns / 1e9, self._expire, entry)
         entry.future.add_done_callback(functools.partial(self._withdrawn, entry))
         self._queues[level - 1].append(entry)
@@ -230,6 +239,10 @@ class DynamicBatcher:
     def _expire(self, entry: Entry) -> None:
         entry.timer = None
         if entry.state != _QUEUED:
+            return
+        early_ns = entry.due_ns - time.monotonic_ns()
+        if early_ns > 0:
+            entry.timer = self._loop.call_later(early_ns / 1e9 + _HALF_MS, self._expire, entry)
             return
         if self.policy.policy(entry.level).timeout_action == "DELAY":
             if not entry.delayed:

@@ -312,3 +312,25 @@ def test_a_sub_millisecond_delay_is_waited_out_asleep_and_in_full() -> None:
     assert not early or looks[0] >= asleep_until, (
         f"the batcher looked at {early} ns, before {asleep_until:.0f} ns"
     )
+
+
+def test_a_sub_millisecond_queue_timeout_does_not_expire_early() -> None:
+    """uvloop rounds a timer to the nearest millisecond: a 0.3 ms queue timeout fired at
+    the next loop iteration and answered "Request timeout expired" at once."""
+    timeout_ns = 300_000
+
+    async def scenario() -> int:
+        h = Harness(policy(queue_policies=(QueuePolicy(default_timeout_ns=timeout_ns),)))
+        h.instances[0].hold = True
+        h.submit("busy")
+        await settle()
+        started = time.monotonic_ns()
+        with pytest.raises(QueueRejected, match="Request timeout expired"):
+            await h.submit("late")
+        answered = time.monotonic_ns() - started
+        h.instances[0].gates[0].set()
+        h.batcher.close()
+        await settle()
+        return answered
+
+    assert uvloop.run(scenario()) >= timeout_ns
