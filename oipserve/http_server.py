@@ -78,23 +78,6 @@ class UvicornServer(uvicorn.Server):
         await asyncio.sleep(BACKLOG_HEAD_WAIT)
 
 
-def tcp_listener(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """A socket bound to ``host:port`` (``SO_REUSEPORT``: shared with the other HTTP fronts,
-    the kernel spreads new connections across them). Raises OSError."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    sock.set_inheritable(False)
-    return sock
-
-
 def http_server(settings: Settings, app: object) -> UvicornServer:
     """The OIP REST front's ``app`` on uvicorn, with our HTTP protocol."""
     config = uvicorn.Config(

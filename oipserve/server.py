@@ -27,7 +27,8 @@ from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front.start import RunningGrpc, start_grpc
-from oipserve.http_server import UvicornServer, http_server, tcp_listener
+from oipserve.http_server import UvicornServer, http_server
+from oipserve.listeners import tcp_listener, unix_listener
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.metrics import MetricsApp, Scraper
@@ -38,7 +39,6 @@ from oipserve.replicas.primary import (
     Replicas,
     follow_the_primary,
     forward_address,
-    forward_listener,
     grpc_forward_address,
 )
 from oipserve.repository import RepositoryError, check_repository, layout_warnings
@@ -282,14 +282,14 @@ async def serve(settings: Settings) -> int:
                 private = None
                 if sock is not None and settings.http_workers > 1 and not settings.grpc_processes:
                     grpc_address = grpc_forward_address(pool.prefix)
-                    private = forward_listener(grpc_address)
+                    private = unix_listener(grpc_address, 1024)
                     held.append(private)
                 grpc_server, grpc_port = await start_grpc(settings, dataplane, management, private)
                 if private is not None:
                     replicas_grpc = (grpc_port, grpc_address)
             if sock is not None and settings.http_workers > 1:
                 address = forward_address(pool.prefix)
-                forward = forward_listener(address)
+                forward = unix_listener(address, 1024)
                 held.append(forward)
                 replicas = Replicas(settings, registry, pool, address, replicas_grpc)
                 follow_the_primary(replicas, manager, pool, regions, dataplane)

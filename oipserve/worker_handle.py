@@ -19,6 +19,7 @@ import signal
 import socket
 
 from oipserve.errors import from_kind
+from oipserve.listeners import unix_listener
 from oipserve.wire.messages import Failed, Loaded, LoadModel, Stop, UnloadModel, WorkerReady
 from oipserve.wire.shm import sweep
 from oipserve.worker_link import WorkerDied, WorkerLink
@@ -118,14 +119,7 @@ class WorkerHandle(WorkerLink):
             return None
         self._starts += 1
         self.front_address = f"\0{self.segment_prefix}fronts-{self._starts}"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(self.front_address)
-            listener.listen(64)
-        except BaseException:
-            listener.close()
-            raise
-        return listener
+        return unix_listener(self.front_address, 64)
 
     def on_message(self, message: object) -> None:
         super().on_message(message)

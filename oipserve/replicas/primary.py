@@ -362,19 +362,6 @@ def grpc_forward_address(prefix: str) -> str:
     return f"\0{prefix}grpc"
 
 
-def forward_listener(address: str) -> socket.socket:
-    """The primary's private socket for what the other fronts forward, served by its uvicorn."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(address)
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    sock.set_inheritable(False)
-    return sock
-
-
 def follow_the_primary(
     replicas: Replicas,
     manager: ModelManager,

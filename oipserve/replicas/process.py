@@ -40,7 +40,8 @@ from oipserve.grpc_front.server import GrpcServer
 from oipserve.grpc_front.service import InferenceService
 from oipserve.grpc_h2.server import H2Server
 from oipserve.grpc_h2.tables import in_front_table
-from oipserve.http_server import http_server, tcp_listener
+from oipserve.http_server import http_server
+from oipserve.listeners import tcp_listener
 from oipserve.memory_trim import return_large_blocks_to_os
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.replicas.control import (
