@@ -217,17 +217,22 @@ request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16 * 1024 * 1024])
 request.raw_input_contents.append(np.ones(16 * 1024 * 1024, np.float32).tobytes())
 limit = [("grpc.max_send_message_length", 1 << 28), ("grpc.max_receive_message_length", 1 << 28)]
 with grpc.insecure_channel(sys.argv[1], options=limit) as channel:
-    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-    for _ in range(2):
-        reply = infer(request.SerializeToString(), timeout=120)
-        assert len(reply) > 64 * 1024 * 1024, len(reply)
+    if sys.argv[2] == "stream":
+        infer = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        replies = list(infer(iter([request.SerializeToString()] * 2), timeout=120))
+    else:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        replies = [infer(request.SerializeToString(), timeout=120) for _ in range(2)]
+    assert [len(reply) > 64 * 1024 * 1024 for reply in replies] == [True, True], replies[:1]
 """
 
 
-def worst_probe_during_large_grpc_calls(server: ServerProcess) -> float:
-    """``worst_live_probe`` while two clients each make two 64 MiB identity calls."""
+def worst_probe_during_large_grpc_calls(server: ServerProcess, stream: bool = False) -> float:
+    """``worst_live_probe`` while two clients each make two 64 MiB identity calls (unary,
+    or two requests on one ModelStreamInfer stream)."""
+    how = "stream" if stream else "unary"
     senders = [
-        subprocess.Popen([sys.executable, "-c", _SEND_LARGE_GRPC, server.grpc_url])
+        subprocess.Popen([sys.executable, "-c", _SEND_LARGE_GRPC, server.grpc_url, how])
         for _ in range(2)
     ]
     try:

@@ -18,12 +18,10 @@ from typing import Any
 
 from oipserve.errors import Unsupported
 from oipserve.grpc_front.codec import (
-    WRITE_IN_THREAD,
     InferCall,
-    InferReply,
     serialize_infer,
     split_infer_request,
-    written_in_thread,
+    wire_bytes,
 )
 from oipserve.grpc_front.server import RPCS, STREAM_RPC, Method, arrived
 from oipserve.grpc_front.service import InferenceService
@@ -64,33 +62,17 @@ def counted_methods(service: InferenceService) -> dict[str, Method]:
     return methods
 
 
-def stream_infer(service: InferenceService) -> Callable[[InferCall], Awaitable[bytes]]:
-    """One request of ModelStreamInfer, answered as a serialized ModelInferResponse."""
-    joined = _joined(service.ModelInfer)
+def stream_infer(
+    service: InferenceService,
+) -> Callable[[InferCall], Awaitable[bytes | memoryview]]:
+    """One request of ModelStreamInfer, answered as a serialized ModelInferResponse: a large
+    one gathered in a thread into memory of its own, as a unary reply is
+    (``codec.wire_bytes``; the stream unmaps it once it is sent)."""
 
-    async def infer(call: InferCall) -> bytes:
-        return serialize_infer(await joined(call))
+    async def infer(call: InferCall) -> bytes | memoryview:
+        return await wire_bytes(await service.ModelInfer(call), serialize_infer)
 
     return infer
-
-
-def _joined(
-    infer: Callable[[InferCall], Awaitable[InferReply]],
-) -> Callable[[InferCall], Awaitable[InferReply | bytes]]:
-    """ModelInfer whose large replies are joined in a thread: a stream's response is one
-    bytes object (``streaming.infer_response`` prefixes it).
-
-    NOTE: ``bytes.join`` keeps the GIL, so this moves the copy off the loop's stack
-    but not out of its way; unary replies copy without the GIL (``codec.wire_bytes``).
-    """
-
-    async def call(request: InferCall) -> InferReply | bytes:
-        reply = await infer(request)
-        if reply.nbytes >= WRITE_IN_THREAD:
-            return await written_in_thread(reply, InferReply.join)
-        return reply
-
-    return call
 
 
 def _refuse(method: str, reason: str) -> Callable[[Any], Awaitable[Any]]:

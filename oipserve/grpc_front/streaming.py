@@ -3,7 +3,8 @@
 The same loop serves the stream whether the inferences run in this process
 (``handlers``) or are forwarded to the front (``oipserve.grpc_process``): it
 takes a function from a request to the serialized ModelInferResponse and yields
-serialized ModelStreamInferResponses, so no response is parsed or copied again.
+ModelStreamInferResponses as wire bytes in parts (the field's tag and length, then the
+message as it came), so no response is parsed or copied again.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ _INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
 _IN_FLIGHT = 64
 
 
-def infer_response(serialized: bytes) -> bytes:
-    """A ModelStreamInferResponse carrying a serialized ModelInferResponse, without parsing it."""
-    return _INFER_RESPONSE_TAG + varint_bytes(len(serialized)) + serialized
+#: One response of the stream: its wire bytes, in parts to be sent one after another.
+Response = list[bytes | memoryview]
+
+
+def infer_response(serialized: bytes | memoryview) -> Response:
+    """A ModelStreamInferResponse carrying a serialized ModelInferResponse, neither parsed
+    nor copied: the field's tag and length, then the message itself."""
+    return [_INFER_RESPONSE_TAG + varint_bytes(memoryview(serialized).nbytes), serialized]
 
 
 def error_response(message: str) -> bytes:
@@ -44,11 +50,11 @@ def strict_errors(context: grpc.aio.ServicerContext) -> bool:
 
 async def ordered_responses(
     requests: AsyncIterator[Request],
-    infer: Callable[[Request], Awaitable[bytes]],
+    infer: Callable[[Request], Awaitable[bytes | memoryview]],
     closing: asyncio.Event,
     context: grpc.aio.ServicerContext,
     log_failures: bool = True,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[Response]:
     """Requests run concurrently; responses come back in request order.
 
     A failed request is answered in-band (``error_message``) and the stream goes
@@ -57,7 +63,7 @@ async def ordered_responses(
     (shutdown) the stream ends when every request read so far is answered.
     """
     strict = strict_errors(context)
-    pending: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue(_IN_FLIGHT)
+    pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue(_IN_FLIGHT)
 
     async def read() -> None:
         try:
@@ -92,7 +98,7 @@ async def ordered_responses(
                     log_failure("ModelStreamInfer", code, message, exc)
                 if strict:
                     await context.abort(code, message)
-                yield error_response(message)
+                yield [error_response(message)]
                 continue
             yield infer_response(response)
     finally:

@@ -118,7 +118,7 @@ class CallTable:
         self,
         settings: Settings,
         methods: dict[str, Method],
-        stream_infer: Callable[[Any], Awaitable[bytes]],
+        stream_infer: Callable[[Any], Awaitable[bytes | memoryview]],
         arriving: deque[float],
         closing: asyncio.Event,
         pool: BufferPool | None,
@@ -448,7 +448,7 @@ class Call:
             if compressed and payload is not None:
                 unmap_off_loop(payload)
         try:
-            await self._send(data, first=True)
+            await self._send([data], first=True)
             if type(data) is memoryview:  # gathered into memory of its own: unmapped next
                 await self._conn.sent()
         except (asyncio.CancelledError, ConnectionError):
@@ -477,9 +477,15 @@ class Call:
             responses = ordered_responses(
                 self._requests(), table.stream_infer, table.closing, context, table.log_failures
             )
-            async for response in responses:
-                await self._send(response, first=not started)
-                started = True
+            async for parts in responses:
+                try:
+                    await self._send(parts, first=not started)
+                    started = True
+                    if any(type(part) is memoryview for part in parts):
+                        await self._conn.sent()  # gathered into memory of its own
+                finally:
+                    for part in parts:
+                        unmap_off_loop(part)
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -548,8 +554,10 @@ class Call:
 
     # ---- answering ------------------------------------------------------------------
 
-    async def _send(self, data: bytes | memoryview, first: bool) -> None:
-        size = len(data)
+    async def _send(self, parts: list[bytes | memoryview], first: bool) -> None:
+        """One message, its wire bytes in ``parts``: joined when small, else sent one
+        part after another as the windows allow (a large one is never copied)."""
+        size = sum(memoryview(part).nbytes for part in parts)
         limit = self._table.send_limit
         if size > limit:
             raise PayloadTooLarge(f"Sent message larger than max ({size} vs. {limit})")
@@ -557,10 +565,11 @@ class Call:
         if first:
             conn.send_headers(stream, RESPONSE_HEADERS)
         prefix = MESSAGE_PREFIX.pack(0, size)
-        if size <= _SMALL_REPLY and conn.send_small(self, stream, prefix + data):
+        if size <= _SMALL_REPLY and conn.send_small(self, stream, b"".join([prefix, *parts])):
             return
         await conn.send_data(self, stream, memoryview(prefix))
-        await conn.send_data(self, stream, memoryview(data))
+        for part in parts:
+            await conn.send_data(self, stream, memoryview(part))
 
     def _finish(self, block: bytes) -> None:
         """The last header block (trailers), ending the stream from this side."""

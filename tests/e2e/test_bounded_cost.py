@@ -153,3 +153,12 @@ def test_large_grpc_messages_in_the_front_leave_its_loop_free(own_server: Server
     # NOTE: the loop's own stalls are a few ms (benchmarks/loop_stalls.py); the bound
     #   leaves room for this shared 2-core machine, as the --grpc-processes test's does.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms during 64 MiB gRPC calls"
+
+
+def test_large_grpc_stream_replies_leave_the_front_loop_free(own_server: ServerProcess) -> None:
+    """The same bound for ModelStreamInfer. A stream's large reply was joined in a thread
+    with the GIL held, then copied again on the loop behind the stream message's prefix;
+    it is now gathered as a unary reply is (no GIL) and sent after its prefix, uncopied."""
+    assert not own_server.grpc_process_pids()
+    worst = worst_probe_during_large_grpc_calls(own_server, stream=True)
+    assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms during 64 MiB stream replies"
