@@ -69,6 +69,9 @@ async def ordered_responses(
         try:
             async for request in requests:
                 await pending.put(asyncio.ensure_future(infer(request)))
+                # NOTE: held here until the next request came, it would keep its message's
+                #   memory viewed after its response went (and unmapping it in a thread).
+                del request
         finally:
             await pending.put(None)
 

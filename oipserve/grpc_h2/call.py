@@ -471,12 +471,17 @@ class Call:
 
     async def _run_stream(self) -> None:
         started = False
+        #: The request messages, in order, until their responses are sent: then one
+        #: received into memory of its own (``MAPPED``) is unmapped in a thread, not by
+        #: its last reference's release on the loop (64 MiB: tens of ms).
+        held: deque[Any] = deque()
         try:
             context = Context(self._metadata)
             table = self._table
             responses = ordered_responses(
-                self._requests(), table.stream_infer, table.closing, context, table.log_failures
-            )
+                self._requests(held), table.stream_infer, table.closing, context,
+                table.log_failures,
+            )  # fmt: skip
             async for parts in responses:
                 try:
                     await self._send(parts, first=not started)
@@ -486,6 +491,8 @@ class Call:
                 finally:
                     for part in parts:
                         unmap_off_loop(part)
+                    if held:  # its request's message (responses come in request order)
+                        unmap_off_loop(held.popleft())
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -500,19 +507,26 @@ class Call:
                 log_failure(STREAM_RPC, code, message, exc)
             self._end(code.value[0], message, started)
             return
+        finally:
+            while held:
+                unmap_off_loop(held.popleft())
         self._end(_OK, "", started)
 
-    async def _requests(self) -> AsyncIterator[Any]:
+    async def _requests(self, held: deque[Any]) -> AsyncIterator[Any]:
         assert self._queue is not None
         while True:
             item = await self._queue.get()
             if item is None:
                 return
             compressed, message = item
+            item = None
             if self._unacked and self._queue.qsize() < _QUEUED:
                 self._acknowledge()
             if compressed:
-                message = await self._inflate(message)
+                inflated = await self._inflate(message)
+                unmap_off_loop(message)
+                message = inflated
+            held.append(message)
             yield self._table.parse_stream(message)
 
     async def _inflate(self, data: bytes | memoryview) -> bytes | memoryview:
