@@ -449,16 +449,12 @@ class Call:
                 unmap_off_loop(payload)
         try:
             await self._send([data], first=True)
-            if type(data) is memoryview:  # gathered into memory of its own: unmapped next
-                await self._conn.sent()
         except (asyncio.CancelledError, ConnectionError):
             self._cancelled()
             return
         except Exception as exc:  # too large to send: nothing was sent
             self._fail_with(exc)
             return
-        finally:
-            unmap_off_loop(data)  # type: ignore[arg-type]
         self._finish(TRAILERS_OK)
 
     def _forwarded(self, request: bytes) -> Awaitable[bytes]:
@@ -486,11 +482,7 @@ class Call:
                 try:
                     await self._send(parts, first=not started)
                     started = True
-                    if any(type(part) is memoryview for part in parts):
-                        await self._conn.sent()  # gathered into memory of its own
                 finally:
-                    for part in parts:
-                        unmap_off_loop(part)
                     if held:  # its request's message (responses come in request order)
                         unmap_off_loop(held.popleft())
         except asyncio.CancelledError:
@@ -570,20 +562,31 @@ class Call:
 
     async def _send(self, parts: list[bytes | memoryview], first: bool) -> None:
         """One message, its wire bytes in ``parts``: joined when small, else sent one
-        part after another as the windows allow (a large one is never copied)."""
-        size = sum(memoryview(part).nbytes for part in parts)
-        limit = self._table.send_limit
-        if size > limit:
-            raise PayloadTooLarge(f"Sent message larger than max ({size} vs. {limit})")
-        conn, stream = self._conn, self._stream
-        if first:
-            conn.send_headers(stream, RESPONSE_HEADERS)
-        prefix = MESSAGE_PREFIX.pack(0, size)
-        if size <= _SMALL_REPLY and conn.send_small(self, stream, b"".join([prefix, *parts])):
-            return
-        await conn.send_data(self, stream, memoryview(prefix))
-        for part in parts:
-            await conn.send_data(self, stream, memoryview(part))
+        part after another as the windows allow (a large one is never copied).
+
+        A part in memory of its own (a reply gathered in a thread, a mapped message) is
+        unmapped in a thread once the transport has handed it to the kernel, or at once
+        when nothing is sent from it (too large, the call gone).
+        """
+        try:
+            size = sum(memoryview(part).nbytes for part in parts)
+            limit = self._table.send_limit
+            if size > limit:
+                raise PayloadTooLarge(f"Sent message larger than max ({size} vs. {limit})")
+            conn, stream = self._conn, self._stream
+            if first:
+                conn.send_headers(stream, RESPONSE_HEADERS)
+            prefix = MESSAGE_PREFIX.pack(0, size)
+            if size <= _SMALL_REPLY and conn.send_small(self, stream, b"".join([prefix, *parts])):
+                return
+            await conn.send_data(self, stream, memoryview(prefix))
+            for part in parts:
+                await conn.send_data(self, stream, memoryview(part))
+            if any(type(part) is memoryview for part in parts):
+                await conn.sent()  # the transport holds views of them until then
+        finally:
+            for part in parts:
+                unmap_off_loop(part)
 
     def _finish(self, block: bytes) -> None:
         """The last header block (trailers), ending the stream from this side."""
