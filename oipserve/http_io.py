@@ -23,6 +23,10 @@ class _Owner(Protocol):
     def connection_lost(self, exc: Exception | None) -> None: ...
 
 
+#: How often ``CorkedTransport.sent`` looks at the transport's buffer.
+_SENT_POLL = 0.002
+
+
 class CorkedTransport:
     """A transport proxy that sends everything written in one loop iteration at once."""
 
@@ -46,6 +50,20 @@ class CorkedTransport:
         pending, self._pending = self._pending, []
         if pending and not self._transport.is_closing():
             self._transport.writelines(pending)
+
+    async def sent(self) -> None:
+        """Return once everything written so far is in the kernel's hands (or the
+        transport is closing).
+
+        A transport keeps views of what it could not send yet; memory it views is freed
+        by its last release of it, wherever that happens (a 100 MB unmap on the loop's
+        thread). Awaiting this before ``off_loop.unmap_off_loop`` keeps the unmap in a
+        thread.
+        """
+        self.flush()
+        transport = self._transport
+        while not transport.is_closing() and transport.get_write_buffer_size():
+            await asyncio.sleep(_SENT_POLL)
 
     def close(self) -> None:
         self.flush()

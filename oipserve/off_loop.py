@@ -1,7 +1,7 @@
 """Work kept off the event loop: in a thread, holding what it uses until it is done
 (``in_thread``; ``releasing_on_failure`` when the work's size decides), with copies that
 let go of the GIL meanwhile (``copy_into``), and large anonymous memory unmapped in a
-thread once nothing sends from it (``until_sent``, ``unmap_off_loop``)."""
+thread once nothing sends from it (``unmap_off_loop``, after ``CorkedTransport.sent``)."""
 
 from __future__ import annotations
 
@@ -94,20 +94,3 @@ def unmap_off_loop(payload: object) -> None:
             pass  # still viewed: freed with the last view
 
     asyncio.get_running_loop().run_in_executor(None, close)
-
-
-#: How often ``until_sent`` looks at a transport's buffer.
-_SENT_POLL = 0.002
-
-
-async def until_sent(transport: asyncio.WriteTransport | None) -> None:
-    """Return once ``transport`` has handed everything written to the kernel.
-
-    A transport keeps views of what it could not send yet; memory it views is freed
-    by its last release of it, wherever that happens (a 100 MB unmap on the loop's
-    thread). Awaiting this before ``unmap_off_loop`` keeps the unmap in a thread.
-    """
-    while transport is not None and not transport.is_closing():
-        if not transport.get_write_buffer_size():
-            return
-        await asyncio.sleep(_SENT_POLL)

@@ -227,7 +227,8 @@ def gathered(reply: InferReply) -> memoryview:
 async def wire_bytes(response: object, serialize: Callable[[Any], bytes]) -> bytes | memoryview:
     """A response's wire bytes: an ``InferReply`` of ``WRITE_IN_THREAD`` or more gathered
     in a thread into memory of its own (the caller unmaps it once it is sent:
-    ``off_loop.until_sent``, ``off_loop.unmap_off_loop``), anything else ``serialize``d."""
+    ``http_io.CorkedTransport.sent``, ``off_loop.unmap_off_loop``), anything else
+    ``serialize``d."""
     if type(response) is InferReply and response.nbytes >= WRITE_IN_THREAD:
         return await written_in_thread(response, gathered)
     return serialize(response)

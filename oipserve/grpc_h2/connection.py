@@ -56,7 +56,6 @@ from oipserve.grpc_h2.frames import (
 )
 from oipserve.grpc_h2.headers import MAX_HEADER_LIST, HeaderDecoder, Headers
 from oipserve.http_io import CorkedTransport
-from oipserve.off_loop import until_sent
 
 log = logging.getLogger("oipserve.grpc")
 
@@ -422,9 +421,8 @@ class Connection(asyncio.Protocol):
                 await asyncio.sleep(0)
 
     async def sent(self) -> None:
-        """Return once everything written so far is in the kernel's hands (``until_sent``)."""
-        self._out.flush()
-        await until_sent(self.transport)
+        """Return once everything written so far is in the kernel's hands."""
+        await self._out.sent()
 
     def reset_stream(self, stream: int, code: ErrorCode) -> None:
         """End a stream from this side (the call, if any, is not told)."""

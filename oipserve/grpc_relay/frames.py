@@ -17,7 +17,6 @@ from collections.abc import Awaitable
 import msgspec
 
 from oipserve.http_io import CorkedTransport
-from oipserve.off_loop import until_sent
 from oipserve.wire.messages import ErrorKind
 
 PREFIX = struct.Struct("!IQ")
@@ -115,10 +114,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._out = CorkedTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
 
     async def sent(self) -> None:
-        """Return once everything sent so far is in the kernel's hands (``until_sent``)."""
+        """Return once everything sent so far is in the kernel's hands."""
         if self._out is not None:
-            self._out.flush()
-        await until_sent(self.transport)
+            await self._out.sent()
 
     def send(self, header: Header, payload: Payload = b"") -> None:
         if self._out is None or self._out.is_closing():
