@@ -44,8 +44,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
-    #: Processes that serve the gRPC port with grpc.aio and forward each call to this one
-    #: (0: gRPC is served in this process, on its own HTTP/2). The command line's default
+    #: Processes that serve the gRPC port (with the same HTTP/2 as this one) and forward
+    #: each call to this one (0: gRPC is served in this process). The command line's default
     #: is "auto" (``AUTO_GRPC_PROCESSES``), resolved at load.
     grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = AUTO_GRPC_PROCESSES
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
@@ -185,8 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-processes",
         metavar="N|auto",
-        help="serve gRPC from N processes of its own (grpc.aio) that share the port and "
-        "forward each call to the front (0: in the front process, on its own HTTP/2; auto: "
+        help="serve gRPC from N processes of its own that share the port and forward each "
+        "call to the front (0: in the front process; auto: "
         f"{AUTO_GRPC_PROCESSES}); see docs/grpc.md",
     )
     serve.add_argument(
