@@ -30,6 +30,7 @@ from typing import Protocol
 import oipserve
 from oipserve import json_offload
 from oipserve.batched import BatchRunner
+from oipserve.busy_poll import BusyPoll
 from oipserve.classification import check_classification, classify
 from oipserve.client_regions import ClientRegions, RegionUse
 from oipserve.echo import answer_echo
@@ -71,6 +72,7 @@ class DataPlane:
         infer_timeout: float = 120.0,
         regions: ClientRegions | None = None,
         server_name: str = "oipserve",
+        busy_poll_window: float = 0.0,
     ) -> None:
         self.registry = registry
         #: The ``name`` of the server metadata (``--server-name``).
@@ -81,6 +83,8 @@ class DataPlane:
         self.infer_timeout = infer_timeout
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
+        #: Told of each request's start and end: polls at low load (``--busy-poll-us``).
+        self.busy_poll = BusyPoll(self._loop, busy_poll_window)
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
         #: Per model version: what the statistics extension and /metrics report.
@@ -159,6 +163,7 @@ class DataPlane:
             inference.text_outputs = [name for name in inference.text_outputs if name not in counts]
         model = inference.model
         model.in_flight += 1
+        self.busy_poll.started()
         try:
             result = await self._run(inference)
             if inference.into_regions:
@@ -166,6 +171,7 @@ class DataPlane:
             return await classify(result, counts) if counts else result
         finally:
             model.in_flight -= 1
+            self.busy_poll.ended()
             for use in inference.into_regions.values():
                 use.release()
 

@@ -175,6 +175,7 @@ async def serve(settings: Settings) -> int:
         settings.infer_timeout,
         regions,
         settings.server_name,
+        settings.busy_poll_us / 1e6,
     )
     cpu_lock = asyncio.Lock()
 

@@ -67,6 +67,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Deadline of every inference, in seconds, unless a request's ``timeout`` parameter (or
     #: its gRPC deadline) is shorter; past it the client gets 503 / DEADLINE_EXCEEDED.
     infer_timeout: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    #: Microseconds a front's loop polls for a worker's reply instead of sleeping, while it
+    #: has at most two requests in flight (``oipserve.busy_poll``); 0 never polls.
+    busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 400
     #: Seconds between heartbeats to each worker; one that has not answered for
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
     worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -226,6 +229,12 @@ def _parser() -> argparse.ArgumentParser:
         "--infer-timeout",
         metavar="SECONDS",
         help="deadline of an inference (a request's own timeout may be shorter)",
+    )
+    serve.add_argument(
+        "--busy-poll-us",
+        metavar="US",
+        help="at low load, how long a front polls for a worker's reply instead of "
+        "sleeping (answers sooner, spends an idle core); 0 never polls",
     )
     serve.add_argument(
         "--worker-heartbeat-interval", metavar="SECONDS", help="time between worker heartbeats"

@@ -148,6 +148,7 @@ class Replica:
             settings.infer_timeout,
             regions,
             settings.server_name,
+            settings.busy_poll_us / 1e6,
         )
         self.forwarder = Forwarder(start.forward_to)
         self.grpc_forwarder: GrpcForwarder | None = None

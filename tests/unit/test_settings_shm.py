@@ -20,6 +20,15 @@ def test_flags_beat_environment_beat_defaults() -> None:
     assert settings == Settings(model_repository="/env", http_port=0, instances_per_device=3)
 
 
+def test_busy_polling_is_on_by_default_and_off_with_zero() -> None:
+    _, settings = load_settings(["serve", "--model-repository", "x"], {})
+    assert settings.busy_poll_us == 400
+    _, settings = load_settings(
+        ["serve", "--model-repository", "x"], {"OIPSERVE_BUSY_POLL_US": "0"}
+    )
+    assert settings.busy_poll_us == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "fragment"),
     [
@@ -35,6 +44,7 @@ def test_flags_beat_environment_beat_defaults() -> None:
             {},
             "--instances-per-device",
         ),
+        (["serve", "--model-repository", "x", "--busy-poll-us", "-1"], {}, "--busy-poll-us"),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], env: dict[str, str], fragment: str) -> None:
