@@ -6,16 +6,21 @@ request. It then sleeps in ``epoll_wait``, and waking it costs both sides: the w
 (or client's) write must wake a sleeping task, and on a virtual machine a sleeping vCPU
 (the guest executes HLT) is woken with an interrupt that exits to the hypervisor. On this
 project's 2-core VM the front spent ~60 us of CPU a request on that, and the request
-waited for it (``benchmarks/results/2026-11-28-busy-poll.md``).
+waited for it (``benchmarks/results/2026-11-27-busy-poll.md``).
 
 So while a front has at most ``MAX_IN_FLIGHT`` requests in flight, each start and each end
 of a request keeps its loop turning without sleeping (``epoll_wait`` with no timeout; one
-``call_soon`` a turn), for ``reply_window`` seconds while a request is in flight (a reply
-is due) or ``next_window`` once none is (the client's next request may be). Every turn
-yields the CPU (``sched_yield``) so that a task waiting for this core runs first. With
-more requests in flight the loop is fed by their arrivals anyway, and on a busy machine
-polling took CPU the workers needed: matmul at c=4 over two fronts read 0.91-0.97x with
-polling up to 2 requests per front, and the rows it pays on (c=1, c=2) gain 1.1-1.3x.
+``call_soon`` a turn):
+
+- for a worker's reply, for up to ``reply_window`` seconds, but only while this front's
+  requests typically take no longer than that (``typical``, a moving average): polling for
+  a reply that comes later only takes a core from the workers (a MatMul that ONNX Runtime
+  runs on every core read 0.91x at c=4 over two fronts when the front polled for it);
+- for the client's next request, for ``next_window`` seconds once none is in flight.
+
+Every turn yields the CPU (``sched_yield``) so that a task waiting for this core runs
+first. With more requests in flight the loop is fed by their arrivals anyway, and polling
+took CPU the workers needed (0.79x on that MatMul).
 
 Like Linux's ``SO_BUSY_POLL`` or ONNX Runtime's spinning thread pool, it spends an idle
 core to answer sooner: a front at low load shows more CPU busy than it serves.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import deque
 
 __all__ = ["MAX_IN_FLIGHT", "NEXT_REQUEST_WINDOW", "BusyPoll"]
 
@@ -36,6 +42,8 @@ MAX_IN_FLIGHT = 2
 #: ends (at most ``--busy-poll-us``): a client that sends again at once does so within
 #: tens of microseconds.
 NEXT_REQUEST_WINDOW = 150e-6
+#: Weight of the newest request in ``BusyPoll.typical``.
+_NEWEST = 1 / 8
 
 
 class BusyPoll:
@@ -49,17 +57,33 @@ class BusyPoll:
         self.next_window = min(window, NEXT_REQUEST_WINDOW)
         #: Requests in flight in this front.
         self.in_flight = 0
+        #: Seconds a request of this front typically takes, start to end: a moving average.
+        self.typical = 0.0
         #: Whether a polling turn is scheduled.
         self.polling = False
         self._until = 0.0
+        #: When each request in flight started, oldest first. NOTE: requests may end in
+        #:   another order; the oldest start is then taken as the one that ended, which at
+        #:   the loads that poll (two in flight at most) is off by a request's time at most.
+        self._starts: deque[float] = deque()
 
     def started(self) -> None:
         self.in_flight += 1
-        self._poll(self.reply_window)
+        self._starts.append(time.monotonic())
+        self._poll_for_reply()
 
     def ended(self) -> None:
         self.in_flight -= 1
-        self._poll(self.reply_window if self.in_flight else self.next_window)
+        took = time.monotonic() - self._starts.popleft()
+        self.typical += (took - self.typical) * _NEWEST
+        if self.in_flight:
+            self._poll_for_reply()
+        else:
+            self._poll(self.next_window)
+
+    def _poll_for_reply(self) -> None:
+        if self.typical <= self.reply_window:
+            self._poll(self.reply_window)
 
     def _poll(self, window: float) -> None:
         if not window or self.in_flight > MAX_IN_FLIGHT:

@@ -68,7 +68,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: its gRPC deadline) is shorter; past it the client gets 503 / DEADLINE_EXCEEDED.
     infer_timeout: Annotated[float, msgspec.Meta(gt=0)] = 120.0
     #: Microseconds a front's loop polls for a worker's reply instead of sleeping, while it
-    #: has at most two requests in flight (``oipserve.busy_poll``); 0 never polls.
+    #: has at most two requests in flight and they typically take no longer; 150 us (at
+    #: most this) for the client's next request (``oipserve.busy_poll``). 0 never polls.
     busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 400
     #: Seconds between heartbeats to each worker; one that has not answered for
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.

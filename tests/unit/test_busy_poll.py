@@ -87,3 +87,27 @@ def test_a_window_of_zero_never_polls(turns: list[int]) -> None:
         assert turns[0] == 0
 
     _run(scenario)
+
+
+def test_a_front_whose_requests_take_longer_than_the_window_polls_only_for_the_next(
+    turns: list[int],
+) -> None:
+    async def scenario() -> None:
+        poll = BusyPoll(asyncio.get_running_loop(), 0.002)
+        for _ in range(30):  # requests of 5 ms: longer than the 2 ms window
+            poll.started()
+            await asyncio.sleep(0.005)
+            poll.ended()
+        assert poll.typical > 0.002
+        await asyncio.sleep(0.005)
+        seen = turns[0]
+        poll.started()
+        await asyncio.sleep(0.005)
+        assert not poll.polling
+        assert turns[0] == seen  # no polling for this reply
+        poll.ended()
+        assert poll.polling  # but for the client's next request
+        await asyncio.sleep(0.005)
+        assert not poll.polling
+
+    _run(scenario)
