@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import deque
 
 __all__ = ["MAX_IN_FLIGHT", "NEXT_REQUEST_WINDOW", "BusyPoll"]
 
@@ -62,20 +61,17 @@ class BusyPoll:
         #: Whether a polling turn is scheduled.
         self.polling = False
         self._until = 0.0
-        #: When each request in flight started, oldest first. NOTE: requests may end in
-        #:   another order; the oldest start is then taken as the one that ended, which at
-        #:   the loads that poll (two in flight at most) is off by a request's time at most.
-        self._starts: deque[float] = deque()
 
-    def started(self) -> None:
+    def started(self) -> float:
+        """A request started: returns when, for ``ended``."""
         self.in_flight += 1
-        self._starts.append(time.monotonic())
         self._poll_for_reply()
+        return time.monotonic()
 
-    def ended(self) -> None:
+    def ended(self, since: float) -> None:
+        """The request that ``started`` at ``since`` ended."""
         self.in_flight -= 1
-        took = time.monotonic() - self._starts.popleft()
-        self.typical += (took - self.typical) * _NEWEST
+        self.typical += (time.monotonic() - since - self.typical) * _NEWEST
         if self.in_flight:
             self._poll_for_reply()
         else:

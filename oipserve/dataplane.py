@@ -163,7 +163,7 @@ class DataPlane:
             inference.text_outputs = [name for name in inference.text_outputs if name not in counts]
         model = inference.model
         model.in_flight += 1
-        self.busy_poll.started()
+        since = self.busy_poll.started()
         try:
             result = await self._run(inference)
             if inference.into_regions:
@@ -171,7 +171,7 @@ class DataPlane:
             return await classify(result, counts) if counts else result
         finally:
             model.in_flight -= 1
-            self.busy_poll.ended()
+            self.busy_poll.ended(since)
             for use in inference.into_regions.values():
                 use.release()
 

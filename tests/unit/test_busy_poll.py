@@ -51,9 +51,9 @@ def test_the_end_of_the_last_request_polls_only_for_the_next_request_window(
     async def scenario() -> None:
         poll = BusyPoll(asyncio.get_running_loop(), 0.05)
         assert poll.next_window == NEXT_REQUEST_WINDOW
-        poll.started()
+        since = poll.started()
         await asyncio.sleep(0)
-        poll.ended()
+        poll.ended(since)
         await asyncio.sleep(0.01)  # far past 150 us, far short of 50 ms
         assert not poll.polling
         assert poll.in_flight == 0
@@ -64,12 +64,11 @@ def test_the_end_of_the_last_request_polls_only_for_the_next_request_window(
 def test_more_requests_in_flight_than_the_limit_stop_polling(turns: list[int]) -> None:
     async def scenario() -> None:
         poll = BusyPoll(asyncio.get_running_loop(), 0.05)
-        for _ in range(MAX_IN_FLIGHT + 1):
-            poll.started()
+        starts = [poll.started() for _ in range(MAX_IN_FLIGHT + 1)]
         await asyncio.sleep(0.01)
         assert not poll.polling
         assert turns[0] == 0  # the turn scheduled by the first start saw too many and ended
-        poll.ended()  # back to the limit: polls again
+        poll.ended(starts[0])  # back to the limit: polls again
         await asyncio.sleep(0.005)
         assert poll.polling
         assert turns[0] >= 1
@@ -80,8 +79,7 @@ def test_more_requests_in_flight_than_the_limit_stop_polling(turns: list[int]) -
 def test_a_window_of_zero_never_polls(turns: list[int]) -> None:
     async def scenario() -> None:
         poll = BusyPoll(asyncio.get_running_loop(), 0.0)
-        poll.started()
-        poll.ended()
+        poll.ended(poll.started())
         await asyncio.sleep(0.005)
         assert not poll.polling
         assert turns[0] == 0
@@ -95,17 +93,17 @@ def test_a_front_whose_requests_take_longer_than_the_window_polls_only_for_the_n
     async def scenario() -> None:
         poll = BusyPoll(asyncio.get_running_loop(), 0.002)
         for _ in range(30):  # requests of 5 ms: longer than the 2 ms window
-            poll.started()
+            since = poll.started()
             await asyncio.sleep(0.005)
-            poll.ended()
+            poll.ended(since)
         assert poll.typical > 0.002
         await asyncio.sleep(0.005)
         seen = turns[0]
-        poll.started()
+        since = poll.started()
         await asyncio.sleep(0.005)
         assert not poll.polling
         assert turns[0] == seen  # no polling for this reply
-        poll.ended()
+        poll.ended(since)
         assert poll.polling  # but for the client's next request
         await asyncio.sleep(0.005)
         assert not poll.polling
