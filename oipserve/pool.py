@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from oipserve.wire.shm import owner_prefix, sweep
 from oipserve.worker_handle import WorkerHandle
 from oipserve.worker_link import away
+from oipserve.workerproc import WorkerOptions
 
 __all__ = ["WorkerPool"]
 
@@ -23,9 +24,10 @@ log = logging.getLogger("oipserve.pool")
 class WorkerPool:
     """All worker processes, by device."""
 
-    def __init__(self, front_pid: int, log_level: str, fronts: int = 1) -> None:
+    def __init__(self, front_pid: int, options: WorkerOptions, fronts: int = 1) -> None:
         self.prefix = owner_prefix(front_pid)
-        self.log_level = log_level
+        #: What each worker process is started with.
+        self.options = options
         #: The server's HTTP fronts (``--http-workers``); with more than one, workers also
         #: listen for the others, and this front (the primary, 0) keeps to its own workers.
         self.fronts = fronts
@@ -72,7 +74,7 @@ class WorkerPool:
         handle.add_death_listener(self._on_death)
         self.workers.append(handle)
         try:
-            await handle.start(asyncio.get_running_loop(), self.log_level)
+            await handle.start(asyncio.get_running_loop(), self.options)
         except BaseException:
             self.workers.remove(handle)
             handle.kill()
@@ -94,7 +96,7 @@ class WorkerPool:
         while not self.closing:
             attempt += 1
             try:
-                await dead.start(asyncio.get_running_loop(), self.log_level)
+                await dead.start(asyncio.get_running_loop(), self.options)
                 for key, load in models.items():
                     await dead.load(
                         key, load.path, load.providers, load.intra_op_threads, load.session_options

@@ -48,6 +48,7 @@ from oipserve.settings import Settings
 from oipserve.startup_report import StartupReport, not_ready_models, remove_ready_file, status_log
 from oipserve.wire.shm import sweep, sweep_stale
 from oipserve.worker_handle import WorkerHandle
+from oipserve.workerproc import WorkerOptions
 
 log = logging.getLogger("oipserve")
 
@@ -165,7 +166,8 @@ async def serve(settings: Settings) -> int:
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
 
-    pool = WorkerPool(os.getpid(), settings.log_level, fronts=settings.http_workers)
+    options = WorkerOptions(settings.log_level, settings.busy_poll_us)
+    pool = WorkerPool(os.getpid(), options, fronts=settings.http_workers)
     registry = ModelRegistry()
     regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
     dataplane = DataPlane(

@@ -24,7 +24,7 @@ from oipserve.wire.messages import Failed, Loaded, LoadModel, Stop, UnloadModel,
 from oipserve.wire.shm import sweep
 from oipserve.worker_link import WorkerDied, WorkerLink
 from oipserve.worker_sockets import HeartbeatProtocol, MessageProtocol
-from oipserve.workerproc import WorkerProcess, exit_status
+from oipserve.workerproc import WorkerOptions, WorkerProcess, exit_status
 
 __all__ = ["WorkerDied", "WorkerHandle"]
 
@@ -68,7 +68,7 @@ class WorkerHandle(WorkerLink):
         #: Loop time of the worker's last heartbeat echo (or of its start).
         self.last_heartbeat = 0.0
 
-    async def start(self, loop: asyncio.AbstractEventLoop, log_level: str) -> None:
+    async def start(self, loop: asyncio.AbstractEventLoop, options: WorkerOptions) -> None:
         # NOTE: CUDA must number GPUs as NVML does, or device_id "N" would not be cuda:N
         #   of the inventory (see hardware.onnxruntime); workers inherit this.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -76,7 +76,7 @@ class WorkerHandle(WorkerLink):
         beat_ours, beat_theirs = socket.socketpair()
         listener = self._front_listener()
         try:
-            process = WorkerProcess(theirs, beat_theirs, self.segment_prefix, log_level, listener)
+            process = WorkerProcess(theirs, beat_theirs, self.segment_prefix, options, listener)
         except BaseException:
             ours.close()
             beat_ours.close()

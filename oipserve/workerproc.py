@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import NamedTuple
 
 
 class ChildProcess:
@@ -60,6 +61,15 @@ class ChildProcess:
             self.sentinel = -1
 
 
+class WorkerOptions(NamedTuple):
+    """What every worker of a server is started with, from its settings."""
+
+    log_level: str = "info"
+    #: Microseconds a worker polls for its next request after a reply, instead of
+    #: sleeping (``--busy-poll-us``; ``workers.busy_poll``). 0 never polls.
+    busy_poll_us: int = 0
+
+
 class WorkerProcess(ChildProcess):
     """A worker program (``python -m workers``) on its two sockets, and optionally a
     listening socket where other fronts connect."""
@@ -69,13 +79,14 @@ class WorkerProcess(ChildProcess):
         sock: socket.socket,
         heartbeat: socket.socket,
         segment_prefix: str,
-        log_level: str,
+        options: WorkerOptions,
         fronts: socket.socket | None = None,
     ) -> None:
         fd = sock.fileno()
         beat_fd = heartbeat.fileno()
         args = ["--socket-fd", str(fd), "--heartbeat-fd", str(beat_fd)]
-        args += ["--segment-prefix", segment_prefix, "--log-level", log_level]
+        args += ["--segment-prefix", segment_prefix, "--log-level", options.log_level]
+        args += ["--busy-poll-us", str(options.busy_poll_us)]
         fds = [fd, beat_fd]
         if fronts is not None:
             args += ["--fronts-fd", str(fronts.fileno())]

@@ -22,6 +22,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--log-level", default="info")
     # A listening socket where the server's other fronts connect (--http-workers).
     parser.add_argument("--fronts-fd", type=int, default=None)
+    # Microseconds to poll for the next request after a reply (workers.busy_poll; 0: never).
+    parser.add_argument("--busy-poll-us", type=int, default=0)
     return parser.parse_args()
 
 
@@ -33,4 +35,10 @@ if __name__ == "__main__":
     from workers.worker import main
 
     fronts = None if args.fronts_fd is None else socket.socket(fileno=args.fronts_fd)
-    main(socket.socket(fileno=args.socket_fd), args.segment_prefix, args.log_level, fronts)
+    main(
+        socket.socket(fileno=args.socket_fd),
+        args.segment_prefix,
+        args.log_level,
+        fronts,
+        args.busy_poll_us,
+    )

@@ -50,6 +50,7 @@ from oipserve.wire.messages import (
 )
 from oipserve.wire.shm import BufferPool, SegmentCache
 from workers import json_text, runtime
+from workers.busy_poll import NextRequestPoll, select_polling
 from workers.images import decode_batch
 from workers.outputs import bound_outputs, write_outputs
 from workers.regions import RegionCache, RegionError
@@ -100,7 +101,11 @@ class FrontConnection:
 
 class Worker:
     def __init__(
-        self, sock: socket.socket, segment_prefix: str, fronts: socket.socket | None = None
+        self,
+        sock: socket.socket,
+        segment_prefix: str,
+        fronts: socket.socket | None = None,
+        busy_poll_us: int = 0,
     ) -> None:
         self.sessions: dict[str, runtime.ModelSession] = {}
         #: Clients' shared-memory objects (system shared-memory extension).
@@ -116,6 +121,8 @@ class Worker:
         self.greeting = WorkerReady(os.getpid(), "")
         self.decoder = msgspec.msgpack.Decoder(ToWorker)
         self.encoder = msgspec.msgpack.Encoder()
+        #: When to poll for the next request instead of sleeping (``workers.busy_poll``).
+        self.polling = NextRequestPoll(busy_poll_us * 1000)
 
     def serve(self) -> None:
         """Read frames until the starter's Stop or EOF, or SIGTERM; answer each in order."""
@@ -136,8 +143,10 @@ class Worker:
             self.fronts.setblocking(False)
             selector.register(self.fronts, selectors.EVENT_READ, self.fronts)
         try:
+            until = 0
             while True:
-                events = selector.select()
+                events = select_polling(selector, until)
+                self.polling.woken(monotonic_ns())
                 if any(key.fd == wake_r for key, _ in events):
                     os.read(wake_r, 64)
                     # Drain what already arrived, on every connection, then leave.
@@ -152,6 +161,7 @@ class Worker:
                         if key.data is self.starter:
                             return  # the starting front is gone, or said Stop
                         self.disconnect(key.data, selector)
+                until = self.polling.idle(monotonic_ns())
         finally:
             selector.close()
             signal.set_wakeup_fd(-1)
@@ -464,7 +474,11 @@ class Worker:
 
 
 def main(
-    sock: socket.socket, segment_prefix: str, log_level: str, fronts: socket.socket | None = None
+    sock: socket.socket,
+    segment_prefix: str,
+    log_level: str,
+    fronts: socket.socket | None = None,
+    busy_poll_us: int = 0,
 ) -> None:
     """Process entry (spawned): serve until told to stop, then free shared memory."""
     # NOTE: our own process group: Ctrl-C in a terminal, or a supervisor that
@@ -476,7 +490,7 @@ def main(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     import onnxruntime
 
-    worker = Worker(sock, segment_prefix, fronts)
+    worker = Worker(sock, segment_prefix, fronts, busy_poll_us)
     worker.greeting = WorkerReady(os.getpid(), onnxruntime.__version__)
     worker.reply(worker.starter, worker.greeting)
     worker.starter.flush()

@@ -22,6 +22,7 @@ from oipserve.wire.messages import ErrorKind, Failed, LoadModel, TensorDesc
 from oipserve.wire.shm import BufferPool, SegmentCache
 from oipserve.worker_handle import WorkerHandle
 from oipserve.worker_link import WorkerDied, WorkerLink
+from oipserve.workerproc import WorkerOptions
 from tests.server import SAMPLE_REPOSITORY, shm_entries, wait_for
 
 SIMPLE = str(SAMPLE_REPOSITORY / "simple/1/model.onnx")
@@ -30,7 +31,7 @@ CPU = [("CPUExecutionProvider", {})]
 
 @pytest.fixture
 async def pool() -> AsyncIterator[WorkerPool]:
-    pool = WorkerPool(os.getpid(), "warning", fronts=2)
+    pool = WorkerPool(os.getpid(), WorkerOptions("warning"), fronts=2)
     yield pool
     await pool.stop(10)
 
@@ -184,7 +185,7 @@ async def test_the_workers_death_cuts_off_every_front_and_the_replacement_listen
 
 
 async def test_a_worker_without_other_fronts_listens_nowhere() -> None:
-    pool = WorkerPool(os.getpid(), "warning")
+    pool = WorkerPool(os.getpid(), WorkerOptions("warning"))
     try:
         worker = await pool.add_worker("cpu", 1)
         assert worker.front_address == ""

@@ -15,6 +15,7 @@ from oipserve.replicas.process import Router
 from oipserve.wire.messages import LoadModel
 from oipserve.worker_handle import WorkerHandle
 from oipserve.worker_link import AWAY, WorkerLink, away
+from oipserve.workerproc import WorkerOptions
 
 LIMIT = 1024
 
@@ -76,7 +77,7 @@ def _version(registry: ModelRegistry, name: str, worker: WorkerHandle, **config:
 
 
 def test_a_snapshot_holds_ready_repository_versions() -> None:
-    pool = WorkerPool(os.getpid(), "info", fronts=2)
+    pool = WorkerPool(os.getpid(), WorkerOptions("info"), fronts=2)
     worker = WorkerHandle(1, "cpu", 1, f"{pool.prefix}w1-", accepts_fronts=True)
     worker.alive = True
     worker.front_address = "\0somewhere"

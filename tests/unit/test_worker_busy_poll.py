@@ -1,0 +1,148 @@
+"""A worker's busy polling for its next request (workers.busy_poll): when, and how it polls."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+from time import monotonic_ns
+
+import pytest
+
+from workers import busy_poll
+from workers.busy_poll import NextRequestPoll, select_polling
+
+WINDOW = 400_000  # ns
+
+
+def _gaps(poll: NextRequestPoll, gap: int, count: int) -> None:
+    """``count`` replies, each followed by a request ``gap`` ns later."""
+    now = 1_000_000_000
+    for _ in range(count):
+        poll.idle(now)
+        now += gap
+        poll.woken(now)
+
+
+def test_a_worker_polls_for_the_window_after_each_reply() -> None:
+    poll = NextRequestPoll(WINDOW)
+    assert poll.idle(5_000) == 5_000 + WINDOW
+    _gaps(poll, WINDOW // 4, 20)
+    assert poll.idle(7_000) == 7_000 + WINDOW
+
+
+def test_a_window_of_zero_never_polls() -> None:
+    poll = NextRequestPoll(0)
+    _gaps(poll, 1_000, 20)
+    assert poll.idle(5_000) == 0
+
+
+def test_requests_further_apart_than_the_window_stop_the_polling() -> None:
+    poll = NextRequestPoll(WINDOW)
+    _gaps(poll, 3 * WINDOW, 5)
+    assert poll.idle(5_000) != 0, "a few long gaps leave most recent ones within"
+    _gaps(poll, 3 * WINDOW, 10)
+    assert poll.idle(5_000) == 0
+
+
+def test_requests_in_bursts_keep_the_polling() -> None:
+    """Behind busy fronts every other gap is a front's loop turn, longer than the window."""
+    poll = NextRequestPoll(WINDOW)
+    for _ in range(20):
+        _gaps(poll, WINDOW // 40, 1)
+        _gaps(poll, 2 * WINDOW, 1)
+        assert poll.idle(5_000) != 0
+
+
+def test_gaps_counted_while_asleep_bring_the_polling_back() -> None:
+    poll = NextRequestPoll(WINDOW)
+    _gaps(poll, 10 * WINDOW, 30)
+    assert poll.idle(5_000) == 0
+    _gaps(poll, WINDOW // 2, 10)
+    assert poll.idle(5_000) != 0
+
+
+def test_one_idle_second_among_close_requests_does_not_stop_the_polling() -> None:
+    poll = NextRequestPoll(WINDOW)
+    _gaps(poll, WINDOW // 2, 10)
+    _gaps(poll, 1_000_000_000, 1)
+    assert poll.idle(5_000) != 0
+
+
+class _Selector(selectors.DefaultSelector):
+    """A real selector that counts its polls (timeout 0) and its waits (no timeout);
+    ``blind`` polls see nothing."""
+
+    def __init__(self, blind: bool = False) -> None:
+        super().__init__()
+        self.blind = blind
+        self.polls = 0
+        self.waits = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0:
+            self.polls += 1
+            if self.blind:
+                return []
+            return super().select(0)
+        self.waits += 1
+        # NOTE: a wait with no timeout is bounded here, so that a broken poll fails the
+        #   test instead of hanging it.
+        return super().select(2.0 if timeout is None else timeout)
+
+
+@pytest.fixture
+def pair() -> tuple[socket.socket, socket.socket]:
+    ours, theirs = socket.socketpair()
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def test_a_request_that_comes_while_polling_is_taken_without_sleeping(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours, theirs = pair
+    selector = _Selector()
+    selector.register(ours, selectors.EVENT_READ)
+    yields = [0]
+
+    def sched_yield() -> None:  # the front writes during the worker's third poll
+        yields[0] += 1
+        if yields[0] == 3:
+            theirs.send(b"x")
+
+    monkeypatch.setattr(busy_poll.os, "sched_yield", sched_yield)
+    events = select_polling(selector, monotonic_ns() + 1_000_000_000)
+    assert [key.fileobj for key, _ in events] == [ours]
+    assert (selector.polls, selector.waits, yields[0]) == (4, 0, 3)
+    selector.close()
+
+
+def test_past_the_window_the_worker_sleeps_until_a_request_comes(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours, theirs = pair
+    selector = _Selector(blind=True)
+    selector.register(ours, selectors.EVENT_READ)
+    monkeypatch.setattr(busy_poll.os, "sched_yield", lambda: None)
+    theirs.send(b"x")
+    started = monotonic_ns()
+    events = select_polling(selector, started + 2_000_000)
+    assert monotonic_ns() - started >= 2_000_000, "polled for the whole window"
+    assert [key.fileobj for key, _ in events] == [ours]
+    assert selector.polls > 1
+    assert selector.waits == 1
+    selector.close()
+
+
+def test_with_no_window_the_worker_sleeps_at_once(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = pair
+    selector = _Selector()
+    selector.register(ours, selectors.EVENT_READ)
+    theirs.send(b"x")
+    events = select_polling(selector, 0)
+    assert [key.fileobj for key, _ in events] == [ours]
+    assert (selector.polls, selector.waits) == (0, 1)
+    selector.close()
