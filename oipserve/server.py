@@ -166,7 +166,7 @@ async def serve(settings: Settings) -> int:
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
 
-    options = WorkerOptions(settings.log_level, settings.busy_poll_us)
+    options = WorkerOptions(settings.log_level, settings.worker_busy_poll_us)
     pool = WorkerPool(os.getpid(), options, fronts=settings.http_workers)
     registry = ModelRegistry()
     regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))

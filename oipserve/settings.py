@@ -69,10 +69,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     infer_timeout: Annotated[float, msgspec.Meta(gt=0)] = 120.0
     #: Microseconds a front's loop polls for a worker's reply instead of sleeping, while it
     #: has at most two requests in flight and they typically take no longer; 150 us (at
-    #: most this) for the client's next request (``oipserve.busy_poll``). Also how long a
-    #: worker polls for its next request after a reply, while its requests typically come
-    #: that close together (``workers.busy_poll``). 0 never polls.
+    #: most this) for the client's next request (``oipserve.busy_poll``). 0 never polls.
     busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 400
+    #: Microseconds a worker polls for its next request after a reply instead of sleeping,
+    #: while at least a quarter of its recent requests came that soon (``workers.busy_poll``).
+    #: 0 never polls.
+    worker_busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 250
     #: Seconds between heartbeats to each worker; one that has not answered for
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
     worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -236,9 +238,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--busy-poll-us",
         metavar="US",
-        help="at low load, how long a front polls for a worker's reply, and a worker for "
-        "its next request, instead of sleeping (answers sooner, spends an idle core); "
-        "0 never polls",
+        help="at low load, how long a front polls for a worker's reply instead of "
+        "sleeping (answers sooner, spends an idle core); 0 never polls",
+    )
+    serve.add_argument(
+        "--worker-busy-poll-us",
+        metavar="US",
+        help="how long a worker polls for its next request after a reply, while its "
+        "requests come that close together, instead of sleeping; 0 never polls",
     )
     serve.add_argument(
         "--worker-heartbeat-interval", metavar="SECONDS", help="time between worker heartbeats"

@@ -66,7 +66,7 @@ class WorkerOptions(NamedTuple):
 
     log_level: str = "info"
     #: Microseconds a worker polls for its next request after a reply, instead of
-    #: sleeping (``--busy-poll-us``; ``workers.busy_poll``). 0 never polls.
+    #: sleeping (``--worker-busy-poll-us``; ``workers.busy_poll``). 0 never polls.
     busy_poll_us: int = 0
 
 

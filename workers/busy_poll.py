@@ -5,14 +5,19 @@ writes again. Waking it costs both sides: the front's write must wake a sleeping
 on a virtual machine a sleeping vCPU (the guest executes HLT) is woken with an interrupt
 that exits to the hypervisor. At low load that happens once a request. So a worker keeps
 polling its sockets (``select`` with no timeout, ``sched_yield`` between polls) for up to
-``--busy-poll-us`` (the window the front polls for a reply; ``oipserve.busy_poll``) after
-its last reply, and only then sleeps.
+``--worker-busy-poll-us`` (250 us) after its last reply, and only then sleeps. (The front
+polls for a worker's reply the same way: ``oipserve.busy_poll``.)
 
 Measured on this project's 2-core VM, against workers that always sleep, in one
-interleaved run each (``benchmarks/results/2026-11-27-worker-poll.md``): 1.26-1.36x the
-tiny requests at c=1, 1.13-1.15x at c=16 over two fronts (a worker there idles between
-most requests too), 1.08x a MatMul at c=4. The fronts spend less too: their writes no
-longer wake a sleeping worker.
+interleaved harness run (``benchmarks/results/2026-11-27-worker-poll.md``): 1.17x the
+tiny JSON requests at c=1, 1.04x at c=16 over two fronts; the fronts spend less too,
+since their writes no longer wake a sleeping worker.
+
+The window is shorter than the front's 400 us because the gap it waits out holds the
+front's and the client's work on a reply and the next request: ~160-190 us with wrk, but
+~360 us with Python's gRPC client, whose calls are CPU-bound on a small machine. With a
+400 us window a worker polled through those gaps and took the client's CPU (gRPC c=1:
+0.86x the build before); with 250 us it stops polling there by itself (below), 0.96x.
 
 Polling pays only while the next request often comes within the window. A worker whose
 requests come further apart (a slow client, a light load) would spend the window on every

@@ -1,4 +1,4 @@
-"""A worker polls for its next request for ``--busy-poll-us`` after a reply, then sleeps.
+"""A worker polls for its next request for ``--worker-busy-poll-us`` after a reply, then sleeps.
 
 Read from the workers' CPU time (``/proc/<pid>/schedstat``, in nanoseconds) right after
 a run of requests: a polling worker spends the window's time on a core, a sleeping one
@@ -28,7 +28,7 @@ def _cpu_ns(pids: list[int]) -> int:
 
 @pytest.mark.parametrize("window_us", [WINDOW_US, 0])
 def test_a_worker_polls_for_the_window_after_its_replies_then_sleeps(window_us: int) -> None:
-    server = ServerProcess(args=["--busy-poll-us", str(window_us)]).wait_ready()
+    server = ServerProcess(args=["--worker-busy-poll-us", str(window_us)]).wait_ready()
     try:
         workers = server.worker_pids()
         assert workers

@@ -29,6 +29,15 @@ def test_busy_polling_is_on_by_default_and_off_with_zero() -> None:
     assert settings.busy_poll_us == 0
 
 
+def test_worker_busy_polling_is_on_by_default_and_off_with_zero() -> None:
+    _, settings = load_settings(["serve", "--model-repository", "x"], {})
+    assert settings.worker_busy_poll_us == 250
+    _, settings = load_settings(
+        ["serve", "--model-repository", "x"], {"OIPSERVE_WORKER_BUSY_POLL_US": "0"}
+    )
+    assert settings.worker_busy_poll_us == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "fragment"),
     [
@@ -45,6 +54,11 @@ def test_busy_polling_is_on_by_default_and_off_with_zero() -> None:
             "--instances-per-device",
         ),
         (["serve", "--model-repository", "x", "--busy-poll-us", "-1"], {}, "--busy-poll-us"),
+        (
+            ["serve", "--model-repository", "x", "--worker-busy-poll-us", "100001"],
+            {},
+            "--worker-busy-poll-us",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], env: dict[str, str], fragment: str) -> None:
