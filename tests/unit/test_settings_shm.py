@@ -20,22 +20,18 @@ def test_flags_beat_environment_beat_defaults() -> None:
     assert settings == Settings(model_repository="/env", http_port=0, instances_per_device=3)
 
 
-def test_busy_polling_is_on_by_default_and_off_with_zero() -> None:
+@pytest.mark.parametrize(
+    ("field", "variable", "default"),
+    [("busy_poll_us", "OIPSERVE_BUSY_POLL_US", 400),
+     ("worker_busy_poll_us", "OIPSERVE_WORKER_BUSY_POLL_US", 250)],
+)  # fmt: skip
+def test_busy_polling_is_on_by_default_and_off_with_zero(
+    field: str, variable: str, default: int
+) -> None:
     _, settings = load_settings(["serve", "--model-repository", "x"], {})
-    assert settings.busy_poll_us == 400
-    _, settings = load_settings(
-        ["serve", "--model-repository", "x"], {"OIPSERVE_BUSY_POLL_US": "0"}
-    )
-    assert settings.busy_poll_us == 0
-
-
-def test_worker_busy_polling_is_on_by_default_and_off_with_zero() -> None:
-    _, settings = load_settings(["serve", "--model-repository", "x"], {})
-    assert settings.worker_busy_poll_us == 250
-    _, settings = load_settings(
-        ["serve", "--model-repository", "x"], {"OIPSERVE_WORKER_BUSY_POLL_US": "0"}
-    )
-    assert settings.worker_busy_poll_us == 0
+    assert getattr(settings, field) == default
+    _, settings = load_settings(["serve", "--model-repository", "x"], {variable: "0"})
+    assert getattr(settings, field) == 0
 
 
 @pytest.mark.parametrize(
