@@ -64,27 +64,29 @@ class BusyPoll:
 
     def started(self) -> float:
         """A request started: returns when, for ``ended``."""
+        now = time.monotonic()
         self.in_flight += 1
-        self._poll_for_reply()
-        return time.monotonic()
+        self._poll_for_reply(now)
+        return now
 
     def ended(self, since: float) -> None:
         """The request that ``started`` at ``since`` ended."""
+        now = time.monotonic()
         self.in_flight -= 1
-        self.typical += (time.monotonic() - since - self.typical) * _NEWEST
+        self.typical += (now - since - self.typical) * _NEWEST
         if self.in_flight:
-            self._poll_for_reply()
+            self._poll_for_reply(now)
         else:
-            self._poll(self.next_window)
+            self._poll(self.next_window, now)
 
-    def _poll_for_reply(self) -> None:
+    def _poll_for_reply(self, now: float) -> None:
         if self.typical <= self.reply_window:
-            self._poll(self.reply_window)
+            self._poll(self.reply_window, now)
 
-    def _poll(self, window: float) -> None:
+    def _poll(self, window: float, now: float) -> None:
         if not window or self.in_flight > MAX_IN_FLIGHT:
             return
-        self._until = time.monotonic() + window
+        self._until = now + window
         if not self.polling:
             self.polling = True
             self._loop.call_soon(self._turn)
