@@ -179,7 +179,7 @@ async def _serve_front(path: str) -> None:
 async def _serve_h2(port: int) -> None:
     sys.path.insert(0, str(BENCH.parent))
     from oipserve.grpc_front.server import Method
-    from oipserve.grpc_h2.call import CallTable
+    from oipserve.grpc_h2.call_table import CallTable
     from oipserve.grpc_h2.server import H2Server
     from oipserve.settings import Settings
 

@@ -33,7 +33,7 @@ import uvloop
 from oipserve.collector import settle_garbage_collector
 from oipserve.errors import Unavailable, from_kind
 from oipserve.grpc_front.server import RPCS, STREAM_RPC, GrpcServer, Method, arrived
-from oipserve.grpc_h2.call import CallTable
+from oipserve.grpc_h2.call_table import CallTable
 from oipserve.grpc_h2.server import H2Server
 from oipserve.grpc_relay.frames import (
     MAPPED,

@@ -8,7 +8,8 @@ then the payload) are refused by their declared length before any memory is take
 for them; a large ModelInfer message is read straight into a segment of the input
 pool, where the worker reads its tensors (as a REST body is), other large ones into
 anonymous memory that goes back to the system when freed. A compressed message is
-inflated in a thread, bounded by the same limit.
+inflated in a thread, bounded by the same limit (``grpc_h2.inflate``). What all calls share
+is their ``CallTable`` (``grpc_h2.call_table``).
 
 Failures leave as a status (``status.status_of``, the one mapping); a call whose
 deadline passes is cancelled (a queued request leaves its batcher) and answered
@@ -21,19 +22,18 @@ import asyncio
 import mmap
 import re
 import time
-import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
 
-from oipserve.access import GRPC_METHODS, allows, by_api, denial
-from oipserve.errors import Forbidden, InvalidInput, PayloadTooLarge
-from oipserve.grpc_front.codec import split_infer_request, wire_bytes
-from oipserve.grpc_front.server import RPCS, SERVICE, STREAM_RPC, Method
+from oipserve.errors import PayloadTooLarge
+from oipserve.grpc_front.codec import wire_bytes
+from oipserve.grpc_front.server import STREAM_RPC, Method
 from oipserve.grpc_front.status import log_failure, status_of
 from oipserve.grpc_front.streaming import ordered_responses
+from oipserve.grpc_h2.call_table import CallTable
 from oipserve.grpc_h2.connection import Connection
 from oipserve.grpc_h2.frames import (
     MESSAGE_PREFIX,
@@ -43,11 +43,12 @@ from oipserve.grpc_h2.frames import (
     trailers,
     trailers_only,
 )
+from oipserve.grpc_h2.handler_context import Aborted, Context
 from oipserve.grpc_h2.headers import Headers
+from oipserve.grpc_h2.inflate import ENCODINGS, inflate
 from oipserve.grpc_relay.frames import MAPPED
 from oipserve.off_loop import unmap_off_loop
-from oipserve.settings import Settings
-from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease
+from oipserve.wire.shm import CREATE_IN_THREAD, Lease
 
 #: ModelInfer messages from this size are read into an input segment; other messages from
 #: ``MAPPED`` into anonymous memory of their own (as a gRPC process's link reads them).
@@ -56,14 +57,11 @@ LEASED = 256 * 1024
 _STREAM_ACK = 1024 * 1024
 #: A stream's messages read ahead of its handler before its window stops being given back.
 _QUEUED = 64
-#: Output of inflating a message taken at a time.
-_INFLATE_STEP = 1024 * 1024
 #: Replies up to this size are written at once, without waiting on windows.
 _SMALL_REPLY = 64 * 1024
 
 _TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 #: Headers that are the transport's, not the call's metadata.
 _NOT_METADATA = frozenset(("content-type", "te", "grpc-encoding", "grpc-accept-encoding",
                            "grpc-timeout", "user-agent"))  # fmt: skip
@@ -73,93 +71,6 @@ _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-
-
-class Aborted(Exception):
-    """A handler ended its call with this status (``Context.abort``)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class Context:
-    """What a streaming handler reads of its call (a small part of grpc.aio's context)."""
-
-    __slots__ = ("_metadata",)
-
-    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._metadata = metadata
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        raise Aborted(code, details)
-
-
-#: Another front that answers what this one does not: (method, request, the call's
-#: metadata, seconds left or None) -> the response message.
-Forward = Callable[[str, bytes, tuple[tuple[str, str], ...], "float | None"], Awaitable[bytes]]
-
-
-class CallTable:
-    """What every call of one server shares: the methods, the restrictions, the limits.
-
-    ``methods`` are answered here; with ``forward``, every other unary RPC of the
-    service is handed to it as bytes (``--http-workers``: the primary answers them).
-    ``parse_stream`` reads a ModelStreamInfer request for ``stream_infer``, and
-    ``log_failures`` says whether failures are logged here (a gRPC process leaves that to
-    the front, which answered them).
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        methods: dict[str, Method],
-        stream_infer: Callable[[Any], Awaitable[bytes | memoryview]],
-        arriving: deque[float],
-        closing: asyncio.Event,
-        pool: BufferPool | None,
-        forward: Forward | None = None,
-        parse_stream: Callable[[Any], Any] = split_infer_request,
-        log_failures: bool = True,
-    ) -> None:
-        self.parse_stream = parse_stream
-        self.log_failures = log_failures
-        #: path -> (RPC name, its method; None: forwarded).
-        self.methods: dict[str, tuple[str, Method | None]] = {
-            f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()
-        }
-        self.forward = forward
-        if forward is not None:
-            for name in RPCS:
-                if name != STREAM_RPC and name not in methods:
-                    self.methods[f"/{SERVICE}/{name}"] = (name, None)
-        self.stream_path = f"/{SERVICE}/{STREAM_RPC}"
-        self.stream_infer = stream_infer
-        self.arriving = arriving
-        self.closing = closing
-        self.pool = pool
-        self.send_limit = settings.grpc_max_message_bytes
-        # NOTE: a compressed message is bounded by this once inflated too, like an HTTP body.
-        self.receive_limit = min(settings.grpc_max_message_bytes, settings.max_request_bytes)
-        table = by_api(settings.grpc_restricted_protocol)
-        #: method name -> (its restriction, the refusal), for restricted methods only.
-        self.restricted = {
-            method: (table[api], Forbidden(denial(api, table[api], grpc=True)))
-            for method, api in GRPC_METHODS.items()
-            if api in table
-        }
-
-    def refusal(self, name: str, metadata: tuple[tuple[str, str], ...]) -> Forbidden | None:
-        rule = self.restricted.get(name)
-        if rule is None:
-            return None
-        restriction, refusal = rule
-        sent = next((value for key, value in metadata if key == restriction.header), None)
-        return None if allows(restriction, sent) else refusal
 
 
 class Call:
@@ -246,7 +157,7 @@ class Call:
         if refusal is not None:
             self._fail_with(refusal)
             return
-        if self._encoding not in ("identity", "gzip", "deflate"):
+        if self._encoding not in ENCODINGS:
             self._fail(_UNIMPLEMENTED, f"grpc-encoding {self._encoding!r} is not supported")
             return
         if self._name == STREAM_RPC:
@@ -429,7 +340,7 @@ class Call:
         compressed, message, lease, mapped = self._messages.pop()
         payload: Any = None
         try:
-            payload = await self._inflate(message) if compressed else message
+            payload = await self._inflated(message) if compressed else message
             if method is None:  # answered by another front
                 data: bytes | memoryview = await self._forwarded(bytes(payload))
             else:
@@ -515,48 +426,14 @@ class Call:
             if self._unacked and self._queue.qsize() < _QUEUED:
                 self._acknowledge()
             if compressed:
-                inflated = await self._inflate(message)
+                inflated = await self._inflated(message)
                 unmap_off_loop(message)
                 message = inflated
             held.append(message)
             yield self._table.parse_stream(message)
 
-    async def _inflate(self, data: bytes | memoryview) -> bytes | memoryview:
-        """The message inflated in a thread (zlib lets go of the GIL), up to the limit.
-
-        A message that inflates to more than ``_INFLATE_STEP`` is inflated step by step
-        into anonymous memory (no step's output is held twice, and the memory goes back
-        to the system once freed), so a refused bomb costs at most the limit.
-        """
-        limit = self._table.receive_limit
-        inflater = zlib.decompressobj(_WBITS[self._encoding])
-
-        def inflate() -> bytes | memoryview:
-            first = inflater.decompress(data, _INFLATE_STEP)
-            if inflater.eof and len(first) <= limit:
-                return first
-            memory = memoryview(mmap.mmap(-1, limit))
-            filled = 0
-            chunk = first
-            while True:
-                if filled + len(chunk) > limit:
-                    memory.release()
-                    raise PayloadTooLarge(
-                        f"Received message larger than max (over {limit} once inflated)"
-                    )
-                memory[filled : filled + len(chunk)] = chunk
-                filled += len(chunk)
-                if inflater.eof:
-                    return memory[:filled]
-                tail = inflater.unconsumed_tail
-                if not chunk and not tail:
-                    raise zlib.error("a truncated compressed message")
-                chunk = inflater.decompress(tail, _INFLATE_STEP)
-
-        try:
-            return await asyncio.to_thread(inflate)
-        except zlib.error as exc:
-            raise InvalidInput(f"the message does not inflate: {exc}") from None
+    def _inflated(self, message: bytes | memoryview) -> Awaitable[bytes | memoryview]:
+        return inflate(message, self._encoding, self._table.receive_limit)
 
     # ---- answering ------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from oipserve.grpc_h2.call import Call, CallTable
+from oipserve.grpc_h2.call import Call
+from oipserve.grpc_h2.call_table import CallTable
 from oipserve.grpc_h2.connection import Connection
 
 _POLL_SECONDS = 0.02

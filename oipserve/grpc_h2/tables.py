@@ -5,7 +5,7 @@ from __future__ import annotations
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front.handlers import counted_methods, stream_infer
 from oipserve.grpc_front.service import InferenceService
-from oipserve.grpc_h2.call import CallTable, Forward
+from oipserve.grpc_h2.call_table import CallTable, Forward
 from oipserve.settings import Settings
 
 #: What another HTTP front answers itself; it forwards the rest (and streams run here).

@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 
 from oipserve.grpc_front.server import SERVICE
-from oipserve.grpc_h2.call import Aborted
+from oipserve.grpc_h2.handler_context import Aborted
 
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
