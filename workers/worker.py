@@ -17,7 +17,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 from collections.abc import Callable
 from time import monotonic_ns
 
@@ -31,7 +30,6 @@ from oipserve.wire.messages import (
     Failed,
     Forget,
     ForgetRegions,
-    FrameSplitter,
     Infer,
     InferDone,
     JsonDecoded,
@@ -48,9 +46,9 @@ from oipserve.wire.messages import (
     WorkerReady,
     frame,
 )
-from oipserve.wire.shm import BufferPool, SegmentCache
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling
+from workers.fronts import FrontConnection, accept_front
 from workers.images import decode_batch
 from workers.outputs import bound_outputs, write_outputs
 from workers.regions import RegionCache, RegionError
@@ -59,44 +57,6 @@ log = logging.getLogger("oipserve.worker")
 
 #: Ends the client's message for an unexpected failure; the traceback is logged.
 _SEE_LOG = " (an internal error; the server log has the details)"
-
-
-#: Seconds a reply to another front may wait for room in its socket before that front is
-#: dropped: a front that stopped reading must not wedge the worker for everyone else.
-FRONT_SEND_TIMEOUT = 5.0
-
-
-class FrontConnection:
-    """One front's socket to this worker: its frames, its replies, its output segments."""
-
-    def __init__(self, sock: socket.socket, output_prefix: str, starter: bool) -> None:
-        self.sock = sock
-        #: The front that started this worker (its end of the socket pair).
-        self.starter = starter
-        self.splitter = FrameSplitter()
-        #: This front's input segments, mapped by name (names are unique to one front; a
-        #: front that leaves takes its mappings with it).
-        self.inputs = SegmentCache()
-        self.replies: list[bytes] = []
-        #: Output segments the pool dropped since the last reply (the front forgets them).
-        self.dropped: list[str] = []
-        self.outputs = BufferPool(output_prefix, on_drop=self.dropped.append)
-
-    def flush(self) -> bool:
-        """Send the queued replies; False when the front cannot take them (gone, stuck)."""
-        if not self.replies:
-            return True
-        payload = b"".join(self.replies)
-        self.replies.clear()
-        try:
-            self.sock.sendall(payload)
-        except OSError:  # reset, broken pipe, or (another front) past FRONT_SEND_TIMEOUT
-            return False
-        return True
-
-    def close(self) -> None:
-        self.outputs.close()
-        self.sock.close()
 
 
 class Worker:
@@ -184,23 +144,12 @@ class Worker:
         return connection.flush()
 
     def accept(self, selector: selectors.BaseSelector) -> None:
-        """Another front of this server connects (only peers of this user are kept)."""
+        """Another front of this server connects (``workers.fronts.accept_front``)."""
         assert self.fronts is not None
-        try:
-            sock, _ = self.fronts.accept()
-        except OSError:
+        accepted = accept_front(self.fronts)
+        if accepted is None:
             return
-        pid, uid, _gid = struct.unpack(
-            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        )
-        if uid != os.getuid():
-            log.warning("refused a front connection from pid %d (uid %d)", pid, uid)
-            sock.close()
-            return
-        sock.setblocking(True)
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(FRONT_SEND_TIMEOUT), 0)
-        )
+        sock, pid = accepted
         self._accepted += 1
         connection = FrontConnection(sock, f"{self.segment_prefix}c{self._accepted}-", False)
         self.connections.append(connection)
