@@ -16,7 +16,7 @@ from oipserve.errors import InvalidInput, PayloadTooLarge
 
 __all__ = ["ENCODINGS", "inflate"]
 
-#: zlib's window bits for each ``grpc-encoding`` this server reads (and identity).
+#: zlib's window bits for each compressed ``grpc-encoding`` this server reads.
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 #: The ``grpc-encoding`` values a call may use.
 ENCODINGS = frozenset(("identity", *_WBITS))
