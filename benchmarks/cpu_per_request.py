@@ -140,6 +140,10 @@ def main() -> None:
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
     parser.add_argument("--http-workers", type=int, default=1, help="oipserve's HTTP fronts")
     ns = parser.parse_args()
+    # NOTE: servers and rows are keyed by the build's path: one named twice would start a
+    #   second server whose handle replaced the first's, left running after the run.
+    if len({build.resolve() for build in ns.builds}) < len(ns.builds):
+        parser.error("a build is named twice; name each source tree once")
     cases = build_models(WORK / "models")
     model, body = request_body(ns.request, cases)
     scratch = WORK / "scratch"
