@@ -40,15 +40,13 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from oipbench.load import run_wrk  # noqa: E402
 from oipbench.models import ModelCase, build_models  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, json_body  # noqa: E402
-from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
+from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
 from oipbench.servers import Tuning, start_triton  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -68,31 +66,6 @@ def request_body(request: str, cases: dict[str, ModelCase]) -> tuple[str, HttpBo
     model, write = REQUESTS[request]
     suffix = "json" if write is json_body else "bin"
     return model, write(cases[model], WORK / "payloads" / f"{model}.{suffix}")
-
-
-#: An argument of the processes that run models: oipserve's workers (``python -m workers``)
-#: and Triton's python-backend stubs. Every other process of a server's tree is a front.
-_MODEL_RUNNERS = ("workers", "triton_python_backend_stub")
-
-
-def _runs_models(pid: int) -> bool:
-    try:
-        command = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return any(os.path.basename(part) in _MODEL_RUNNERS for part in command)
-
-
-def _front_and_workers(before: CpuSnapshot, after: CpuSnapshot) -> tuple[float, float]:
-    """CPU seconds the fronts and the workers of a tree spent in between."""
-    front = workers = 0.0
-    for pid, (_, seconds) in after.per_pid.items():
-        spent = seconds - before.per_pid.get(pid, ("", 0.0))[1]
-        if _runs_models(pid):
-            workers += spent
-        else:
-            front += spent
-    return front, workers
 
 
 def _counts(url: str, model: str) -> tuple[int, int]:
@@ -165,7 +138,7 @@ def main() -> None:
                 m = run_wrk(name, f"{ns.request}-c{ns.concurrency}", rnd,
                             f"http://{url}/v2/models/{model}/infer", body, ns.concurrency,
                             ns.seconds, scratch, pid)  # fmt: skip
-                front, workers = _front_and_workers(before, cpu_snapshot(pid))
+                front, workers = front_and_workers(before, cpu_snapshot(pid))
                 if not m.ok:
                     raise RuntimeError(f"{name}: {m.note}")
                 inferences, executions = (

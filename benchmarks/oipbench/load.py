@@ -81,8 +81,10 @@ def run_wrk(
     max_requests: int = 0,
     rate: float = 0.0,
     payload_bytes: int = 0,
+    threads: int = 1,
 ) -> Measurement:
-    """One wrk run (1 thread: wrk's one event loop out-runs any Python server on 2 cores)."""
+    """One wrk run (1 thread by default: wrk's one event loop out-runs any Python server on
+    2 cores; ``threads`` for a many-core node's several fronts)."""
     env = dict(os.environ)
     env.update(
         {
@@ -96,7 +98,7 @@ def run_wrk(
     )
     argv = [
         "wrk",
-        "-t1",
+        f"-t{threads}",
         f"-c{connections}",
         f"-d{duration_s}s",
         "--timeout",

@@ -231,6 +231,32 @@ def cpu_delta(before: CpuSnapshot, after: CpuSnapshot) -> tuple[float, list[tupl
     return sum(r[1] for r in rows), rows
 
 
+#: An argument of the processes that run models: oipserve's workers (``python -m workers``)
+#: and Triton's python-backend stubs. Every other process of a server's tree is a front.
+_MODEL_RUNNERS = ("workers", "triton_python_backend_stub")
+
+
+def _runs_models(pid: int) -> bool:
+    try:
+        command = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return any(os.path.basename(part) in _MODEL_RUNNERS for part in command)
+
+
+def front_and_workers(before: CpuSnapshot, after: CpuSnapshot) -> tuple[float, float]:
+    """CPU seconds the fronts (every process that runs no model: oipserve's fronts, its
+    gRPC processes, ``tritonserver``) and the workers of a tree spent in between."""
+    front = workers = 0.0
+    for pid, (_, seconds) in after.per_pid.items():
+        spent = seconds - before.per_pid.get(pid, ("", 0.0))[1]
+        if _runs_models(pid):
+            workers += spent
+        else:
+            front += spent
+    return front, workers
+
+
 @dataclass
 class ClientRun:
     """Outcome of a bounded client process: output, exit code, own CPU time, wall time."""
