@@ -39,7 +39,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from oipbench.load import Measurement, run_grpc, run_wrk  # noqa: E402
+from oipbench.load import Measurement, concurrency_specs, run_grpc, run_wrk  # noqa: E402
 from oipbench.models import build_models, write_oipserve_repo  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, grpc_spec, json_body  # noqa: E402
 from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
@@ -113,17 +113,6 @@ def _start(http_workers: int, instances: int) -> Server:
     raise RuntimeError(f"--http-workers {http_workers}: the server did not start")
 
 
-def _scenarios(text: str) -> list[tuple[str, int]]:
-    """Parse "json:64,grpc:16" into [("json", 64), ("grpc", 16)]."""
-    out = []
-    for item in text.split(","):
-        protocol, _, concurrency = item.partition(":")
-        if protocol not in PROTOCOLS or not concurrency.isdigit():
-            raise SystemExit(f"--scenarios: {item!r} is not <json|binary|grpc>:<concurrency>")
-        out.append((protocol, int(concurrency)))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="1,2", help="--http-workers values to compare")
@@ -138,7 +127,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every measurement here")
     ns = parser.parse_args()
     modes = [int(m) for m in ns.modes.split(",")]
-    scenarios = _scenarios(ns.scenarios)
+    scenarios = concurrency_specs(ns.scenarios, PROTOCOLS)
     if ns.prepare or not REPOSITORY.exists():
         json_file, binary_file, spec = _prepare(ns.instances)
     else:

@@ -34,7 +34,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from oipbench.load import run_grpc  # noqa: E402
+from oipbench.load import concurrency_specs, run_grpc  # noqa: E402
 from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -108,17 +108,6 @@ def _start(processes: int, instances: int) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError(f"--grpc-processes {processes}: the server did not start")
 
 
-def _scenarios(text: str) -> list[tuple[str, int]]:
-    """Parse "tiny:16,mib:4" into [("tiny", 16), ("mib", 4)]."""
-    out = []
-    for item in text.split(","):
-        name, _, concurrency = item.partition(":")
-        if name not in MODELS or not concurrency.isdigit():
-            raise SystemExit(f"--scenarios: {item!r} is not <tiny|mib>:<concurrency>")
-        out.append((name, int(concurrency)))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -135,7 +124,7 @@ def main() -> None:
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     modes = [int(m) for m in ns.modes.split(",")]
-    scenarios = _scenarios(ns.scenarios)
+    scenarios = concurrency_specs(ns.scenarios, MODELS)
     servers = {mode: _start(mode, ns.instances) for mode in modes}
     rows: list[Row] = []
     try:

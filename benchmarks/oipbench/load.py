@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -263,3 +264,17 @@ def grpc_check(
         return dict(json.loads(result_path.read_text()))
     except (OSError, ValueError):
         return {"ok": False, "error": "gRPC check produced no result"}
+
+
+def concurrency_specs(text: str, names: Iterable[str]) -> list[tuple[str, int]]:
+    """A script's ``--scenarios`` parsed: "tiny:16,mib:4" is [("tiny", 16), ("mib", 4)],
+    each name one of ``names``."""
+    known = tuple(names)
+    out = []
+    for item in text.split(","):
+        name, _, concurrency = item.partition(":")
+        if name not in known or not concurrency.isdigit():
+            shown = "|".join(known)
+            raise SystemExit(f"--scenarios: {item!r} is not <{shown}>:<concurrency>")
+        out.append((name, int(concurrency)))
+    return out
