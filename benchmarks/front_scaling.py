@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import threading
@@ -39,7 +38,13 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from oipbench.load import Measurement, concurrency_specs, run_grpc, run_wrk  # noqa: E402
+from oipbench.load import (  # noqa: E402
+    Measurement,
+    concurrency_specs,
+    medians,
+    run_grpc,
+    run_wrk,
+)
 from oipbench.models import build_models, write_oipserve_repo  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, grpc_spec, json_body  # noqa: E402
 from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
@@ -203,8 +208,7 @@ def _summary(rows: list[Row], modes: list[int], scenarios: list[tuple[str, int]]
         base = None
         for mode in modes:
             got = [r for r in rows if r.scenario == scenario and r.http_workers == mode]
-            med = {k: statistics.median(getattr(r, k) for r in got)
-                   for k in ("rps", "p50_ms", "p99_ms", "front_us", "workers_us")}  # fmt: skip
+            med = medians(got, ("rps", "p50_ms", "p99_ms", "front_us", "workers_us"))
             base = base or med["rps"]
             print(
                 f"{scenario:10} --http-workers {mode}: {med['rps']:8,.0f} req/s "

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -34,7 +33,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from oipbench.load import concurrency_specs, run_grpc  # noqa: E402
+from oipbench.load import concurrency_specs, medians, run_grpc  # noqa: E402
 from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -168,9 +167,8 @@ def _summary(rows: list[Row], modes: list[int], scenarios: list[tuple[str, int]]
         base = None
         for mode in modes:
             got = [r for r in rows if r.scenario == scenario and r.mode == mode]
-            med = {k: statistics.median(getattr(r, k) for r in got) for k in
-                   ("calls_per_s", "p50_ms", "p99_ms", "front_us", "grpc_processes_us",
-                    "workers_us")}  # fmt: skip
+            med = medians(got, ("calls_per_s", "p50_ms", "p99_ms", "front_us",
+                                "grpc_processes_us", "workers_us"))  # fmt: skip
             base = base or med["calls_per_s"]
             print(
                 f"{scenario:10} --grpc-processes {mode}: {med['calls_per_s']:8,.0f} calls/s "

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import threading
 import time
@@ -278,3 +279,10 @@ def concurrency_specs(text: str, names: Iterable[str]) -> list[tuple[str, int]]:
             raise SystemExit(f"--scenarios: {item!r} is not <{shown}>:<concurrency>")
         out.append((name, int(concurrency)))
     return out
+
+
+def medians(rows: Iterable[object], fields: Iterable[str]) -> dict[str, float]:
+    """Each field's median over ``rows`` (measurements of one configuration, one per
+    round)."""
+    got = list(rows)
+    return {name: statistics.median(getattr(row, name) for row in got) for name in fields}
