@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
@@ -47,7 +44,7 @@ from oipbench.load import run_wrk  # noqa: E402
 from oipbench.models import ModelCase, build_models  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, json_body  # noqa: E402
 from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
-from oipbench.servers import Tuning, start_triton  # noqa: E402
+from oipbench.servers import Tuning, serve_from, start_triton  # noqa: E402
 
 WORK = BENCH / ".work"
 TRITON_VENV = BENCH / ".venvs" / "triton"
@@ -79,20 +76,11 @@ def _counts(url: str, model: str) -> tuple[int, int]:
 
 
 def _start(build: Path, http_workers: int) -> tuple[int, str, Callable[[], None]]:
-    # NOTE: -P and PYTHONPATH: each build's own code, not the current directory's.
-    env = {**os.environ, "PYTHONPATH": str(build), "OIPSERVE_METRICS_PORT": "0"}
-    argv = [sys.executable, "-P", "-m", "oipserve", "serve", "--model-repository",
-            str(WORK / "repos" / "oipserve"), "--http-port", "0", "--grpc-port", "0",
-            "--instances-per-device", "2", "--http-workers", str(http_workers)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.search(r"ready http://(\S+)", line)
-        if match:
-            return proc.pid, match.group(1), proc.terminate
-    raise RuntimeError(f"{build}: the server did not start")
+    args = ["--model-repository", str(WORK / "repos" / "oipserve"), "--http-port", "0",
+            "--grpc-port", "0", "--instances-per-device", "2",
+            "--http-workers", str(http_workers)]  # fmt: skip
+    server = serve_from(build, args)
+    return server.proc.pid, server.http, server.stop
 
 
 def _start_triton(cases: dict[str, ModelCase]) -> tuple[int, str, Callable[[], None]]:

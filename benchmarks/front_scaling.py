@@ -27,11 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,7 +44,7 @@ from oipbench.load import (  # noqa: E402
 from oipbench.models import build_models, write_oipserve_repo  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, grpc_spec, json_body  # noqa: E402
 from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
-from oipbench.servers import Tuning  # noqa: E402
+from oipbench.servers import SourceServer, Tuning, serve_from  # noqa: E402
 
 WORK = BENCH / ".work"
 PAYLOADS = WORK / "payloads"
@@ -71,51 +67,11 @@ class Row:
     errors: int
 
 
-@dataclass
-class Server:
-    http_workers: int
-    proc: subprocess.Popen[str]
-    http: str
-    grpc: str
-
-
-def _prepare(instances: int) -> tuple[HttpBody, HttpBody, Path]:
-    """The benchmark repository and the tiny model's bodies, as `benchmarks/run.py`
-    writes them."""
-    cases = build_models(WORK / "models")
-    write_oipserve_repo(cases, REPOSITORY, instances, Tuning(instances=instances).ort_params())
-    case = cases[MODEL]
-    return (
-        json_body(case, PAYLOADS / f"{MODEL}.json"),
-        binary_body(case, PAYLOADS / f"{MODEL}.bin"),
-        grpc_spec(case, PAYLOADS),
-    )
-
-
-def _start(http_workers: int, instances: int) -> Server:
-    # NOTE: -P and PYTHONPATH: this checkout's code, whatever the current directory, and
-    #   the packages the caller's PYTHONPATH holds (wheels carried to a lent machine).
-    path = os.pathsep.join(filter(None, (str(BENCH.parent), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": path, "OIPSERVE_METRICS_PORT": "0"}
-    argv = [sys.executable, "-P", "-m", "oipserve", "serve", "--model-repository",
-            str(REPOSITORY), "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
-            "--devices", "cpu", "--instances-per-device", str(instances),
+def _start(http_workers: int, instances: int) -> SourceServer:
+    args = ["--model-repository", str(REPOSITORY), "--host", "127.0.0.1", "--http-port", "0",
+            "--grpc-port", "0", "--devices", "cpu", "--instances-per-device", str(instances),
             "--http-workers", str(http_workers)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        found = re.search(r"ready http://(\S+).*grpc=(\S+)", line)
-        if found:
-            # NOTE: the log must keep draining, or a full pipe would stall the server.
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return Server(http_workers, proc, found.group(1), found.group(2))
-    raise RuntimeError(f"--http-workers {http_workers}: the server did not start")
+    return serve_from(BENCH.parent, args)
 
 
 def main() -> None:
@@ -133,17 +89,21 @@ def main() -> None:
     ns = parser.parse_args()
     modes = [int(m) for m in ns.modes.split(",")]
     scenarios = concurrency_specs(ns.scenarios, PROTOCOLS)
+    # The models, the repository and the tiny model's bodies, as `benchmarks/run.py`
+    # writes them (the repository only when asked, or missing).
+    cases = build_models(WORK / "models")
     if ns.prepare or not REPOSITORY.exists():
-        json_file, binary_file, spec = _prepare(ns.instances)
-    else:
-        cases = build_models(WORK / "models")
-        json_file = json_body(cases[MODEL], PAYLOADS / f"{MODEL}.json")
-        binary_file = binary_body(cases[MODEL], PAYLOADS / f"{MODEL}.bin")
-        spec = grpc_spec(cases[MODEL], PAYLOADS)
-    bodies = {"json": json_file, "binary": binary_file}
+        tuning = Tuning(instances=ns.instances)
+        write_oipserve_repo(cases, REPOSITORY, ns.instances, tuning.ort_params())
+    case = cases[MODEL]
+    bodies = {
+        "json": json_body(case, PAYLOADS / f"{MODEL}.json"),
+        "binary": binary_body(case, PAYLOADS / f"{MODEL}.bin"),
+    }
+    spec = grpc_spec(case, PAYLOADS)
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    servers: dict[int, Server] = {}
+    servers: dict[int, SourceServer] = {}
     rows: list[Row] = []
     try:
         for mode in modes:
@@ -155,7 +115,7 @@ def main() -> None:
                     server = servers[mode]
                     pid = server.proc.pid
                     before = cpu_snapshot(pid)
-                    m = _measure(ns, server, protocol, concurrency, scenario, rnd,
+                    m = _measure(ns, server, mode, protocol, concurrency, scenario, rnd,
                                  bodies, spec, scratch)  # fmt: skip
                     front, workers = front_and_workers(before, cpu_snapshot(pid))
                     if not m.ok or not m.requests:
@@ -171,8 +131,7 @@ def main() -> None:
                           flush=True)  # fmt: skip
     finally:
         for server in servers.values():
-            server.proc.terminate()
-            server.proc.wait(30)
+            server.stop()
     if ns.json:
         ns.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     _summary(rows, modes, scenarios)
@@ -180,7 +139,8 @@ def main() -> None:
 
 def _measure(
     ns: argparse.Namespace,
-    server: Server,
+    server: SourceServer,
+    http_workers: int,
     protocol: str,
     concurrency: int,
     scenario: str,
@@ -189,7 +149,7 @@ def _measure(
     spec: Path,
     scratch: Path,
 ) -> Measurement:
-    label = f"http-workers={server.http_workers}"
+    label = f"http-workers={http_workers}"
     pid = server.proc.pid
     if protocol == "grpc":
         return run_grpc(label, scenario, rnd, Path(sys.executable), server.grpc, spec,

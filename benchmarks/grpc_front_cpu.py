@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +32,7 @@ sys.path.insert(0, str(BENCH))
 
 from oipbench.load import concurrency_specs, medians, run_grpc  # noqa: E402
 from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
+from oipbench.servers import SourceServer, serve_from  # noqa: E402
 
 WORK = BENCH / ".work"
 PAYLOADS = WORK / "payloads"
@@ -88,23 +86,11 @@ def _prepare(instances: int) -> None:
     write_oipserve_repo(cases, REPOSITORY, instances, Tuning(instances=instances).ort_params())
 
 
-def _start(processes: int, instances: int) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "OIPSERVE_METRICS_PORT": "0"}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
-    argv = [sys.executable, "-P", "-m", "oipserve", "serve", "--model-repository",
-            str(REPOSITORY), "--http-port", "0", "--grpc-port", "0", "--devices", "cpu",
-            "--instances-per-device", str(instances),
+def _start(processes: int, instances: int) -> SourceServer:
+    args = ["--model-repository", str(REPOSITORY), "--http-port", "0", "--grpc-port", "0",
+            "--devices", "cpu", "--instances-per-device", str(instances),
             "--grpc-processes", str(processes)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.search(r"grpc=(\S+)", line)
-        if match and "ready" in line:
-            return proc, match.group(1)
-    raise RuntimeError(f"--grpc-processes {processes}: the server did not start")
+    return serve_from(BENCH.parent, args)
 
 
 def main() -> None:
@@ -131,7 +117,8 @@ def main() -> None:
             for name, concurrency in scenarios:
                 model, payload_bytes = MODELS[name]
                 for mode in modes if rnd % 2 == 0 else modes[::-1]:
-                    proc, target = servers[mode]
+                    server = servers[mode]
+                    proc, target = server.proc, server.grpc
                     before = cpu_snapshot(proc.pid)
                     m = run_grpc(f"processes={mode}", f"{name}-c{concurrency}", rnd,
                                  Path(sys.executable), target,
@@ -151,9 +138,8 @@ def main() -> None:
                           f"workers {us[2]:.0f} us, client {m.client_cpu_pct:.0f} %",
                           flush=True)  # fmt: skip
     finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
+        for server in servers.values():
+            server.stop()
     if ns.json:
         ns.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     _summary(rows, modes, scenarios)

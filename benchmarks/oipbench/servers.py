@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
+import sys
 import sysconfig
 import threading
 from collections.abc import Sequence
@@ -73,6 +75,47 @@ class Server:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+
+
+#: ``oipserve serve``'s ready line: its HTTP address and, when it serves gRPC, its gRPC one.
+_READY = re.compile(r"ready http://(\S+).*?(?: grpc=(\S+)|$)")
+
+
+@dataclass
+class SourceServer:
+    """``oipserve serve`` run from a source tree by a benchmark script (``serve_from``)."""
+
+    proc: subprocess.Popen[str]
+    #: host:port of its HTTP and gRPC listeners ("" for gRPC when it serves none).
+    http: str
+    grpc: str
+
+    def stop(self) -> None:
+        """SIGTERM (the server drains and frees its shared memory), and wait for it."""
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def serve_from(code: Path, args: Sequence[str]) -> SourceServer:
+    """``python -P -m oipserve serve ARGS`` with the oipserve of the source tree ``code``
+    (first on ``PYTHONPATH``, before the caller's own entries), metrics off, returned once
+    its ready line is logged. The rest of its log is read in a thread: a full pipe would
+    stall the server."""
+    # NOTE: -P: the current directory's oipserve (another build) must not come first.
+    path = os.pathsep.join(filter(None, (str(code), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path, "OIPSERVE_METRICS_PORT": "0"}
+    argv = [sys.executable, "-P", "-m", "oipserve", "serve", *args]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        found = _READY.search(line)
+        if found:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return SourceServer(proc, found.group(1), found.group(2) or "")
+    proc.wait(30)
+    raise RuntimeError(f"oipserve serve {' '.join(args)} (from {code}) did not start")
 
 
 def _wait_ready(server: Server, timeout_s: float) -> None:
