@@ -55,6 +55,7 @@ REQUESTS: dict[str, tuple[str, Callable[[ModelCase, Path], HttpBody]]] = {
     "tiny-json": ("simple", json_body),
     "matmul-binary": ("matmul_relu", binary_body),
     "matmul-batched": ("matmul_batched", binary_body),
+    "matmul-unbatched": ("matmul_unbatched", binary_body),
 }
 
 
