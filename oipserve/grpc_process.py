@@ -160,7 +160,6 @@ class Forwarding:
             self.arriving,
             self.closing,
             pool=None,
-            parse_stream=_same,
             log_failures=False,
         )
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
+from oipserve.errors import InvalidInput
 from oipserve.grpc_front.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.inference import InferResult, region_parameters_of
@@ -128,6 +129,30 @@ def split_infer_request(data: bytes) -> InferCall:
     if kept_from < end:
         rest.append(view[kept_from:end])
     return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), raw, spans)
+
+
+def parsing(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[Any], Any]:
+    """``parse`` (protobuf's own by default) for one request message type, with a message
+    that does not parse refused as the client's error: ``InvalidInput``, which gRPC answers
+    INVALID_ARGUMENT, as REST answers 400 to a body that does not parse.
+
+    NOTE: grpcio answers INTERNAL ("Exception deserializing request!") and logs it as a
+    failure of its own; the bytes came from the client, so the status says so here.
+    """
+    read = parse or message_type.FromString
+    name = message_type.DESCRIPTOR.full_name
+
+    def parsed(data: Any) -> Any:
+        try:
+            return read(data)
+        except DecodeError as exc:
+            raise InvalidInput(f"the request message is not a valid {name}: {exc}") from None
+
+    return parsed
+
+
+#: A ModelInferRequest, unary or in a stream, read by ``split_infer_request``.
+parse_infer_request = parsing(pb.ModelInferRequest, split_infer_request)
 
 
 # ---- responses: raw_output_contents written once --------------------------------

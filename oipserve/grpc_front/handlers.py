@@ -1,7 +1,8 @@
 """The method tables of GRPCInferenceService: how each RPC is parsed, answered and written.
 
 ``unary_methods`` is the table without a transport: for every unary RPC, the
-request parser, the handler of ``InferenceService`` that answers it and the
+request parser (a message that does not parse is the client's error,
+INVALID_ARGUMENT), the handler of ``InferenceService`` that answers it and the
 response writer. ModelInfer uses this package's codec (``codec``) instead of
 protobuf's, and RPCs of extensions this server lacks raise ``Unsupported``
 (UNIMPLEMENTED, with a reason). Two transports serve the table:
@@ -18,9 +19,9 @@ from typing import Any
 
 from oipserve.errors import Unsupported
 from oipserve.grpc_front.codec import (
-    InferCall,
+    parse_infer_request,
+    parsing,
     serialize_infer,
-    split_infer_request,
     wire_bytes,
 )
 from oipserve.grpc_front.server import RPCS, STREAM_RPC, Method, arrived
@@ -47,9 +48,9 @@ def unary_methods(service: InferenceService) -> dict[str, Method]:
         else:
             call = getattr(service, name)
         if request_type is pb.ModelInferRequest:
-            methods[name] = Method(split_infer_request, call, serialize_infer)
+            methods[name] = Method(parse_infer_request, call, serialize_infer)
         else:
-            methods[name] = Method(request_type.FromString, call, response_type.SerializeToString)
+            methods[name] = Method(parsing(request_type), call, response_type.SerializeToString)
     return methods
 
 
@@ -64,12 +65,17 @@ def counted_methods(service: InferenceService) -> dict[str, Method]:
 
 def stream_infer(
     service: InferenceService,
-) -> Callable[[InferCall], Awaitable[bytes | memoryview]]:
-    """One request of ModelStreamInfer, answered as a serialized ModelInferResponse: a large
-    one gathered in a thread into memory of its own, as a unary reply is
-    (``codec.wire_bytes``; the stream unmaps it once it is sent)."""
+) -> Callable[[bytes | memoryview], Awaitable[bytes | memoryview]]:
+    """One request message of ModelStreamInfer, answered as a serialized ModelInferResponse:
+    a large one gathered in a thread into memory of its own, as a unary reply is
+    (``codec.wire_bytes``; the stream unmaps it once it is sent).
 
-    async def infer(call: InferCall) -> bytes | memoryview:
+    The message is parsed here, in the request's own task: one that does not parse fails
+    that request alone, answered in-band as any failed request of a stream is.
+    """
+
+    async def infer(message: bytes | memoryview) -> bytes | memoryview:
+        call = parse_infer_request(message)
         return await wire_bytes(await service.ModelInfer(call), serialize_infer)
 
     return infer

@@ -430,7 +430,7 @@ class Call:
                 unmap_off_loop(message)
                 message = inflated
             held.append(message)
-            yield self._table.parse_stream(message)
+            yield message
 
     def _inflated(self, message: bytes | memoryview) -> Awaitable[bytes | memoryview]:
         return inflate(message, self._encoding, self._table.receive_limit)

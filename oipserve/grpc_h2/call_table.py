@@ -16,7 +16,6 @@ from typing import Any
 
 from oipserve.access import GRPC_METHODS, allows, by_api, denial
 from oipserve.errors import Forbidden
-from oipserve.grpc_front.codec import split_infer_request
 from oipserve.grpc_front.server import RPCS, SERVICE, STREAM_RPC, Method
 from oipserve.settings import Settings
 from oipserve.wire.shm import BufferPool
@@ -34,7 +33,7 @@ class CallTable:
 
     ``methods`` are answered here; with ``forward``, every other unary RPC of the
     service is handed to it as bytes (``--http-workers``: the primary answers them).
-    ``parse_stream`` reads a ModelStreamInfer request for ``stream_infer``, and
+    ``stream_infer`` answers one ModelStreamInfer request message as it came, and
     ``log_failures`` says whether failures are logged here (a gRPC process leaves that to
     the front, which answered them).
     """
@@ -48,10 +47,8 @@ class CallTable:
         closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,
-        parse_stream: Callable[[Any], Any] = split_infer_request,
         log_failures: bool = True,
     ) -> None:
-        self.parse_stream = parse_stream
         self.log_failures = log_failures
         #: path -> (RPC name, its method; None: forwarded).
         self.methods: dict[str, tuple[str, Method | None]] = {

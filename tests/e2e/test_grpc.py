@@ -429,6 +429,56 @@ def test_raw_entry_count_and_size_checked(stub: service_pb2_grpc.GRPCInferenceSe
     _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, "FP99")
 
 
+#: Bytes that are no protobuf message: field 31 with wire type 7, which does not exist.
+NOT_PROTOBUF = b"\xff\xff\xff"
+
+
+@pytest.mark.parametrize(
+    ("method", "message"),
+    [
+        ("ModelInfer", NOT_PROTOBUF),
+        # Over 64 KiB: read by the codec's own walk of the fields, not by protobuf whole.
+        ("ModelInfer", b"\x0a\x06simple" + b"\x3a\x80\x80\x08" + b"\0" * 70_000),
+        ("ModelMetadata", NOT_PROTOBUF),
+        ("ServerLive", NOT_PROTOBUF),
+        ("ModelStatistics", NOT_PROTOBUF),
+    ],
+    ids=["infer", "infer-large", "metadata", "live", "statistics"],
+)
+def test_a_request_message_that_does_not_parse_is_invalid_argument(
+    server: ServerProcess, method: str, message: bytes
+) -> None:
+    """The client's bytes are at fault: INVALID_ARGUMENT, never INTERNAL, and no traceback
+    in the log (grpcio itself answers INTERNAL here)."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        _raw_fail(
+            lambda: call(message, timeout=30),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "the request message is not a valid inference.",
+        )
+    assert "unexpected error" not in server.log
+
+
+def test_a_stream_message_that_does_not_parse_is_answered_in_band(server: ServerProcess) -> None:
+    """As any failed request of a stream (Triton's way): an error response, and the stream
+    goes on. The same with gRPC in the front and in gRPC processes."""
+    good = service_pb2.ModelInferRequest(model_name="versioned", id="good")
+    good.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    good.raw_input_contents.append(np.array([1.0], np.float32).tobytes())
+    sent = [good.SerializeToString(), NOT_PROTOBUF, good.SerializeToString()]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        replies = [
+            service_pb2.ModelStreamInferResponse.FromString(reply)
+            for reply in call(iter(sent), timeout=30)
+        ]
+    assert [r.infer_response.id for r in replies] == ["good", "", "good"]
+    assert replies[0].error_message == replies[2].error_message == ""
+    assert "not a valid inference.ModelInferRequest" in replies[1].error_message
+    assert "unexpected error" not in server.log
+
+
 def test_not_found(client: grpcclient.InferenceServerClient) -> None:
     _fail(lambda: client.get_model_metadata("missing"), grpc.StatusCode.NOT_FOUND, "missing")
     _fail(lambda: client.get_model_metadata("simple", "3"), grpc.StatusCode.NOT_FOUND)
