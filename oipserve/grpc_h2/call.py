@@ -194,6 +194,9 @@ class Call:
     def data_received(self, data: memoryview) -> None:
         if self._done:
             return
+        if self._ended:
+            self._sent_after_end()
+            return
         while data:
             if self._left == 0:  # whole, its segment still being made: a second message
                 self._release()
@@ -314,6 +317,9 @@ class Call:
             self._fail(_INTERNAL, "more than one request message for a unary call")
 
     def end_received(self) -> None:
+        if self._ended and not self._done:
+            self._sent_after_end()
+            return
         self._ended = True
         if self._done:
             return
@@ -502,6 +508,13 @@ class Call:
         if not self._ended:
             self._conn.reset_stream(self._stream, ErrorCode.NO_ERROR)
         self._release()
+
+    def _sent_after_end(self) -> None:
+        """DATA, or a second END_STREAM, after the client ended its side: a stream error,
+        STREAM_CLOSED (RFC 9113, 5.1). The call ends as if the client had reset it: a
+        run already started is cancelled, and what its messages hold is given back."""
+        self.reset()
+        self._conn.reset_stream(self._stream, ErrorCode.STREAM_CLOSED)
 
     def reset(self) -> None:
         """The client reset the stream, or the connection went."""

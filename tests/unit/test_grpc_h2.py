@@ -9,6 +9,7 @@ DATA frames cut anywhere, CONTINUATION, padding, and protocol errors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from typing import Any
 
@@ -369,3 +370,35 @@ async def test_a_message_over_the_limit_is_refused_by_its_declared_length() -> N
     headers = dict(hpack.Decoder().decode(answer[3]))
     assert headers["grpc-status"] == "8", headers  # RESOURCE_EXHAUSTED
     assert not front.calls
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        frame(Frame.DATA, END_STREAM, 1, _message(b"second")),
+        frame(Frame.DATA, 0, 1, b"x"),
+        frame(Frame.DATA, END_STREAM, 1, b""),
+    ],
+    ids=["a-second-message", "data", "a-second-end"],
+)
+async def test_frames_after_the_clients_end_reset_the_stream_stream_closed(
+    late: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RFC 9113, 5.1: DATA on a stream the client half-closed is a stream error. The call
+    ends as if reset: its run, already scheduled, never starts (it used to start and find
+    its message gone, an IndexError in the log)."""
+    peer, forwarding, front = _grpc_peer()
+    peer.send(_grpc_headers(peer, 1, "ServerLive"))
+    peer.send(frame(Frame.DATA, END_STREAM, 1, _message(b"request")) + late)
+    await asyncio.sleep(0.01)
+    frames = await peer.written()
+    resets = [f for f in frames if f[0] == Frame.RST_STREAM and f[2] == 1]
+    assert [struct.unpack(">I", f[3])[0] for f in resets] == [ErrorCode.STREAM_CLOSED]
+    assert not [f for f in frames if f[0] in (Frame.HEADERS, Frame.DATA)]  # no answer
+    assert not front.calls and not forwarding.arriving
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # The connection goes on: the next call is answered.
+    peer.send(_grpc_headers(peer, 3, "ServerLive"))
+    peer.send(frame(Frame.DATA, END_STREAM, 3, _message(b"request")))
+    await asyncio.sleep(0.01)
+    assert front.calls == [("ServerLive", b"request")]
