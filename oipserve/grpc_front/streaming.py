@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -68,7 +68,12 @@ async def ordered_responses(
     async def read() -> None:
         try:
             async for request in requests:
-                await pending.put(asyncio.ensure_future(infer(request)))
+                task = asyncio.ensure_future(infer(request))
+                # NOTE: a stream torn down (reset, connection lost) drops the tasks it has
+                #   not answered, some of them failed already: _forget reads each failure,
+                #   or asyncio would log it as "never retrieved". Answering still sees it.
+                task.add_done_callback(_forget)
+                await pending.put(task)
                 # NOTE: held here until the next request came, it would keep its message's
                 #   memory viewed after its response went (and unmapping it in a thread).
                 del request
@@ -77,6 +82,7 @@ async def ordered_responses(
 
     reader = asyncio.ensure_future(read())
     closed = asyncio.ensure_future(closing.wait())
+    getter: asyncio.Future[Any] | None = None
     try:
         while True:
             if closing.is_set() and pending.empty():
@@ -106,8 +112,17 @@ async def ordered_responses(
             yield infer_response(response)
     finally:
         reader.cancel()
+        reader.add_done_callback(_forget)
         closed.cancel()
+        if getter is not None:
+            getter.cancel()  # if still waiting for the next request
         while not pending.empty():
             task = pending.get_nowait()
             if task is not None:
                 task.cancel()
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    """Mark a task's failure, if any, as read (it may be dropped unanswered)."""
+    if not task.cancelled():
+        task.exception()
