@@ -46,7 +46,7 @@ import simplejpeg
 
 from oipserve.wire.images import SUPPORTED_DTYPES, ImageError, ImageSpec
 
-__all__ = ["DEFAULT_MAX_PIXELS", "decode_batch"]
+__all__ = ["DEFAULT_MAX_PIXELS", "decode_batch", "quiet_opencv"]
 
 #: Largest image (width * height, from the file header) decode_batch accepts by default:
 #: 64 Mpx, e.g. 8192x8192. OpenCV's own limit is 2**30, which lets one request pin ~3 GB.
@@ -54,6 +54,18 @@ DEFAULT_MAX_PIXELS: int = 1 << 26
 #: Most pixels (sum of width * height from the headers) the images of one request may have:
 #: the same 64 Mpx, so a batch costs no more than the largest single image.
 DEFAULT_MAX_REQUEST_PIXELS: int = 1 << 26
+
+
+def quiet_opencv() -> None:
+    """Stop OpenCV logging a client's malformed image on the worker's stderr.
+
+    libpng, through OpenCV, prints an ``[ERROR...]`` line of its own for a broken PNG
+    ("IHDR chunk shall be first"); the request already gets a 400 that says what is wrong,
+    and the server's log is for the server's failures. Called once by the worker (a
+    process-wide setting, not made on import).
+    """
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
 
 _FORMATS = "JPEG/PNG/BMP/WebP"
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -49,7 +49,7 @@ from oipserve.wire.messages import (
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling
 from workers.fronts import FrontConnection, accept_front
-from workers.images import decode_batch
+from workers.images import decode_batch, quiet_opencv
 from workers.outputs import bound_outputs, write_outputs
 from workers.regions import RegionCache, RegionError
 
@@ -437,6 +437,7 @@ def main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: None)  # handled through the wakeup fd
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    quiet_opencv()
     import onnxruntime
 
     worker = Worker(sock, segment_prefix, fronts, busy_poll_us)

@@ -187,6 +187,19 @@ def test_not_an_image(client: httpclient.InferenceServerClient) -> None:
     assert "element 0" in message and "JPEG/PNG" in message
 
 
+def test_a_broken_png_is_a_400_and_nothing_in_the_servers_log(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    """libpng, through OpenCV, printed "[ERROR...] IHDR chunk shall be first" on the
+    worker's stderr for this client's mistake."""
+    png = _encode(".png", _noise(8, 8))
+    broken = png[:12] + b"XXXX" + png[16:]  # the first chunk is no longer IHDR
+    logged = len(server.log)
+    assert "element 0" in _error(client, "image_nhwc_u8", [broken])
+    assert _infer(client, "image_nhwc_u8", [png]).shape == (1, 224, 224, 3)  # after it
+    assert "ERROR" not in server.log[logged:], server.log[logged:]
+
+
 def test_empty_element(client: httpclient.InferenceServerClient) -> None:
     png = _encode(".png", _noise(224, 224))
     assert "element 1" in _error(client, "image_nhwc_u8", [png, b""])
