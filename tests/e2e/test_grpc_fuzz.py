@@ -21,11 +21,10 @@ from collections.abc import Iterator
 import grpc
 import hpack
 import numpy as np
-import pytest
 import tritonclient.grpc as grpcclient
 
 from oipserve.grpc_h2.frames import END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, Frame
-from tests.e2e.test_grpc import GRPC_MODES
+from tests.e2e import test_grpc
 from tests.server import ServerProcess
 from tests.tensors import simple_inputs
 
@@ -192,14 +191,8 @@ def one_connection(rng: random.Random, address: tuple[str, int]) -> None:
             pass
 
 
-@pytest.fixture(scope="module", params=list(GRPC_MODES))
-def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    if request.param == "front":
-        yield request.getfixturevalue("server")  # conftest's session server
-        return
-    proc = ServerProcess(args=GRPC_MODES[request.param]).wait_ready()
-    yield proc
-    assert proc.stop() == 0, proc.log
+#: test_grpc.py's server fixture: gRPC in the front, then in two gRPC processes.
+server = test_grpc.server
 
 
 def test_random_http2_frames_leave_no_traceback_and_the_server_serving(
