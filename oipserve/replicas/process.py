@@ -160,6 +160,9 @@ class Replica:
         self._addresses: dict[int, str] = {}
         #: The versions answered here, by serial (kept across snapshots with their counters).
         self.versions: dict[int, ModelVersion] = {}
+        #: Versions the primary no longer lists, until their Retire: a reload lists the
+        #: new versions first, and the old ones finish what they hold here meanwhile.
+        self.leaving: dict[int, ModelVersion] = {}
 
     # ---- snapshots --------------------------------------------------------------------
 
@@ -177,9 +180,32 @@ class Replica:
             model = self.versions.get(copy.serial) or _version(copy)
             model.workers = [self.links[i] for i in held]
             models.setdefault(copy.name, {})[copy.version] = model
+        listed = {m.serial for versions in models.values() for m in versions.values()}
+        for serial, model in self.versions.items():
+            if serial not in listed:
+                self._leave(model)
+        # NOTE: a leaving version's sessions stay in the workers until its Retire is done
+        #   (the primary unloads them only then): its queued requests may still run.
+        keys.update(m.key for m in self.leaving.values())
         for link in self.links.values():
             link.models = {k: v for k, v in link.models.items() if k in keys}
         self._serve(models)
+
+    def _leave(self, model: ModelVersion) -> None:
+        """A version the snapshot no longer lists: kept for its Retire, if a worker here
+        still holds it; otherwise its queued requests are answered 503 now.
+
+        Until 2026-11-27 it was dropped at once: a reload's snapshot came before the old
+        version's Retire, which then found nothing, and the requests queued in the old
+        version's batcher waited for an instance until their deadline (120 s).
+        """
+        if any(link.alive and model.key in link.models for link in model.workers):
+            self.leaving[model.serial] = model
+            return
+        model.state = "UNLOADING"
+        model.reason = "taken out of service"
+        if model.batcher is not None:
+            model.batcher.close(model.gone_while("queued"))
 
     async def _connect(self, snapshot: Snapshot) -> None:
         """A link to every worker listed: kept while it lives at the same address."""
@@ -214,7 +240,7 @@ class Replica:
     async def retire(self, message: Retire) -> None:
         """Forward the version's requests from now on, answer those queued in its batcher
         503, and return once those sent to its workers are answered."""
-        model = self.versions.get(message.serial)
+        model = self.versions.get(message.serial) or self.leaving.get(message.serial)
         if model is None:
             return
         kept = {
@@ -229,6 +255,9 @@ class Replica:
         deadline = asyncio.get_running_loop().time() + self.settings.infer_timeout
         while model.in_flight and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(RETIRE_POLL)
+        if self.leaving.pop(message.serial, None) is not None:
+            for link in model.workers:
+                link.models.pop(model.key, None)  # the primary unloads it next
 
     # ---- the control socket -----------------------------------------------------------
 

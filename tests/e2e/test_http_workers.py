@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import signal
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -446,6 +447,33 @@ def test_a_replicas_own_batcher_answers_what_it_ran_and_refuses_what_it_queued(
         finally:
             os.kill(worker, signal.SIGCONT)
     assert status == 200, answer
+
+
+def test_a_reload_answers_what_a_replicas_batcher_queued_at_once(explicit: ServerProcess) -> None:
+    """A reload tells the other fronts of the new version before it retires the old one.
+    A replica used to forget the old version at the first message, so the Retire found
+    nothing, and a request queued in the old version's batcher waited for an instance
+    until its deadline (--infer-timeout, 120 s)."""
+    # A delay of 30 s: a request alone stays queued while the reload runs.
+    waiting = json.dumps(
+        {"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_microseconds": 30_000_000}}
+    )
+    with fronts(explicit) as held, ThreadPoolExecutor(1) as pool:
+        with httpclient.InferenceServerClient(explicit.host_port) as client:
+            client.load_model("batched", config=waiting)
+            (replica,) = explicit.http_front_pids()
+            (connection, *_) = held.on(replica)
+            queued = pool.submit(post, connection, "/v2/models/batched/infer", BATCHED_BODY)
+            assert wait_for(steadily(lambda: pending(explicit) == 1), 10)
+            started = time.monotonic()
+            client.load_model("batched")  # a reload, with the repository's own config
+            status, answer = queued.result(20)
+            waited = time.monotonic() - started
+            assert status == 503, answer
+            assert "replaced by a reload while this request was queued" in answer["error"]
+            assert waited < 20
+            # The new version answers on that front, with the repository's 2 ms delay.
+            assert post(connection, "/v2/models/batched/infer", BATCHED_BODY)[0] == 200
 
 
 # ---- the server's ends ----------------------------------------------------------------
