@@ -120,6 +120,8 @@ class Replica:
         self.pending: dict[int, asyncio.Future[object]] = {}
         #: Its statistics rows as last collected (kept by the primary when it dies).
         self.last_rows: list[StatsRow] = []
+        #: Told to drain (shutdown): it carries out nothing sent after that.
+        self.draining = False
 
     def on_message(self, message: object) -> None:
         future = self.pending.pop(message.seq, None)  # type: ignore[attr-defined]
@@ -270,7 +272,13 @@ class Replicas:
         """Send every replica a request made by ``make(seq)``; their answers. A replica
         that died is left out; one silent for ``patience`` seconds is killed (and
         replaced); a refusal is an answer (``Refused``), for the caller to judge."""
-        asked = [(replica, replica.ask(make(next(self._seq)))) for replica in self.running]
+        # NOTE: not a draining replica: it has stopped following, and a load or unload
+        #   that runs into a shutdown would wait ``patience`` for it, then kill it.
+        asked = [
+            (replica, replica.ask(make(next(self._seq))))
+            for replica in self.running
+            if not replica.draining
+        ]
         answers: list[tuple[Replica, object]] = []
         for replica, answer in asked:
             try:
@@ -323,6 +331,7 @@ class Replicas:
 
         def drain(replica: Replica) -> None:
             assert replica.control is not None
+            replica.draining = True
             replica.control.send(Drain(next(self._seq), timeout))
 
         await self._children.stop(timeout, drain)

@@ -125,3 +125,48 @@ def test_a_front_keeps_to_its_own_worker_until_it_is_away_requests_behind() -> N
         picked.append(worker.worker_id)
     assert picked[:AWAY] == [1] * AWAY  # its own, although the other is idle
     assert set(picked[AWAY:]) == {1, 2}  # then the least loaded, counting AWAY
+
+
+class _SilentControl:
+    """The primary's end of a control socket whose replica never answers."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    def send(self, message: object) -> None:
+        self.sent.append(message)
+
+
+class _Process:
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+async def test_a_draining_replica_is_not_asked_to_follow_a_change() -> None:
+    """At shutdown the other fronts drain first and stop following the primary. A load or
+    unload still running asked them anyway: it waited ``patience`` (30 s) for an answer,
+    then killed them as out of step, and its own client was cut off."""
+    from oipserve.replicas.control import CollectStats
+    from oipserve.replicas.primary import Replica, Replicas
+    from oipserve.settings import Settings
+
+    settings = Settings(model_repository=".", http_workers=2)
+    replicas = Replicas(settings, ModelRegistry(), None, "\0test")  # type: ignore[arg-type]
+    replica = Replica(1, _Process(), "prefix")  # type: ignore[arg-type]
+    control = _SilentControl()
+    replica.control = control  # type: ignore[assignment]
+    replicas.running.append(replica)
+
+    replica.draining = True
+    assert await replicas.ask_all(CollectStats, patience=0.2) == []
+    assert control.sent == [] and not replica.process.killed  # type: ignore[attr-defined]
+
+    # A replica that is not draining and stays silent is asked, then killed (replaced).
+    replica.draining = False
+    assert await replicas.ask_all(CollectStats, patience=0.2) == []
+    assert len(control.sent) == 1 and replica.process.killed  # type: ignore[attr-defined]
