@@ -122,6 +122,8 @@ class Replica:
         self.last_rows: list[StatsRow] = []
         #: Told to drain (shutdown): it carries out nothing sent after that.
         self.draining = False
+        #: Its control socket closed (it died): it answers nothing more.
+        self.gone: ConnectionError | None = None
 
     def on_message(self, message: object) -> None:
         future = self.pending.pop(message.seq, None)  # type: ignore[attr-defined]
@@ -129,14 +131,20 @@ class Replica:
             future.set_result(message)
 
     def on_closed(self) -> None:
-        gone = ConnectionError(f"replica {self.index} (pid {self.process.pid}) is gone")
+        self.gone = ConnectionError(f"replica {self.index} (pid {self.process.pid}) is gone")
         for future in self.pending.values():
             if not future.done():
-                future.set_exception(gone)
+                future.set_exception(self.gone)
         self.pending.clear()
 
     def ask(self, message: msgspec.Struct) -> asyncio.Future[object]:
         future = asyncio.get_running_loop().create_future()
+        if self.gone is not None:
+            # NOTE: its socket closes when it dies, before the supervisor sees the exit
+            #   and takes it out of ``running``: an ask meanwhile would wait its whole
+            #   patience (30 s), then "replace" a process already gone.
+            future.set_exception(self.gone)
+            return future
         self.pending[message.seq] = future  # type: ignore[attr-defined]
         assert self.control is not None
         self.control.send(message)

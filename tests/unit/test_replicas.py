@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -170,3 +171,21 @@ async def test_a_draining_replica_is_not_asked_to_follow_a_change() -> None:
     replica.draining = False
     assert await replicas.ask_all(CollectStats, patience=0.2) == []
     assert len(control.sent) == 1 and replica.process.killed  # type: ignore[attr-defined]
+
+
+async def test_a_replica_whose_socket_closed_is_not_waited_for() -> None:
+    """Its control socket closes when it dies, before the supervisor takes it out of
+    ``running``. An ask in between waited its whole patience (30 s), then killed ("replaced")
+    a process that was already gone; the load or unload behind it hung meanwhile."""
+    from oipserve.replicas.control import CollectStats
+    from oipserve.replicas.primary import Replica, Replicas
+    from oipserve.settings import Settings
+
+    settings = Settings(model_repository=".", http_workers=2)
+    replicas = Replicas(settings, ModelRegistry(), None, "\0test")  # type: ignore[arg-type]
+    replica = Replica(1, _Process(), "prefix")  # type: ignore[arg-type]
+    replica.control = _SilentControl()  # type: ignore[assignment]
+    replicas.running.append(replica)
+    replica.on_closed()  # the socket closed; the process exit is not seen yet
+    assert await asyncio.wait_for(replicas.ask_all(CollectStats, patience=30), 1) == []
+    assert not replica.process.killed  # type: ignore[attr-defined]
