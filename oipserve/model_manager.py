@@ -349,11 +349,7 @@ class ModelManager:
         )
 
     async def _unload_version(self, model: ModelVersion, why: str = "unloaded") -> None:
-        model.state = "UNLOADING"
-        model.reason = why
-        if model.batcher is not None:
-            # Queued requests: 503; batches running finish.
-            model.batcher.close(model.gone_while("queued"))
+        model.stop_serving(why)
         if self.retiring is not None:
             # The other fronts' requests already sent are answered before the Unload too.
             await self.retiring(model, why)

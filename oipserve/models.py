@@ -109,6 +109,15 @@ class ModelVersion:
         if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason in GONE:
             raise self.gone_while("in flight")
 
+    def stop_serving(self, why: str) -> None:
+        """Out of service (unloaded, replaced, retired): a request that still finds it gets
+        a retryable 503 (``gone_while``), those queued in its batcher get it now, and
+        batches already running finish."""
+        self.state = "UNLOADING"
+        self.reason = why
+        if self.batcher is not None:
+            self.batcher.close(self.gone_while("queued"))
+
     def gone_while(self, what: str) -> Unavailable:
         """The 503 of a request that found this version before it was taken out of service."""
         return Unavailable(

@@ -202,10 +202,7 @@ class Replica:
         if any(link.alive and model.key in link.models for link in model.workers):
             self.leaving[model.serial] = model
             return
-        model.state = "UNLOADING"
-        model.reason = "taken out of service"
-        if model.batcher is not None:
-            model.batcher.close(model.gone_while("queued"))
+        model.stop_serving("taken out of service")
 
     async def _connect(self, snapshot: Snapshot) -> None:
         """A link to every worker listed: kept while it lives at the same address."""
@@ -248,10 +245,7 @@ class Replica:
             for name, versions in self.registry.models.items()
         }
         self._serve({name: versions for name, versions in kept.items() if versions})
-        model.state = "UNLOADING"  # requests past resolve now get a retryable 503
-        model.reason = message.why
-        if model.batcher is not None:
-            model.batcher.close(model.gone_while("queued"))  # batches running finish
+        model.stop_serving(message.why)
         deadline = asyncio.get_running_loop().time() + self.settings.infer_timeout
         while model.in_flight and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(RETIRE_POLL)
