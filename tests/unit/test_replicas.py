@@ -11,8 +11,10 @@ from oipserve.batch_policy import BatchPolicy
 from oipserve.model_config import ModelConfig
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.pool import WorkerPool
-from oipserve.replicas.primary import snapshot
+from oipserve.replicas.control import CollectStats
+from oipserve.replicas.primary import Replica, Replicas, snapshot
 from oipserve.replicas.process import Router
+from oipserve.settings import Settings
 from oipserve.wire.messages import LoadModel
 from oipserve.worker_handle import WorkerHandle
 from oipserve.worker_link import AWAY, WorkerLink, away
@@ -148,21 +150,26 @@ class _Process:
         self.killed = True
 
 
-async def test_a_draining_replica_is_not_asked_to_follow_a_change() -> None:
-    """At shutdown the other fronts drain first and stop following the primary. A load or
-    unload still running asked them anyway: it waited ``patience`` (30 s) for an answer,
-    then killed them as out of step, and its own client was cut off."""
-    from oipserve.replicas.control import CollectStats
-    from oipserve.replicas.primary import Replica, Replicas
-    from oipserve.settings import Settings
-
-    settings = Settings(model_repository=".", http_workers=2)
-    replicas = Replicas(settings, ModelRegistry(), None, "\0test")  # type: ignore[arg-type]
+def _one_silent_replica() -> tuple[Replicas, Replica, _SilentControl]:
+    """The primary's view of one other front, whose control socket is never answered."""
+    replicas = Replicas(
+        Settings(model_repository=".", http_workers=2),
+        ModelRegistry(),
+        None,  # type: ignore[arg-type]
+        "\0test",
+    )
     replica = Replica(1, _Process(), "prefix")  # type: ignore[arg-type]
     control = _SilentControl()
     replica.control = control  # type: ignore[assignment]
     replicas.running.append(replica)
+    return replicas, replica, control
 
+
+async def test_a_draining_replica_is_not_asked_to_follow_a_change() -> None:
+    """At shutdown the other fronts drain first and stop following the primary. A load or
+    unload still running asked them anyway: it waited ``patience`` (30 s) for an answer,
+    then killed them as out of step, and its own client was cut off."""
+    replicas, replica, control = _one_silent_replica()
     replica.draining = True
     assert await replicas.ask_all(CollectStats, patience=0.2) == []
     assert control.sent == [] and not replica.process.killed  # type: ignore[attr-defined]
@@ -177,15 +184,7 @@ async def test_a_replica_whose_socket_closed_is_not_waited_for() -> None:
     """Its control socket closes when it dies, before the supervisor takes it out of
     ``running``. An ask in between waited its whole patience (30 s), then killed ("replaced")
     a process that was already gone; the load or unload behind it hung meanwhile."""
-    from oipserve.replicas.control import CollectStats
-    from oipserve.replicas.primary import Replica, Replicas
-    from oipserve.settings import Settings
-
-    settings = Settings(model_repository=".", http_workers=2)
-    replicas = Replicas(settings, ModelRegistry(), None, "\0test")  # type: ignore[arg-type]
-    replica = Replica(1, _Process(), "prefix")  # type: ignore[arg-type]
-    replica.control = _SilentControl()  # type: ignore[assignment]
-    replicas.running.append(replica)
+    replicas, replica, _ = _one_silent_replica()
     replica.on_closed()  # the socket closed; the process exit is not seen yet
     assert await asyncio.wait_for(replicas.ask_all(CollectStats, patience=30), 1) == []
     assert not replica.process.killed  # type: ignore[attr-defined]
