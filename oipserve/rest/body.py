@@ -18,7 +18,7 @@ from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
 from oipserve.http_protocol import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
 from oipserve.json_offload import PARSE_MIN
 from oipserve.off_loop import copy_into, releasing_on_failure
-from oipserve.rest.coding import Inflater
+from oipserve.rest.coding import Inflater, release_blocks
 from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
 #: JSON bodies of this many bytes or more are received like binary ones: straight
@@ -75,13 +75,17 @@ async def read_decompressed(req: falcon.asgi.Request, encoding: str, limit: int)
     """
     inflater = Inflater(encoding, limit)
     size = 0
-    async for chunk in req.stream:
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(TOO_LARGE.format(limit))
-        await inflater.feed(chunk)
-    _check_refused(req)
-    return inflater.finish()
+    try:
+        async for chunk in req.stream:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(TOO_LARGE.format(limit))
+            await inflater.feed(chunk)
+        _check_refused(req)
+        return inflater.finish()
+    except BaseException:
+        inflater.discard()  # NOTE: a refused body's memory goes back at once (issue #35)
+        raise
 
 
 def _check_refused(req: falcon.asgi.Request) -> None:
@@ -151,9 +155,12 @@ async def _into_lease(pool: BufferPool, parts: Parts, pad: int) -> Body:
 
 
 def _copy_parts(target: memoryview, offset: int, parts: Parts) -> None:
+    """Copy ``parts`` in order, then unmap an inflated body's blocks (this runs in a
+    thread whenever there are any: they exist only past ``COPY_IN_THREAD``)."""
     for part in parts:
         copy_into(target, offset, len(part), part)
         offset += len(part)
+    release_blocks(parts)
 
 
 async def _receive_leased(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.raw_http import read_response
-from tests.server import ServerProcess
+from tests.server import ServerProcess, wait_for
 
 MiB = 1024 * 1024
 #: The server's default --max-request-bytes.
@@ -109,6 +109,34 @@ def test_plain_request_stays_fast_while_bombs_inflate(server: ServerProcess, bom
     assert statuses == [413] * 4
     assert max(finished) > done, "the bombs were over before the plain request: no overlap"
     assert done - start < 0.2, f"a plain request took {done - start:.3f} s behind 4 bombs"
+
+
+def test_refused_bombs_give_their_memory_back(server: ServerProcess, bomb: bytes) -> None:
+    """Issue #35 row 3: each refused bomb left ~256 MiB resident for good (the blocks
+    were heap in the thread pool's malloc arenas). Bombs one at a time, then two at once,
+    gzip and deflate: the front's RSS comes back near where it was."""
+    pid = server.process.pid
+    deflate_bomb = zlib.compress(bytes(LIMIT + 8 * MiB), 1)
+    assert post(server.port, BODY, {})[0] == 200
+    before = status_field(pid, "VmRSS")
+    for encoding, body in [("gzip", bomb), ("deflate", deflate_bomb), ("gzip", bomb)]:
+        assert post(server.port, body, {"Content-Encoding": encoding})[0] == 413
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: statuses.append(post(server.port, bomb, {"Content-Encoding": "gzip"})[0])
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert statuses == [413, 413]
+    settled = wait_for(lambda: status_field(pid, "VmRSS") - before < 64 * MiB, timeout=15)
+    growth = status_field(pid, "VmRSS") - before
+    assert settled, f"5 refused bombs left the front {growth / MiB:.0f} MiB larger"
+    assert post(server.port, BODY, {})[0] == 200
 
 
 @pytest.mark.parametrize(
