@@ -16,6 +16,9 @@ from typing import Any, Protocol
 class _Owner(Protocol):
     """The HTTP protocol a ``BodyReader`` stands in for while it reads."""
 
+    #: Body bytes received so far (its body timeout reads them).
+    body_bytes: int
+
     def body_read(self) -> None: ...
 
     def eof_received(self) -> bool | None: ...
@@ -30,17 +33,20 @@ _SENT_POLL = 0.002
 class CorkedTransport:
     """A transport proxy that sends everything written in one loop iteration at once."""
 
-    __slots__ = ("_transport", "_pending", "_loop")
+    __slots__ = ("_transport", "_pending", "_loop", "written")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._pending: list[Any] = []
         self._loop = loop
+        #: Bytes written so far (less the transport's buffer: what the client took).
+        self.written = 0
 
     def write(self, data: Any) -> None:
         if not self._pending:
             self._loop.call_soon(self.flush)
         self._pending.append(data)
+        self.written += data.nbytes if type(data) is memoryview else len(data)
 
     def writelines(self, lines: Any) -> None:
         for data in lines:
@@ -111,6 +117,7 @@ class BodyReader(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.sink.size += nbytes
+        self.http.body_bytes += nbytes
         if self.sink.size == len(self.sink.target):
             self.http.body_read()
 

@@ -37,13 +37,25 @@
    at the end of the read that ended its head). A handler reading the body then finds
    ``BODY_REFUSED`` in its scope (``oipserve/rest/body.py`` raises 413 from it).
 
+5. Limits against abuse (issue #35), one timer per connection checking them all:
+   a request head may take ``max_head_bytes`` and ``max_header_fields`` (past
+   either: 431, ``Connection: close``); a body must arrive within ``body_timeout``
+   seconds plus one second per ``min_rate`` bytes received, and a response that the
+   client leaves unread may wait ``send_timeout`` seconds plus one per ``min_rate``
+   bytes it did read (past either the connection is dropped: the body's lease and
+   the response's segments are given back). Trailer fields of a chunked body are
+   dropped unread: nothing after the head may act as a header (a restricted API's
+   key sent as a trailer opened it).
+
 All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
-``on_message_begin``, ``on_headers_complete``, ``on_body``, ``on_message_complete`` and
+``send_400_response``, ``on_message_begin``, ``on_url``, ``on_header``,
+``on_headers_complete``, ``on_body``, ``on_message_complete`` and
 ``on_response_complete`` (and httptools' ``on_chunk_header`` and ``on_chunk_complete``);
 the protocol's ``transport`` (handed on to each cycle, so our ``CorkedTransport``
-sees every write), ``flow``, ``cycle``, ``scope``, ``parser``,
+sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``headers``,
+``expect_100_continue``,
 ``pipeline`` and ``server_state.default_headers``; and the cycle's ``scope``,
 ``body``, ``more_body``, ``disconnected``, ``message_event``,
 ``waiting_for_100_continue``, ``response_started``, ``response_complete`` and
@@ -57,7 +69,10 @@ import asyncio
 import functools
 import json
 import logging
+import socket
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httptools
@@ -83,6 +98,36 @@ ON_DISCONNECT = "oipserve.on_disconnect"
 DIRECT_READ_MIN = 64 * 1024
 #: Seconds a request head may take to arrive (``--header-timeout``'s default).
 HEADER_TIMEOUT = 10.0
+#: ``--max-header-bytes`` and ``--max-header-fields``' defaults.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADER_FIELDS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one HTTP connection may take of the server's time and memory."""
+
+    #: Seconds from connection (or a request's first byte) to its complete head.
+    header_timeout: float = HEADER_TIMEOUT
+    #: Bytes of a request head (request line and fields), and its field count.
+    max_head_bytes: int = MAX_HEAD_BYTES
+    max_header_fields: int = MAX_HEADER_FIELDS
+    #: Seconds a body may take, plus one per ``min_rate`` bytes received.
+    body_timeout: float = 30.0
+    #: Seconds an unread response may wait, plus one per ``min_rate`` bytes read.
+    send_timeout: float = 30.0
+    min_rate: int = 64 * 1024
+
+    @property
+    def tick(self) -> float:
+        """Seconds between two looks at a connection's deadlines."""
+        return min(self.header_timeout, self.body_timeout / 2, self.send_timeout / 2)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the head passed a limit (the parser stops there)."""
+
+
 #: Scope key set, to the 413's message, when a chunked body was refused by its declared size.
 BODY_REFUSED = "oipserve.body_refused"
 #: The message of every 413 for a body past ``--max-request-bytes``.
@@ -105,6 +150,31 @@ def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
             extensions.pop(ON_DISCONNECT, None)
 
 
+#: SO_LINGER on, with a timeout of 0: closing the socket resets the connection.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+
+
+def _reset(transport: asyncio.BaseTransport) -> None:
+    """Drop a connection now: what the transport holds is released (views of segments
+    included), and the kernel resets the connection rather than keep an unread reply's
+    bytes for a peer that takes none (a FIN would wait behind them)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        except OSError:
+            pass
+    transport.abort()
+
+
+def _head_too_large(limits: ConnectionLimits) -> str:
+    return f"the request head is larger than {limits.max_head_bytes} bytes"
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
 class ClientDisconnected(Exception):
     """The client went away before its request body was complete."""
 
@@ -125,8 +195,7 @@ _HEAD_READ = _ChunkEvents()
 
 
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
-    #: Seconds from connection (or a request's first byte) to its complete head.
-    header_timeout: float = HEADER_TIMEOUT
+    limits: ConnectionLimits = ConnectionLimits()
     #: Chunked bodies declaring more bytes than this are refused (None: not followed).
     max_body: int | None = None
 
@@ -142,13 +211,27 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._chunks: ChunkSizes | None = None
         #: Set while the read in which a chunked request's head completed is parsed.
         self._chunk_events: _ChunkEvents | None = None
+        #: The current head: bytes counted so far, fields, the bytes of its complete
+        #: pieces (line, fields) parsed in the current read, and whether it began there.
+        self._head_bytes = 0
+        self._head_fields = 0
+        self._head_pieces = 0
+        self._head_began = False
+        #: Why the head was refused (431), for ``send_400_response``.
+        self._head_refusal: str | None = None
+        #: The body being received: loop time it began (None: none), bytes so far.
+        self._body_started: float | None = None
+        self.body_bytes = 0
+        #: A response the client is not reading: since when, and the bytes it had read then.
+        self._unsent_since: float | None = None
+        self._unsent_sent = 0
 
     @classmethod
     def configured(
-        cls, header_timeout: float, max_body: int | None = None
+        cls, limits: ConnectionLimits, max_body: int | None = None
     ) -> type[CorkedHttpToolsProtocol]:
         """This protocol with its settings (uvicorn instantiates a class)."""
-        settings = {"header_timeout": header_timeout, "max_body": max_body}
+        settings = {"limits": limits, "max_body": max_body}
         return type(cls.__name__, (cls,), settings)
 
     def data_received(self, data: bytes) -> None:
@@ -160,40 +243,147 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                 return
             if verdict != MORE:  # the body ended, or framing the parser will judge
                 self._chunks = None
+        if self._body_started is not None:
+            self.body_bytes += len(data)
+        self._head_began = False
+        self._head_pieces = 0
         super().data_received(data)
+        if self._head_started is not None:
+            self._count_head(data)
         if self._chunk_events is not None:
             self._follow_chunks(data)
+
+    def _count_head(self, data: bytes) -> None:
+        """A head is still arriving after this read: count its bytes, 431 past the limit.
+
+        A read wholly inside the head counts whole; in the read where a head began,
+        only its complete pieces are known (the bytes before it were the previous
+        request's), so a head is refused at most one read late.
+        """
+        self._head_bytes += self._head_pieces if self._head_began else len(data)
+        if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+            self._refuse_head(_head_too_large(self.limits))
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._head_pieces += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_started is None:
+            # NOTE: a trailer field of a chunked body: the head is complete and the
+            #   application has its headers. Dropped, as Triton and most servers do;
+            #   uvicorn would add it to the scope's headers, where a restricted API's
+            #   check found a key sent after the head (issue #35).
+            return
+        self._head_fields += 1
+        self._head_pieces += len(name) + len(value)
+        if self._head_fields > self.limits.max_header_fields:
+            self._head_refusal = (
+                f"the request head has more than {self.limits.max_header_fields} header fields"
+            )
+            raise _HeadTooLarge(self._head_refusal)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def send_400_response(self, msg: str) -> None:
+        refusal = self._head_refusal
+        if refusal is None:
+            super().send_400_response(msg)
+        else:
+            self._refuse_head(refusal)
+
+    def _refuse_head(self, message: str) -> None:
+        """431 for a head past a limit, then close: the rest of it is never parsed."""
+        self._head_refusal = None
+        log.debug("request head refused (431): %s", message)
+        self._answer_and_close(431, message)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = self._loop = asyncio.get_running_loop()
         corked = CorkedTransport(transport, loop)
         super().connection_made(corked)  # type: ignore[arg-type]
         self._head_started = loop.time()
-        self._head_timer = loop.call_later(self.header_timeout, self._check_head)
+        self._head_timer = loop.call_later(self.limits.tick, self._check_deadlines)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._head_started is None:  # a keep-alive connection's next request
             self._head_started = self._loop.time()  # type: ignore[union-attr]
+        self._head_bytes = self._head_fields = self._head_pieces = 0
+        self._head_began = True
 
-    def _check_head(self) -> None:
-        """Close a connection whose request head is overdue, answering nothing (as nginx).
+    def _check_deadlines(self) -> None:
+        """Close a connection whose head or body is overdue, or whose client reads nothing.
 
+        An overdue head is closed answering nothing (as nginx); an overdue body or
+        unread response is aborted, which drops what the transport still holds.
         PERF: one timer per connection, re-armed when it fires, rather than one per
         request: a request only notes when its head began (a clock read), and its
         complete head clears that.
         """
-        loop = self._loop
+        loop: asyncio.AbstractEventLoop = self._loop  # type: ignore[assignment]
+        now = loop.time()
+        limits = self.limits
+        wait = limits.tick
         started = self._head_started
-        wait = self.header_timeout
         if started is not None:
-            wait = started + self.header_timeout - loop.time()  # type: ignore[union-attr]
-            if wait <= 0:
+            left = started + limits.header_timeout - now
+            if left <= 0:
                 self._head_timer = None
                 if not self.transport.is_closing():
                     self.transport.close()
                 return
-        self._head_timer = loop.call_later(wait, self._check_head)  # type: ignore[union-attr]
+            wait = min(wait, left)
+        why = self._overdue_body(now) or self._unread_response(now)
+        if why:
+            self._head_timer = None
+            log.info("connection from %s dropped: %s", _peer(self.client), why)
+            _reset(self.transport)
+            return
+        self._head_timer = loop.call_later(wait, self._check_deadlines)
+
+    def _overdue_body(self, now: float) -> str:
+        """Why the body being received is overdue ('' while it is not)."""
+        started = self._body_started
+        if started is None:
+            return ""
+        if self.flow.read_paused:
+            # NOTE: not the client's delay: the application has not asked for more yet.
+            self._body_started = now
+            self.body_bytes = 0
+            return ""
+        limits = self.limits
+        if now < started + limits.body_timeout + self.body_bytes / limits.min_rate:
+            return ""
+        return (
+            f"its request body was not complete {now - started:.0f}s after its head "
+            f"({self.body_bytes} bytes came; --body-timeout, --min-transfer-rate)"
+        )
+
+    def _unread_response(self, now: float) -> str:
+        """Why the response waiting for the client is overdue ('' while it is not).
+
+        A closing transport counts too: it still holds what it could not send.
+        """
+        transport: CorkedTransport = self.transport  # type: ignore[assignment]
+        size = transport.get_write_buffer_size()
+        if not size:
+            self._unsent_since = None
+            return ""
+        sent = transport.written - size
+        if self._unsent_since is None:
+            self._unsent_since, self._unsent_sent = now, sent
+            return ""
+        limits = self.limits
+        read = sent - self._unsent_sent
+        if now < self._unsent_since + limits.send_timeout + read / limits.min_rate:
+            return ""
+        return (
+            f"it left {size} bytes of its response unread for "
+            f"{now - self._unsent_since:.0f}s (--send-timeout, --min-transfer-rate)"
+        )
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -202,6 +392,13 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_started = None
+        if self._head_bytes + self._head_pieces > self.limits.max_head_bytes:
+            self._head_refusal = (
+                f"the request head is larger than {self.limits.max_head_bytes} bytes"
+            )
+            raise _HeadTooLarge(self._head_refusal)
+        self._body_started = self._loop.time()  # type: ignore[union-attr]
+        self.body_bytes = 0
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:
@@ -255,6 +452,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.message_event.set()
 
     def on_message_complete(self) -> None:
+        self._body_started = None
         super().on_message_complete()
         self._sinks.pop(self.cycle, None)
         self._chunks = self._chunk_events = None
@@ -360,23 +558,27 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         message = TOO_LARGE.format(self.max_body)
         log.debug("%s %s -> 413: %s", cycle.scope["method"], cycle.scope["path"], message)
         cycle.scope[BODY_REFUSED] = message  # type: ignore[literal-required]
-        transport = self.transport
         if cycle.response_started or self.pipeline:
-            transport.close()  # another answer is (or goes) first: no room for ours
+            self.transport.close()  # another answer is (or goes) first: no room for ours
         else:
             cycle.response_started = cycle.response_complete = True
-            body = json.dumps({"error": message}, separators=(",", ":")).encode()
-            head = [STATUS_LINE[413]]
-            for name, value in self.server_state.default_headers:
-                head += [name, b": ", value, b"\r\n"]
-            head.append(
-                b"content-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n" % len(body)
-            )
-            transport.write(b"".join(head) + body)
-            transport.close()  # as uvicorn's own 400s: what the client still sends is dropped
+            self._answer_and_close(413, message)
         cycle.disconnected = True
         cycle.message_event.set()
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        """Answer ``{"error": message}`` with ``status`` and close (as uvicorn's own 400s:
+        what the client still sends is dropped)."""
+        body = json.dumps({"error": message}, separators=(",", ":")).encode()
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % len(body)
+        )
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     def body_read(self) -> None:
         """The body was read past the parser: take the socket back with a fresh parser."""

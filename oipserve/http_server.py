@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from oipserve.http_protocol import CorkedHttpToolsProtocol
+from oipserve.header_rules import HeadChecked
+from oipserve.http_protocol import ConnectionLimits, CorkedHttpToolsProtocol
 from oipserve.settings import Settings
 
 log = logging.getLogger("oipserve")
@@ -78,12 +79,33 @@ class UvicornServer(uvicorn.Server):
         await asyncio.sleep(BACKLOG_HEAD_WAIT)
 
 
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    """What one HTTP connection may take, from the flags (every HTTP port, metrics too)."""
+    return ConnectionLimits(
+        header_timeout=settings.header_timeout,
+        max_head_bytes=settings.max_header_bytes,
+        max_header_fields=settings.max_header_fields,
+        body_timeout=settings.body_timeout,
+        send_timeout=settings.send_timeout,
+        min_rate=settings.min_transfer_rate,
+    )
+
+
+#: The body a request to the metrics port may declare (it answers GET without reading one).
+METRICS_MAX_BODY = 64 * 1024
+
+
 def http_server(settings: Settings, app: object) -> UvicornServer:
-    """The OIP REST front's ``app`` on uvicorn, with our HTTP protocol."""
+    """The OIP REST front's ``app`` on uvicorn, with our HTTP protocol.
+
+    Every front's app is put behind the request-head rules they share
+    (``oipserve.header_rules``), so that no front can answer a head differently.
+    """
     config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
+        HeadChecked(app),  # type: ignore[arg-type]
+        interface="asgi3",  # HeadChecked returns the app's coroutine: not detectable
         http=CorkedHttpToolsProtocol.configured(
-            settings.header_timeout, settings.max_request_bytes
+            connection_limits(settings), settings.max_request_bytes
         ),
         loop="none",
         lifespan="off",
@@ -94,5 +116,21 @@ def http_server(settings: Settings, app: object) -> UvicornServer:
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
         h11_max_incomplete_event_size=None,
+    )
+    return UvicornServer(config)
+
+
+def metrics_server(settings: Settings, app: object) -> UvicornServer:
+    """``GET /metrics`` on a second uvicorn server on the same loop, with the same protocol
+    and limits as the HTTP port (it had uvicorn's own: no head timeout, no head limit)."""
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        http=CorkedHttpToolsProtocol.configured(connection_limits(settings), METRICS_MAX_BODY),
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
     )
     return UvicornServer(config)

@@ -20,14 +20,13 @@ import signal
 import socket
 from pathlib import Path
 
-import uvicorn
-
 from hardware import make_inventory_source, parse_devices
 from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
 from oipserve.grpc_front.start import RunningGrpc, start_grpc
 from oipserve.http_server import UvicornServer, http_server
+from oipserve.http_server import metrics_server as metrics_server_for
 from oipserve.listeners import tcp_listener, unix_listener
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
@@ -77,20 +76,6 @@ def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
     if device == "cpu":
         return max(1, usable_cores // instances)
     return 1
-
-
-def _metrics_server(settings: Settings, app: MetricsApp) -> UvicornServer:
-    """A second uvicorn server on the same loop, for ``GET /metrics`` only."""
-    config = uvicorn.Config(
-        app,
-        loop="none",
-        lifespan="off",
-        access_log=False,
-        log_config=None,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
-    )
-    return UvicornServer(config)
 
 
 def _check_ports(settings: Settings) -> None:
@@ -310,7 +295,7 @@ async def serve(settings: Settings) -> int:
             server = http_server(settings, app)
             servers.append(server)
         if metrics_sock is not None:
-            metrics_server = _metrics_server(
+            metrics_server = metrics_server_for(
                 settings, MetricsApp(Scraper(dataplane.stats, inventory_source))
             )
             servers.append(metrics_server)

@@ -82,6 +82,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Seconds an HTTP request head may take to arrive (from connection or its first
     #: byte) before the connection is closed: slow-header clients cannot hold sockets.
     header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    #: Bytes an HTTP request head (request line and header fields) may take, and header
+    #: fields it may have; past either: 431 and the connection closed (every HTTP port,
+    #: the metrics port too).
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
+    max_header_fields: Annotated[int, msgspec.Meta(ge=8, le=100_000)] = 256
+    #: Seconds a request body may take beyond what ``min_transfer_rate`` buys it; past
+    #: it the connection is closed and the memory reserved for the body returned.
+    body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    #: Seconds a response may wait for a client that reads none of it, beyond what
+    #: ``min_transfer_rate`` buys it; past it the connection is dropped and the memory
+    #: the response held (a worker's output segment) returned.
+    send_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    #: Bytes per second of a body or response that extend its timeout by one second
+    #: (Apache's mod_reqtimeout MinRate): a slow link still finishes, a trickle does not.
+    min_transfer_rate: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024
     #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
     #: --load-model ones. Repository load/unload requests are allowed in both.
     model_control_mode: Literal["none", "explicit"] = "none"
@@ -276,6 +291,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar=restriction,
         action="append",
         help="put API groups behind a header that must carry VALUE (repeatable)",
+    )
+    serve.add_argument(
+        "--max-header-bytes", metavar="N", help="largest HTTP request head (line and fields)"
+    )
+    serve.add_argument("--max-header-fields", metavar="N", help="most header fields of a request")
+    serve.add_argument(
+        "--body-timeout",
+        metavar="SECONDS",
+        help="time a request body may take to arrive, plus 1 s per --min-transfer-rate bytes",
+    )
+    serve.add_argument(
+        "--send-timeout",
+        metavar="SECONDS",
+        help="time a response may wait for its client to read it, plus 1 s per "
+        "--min-transfer-rate bytes read",
+    )
+    serve.add_argument(
+        "--min-transfer-rate",
+        metavar="BYTES_PER_S",
+        help="bytes a second that extend --body-timeout and --send-timeout by one second",
     )
     serve.add_argument(
         "--grpc-restricted-protocol",

@@ -7,6 +7,7 @@ import http.client
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -170,6 +171,74 @@ def cmdline(pid: int) -> str:
 
 def shm_entries(pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"oipserve-{pid}-")]
+
+
+#: TCP state ESTABLISHED in /proc/net/tcp.
+ESTABLISHED = "01"
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, waiting to be reaped, has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def tcp_links(pid: int) -> list[tuple[int, int]]:
+    """(local port, remote port) of the established TCP connections ``pid`` holds."""
+    inodes = _socket_inodes(pid)
+    links = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if state == ESTABLISHED and inode in inodes:
+                links.append((int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
+    return links
+
+
+def socket_to_front(
+    proc: ServerProcess, pid: int, tries: int = 64, port: int | None = None
+) -> socket.socket:
+    """A TCP connection to the HTTP port (or ``port``: the gRPC port, say) held by the
+    front ``pid`` (``--http-workers``).
+
+    The kernel spreads connections over the fronts (``SO_REUSEPORT``): connections are
+    opened until one lands on ``pid``, the others closed.
+    """
+    fronts = [proc.process.pid, *proc.http_front_pids()]
+    port = port or proc.port
+    for _ in range(tries):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        ours = sock.getsockname()[1]
+        holder: list[int] = []
+
+        def held(ours: int = ours, holder: list[int] = holder) -> bool:
+            holder[:] = [f for f in fronts if (port, ours) in tcp_links(f)]
+            return bool(holder)
+
+        if wait_for(held, timeout=10) and holder == [pid]:
+            return sock
+        sock.close()
+    raise RuntimeError(f"no connection landed on front {pid} in {tries} tries")
 
 
 def wait_for(predicate: object, timeout: float = 30, interval: float = 0.05) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable
@@ -47,6 +46,7 @@ from oipserve.grpc_h2.handler_context import Aborted, Context
 from oipserve.grpc_h2.headers import Headers
 from oipserve.grpc_h2.inflate import ENCODINGS, inflate
 from oipserve.grpc_relay.frames import MAPPED
+from oipserve.header_rules import TRANSPORT_KEYS, grpc_timeout, is_metadata
 from oipserve.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
 
@@ -59,12 +59,6 @@ _STREAM_ACK = 1024 * 1024
 _QUEUED = 64
 #: Replies up to this size are written at once, without waiting on windows.
 _SMALL_REPLY = 64 * 1024
-
-_TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")
-_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-#: Headers that are the transport's, not the call's metadata.
-_NOT_METADATA = frozenset(("content-type", "te", "grpc-encoding", "grpc-accept-encoding",
-                           "grpc-timeout", "user-agent"))  # fmt: skip
 
 _OK = grpc.StatusCode.OK.value[0]
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
@@ -123,7 +117,7 @@ class Call:
         path = method = content_type = timeout = ""
         metadata = []
         for name, value in headers:
-            if name[0] == ":":
+            if name[:1] == ":":
                 if name == ":path":
                     path = value
                 elif name == ":method":
@@ -134,7 +128,9 @@ class Call:
                 self._encoding = value
             elif name == "grpc-timeout":
                 timeout = value
-            elif name not in _NOT_METADATA:
+            elif name not in TRANSPORT_KEYS and is_metadata(name, value):
+                # NOTE: what is not metadata is dropped here, on every front alike
+                #   (``oipserve.header_rules``): the primary's answer and a forward's agree.
                 metadata.append((name, value))
         self._metadata = tuple(metadata)
         if method != "POST" or not content_type.startswith("application/grpc"):
@@ -169,11 +165,13 @@ class Call:
             self.end_received()
 
     def _deadline(self, text: str) -> None:
-        match = _TIMEOUT.fullmatch(text)
-        if match is None:
-            self._fail(_INTERNAL, f"malformed grpc-timeout {text!r}")
+        try:
+            seconds = grpc_timeout(text)
+        except ValueError as exc:
+            self._fail(_INTERNAL, str(exc))  # as grpc-go answers it
             return
-        seconds = int(match[1]) * _UNITS[match[2]]
+        if seconds is None:
+            return  # longer than any deadline is kept: none (``header_rules``)
         loop = asyncio.get_running_loop()
         self._deadline_at = loop.time() + seconds
         self._timer = loop.call_later(seconds, self._expire)

@@ -35,30 +35,14 @@ from urllib.parse import quote
 
 import h11
 
-__all__ = ["CONNECT_TIMEOUT", "HOP_BY_HOP", "Forwarder"]
+from oipserve.header_rules import HOP_BY_HOP, NOT_FORWARDED
+
+__all__ = ["CONNECT_TIMEOUT", "Forwarder"]
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
-
-#: Headers about one connection rather than the message (RFC 9110, 7.6.1). The connection to
-#: the primary is this front's own, with its own framing and keep-alive, so they stop here,
-#: as do the headers a ``Connection`` header names.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-#: ``Expect: 100-continue`` was this front's to answer, and its server did when the request
-#: body was first asked for; the primary must not wait to be asked again.
-_NOT_FORWARDED = HOP_BY_HOP | {b"expect"}
 
 #: Added by this front's own server to every answer (uvicorn's ``date`` and ``server``):
 #: the primary's copies would make the client see each twice.
@@ -401,20 +385,31 @@ class _Exchange:
 def _request_head(scope: Message, first: Message) -> h11.Request:
     """The request line and headers to send the primary.
 
-    The body's framing: the client's ``Content-Length`` if it sent one; else, when the
-    first body message holds the whole body, its length (the primary reads a body of known
-    length straight into place); else chunked, when a body is coming; else none.
+    The headers are the client's, less those ``oipserve.header_rules`` keeps from a forward
+    (``NOT_FORWARDED``); every front has applied the rest of those rules already, so what is
+    left is what the primary would have received from the client itself. Those a
+    ``Connection`` header names are kept: they are for the server, and the client cannot
+    tell which front that is.
+
+    The body's framing is the body this front's parser delivered: when the first body
+    message holds all of it, its length (the primary reads a body of known length straight
+    into place); else, while more is coming, the client's ``Content-Length`` if it sent
+    one, or chunked. (Not always the client's length: llhttp delivers no body for a request
+    it takes as an upgrade, whatever its ``Content-Length`` says.)
     """
-    headers = _end_to_end(scope["headers"], _NOT_FORWARDED)
+    headers = [(name.lower(), value) for name, value in scope["headers"]]
+    headers = [(name, value) for name, value in headers if name not in NOT_FORWARDED]
     names = {name for name, _ in headers}
     if b"host" not in names:
         headers.insert(0, (b"host", _host(scope)))
-    if b"content-length" not in names:
-        body = first.get("body", b"")
-        if first.get("more_body", False):
-            headers.append((b"transfer-encoding", b"chunked"))
-        elif body:
-            headers.append((b"content-length", b"%d" % len(body)))
+    if not first.get("more_body", False):
+        length = b"%d" % len(first.get("body", b""))
+        if b"content-length" in names:  # the parser allows one
+            headers = [(n, length if n == b"content-length" else v) for n, v in headers]
+        elif length != b"0":
+            headers.append((b"content-length", length))
+    elif b"content-length" not in names:
+        headers.append((b"transfer-encoding", b"chunked"))
     target = scope.get("raw_path") or quote(scope["path"]).encode("ascii")
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
@@ -422,8 +417,8 @@ def _request_head(scope: Message, first: Message) -> h11.Request:
 
 
 def _end_to_end(headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[bytes]) -> Headers:
-    """``headers`` in their order, repeats kept, less ``dropped`` and those ``Connection``
-    names (RFC 9110, 7.6.1: they are the sender's connection's)."""
+    """The primary's answer's ``headers`` in their order, repeats kept, less ``dropped``
+    and those its ``Connection`` names (RFC 9110, 7.6.1: they are for this front)."""
     headers = [(name.lower(), value) for name, value in headers]
     named = {
         token.strip().lower()

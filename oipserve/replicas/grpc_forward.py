@@ -18,6 +18,7 @@ import grpc.aio
 
 from oipserve.grpc_front.server import SERVICE
 from oipserve.grpc_h2.handler_context import Aborted
+from oipserve.header_rules import forwarded_metadata
 
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
@@ -42,15 +43,10 @@ class GrpcForwarder:
         call = self._calls.get(method)
         if call is None:
             call = self._calls[method] = self._channel.unary_unary(f"/{SERVICE}/{method}")
-        # NOTE: binary ("-bin") metadata is left out (no RPC of this service reads any, and
-        #   grpc wants it as bytes), and so are grpc's reserved "grpc-" keys.
-        sent = tuple(
-            (key, value)
-            for key, value in metadata
-            if not key.endswith("-bin") and not key.startswith("grpc-")
-        )
+        # NOTE: ``metadata`` passed the rules every front applies on arrival
+        #   (``oipserve.header_rules``), which are what grpc.aio sends; so does ``timeout``.
         try:
-            return await call(request, metadata=sent, timeout=timeout)
+            return await call(request, metadata=forwarded_metadata(metadata), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise Aborted(exc.code(), exc.details() or "") from None
 

@@ -32,8 +32,10 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.test_lifecycle import run_serve
 from tests.server import (
     ServerProcess,
+    alive,
     cmdline,
     shm_entries,
+    tcp_links,
     wait_for,
     worst_probe_during_large_grpc_calls,
 )
@@ -41,8 +43,6 @@ from tests.tensors import simple_inputs, simple_region
 
 PROCESSES = 2
 GRPC_PROCESS = "oipserve.grpc_process"
-#: TCP state ESTABLISHED in /proc/net/tcp.
-ESTABLISHED = "01"
 #: Channel arguments for a connection of the channel's own: grpc shares one connection
 #: between the channels of a process to the same target (its global subchannel pool).
 OWN_CONNECTION = [
@@ -62,44 +62,6 @@ def server() -> Iterator[ServerProcess]:
 
 
 # ---- processes, sockets, metrics ------------------------------------------------------
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie, waiting to be reaped, has exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").glob("*"):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    return inodes
-
-
-def tcp_links(pid: int) -> list[tuple[int, int]]:
-    """(local port, remote port) of the established TCP connections ``pid`` holds."""
-    inodes = _socket_inodes(pid)
-    links = []
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            if state == ESTABLISHED and inode in inodes:
-                links.append((int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
-    return links
 
 
 def pending(proc: ServerProcess, model: str = "batched") -> int:

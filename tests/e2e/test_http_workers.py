@@ -32,9 +32,9 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_grpc_processes import alive, pending, steadily, tcp_links
+from tests.e2e.test_grpc_processes import pending, steadily
 from tests.e2e.test_lifecycle import run_serve
-from tests.server import ServerProcess, shm_entries, wait_for
+from tests.server import ServerProcess, alive, shm_entries, tcp_links, wait_for
 from tests.tensors import SimpleRegion, simple_inputs, simple_region
 
 FRONTS = 2

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from oipserve.http_protocol import BODY_REFUSED, CorkedHttpToolsProtocol
+from oipserve.http_protocol import BODY_REFUSED, ConnectionLimits, CorkedHttpToolsProtocol
 from tests.unit.test_framework_internals import _Transport
 
 LIMIT = 1000
@@ -42,7 +42,7 @@ def run(reads: list[bytes]) -> tuple[_Transport, list[dict], dict]:
             await send({"type": "http.response.body", "body": b"ok"})
 
     async def main() -> _Transport:
-        protocol_class = CorkedHttpToolsProtocol.configured(10.0, LIMIT)
+        protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT)
         config = uvicorn.Config(
             app, http=protocol_class, lifespan="off", log_config=None, access_log=False
         )

@@ -425,9 +425,11 @@ async def test_request_body_framing(forwarder: Forwarder, primary: Primary) -> N
 
 
 async def test_hop_by_hop_headers_stop_here(forwarder: Forwarder, primary: Primary) -> None:
+    """The hop-by-hop headers stop at the front; those ``Connection`` names go on: the
+    server (every front) is their recipient, and the primary sees them from a client too."""
     headers = [
         (b"connection", b"keep-alive, X-Mine"),
-        (b"x-mine", b"for the front's connection"),
+        (b"x-mine", b"for the server"),
         (b"keep-alive", b"timeout=5"),
         (b"te", b"trailers"),
         (b"upgrade", b"h2c"),
@@ -439,8 +441,27 @@ async def test_hop_by_hop_headers_stop_here(forwarder: Forwarder, primary: Prima
     answer = await call(forwarder, "GET", "/info?q", headers)
     assert answer.status == 200
     # No Host from the client (HTTP/1.0): the front's address.
-    assert seen_headers(answer.json()) == [("host", "127.0.0.1:8000"), ("x-keep", "1")]
+    assert seen_headers(answer.json()) == [
+        ("host", "127.0.0.1:8000"),
+        ("x-mine", "for the server"),
+        ("x-keep", "1"),
+    ]
     assert answer.json()["target"] == "/info?q"
+
+
+async def test_the_body_delivered_is_the_body_framed(
+    forwarder: Forwarder, primary: Primary
+) -> None:
+    """A body that arrived whole is framed by its length, not the client's Content-Length:
+    llhttp delivers none for a request it takes as an upgrade, whatever the header says
+    (the forward's Content-Length then promised bytes never sent: 503)."""
+    host = (b"host", b"front.test")
+    answer = await call(forwarder, "POST", "/echo", [host, (b"content-length", b"2")], [b""])
+    assert answer.status == 200 and answer.body == b""
+    assert seen_headers(primary.requests[-1]) == [("host", "front.test"), ("content-length", "0")]
+    answer = await call(forwarder, "POST", "/echo", [host, (b"Content-Length", b"9")], [b"abc"])
+    assert answer.status == 200 and answer.body == b"abc"
+    assert seen_headers(primary.requests[-1]) == [("host", "front.test"), ("content-length", "3")]
 
 
 async def test_large_answer_streamed(front: int, forwarder: Forwarder) -> None:

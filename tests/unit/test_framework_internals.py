@@ -45,7 +45,10 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "connection_lost": ("exc",),
     "eof_received": (),
     "data_received": ("data",),
+    "send_400_response": ("msg",),
     "on_message_begin": (),
+    "on_url": ("url",),
+    "on_header": ("name", "value"),
     "on_headers_complete": (),
     "on_body": ("body",),
     "on_message_complete": (),
@@ -60,6 +63,10 @@ PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "parser": httptools.HttpRequestParser,  # replaced by a fresh one after a direct read
     "pipeline": object,  # cycles waiting for an earlier response (truthy when any)
     "server_state": ServerState,  # its default_headers go on an early 413
+    "url": bytes,  # on_url: the request target, in the pieces the parser gives
+    "headers": list,  # on_header: the head's fields (the scope's list)
+    "expect_100_continue": bool,  # on_header: set for ``Expect: 100-continue``
+    "client": object,  # the peer's address, in a dropped connection's log line
 }
 #: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
 CYCLE_ATTRIBUTES: dict[str, type] = {
@@ -82,12 +89,26 @@ OUR_PROTOCOL_NAMES = (
     "_on_disconnect",
     "_chunked",
     "body_read",
-    "header_timeout",
+    "limits",
     "configured",
     "_head_timer",
     "_head_started",
     "_loop",
-    "_check_head",
+    "_check_deadlines",
+    "_overdue_body",
+    "_unread_response",
+    "_count_head",
+    "_refuse_head",
+    "_answer_and_close",
+    "_head_bytes",
+    "_head_fields",
+    "_head_pieces",
+    "_head_began",
+    "_head_refusal",
+    "_body_started",
+    "body_bytes",
+    "_unsent_since",
+    "_unsent_sent",
     "_stop_head_timer",
     "max_body",
     "_chunks",

@@ -1,0 +1,220 @@
+"""The request-header rules of every front, in one table, so that the fronts cannot drift.
+
+With ``--http-workers N`` a client's connection lands on any of N fronts (``SO_REUSEPORT``),
+and the client must not be able to tell which: the same request gets the same answer. A
+secondary front answers inference itself and forwards the rest to the primary, HTTP/1.1
+re-framed by h11 (``replicas/forward.py``) and gRPC calls through a grpc.aio channel
+(``replicas/grpc_forward.py``). Both clients check what they send more strictly than the
+servers' parsers check what they receive. Until 2026-11-28 that made the fronts answer
+differently: a header the primary took as it came was refused by h11 on the other front
+(400), or dropped there (403), or made grpc.aio fail the call (INTERNAL, with a traceback).
+
+So every front applies these rules to what it receives, before any route, restriction or
+forward: ``HeadChecked`` wraps both fronts' HTTP apps (``http_server``), and
+``grpc_h2.call`` reads every call's headers with ``is_metadata`` and ``grpc_timeout`` on
+both fronts. What passes them is exactly what the forwarding path can carry unchanged, and
+what the primary receives again from a forward passes them unchanged (they are idempotent).
+
+HTTP/1.1 request heads (every front parses with the same llhttp, through uvicorn):
+
+============================================  =========================================
+a field name that is not a token (whitespace  400, by the parser (RFC 9112, 5.1)
+before the colon, an empty name, 8-bit bytes)
+a control byte other than HTAB in a value,    400, by the parser (RFC 9110, 5.5; RFC
+obs-fold, a bare CR                           9112, 5.2)
+Content-Length twice (equal or not), not      400, by the parser (RFC 9112, 6.3)
+digits, or beside Transfer-Encoding
+a target with a byte outside printable ASCII  400, by the parser
+Host more than once                           400 here (RFC 9112, 3.2)
+no Host (HTTP/1.1)                            accepted, as by Triton (the forward names
+                                              the front's address)
+whitespace at the end of a value              stripped here (the parser strips it at the
+                                              start): RFC 9110, 5.5, a value excludes it
+the case of a name                            ignored (uvicorn lower-cases names)
+a repeated name (other than Host)             kept, every value, in order
+``HOP_BY_HOP``                                about the client's connection: not
+                                              forwarded (RFC 9110, 7.6.1)
+headers that ``Connection`` names             kept and forwarded: the server (all its
+                                              fronts) is the recipient they are for
+``Expect``                                    answered by the front that has the
+                                              connection; not forwarded
+Content-Length, Transfer-Encoding             the forward frames the body the front's
+                                              parser delivered (``replicas/forward.py``)
+============================================  =========================================
+
+gRPC metadata (HTTP/2 header fields of a call):
+
+============================================  =========================================
+pseudo-headers, ``TRANSPORT_KEYS``            the transport's: not the call's metadata
+a key that is not a gRPC key (upper case, a   not metadata: dropped on arrival, so no
+space, ``:``, empty) or an ASCII value with   handler, restriction or forward sees it
+a byte outside ``0x20-0x7e`` (a control       (gRPC's own clients cannot send either;
+byte, a tab, non-ASCII)                       grpc.aio refuses to forward them)
+``-bin`` keys and ``grpc-`` keys              metadata, but not forwarded (no RPC of the
+                                              service reads either; ``grpc-`` is gRPC's)
+``grpc-timeout``                              ``grpc_timeout``: 1-8 digits and a unit,
+                                              else INTERNAL (as grpc-go); longer than
+                                              ``MAX_GRPC_TIMEOUT``: no deadline (as gRPC
+                                              core saturates it), on every front
+============================================  =========================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from oipserve.errors import InvalidInput, http_status
+
+__all__ = [
+    "HOP_BY_HOP",
+    "MAX_GRPC_TIMEOUT",
+    "NOT_FORWARDED",
+    "TRANSPORT_KEYS",
+    "HeadChecked",
+    "check_http_head",
+    "forwarded_metadata",
+    "grpc_timeout",
+    "is_metadata",
+]
+
+Headers = list[tuple[bytes, bytes]]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# ---- HTTP/1.1 ---------------------------------------------------------------------------
+
+#: Headers about one connection rather than the message (RFC 9110, 7.6.1): a forward is a
+#: connection of the front's own, with its own framing and keep-alive, so they stop at the
+#: front that received them.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+#: Not forwarded: the hop-by-hop headers, and ``Expect: 100-continue``, which the front
+#: that has the client's connection answers when the body is first asked for (the
+#: primary must not wait to be asked again).
+NOT_FORWARDED = HOP_BY_HOP | {b"expect"}
+
+#: What a value may end in that is not part of it (RFC 9110, 5.6.3: OWS).
+_OWS = (b" ", b"\t")
+
+
+def check_http_head(scope: Message) -> None:
+    """Apply the HTTP rules to a request's head: raise InvalidInput (400) for a Host given
+    more than once; strip whitespace at the end of values (in ``scope["headers"]``).
+
+    PERF: one pass over the headers, and a new list only when a value needs stripping
+    (rare): about 0.1 us a header.
+    """
+    headers: Headers = scope["headers"]
+    hosts = 0
+    padded = False
+    for name, value in headers:
+        if name == b"host":
+            hosts += 1
+        if value.endswith(_OWS):
+            padded = True
+    if hosts > 1:
+        raise InvalidInput(
+            f"the request has {hosts} Host headers; HTTP/1.1 allows one (RFC 9112, 3.2)"
+        )
+    if padded:
+        scope["headers"] = [(name, value.rstrip(b" \t")) for name, value in headers]
+
+
+class HeadChecked:
+    """An ASGI app with ``check_http_head`` applied first: what every HTTP front serves.
+
+    A refused request is answered here (its body unread, as a 403 of a restriction is)
+    with the JSON error every route gives.
+
+    PERF: ``__call__`` is a plain function returning the app's coroutine, not a coroutine
+    of its own: no extra frame per request (uvicorn is told the interface, ``asgi3``).
+    """
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Callable[[Message, Receive, Send], Awaitable[None]]) -> None:
+        self._app = app
+
+    def __call__(self, scope: Message, receive: Receive, send: Send) -> Awaitable[None]:
+        if scope["type"] == "http":
+            try:
+                check_http_head(scope)
+            except InvalidInput as exc:
+                return _refuse(send, exc)
+        return self._app(scope, receive, send)
+
+
+async def _refuse(send: Send, exc: InvalidInput) -> None:
+    status, message = http_status(exc)
+    body = json.dumps({"error": message}, separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# ---- gRPC -------------------------------------------------------------------------------
+
+#: Header fields of a call that are the transport's, not the call's metadata: gRPC's own
+#: (besides ``grpc-timeout`` and ``grpc-encoding``, read by the call) and HTTP's
+#: connection-specific ones (RFC 9113, 8.2.2), which no gRPC client sends.
+TRANSPORT_KEYS = frozenset(
+    {"content-type", "te", "grpc-encoding", "grpc-accept-encoding", "grpc-timeout", "user-agent"}
+    | {name.decode() for name in HOP_BY_HOP}
+)
+
+#: A gRPC metadata key (lower case, digits, ``-``, ``_``, ``.``) and an ASCII value
+#: (space and printable ASCII): what a gRPC client can send, and what grpc.aio forwards.
+_GRPC_KEY = re.compile(r"[0-9a-z_.\-]+")
+_GRPC_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def is_metadata(key: str, value: str) -> bool:
+    """Whether a header field (not a pseudo-header, not in ``TRANSPORT_KEYS``) is the
+    call's metadata; one that is not is dropped on arrival, on every front."""
+    if _GRPC_KEY.fullmatch(key) is None:
+        return False
+    return key.endswith("-bin") or _GRPC_VALUE.fullmatch(value) is not None
+
+
+def forwarded_metadata(metadata: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """What of a call's metadata is forwarded to the primary: all but binary (``-bin``,
+    which grpc wants as bytes) and gRPC's reserved ``grpc-`` keys. No RPC the primary
+    answers reads either, so its answer is the same as to the whole metadata."""
+    return tuple(
+        (key, value)
+        for key, value in metadata
+        if not key.endswith("-bin") and not key.startswith("grpc-")
+    )
+
+
+#: ``grpc-timeout``: TimeoutValue (1 to 8 digits) and TimeoutUnit (PROTOCOL-HTTP2.md).
+_TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")
+_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+#: Seconds: a longer ``grpc-timeout`` is no deadline at all. gRPC core saturates a
+#: deadline it cannot hold to "infinite"; a forward could not carry it either (grpc.aio
+#: overflows past ~292 years and fails such a call at once). 10**8 s is over 3 years,
+#: and the largest timeout in seconds a client can send (99999999S).
+MAX_GRPC_TIMEOUT = 1e8
+
+
+def grpc_timeout(text: str) -> float | None:
+    """The seconds a ``grpc-timeout`` value gives the call; None for no deadline (longer
+    than ``MAX_GRPC_TIMEOUT``). ValueError when it is not one."""
+    match = _TIMEOUT.fullmatch(text)
+    if match is None:
+        raise ValueError(f"malformed grpc-timeout {text!r}")
+    seconds = int(match[1]) * _UNITS[match[2]]
+    return None if seconds > MAX_GRPC_TIMEOUT else seconds
