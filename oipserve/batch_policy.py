@@ -2,12 +2,18 @@
 
 ``batch_policy`` turns the parsed ``inference.ModelDynamicBatching`` message into a
 ``BatchPolicy`` the scheduler reads (times in nanoseconds, priority levels counted
-from 1, one ``QueuePolicy`` per level). Defaults and load errors follow Triton's
+from 1, a ``QueuePolicy`` for each level). Defaults and load errors follow Triton's
 ``NormalizeModelConfig``/``ValidateModelConfig`` (see docs/scheduler.md):
 ``preferred_batch_size`` defaults to ``[max_batch_size]``; sizes must lie in
 ``[1, max_batch_size]``; ``default_priority_level`` must lie in ``[1, priority_levels]``
 when there are levels; ``preserve_ordering`` cannot be combined with priority levels or
 with a DELAY timeout.
+
+Nothing here is sized by ``priority_levels``: it is a number (up to 2^64 in Triton's
+schema), and the levels without a ``priority_queue_policy`` entry of their own share the
+default policy instead of getting a copy each (a copy per level made a load with
+``priority_levels: 1000000000`` take 55 s and 7.7 GB). The bound on the number itself is
+``oipserve.model_config.ConfigLimits``.
 """
 
 from __future__ import annotations
@@ -58,8 +64,10 @@ class BatchPolicy(msgspec.Struct, frozen=True):
     #: At least 1; level 1 is served first.
     priority_levels: int = 1
     default_priority_level: int = 1
-    #: One policy per level, index 0 is level 1.
-    queue_policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
+    #: The policy of every level not in ``level_policies``.
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    #: The levels given a policy of their own (``priority_queue_policy``), and only those.
+    level_policies: dict[int, QueuePolicy] = msgspec.field(default_factory=dict)
 
     @property
     def largest_batch(self) -> int:
@@ -73,7 +81,8 @@ class BatchPolicy(msgspec.Struct, frozen=True):
         return min(priority, self.priority_levels)
 
     def policy(self, level: int) -> QueuePolicy:
-        return self.queue_policies[level - 1]
+        """The queue policy of ``level`` (1 to ``priority_levels``)."""
+        return self.level_policies.get(level, self.default_queue_policy)
 
 
 def _queue_policy(message: Any) -> QueuePolicy:
@@ -110,8 +119,10 @@ def batch_policy(message: Any, max_batch_size: int, model: str) -> BatchPolicy:
                 f"priority queue policy must have priority level in range [1, {levels}] for {model}"
             )
         by_level[int(level)] = _queue_policy(policy)
-    count = max(levels, 1)
-    policies = tuple(by_level.get(level, default_policy) for level in range(1, count + 1))
+    # NOTE: with fewer entries than levels, some level has the default policy.
+    policies = [*by_level.values()]
+    if len(by_level) < max(levels, 1):
+        policies.append(default_policy)
     if message.preserve_ordering:
         if levels > 1:
             raise BatchPolicyError(
@@ -126,7 +137,8 @@ def batch_policy(message: Any, max_batch_size: int, model: str) -> BatchPolicy:
         preferred_batch_sizes=tuple(preferred),
         max_queue_delay_ns=int(message.max_queue_delay_microseconds) * 1000,
         preserve_ordering=bool(message.preserve_ordering),
-        priority_levels=count,
+        priority_levels=max(levels, 1),
         default_priority_level=default_level if levels else 1,
-        queue_policies=policies,
+        default_queue_policy=default_policy,
+        level_policies=by_level,
     )

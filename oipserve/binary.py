@@ -5,16 +5,27 @@ followed by raw tensor chunks, in the order of the inputs that declare
 ``parameters.binary_data_size``. The body has already been received into a
 shared-memory lease; this module only computes where each chunk lies there,
 so workers read the client's bytes where the socket put them.
+
+``decode_header`` decodes the JSON header and words its errors for this layout: a
+header length that runs past the JSON into the binary data (most often the whole
+body's length, given by mistake) is named as such, not as msgspec's "trailing
+characters".
 """
 
 from __future__ import annotations
+
+import re
 
 import msgspec
 
 from oipserve.errors import InvalidInput
 from oipserve.parameters import unsigned
+from oipserve.rest.media import HEADER_LENGTH as HEADER
 from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
-from oipserve.wire.json_request import RequestInput
+from oipserve.wire.json_request import InferRequest, RequestInput, decode_request
+
+#: msgspec's words for bytes after a complete JSON value (N: just past the first one).
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 
 
 def parse_header_length(text: str | None, body_size: int) -> int | None:
@@ -33,6 +44,39 @@ def parse_header_length(text: str | None, body_size: int) -> int | None:
             f"Inference-Header-Content-Length is {length} but the body has only {body_size} bytes"
         )
     return length
+
+
+def decode_header(data: bytes | memoryview, header_length: int | None) -> InferRequest:
+    """The request's JSON: all of ``data``, or its first ``header_length`` bytes; 400 if
+    it is not a valid inference request.
+
+    A header length equal to the body's length is valid when the body is one JSON
+    request (no binary data follows); when there are bytes after the JSON in the header
+    the message says where the JSON ended and what the header length should have been.
+    """
+    header = data if header_length is None else data[:header_length]
+    try:
+        return decode_request(header)
+    except ValueError as exc:
+        message = str(exc)
+        trailing = _TRAILING.search(message) if header_length is not None else None
+        if trailing is None:
+            raise InvalidInput(message) from None
+    assert header_length is not None
+    # NOTE: msgspec counts the byte it stopped after: the first trailing one is at N - 1.
+    raise InvalidInput(_past_the_json(int(trailing.group(1)) - 1, header_length, len(data)))
+
+
+def _past_the_json(end: int, header_length: int, body_size: int) -> str:
+    """The message for a header length that covers bytes after the JSON request."""
+    whole = " (the whole body)" if header_length == body_size else ""
+    return (
+        f"{HEADER} is {header_length}{whole}, but the JSON request in the body ends before "
+        f"byte {end}: the {header_length - end} bytes after it that the header length "
+        f"covers are not JSON. {HEADER} must be the length of the JSON header alone "
+        f"(here probably {end}), with the binary tensor data after it; a body that is "
+        f"all JSON needs no {HEADER}"
+    )
 
 
 def binary_size(tensor: RequestInput) -> int | None:
@@ -78,6 +122,12 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
             raise InvalidInput(
                 f"binary_data_size of input '{tensor.name}' is {size}, but only {end - pos} "
                 "bytes of binary data remain in the body"
+                + (
+                    f" ({HEADER} is the whole body's length, {end}: it must be the length "
+                    "of the JSON header alone, with the binary data after it)"
+                    if start == end
+                    else ""
+                )
             )
         spans.append((pos, size))
         pos += size

@@ -4,11 +4,16 @@ A client creates a POSIX shared-memory object, registers a region of it under a 
 (``key``, ``offset``, ``byte_size``), and then names the region in inference requests
 instead of sending tensor bytes. This module holds what the front knows of those
 regions: it checks a key (one POSIX name, never one of the server's own segments),
-keeps the object open (so its identity, ``st_dev``/``st_ino``, cannot change under a
-registered name), counts the requests that use each region, and makes an unregister
-wait for them. Workers map the objects themselves (``workers.regions``); the front
-touches a region's bytes only with ``pread``/``pwrite`` on its descriptor (dynamic
-batching), which a client that truncates its object cannot turn into a SIGBUS.
+records the object's identity (``st_dev``/``st_ino``), counts the requests that use
+each region, and makes an unregister wait for them. Workers map the objects themselves
+(``workers.regions``); the front touches a region's bytes only with ``pread``/``pwrite``
+(dynamic batching), which a client that truncates its object cannot turn into a SIGBUS.
+
+The front keeps **no descriptor** per registration: it opens the object to check it,
+closes it, and opens it again by name (checking the identity, as a worker does) for each
+``pread``/``pwrite``. A descriptor held per registration let one client use up the
+front's descriptors by registering one object under thousands of names, after which
+every other client's requests failed. ``--max-shm-regions`` bounds the table itself.
 
 Off unless ``--allow-client-shm`` (docs/shared-memory.md, docs/security.md).
 """
@@ -16,12 +21,13 @@ Off unless ``--allow-client-shm`` (docs/shared-memory.md, docs/security.md).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
+from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound, Unavailable
 from oipserve.wire.messages import ObjectRef
 from oipserve.wire.shm import SHM_DIR
 
@@ -29,6 +35,7 @@ if TYPE_CHECKING:
     from hardware import Inventory
 
 __all__ = [
+    "DEFAULT_MAX_REGIONS",
     "ClientRegion",
     "ClientRegions",
     "RegionRequest",
@@ -43,6 +50,12 @@ REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
+
+#: Registered regions per server unless ``--max-shm-regions`` says otherwise.
+DEFAULT_MAX_REGIONS = 1024
+
+#: errno values that say this process (or the system) has no descriptor left.
+NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 FLAG_MESSAGE = (
     "client shared memory is disabled on this server; start it with --allow-client-shm true "
@@ -110,19 +123,48 @@ def region_parameters(where: str, params: Mapping[str, object] | None) -> Region
     return RegionRequest(region, numbers[0], numbers[1])
 
 
+def open_object(key: str) -> int:
+    """A descriptor of ``key``'s object in /dev/shm, read/write; the caller closes it.
+
+    400 when there is no such object or it cannot be opened (a symbolic link is refused,
+    not followed); 503 when this process has no descriptor left (EMFILE, ENFILE): that
+    is the server's condition, not the client's mistake, and it may pass.
+    """
+    try:
+        return _open_name(object_name(key))
+    except FileNotFoundError:
+        raise InvalidInput(
+            f"Unable to open shared memory region: no shared-memory object with key '{key}'"
+        ) from None
+    except OSError as exc:
+        raise _open_failure(key, exc) from None
+
+
+def _open_name(name: str) -> int:
+    # NOTE: O_NOFOLLOW: a symbolic link in /dev/shm is refused, not followed.
+    return os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _open_failure(key: str, exc: OSError) -> InvalidInput | Unavailable:
+    if exc.errno in NO_DESCRIPTORS:
+        return Unavailable(
+            f"Unable to open shared memory region with key '{key}': the server has no file "
+            f"descriptor left ({exc.strerror}); try again later",
+            retry_after=1,
+        )
+    return InvalidInput(f"Unable to open shared memory region with key '{key}': {exc.strerror}")
+
+
 class ClientRegion:
-    """One registered region: its object open, its place in it, the requests using it."""
+    """One registered region: its object's identity, its place in it, the requests using it."""
 
-    __slots__ = ("name", "key", "offset", "byte_size", "fd", "ref", "uses", "_idle")
+    __slots__ = ("name", "key", "offset", "byte_size", "ref", "uses", "_idle")
 
-    def __init__(
-        self, name: str, key: str, offset: int, byte_size: int, fd: int, ref: ObjectRef
-    ) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, ref: ObjectRef) -> None:
         self.name = name
         self.key = key
         self.offset = offset
         self.byte_size = byte_size
-        self.fd = fd
         self.ref = ref
         #: Requests in flight that read or write this region.
         self.uses = 0
@@ -172,7 +214,11 @@ class RegionUse:
 
     def read_into(self, target: memoryview) -> None:
         """Copy the tensor's bytes into ``target`` with ``preadv`` (no mapping: no SIGBUS)."""
-        got = os.preadv(self.region.fd, [target], self.offset)
+        fd = self._open()
+        try:
+            got = os.preadv(fd, [target], self.offset)
+        finally:
+            os.close(fd)
         if got != len(target):
             raise InvalidInput(self.truncated(len(target)))
 
@@ -180,11 +226,38 @@ class RegionUse:
         """Write an output's bytes at the tensor's place with ``pwrite``."""
         if len(data) > self.nbytes:
             raise InvalidInput(self.too_small("an output", len(data)))
-        if os.fstat(self.region.fd).st_size < self.offset + len(data):
-            raise InvalidInput(self.truncated(len(data)))
-        done = 0
-        while done < len(data):
-            done += os.pwrite(self.region.fd, data[done:], self.offset + done)
+        fd = self._open()
+        try:
+            if os.fstat(fd).st_size < self.offset + len(data):
+                raise InvalidInput(self.truncated(len(data)))
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], self.offset + done)
+        finally:
+            os.close(fd)
+
+    def _open(self) -> int:
+        """The region's object, opened by name for one read or write and checked to be the
+        object registered (the same rule as a worker's, ``workers.regions``)."""
+        region = self.region
+        try:
+            fd = _open_name(region.ref.name)
+        except FileNotFoundError:
+            raise InvalidInput(
+                f"shared memory object '{region.ref.name}' of region '{region.name}' no "
+                "longer exists (the client removed it after registering the region)"
+            ) from None
+        except OSError as exc:
+            raise _open_failure(region.key, exc) from None
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != (region.ref.dev, region.ref.ino):
+            os.close(fd)
+            raise InvalidInput(
+                f"shared memory object '{region.ref.name}' of region '{region.name}' is not "
+                "the one registered (it was removed and created again); register the region "
+                "again"
+            )
+        return fd
 
     def truncated(self, needed: int) -> str:
         return (
@@ -215,9 +288,12 @@ class ClientRegions:
         allowed: bool,
         own_prefix: str,
         cuda_refusal: str = "CUDA shared memory is not available: no GPU",
+        limit: int = DEFAULT_MAX_REGIONS,
     ) -> None:
         self.allowed = allowed
         self._own_prefix = own_prefix
+        #: Regions registered at most (``--max-shm-regions``); one more is a 400.
+        self.limit = limit
         self._regions: dict[str, ClientRegion] = {}
         #: Hears the objects of unregistered regions, once no request uses them, so
         #: that the workers unmap them.
@@ -252,10 +328,17 @@ class ClientRegions:
             raise InvalidInput("a shared memory region needs a name")
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if len(self._regions) >= self.limit:
+            raise InvalidInput(
+                f"failed to register shared memory region '{name}': this server already has "
+                f"{len(self._regions)} regions registered, its limit (--max-shm-regions); "
+                "unregister regions that are no longer used, or reuse one region at "
+                "several offsets"
+            )
         for what, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
                 raise InvalidInput(f"'{what}' must be a non-negative integer, got {value!r}")
-        fd = self._open(key)
+        fd = open_object(key)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -271,24 +354,11 @@ class ClientRegions:
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
                     f"is past the end of object '{key}' ({info.st_size} bytes)"
                 )
-        except BaseException:
+        finally:
+            # NOTE: not kept open: a descriptor per registration is what let one client
+            #   exhaust the front's descriptors (the identity check replaces it).
             os.close(fd)
-            raise
-        self._regions[name] = ClientRegion(name, key, offset, byte_size, fd, ref)
-
-    def _open(self, key: str) -> int:
-        name = object_name(key)
-        try:
-            # NOTE: O_NOFOLLOW: a symbolic link in /dev/shm is refused, not followed.
-            return os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise InvalidInput(
-                f"Unable to open shared memory region: no shared-memory object with key '{key}'"
-            ) from None
-        except OSError as exc:
-            raise InvalidInput(
-                f"Unable to open shared memory region with key '{key}': {exc.strerror}"
-            ) from None
+        self._regions[name] = ClientRegion(name, key, offset, byte_size, ref)
 
     def _own_objects(self) -> set[tuple[int, int]]:
         """(st_dev, st_ino) of every segment of this server (front and workers)."""
@@ -336,16 +406,13 @@ class ClientRegions:
             regions = [] if region is None else [region]
         for region in regions:
             await region.idle()
-            os.close(region.fd)
         if regions and self.mirror is not None:
             await self.mirror.removed(name)  # the other fronts' requests are done too
         if regions and self.on_closed is not None:
             self.on_closed([region.ref for region in regions])
 
     def close(self) -> None:
-        """At shutdown: close every object (no request runs any more)."""
-        for region in self._regions.values():
-            os.close(region.fd)
+        """At shutdown: forget every region (no request runs any more; nothing is open)."""
         self._regions.clear()
 
     # ---- inference ----------------------------------------------------------------

@@ -10,6 +10,8 @@ and the log gets the traceback.
 
 from __future__ import annotations
 
+import errno
+
 from oipserve.wire.messages import ErrorKind
 
 #: The kind of failure -> (HTTP status, gRPC status code name). Triton's mapping
@@ -30,6 +32,13 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
 
 #: What a client is told about a failure the server did not expect.
 INTERNAL_MESSAGE = "internal server error (the server log has the details)"
+
+#: What a client is told when the server ran out of file descriptors (EMFILE, ENFILE)
+#: wherever that happened: a condition of the server that may pass, so 503, not a 500.
+NO_DESCRIPTORS_MESSAGE = (
+    "the server has no file descriptor left to serve this request; try again later "
+    "(the server log has the details)"
+)
 
 
 class ServerError(Exception):
@@ -137,6 +146,8 @@ def kind_of(exc: BaseException) -> tuple[ErrorKind, str]:
     """The kind and client message of any exception a handler lets out."""
     if isinstance(exc, ServerError):
         return exc.kind, exc.message
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return ErrorKind.UNAVAILABLE, NO_DESCRIPTORS_MESSAGE
     return ErrorKind.INTERNAL, INTERNAL_MESSAGE
 
 

@@ -12,6 +12,12 @@ caller to log.
 The result is a small typed view (``ModelConfig``) of what the server uses, plus
 ``document``: the given configuration as Triton renders it in JSON, for the
 model_configuration extension.
+
+Bounds (docs/limits.md): a configuration longer than ``CONFIG_MAX_BYTES`` is refused
+before it is parsed (protobuf's parsers take seconds and gigabytes on the event loop for
+a 256 MiB ``config`` parameter). Parsing allocates nothing sized by a number the
+configuration gives; the numbers that size something later are checked against the
+operator's ``ConfigLimits`` by ``check_limits`` before a model is loaded.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from oipserve.grpc_generated import model_config_pb2 as mc
 from oipserve.wire.datatypes import BY_TRITON
 
 __all__ = [
+    "CONFIG_MAX_BYTES",
+    "ConfigLimits",
     "InstanceGroup",
     "ModelConfig",
     "ModelConfigError",
     "TensorConfig",
     "VersionPolicy",
+    "check_limits",
     "parse_model_config",
     "parse_model_config_json",
     "read_model_config",
@@ -45,6 +54,11 @@ PLATFORMS = ("", "onnxruntime_onnx")
 BACKENDS = ("", "onnxruntime")
 
 _POSITION = re.compile(r"^(\d+):(\d+) : ")
+
+#: Longest configuration read (a config.pbtxt, or a load's ``config`` parameter, counted
+#: in characters). Triton's own example configurations take under 2 KB; one of 1 MiB
+#: declares tens of thousands of tensors.
+CONFIG_MAX_BYTES = 1024 * 1024
 
 
 class ModelConfigError(ValueError):
@@ -120,6 +134,35 @@ class ModelConfig(msgspec.Struct, frozen=True):
     ignored: tuple[str, ...] = ()
     #: The configuration as given, in Triton's JSON form (integers as numbers).
     document: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ConfigLimits(msgspec.Struct, frozen=True):
+    """The operator's bounds on the numbers of a model configuration (flags of serve).
+
+    Only the numbers that size something the server keeps have one; the others count
+    nothing ahead of requests (``max_queue_size``, ``max_batch_size``, an instance
+    group's ``count``, ``num_versions``: docs/model-config.md, "Bounds").
+    """
+
+    #: Most ``dynamic_batching.priority_levels`` (``--max-priority-levels``).
+    max_priority_levels: int = 1000
+
+
+def check_limits(config: ModelConfig, limits: ConfigLimits) -> None:
+    """ModelConfigError naming the bound when a number of ``config`` is past it."""
+    batching = config.dynamic_batching
+    if batching is not None and batching.priority_levels > limits.max_priority_levels:
+        raise ModelConfigError(
+            f"dynamic_batching.priority_levels {batching.priority_levels} is more than "
+            f"--max-priority-levels {limits.max_priority_levels} (the limit)"
+        )
+
+
+def _check_length(length: int, unit: str) -> None:
+    if length > CONFIG_MAX_BYTES:
+        raise ModelConfigError(
+            f"the configuration is longer than {CONFIG_MAX_BYTES} {unit} (the limit)"
+        )
 
 
 # --------------------------------------------------------------------------- checks
@@ -253,7 +296,7 @@ def _typed(config: Any) -> ModelConfig:
         outputs=tensors["output"],
         instance_groups=groups,
         parameters={k: v.string_value for k, v in sorted(config.parameters.items())},
-        default_model_filename=config.default_model_filename or None,
+        default_model_filename=_model_filename(config.default_model_filename) or None,
         version_policy=_version_policy(config),
         dynamic_batching=batching,
         ignored=tuple(reviewed.ignored),
@@ -261,11 +304,26 @@ def _typed(config: Any) -> ModelConfig:
     )
 
 
+def _model_filename(name: str) -> str:
+    """``default_model_filename``, a file name in each version directory, nothing more.
+
+    A path (``../../other/model.onnx``, ``/etc/x``) would let a load's ``config`` point a
+    worker at any file the server can read; refused.
+    """
+    if name and (name in (".", "..") or any(c in name for c in "/\\\0")):
+        raise ModelConfigError(
+            f"default_model_filename '{name}' must be a file name in the version directory, "
+            "not a path"
+        )
+    return name
+
+
 # --------------------------------------------------------------------------- public API
 
 
 def parse_model_config(text: str) -> ModelConfig:
     """Parse the text of a Triton config.pbtxt; raise ModelConfigError if it is invalid."""
+    _check_length(len(text), "characters")
     message = mc.ModelConfig()
     try:
         text_format.Parse(text, message)
@@ -283,6 +341,7 @@ def parse_model_config_json(text: str) -> ModelConfig:
     ``{"max_batch_size": "16"}`` is valid, as is ``maxBatchSize``), parsed by protobuf's
     ``json_format``; then come the same checks as for a config.pbtxt.
     """
+    _check_length(len(text), "characters")
     message = mc.ModelConfig()
     try:
         json_format.Parse(text, message)
@@ -297,8 +356,10 @@ def parse_model_config_json(text: str) -> ModelConfig:
 
 def read_model_config(path: Path) -> ModelConfig:
     """Read and parse a config.pbtxt file; errors name the file. OSError passes through."""
-    data = Path(path).read_bytes()
+    with Path(path).open("rb") as file:
+        data = file.read(CONFIG_MAX_BYTES + 1)
     try:
+        _check_length(len(data), "bytes")
         return parse_model_config(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         message = f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})"

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path, PurePosixPath
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, ServerError, Unavailable
 from oipserve.metadata import MetadataConflict, merge_metadata
-from oipserve.model_config import ModelConfig, ModelConfigError
+from oipserve.model_config import ConfigLimits, ModelConfig, ModelConfigError, check_limits
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.pool import WorkerPool
 from oipserve.repository import ModelSource, read_model
 from oipserve.session_options import session_options
-from oipserve.uploads import UploadArea
+from oipserve.uploads import UploadArea, UploadError, UploadFiles
 from oipserve.wire.messages import Loaded
 from oipserve.worker_handle import WorkerHandle
 
@@ -47,8 +47,11 @@ class ModelManager:
         registry: ModelRegistry,
         simulate_devices: bool = False,
         start_cpu_workers: Callable[[], Awaitable[list[WorkerHandle]]] | None = None,
+        config_limits: ConfigLimits | None = None,
     ) -> None:
         self.root = root
+        #: The operator's bounds on configuration numbers (``--max-priority-levels``).
+        self.config_limits = config_limits or ConfigLimits()
         self.pool = pool
         self.registry = registry
         #: Starts CPU workers when a KIND_CPU instance group needs them and ``--devices``
@@ -145,6 +148,7 @@ class ModelManager:
         if refusal is not None:
             await unload_quietly(worker, model.key)
             raise InvalidInput(refusal)
+        model.session_threads[worker.worker_id] = threads
         model.placements[worker.worker_id] = {
             "worker": worker.worker_id,
             "device": worker.device,
@@ -159,7 +163,7 @@ class ModelManager:
         self,
         name: str,
         config: ModelConfig | None = None,
-        files: Mapping[PurePosixPath, bytes] | None = None,
+        files: UploadFiles | None = None,
         timeout: float | None = None,
     ) -> str | None:
         """Load (or reload) every version of ``name``; None, or the reason it failed.
@@ -169,28 +173,44 @@ class ModelManager:
         repository). A reload swaps the new versions in only when all of them loaded, so
         requests never see the model unknown; a failed reload leaves the old ones serving.
         Past ``timeout`` seconds the load is undone and ``Unavailable`` raised.
+
+        The files are written before the lock that serialises loads is taken: other
+        models' loads never wait for them (their own directory is this load's alone).
         """
-        async with self.lock:
-            place: Path | None = None
-            self.registry.loading.add(name)
+        if config is not None:
             try:
-                if files:
-                    try:
-                        place = await self.uploads.write(name, files)
-                    except OSError as exc:
-                        return f"cannot write the uploaded files: {exc}"
-                source = read_model(place or self.root, name, config)
-                reason = await self._load_source(source, timeout)
-            except BaseException:
-                if place is not None and self.upload_of.get(name) != place:
-                    self.uploads.remove(place)
-                raise
-            finally:
-                self.registry.loading.discard(name)
-                await self._tell_changed()
-            if reason is not None and place is not None and self.upload_of.get(name) != place:
+                check_limits(config, self.config_limits)
+            except ModelConfigError as exc:
+                return f"invalid config override: {exc}"
+        place: Path | None = None
+        if files:
+            try:
+                place = await self.uploads.write(name, files)
+            except UploadError as exc:
+                return str(exc)
+            except OSError as exc:
+                return f"cannot write the uploaded files: {exc}"
+        try:
+            async with self.lock:
+                return await self._load_locked(name, config, place, timeout)
+        except BaseException:
+            if place is not None and self.upload_of.get(name) != place:
                 self.uploads.remove(place)
-            return reason
+            raise
+
+    async def _load_locked(
+        self, name: str, config: ModelConfig | None, place: Path | None, timeout: float | None
+    ) -> str | None:
+        self.registry.loading.add(name)
+        try:
+            source = read_model(place or self.root, name, config)
+            reason = await self._load_source(source, timeout)
+        finally:
+            self.registry.loading.discard(name)
+            await self._tell_changed()
+        if reason is not None and place is not None and self.upload_of.get(name) != place:
+            self.uploads.remove(place)
+        return reason
 
     async def _tell_changed(self) -> None:
         if self.changed is not None:
@@ -198,6 +218,11 @@ class ModelManager:
 
     async def _load_source(self, source: ModelSource, timeout: float | None) -> str | None:
         name = source.name
+        if source.error is None and source.config is not None:
+            try:
+                check_limits(source.config, self.config_limits)
+            except ModelConfigError as exc:
+                source = ModelSource(name, source.directory, error=f"config.pbtxt: {exc}")
         if source.error is not None:
             log.error("model '%s' is UNAVAILABLE: %s", name, source.error)
             if name not in self.registry.models:
@@ -402,7 +427,31 @@ class ModelManager:
         self.uploads.close()
 
     async def _reloaded(self, worker: WorkerHandle) -> None:
+        """Give a replacement worker the sessions the registry says its slot holds.
+
+        The record is the registry's: every version in service that lists this worker,
+        made again as it was first made (``place``, with the threads it had). What the dead
+        process held is gone with it. A version taken out of service while its session was
+        being made again is unloaded from the new process at once. A failure raises: the
+        pool counts it as a failed start and tries again.
+        """
+        for model in self._held_by(worker):
+            if not _serves_on(model, worker):
+                continue  # unloaded or replaced meanwhile
+            await self.place(model, worker, model.session_threads.get(worker.worker_id))
+            if not _serves_on(model, worker):
+                await unload_quietly(worker, model.key)
         log.info("worker %d holds %d model versions again", worker.worker_id, len(worker.models))
+
+    def _held_by(self, worker: WorkerHandle) -> list[ModelVersion]:
+        """The versions in the registry (repository models and endpoints) with a session on
+        ``worker``'s slot."""
+        return [
+            model
+            for versions in self.registry.models.values()
+            for model in versions.values()
+            if _serves_on(model, worker)
+        ]
 
 
 def gpu_fallback_refusal(
@@ -432,6 +481,11 @@ async def unload_quietly(worker: WorkerHandle, key: str) -> None:
         await worker.unload(key)
     except ServerError:
         pass
+
+
+def _serves_on(model: ModelVersion, worker: WorkerHandle) -> bool:
+    """``model`` is in service and one of its sessions belongs on ``worker``'s slot."""
+    return model.state == "READY" and not model.echo and worker in model.workers
 
 
 def _placement(workers: list[WorkerHandle]) -> str:

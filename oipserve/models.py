@@ -90,6 +90,9 @@ class ModelVersion:
         self.in_flight = 0
         #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
         self.placements: dict[int, dict[str, object]] = {}
+        #: Worker id -> the intra-op threads its session was made with (None: the worker's
+        #: own): with ``workers``, the record a replacement of that worker is loaded from.
+        self.session_threads: dict[int, int | None] = {}
 
     def set_metadata(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
         self.inputs = inputs

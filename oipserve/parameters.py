@@ -19,3 +19,33 @@ def unsigned(params: Mapping[str, object] | None, key: str, where: str) -> int |
     if type(value) is not int or value < 0:
         raise InvalidInput(f"{where} must be a non-negative integer, got {value!r}")
     return value
+
+
+#: The ranges gRPC's types give the schedule-policy parameters (``priority`` a
+#: ``uint64_param``, ``timeout`` an ``int64_param``): a REST request is held to the same,
+#: so that both fronts accept the same requests. A JSON integer has no bound of its own.
+PRIORITY_MAX = 2**64 - 1
+TIMEOUT_MAX = 2**63 - 1
+
+
+def schedule_parameters(params: Mapping[str, object] | None) -> tuple[int, int]:
+    """The request parameters ``priority`` and ``timeout`` (µs) of a REST request; 0 when
+    absent; 400 unless each is a JSON integer in its gRPC type's range.
+
+    A priority above the model's ``priority_levels`` is not an error (as in Triton);
+    the scheduler places it (docs/scheduler.md).
+    """
+    if not params:
+        return 0, 0
+    priority = _bounded(params, "priority", PRIORITY_MAX, "an unsigned 64-bit integer")
+    timeout = _bounded(
+        params, "timeout", TIMEOUT_MAX, "a non-negative 64-bit integer of microseconds"
+    )
+    return priority, timeout
+
+
+def _bounded(params: Mapping[str, object], key: str, top: int, what: str) -> int:
+    value = params.get(key, 0)
+    if type(value) is not int or not 0 <= value <= top:
+        raise InvalidInput(f"parameter '{key}' must be {what} (0 to {top}), got {value!r}")
+    return value

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from oipserve.classification import read_labels
+from oipserve.classification import LABELS_MAX_BYTES, read_labels
 from oipserve.model_config import (
     ModelConfig,
     ModelConfigError,
@@ -134,19 +134,29 @@ def read_model(root: Path, name: str, override: ModelConfig | None = None) -> Mo
 
 
 def with_labels(config: ModelConfig, directory: Path, what: str) -> ModelConfig:
-    """``config`` with the labels of each output's ``label_filename`` read from ``directory``."""
+    """``config`` with the labels of each output's ``label_filename`` read from ``directory``.
+
+    Each file is read once, and the files of one model hold at most ``LABELS_MAX_BYTES``
+    in all (ValueError past it): a configuration may name one file for thousands of
+    outputs, which read it once each took that many times its size.
+    """
     if not any(output.label_filename for output in config.outputs):
         return config
-    outputs = tuple(
-        msgspec.structs.replace(
-            output,
-            labels=read_labels(directory, output.label_filename, f"{what} output '{output.name}'"),
-        )
-        if output.label_filename
-        else output
-        for output in config.outputs
-    )
-    return msgspec.structs.replace(config, outputs=outputs)
+    read: dict[str, tuple[str, ...]] = {}
+    total = 0
+    outputs = []
+    for output in config.outputs:
+        name = output.label_filename
+        if name and name not in read:
+            labels = read[name] = read_labels(directory, name, f"{what} output '{output.name}'")
+            total += max(sum(len(label) + 1 for label in labels) - 1, 0)  # its characters
+            if total > LABELS_MAX_BYTES:
+                raise ValueError(
+                    f"{what}: the label files of its outputs hold more than "
+                    f"{LABELS_MAX_BYTES} characters in all"
+                )
+        outputs.append(msgspec.structs.replace(output, labels=read[name]) if name else output)
+    return msgspec.structs.replace(config, outputs=tuple(outputs))
 
 
 def list_models(root: Path) -> list[str]:

@@ -5,6 +5,11 @@ duplicates, missing inputs, datatypes, shapes and batch sizes against the model'
 metadata, then the requested outputs; only then each input's byte size and host data
 (``placement.payload``), so what a request costs is decided before it is paid.
 ``output_targets`` does the same for outputs a client wants in its shared memory.
+
+An output region may overlap an input region (one region used in place): the worker then
+computes every output before it writes any (``workers.outputs``). Two outputs whose rooms
+overlap are refused: one would be written over the other, and the client would read
+whichever came last (docs/shared-memory.md).
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ def output_targets(
     before the model runs, and the worker is told the shape (ONNX Runtime then writes
     into the region directly); otherwise the worker checks the size after the run.
     """
+    _check_apart(into)
     batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else None
     targets = []
     for name, use in into.items():
@@ -118,6 +124,25 @@ def output_targets(
                 shape = reshaped(shape, spec.shape, spec.model_shape)
         targets.append(OutputTarget(name, use.region.ref, use.offset, use.nbytes, shape))
     return targets
+
+
+def _check_apart(into: dict[str, RegionUse]) -> None:
+    """400 when two outputs' rooms overlap in one client object (compared by identity, so
+    two region names over one object count as one object); touching ranges are apart."""
+    placed: list[tuple[str, tuple[int, int], int, int]] = []
+    for name, use in into.items():
+        ref = use.region.ref
+        key, start, end = (ref.dev, ref.ino), use.offset, use.offset + use.nbytes
+        for other, other_key, first, last in placed:
+            if key == other_key and start < last and first < end:
+                raise InvalidInput(
+                    f"outputs '{other}' and '{name}' overlap in shared memory object "
+                    f"'{ref.name}' (bytes {first}-{last - 1} and {start}-{end - 1} of the "
+                    "object): one would be written over the other; give each output its "
+                    "own bytes"
+                )
+        if end > start:
+            placed.append((name, key, start, end))
 
 
 def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, ...]) -> None:

@@ -7,7 +7,10 @@
                               timeouts: a timer per request                 (a batch each)
 ```
 
-Requests wait in one queue per priority level (level 1 first, FIFO within a level).
+Requests wait in one queue per priority level (level 1 first, FIFO within a level). A
+level's queue exists only while it holds requests: ``priority_levels`` is a number a
+configuration may make large, and what the batcher keeps and walks is sized by the
+requests queued, never by the levels configured.
 Whenever an instance of the model is free, the batcher walks the queue in that order and
 gathers requests while they fit (batch elements ≤ max_batch_size) and agree with the
 first on their ``signature`` (every input's dims but the first, datatypes, the inputs
@@ -32,6 +35,7 @@ returns one result per entry (``oipserve.batch_io`` assembles and splits the ten
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import logging
 import time
@@ -66,6 +70,20 @@ class _Count:
 
 class QueueRejected(Unavailable):
     """The queue refused or dropped the request (full, or its timeout expired)."""
+
+
+class _Level:
+    """The queue of one priority level that holds requests (made when its first arrives)."""
+
+    __slots__ = ("queue", "delayed", "queued")
+
+    def __init__(self) -> None:
+        #: In arrival order; entries that left (taken, withdrawn, DELAYed) are skipped.
+        self.queue: deque[Entry] = deque()
+        #: Entries whose DELAY timeout expired, served after the others of the level.
+        self.delayed: deque[Entry] = deque()
+        #: Entries of the level still queued.
+        self.queued = 0
 
 
 class Entry:
@@ -143,10 +161,12 @@ class DynamicBatcher:
         self._instances = instances
         self._execute = execute
         self._discard = discard
-        levels = policy.priority_levels
-        self._queues: list[deque[Entry]] = [deque() for _ in range(levels)]
-        self._delayed: list[deque[Entry]] = [deque() for _ in range(levels)]
-        self._queued_per_level = [0] * levels
+        #: The levels that hold requests, and their numbers in service order.
+        self._levels: dict[int, _Level] = {}
+        self._order: list[int] = []
+        #: The last level emptied, kept for the next one needed: a batcher whose queue
+        #: runs empty after each batch makes no new level each time.
+        self._spare: _Level | None = None
         self._gauge: PendingGauge = gauge if gauge is not None else _Count()
         self._busy: set[int] = set()
         # PERF: asyncio.get_running_loop() (and asyncio.Event.wait) make a getpid()
@@ -190,7 +210,8 @@ class DynamicBatcher:
             raise self._closed_error
         level = self.policy.level(priority)
         policy = self.policy.policy(level)
-        if policy.max_queue_size and self._queued_per_level[level - 1] >= policy.max_queue_size:
+        held = self._levels.get(level)
+        if policy.max_queue_size and held is not None and held.queued >= policy.max_queue_size:
             raise QueueRejected("Exceeds maximum queue size")
         loop = self._loop
         entry = Entry(request, batch, signature, level, loop.create_future(), self._next_seq)
@@ -200,8 +221,12 @@ class DynamicBatcher:
             entry.due_ns = entry.enqueued_ns + timeout_ns
             entry.timer = loop.call_later(timeout_ns / 1e9, self._expire, entry)
         entry.future.add_done_callback(functools.partial(self._withdrawn, entry))
-        self._queues[level - 1].append(entry)
-        self._queued_per_level[level - 1] += 1
+        if held is None:
+            held = self._levels[level] = self._spare or _Level()
+            self._spare = None
+            bisect.insort(self._order, level)
+        held.queue.append(entry)
+        held.queued += 1
         self._gauge.pending += 1
         self._wake()
         return entry.future
@@ -212,19 +237,26 @@ class DynamicBatcher:
         self._closed = True
         error = error or Unavailable(f"model '{self.name}' is being unloaded")
         self._closed_error = error
-        for queue in (*self._queues, *self._delayed):
-            for entry in queue:
+        for held in list(self._levels.values()):
+            for entry in (*held.queue, *held.delayed):
                 if entry.state == _QUEUED:
                     self._leave_queue(entry)
                     self._answer(entry, None, error)
-            queue.clear()
         self._task.cancel()
 
     # ---- leaving the queue -----------------------------------------------------------
 
     def _leave_queue(self, entry: Entry) -> None:
         entry.state = _GONE
-        self._queued_per_level[entry.level - 1] -= 1
+        held = self._levels[entry.level]
+        held.queued -= 1
+        if not held.queued:
+            # Whatever its deques still hold has left the queue: the level goes with them.
+            del self._levels[entry.level]
+            del self._order[bisect.bisect_left(self._order, entry.level)]
+            held.queue.clear()
+            held.delayed.clear()
+            self._spare = held
         self._gauge.pending -= 1
         if entry.timer is not None:
             entry.timer.cancel()
@@ -247,7 +279,7 @@ class DynamicBatcher:
         if self.policy.policy(entry.level).timeout_action == "DELAY":
             if not entry.delayed:
                 entry.delayed = True
-                self._delayed[entry.level - 1].append(entry)
+                self._levels[entry.level].delayed.append(entry)
             return
         self._leave_queue(entry)
         self._answer(entry, None, QueueRejected("Request timeout expired"))
@@ -286,7 +318,9 @@ class DynamicBatcher:
 
     def _walk(self) -> Iterator[Entry]:
         """Queued requests in service order: level 1 first; per level FIFO, DELAYed last."""
-        for queue, delayed in zip(self._queues, self._delayed, strict=True):
+        for number in self._order:
+            held = self._levels[number]
+            queue, delayed = held.queue, held.delayed
             while queue and (queue[0].state != _QUEUED or queue[0].delayed):
                 queue.popleft()
             for entry in queue:

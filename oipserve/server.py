@@ -31,6 +31,7 @@ from oipserve.listeners import tcp_listener, unix_listener
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.metrics import MetricsApp, Scraper
+from oipserve.model_config import ConfigLimits
 from oipserve.model_manager import ModelManager
 from oipserve.models import ModelRegistry
 from oipserve.pool import WorkerPool
@@ -152,9 +153,16 @@ async def serve(settings: Settings) -> int:
         log.info("removed stale shared memory %s", name)
 
     options = WorkerOptions(settings.log_level, settings.worker_busy_poll_us)
-    pool = WorkerPool(os.getpid(), options, fronts=settings.http_workers)
+    pool = WorkerPool(
+        os.getpid(), options, settings.http_workers, settings.worker_replacement_max_pause
+    )
     registry = ModelRegistry()
-    regions = ClientRegions(settings.allow_client_shm, pool.prefix, cuda_refusal(inventory))
+    regions = ClientRegions(
+        settings.allow_client_shm,
+        pool.prefix,
+        cuda_refusal(inventory),
+        limit=settings.max_shm_regions,
+    )
     dataplane = DataPlane(
         registry,
         pool,
@@ -191,7 +199,12 @@ async def serve(settings: Settings) -> int:
             return await start_workers("cpu")
 
     manager = ModelManager(
-        root, pool, registry, inventory.simulate_gpu_sessions, cpu_workers_on_demand
+        root,
+        pool,
+        registry,
+        inventory.simulate_gpu_sessions,
+        cpu_workers_on_demand,
+        ConfigLimits(max_priority_levels=settings.max_priority_levels),
     )
     management = Management(
         root,

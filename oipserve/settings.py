@@ -79,6 +79,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
     worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     worker_heartbeat_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    #: Ceiling of the pause between failed starts of one worker slot's replacement: 0.5 s
+    #: before the second attempt, doubling up to this (``oipserve.pool``).
+    worker_replacement_max_pause: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     #: Seconds an HTTP request head may take to arrive (from connection or its first
     #: byte) before the connection is closed: slow-header clients cannot hold sockets.
     header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
@@ -117,9 +120,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Seconds one worker-endpoint load (worker start and session creation) may take
     #: before it is undone and answered 503.
     load_timeout: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    #: Most ``file:`` parameters one repository load may carry (a model directory with its
+    #: external-data files); one more is a 400 before any of them is looked at.
+    max_upload_files: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
+    #: Most ``dynamic_batching.priority_levels`` a model configuration may ask for; past
+    #: it the model is not loaded (400 on a load, not ready at start). Triton has no bound.
+    max_priority_levels: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
     #: Triton's flag: clients may register their own POSIX shared memory and name it in
     #: requests (system shared-memory extension). Off: registration answers 403.
     allow_client_shm: bool = False
+    #: Clients' shared-memory regions registered at once on this server (Triton has no
+    #: bound); one more is a 400. Each costs a table entry in every HTTP front and a line
+    #: in every status reply, no descriptor (docs/shared-memory.md).
+    max_shm_regions: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1024
     #: Where to write the ports and readiness as JSON once started (removed at shutdown).
     ready_file: str | None = None
     #: Triton's flag (and ``--strict``): refuse to start when a model loaded at start fails
@@ -271,26 +284,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a worker silent this long is killed and replaced",
     )
     serve.add_argument(
+        "--worker-replacement-max-pause",
+        metavar="SECONDS",
+        help="most time between failed starts of a dead worker's replacement (the pause "
+        "starts at 0.5 s and doubles)",
+    )
+    serve.add_argument(
         "--header-timeout", metavar="SECONDS", help="time an HTTP request head may take to arrive"
-    )
-    serve.add_argument(
-        "--model-control-mode",
-        choices=["none", "explicit"],
-        help="none: load every model at start; explicit: only the --load-model ones",
-    )
-    serve.add_argument(
-        "--load-model",
-        metavar="NAME",
-        action="append",
-        help="with --model-control-mode explicit: a model to load at start (repeatable or "
-        "comma-separated; * = all)",
-    )
-    restriction = "API[,API...]:KEY=VALUE"
-    serve.add_argument(
-        "--http-restricted-api",
-        metavar=restriction,
-        action="append",
-        help="put API groups behind a header that must carry VALUE (repeatable)",
     )
     serve.add_argument(
         "--max-header-bytes", metavar="N", help="largest HTTP request head (line and fields)"
@@ -311,6 +311,25 @@ def _parser() -> argparse.ArgumentParser:
         "--min-transfer-rate",
         metavar="BYTES_PER_S",
         help="bytes a second that extend --body-timeout and --send-timeout by one second",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit"],
+        help="none: load every model at start; explicit: only the --load-model ones",
+    )
+    serve.add_argument(
+        "--load-model",
+        metavar="NAME",
+        action="append",
+        help="with --model-control-mode explicit: a model to load at start (repeatable or "
+        "comma-separated; * = all)",
+    )
+    restriction = "API[,API...]:KEY=VALUE"
+    serve.add_argument(
+        "--http-restricted-api",
+        metavar=restriction,
+        action="append",
+        help="put API groups behind a header that must carry VALUE (repeatable)",
     )
     serve.add_argument(
         "--grpc-restricted-protocol",
@@ -335,9 +354,22 @@ def _parser() -> argparse.ArgumentParser:
         "--load-timeout", metavar="SECONDS", help="time one worker-endpoint load may take"
     )
     serve.add_argument(
+        "--max-upload-files", metavar="N", help="most file: parameters of one repository load"
+    )
+    serve.add_argument(
+        "--max-priority-levels",
+        metavar="N",
+        help="most dynamic_batching priority_levels a model configuration may ask for",
+    )
+    serve.add_argument(
         "--allow-client-shm",
         metavar="true|false",
         help="clients may register their own POSIX shared memory (off: registration 403)",
+    )
+    serve.add_argument(
+        "--max-shm-regions",
+        metavar="N",
+        help="clients' shared-memory regions registered at once; one more is refused (400)",
     )
     serve.add_argument(
         "--ready-file",

@@ -10,11 +10,18 @@ removed when the next one first writes uploads.
 
 Paths are checked before anything is written (``check_upload_path``): relative, no
 ``.``/``..`` components, no component longer than a file name may be.
+
+All the per-file work happens in one thread, outside the lock that serialises
+repository loads: base64 text (HTTP) is decoded there ``DECODE_STEP`` characters at a
+time, straight into its file, so a large upload neither holds the event loop (it
+releases the GIL between steps) nor keeps a decoded copy in memory, and other models'
+loads do not wait for it (100,000 files took 6 s to write under the lock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import binascii
 import logging
 import os
 import re
@@ -22,10 +29,11 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import psutil
 
-__all__ = ["NAME_MAX", "UploadArea", "UploadError", "check_upload_path"]
+__all__ = ["NAME_MAX", "UploadArea", "UploadError", "UploadFiles", "check_upload_path"]
 
 log = logging.getLogger("oipserve.uploads")
 
@@ -34,6 +42,11 @@ NAME_MAX = 255
 #: Longest relative path of one uploaded file (bytes).
 PATH_MAX = 1024
 _STALE = re.compile(r"^oipserve-(\d+)-uploads-")
+#: Base64 characters decoded at a time (a multiple of 4): about 4 ms of one core.
+DECODE_STEP = 1024 * 1024
+
+#: The files of one load: bytes (gRPC), or base64 text (HTTP), decoded as it is written.
+UploadFiles = Mapping[PurePosixPath, bytes | str]
 
 
 class UploadError(ValueError):
@@ -72,13 +85,32 @@ def check_layout(paths: list[PurePosixPath]) -> None:
                 )
 
 
-def _write(target: Path, files: Mapping[PurePosixPath, bytes]) -> None:
+def _decode_into(out: BinaryIO, text: str, relative: PurePosixPath) -> None:
+    """Write the bytes of base64 ``text`` to ``out``; UploadError if it is not base64.
+
+    As strict as decoding it whole: padding only at the very end.
+    """
+    for start in range(0, len(text), DECODE_STEP):
+        piece = text[start : start + DECODE_STEP]
+        last = start + DECODE_STEP >= len(text)
+        try:
+            if not last and "=" in piece:
+                raise binascii.Error("padding before the end")
+            out.write(binascii.a2b_base64(piece, strict_mode=True))
+        except ValueError:  # binascii.Error, or a character that is not ASCII
+            raise UploadError(f"file parameter 'file:{relative}' is not valid base64") from None
+
+
+def _write(target: Path, files: UploadFiles) -> None:
     target.mkdir(parents=True)
     for relative, data in files.items():
         path = target.joinpath(*relative.parts)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "xb") as out:
-            out.write(data)
+            if isinstance(data, str):
+                _decode_into(out, data, relative)
+            else:
+                out.write(data)
 
 
 def _sweep_stale(base: Path) -> None:
@@ -103,16 +135,20 @@ class UploadArea:
         self.root: Path | None = None
         self._count = 0
 
-    async def write(self, name: str, files: Mapping[PurePosixPath, bytes]) -> Path:
+    async def write(self, name: str, files: UploadFiles) -> Path:
         """Write ``files`` as model ``name``; returns the directory that holds ``name/``.
 
-        The writing runs in a thread: the files may be large, and the event loop serves
-        inference meanwhile. OSError (disk full, ...) passes through.
+        The writing (and decoding) runs in a thread: the files may be large, and the
+        event loop serves inference meanwhile. OSError (disk full, ...) passes through;
+        UploadError for a file that is not valid base64. Nothing is left of a write that
+        failed or was cancelled.
         """
         if self.root is None:
-            _sweep_stale(self.base)
-            prefix = f"oipserve-{os.getpid()}-uploads-"
-            self.root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.base))
+            # NOTE: in a thread too: a stale directory may hold many files.
+            await asyncio.to_thread(_sweep_stale, self.base)
+            if self.root is None:  # another load may have made it meanwhile
+                prefix = f"oipserve-{os.getpid()}-uploads-"
+                self.root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.base))
         self._count += 1
         place = self.root / str(self._count)
         writing = asyncio.ensure_future(asyncio.to_thread(_write, place / name, files))

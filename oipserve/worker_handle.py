@@ -7,7 +7,9 @@ death is seen at once through its process sentinel (and the socket closing): its
 in-flight requests fail with 503 and its death listeners are told. A second socket pair
 carries heartbeats, which a worker answers from a thread of its own. With
 ``accepts_fronts`` the worker also listens for other fronts' connections
-(``--http-workers``). ``oipserve.pool`` keeps all the handles and replaces dead workers.
+(``--http-workers``). ``oipserve.pool`` keeps all the handles and replaces dead workers:
+one handle is one slot, whose processes follow one another, each reaped (``reaped``)
+before the next starts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ START_TIMEOUT = 120.0
 #: Seconds a worker whose connection closed may take to exit on its own before it is
 #: declared dead and killed (its exit status tells a requested stop from a death).
 EXIT_GRACE = 1.0
+#: How often ``reaped`` looks whether a killed process has been reaped, and after how
+#: many seconds it says in the log that one is still not gone (uninterruptible sleep, a
+#: core dump being written): the slot's next process waits for it all the same.
+REAP_POLL = 0.02
+REAP_WARNING = 5.0
 
 
 class WorkerHandle(WorkerLink):
@@ -65,6 +72,8 @@ class WorkerHandle(WorkerLink):
         #: Its end was logged and its death listeners told (once per process).
         self._reported = False
         self._heartbeat: asyncio.Transport | None = None
+        #: Why the current process was cut off, once it was.
+        self._cut_reason = ""
         #: Loop time of the worker's last heartbeat echo (or of its start).
         self.last_heartbeat = 0.0
 
@@ -88,12 +97,16 @@ class WorkerHandle(WorkerLink):
                 listener.close()
         self._loop = loop
         self.process = process
+        self.pid = process.pid  # NOTE: for the log, before (or without) its greeting
+        self._cut_reason = ""
         self.alive = True
         self._reported = False
         self._stopping = False
         self._hung = ""
         self.ready = asyncio.Event()
-        loop.add_reader(process.sentinel, self.on_exit, "its process exited")
+        # NOTE: bound to this process: the sentinel of an earlier one must never end
+        #   the process that follows it in this slot.
+        loop.add_reader(process.sentinel, self._process_exited, process)
         transport, _ = await loop.connect_accepted_socket(lambda: MessageProtocol(self), ours)
         self.transport = transport  # type: ignore[assignment]
         beat, _ = await loop.connect_accepted_socket(lambda: HeartbeatProtocol(self), beat_ours)
@@ -145,21 +158,35 @@ class WorkerHandle(WorkerLink):
         if process is self.process:  # NOTE: not a replacement started meanwhile
             self.on_exit("its connection closed")
 
+    def _process_exited(self, process: WorkerProcess) -> None:
+        """A process's sentinel became readable: it has exited."""
+        if process is self.process:
+            self.on_exit("its process exited")
+        elif process.sentinel >= 0:  # an earlier process of this slot (reported already)
+            asyncio.get_running_loop().remove_reader(process.sentinel)
+            process.join(0)
+
     def on_exit(self, why: str) -> None:
-        """The process is gone or must be: cut it off, reap it, say how it ended (once)."""
+        """The process is gone or must be: cut it off, kill it, say how it ended (once).
+
+        Its sessions are gone with it (``models`` empties: what it should hold again is the
+        registry's to say). It is reaped here when it has exited already, else as soon as
+        it has (``_reap_soon``): never by blocking the event loop.
+        """
         self._cut_off(why)
+        self.models = {}
         if self._reported:
             return
         self._reported = True
         code: int | None = None
         if self.process is not None:
-            asyncio.get_running_loop().remove_reader(self.process.sentinel)
+            if self.process.sentinel >= 0:
+                asyncio.get_running_loop().remove_reader(self.process.sentinel)
             self.process.join(0)
             code = self.process.returncode
-            # A worker whose socket closed cannot be reached any more: make sure it is
-            # gone, then reap it (at once: it has exited, or SIGKILL ends it now).
+            # A worker whose socket closed cannot be reached any more: make sure it is gone.
             self.process.kill()
-            self.process.join(5)
+            self._reap_soon(self.process)
         why = self._hung or why
         if self._stopping:
             log.info("worker %d (pid %s) stopped", self.worker_id, self.pid)
@@ -181,9 +208,17 @@ class WorkerHandle(WorkerLink):
         for listener in self._death_listeners:
             listener(self)
 
+    def _reap_soon(self, process: WorkerProcess) -> None:
+        """Reap a killed process now, or as soon as it has exited (no zombie is left, even
+        where nobody awaits ``reaped``)."""
+        process.join(0)
+        if process.returncode is None:
+            self._loop.call_later(REAP_POLL, self._reap_soon, process)  # type: ignore[union-attr]
+
     def _cut_off(self, why: str) -> None:
         if not self.alive:
             return
+        self._cut_reason = why
         if self._heartbeat is not None:
             self._heartbeat.abort()
         super()._cut_off(why)
@@ -243,7 +278,7 @@ class WorkerHandle(WorkerLink):
             await self.call(lambda rid: UnloadModel(rid, key))
 
     async def stop(self, timeout: float) -> None:
-        """Ask the worker to stop, wait, then kill it if it does not."""
+        """Ask the worker to stop, wait, then kill it if it does not; reap it."""
         self._stopping = True
         process = self.process
         if process is None:
@@ -254,9 +289,50 @@ class WorkerHandle(WorkerLink):
         while process.is_alive() and loop.time() < deadline:
             await asyncio.sleep(0.02)
         if process.is_alive():
-            log.warning("worker %d did not stop in %.1fs; killing it", self.worker_id, timeout)
+            if timeout > 0:
+                log.warning("worker %d did not stop in %.1fs; killing it", self.worker_id, timeout)
             process.kill()
         self.on_exit("stopped")
+        await self.reaped(REAP_WARNING)
+
+    async def reaped(self, timeout: float | None = None) -> None:
+        """The last process started in this handle is gone: its end reported (once), the
+        process killed if it still ran, reaped (no zombie left) and its output segments
+        swept. The pool awaits this before it starts the next process of this slot, so two
+        processes of one slot never run side by side nor share a segment name.
+
+        Waits as long as the kernel takes to let the process go, or ``timeout`` seconds.
+        """
+        process = self.process
+        if process is None:
+            return
+        process.kill()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        warned = False
+        # NOTE: is_alive() reaps without closing the sentinel, which the event loop may
+        #   still watch (on_exit stops watching it, then join closes it).
+        while process.is_alive():
+            waited = loop.time() - started
+            if timeout is not None and waited >= timeout:
+                log.error("worker %d (pid %s) is still not reaped", self.worker_id, process.pid)
+                return
+            if not warned and waited >= REAP_WARNING:
+                warned = True
+                log.warning(
+                    "worker %d (pid %s) was killed %.0fs ago and has not exited yet; the "
+                    "next process of its slot waits for it",
+                    self.worker_id,
+                    process.pid,
+                    waited,
+                )
+            await asyncio.sleep(REAP_POLL)
+        if not self._reported:
+            # NOTE: a start that failed before the sentinel said so (its socket closed
+            #   first): its end is reported here, with its exit status, as any other.
+            self.on_exit(self._cut_reason or "its start failed")
+        process.join(0)
+        sweep(self.segment_prefix)  # NOTE: what it made after its cut-off swept them
 
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():

@@ -72,7 +72,12 @@ class WorkerOptions(NamedTuple):
 
 class WorkerProcess(ChildProcess):
     """A worker program (``python -m workers``) on its two sockets, and optionally a
-    listening socket where other fronts connect."""
+    listening socket where other fronts connect.
+
+    It must be started from the thread that runs the event loop and lives as long as the
+    front (the main thread): Linux's parent-death signal, which kills a worker whose
+    front died, follows the thread that started it.
+    """
 
     def __init__(
         self,
@@ -85,6 +90,8 @@ class WorkerProcess(ChildProcess):
         fd = sock.fileno()
         beat_fd = heartbeat.fileno()
         args = ["--socket-fd", str(fd), "--heartbeat-fd", str(beat_fd)]
+        # NOTE: the worker dies with this process (workers.heartbeat.die_with_front).
+        args += ["--front-pid", str(os.getpid())]
         args += ["--segment-prefix", segment_prefix, "--log-level", options.log_level]
         args += ["--busy-poll-us", str(options.busy_poll_us)]
         fds = [fd, beat_fd]

@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import socket
 
-from workers.heartbeat import start_heartbeat
+from workers.heartbeat import die_with_front, start_heartbeat
 
 
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m workers")
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--heartbeat-fd", type=int, required=True)
+    # The front that started this worker: the worker does not outlive it.
+    parser.add_argument("--front-pid", type=int, required=True)
     parser.add_argument("--segment-prefix", required=True)
     parser.add_argument("--log-level", default="info")
     # A listening socket where the server's other fronts connect (--http-workers).
@@ -29,6 +31,9 @@ def _args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = _args()
+    # NOTE: first of all, before the slow imports: a front killed while this worker
+    #   starts must not leave it behind.
+    die_with_front(args.front_pid)
     # NOTE: the heartbeat answers before ONNX Runtime is imported (by workers.worker);
     #   the front checks it only once the worker has said it is ready.
     start_heartbeat(socket.socket(fileno=args.heartbeat_fd))

@@ -111,6 +111,30 @@ def _plan(spec: ImageSpec) -> _Plan:
     )
 
 
+def _check_target(
+    input_name: str, count: int, spec: ImageSpec, max_pixels: int, max_request_pixels: int
+) -> None:
+    """ImageError when the model's fixed size makes the output larger than the limits.
+
+    Images are resized to a fixed height and width whatever their own size, so a
+    configuration's dims (say 50000x50000) would have a 4x4 PNG allocate 30 GB.
+    """
+    if spec.height <= 0 or spec.width <= 0:
+        return
+    target = spec.height * spec.width
+    if target > max_pixels:
+        raise ImageError(
+            f"input '{input_name}' takes images of {spec.height}x{spec.width} (HxW) pixels, "
+            f"more than the limit of {max_pixels} pixels"
+        )
+    if count * target > max_request_pixels:
+        raise ImageError(
+            f"input '{input_name}' takes images of {spec.height}x{spec.width} (HxW) pixels: "
+            f"{count * target} pixels for {count} images, more than the limit of "
+            f"{max_request_pixels} pixels per request"
+        )
+
+
 def decode_batch(
     input_name: str,
     elements: Sequence[bytes | memoryview],
@@ -163,6 +187,7 @@ def decode_batch(
             f"input '{input_name}' has {count} images of {total} pixels in all, more than the"
             f" limit of {max_request_pixels} pixels per request"
         )
+    _check_target(input_name, count, spec, max_pixels, max_request_pixels)
 
     can_resize = spec.height > 0 and spec.width > 0
     out: np.ndarray | None = None

@@ -4,9 +4,18 @@
 into the client's shared-memory region itself (I/O binding); ``write_outputs`` copies
 the outputs after an ordinary run into the worker's output segment (or a region), large
 ones the client wants as JSON printed as text (``json_text.print_output``).
+
+An output region that overlaps an input's bytes (one region used for both, in place) is
+never bound: ONNX Runtime would write an output over an input that a later node still
+reads (``simple``: OUTPUT1 = INPUT0 - INPUT1 read an INPUT1 that OUTPUT0 had already
+replaced). Such a request takes the copy path: every output is computed in ONNX
+Runtime's own memory first and only then copied over the inputs, as Triton's ONNX
+Runtime backend does (docs/shared-memory.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -14,7 +23,7 @@ from oipserve.wire.datatypes import NUMPY_DTYPES, element_count
 from oipserve.wire.messages import TEXT_OUTPUT_MIN, OutputTarget, TensorDesc
 from oipserve.wire.shm import BufferPool, layout
 from workers import json_text, runtime
-from workers.regions import RegionCache
+from workers.regions import RegionCache, overlaps_an_input
 
 __all__ = ["bound_outputs", "write_outputs"]
 
@@ -25,12 +34,14 @@ def bound_outputs(
     names: list[str],
     feeds: dict[str, object],
     targets: dict[str, OutputTarget],
+    inputs: Sequence[TensorDesc] = (),
 ) -> dict[str, np.ndarray] | None:
     """Arrays over the clients' regions for ONNX Runtime to write the outputs into.
 
     Only when every output goes into a region with a shape known before the run, of
-    a fixed-width datatype, and every input is a plain numpy array; None otherwise
-    (the outputs are then copied once after the run). A shape is known from the
+    a fixed-width datatype, no output's room overlaps one of ``inputs`` in a client's
+    object, and every input is a plain numpy array; None otherwise (the outputs are
+    then copied once after the run). A shape is known from the
     model's metadata (the front sends it) or from the graph's dim names and this
     request's input shapes (``ModelSession.output_shapes``); a region too small for
     it is refused here, before the run.
@@ -40,6 +51,8 @@ def bound_outputs(
     if any(not isinstance(v, np.ndarray) or v.dtype == object for v in feeds.values()):
         return None
     if any(session.output_types[name] in ("BYTES", "BF16") for name in names):
+        return None
+    if overlaps_an_input(inputs, targets.values()):
         return None
     resolved: dict[str, list[int]] = {}
     if any(targets[name].shape is None for name in names):

@@ -12,6 +12,10 @@ is an error for that request (a ``RegionError``), never an access past its end,
 which would kill the worker with SIGBUS. A client that shrinks its object *while* a
 request is running can still do that (docs/shared-memory.md: the worker dies, the
 request gets 503, the front starts a replacement).
+
+``overlaps_an_input`` tells whether an output would be written over an input's bytes in
+the same object: ONNX Runtime must not then write outputs into the region while inputs
+are still being read from it (``workers.outputs``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 import mmap
 import os
 from collections import OrderedDict
+from collections.abc import Iterable
 
-from oipserve.wire.messages import ObjectRef
+from oipserve.wire.messages import ObjectRef, OutputTarget, TensorDesc
 from oipserve.wire.shm import SHM_DIR
 
-__all__ = ["RegionCache", "RegionError"]
+__all__ = ["RegionCache", "RegionError", "overlaps_an_input"]
 
 #: Mappings kept at most; the least recently used one is unmapped beyond that.
 MAX_MAPPINGS = 32
@@ -31,6 +36,29 @@ MAX_MAPPINGS = 32
 
 class RegionError(Exception):
     """A client's region cannot be used for this request; the message says why."""
+
+
+def overlaps_an_input(inputs: Iterable[TensorDesc], targets: Iterable[OutputTarget]) -> bool:
+    """Whether some output's room (``offset``, ``nbytes``) overlaps some input's bytes in
+    the same object.
+
+    Objects are compared by identity (st_dev, st_ino), not by region name: two names
+    registered over one object, or one object under two keys (a hard link), are one
+    object. Ranges that only touch (one ends where the other begins) do not overlap.
+    """
+    spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for tensor in inputs:
+        if tensor.region is not None and tensor.nbytes:
+            key = (tensor.region.dev, tensor.region.ino)
+            spans.setdefault(key, []).append((tensor.offset, tensor.offset + tensor.nbytes))
+    if not spans:
+        return False
+    for target in targets:
+        start, end = target.offset, target.offset + target.nbytes
+        for first, last in spans.get((target.region.dev, target.region.ino), ()):
+            if start < last and first < end:
+                return True
+    return False
 
 
 class RegionCache:

@@ -292,7 +292,7 @@ class Worker:
                 del buf
             names = message.outputs or [m.name for m in session.outputs]
             fed = monotonic_ns()
-            bound = bound_outputs(self.regions, session, names, feeds, targets)
+            bound = bound_outputs(self.regions, session, names, feeds, targets, message.inputs)
             values = None
             if bound is not None:
                 # ONNX Runtime writes the outputs straight into the clients' regions.

@@ -110,7 +110,9 @@ class Management:
         ``parameters`` may carry ``config`` and ``file:`` overrides (file contents base64
         over HTTP, bytes over gRPC: ``files_in_base64``).
         """
-        override = parse_load_parameters(name, parameters, files_in_base64)
+        override = parse_load_parameters(
+            name, parameters, files_in_base64, self.limits.max_upload_files
+        )
         if name in self.endpoints:
             raise InvalidInput(f"'{name}' is a worker endpoint; load it with /v2/workers")
         self.repository_loading[name] += 1

@@ -24,7 +24,7 @@ THREAD_KEYS = ("intra_op_threads", "inter_op_threads")
 
 @dataclass(frozen=True)
 class LoadLimits:
-    """The operator's maxima for worker loads (flags of ``oipserve serve``)."""
+    """The operator's maxima for worker loads and repository loads (flags of ``serve``)."""
 
     #: Most instances (worker sessions) one endpoint may have: at its first load or
     #: grown one at a time by ``share: false``.
@@ -35,6 +35,8 @@ class LoadLimits:
     max_endpoint_batch_size: int = 65536
     #: Seconds one load may take (worker start + session creation) before it is undone.
     load_timeout: float = 180.0
+    #: Most ``file:`` parameters of one repository load.
+    max_upload_files: int = 1000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoadLimits:
@@ -44,6 +46,7 @@ class LoadLimits:
             max_threads_per_session=settings.max_threads_per_session,
             max_endpoint_batch_size=settings.max_endpoint_batch_size,
             load_timeout=settings.load_timeout,
+            max_upload_files=settings.max_upload_files,
         )
 
 

@@ -7,19 +7,24 @@ must be given, and the model need not be in the repository. Nothing else is acce
 
 Every refusal is a 400 whose message starts ``failed to load '<name>'``, the phrase
 Triton's clients look for, and goes on with the reason.
+
+What is checked here runs on the event loop before the load waits for anything, so it
+is bounded first: more than ``--max-upload-files`` files are refused before any of them
+is looked at (a load of 100,000 files took 1.7 s of the loop to check and decode, then
+6 s to write). Each remaining file costs a path check; its contents are not touched
+here: base64 text is decoded by the writer's thread (``oipserve.uploads``). Their total
+size is bounded by the request's (``--max-request-bytes``, ``--grpc-max-message-bytes``).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from oipserve.errors import InvalidInput
 from oipserve.model_config import ModelConfig, ModelConfigError, parse_model_config_json
-from oipserve.uploads import NAME_MAX, UploadError, check_layout, check_upload_path
+from oipserve.uploads import NAME_MAX, UploadError, UploadFiles, check_layout, check_upload_path
 
 __all__ = ["LoadOverride", "check_model_name", "failed_to_load", "parse_load_parameters"]
 
@@ -36,7 +41,8 @@ class LoadOverride:
     """What a load gives instead of the repository: a configuration, model files."""
 
     config: ModelConfig | None = None
-    files: dict[PurePosixPath, bytes] = field(default_factory=dict)
+    #: Contents as given: bytes (gRPC), or base64 text (HTTP) decoded when written.
+    files: UploadFiles = field(default_factory=dict)
 
 
 def check_model_name(name: str) -> None:
@@ -52,14 +58,21 @@ def check_model_name(name: str) -> None:
 
 
 def parse_load_parameters(
-    name: str, parameters: Mapping[str, object], files_in_base64: bool
+    name: str, parameters: Mapping[str, object], files_in_base64: bool, max_files: int
 ) -> LoadOverride:
     """The override a load's parameters ask for; 400 (``failed to load``) for any mistake.
 
     ``files_in_base64``: HTTP sends file contents as base64 strings, gRPC as bytes.
+    ``max_files``: most ``file:`` parameters (``--max-upload-files``).
     """
+    count = sum(key.startswith(FILE_PREFIX) for key in parameters)
+    if count > max_files:
+        raise failed_to_load(
+            name,
+            f"the load gives {count} files, more than --max-upload-files {max_files} (the limit)",
+        )
     config: ModelConfig | None = None
-    files: dict[PurePosixPath, bytes] = {}
+    files: dict[PurePosixPath, bytes | str] = {}
     for key, value in parameters.items():
         if key == "config":
             if not isinstance(value, str):
@@ -96,14 +109,12 @@ def parse_load_parameters(
     return LoadOverride(config, files)
 
 
-def _file_contents(name: str, key: str, value: object, in_base64: bool) -> bytes:
+def _file_contents(name: str, key: str, value: object, in_base64: bool) -> bytes | str:
+    """The value of a ``file:`` parameter, of the type its protocol sends (not decoded)."""
     if not in_base64:
         if not isinstance(value, bytes):
             raise failed_to_load(name, f"file parameter '{key[:64]}' must be a bytes_param")
         return value
     if not isinstance(value, str):
         raise failed_to_load(name, f"file parameter '{key[:64]}' must be a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise failed_to_load(name, f"file parameter '{key[:64]}' is not valid base64") from None
+    return value

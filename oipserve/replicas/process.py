@@ -140,7 +140,9 @@ class Replica:
         self.control = control
         self.registry = ModelRegistry()
         self.pool = Links(start.segment_prefix)
-        regions = ClientRegions(settings.allow_client_shm, start.server_prefix)
+        regions = ClientRegions(
+            settings.allow_client_shm, start.server_prefix, limit=settings.max_shm_regions
+        )
         self.dataplane = DataPlane(
             self.registry,
             self.pool,

@@ -22,7 +22,7 @@ from oipserve.errors import InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import Inference, InputTensor
 from oipserve.models import ModelVersion
-from oipserve.parameters import unsigned
+from oipserve.parameters import schedule_parameters, unsigned
 from oipserve.protocol import ENCODER
 from oipserve.rest.body import Body, read_body
 from oipserve.rest.media import HEADER_LENGTH
@@ -30,7 +30,7 @@ from oipserve.rest.render import outputs_to_print, print_in_steps, render_infer
 from oipserve.settings import Settings
 from oipserve.stats_report import model_statistics
 from oipserve.tensors import Deferred, check_datatype, decode_data
-from oipserve.wire.json_request import RequestInput, RequestOutput, decode_request
+from oipserve.wire.json_request import RequestInput, RequestOutput
 from oipserve.wire.shm import Lease
 
 
@@ -140,11 +140,7 @@ class ModelResource:
                 if parsed is not None:
                     request, texts = parsed
                 else:
-                    header = body.data if header_length is None else body.data[:header_length]
-                    try:
-                        request = decode_request(header)
-                    except ValueError as exc:
-                        raise InvalidInput(str(exc)) from None
+                    request = binary.decode_header(body.data, header_length)
                     texts = None
                 inputs = self._inputs(request.inputs, body, header_length, owned, texts)
                 all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
@@ -163,7 +159,7 @@ class ModelResource:
                 elif not all_binary:
                     text_outputs = list(target.output_map)
                 request_id = request.id
-                priority, timeout_us = _schedule(request.parameters)
+                priority, timeout_us = schedule_parameters(request.parameters)
         except BaseException as exc:
             for held in [*owned, *into_regions.values()]:
                 held.release()
@@ -302,20 +298,3 @@ def _class_count(output: RequestOutput) -> int:
     """An output's ``classification`` parameter: how many classes; 0 when not asked for."""
     where = f"parameter 'classification' of output '{output.name}'"
     return unsigned(output.parameters, "classification", where) or 0
-
-
-def _schedule(params: dict[str, object] | None) -> tuple[int, int]:
-    """The schedule-policy parameters ``priority`` and ``timeout`` (µs); 0 when absent."""
-    if not params:
-        return 0, 0
-    values = []
-    for key in ("priority", "timeout"):
-        value = params.get(key, 0)
-        if type(value) is not int or value < 0:
-            raise InvalidInput(
-                f"parameter '{key}' must be an unsigned integer"
-                + (" (microseconds)" if key == "timeout" else "")
-                + f", got {value!r}"
-            )
-        values.append(value)
-    return values[0], values[1]

@@ -26,6 +26,7 @@ from oipserve.wire.datatypes import (
     float32_to_bf16,
 )
 from oipserve.wire.json_numbers import MIN_BODY, NumberArrayDecoder
+from oipserve.wire.json_request import syntax_error
 
 __all__ = ["DataError", "array_from_values", "bytes_as_text", "decode_data", "flatten"]
 
@@ -58,7 +59,9 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> Any:
             "JSON strings must be UTF-8 text (send other bytes as binary data)"
         ) from None
     except msgspec.DecodeError as exc:
-        raise DataError(f"malformed JSON in 'data' of input '{name}': {exc}") from None
+        raise DataError(
+            f"malformed JSON in 'data' of input '{name}': {syntax_error(exc, raw)}"
+        ) from None
     except RecursionError:
         raise DataError(f"malformed JSON: 'data' of input '{name}' is nested too deeply") from None
     # NOTE: checked after decoding, not before: a look at the first byte costs every

@@ -163,7 +163,10 @@ async def test_the_workers_death_cuts_off_every_front_and_the_replacement_listen
     assert first_pid is not None
     replaced = asyncio.Event()
 
-    async def on_replaced(_: WorkerHandle) -> None:
+    async def on_replaced(new: WorkerHandle) -> None:
+        # NOTE: the replacement's models come from the record that on_replaced keeps (in
+        #   the server, the model manager's registry), not from the dead process.
+        await new.load("simple/1", SIMPLE, CPU)
         replaced.set()
 
     pool.on_replaced(on_replaced)

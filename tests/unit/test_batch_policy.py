@@ -19,7 +19,7 @@ def test_an_empty_block_batches_up_to_max_batch_size_without_waiting() -> None:
     assert policy.preferred_batch_sizes == (8,)
     assert policy.max_queue_delay_ns == 0
     assert policy.priority_levels == 1 and policy.level(0) == 1
-    assert policy.queue_policies == (QueuePolicy(),)
+    assert policy.default_queue_policy == QueuePolicy() and policy.level_policies == {}
 
 
 def test_keys_are_read_with_their_units() -> None:

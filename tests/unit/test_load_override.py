@@ -43,12 +43,13 @@ def test_safe_upload_paths() -> None:
 
 def test_parameters() -> None:
     data = base64.b64encode(b"onnx").decode()
-    override = parse_load_parameters("m", {"config": "{}", "file:1/model.onnx": data}, True)
-    assert override.files == {PurePosixPath("1/model.onnx"): b"onnx"}
+    override = parse_load_parameters("m", {"config": "{}", "file:1/model.onnx": data}, True, 9)
+    # NOTE: base64 text is decoded by the writer's thread (test_upload_area_decodes_base64).
+    assert override.files == {PurePosixPath("1/model.onnx"): data}
     assert override.config is not None
-    grpc = parse_load_parameters("m", {"config": "{}", "file:1/model.onnx": b"onnx"}, False)
-    assert grpc.files == override.files
-    assert parse_load_parameters("m", {}, True).config is None
+    grpc = parse_load_parameters("m", {"config": "{}", "file:1/model.onnx": b"onnx"}, False, 9)
+    assert grpc.files == {PurePosixPath("1/model.onnx"): b"onnx"}
+    assert parse_load_parameters("m", {}, True, 9).config is None
     for parameters in (
         {"file:1/model.onnx": data},  # no config
         {"config": 1},
@@ -57,9 +58,9 @@ def test_parameters() -> None:
         {"other": "x"},
     ):
         with pytest.raises(InvalidInput, match="^failed to load 'm': "):
-            parse_load_parameters("m", parameters, True)
+            parse_load_parameters("m", parameters, True, 9)
     with pytest.raises(InvalidInput, match="bytes_param"):
-        parse_load_parameters("m", {"config": "{}", "file:1/model.onnx": data}, False)
+        parse_load_parameters("m", {"config": "{}", "file:1/model.onnx": data}, False, 9)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "n" * 256])

@@ -421,3 +421,18 @@ def test_docs_show_the_disposition_table() -> None:
     for fields in DISPOSITIONS.values():
         for name, rule in fields.items():
             assert f"| `{name}` | {rule.disposition.value} | {rule.note} |" in doc, name
+
+
+@pytest.mark.parametrize(
+    "name", ["../other/1/model.onnx", "/etc/passwd", "sub/model.onnx", "..", "a\\\\b"]
+)
+def test_default_model_filename_is_a_file_name_not_a_path(name: str) -> None:
+    """A load's ``config`` could point a worker at any file the server reads (issue #35)."""
+    with pytest.raises(ModelConfigError, match="must be a file name"):
+        parse_model_config(f'default_model_filename: "{name}"')
+
+
+def test_default_model_filename_may_name_another_file() -> None:
+    assert parse_model_config('default_model_filename: "net.onnx"').default_model_filename == (
+        "net.onnx"
+    )

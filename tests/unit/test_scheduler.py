@@ -145,7 +145,7 @@ async def test_largest_preferred_size_fires_at_once() -> None:
 
 
 async def test_full_queue_is_rejected_at_once() -> None:
-    h = Harness(policy(queue_policies=(QueuePolicy(max_queue_size=2),)))
+    h = Harness(policy(default_queue_policy=QueuePolicy(max_queue_size=2)))
     h.instances[0].hold = True
     h.submit("running")
     await settle()
@@ -157,7 +157,7 @@ async def test_full_queue_is_rejected_at_once() -> None:
 
 
 async def test_reject_timeout_answers_when_it_expires_even_with_the_instance_busy() -> None:
-    h = Harness(policy(queue_policies=(QueuePolicy(default_timeout_ns=30_000_000),)))
+    h = Harness(policy(default_queue_policy=QueuePolicy(default_timeout_ns=30_000_000)))
     h.instances[0].hold = True
     h.submit("running")
     await settle()
@@ -174,7 +174,7 @@ async def test_reject_timeout_answers_when_it_expires_even_with_the_instance_bus
 
 async def test_delay_timeout_moves_the_request_behind_its_level() -> None:
     delay = QueuePolicy(timeout_action="DELAY", default_timeout_ns=20_000_000)
-    h = Harness(policy(max_batch_size=1, queue_policies=(delay,)))
+    h = Harness(policy(max_batch_size=1, default_queue_policy=delay))
     h.instances[0].hold = True
     h.submit("running", timeout_us=0)
     await settle()
@@ -217,8 +217,7 @@ async def test_a_caller_gone_during_execution_gets_its_result_discarded() -> Non
 
 
 async def test_priority_levels_serve_level_one_first() -> None:
-    h = Harness(policy(max_batch_size=1, priority_levels=2, default_priority_level=2,
-                       queue_policies=(QueuePolicy(), QueuePolicy())))  # fmt: skip
+    h = Harness(policy(max_batch_size=1, priority_levels=2, default_priority_level=2))
     h.instances[0].hold = True
     h.submit("running")
     await settle()
@@ -320,7 +319,7 @@ def test_a_sub_millisecond_queue_timeout_does_not_expire_early() -> None:
     timeout_ns = 300_000
 
     async def scenario() -> int:
-        h = Harness(policy(queue_policies=(QueuePolicy(default_timeout_ns=timeout_ns),)))
+        h = Harness(policy(default_queue_policy=QueuePolicy(default_timeout_ns=timeout_ns)))
         h.instances[0].hold = True
         h.submit("busy")
         await settle()
