@@ -1,7 +1,7 @@
 """End-to-end payload throughput of binary vs JSON tensors, beside in-process ONNX Runtime.
 
-Starts its own ``oipserve serve`` (``tests/server.py``, free ports) on the sample repository,
-sends bounded, sequential requests to ``identity_fp32`` over one keep-alive
+Starts its own ``oipserve serve`` (``tests/support/server.py``, free ports) on the sample
+repository, sends bounded, sequential requests to ``identity_fp32`` over one keep-alive
 connection on 127.0.0.1, and prints one row per (size, mode). Request bodies
 are built once before timing, so the numbers measure the server and the
 transport, not the client's encoder. Responses are read whole; the first of
@@ -30,7 +30,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
 MODEL = "identity_fp32"
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

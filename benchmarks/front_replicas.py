@@ -12,8 +12,7 @@ clients and the same number of workers:
 - with ``--triton``, Triton (as the harness starts it) driven by the same two clients.
 
 ``--protocol grpc`` drives the servers' gRPC ports with the harness's gRPC client (one
-client process of c=8 in place of each wrk); gRPC then runs in each front, as
-``--grpc-processes auto`` has it below 8 CPUs.
+client process of c=8 in place of each wrk); gRPC runs in each front.
 
 Rounds are interleaved, the order reversed every other round, and the medians of the
 summed req/s are printed, with each configuration's errors, how much of the machine its

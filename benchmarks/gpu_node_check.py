@@ -86,9 +86,7 @@ def main() -> None:
             raise SystemExit(f"not ready after {ns.seconds_to_ready:.0f} s")
         print(f"== serving after {time.monotonic() - started:.1f} s")
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        commands = [Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ") for c in children]
-        print(f"== child processes: {len(commands)}, of which gRPC processes: "
-              f"{sum(b'oipserve.grpc_process' in c for c in commands)}")  # fmt: skip
+        print(f"== child processes: {len(children)}")
         http = addresses["http"]
         print("== start-up log (model lines: the first four)")
         model_lines = [line for line in log if "oipserve.models" in line]

@@ -30,7 +30,7 @@ import tritonclient.http as httpclient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
 ONE_MIB_FLOATS = 256 * 1024
 

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from oipserve.wire.images import image_spec_for  # noqa: E402
-from tests.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 from workers.images import decode_batch  # noqa: E402
 
 SIZE = 224

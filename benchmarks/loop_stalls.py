@@ -6,9 +6,9 @@ while two clients each send two large requests, and prints the worst and p99 pro
 latency. REST client threads only send and read bytes (no JSON parsing while probing: that
 would hold this process's GIL); gRPC clients run as processes of their own (grpc's Python
 layer holds the GIL while it copies a large message). The gRPC cases also probe
-``ServerLive`` over gRPC: with ``--grpc-processes N`` that is the gRPC process's loop.
+``ServerLive`` over gRPC (the same loop, through its HTTP/2).
 
-    python benchmarks/loop_stalls.py [--grpc-processes N] [--only rest|grpc]
+    python benchmarks/loop_stalls.py [--only rest|grpc]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
 ELEMENTS = 4_000_000
 #: The largest gRPC case: 122 MiB of FP32 each way (the 20 ms goal was missed from ~30 MiB).
@@ -141,7 +141,6 @@ def binary_request(values: np.ndarray) -> tuple[bytes, dict[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--grpc-processes", type=int, default=0)
     parser.add_argument("--only", choices=["rest", "grpc"])
     parser.add_argument("--send-grpc", nargs=2, metavar=("URL", "ELEMENTS"), help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -159,8 +158,6 @@ def main() -> None:
     binary_body, binary_headers = binary_request(values)
     small_body, small_headers = binary_request(values[: ELEMENTS // 4])
     args = ["--model-control-mode", "explicit", "--load-model", "identity_fp32"]
-    if options.grpc_processes:  # (so the script also runs against builds without the flag)
-        args += ["--grpc-processes", str(options.grpc_processes)]
     server = ServerProcess(args=args).wait_ready()
     try:
         idle = [("idle", lambda: time.sleep(3), 1)]
@@ -186,7 +183,6 @@ def main() -> None:
             (f"{4 * n >> 20} MiB gRPC in and out", grpc_sender(server, n), 2)
             for n in (GRPC_ELEMENTS // 4, GRPC_ELEMENTS)
         ]
-        print(f"--grpc-processes {options.grpc_processes}", flush=True)
         for name, send, clients in idle:
             print(f"{name:38s} {probe_while(server, send, clients, True)}", flush=True)
         if options.only != "grpc":

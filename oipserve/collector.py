@@ -13,7 +13,7 @@ def settle_garbage_collector() -> None:
     (numpy, ONNX metadata, protobuf descriptors). Freezing them moves them out
     of every later collection, and a larger first threshold makes collections
     rarer; request objects are short-lived and mostly freed by reference
-    counting anyway. The front and each gRPC process call it.
+    counting anyway. Every HTTP front calls it.
     """
     gc.collect()
     gc.freeze()

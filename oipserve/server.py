@@ -24,7 +24,8 @@ from hardware import make_inventory_source, parse_devices
 from oipserve.client_regions import ClientRegions, cuda_refusal
 from oipserve.collector import settle_garbage_collector
 from oipserve.dataplane import DataPlane
-from oipserve.grpc_front.start import RunningGrpc, start_grpc
+from oipserve.grpc_front.server import GrpcServer
+from oipserve.grpc_front.start import start_grpc
 from oipserve.http_server import UvicornServer, http_server
 from oipserve.http_server import metrics_server as metrics_server_for
 from oipserve.listeners import tcp_listener, unix_listener
@@ -44,7 +45,7 @@ from oipserve.replicas.primary import (
 from oipserve.repository import RepositoryError, check_repository, layout_warnings
 from oipserve.rest import create_app
 from oipserve.rest_admin import add_admin_routes
-from oipserve.settings import Settings
+from oipserve.settings import Settings, deprecation_warnings
 from oipserve.startup_report import StartupReport, not_ready_models, remove_ready_file, status_log
 from oipserve.wire.shm import sweep, sweep_stale
 from oipserve.worker_handle import WorkerHandle
@@ -113,6 +114,8 @@ def _check_layout(root: Path, exit_on_error: bool) -> None:
 
 async def serve(settings: Settings) -> int:
     return_large_blocks_to_os()
+    for warning in deprecation_warnings(settings):
+        log.warning("%s", warning)
     root = Path(settings.model_repository)
     try:
         _check_ports(settings)
@@ -218,7 +221,7 @@ async def serve(settings: Settings) -> int:
     )
     server: UvicornServer | None = None
     metrics_server: UvicornServer | None = None
-    grpc_server: RunningGrpc | None = None
+    grpc_server: GrpcServer | None = None
     grpc_stopping: asyncio.Task[None] | None = None
     replicas: Replicas | None = None
     replicas_stopping: asyncio.Task[None] | None = None
@@ -256,7 +259,8 @@ async def serve(settings: Settings) -> int:
 
     forward: socket.socket | None = None
     startup = asyncio.current_task()
-    assert startup is not None
+    if startup is None:
+        raise RuntimeError("serve() runs outside an asyncio task: a signal could not cancel it")
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
@@ -281,7 +285,7 @@ async def serve(settings: Settings) -> int:
             replicas_grpc: tuple[int, str] | None = None
             if settings.allow_grpc:
                 private = None
-                if sock is not None and settings.http_workers > 1 and not settings.grpc_processes:
+                if sock is not None and settings.http_workers > 1:
                     grpc_address = grpc_forward_address(pool.prefix)
                     private = unix_listener(grpc_address, 1024)
                     held.append(private)

@@ -22,14 +22,13 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 ENV_PREFIX = "OIPSERVE_"
 
 
-#: What ``--grpc-processes auto`` (the default) gives. It counted CPUs while the front
-#: served gRPC with grpc.aio (two thirds of a call's CPU was grpc.aio's, so processes of
-#: their own paid on 8 or more cores). The front's own HTTP/2 spends less of the front's
-#: CPU on a tiny call than a forwarded call does (241 against 279 us), at 0.4x the
-#: server's CPU in all; only large messages still cost the front less forwarded (1,186
-#: against 1,596 us at 1 MiB), which ``--grpc-processes N`` is left for.
-#: benchmarks/results/2026-11-27-grpc-front-cpu.md.
-AUTO_GRPC_PROCESSES = 0
+#: Logged once at start when ``--grpc-processes`` (``OIPSERVE_GRPC_PROCESSES``) is given a
+#: number other than 0: the gRPC processes were removed (docs/grpc.md, "History"), the flag
+#: is still accepted for one release so that command lines and manifests keep starting.
+GRPC_PROCESSES_DEPRECATED = (
+    "--grpc-processes is deprecated and does nothing: gRPC is served by every HTTP front; "
+    "use --http-workers N to scale out"
+)
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -44,10 +43,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
-    #: Processes that serve the gRPC port (with the same HTTP/2 as this one) and forward
-    #: each call to this one (0: gRPC is served in this process). The command line's default
-    #: is "auto" (``AUTO_GRPC_PROCESSES``), resolved at load.
-    grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = AUTO_GRPC_PROCESSES
+    #: Deprecated, does nothing (``GRPC_PROCESSES_DEPRECATED``); "auto" is read as 0. Still
+    #: accepted, with its old bounds, for one release: remove it in the next one.
+    grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
     #: more, each with its own event loop and its own connection to every worker; they
     #: answer inference of repository models themselves and hand this process
@@ -148,7 +146,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 def configure_logging(settings: Settings) -> None:
-    """The log format and level of every oipserve process (the front, gRPC processes)."""
+    """The log format and level of every oipserve process (the front, the other HTTP fronts)."""
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -221,9 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-processes",
         metavar="N|auto",
-        help="serve gRPC from N processes of its own that share the port and forward each "
-        "call to the front (0: in the front process; auto: "
-        f"{AUTO_GRPC_PROCESSES}); see docs/grpc.md",
+        help="deprecated, does nothing: gRPC is served by every HTTP front (--http-workers "
+        "N scales both out); accepted until the next release, see docs/grpc.md",
     )
     serve.add_argument(
         "--http-workers",
@@ -415,7 +412,7 @@ def _parser() -> argparse.ArgumentParser:
 def _document_defaults(parser: argparse.ArgumentParser) -> None:
     """Append each flag's Settings default and its OIPSERVE_* variable to its help."""
     fields = {f.name: f for f in msgspec.structs.fields(Settings)}
-    shown = {"grpc_processes": "auto"}  # resolved by load_settings, not a Settings default
+    shown = {"grpc_processes": "auto"}  # read as 0 by load_settings
     for action in parser._actions:
         field = fields.get(action.dest)
         if field is None:
@@ -462,17 +459,20 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     if values.get("grpc_processes") == "auto":
-        del values["grpc_processes"]  # Settings' default, AUTO_GRPC_PROCESSES
+        del values["grpc_processes"]  # Settings' default, 0
     try:
         settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
     _check_load_model(settings)
-    if settings.grpc_processes and not settings.allow_grpc:
-        raise SettingsError("--grpc-processes needs gRPC; it cannot go with --allow-grpc false")
     if settings.http_workers > 1 and not settings.allow_http:
         raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
+
+
+def deprecation_warnings(settings: Settings) -> list[str]:
+    """What start-up warns about (one WARNING each): flags still accepted that do nothing."""
+    return [GRPC_PROCESSES_DEPRECATED] if settings.grpc_processes else []
 
 
 def _check_load_model(settings: Settings) -> None:

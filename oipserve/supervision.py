@@ -1,7 +1,6 @@
 """The front's long-lived child processes of one kind: watched, replaced, stopped together.
 
-The other HTTP fronts (``replicas.primary``, ``--http-workers``) and the gRPC processes
-(``grpc_relay.processes``, ``--grpc-processes``) are kept by a ``Supervisor`` each:
+The other HTTP fronts (``replicas.primary``, ``--http-workers``) are kept by a ``Supervisor``:
 
 - a child is watched from the moment it serves (its pidfd in the event loop);
 - one that exits while the server runs is logged (ERROR, or INFO for exit status 0: a
@@ -44,8 +43,8 @@ C = TypeVar("C", bound=Child)
 class Supervisor(Generic[C]):
     """Children started by ``start(slot)``; ``cleanup(child)`` runs once each has exited.
 
-    ``kind`` names a child in the log ("a gRPC process"), ``describe`` one of them
-    ("gRPC process 1234")."""
+    ``kind`` names a child in the log ("an HTTP front"), ``describe`` one of them
+    ("HTTP front 1 (pid 1234)")."""
 
     def __init__(
         self,
@@ -56,7 +55,7 @@ class Supervisor(Generic[C]):
         cleanup: Callable[[C], None],
     ) -> None:
         self._log = log
-        #: What a child is, for the log: "a gRPC process".
+        #: What a child is, for the log: "an HTTP front".
         self._kind = kind
         self._describe = describe
         self._start = start

@@ -1,4 +1,4 @@
-"""Starting the front's child programs: workers (``python -m workers``), gRPC processes.
+"""Starting the front's child programs: workers (``python -m workers``), other HTTP fronts.
 
 A fresh interpreter runs each child program; nothing of the front is imported
 there that the program does not import itself (multiprocessing's spawn would

@@ -6,7 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.server import ServerProcess
+from tests.support.server import ServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -245,8 +245,8 @@ def _runs_models(pid: int) -> bool:
 
 
 def front_and_workers(before: CpuSnapshot, after: CpuSnapshot) -> tuple[float, float]:
-    """CPU seconds the fronts (every process that runs no model: oipserve's fronts, its
-    gRPC processes, ``tritonserver``) and the workers of a tree spent in between."""
+    """CPU seconds the fronts (every process that runs no model: oipserve's HTTP fronts,
+    ``tritonserver``) and the workers of a tree spent in between."""
     front = workers = 0.0
     for pid, (_, seconds) in after.per_pid.items():
         spent = seconds - before.per_pid.get(pid, ("", 0.0))[1]

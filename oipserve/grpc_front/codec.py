@@ -37,7 +37,7 @@ class InferCall:
     """A parsed ModelInferRequest plus its raw input entries (views of the wire bytes,
     or copies for a small message).
 
-    A message received straight into a pooled segment (``oipserve.grpc_relay``) also
+    A message received straight into a pooled segment (``oipserve.grpc_h2.call``) also
     carries that ``lease`` and where each raw entry lies in it (``spans``): its inputs
     are then read by the worker where they are, and whoever answers the call owns the
     lease.

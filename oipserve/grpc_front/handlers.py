@@ -5,11 +5,8 @@ request parser (a message that does not parse is the client's error,
 INVALID_ARGUMENT), the handler of ``InferenceService`` that answers it and the
 response writer. ModelInfer uses this package's codec (``codec``) instead of
 protobuf's, and RPCs of extensions this server lacks raise ``Unsupported``
-(UNIMPLEMENTED, with a reason). Two transports serve the table:
-
-- ``oipserve.grpc_h2``: the front's own HTTP/2, in this process (``--grpc-processes
-  0``), with ``counted_methods`` and ``stream_infer``;
-- ``oipserve.grpc_relay.front_side``: calls forwarded by gRPC processes.
+(UNIMPLEMENTED, with a reason). The front's own HTTP/2 (``oipserve.grpc_h2``) serves it,
+in every HTTP front, as ``counted_methods``, with ``stream_infer`` for ModelStreamInfer.
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ class InferenceService:
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
-        assert self.management is not None
+        if self.management is None:
+            raise RuntimeError("RepositoryIndex reached a front without model management")
         response = pb.RepositoryIndexResponse()
         for entry in self.management.index(request.ready):
             response.models.add(
@@ -106,7 +107,8 @@ class InferenceService:
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
-        assert self.management is not None
+        if self.management is None:
+            raise RuntimeError("RepositoryModelLoad reached a front without model management")
         parameters = {k: repository_parameter(v) for k, v in request.parameters.items()}
         await self.management.repository_load(
             request.model_name, None, parameters, files_in_base64=False
@@ -116,7 +118,8 @@ class InferenceService:
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest
     ) -> pb.RepositoryModelUnloadResponse:
-        assert self.management is not None
+        if self.management is None:
+            raise RuntimeError("RepositoryModelUnload reached a front without model management")
         await self.management.repository_unload(request.model_name, None)
         return pb.RepositoryModelUnloadResponse()
 
@@ -170,7 +173,7 @@ class InferenceService:
     async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
         regions = self.dataplane.regions
-        # NOTE: a message received into a lease (grpc_relay) hands it over here; the data
+        # NOTE: a message received into a lease (grpc_h2.call) hands it over here; the data
         #   plane releases it once the worker has read the inputs, as a REST body's.
         owned: list[Lease | RegionUse] = [call.lease] if call.lease is not None else []
         into_regions: dict[str, RegionUse] = {}

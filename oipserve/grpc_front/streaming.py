@@ -1,10 +1,9 @@
 """ModelStreamInfer: requests of one stream run concurrently, responses leave in order.
 
-The same loop serves the stream whether the inferences run in this process
-(``handlers``) or are forwarded to the front (``oipserve.grpc_process``): it
-takes a function from a request to the serialized ModelInferResponse and yields
-ModelStreamInferResponses as wire bytes in parts (the field's tag and length, then the
-message as it came), so no response is parsed or copied again.
+The loop takes a function from a request to the serialized ModelInferResponse
+(``handlers.stream_infer``) and yields ModelStreamInferResponses as wire bytes in parts
+(the field's tag and length, then the message as it came), so no response is parsed or
+copied again.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ async def ordered_responses(
     infer: Callable[[Request], Awaitable[bytes | memoryview]],
     closing: asyncio.Event,
     context: grpc.aio.ServicerContext,
-    log_failures: bool = True,
 ) -> AsyncIterator[Response]:
     """Requests run concurrently; responses come back in request order.
 
@@ -103,8 +101,7 @@ async def ordered_responses(
                 raise
             except Exception as exc:
                 code, message = status_of(exc)
-                if log_failures:
-                    log_failure("ModelStreamInfer", code, message, exc)
+                log_failure("ModelStreamInfer", code, message, exc)
                 if strict:
                     await context.abort(code, message)
                 yield [error_response(message)]

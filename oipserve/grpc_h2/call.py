@@ -45,14 +45,19 @@ from oipserve.grpc_h2.frames import (
 from oipserve.grpc_h2.handler_context import Aborted, Context
 from oipserve.grpc_h2.headers import Headers
 from oipserve.grpc_h2.inflate import ENCODINGS, inflate
-from oipserve.grpc_relay.frames import MAPPED
 from oipserve.header_rules import TRANSPORT_KEYS, grpc_timeout, is_metadata
 from oipserve.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
 
 #: ModelInfer messages from this size are read into an input segment; other messages from
-#: ``MAPPED`` into anonymous memory of their own (as a gRPC process's link reads them).
+#: ``MAPPED`` into anonymous memory of their own.
 LEASED = 256 * 1024
+#: Messages from this size (not leased) are read into anonymous mmap of their own: its pages
+#: are zeroed by the kernel as they are first written, never all at once on the loop, and go
+#: back to the system when the message is freed. Smaller ones are joined from the received
+#: chunks on the heap (whose malloc takes blocks of this size from mmap anyway,
+#: ``memory_trim.LARGE_BLOCK``).
+MAPPED = 8 * 1024 * 1024
 #: A unary call's stream window is given back once this much of its message is in.
 _STREAM_ACK = 1024 * 1024
 #: A stream's messages read ahead of its handler before its window stops being given back.
@@ -374,7 +379,8 @@ class Call:
 
     def _forwarded(self, request: bytes) -> Awaitable[bytes]:
         forward = self._table.forward
-        assert forward is not None
+        if forward is None:
+            raise RuntimeError(f"{self._name} is to be forwarded by a table that cannot forward")
         left = None
         if self._deadline_at is not None:
             left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
@@ -390,9 +396,8 @@ class Call:
             context = Context(self._metadata)
             table = self._table
             responses = ordered_responses(
-                self._requests(held), table.stream_infer, table.closing, context,
-                table.log_failures,
-            )  # fmt: skip
+                self._requests(held), table.stream_infer, table.closing, context
+            )
             async for parts in responses:
                 try:
                     await self._send(parts, first=not started)
@@ -410,8 +415,7 @@ class Call:
             return
         except Exception as exc:
             code, message = status_of(exc)
-            if self._table.log_failures:
-                log_failure(STREAM_RPC, code, message, exc)
+            log_failure(STREAM_RPC, code, message, exc)
             self._end(code.value[0], message, started)
             return
         finally:
@@ -420,7 +424,8 @@ class Call:
         self._end(_OK, "", started)
 
     async def _requests(self, held: deque[Any]) -> AsyncIterator[Any]:
-        assert self._queue is not None
+        if self._queue is None:
+            raise RuntimeError(f"the request stream of {self._name} has no queue")
         while True:
             item = await self._queue.get()
             if item is None:
@@ -490,8 +495,7 @@ class Call:
             self._fail(exc.code.value[0], exc.message)
             return
         code, message = status_of(exc)
-        if self._table.log_failures:
-            log_failure(self._name or "gRPC call", code, message, exc)
+        log_failure(self._name or "gRPC call", code, message, exc)
         self._fail(code.value[0], message)
 
     def _cancelled(self) -> None:

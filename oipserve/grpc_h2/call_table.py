@@ -1,10 +1,9 @@
 """What every gRPC call of one server shares: its methods, restrictions and limits.
 
-A ``CallTable`` is built once per server (``grpc_h2.tables`` for a front, and by
-``grpc_process`` for a gRPC process) and read by each ``grpc_h2.call.Call``: which
-path names which method (or is forwarded to the primary front), which methods a
-``--grpc-restricted-protocol`` rule guards, how large a message may be each way, and
-where a large ModelInfer message is read to (the input pool).
+A ``CallTable`` is built once per server (``grpc_h2.tables``) and read by each
+``grpc_h2.call.Call``: which path names which method (or is forwarded to the primary
+front), which methods a ``--grpc-restricted-protocol`` rule guards, how large a message
+may be each way, and where a large ModelInfer message is read to (the input pool).
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ class CallTable:
 
     ``methods`` are answered here; with ``forward``, every other unary RPC of the
     service is handed to it as bytes (``--http-workers``: the primary answers them).
-    ``stream_infer`` answers one ModelStreamInfer request message as it came, and
-    ``log_failures`` says whether failures are logged here (a gRPC process leaves that to
-    the front, which answered them).
+    ``stream_infer`` answers one ModelStreamInfer request message as it came.
     """
 
     def __init__(
@@ -47,9 +44,7 @@ class CallTable:
         closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,
-        log_failures: bool = True,
     ) -> None:
-        self.log_failures = log_failures
         #: path -> (RPC name, its method; None: forwarded).
         self.methods: dict[str, tuple[str, Method | None]] = {
             f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()

@@ -12,8 +12,8 @@ import json
 import os
 import socket
 import struct
-import time
 import zlib
+from functools import partial
 
 import ml_dtypes
 import numpy as np
@@ -26,7 +26,8 @@ from oipserve.rest.body import Body
 from oipserve.rest.resources import ModelResource
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.shm import BufferPool
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.sockets import read_by_peer
 from workers.runtime import ModelSession
 
 SAMPLE_FP32 = SAMPLE_REPOSITORY / "identity_fp32" / "1" / "model.onnx"
@@ -775,7 +776,7 @@ def test_client_leaving_mid_body_costs_nothing(server: ServerProcess) -> None:
     for cut in (len(wire) - len(body) + 100_000, len(wire) - 1):
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(wire[:cut])
-            time.sleep(0.2)
+            assert wait_for(partial(read_by_peer, sock), 10)  # mid-body at the server too
     # The server keeps serving, the same large bodies included.
     for _ in range(3):
         status, headers_out, answer = request(

@@ -16,10 +16,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.raw_http import post_json
-from tests.server import ServerProcess, worst_probe_during_large_grpc_calls
-
-MiB = 1024 * 1024
+from tests.support.memory import MiB, proc_status
+from tests.support.raw_http import post_json
+from tests.support.server import ServerProcess, worst_probe_during_large_grpc_calls
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +27,6 @@ def own_server() -> Iterator[ServerProcess]:
     proc = ServerProcess().wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log
-
-
-def _status(pid: int, field: str) -> int:
-    """A ``/proc/<pid>/status`` figure (VmRSS, VmHWM, RssAnon), in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def _oversized_batch(rows: int) -> bytes:
@@ -59,12 +50,12 @@ def test_a_body_the_model_cannot_take_is_refused_without_decoding(
     pid = own_server.process.pid
     body = _oversized_batch(625_000)  # ~60 MB of JSON
     post_json(own_server, "simple", _oversized_batch(9))  # warm the code paths
-    idle = _status(pid, "VmRSS")
+    idle = proc_status(pid, "VmRSS")
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     status, answer = post_json(own_server, "simple", body)
     assert status == 400
     assert "batch size 625000" in str(answer["error"])
-    peak = _status(pid, "VmHWM")
+    peak = proc_status(pid, "VmHWM")
     # The body itself is received into shared memory (counted once); no decoded numbers.
     assert peak - idle <= 1.5 * len(body) + 32 * MiB, (peak - idle) / MiB
 
@@ -131,16 +122,16 @@ def test_the_front_gives_back_the_heap_of_a_large_request(own_server: ServerProc
         assert result.as_numpy("OUTPUT0").shape == values.shape
 
     large_json()  # warm: the pool's segment, the decoders' buffers
-    idle = _status(pid, "RssAnon")
+    idle = proc_status(pid, "RssAnon")
     for _ in range(3):
         large_json()
         status, _ = post_json(own_server, "simple", _oversized_batch(200_000))
         assert status == 400
-    assert _status(pid, "RssAnon") <= idle * 1.10, (idle, _status(pid, "RssAnon"))
+    assert proc_status(pid, "RssAnon") <= idle * 1.10, (idle, proc_status(pid, "RssAnon"))
 
 
 def test_large_grpc_messages_in_the_front_leave_its_loop_free(own_server: ServerProcess) -> None:
-    """Issue #18's 20 ms goal with gRPC served in the front (``--grpc-processes 0``).
+    """Issue #18's 20 ms goal with gRPC served in the front.
 
     grpc.aio received a message into one bytes object and sent a reply from one, on the
     loop's thread with the GIL held: 64 MiB calls stalled the front's loop 0.25-0.5 s.
@@ -148,10 +139,9 @@ def test_large_grpc_messages_in_the_front_leave_its_loop_free(own_server: Server
     reply a slice at a time, so the REST probe (the same loop) waits no longer than
     that.
     """
-    assert not own_server.grpc_process_pids()
     worst = worst_probe_during_large_grpc_calls(own_server)
     # NOTE: the loop's own stalls are a few ms (benchmarks/loop_stalls.py); the bound
-    #   leaves room for this shared 2-core machine, as the --grpc-processes test's does.
+    #   leaves room for this shared 2-core machine.
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms during 64 MiB gRPC calls"
 
 
@@ -159,6 +149,5 @@ def test_large_grpc_stream_replies_leave_the_front_loop_free(own_server: ServerP
     """The same bound for ModelStreamInfer. A stream's large reply was joined in a thread
     with the GIL held, then copied again on the loop behind the stream message's prefix;
     it is now gathered as a unary reply is (no GIL) and sent after its prefix, uncopied."""
-    assert not own_server.grpc_process_pids()
     worst = worst_probe_during_large_grpc_calls(own_server, stream=True)
     assert worst < 0.1, f"/v2/health/live took {worst * 1e3:.0f} ms during 64 MiB stream replies"

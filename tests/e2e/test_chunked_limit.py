@@ -11,12 +11,13 @@ import select
 import socket
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 
-from tests.e2e.test_connections import closed_by_server
-from tests.raw_http import read_response
-from tests.server import ServerProcess, shm_entries, wait_for
+from tests.support.raw_http import closed_by_server, read_response
+from tests.support.server import ServerProcess, shm_entries, wait_for
+from tests.support.sockets import read_by_peer
 
 LIMIT = 4096
 TOO_LARGE = {"error": f"the request body is larger than the limit of {LIMIT} bytes"}
@@ -88,7 +89,8 @@ def test_a_huge_declared_chunk_is_refused_at_once_with_the_default_limit() -> No
 def test_a_chunk_just_over_the_limit_is_refused_before_its_data(server: ServerProcess) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(HEAD)
-        time.sleep(0.05)  # the head alone first: the size line comes in a read of its own
+        # The head alone first: the size line comes in a read of its own.
+        assert wait_for(lambda: read_by_peer(sock), 10)
         sock.sendall(b"%x\r\n" % (LIMIT + 1))
         assert_refused(sock)
 
@@ -99,7 +101,7 @@ def test_a_size_line_split_over_reads_is_read_whole(server: ServerProcess) -> No
         sock.sendall(HEAD + b"1")
         sent = b""
         for digit in b"0000\r\n":
-            time.sleep(0.02)
+            assert wait_for(lambda: read_by_peer(sock), 10)  # one digit a read
             try:
                 sock.sendall(bytes([digit]))
             except OSError:  # refused already: 0x10... passes the limit whatever follows
@@ -136,7 +138,7 @@ def test_a_handler_waiting_for_the_body_ends_cleanly(server: ServerProcess) -> N
     for head in (HEAD, binary):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             sock.sendall(head + b"a\r\n" + BODY[:10] + b"\r\n")
-            time.sleep(0.2)
+            assert wait_for(partial(read_by_peer, sock), 10)  # the first chunk was read
             sock.sendall(b"FFFFFFFF\r\n")
             assert_refused(sock)
     assert wait_for(lambda: server.log.count(handled) >= before + 2, 5), server.log[-3000:]
@@ -156,7 +158,7 @@ def test_chunked_inference_still_works_on_a_keep_alive_connection(server: Server
         # both requests in one write, the second one's size lines split from its head
         both = HEAD + chunked(BODY, 3) + HEAD + chunked(BODY, 5)
         sock.sendall(both[: len(both) - 150])
-        time.sleep(0.05)
+        assert wait_for(lambda: read_by_peer(sock), 10)  # the rest in a read of its own
         sock.sendall(both[len(both) - 150 :])
         assert_infers(sock)
         assert_infers(sock)
@@ -175,7 +177,7 @@ def test_a_body_under_the_limit_sent_byte_by_byte_is_served(server: ServerProces
         sock.sendall(data[: len(HEAD) - 20])
         for i in range(len(HEAD) - 20, len(data), 7):
             sock.sendall(data[i : i + 7])
-            time.sleep(0.002)
+            time.sleep(0.002)  # the slow client's own pace
         assert_infers(sock)
         sock.sendall(HEAD + b"%x\r\n%s\r\n%x\r\n" % (2000, b" " * 2000, 2097))
         assert_refused(sock)  # 2000 + 2097 > 4096, counted from this request's first chunk

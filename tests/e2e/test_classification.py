@@ -14,7 +14,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 LABELS = "zero\none\ntwo\n"  # no label for index 3
 ROWS = np.array([[0.5, 3.25, 2.0, -1.0], [9.0, 1.0, 1.0, 8.0]], dtype=np.float32)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.server import ServerProcess
+from tests.support.server import ServerProcess
 
 CLIENTS = 32
 REQUESTS_PER_CLIENT = 14  # 448 requests in all

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 BOUND = 300_000
 #: What the front may grow by while serving a model with BOUND levels (the eager queues
@@ -111,7 +111,7 @@ def test_a_load_far_past_the_bound_is_a_quick_400_while_the_server_answers(
             probe.request("GET", "/v2/health/live")
             response = probe.getresponse()
             assert (response.status, response.read()) == (200, b'{"live":true}')
-            time.sleep(0.01)
+            time.sleep(0.01)  # the probe's own pace while the load runs
     finally:
         probe.close()
     loader.join(60)

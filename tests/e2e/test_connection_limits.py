@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.raw_http import read_response
-from tests.server import ServerProcess, shm_entries, wait_for
+from tests.support.raw_http import read_response
+from tests.support.server import ServerProcess, shm_entries, wait_for
 
 MiB = 1024 * 1024
 #: The flags' defaults (docs/limits.md).

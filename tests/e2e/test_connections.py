@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.test_decompression import read_response
-from tests.server import ServerProcess
+from tests.support.raw_http import closed_by_server, read_response
+from tests.support.server import ServerProcess, wait_for
 
 HEADER_TIMEOUT = 1.0
 
@@ -26,17 +26,6 @@ def server() -> Iterator[ServerProcess]:
     assert proc.stop() == 0, proc.log
 
 
-def closed_by_server(sock: socket.socket, within: float) -> bool:
-    """Whether the server closes ``sock`` within ``within`` seconds (EOF or reset)."""
-    sock.settimeout(within)
-    try:
-        return sock.recv(1024) == b""
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
 def test_slow_request_heads_are_closed_after_the_header_timeout(server: ServerProcess) -> None:
     silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(10)]
     dribbling = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(10)]
@@ -44,7 +33,7 @@ def test_slow_request_heads_are_closed_after_the_header_timeout(server: ServerPr
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
     start = time.monotonic()
     for _ in range(3):  # keep dribbling header lines, never ending the head
-        time.sleep(HEADER_TIMEOUT / 3)
+        time.sleep(HEADER_TIMEOUT / 3)  # the slow client's own pace
         for sock in dribbling:
             try:
                 sock.sendall(b"X-Slow: 1\r\n")
@@ -65,7 +54,7 @@ def test_keep_alive_connection_gets_a_fresh_head_timer(server: ServerProcess) ->
         for _ in range(3):
             sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_response(sock)[0] == 200
-            time.sleep(HEADER_TIMEOUT * 0.6)
+            time.sleep(HEADER_TIMEOUT * 0.6)  # the client idles: the subject of this test
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # then nothing more
         assert closed_by_server(sock, 3 * HEADER_TIMEOUT)
 
@@ -103,7 +92,7 @@ def test_sigterm_answers_connections_already_accepted_by_the_kernel() -> None:
                 sock = socket.create_connection((host, int(port)), timeout=10)
             except ConnectionRefusedError:
                 outcome = "refused"
-                time.sleep(0.01)
+                time.sleep(0.01)  # the client's own pace between refused connects
             else:
                 try:
                     sock.sendall(_INFER)
@@ -121,7 +110,8 @@ def test_sigterm_answers_connections_already_accepted_by_the_kernel() -> None:
     threads = [threading.Thread(target=client) for _ in range(16)]
     for thread in threads:
         thread.start()
-    time.sleep(1.5)
+    # SIGTERM in the middle of the run: once the clients are being answered.
+    assert wait_for(lambda: outcomes["answered"] > 100, 30), outcomes
     proc.process.send_signal(signal.SIGTERM)
     assert proc.process.wait(30) == 0, proc.log
     stop.set()

@@ -8,6 +8,7 @@ timeout, the server must say it is not ready and replace the worker.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -21,7 +22,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import ServerProcess, wait_for
+from tests.support.batching import hold_the_instance
+from tests.support.raw_http import read_response
+from tests.support.server import ServerProcess, wait_for
 
 
 def _simple(module: object) -> list:
@@ -33,6 +36,17 @@ def _simple(module: object) -> list:
     for tensor in inputs:
         tensor.set_data_from_numpy(data)
     return inputs
+
+
+#: ``_batched``'s request as a JSON body.
+BATCHED_JSON = json.dumps(
+    {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]},
+            {"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["t"]},
+        ]
+    }
+).encode()
 
 
 def _batched(module: object) -> list:
@@ -96,23 +110,17 @@ def test_a_stalled_worker_fails_requests_at_their_deadline(server: ServerProcess
 
 def test_a_grpc_client_deadline_withdraws_its_request(server: ServerProcess) -> None:
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    holder = httpclient.InferenceServerClient(server.host_port, network_timeout=30)
     worker = _stopped(server)
-    with ThreadPoolExecutor(1) as pool:
-        try:
-            # Holds the only instance (and fails at the server's 1 s deadline).
-            held = pool.submit(holder.infer, "batched", _batched(httpclient))
-            time.sleep(0.2)
+    try:
+        # Holds the only instance (and fails at the server's 1 s deadline).
+        with hold_the_instance(server, "batched", BATCHED_JSON) as held:
             with pytest.raises(InferenceServerException) as info:
                 grpc.infer("batched", _batched(grpcclient), client_timeout=0.3)  # queued
             assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-            with pytest.raises(InferenceServerException, match="deadline"):
-                held.result(10)
-        finally:
-            os.kill(worker, signal.SIGCONT)
-            # NOTE: closed in the thread that used it: tritonclient's HTTP client waits on
-            #   a gevent pool bound to that thread, and its __del__ elsewhere warns.
-            pool.submit(holder.close).result(10)
+            status, _, answer = read_response(held)
+            assert status == 503 and b"deadline" in answer, (status, answer)
+    finally:
+        os.kill(worker, signal.SIGCONT)
     assert grpc.infer("batched", _batched(grpcclient)).as_numpy("ROWS").tolist() == [[1]]
     # The server saw the call end: the queued request was withdrawn, never run.
     assert _failures(server, "batched", "CANCELED") == 1

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.raw_http import read_response
-from tests.server import ServerProcess, wait_for
+from tests.support.memory import proc_status
+from tests.support.raw_http import read_response
+from tests.support.server import ServerProcess, wait_for
 
 MiB = 1024 * 1024
 #: The server's default --max-request-bytes.
@@ -66,23 +67,15 @@ def post(port: int, body: bytes, headers: dict[str, str], timeout: float = 60) -
         return status, answer
 
 
-def status_field(pid: int, name: str) -> int:
-    """A ``/proc/<pid>/status`` memory field in bytes (VmRSS, VmHWM)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(name)
-
-
 def test_bomb_is_refused_with_peak_rss_near_the_limit(server: ServerProcess, bomb: bytes) -> None:
     pid = server.process.pid
     assert post(server.port, BODY, {})[0] == 200
-    before = status_field(pid, "VmRSS")
+    before = proc_status(pid, "VmRSS")
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     status, answer = post(server.port, bomb, {"Content-Encoding": "gzip"})
     assert status == 413, answer
     assert b"decompressed body is larger than the limit" in answer
-    growth = status_field(pid, "VmHWM") - before
+    growth = proc_status(pid, "VmHWM") - before
     # The output is held up to the limit and no further (plus one block, Inflater);
     #   inflating in one call held the whole output twice (~2.1x the limit).
     assert growth < 1.4 * LIMIT, f"peak RSS grew by {growth / MiB:.0f} MiB"
@@ -96,10 +89,14 @@ def test_plain_request_stays_fast_while_bombs_inflate(server: ServerProcess, bom
         statuses.append(post(server.port, bomb, {"Content-Encoding": "gzip"})[0])
         finished.append(time.monotonic())
 
+    pid = server.process.pid
+    idle = proc_status(pid, "VmRSS")
     threads = [threading.Thread(target=send_bomb) for _ in range(4)]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)  # the bombs are sent and inflating
+    # The bombs are sent and inflating: what they inflated is resident in the front.
+    inflating = wait_for(lambda: proc_status(pid, "VmRSS") - idle > 64 * MiB, 30, 0.005)
+    assert inflating, "the front's memory never grew: no bomb was inflating"
     start = time.monotonic()
     status, answer = post(server.port, BODY, {})
     done = time.monotonic()
@@ -118,7 +115,7 @@ def test_refused_bombs_give_their_memory_back(server: ServerProcess, bomb: bytes
     pid = server.process.pid
     deflate_bomb = zlib.compress(bytes(LIMIT + 8 * MiB), 1)
     assert post(server.port, BODY, {})[0] == 200
-    before = status_field(pid, "VmRSS")
+    before = proc_status(pid, "VmRSS")
     for encoding, body in [("gzip", bomb), ("deflate", deflate_bomb), ("gzip", bomb)]:
         assert post(server.port, body, {"Content-Encoding": encoding})[0] == 413
     statuses: list[int] = []
@@ -133,8 +130,8 @@ def test_refused_bombs_give_their_memory_back(server: ServerProcess, bomb: bytes
     for thread in threads:
         thread.join(120)
     assert statuses == [413, 413]
-    settled = wait_for(lambda: status_field(pid, "VmRSS") - before < 64 * MiB, timeout=15)
-    growth = status_field(pid, "VmRSS") - before
+    settled = wait_for(lambda: proc_status(pid, "VmRSS") - before < 64 * MiB, timeout=15)
+    growth = proc_status(pid, "VmRSS") - before
     assert settled, f"5 refused bombs left the front {growth / MiB:.0f} MiB larger"
     assert post(server.port, BODY, {})[0] == 200
 

@@ -32,8 +32,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from oipserve.settings import Settings, load_settings
-from tests.e2e.test_triton_flags import fingerprint
-from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess
+from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
+from tests.support.server import ROOT, SAMPLE_REPOSITORY, ServerProcess
 
 DEPLOY = ROOT / "deploy"
 KSERVE = DEPLOY / "kserve"
@@ -438,8 +438,6 @@ def test_containerfile_entry_point_env_ports_and_healthcheck(name: str, repo: Pa
     env = {k: v for k, v in env.items() if k.startswith(("OIPSERVE_", "NVIDIA_"))}
     exposed = {int(p) for p in ops["EXPOSE"].split()}
     # kserve-tritonserver's own args after the image's entry point parse as intended.
-    from tests.e2e.test_triton_flags import KSERVE_TRITONSERVER_ARGS
-
     _, swapped = load_settings(KSERVE_TRITONSERVER_ARGS, env)
     assert (swapped.model_repository, swapped.http_port) == ("/mnt/models", 8080)
     if name == "Containerfile.cuda":

@@ -27,7 +27,16 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.batching import hold_the_instance
+from tests.support.raw_http import json_infer, read_response
+from tests.support.server import (
+    SAMPLE_REPOSITORY,
+    ServerProcess,
+    pending,
+    stays,
+    steadily,
+    wait_for,
+)
 
 POLICIES = {
     "batched": "max_queue_delay_microseconds: 2000",
@@ -135,11 +144,27 @@ def _send(server: ServerProcess, pool: ThreadPoolExecutor, model: str, seed: int
     return pool.submit(client.infer, model, _inputs(httpclient, *_request(seed), True))
 
 
+class _JsonAnswer:
+    """A JSON inference answer read off a socket, with tritonclient's ``as_numpy``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        with sock:
+            status, _, body = read_response(sock)
+        assert status == 200, body
+        self.outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+
+    def as_numpy(self, name: str) -> np.ndarray:
+        output = self.outputs[name]
+        kind = object if output["datatype"] == "BYTES" else None
+        return np.array(output["data"], dtype=kind).reshape(output["shape"])
+
+
 def _holding_the_instance(server: ServerProcess, model: str, pool: ThreadPoolExecutor):  # noqa: ANN202
-    """Send one request that the stopped worker takes: the only instance is then busy."""
-    future = _send(server, pool, model, 1)
-    time.sleep(0.3)
-    return (future, *_request(1))
+    """Send one request that the stopped worker takes: the only instance is then busy.
+
+    The answer (read in ``pool``) comes once the worker goes on."""
+    sock = hold_the_instance(server, model, _json_body(1))
+    return (pool.submit(_JsonAnswer, sock), *_request(1))
 
 
 def test_full_queue_answers_503(server: ServerProcess) -> None:
@@ -147,7 +172,7 @@ def test_full_queue_answers_503(server: ServerProcess) -> None:
         with _worker_stopped(server):
             running, values, texts = _holding_the_instance(server, "small_queue", pool)
             queued = [_send(server, pool, "small_queue", seed) for seed in (2, 3)]
-            time.sleep(0.3)
+            assert wait_for(steadily(lambda: pending(server, "small_queue") == 2), 10)
             # NOTE: closed by the with: `e` holds this frame in a cycle, and a client left to
             #   the collector may be closed in another thread, where tritonclient fails.
             with (
@@ -199,10 +224,10 @@ def test_queue_timeout_answers_503_while_the_instance_is_still_busy(
         _check(running.result(30), values, texts)
 
 
-def _raw_json_request(server: ServerProcess, seed: int) -> socket.socket:
-    """Send a whole JSON request on a raw socket and return it unread."""
+def _json_body(seed: int) -> bytes:
+    """Request ``seed`` of ``_request`` as a JSON body."""
     values, texts = _request(seed)
-    body = json.dumps(
+    return json.dumps(
         {
             "inputs": [
                 {"name": "INPUT0", "shape": list(values.shape), "datatype": "FP32",
@@ -212,13 +237,13 @@ def _raw_json_request(server: ServerProcess, seed: int) -> socket.socket:
             ]
         }
     ).encode()  # fmt: skip
+
+
+def _raw_json_request(server: ServerProcess, seed: int) -> socket.socket:
+    """Send a whole JSON request on a raw socket and return it unread."""
     host, port = server.host_port.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(
-        b"POST /v2/models/batched/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    sock.sendall(json_infer("batched", _json_body(seed)))
     return sock
 
 
@@ -231,16 +256,16 @@ def test_a_request_whose_client_went_away_never_runs(server: ServerProcess) -> N
             cancelled = grpc.async_infer(
                 "batched", _inputs(grpcclient, *_request(8), True), callback=lambda *_: None
             )
-            time.sleep(0.3)
+            assert wait_for(steadily(lambda: pending(server) == 2), 10), pending(server)
             gone.close()  # the REST client goes away
             cancelled.cancel()  # the gRPC client cancels
-            time.sleep(0.3)
+            assert wait_for(lambda: pending(server) == 0, 10), pending(server)
             kept = _send(server, pool, "batched", 9)
-            time.sleep(0.3)
+            assert wait_for(steadily(lambda: pending(server) == 1), 10), pending(server)
         _check(running.result(30), values, texts)
         # Had either withdrawn request stayed queued, it would have run with this one.
         assert _check(kept.result(30), *_request(9)) == len(_request(9)[0])
     with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     assert 'nv_inference_request_failure{model="batched",version="1",reason="CANCELED"} 2' in text
-    assert wait_for(lambda: "Traceback" not in server.log, 1)
+    assert stays(lambda: "Traceback" not in server.log, 1), server.log

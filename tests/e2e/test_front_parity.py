@@ -27,7 +27,7 @@ import grpc
 import hpack
 import pytest
 
-from tests.server import ServerProcess, socket_to_front
+from tests.support.server import ServerProcess, socket_to_front
 
 KEY = "S3cret=="
 #: What the server's log must never say, whatever it was sent.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import random
 
-from tests.e2e.test_rest_basics import request
-from tests.server import ServerProcess
+from tests.support.http import request
+from tests.support.server import ServerProcess
 
 #: reshape's SHAPE values reach ONNX Runtime, whose refusal must be a 400 too.
 MODELS = {

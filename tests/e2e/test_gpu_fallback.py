@@ -17,9 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_management import fp32_infer, get, post
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.http import fp32_infer, get, post, request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 #: The refusal for the model placed on the GPU (``ModelManager.place``).
 REFUSAL = (

@@ -1,9 +1,7 @@
 """The gRPC service end to end, spoken to by tritonclient.grpc (and its raw stubs).
 
-Read-only tests run twice: against the session server, which serves gRPC in its front
-process (``[front]``), and against one started with ``--grpc-processes 2``, whose calls
-go through two gRPC processes (``[processes]``): every answer must be the same. The ones
-that need a broken model or a shutdown start their own.
+Read-only tests run against the session server (conftest's ``server``); the ones that
+need a broken model, a flag or a shutdown start their own.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
-from tests.tensors import ROUND_TRIP, simple_inputs
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.tensors import ROUND_TRIP, simple_inputs
 
 #: InferTensorContents field per datatype (the typed, non-raw encoding).
 TYPED_FIELD = {
@@ -40,21 +38,6 @@ TYPED_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-
-
-#: ``server`` param -> the extra serve arguments of that gRPC mode.
-GRPC_MODES: dict[str, tuple[str, ...]] = {"front": (), "processes": ("--grpc-processes", "2")}
-
-
-@pytest.fixture(scope="module", params=list(GRPC_MODES))
-def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    """The session server (gRPC in the front), or this module's own with two gRPC processes."""
-    if request.param == "front":
-        yield request.getfixturevalue("server")  # conftest's session server
-        return
-    proc = ServerProcess(args=GRPC_MODES[request.param]).wait_ready()
-    yield proc
-    assert proc.stop() == 0, proc.log
 
 
 @pytest.fixture(scope="module")
@@ -462,7 +445,7 @@ def test_a_request_message_that_does_not_parse_is_invalid_argument(
 
 def test_a_stream_message_that_does_not_parse_is_answered_in_band(server: ServerProcess) -> None:
     """As any failed request of a stream (Triton's way): an error response, and the stream
-    goes on. The same with gRPC in the front and in gRPC processes."""
+    goes on."""
     good = service_pb2.ModelInferRequest(model_name="versioned", id="good")
     good.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
     good.raw_input_contents.append(np.array([1.0], np.float32).tobytes())
@@ -524,16 +507,14 @@ def test_unknown_shared_memory_region_is_refused(client: grpcclient.InferenceSer
     )
 
 
-@pytest.fixture(scope="module", params=list(GRPC_MODES))
-def broken_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module")
+def broken_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A repository with one model whose file is not ONNX: that model is UNAVAILABLE."""
     root: Path = tmp_path_factory.mktemp("repo")
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
-    proc = ServerProcess(root, GRPC_MODES[request.param]).wait_ready()
+    proc = ServerProcess(root).wait_ready()
     yield proc
     proc.stop()
 
@@ -547,10 +528,9 @@ def test_unavailable(broken_server: ServerProcess) -> None:
         assert own.infer("versioned", _stream_inputs(1)).as_numpy("OUTPUT0").tolist() == [3.0]
 
 
-@pytest.mark.parametrize("mode", list(GRPC_MODES))
-def test_message_size_limit_is_a_flag(tmp_path: Path, mode: str) -> None:
+def test_message_size_limit_is_a_flag(tmp_path: Path) -> None:
     proc = ServerProcess(
-        tmp_path_repo(tmp_path), args=["--grpc-max-message-bytes", "100000", *GRPC_MODES[mode]]
+        tmp_path_repo(tmp_path), args=["--grpc-max-message-bytes", "100000"]
     ).wait_ready()
     try:
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
@@ -572,10 +552,9 @@ def tmp_path_repo(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("mode", list(GRPC_MODES))
-def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path, mode: str) -> None:
+def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
     """Calls in flight when SIGTERM arrives are answered before the workers stop."""
-    proc = ServerProcess(tmp_path_repo(tmp_path), GRPC_MODES[mode]).wait_ready()
+    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
     # 64 MiB each: a call takes long enough that all four are surely on the wire (not
     # still being built by the client) when SIGTERM comes 0.25 s after they start.
     data = np.random.default_rng(3).random((1, 16 * 1024 * 1024), dtype=np.float32)
@@ -610,11 +589,10 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path, mode: str) -> Non
             np.testing.assert_array_equal(outcome, data)
 
 
-@pytest.mark.parametrize("mode", list(GRPC_MODES))
-def test_repository_rpcs(tmp_path: Path, mode: str) -> None:
+def test_repository_rpcs(tmp_path: Path) -> None:
     root = tmp_path_repo(tmp_path)
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
-    proc = ServerProcess(root, GRPC_MODES[mode]).wait_ready()
+    proc = ServerProcess(root).wait_ready()
     try:
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
             index = own.get_model_repository_index(as_json=True)["models"]

@@ -3,9 +3,7 @@
 grpcio's client compresses the message for real (``grpc.Compression.Gzip``): a
 160 MiB message of zeros is ~160 KB on the wire. The server must refuse it
 (RESOURCE_EXHAUSTED) without inflating more than the limit, and its RSS must
-come back to idle afterwards (freed slices handed back to the system). With
-``--grpc-processes 1`` the process that inflates is the gRPC process: the bounds
-hold there, and the front does not grow at all.
+come back to idle afterwards (freed slices handed back to the system).
 """
 
 from __future__ import annotations
@@ -17,26 +15,17 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.server import ServerProcess, wait_for
+from tests.support.server import ServerProcess, wait_for
 
 MiB = 1024 * 1024
 LIMIT = 64 * MiB
 
 
-@pytest.fixture(scope="module", params=["front", "processes"])
-def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    args = ["--max-request-bytes", str(LIMIT)]
-    if request.param == "processes":
-        args += ["--grpc-processes", "1"]
-    proc = ServerProcess(args=args).wait_ready()
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(args=["--max-request-bytes", str(LIMIT)]).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log
-
-
-def _receiving_pid(server: ServerProcess) -> int:
-    """The process grpc inflates messages in: the front, or its one gRPC process."""
-    grpc_processes = server.grpc_process_pids()
-    return grpc_processes[0] if grpc_processes else server.process.pid
 
 
 def memory(pid: int, name: str) -> int:
@@ -54,13 +43,11 @@ def test_compressed_oversized_message_is_refused_and_memory_returns(
     assert tensor.name == "INPUT0"
     request.raw_input_contents.append(bytes(160 * MiB))
     options = [("grpc.max_send_message_length", -1)]
-    pid = _receiving_pid(server)
-    front = server.process.pid
+    pid = server.process.pid  # the front inflates the messages
     with grpc.insecure_channel(server.grpc_url, options=options) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         stub.ServerLive(service_pb2.ServerLiveRequest())
         idle = memory(pid, "VmRSS")
-        front_idle = memory(front, "VmRSS")
         for attempt in range(3):
             # The bound is per request: what the previous message still holds (grpc frees
             # a refused call's slices when it destroys the call, later on a loaded machine)
@@ -75,5 +62,3 @@ def test_compressed_oversized_message_is_refused_and_memory_returns(
             assert peak < 1.5 * LIMIT, f"request {attempt}: peak RSS grew by {peak / MiB:.0f} MiB"
     settled = wait_for(lambda: memory(pid, "VmRSS") < idle + 40 * MiB, timeout=10)
     assert settled, f"RSS stayed {(memory(pid, 'VmRSS') - idle) / MiB:.0f} MiB above idle"
-    if front != pid:  # refused in the gRPC process: nothing of it reached the front
-        assert memory(front, "VmRSS") < front_idle + 8 * MiB

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.server import ServerProcess
+from tests.support.server import ServerProcess
 
 
 def _minor_faults(pid: int) -> int:

@@ -1,6 +1,6 @@
 """Randomised HTTP/2 frames at the gRPC port: whatever a client sends, the server answers
 with a status, resets the stream or closes the connection; it logs no traceback and keeps
-serving, with gRPC in the front and in gRPC processes.
+serving.
 
 Each connection sends the preface and a random run of frames: gRPC call headers (some
 broken: missing or odd pseudo-headers, timeouts, encodings), DATA with gRPC messages
@@ -24,9 +24,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from oipserve.grpc_h2.frames import END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, Frame
-from tests.e2e import test_grpc
-from tests.server import ServerProcess
-from tests.tensors import simple_inputs
+from tests.support.server import ServerProcess
+from tests.support.tensors import simple_inputs
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SERVICE = "/inference.GRPCInferenceService/"
@@ -189,10 +188,6 @@ def one_connection(rng: random.Random, address: tuple[str, int]) -> None:
                 pass
         except (TimeoutError, ConnectionResetError, BrokenPipeError):
             pass
-
-
-#: test_grpc.py's server fixture: gRPC in the front, then in two gRPC processes.
-server = test_grpc.server
 
 
 def test_random_http2_frames_leave_no_traceback_and_the_server_serving(

@@ -18,7 +18,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.server import ServerProcess
+from tests.support.server import ServerProcess
 
 SERVICE = "/inference.GRPCInferenceService/"
 

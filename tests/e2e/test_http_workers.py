@@ -32,10 +32,19 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_grpc_processes import pending, steadily
-from tests.e2e.test_lifecycle import run_serve
-from tests.server import ServerProcess, alive, shm_entries, tcp_links, wait_for
-from tests.tensors import SimpleRegion, simple_inputs, simple_region
+from oipserve.settings import GRPC_PROCESSES_DEPRECATED
+from tests.support.cli import run_serve
+from tests.support.server import (
+    ServerProcess,
+    alive,
+    pending,
+    shm_entries,
+    stays,
+    steadily,
+    tcp_links,
+    wait_for,
+)
+from tests.support.tensors import SimpleRegion, simple_inputs, simple_region
 
 FRONTS = 2
 #: Enough connections that each front gets some (all on one: 2**-15 with two fronts).
@@ -409,7 +418,8 @@ def test_unload_waits_for_a_replicas_request_in_flight(explicit: ServerProcess) 
             assert wait_for(steadily(lambda: pending(explicit, "simple") == 1), 10)
             with httpclient.InferenceServerClient(explicit.host_port) as client:
                 unloading = pool.submit(client.unload_model, "simple")
-                assert not wait_for(unloading.done, 1)  # waits for the replica's request
+                # The unload waits for the replica's request.
+                assert stays(lambda: not unloading.done(), 1)
                 os.kill(worker, signal.SIGCONT)
                 status, answer = in_flight.result(30)
                 unloading.result(30)
@@ -616,23 +626,26 @@ def test_restricted_inference_holds_on_every_front() -> None:
         assert proc.stop() == 0, proc.log
 
 
-def test_with_grpc_processes_both_ports_serve() -> None:
-    """``--http-workers`` and ``--grpc-processes`` together: REST on every front, gRPC
-    through the gRPC process to the primary, statistics counting both."""
+def test_deprecated_grpc_processes_warns_and_every_front_serves_both_ports() -> None:
+    """``--grpc-processes`` (deprecated, docs/grpc.md "History") beside ``--http-workers``:
+    accepted, one WARNING naming ``--http-workers``, and gRPC served by every front as
+    REST is, statistics counting both (it used to keep gRPC off the other fronts)."""
     proc = ServerProcess(args=["--http-workers", str(FRONTS), "--grpc-processes", "1"])
     proc.wait_ready()
     try:
-        assert len(proc.http_front_pids()) == FRONTS - 1 and len(proc.grpc_process_pids()) == 1
+        warning = f"WARNING oipserve: {GRPC_PROCESSES_DEPRECATED}"
+        assert proc.log.count(warning) == 1 and "--http-workers" in warning, proc.log
+        assert len(proc.http_front_pids()) == FRONTS - 1
         before = stats_of(proc, "simple")["inference_count"]
         with fronts(proc) as held:
+            assert len(set(held.holder)) == FRONTS, held.holder
             for index, connection in enumerate(held.connections):
                 infer_simple(connection, index)
-        a = np.arange(16, dtype=np.int32).reshape(1, 16)
-        with grpcclient.InferenceServerClient(proc.grpc_url) as client:
-            for _ in range(4):
-                result = client.infer("simple", simple_inputs(a, a))
-                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
-        assert stats_of(proc, "simple")["inference_count"] - before == CONNECTIONS + 4
+        with grpc_fronts(proc) as grpc_held:
+            assert len(set(grpc_held.holder)) == FRONTS, grpc_held.holder
+            for seed, client in enumerate(grpc_held.clients):
+                grpc_infer_simple(client, seed)
+        assert stats_of(proc, "simple")["inference_count"] - before == 2 * CONNECTIONS
     finally:
         assert proc.stop() == 0, proc.log
 

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import ServerProcess
+from tests.support.server import ServerProcess
 
 
 @pytest.fixture(scope="module")

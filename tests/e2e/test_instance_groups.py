@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.http import placements, request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 GROUPS = {
     "gpu1": "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]",
@@ -41,17 +41,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc = ServerProcess(root, args).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log
-
-
-def placements(srv: ServerProcess) -> dict[str, list[tuple[str, int]]]:
-    """model -> sorted (device, worker id) of every session it has."""
-    status, _, raw = request(srv, "GET", "/v2/hardware")
-    assert status == 200
-    found: dict[str, list[tuple[str, int]]] = {}
-    for device, info in json.loads(raw)["devices"].items():
-        for instance in info.get("instances", []):
-            found.setdefault(instance["model"], []).append((device, instance["worker"]))
-    return {model: sorted(where) for model, where in found.items()}
 
 
 def test_instance_groups_place_sessions(srv: ServerProcess) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from oipserve.cli import EXIT_STARTUP_FAILURE
-from tests.e2e.test_lifecycle import run_serve
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.cli import run_serve
+from tests.support.http import request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 GOOD = {"gpus": [{"name": "NVIDIA A10"}]}
 

@@ -15,8 +15,8 @@ import http.client
 import json
 import os
 import signal
+import socket
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 
@@ -32,8 +32,9 @@ from oipserve.tensors import array_from_values, decode_data
 from oipserve.wire.datatypes import bf16_to_float32, float32_to_bf16
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.messages import TEXT_OUTPUT_MIN
-from tests.raw_http import post_json
-from tests.server import ServerProcess, shm_entries, wait_for, worst_live_probe
+from tests.support.raw_http import json_infer, post_json, read_response
+from tests.support.server import ServerProcess, shm_entries, steadily, wait_for, worst_live_probe
+from tests.support.sockets import read_by_peer
 
 
 def _body(data_text: str, shape: list[int], datatype: str, **extra: object) -> bytes:
@@ -379,15 +380,14 @@ def test_a_worker_killed_while_it_reads_a_body(batched_server: ServerProcess) ->
     before = inputs()
     (worker,) = server.worker_pids()
     os.kill(worker, signal.SIGSTOP)  # the body's ParseJson waits for it
-    answers: list[tuple[int, dict[str, object]]] = []
-    sender = threading.Thread(
-        target=lambda: answers.append(post_json(server, "identity_fp32", body))
-    )
-    sender.start()
-    time.sleep(0.5)
-    os.kill(worker, signal.SIGKILL)
-    sender.join(60)
-    ((status, answer),) = answers
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(json_infer("identity_fp32", body))
+        # The front has read the whole body, on several polls in a row: its handler has
+        #   had the time to hand it to the stopped worker to parse.
+        assert wait_for(steadily(lambda: read_by_peer(sock)), 10)
+        os.kill(worker, signal.SIGKILL)
+        status, _, raw = read_response(sock)
+    answer = json.loads(raw)
     assert status == 503, answer
     assert "stopped while handling this request" in str(answer["error"])
     assert wait_for(lambda: server.worker_pids() not in ([], [worker]))

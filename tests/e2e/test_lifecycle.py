@@ -7,41 +7,16 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.e2e.test_rest_basics import request
-from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
-
-
-def run_cli(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``python -m oipserve ARGS`` to its end; ``env`` adds to the environment."""
-    # NOTE: the metrics port defaults to 8002; a test must not depend on it being free.
-    return subprocess.run(
-        [sys.executable, "-m", "oipserve", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "OIPSERVE_METRICS_PORT": "0", **(env or {})},
-    )
-
-
-def run_serve(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``oipserve serve`` on the sample repository, free HTTP and gRPC ports, then ARGS."""
-    fixed = ["--model-repository", str(SAMPLE_REPOSITORY), "--http-port", "0", "--grpc-port", "0"]
-    return run_cli("serve", *fixed, *args, timeout=timeout, env=env)
+from tests.support.cli import run_cli
+from tests.support.http import request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
 
 
 def test_bad_flag_exits_non_zero_with_message() -> None:
@@ -268,11 +243,13 @@ def test_worker_killed_under_load_is_replaced() -> None:
         threads = [threading.Thread(target=load) for _ in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(0.5)
+        assert wait_for(lambda: results.count(200) > 5, 30)  # the load is under way
         os.kill(worker, signal.SIGKILL)
         assert wait_for(lambda: worker not in proc.worker_pids() and proc.worker_pids(), 30)
         assert wait_for(client.is_server_ready, 60), proc.log
-        time.sleep(0.5)
+        count = len(results)
+        # The load goes on, answered by the new worker.
+        assert wait_for(lambda: results[count:].count(200) > 5, 30), results[count:][-5:]
         stop.set()
         for thread in threads:
             thread.join(30)

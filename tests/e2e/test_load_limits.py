@@ -15,15 +15,12 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-from tests.e2e.test_management import fp32_infer, get, post
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.http import fp32_infer, get, post
+from tests.support.onnx_models import write_slow_model
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 LOAD_TIMEOUT = 6.0
 #: Nodes of the slow model: session creation grows faster than linearly with them
@@ -36,34 +33,6 @@ INVENTORY = {
         {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_total": 85_899_345_920},
     ],
 }
-
-
-def write_slow_model(path: Path, nodes: int) -> None:
-    """An FP32 chain of ``nodes`` Mul/Add nodes: tiny on disk, slow to make a session of.
-
-    Each constant differs: ONNX Runtime folds equal ones together, which is much faster.
-    """
-    graph_nodes = []
-    initializers = []
-    previous = "INPUT0"
-    for i in range(nodes):
-        constant = f"c{i}"
-        initializers.append(numpy_helper.from_array(np.array([1.0 + i], np.float32), constant))
-        output = "OUTPUT0" if i == nodes - 1 else f"t{i}"
-        graph_nodes.append(
-            helper.make_node("Add" if i % 2 else "Mul", [previous, constant], [output])
-        )
-        previous = output
-    graph = helper.make_graph(
-        graph_nodes,
-        "slow",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.e2e.test_lifecycle import run_serve
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.cli import run_serve
+from tests.support.http import fp32_infer, get, post, request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 H100 = "NVIDIA H100 80GB HBM3"
 INVENTORY = {
@@ -62,17 +62,6 @@ def srv(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     assert "Traceback" not in proc.log, proc.log
 
 
-def post(srv: ServerProcess, path: str, body: object = None) -> tuple[int, bytes]:
-    data = None if body is None else body if isinstance(body, str | bytes) else json.dumps(body)
-    status, _, payload = request(srv, "POST", path, data)
-    return status, payload
-
-
-def get(srv: ServerProcess, path: str) -> tuple[int, object]:
-    status, _, payload = request(srv, "GET", path)
-    return status, json.loads(payload)
-
-
 def load_worker(srv: ServerProcess, worker: str, params: object) -> str:
     status, body = post(srv, f"/v2/workers/{worker}/load", params)
     assert status == 200, body
@@ -83,16 +72,6 @@ def served(srv: ServerProcess) -> list[str]:
     status, body = get(srv, "/v2/models")
     assert status == 200
     return body["models"]  # type: ignore[index]
-
-
-def fp32_infer(srv: ServerProcess, model: str, n: int = 4) -> np.ndarray:
-    client = httpclient.InferenceServerClient(srv.host_port)
-    x = np.arange(n, dtype=np.float32).reshape(1, n)
-    inp = httpclient.InferInput("INPUT0", [1, n], "FP32")
-    inp.set_data_from_numpy(x)
-    out = client.infer(model, [inp]).as_numpy("OUTPUT0")
-    assert np.array_equal(out, x)
-    return out
 
 
 # ---- start mode -------------------------------------------------------------
@@ -421,7 +400,7 @@ def test_reload_and_loads_under_concurrent_inference(srv: ServerProcess) -> None
     for thread in threads:
         thread.start()
     try:
-        time.sleep(0.3)
+        assert wait_for(lambda: len(results) > 5, 30)  # inference is under way
         for _ in range(4):  # each reload swaps in fresh sessions
             assert post(srv, "/v2/repository/models/identity_fp32/load")[0] == 200
         name = load_worker(srv, "onnxruntime", {"model": "simple", "device": "cpu"})
@@ -431,7 +410,8 @@ def test_reload_and_loads_under_concurrent_inference(srv: ServerProcess) -> None
         name = load_worker(srv, "onnxruntime", {"model": "simple", "device": "cuda:0"})
         assert len(results) > before + 3
         assert post(srv, f"/v2/workers/{name}/unload")[0] == 200
-        time.sleep(0.3)
+        count = len(results)
+        assert wait_for(lambda: len(results) > count + 3, 30)  # and goes on after the unload
     finally:
         stop.set()
         for thread in threads:

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 SCALE = np.array([[1, 0], [0, 2]], dtype=np.float32)
 DEFAULT_BIAS = np.array([[10, 20], [30, 40]], dtype=np.float32)

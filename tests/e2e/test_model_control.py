@@ -23,10 +23,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_load_limits import write_slow_model
-from tests.e2e.test_management import fp32_infer, get, post
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.http import fp32_infer, get, post, request
+from tests.support.onnx_models import write_slow_model
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 MODELS = ("simple", "identity_fp32", "batched", "versioned")
 IDENTITY = (SAMPLE_REPOSITORY / "identity_fp32" / "1" / "model.onnx").read_bytes()
@@ -389,10 +388,10 @@ def test_reloads_and_unloads_under_concurrent_inference(srv: ServerProcess) -> N
                 if round_ % 2:
                     began = time.monotonic()
                     assert post(srv, f"/v2/repository/models/{model}/unload")[0] == 200
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # the churn's own tempo: traffic meets it unloaded
                     assert post(srv, f"/v2/repository/models/{model}/load")[0] == 200
                     unloaded.append((model, began, time.monotonic()))
-                time.sleep(0.05)
+                time.sleep(0.05)  # the churn's own tempo, not a wait on the server
     finally:
         stop.set()
         for thread in threads:

@@ -21,10 +21,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from oipserve.settings import Settings
-from tests.e2e.test_instance_groups import placements
-from tests.e2e.test_lifecycle import run_cli as lifecycle_cli
-from tests.e2e.test_rest_basics import request
-from tests.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.cli import run_cli as lifecycle_cli
+from tests.support.http import placements, request
+from tests.support.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

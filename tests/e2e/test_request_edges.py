@@ -20,8 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.raw_http import post_json
-from tests.server import ServerProcess
+from tests.support.raw_http import post_json
+from tests.support.server import ServerProcess
 
 SIMPLE_INPUTS = [
     {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Iterator
 
@@ -11,24 +10,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import ServerProcess
-from tests.tensors import ROUND_TRIP
-
-
-def request(
-    server: ServerProcess,
-    method: str,
-    path: str,
-    body: bytes | str | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection(server.host_port, timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
+from tests.support.http import request
+from tests.support.server import ServerProcess
+from tests.support.tensors import ROUND_TRIP
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.e2e.test_rest_basics import request
-from tests.server import ServerProcess
+from tests.support.http import request
+from tests.support.server import ServerProcess
 
 
 def simple_body(**overrides: object) -> dict:

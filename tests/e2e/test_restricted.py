@@ -19,9 +19,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from oipserve.access import API_GROUPS
-from tests.e2e.test_lifecycle import run_cli
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.cli import run_cli
+from tests.support.http import request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 ADMIN = "s3cr3t:v=="
 

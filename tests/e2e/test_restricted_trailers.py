@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.raw_http import read_response
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, socket_to_front
+from tests.support.raw_http import read_response
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, socket_to_front
 
 #: REST API group -> (method, path, body) of one request in it.
 CALLS: dict[str, tuple[str, str, bytes]] = {

@@ -16,8 +16,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_bounded_cost import MiB, _status
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.memory import MiB, proc_status
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 _PARAMETER = 'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
 MODELS = {
@@ -55,10 +55,10 @@ def _worker_heap_after(server: ServerProcess, model: str) -> int:
     """
     (worker,) = server.worker_pids()
     client = httpclient.InferenceServerClient(server.host_port, network_timeout=120)
-    before = _status(worker, "RssAnon")
+    before = proc_status(worker, "RssAnon")
     _infer(client, model, 16 * MiB)
     _infer(client, model, 16)
-    return _status(worker, "RssAnon") - before
+    return proc_status(worker, "RssAnon") - before
 
 
 def test_a_bad_value_fails_that_model_with_the_parameter_named(server: ServerProcess) -> None:

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.server import ServerProcess, shm_entries, wait_for
+from tests.support.server import ServerProcess, pending, shm_entries, stays, steadily, wait_for
 
 SHM = "/dev/shm"
 
@@ -584,6 +584,11 @@ def test_inference_errors(
     http.unregister_system_shared_memory()
 
 
+def _listed(client: httpclient.InferenceServerClient, name: str) -> bool:
+    """Whether the server lists the system shared-memory region ``name``."""
+    return any(region["name"] == name for region in client.get_system_shared_memory_status())
+
+
 def _worker_pid(server: ServerProcess) -> int:
     pids = server.worker_pids()
     assert len(pids) == 1, pids
@@ -699,11 +704,13 @@ def test_unregister_waits_for_requests_in_flight_and_unmaps(
     try:
         first = threading.Thread(target=infer)
         first.start()
-        time.sleep(0.5)
+        # Without dynamic batching a request is pending from dispatch to its answer.
+        assert wait_for(lambda: pending(shm_server, "identity_int32") == 1, 10)
         second = threading.Thread(target=unregister)
         second.start()
-        time.sleep(1.0)
-        assert "unregistered" not in outcome and "infer" not in outcome
+        # The region is forgotten as the call comes; the call returns once it is idle.
+        assert wait_for(lambda: not _listed(http, region.name), 10)
+        assert stays(lambda: "unregistered" not in outcome and "infer" not in outcome, 1.0)
     finally:
         os.kill(worker, signal.SIGCONT)
     first.join(30)
@@ -733,12 +740,10 @@ def test_regions_with_dynamic_batching(shm_server: ServerProcess, regions: list[
             shm.set_shared_memory_region(inputs[index].handle, [rows[index]])
             client.register_system_shared_memory(inputs[index].name, inputs[index].key, 16)
             client.register_system_shared_memory(outputs[index].name, outputs[index].key, 16)
-        pending = []
+        sent = []
         worker = _worker_pid(shm_server)
-        os.kill(worker, signal.SIGSTOP)  # the first request holds the instance; the rest queue
+        os.kill(worker, signal.SIGSTOP)  # the first batch holds the instance; the rest queue
         for index in range(count):
-            if index == 1:
-                time.sleep(0.3)
             inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_shared_memory(inputs[index].name, 16)
             text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
@@ -746,10 +751,11 @@ def test_regions_with_dynamic_batching(shm_server: ServerProcess, regions: list[
             out = httpclient.InferRequestedOutput("OUTPUT0")
             out.set_shared_memory(outputs[index].name, 16)
             wanted = [out, httpclient.InferRequestedOutput("ROWS")]
-            pending.append(client.async_infer("batched", [inp, text], outputs=wanted))
-        time.sleep(0.3)
+            sent.append(client.async_infer("batched", [inp, text], outputs=wanted))
+        # Two queued behind the held instance leave in one batch when the worker goes on.
+        assert wait_for(steadily(lambda: pending(shm_server) >= 2), 10), pending(shm_server)
         os.kill(worker, signal.SIGCONT)
-        sizes = [int(p.get_result().as_numpy("ROWS")[0, 0]) for p in pending]
+        sizes = [int(p.get_result().as_numpy("ROWS")[0, 0]) for p in sent]
         for index in range(count):
             got = shm.get_contents_as_numpy(outputs[index].handle, np.float32, [1, 4])
             assert (got == rows[index] + 1).all(), (index, got)

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.server import ServerProcess, shm_entries
+from tests.support.server import ServerProcess, shm_entries
 
 #: The bound this module's server runs with (the default, 1,024, is in docs/limits.md).
 CAP = 48

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.server import ServerProcess, shm_entries
+from tests.support.server import ServerProcess, shm_entries
 
 IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
 IN1 = np.arange(100, 116, dtype=np.int32).reshape(1, 16)

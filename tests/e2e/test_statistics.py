@@ -22,9 +22,9 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_lifecycle import run_serve
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.cli import run_serve
+from tests.support.http import request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 DURATION_KEYS = {"count", "ns"}
 INFERENCE_STATS_KEYS = [

@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.server import ServerProcess
+from tests.support.server import ServerProcess
 
 UNKNOWN = "Request for unknown model: 'wrong_model_name' is not found"
 BAD_VERSION = "failed to get model version from specified version string 'wrong_specification'"

@@ -7,7 +7,6 @@ flags we do not implement refused by name, and a repository that is not written 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -16,19 +15,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from oipserve.settings import load_settings
-from tests.e2e.test_lifecycle import run_cli
-from tests.e2e.test_rest_basics import request
-from tests.server import SAMPLE_REPOSITORY, ServerProcess
-
-# kserve/kserve config/runtimes/kserve-tritonserver.yaml, `args` of kserve-container.
-KSERVE_TRITONSERVER_ARGS = [
-    "tritonserver",
-    "--model-store=/mnt/models",
-    "--grpc-port=9000",
-    "--http-port=8080",
-    "--allow-grpc=true",
-    "--allow-http=true",
-]
+from tests.support.cli import run_cli
+from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
+from tests.support.http import request
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 
 def test_kserve_tritonserver_args_parse_to_the_same_server() -> None:
@@ -83,19 +73,6 @@ def test_http_and_grpc_both_off_is_refused() -> None:
     )
     assert result.returncode == 3
     assert "--allow-http and --allow-grpc are both false" in result.stderr
-
-
-def fingerprint(root: Path) -> list[tuple[str, int, int, int, str]]:
-    """Every entry under ``root``: path, size, mode, mtime (ns) and the content's sha256."""
-    entries = []
-    for path in sorted(root.rglob("*")):
-        stat = path.lstat()
-        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
-        name = str(path.relative_to(root))
-        entries.append((name, stat.st_size, stat.st_mode, stat.st_mtime_ns, digest))
-    stat = root.lstat()
-    entries.append((".", stat.st_size, stat.st_mode, stat.st_mtime_ns, ""))
-    return entries
 
 
 @pytest.fixture()

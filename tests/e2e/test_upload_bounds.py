@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 IDENTITY = (SAMPLE_REPOSITORY / "identity_fp32" / "1" / "model.onnx").read_bytes()
 CONFIG = json.dumps({"max_batch_size": 0})

@@ -23,7 +23,7 @@ from oipserve.wire.shm import BufferPool, SegmentCache
 from oipserve.worker_handle import WorkerHandle
 from oipserve.worker_link import WorkerDied, WorkerLink
 from oipserve.workerproc import WorkerOptions
-from tests.server import SAMPLE_REPOSITORY, shm_entries, wait_for
+from tests.support.server import SAMPLE_REPOSITORY, shm_entries, wait_for
 
 SIMPLE = str(SAMPLE_REPOSITORY / "simple/1/model.onnx")
 CPU = [("CPUExecutionProvider", {})]

@@ -26,7 +26,7 @@ import onnx
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.server import SAMPLE_REPOSITORY, ServerProcess, cmdline, shm_entries, wait_for
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, cmdline, shm_entries, wait_for
 
 #: New worker processes killed in a row, as soon as each appears.
 KILLS = 5
@@ -116,7 +116,7 @@ def kill_new_workers(proc: ServerProcess, known: set[int], kills: int) -> tuple[
                 known.add(pid)
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
-        time.sleep(0.002)
+        time.sleep(0.002)  # a polling loop: a new worker is killed as soon as it appears
     return killed, most
 
 

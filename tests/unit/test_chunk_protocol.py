@@ -16,7 +16,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from oipserve.http_protocol import BODY_REFUSED, ConnectionLimits, CorkedHttpToolsProtocol
-from tests.unit.test_framework_internals import _Transport
+from tests.support.transport import MemoryTransport
 
 LIMIT = 1000
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -25,7 +25,7 @@ UNDER = b"5;a=b\r\nhello\r\n0A\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n"
 OVER = b"5\r\nhello\r\n3DE\r\n" + b"x" * 990 + b"\r\n6\r\n"
 
 
-def run(reads: list[bytes]) -> tuple[_Transport, list[dict], dict]:
+def run(reads: list[bytes]) -> tuple[MemoryTransport, list[dict], dict]:
     """Feed ``reads`` to the protocol, letting the application run between them."""
     received: list[dict] = []
     scopes: list[dict] = []
@@ -41,14 +41,14 @@ def run(reads: list[bytes]) -> tuple[_Transport, list[dict], dict]:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
-    async def main() -> _Transport:
+    async def main() -> MemoryTransport:
         protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT)
         config = uvicorn.Config(
             app, http=protocol_class, lifespan="off", log_config=None, access_log=False
         )
         state = ServerState()
         protocol = protocol_class(config=config, server_state=state, app_state={})
-        transport = _Transport()
+        transport = MemoryTransport()
         protocol.connection_made(transport)
         for data in reads:
             if not transport.closing:

@@ -1,4 +1,4 @@
-"""Usable CPUs (affinity and cgroup quota) and the `--grpc-processes auto` rule built on them."""
+"""Usable CPUs (affinity and cgroup quota), and the CPU workers' threads sized from them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from hardware import FakeInventory, InventoryError, SystemInventory
 from hardware.cpus import cgroup_cpu_quota, parse_cfs, parse_cpu_max, usable_cpus
-from oipserve.settings import load_settings
 
 
 @pytest.mark.parametrize(
@@ -74,30 +73,6 @@ def test_no_cgroup_files_means_no_quota(tmp_path: Path) -> None:
     proc = _proc_cgroup(tmp_path, "0::/\n")
     assert cgroup_cpu_quota(tmp_path / "none", proc) is None
     assert usable_cpus(tmp_path / "none", proc) >= 1
-
-
-@pytest.mark.parametrize(
-    ("argv", "env", "expected"),
-    [
-        ([], {}, 0),  # the default is auto: gRPC in the front, whatever the node
-        (["--grpc-processes", "auto"], {}, 0),
-        ([], {"OIPSERVE_GRPC_PROCESSES": "auto"}, 0),
-        (["--grpc-processes", "1"], {}, 1),  # an explicit N is taken as it is
-        ([], {"OIPSERVE_GRPC_PROCESSES": "3"}, 3),
-        (["--allow-grpc", "false"], {}, 0),  # auto without gRPC: none, not refused
-    ],
-)
-def test_grpc_processes_setting(argv: list[str], env: dict[str, str], expected: int) -> None:
-    _, settings = load_settings(["serve", "--model-repository", "x", *argv], env)
-    assert settings.grpc_processes == expected
-
-
-def test_help_text_names_auto(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        load_settings(["serve", "--help"], {})
-    text = " ".join(capsys.readouterr().out.split())
-    assert "--grpc-processes N|auto" in text
-    assert "default: auto; env OIPSERVE_GRPC_PROCESSES" in text
 
 
 def test_cpu_workers_share_the_usable_cpus_not_the_nodes() -> None:

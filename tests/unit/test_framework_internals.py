@@ -20,7 +20,6 @@ import gc
 import inspect
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import falcon
 import falcon.asgi
@@ -37,6 +36,7 @@ from oipserve.http_io import CorkedTransport
 from oipserve.http_protocol import RECEIVE_INTO, CorkedHttpToolsProtocol
 from oipserve.rest.app import _App
 from oipserve.rest.media import JSON
+from tests.support.transport import MemoryTransport
 
 #: HttpToolsProtocol methods that CorkedHttpToolsProtocol overrides or calls, with
 #: their parameters after ``self``.
@@ -122,52 +122,13 @@ OUR_PROTOCOL_NAMES = (
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-length: 6\r\n\r\n"
 
 
-class _Transport(asyncio.Transport):
-    """Enough of a socket transport for uvicorn's protocol to take a request in memory."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: list[bytes] = []
-        self.protocol: asyncio.BaseProtocol | None = None
-        self.closing = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def write(self, data: Any) -> None:
-        self.written.append(bytes(data))
-
-    def writelines(self, lines: Any) -> None:
-        for data in lines:
-            self.write(data)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        assert self.protocol is not None
-        return self.protocol
-
-
 async def _never_answers(scope: dict, receive: Callable, send: Callable) -> None:
     await asyncio.Event().wait()
 
 
 def _connected(
     protocol_class: type[HttpToolsProtocol], app: Callable
-) -> tuple[HttpToolsProtocol, ServerState, _Transport]:
+) -> tuple[HttpToolsProtocol, ServerState, MemoryTransport]:
     """A ``protocol_class`` serving ``app``, connected to an in-memory transport."""
     config = uvicorn.Config(
         app,
@@ -179,13 +140,14 @@ def _connected(
     )
     state = ServerState()
     protocol = protocol_class(config=config, server_state=state, app_state={})
-    transport = _Transport()
+    transport = MemoryTransport()
     protocol.connection_made(transport)
     return protocol, state, transport
 
 
 async def _mid_request(
-    protocol_class: type[HttpToolsProtocol], check: Callable[[HttpToolsProtocol, _Transport], None]
+    protocol_class: type[HttpToolsProtocol],
+    check: Callable[[HttpToolsProtocol, MemoryTransport], None],
 ) -> None:
     """Feed ``protocol_class`` a request's head and 2 of its 6 body bytes, then ``check`` it."""
     protocol, state, transport = _connected(protocol_class, _never_answers)
@@ -240,7 +202,7 @@ def test_protocol_methods_oipserve_overrides_or_calls_keep_their_shape() -> None
 def test_protocol_and_cycle_state_oipserve_uses_is_where_it_was() -> None:
     problems: list[str] = []
 
-    def check(protocol: HttpToolsProtocol, transport: _Transport) -> None:
+    def check(protocol: HttpToolsProtocol, transport: MemoryTransport) -> None:
         problems.extend(_attribute_problems("HttpToolsProtocol", protocol, PROTOCOL_ATTRIBUTES))
         flow = getattr(protocol, "flow", None)
         if not callable(getattr(flow, "resume_reading", None)):
@@ -269,7 +231,7 @@ def test_protocol_and_cycle_state_oipserve_uses_is_where_it_was() -> None:
 def test_the_corked_protocol_is_what_uvicorn_calls_back_and_writes_through() -> None:
     """Corking works only if responses are written through, and completed on, our objects."""
 
-    def check(protocol: HttpToolsProtocol, transport: _Transport) -> None:
+    def check(protocol: HttpToolsProtocol, transport: MemoryTransport) -> None:
         assert isinstance(protocol, CorkedHttpToolsProtocol)
         cycle = protocol.cycle
         assert isinstance(protocol.transport, CorkedTransport)
@@ -290,7 +252,7 @@ def test_the_corked_protocol_is_what_uvicorn_calls_back_and_writes_through() -> 
 def test_names_oipserve_adds_to_the_protocol_are_not_uvicorns() -> None:
     clashes: list[str] = []
 
-    def check(protocol: HttpToolsProtocol, transport: _Transport) -> None:
+    def check(protocol: HttpToolsProtocol, transport: MemoryTransport) -> None:
         clashes.extend(name for name in OUR_PROTOCOL_NAMES if hasattr(HttpToolsProtocol, name))
         clashes.extend(name for name in OUR_PROTOCOL_NAMES if name in vars(protocol))
 

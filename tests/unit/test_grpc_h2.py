@@ -11,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import hpack
 import pytest
 
+from oipserve.grpc_front.server import RPCS, STREAM_RPC, Method, arrived
+from oipserve.grpc_h2.call import Call
+from oipserve.grpc_h2.call_table import CallTable
 from oipserve.grpc_h2.connection import STREAM_WINDOW, Connection
 from oipserve.grpc_h2.frames import (
     ACK,
@@ -35,6 +40,7 @@ from oipserve.grpc_h2.frames import (
     window_update,
 )
 from oipserve.grpc_h2.headers import HeaderDecoder
+from oipserve.settings import Settings
 
 
 def _decoded(block: bytes) -> list[tuple[str, str]]:
@@ -288,33 +294,54 @@ async def test_going_away_closes_once_the_last_stream_ends() -> None:
     assert peer.transport.closed
 
 
-# ---- calls: a gRPC process's table over a connection ---------------------------------
+# ---- calls: a table's calls over a connection ------------------------------------------
 
 
-class FakeFront:
-    """The front a gRPC process forwards to: records each call, answers ``b"reply"``."""
+class FakeService:
+    """What a front's table answers, without a data plane: records each call (its request
+    bytes, unparsed) and answers ``b"reply"``."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes]] = []
+        self.arriving: deque[float] = deque()
+        self.closing = asyncio.Event()
 
-    async def call(self, method: str, request: bytes | memoryview) -> bytes:
-        self.calls.append((method, bytes(request)))
-        return b"reply"
+    def table(self, settings: Settings) -> CallTable:
+        """Every unary RPC, ModelInfer's parse taking the call off ``arriving`` as
+        ``grpc_front.handlers.counted_methods`` does; messages stay bytes."""
+        methods = {
+            name: Method(
+                arrived(self.arriving, _same) if name == "ModelInfer" else _same,
+                self._answer(name),
+                _same,
+            )
+            for name in RPCS
+            if name != STREAM_RPC
+        }
+        return CallTable(
+            settings, methods, self._answer(STREAM_RPC), self.arriving, self.closing, pool=None
+        )
+
+    def _answer(self, method: str) -> Callable[[bytes | memoryview], Awaitable[bytes]]:
+        async def answer(request: bytes | memoryview) -> bytes:
+            self.calls.append((method, bytes(request)))
+            return b"reply"
+
+        return answer
 
 
-def _grpc_peer() -> tuple[Peer, Any, FakeFront]:
-    from oipserve.grpc_h2.call import Call
-    from oipserve.grpc_process import Forwarding
-    from oipserve.settings import Settings
+def _same(payload: bytes | memoryview) -> bytes | memoryview:
+    return payload
 
-    front = FakeFront()
-    forwarding = Forwarding(front)  # type: ignore[arg-type]
-    table = forwarding.table(Settings(model_repository="."))
+
+def _grpc_peer() -> tuple[Peer, FakeService]:
+    service = FakeService()
+    table = service.table(Settings(model_repository="."))
     peer = Peer()
     peer.connection = Connection(lambda conn, stream: Call(conn, stream, table), lambda _: None)
     peer.connection.connection_made(peer.transport)  # type: ignore[arg-type]
     peer.send(PREFACE + settings_frame({}))
-    return peer, forwarding, front
+    return peer, service
 
 
 def _grpc_headers(peer: Peer, stream: int, method: str) -> bytes:
@@ -334,14 +361,14 @@ def _message(payload: bytes) -> bytes:
 
 async def test_a_call_is_arriving_from_its_headers_until_its_message_is_parsed() -> None:
     """The drain's count: a ModelInfer call still uploading is not forgotten at shutdown."""
-    peer, forwarding, front = _grpc_peer()
+    peer, service = _grpc_peer()
     peer.send(_grpc_headers(peer, 1, "ModelInfer"))
     peer.send(frame(Frame.DATA, 0, 1, _message(b"request")[:4]))
-    assert len(forwarding.arriving) == 1 and not front.calls
+    assert len(service.arriving) == 1 and not service.calls
     peer.send(frame(Frame.DATA, END_STREAM, 1, _message(b"request")[4:]))
     await asyncio.sleep(0.01)
-    assert not forwarding.arriving
-    assert front.calls == [("ModelInfer", b"request")]
+    assert not service.arriving
+    assert service.calls == [("ModelInfer", b"request")]
     frames = await peer.written()
     data = [f[3] for f in frames if f[0] == Frame.DATA and f[2] == 1]
     assert data == [_message(b"reply")]
@@ -350,26 +377,26 @@ async def test_a_call_is_arriving_from_its_headers_until_its_message_is_parsed()
 
 
 async def test_an_unknown_method_is_unimplemented_before_its_message() -> None:
-    peer, forwarding, front = _grpc_peer()
+    peer, service = _grpc_peer()
     peer.send(_grpc_headers(peer, 1, "Nope"))
     frames = await peer.written()
     (answer,) = [f for f in frames if f[0] == Frame.HEADERS]
     headers = dict(hpack.Decoder().decode(answer[3]))
     assert headers["grpc-status"] == "12" and "Nope" in headers["grpc-message"]
-    assert answer[1] & END_STREAM and not forwarding.arriving and not front.calls
+    assert answer[1] & END_STREAM and not service.arriving and not service.calls
     # The client is told to stop sending (RST_STREAM NO_ERROR), and its data is ignored.
     assert any(f[0] == Frame.RST_STREAM and f[2] == 1 for f in frames)
 
 
 async def test_a_message_over_the_limit_is_refused_by_its_declared_length() -> None:
-    peer, forwarding, front = _grpc_peer()
+    peer, service = _grpc_peer()
     peer.send(_grpc_headers(peer, 1, "ServerLive"))
     peer.send(frame(Frame.DATA, 0, 1, struct.pack(">BI", 0, 2**31)))
     frames = await peer.written()
     (answer,) = [f for f in frames if f[0] == Frame.HEADERS]
     headers = dict(hpack.Decoder().decode(answer[3]))
     assert headers["grpc-status"] == "8", headers  # RESOURCE_EXHAUSTED
-    assert not front.calls
+    assert not service.calls
 
 
 @pytest.mark.parametrize(
@@ -387,7 +414,7 @@ async def test_frames_after_the_clients_end_reset_the_stream_stream_closed(
     """RFC 9113, 5.1: DATA on a stream the client half-closed is a stream error. The call
     ends as if reset: its run, already scheduled, never starts (it used to start and find
     its message gone, an IndexError in the log)."""
-    peer, forwarding, front = _grpc_peer()
+    peer, service = _grpc_peer()
     peer.send(_grpc_headers(peer, 1, "ServerLive"))
     peer.send(frame(Frame.DATA, END_STREAM, 1, _message(b"request")) + late)
     await asyncio.sleep(0.01)
@@ -395,10 +422,10 @@ async def test_frames_after_the_clients_end_reset_the_stream_stream_closed(
     resets = [f for f in frames if f[0] == Frame.RST_STREAM and f[2] == 1]
     assert [struct.unpack(">I", f[3])[0] for f in resets] == [ErrorCode.STREAM_CLOSED]
     assert not [f for f in frames if f[0] in (Frame.HEADERS, Frame.DATA)]  # no answer
-    assert not front.calls and not forwarding.arriving
+    assert not service.calls and not service.arriving
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     # The connection goes on: the next call is answered.
     peer.send(_grpc_headers(peer, 3, "ServerLive"))
     peer.send(frame(Frame.DATA, END_STREAM, 3, _message(b"request")))
     await asyncio.sleep(0.01)
-    assert front.calls == [("ServerLive", b"request")]
+    assert service.calls == [("ServerLive", b"request")]

@@ -119,15 +119,6 @@ def test_a_worker_process_loads_nothing_of_the_front() -> None:
     assert not front, sorted(front)
 
 
-def test_a_grpc_process_loads_no_data_plane() -> None:
-    """``--grpc-processes``: the child forwards bytes; the front's data plane stays in the front."""
-    loaded = _loaded_after("import oipserve.grpc_process")
-    assert "grpc" in loaded and "oipserve.grpc_front.streaming" in loaded
-    forbidden = {"oipserve.dataplane", "oipserve.grpc_front.service", "oipserve.pool"}
-    assert not forbidden & loaded
-    assert not {m for m in loaded if m.partition(".")[0] in FRONT_FORBIDDEN}
-
-
 def test_another_http_front_loads_no_onnxruntime_and_no_management() -> None:
     """``--http-workers``: the other fronts run the data plane, never models or the manager."""
     loaded = _loaded_after("import oipserve.replicas.process")

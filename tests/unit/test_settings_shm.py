@@ -4,12 +4,17 @@ import os
 
 import pytest
 
-from oipserve.settings import Settings, SettingsError, load_settings
+from oipserve.settings import (
+    GRPC_PROCESSES_DEPRECATED,
+    Settings,
+    SettingsError,
+    deprecation_warnings,
+    load_settings,
+)
 from oipserve.wire.shm import BufferPool, Segment, SegmentCache, size_class, sweep
 
 
 def test_flags_beat_environment_beat_defaults() -> None:
-    # `--grpc-processes auto` (the default) is 0, Settings' own default.
     env = {
         "OIPSERVE_HTTP_PORT": "9001",
         "OIPSERVE_MODEL_REPOSITORY": "/env",
@@ -55,11 +60,59 @@ def test_busy_polling_is_on_by_default_and_off_with_zero(
             {},
             "--worker-busy-poll-us",
         ),
+        # --grpc-processes does nothing now, but keeps its old bounds until it goes.
+        (["serve", "--model-repository", "x", "--grpc-processes", "65"], {}, "--grpc-processes"),
+        (["serve", "--model-repository", "x", "--grpc-processes", "-1"], {}, "--grpc-processes"),
+        (
+            ["serve", "--model-repository", "x"],
+            {"OIPSERVE_GRPC_PROCESSES": "65"},
+            "OIPSERVE_GRPC_PROCESSES",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], env: dict[str, str], fragment: str) -> None:
     with pytest.raises(SettingsError, match=fragment):
         load_settings(argv, env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "warned"),
+    [
+        ([], {}, False),
+        (["--grpc-processes", "auto"], {}, False),
+        ([], {"OIPSERVE_GRPC_PROCESSES": "auto"}, False),
+        (["--grpc-processes", "0"], {}, False),
+        (["--grpc-processes", "4"], {}, True),
+        ([], {"OIPSERVE_GRPC_PROCESSES": "3"}, True),
+        # It used to be refused without gRPC; doing nothing, it conflicts with nothing.
+        (["--grpc-processes", "2", "--allow-grpc", "false"], {}, True),
+    ],
+)
+def test_grpc_processes_is_accepted_and_only_warns(
+    argv: list[str], env: dict[str, str], warned: bool
+) -> None:
+    """Deprecated for one release (docs/grpc.md, "History"): accepted from the command line
+    and the environment, it starts nothing; a number other than 0 is warned about at start
+    (``oipserve.server.serve`` logs each of ``deprecation_warnings``)."""
+    _, settings = load_settings(["serve", "--model-repository", "x", *argv], env)
+    assert deprecation_warnings(settings) == ([GRPC_PROCESSES_DEPRECATED] if warned else [])
+
+
+def test_the_grpc_processes_warning_names_what_to_use_instead() -> None:
+    _, settings = load_settings(["serve", "--model-repository", "x", "--grpc-processes", "4"], {})
+    (warning,) = deprecation_warnings(settings)
+    assert warning == (
+        "--grpc-processes is deprecated and does nothing: gRPC is served by every HTTP front; "
+        "use --http-workers N to scale out"
+    )
+
+
+def test_help_text_marks_grpc_processes_deprecated(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(["serve", "--help"], {})
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--grpc-processes N|auto deprecated, does nothing" in text
+    assert "default: auto; env OIPSERVE_GRPC_PROCESSES" in text
 
 
 def test_size_classes_waste_under_a_quarter() -> None:

@@ -1,4 +1,4 @@
-"""The supervisor of the front's HTTP fronts and gRPC processes, on real child processes."""
+"""The supervisor of the front's other HTTP fronts, on real child processes."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import ROOT, wait_for
+from tests.support.server import ROOT, wait_for
 from workers.heartbeat import EXIT_ORPHANED, ORPHAN_GRACE
 
 #: A worker stand-in: dies with its parent, then waits.

@@ -8,7 +8,7 @@ import socket
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tests.server import ServerProcess
+    from tests.support.server import ServerProcess
 
 
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
@@ -29,6 +29,26 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
             break
         rest += chunk
     return int(lines[0].split()[1]), fields, rest
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """Whether the server closes ``sock`` within ``within`` seconds (EOF or reset)."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def json_infer(model: str, body: bytes) -> bytes:
+    """A whole ``POST /v2/models/{model}/infer`` with a JSON ``body``, as sent on the wire."""
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: t\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def post_json(

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_REPOSITORY = ROOT / "model-repository"
 READY = re.compile(r"ready http://(\S+):(\d+)")
 #: Logged instead of the ready line when a model loaded at start is not ready.
@@ -55,9 +56,6 @@ class ServerProcess:
                 *args,
             ]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        # gRPC in the front unless a test (or the caller's environment) says otherwise:
-        # `--grpc-processes auto` would depend on the cores of the machine running the tests.
-        full_env.setdefault("OIPSERVE_GRPC_PROCESSES", "0")
         self.process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,
@@ -142,10 +140,6 @@ class ServerProcess:
         except OSError:
             return []
         return [p for p in pids if "-m workers" in cmdline(p)]
-
-    def grpc_process_pids(self) -> list[int]:
-        """PIDs of the server's gRPC processes (``--grpc-processes``)."""
-        return self._children_running("oipserve.grpc_process")
 
     def http_front_pids(self) -> list[int]:
         """PIDs of the server's other HTTP fronts (``--http-workers``)."""
@@ -248,6 +242,44 @@ def wait_for(predicate: object, timeout: float = 30, interval: float = 0.05) -> 
             return True
         time.sleep(interval)
     return False
+
+
+def stays(predicate: Callable[[], bool], seconds: float, interval: float = 0.05) -> bool:
+    """True when ``predicate`` held on every poll for ``seconds``; False as soon as it did not.
+
+    The negative of ``wait_for``: that something does NOT happen over a window (a call that
+    must not return, a log line that must not come). ``wait_for`` on such a condition
+    returns at its first poll, before anything had the time to happen.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        if not predicate():
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(interval)
+
+
+def steadily(predicate: Callable[[], bool], times: int = 3) -> Callable[[], bool]:
+    """True once ``predicate`` held on ``times`` polls in a row (a lone request is queued
+    for the batcher's 2 ms delay: that must not count)."""
+    hits = 0
+
+    def check() -> bool:
+        nonlocal hits
+        hits = hits + 1 if predicate() else 0
+        return hits >= times
+
+    return check
+
+
+def pending(proc: ServerProcess, model: str = "batched") -> int:
+    """Requests of ``model`` queued in the front (Triton's pending request count)."""
+    with urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    key = f'nv_inference_pending_request_count{{model="{model}",version="1"}} '
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(key)]
+    return int(float(line.split()[-1]))
 
 
 def worst_live_probe(server: ServerProcess, busy: Callable[[], bool]) -> float:

@@ -1,0 +1,37 @@
+"""ONNX graphs the tests write themselves, for behaviour the sample repository cannot show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def write_slow_model(path: Path, nodes: int) -> None:
+    """An FP32 chain of ``nodes`` Mul/Add nodes: tiny on disk, slow to make a session of.
+
+    Each constant differs: ONNX Runtime folds equal ones together, which is much faster.
+    """
+    graph_nodes = []
+    initializers = []
+    previous = "INPUT0"
+    for i in range(nodes):
+        constant = f"c{i}"
+        initializers.append(numpy_helper.from_array(np.array([1.0 + i], np.float32), constant))
+        output = "OUTPUT0" if i == nodes - 1 else f"t{i}"
+        graph_nodes.append(
+            helper.make_node("Add" if i % 2 else "Mul", [previous, constant], [output])
+        )
+        previous = output
+    graph = helper.make_graph(
+        graph_nodes,
+        "slow",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
