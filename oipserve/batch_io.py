@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from oipserve.errors import InferenceFailed
+from oipserve.errors import InferenceFailed, InternalError
 from oipserve.placement import Placement
 from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
@@ -27,7 +27,8 @@ __all__ = ["SharedRelease", "assemble", "split"]
 def _bytes_of(placement: Placement) -> memoryview:
     tensor, _, nbytes, data = placement
     if data is None:
-        assert tensor.located is not None
+        if tensor.located is None:  # a client's region is read into a segment first
+            raise InternalError(f"batched input '{tensor.name}' is in no front segment")
         held, start, size = tensor.located
         return held.buf[start : start + size]
     if isinstance(data, np.ndarray):

@@ -60,9 +60,8 @@ def decode_header(data: bytes | memoryview, header_length: int | None) -> InferR
     except ValueError as exc:
         message = str(exc)
         trailing = _TRAILING.search(message) if header_length is not None else None
-        if trailing is None:
+        if trailing is None or header_length is None:
             raise InvalidInput(message) from None
-    assert header_length is not None
     # NOTE: msgspec counts the byte it stopped after: the first trailing one is at N - 1.
     raise InvalidInput(_past_the_json(int(trailing.group(1)) - 1, header_length, len(data)))
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from oipserve.errors import InvalidInput
+from oipserve.errors import InternalError, InvalidInput
 from oipserve.inference import InferResult, InputTensor, OutputTensor
 from oipserve.placement import payload
 from oipserve.wire.shm import Lease
@@ -43,7 +43,8 @@ def answer_echo(
                 )
             _, data = payload(tensor)
             if data is None:
-                assert tensor.located is not None
+                if tensor.located is None:  # in a client's region: the data plane refuses it
+                    raise InternalError(f"echo input '{tensor.name}' is in no front segment")
                 held, start, size = tensor.located
                 blob = bytes(held.buf[start : start + size])
             elif isinstance(data, np.ndarray):

@@ -124,6 +124,20 @@ class InferenceFailed(ServerError):
     kind = ErrorKind.INTERNAL
 
 
+class InternalError(RuntimeError):
+    """A state the code relies on does not hold: a bug of the server, never the client's doing.
+
+    Raised where an ``assert`` would otherwise narrow a type, so that ``python -O`` cannot
+    skip the check. Not a ``ServerError`` on purpose: the client gets ``INTERNAL_MESSAGE``
+    (kind INTERNAL) and the log gets the traceback with this message.
+    """
+
+
+class WorkerProtocolError(InternalError):
+    """A worker process or another front answered with a message its protocol does not
+    allow there (e.g. anything but ``Loaded`` or ``Failed`` to ``LoadModel``)."""
+
+
 _BY_KIND: dict[ErrorKind, type[ServerError]] = {
     ErrorKind.INVALID_INPUT: InvalidInput,
     ErrorKind.NOT_FOUND: NotFound,

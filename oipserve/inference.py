@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from oipserve.errors import InferenceFailed
+from oipserve.errors import InferenceFailed, InternalError
 from oipserve.metadata import reshaped
 from oipserve.wire.datatypes import element_count
 from oipserve.wire.images import ImageSpec
@@ -155,7 +155,8 @@ class OutputTensor:
 def region_parameters_of(tensor: OutputTensor) -> dict[str, str | int]:
     """The parameters a response gives an output written into a client's region."""
     use = tensor.region
-    assert use is not None
+    if use is None:
+        raise InternalError(f"output '{tensor.name}' was not written into a client's region")
     params: dict[str, str | int] = {
         "shared_memory_region": use.region.name,
         "shared_memory_byte_size": tensor.region_bytes,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from oipserve.errors import InvalidInput, from_kind
+from oipserve.errors import InternalError, InvalidInput, WorkerProtocolError, from_kind
 from oipserve.inference import InputTensor
 from oipserve.tensors import Deferred
 from oipserve.wire.datatypes import ELEMENT_SIZES
@@ -62,7 +62,10 @@ async def parse(
         worker.loading -= 1
     if isinstance(reply, Failed):
         raise from_kind(reply.kind, reply.message)
-    assert isinstance(reply, JsonParsed)
+    if not isinstance(reply, JsonParsed):
+        raise WorkerProtocolError(
+            f"worker {worker.worker_id} answered {type(reply).__name__} to ParseJson"
+        )
     pieces: list[bytes | memoryview] = []
     texts: list[tuple[int, int] | None] = []
     pos = 0
@@ -71,7 +74,7 @@ async def parse(
             texts.append(None)
             continue
         if offset < pos or offset + length > len(body):
-            raise RuntimeError(f"worker {worker.worker_id} answered a span outside the body")
+            raise WorkerProtocolError(f"worker {worker.worker_id} answered a span outside the body")
         # NOTE: an empty array keeps the header valid JSON of the same shape; the data
         #   plane reads the real text where ``texts`` says.
         pieces += (body[pos:offset], b"[]")
@@ -83,7 +86,7 @@ async def parse(
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     if len(request.inputs) != len(texts):
-        raise RuntimeError(f"worker {worker.worker_id} answered {len(texts)} spans")
+        raise WorkerProtocolError(f"worker {worker.worker_id} answered {len(texts)} spans")
     return request, texts
 
 
@@ -114,7 +117,9 @@ async def decode(
     texts = []
     for (tensor, count), offset in zip(tensors, offsets, strict=True):
         deferred = tensor.values
-        assert isinstance(deferred, Deferred) and deferred.text is not None
+        if not isinstance(deferred, Deferred) or deferred.text is None:
+            lease.release()
+            raise InternalError(f"input '{tensor.name}' has no JSON text for a worker to decode")
         held, start, size = deferred.text
         texts.append(
             JsonText(

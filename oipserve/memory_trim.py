@@ -39,6 +39,8 @@ import ctypes.util
 import logging
 from collections.abc import Callable
 
+from oipserve.errors import InternalError
+
 log = logging.getLogger("oipserve")
 
 # glibc's mallopt parameters (malloc.h).
@@ -122,7 +124,8 @@ class MemoryTrimmer:
 
     async def _run(self) -> None:
         trim = self._trim
-        assert trim is not None
+        if trim is None:  # start() runs this only with malloc_trim found
+            raise InternalError("the memory trimmer runs without malloc_trim")
         baseline = anonymous_rss()
         kept = 0  # trims in a row that left the heap GROWTH above the baseline
         while True:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from oipserve import json_offload
-from oipserve.errors import InvalidInput
+from oipserve.errors import InternalError, InvalidInput
 from oipserve.images import image_payload
 from oipserve.inference import InputTensor
 from oipserve.off_loop import copy_into, in_thread
@@ -106,7 +106,8 @@ def _place_into(placements: list[Placement], lease: Lease | None) -> list[Tensor
                 )
             )
             continue
-        assert lease is not None
+        if lease is None:
+            raise InternalError(f"input '{tensor.name}' has host-side data but no segment")
         copy_into(lease.buf, offset, nbytes, data)
         descs.append(
             TensorDesc(

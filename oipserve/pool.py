@@ -208,9 +208,9 @@ class WorkerPool:
         if handle in self.workers:
             self.workers.remove(handle)
         slot = self._slots.pop(handle.worker_id, None)
-        if slot is not None and slot.replacing and slot.task is not asyncio.current_task():
-            assert slot.task is not None
-            await _cancelled(slot.task)
+        replacement = slot.task if slot is not None and slot.replacing else None
+        if replacement is not None and replacement is not asyncio.current_task():
+            await _cancelled(replacement)
             timeout = 0  # a replacement never served: nothing to drain
         await handle.stop(timeout)
 

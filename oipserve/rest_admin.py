@@ -18,14 +18,10 @@ from oipserve.rest.body import read_all
 BODY_LIMIT = 1024 * 1024
 
 
-async def _read_json(
-    req: falcon.asgi.Request, what: str, required: bool, limit: int = BODY_LIMIT
-) -> dict | None:
-    """The body as a JSON object; None when empty and not required; 400 otherwise."""
+async def _read_json(req: falcon.asgi.Request, what: str, limit: int = BODY_LIMIT) -> dict | None:
+    """The body as a JSON object; None when empty; 400 when it is anything else."""
     data = await read_all(req, limit)
     if not data.strip():
-        if required:
-            raise InvalidInput(f"No JSON body in {what} request")
         return None
     try:
         value = msgspec.json.decode(data)
@@ -53,8 +49,9 @@ class HardwareResource:
         resp.data = msgspec.json.encode(self.management.hardware())
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        body = await _read_json(req, "hasHardware", required=True)
-        assert body is not None
+        body = await _read_json(req, "hasHardware")
+        if body is None:
+            raise InvalidInput("No JSON body in hasHardware request")
         name = body.get("name", "")
         num = body.get("num", 1)
         if not isinstance(name, str):
@@ -79,7 +76,7 @@ class WorkerResource:
     async def on_post_load(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, worker: str
     ) -> None:
-        params = await _read_json(req, "workerLoad", required=False) or {}
+        params = await _read_json(req, "workerLoad") or {}
         name = await self.management.worker_load(worker, params)
         resp.content_type = falcon.MEDIA_TEXT
         resp.text = name
@@ -99,7 +96,7 @@ class RepositoryResource:
         self.load_limit = load_limit
 
     async def on_post_index(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        body = await _read_json(req, "repository index", required=False) or {}
+        body = await _read_json(req, "repository index") or {}
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidInput("'ready' must be true or false")
@@ -112,7 +109,7 @@ class RepositoryResource:
         model: str,
         version: str | None = None,
     ) -> None:
-        body = await _read_json(req, "model load", required=False, limit=self.load_limit)
+        body = await _read_json(req, "model load", limit=self.load_limit)
         await self.management.repository_load(model, version, _parameters(body, "load"))
         resp.data = b""
 
@@ -123,7 +120,7 @@ class RepositoryResource:
         model: str,
         version: str | None = None,
     ) -> None:
-        body = await _read_json(req, "model unload", required=False)
+        body = await _read_json(req, "model unload")
         _parameters(body, "unload")
         await self.management.repository_unload(model, version)
         resp.data = b""

@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 
-from oipserve.errors import from_kind
+from oipserve.errors import WorkerProtocolError, from_kind
 from oipserve.listeners import unix_listener
 from oipserve.wire.messages import Failed, Loaded, LoadModel, Stop, UnloadModel, WorkerReady
 from oipserve.wire.shm import sweep
@@ -268,7 +268,10 @@ class WorkerHandle(WorkerLink):
             self.loading -= 1
         if isinstance(reply, Failed):
             raise from_kind(reply.kind, reply.message)
-        assert isinstance(reply, Loaded) and message is not None
+        if not isinstance(reply, Loaded) or message is None:
+            raise WorkerProtocolError(
+                f"worker {self.worker_id} answered {type(reply).__name__} to LoadModel"
+            )
         self.models[key] = message
         return reply
 

@@ -231,11 +231,13 @@ def decode_batch(
                 hwc_out = out
             mean_row = _per_pixel_row(input_name, "mean", plan.mean, width, channels)
             scale_row = _per_pixel_row(input_name, "scale", plan.scale, width, channels)
-        assert hwc_out is not None
+        if hwc_out is None:  # allocated with `out` for element 0
+            raise RuntimeError(f"input '{input_name}': no output array for element {index}")
         if spec.color_order == "RGB" and c >= 3:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB if c == 3 else cv2.COLOR_BGRA2RGBA)
         _convert_into(img, hwc_out[index], plan, resize, mean_row, scale_row)
-    assert out is not None
+    if out is None:  # count > 0 was checked above
+        raise RuntimeError(f"input '{input_name}': no image was decoded")
     return out
 
 

@@ -145,7 +145,8 @@ class Worker:
 
     def accept(self, selector: selectors.BaseSelector) -> None:
         """Another front of this server connects (``workers.fronts.accept_front``)."""
-        assert self.fronts is not None
+        if self.fronts is None:  # serve() selects on the listener only when there is one
+            raise RuntimeError("a front connected to a worker without a front listener")
         accepted = accept_front(self.fronts)
         if accepted is None:
             return
@@ -348,7 +349,8 @@ class Worker:
             del bound
             self._done(connection, message.rid, "", descs, started, fed, ran)
             return
-        assert values is not None
+        if values is None:  # set by whichever run gave no bound outputs
+            raise RuntimeError(f"model '{message.key}' ran but gave no output values")
         try:
             segment, descs = write_outputs(
                 self.regions,

@@ -39,10 +39,18 @@ class EndpointPlan:
     batch_size: int | None
 
 
+def _instances(params: Mapping[str, object]) -> int:
+    """``instances``: 1 when absent; a null is refused like any value that is not a
+    positive integer (``endpoint_naming.param_key`` refuses it first on a load)."""
+    instances = positive_int(params, "instances", 1)
+    if instances is None:
+        raise InvalidInput("parameter 'instances' must be a positive integer; got None")
+    return instances
+
+
 def plan_echo(name: str, params: Mapping[str, object], limits: LoadLimits) -> EndpointPlan:
     """Check an echo endpoint's parameters; it will have no process and no session."""
-    instances = positive_int(params, "instances", 1)
-    assert instances is not None
+    instances = _instances(params)
     check_instances(instances, CPU_DEVICE, None, limits)
     model = ModelVersion(name, "1", "", None)
     model.echo = True
@@ -66,8 +74,7 @@ def plan_onnx(
     if not spec:
         raise InvalidInput("No model specified: worker 'onnxruntime' needs a 'model' parameter")
     version = optional_str(params, "version")
-    instances = positive_int(params, "instances", 1)
-    assert instances is not None
+    instances = _instances(params)
     batch_size = positive_int(params, "batch_size", None)
     threads = positive_int(params, "intra_op_threads", None)
     positive_int(params, "inter_op_threads", None)

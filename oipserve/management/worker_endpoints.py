@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hardware import CPU_DEVICE, Inventory
-from oipserve.errors import InvalidInput, NotFound, Unavailable
+from oipserve.errors import InternalError, InvalidInput, NotFound, Unavailable
 from oipserve.management.endpoint_naming import EndpointNames, ParamKey
 from oipserve.management.endpoint_plan import EndpointPlan, plan_echo, plan_onnx
 from oipserve.management.endpoint_sessions import DeathListener, EndpointSessions
@@ -58,6 +58,14 @@ class Endpoint:
         if self.kind == "echo":
             return self.echo_instances
         return len(self.model.workers) if self.model is not None else 0
+
+    @property
+    def served(self) -> ModelVersion:
+        """Its model: every endpoint has one from its plan on (``WorkerEndpoints._plan``),
+        before it is registered."""
+        if self.model is None:
+            raise InternalError(f"endpoint '{self.name}' has no model")
+        return self.model
 
 
 class WorkerEndpoints:
@@ -147,8 +155,7 @@ class WorkerEndpoints:
         finally:
             del self.loading[name]
         self.endpoints[name] = endpoint
-        assert endpoint.model is not None
-        self.registry.models[name] = {endpoint.model.version: endpoint.model}
+        self.registry.models[name] = {plan.model.version: plan.model}
         self.registry.unloaded.discard(name)
         outcome.set_result(name)
         log.info("endpoint '%s' loaded (%s, %s)", name, endpoint.kind, endpoint.params)
@@ -162,8 +169,7 @@ class WorkerEndpoints:
             if endpoint.kind == "echo":
                 endpoint.echo_instances += 1
                 return
-            model = endpoint.model
-            assert model is not None
+            model = endpoint.served
             try:
                 async with asyncio.timeout(self.limits.load_timeout):
                     await self.sessions.place(model, endpoint.device, endpoint.threads)
@@ -211,8 +217,7 @@ class WorkerEndpoints:
     async def _unload_instance(self, name: str, endpoint: Endpoint) -> bool:
         if self.endpoints.get(name) is not endpoint:
             return True  # a concurrent unload removed the last instance meanwhile
-        model = endpoint.model
-        assert model is not None
+        model = endpoint.served
         last = endpoint.instances <= 1
         if last:
             # Leave the registry first: later requests get 404, in-flight ones finish.
@@ -236,8 +241,7 @@ class WorkerEndpoints:
         endpoint = self.endpoints.get(name) or self.endpoints.get(name.lower())
         if endpoint is None:
             raise NotFound(f"unknown worker endpoint '{name}'")
-        model = endpoint.model
-        assert model is not None
+        model = endpoint.served
         return {
             "name": endpoint.name,
             "worker": endpoint.worker,

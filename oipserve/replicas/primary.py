@@ -29,7 +29,7 @@ import msgspec
 
 from oipserve.client_regions import ClientRegions
 from oipserve.dataplane import DataPlane
-from oipserve.errors import from_kind
+from oipserve.errors import InternalError, WorkerProtocolError, from_kind
 from oipserve.model_manager import ModelManager
 from oipserve.models import ModelRegistry, ModelVersion
 from oipserve.pool import WorkerPool
@@ -145,8 +145,9 @@ class Replica:
             #   patience (30 s), then "replace" a process already gone.
             future.set_exception(self.gone)
             return future
+        if self.control is None:
+            raise InternalError(f"replica {self.index} was asked before its control link was up")
         self.pending[message.seq] = future  # type: ignore[attr-defined]
-        assert self.control is not None
         self.control.send(message)
         return future
 
@@ -235,7 +236,10 @@ class Replicas:
             reply = await asyncio.wait_for(replica.ask(start), START_TIMEOUT)
             if isinstance(reply, Refused):
                 raise RuntimeError(f"HTTP front {index} cannot serve: {reply.message}")
-            assert isinstance(reply, Listening)
+            if not isinstance(reply, Listening):
+                raise WorkerProtocolError(
+                    f"HTTP front {index} answered {type(reply).__name__} to Start"
+                )
         except BaseException as exc:
             self.running.remove(replica)
             process.kill()
@@ -338,7 +342,8 @@ class Replicas:
         """Every replica stops accepting and answers what it received, then exits."""
 
         def drain(replica: Replica) -> None:
-            assert replica.control is not None
+            if replica.control is None:
+                raise InternalError(f"replica {replica.index} is running without a control link")
             replica.draining = True
             replica.control.send(Drain(next(self._seq), timeout))
 

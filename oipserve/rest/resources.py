@@ -18,7 +18,7 @@ import msgspec
 from oipserve import binary
 from oipserve.client_regions import RegionUse, region_parameters
 from oipserve.dataplane import DataPlane
-from oipserve.errors import InvalidInput
+from oipserve.errors import InternalError, InvalidInput
 from oipserve.http_protocol import ON_DISCONNECT
 from oipserve.inference import Inference, InputTensor
 from oipserve.models import ModelVersion
@@ -205,9 +205,8 @@ class ModelResource:
         shape = binary.raw_input_shape(
             spec.name, spec.datatype, spec.shape, target.max_batch_size > 0, nbytes
         )
-        assert body.lease is not None
         return InputTensor(
-            spec.name, spec.datatype, shape, located=(body.lease, body.start, nbytes)
+            spec.name, spec.datatype, shape, located=(_lease_of(body), body.start, nbytes)
         )
 
     def _inputs(
@@ -245,8 +244,7 @@ class ModelResource:
                 tensors.append(InputTensor(tensor.name, tensor.datatype, tensor.shape, region=use))
                 continue
             if span is not None:
-                assert body.lease is not None
-                located = (body.lease, body.start + span[0], span[1])
+                located = (_lease_of(body), body.start + span[0], span[1])
                 tensors.append(
                     InputTensor(tensor.name, tensor.datatype, tensor.shape, located=located)
                 )
@@ -265,10 +263,9 @@ class ModelResource:
             where = None
             text_span = texts[index] if texts is not None else None
             if text_span is not None:
-                assert body.lease is not None
                 offset, size = text_span
                 text = body.data[offset : offset + size]
-                where = (body.lease, body.start + offset, size)
+                where = (_lease_of(body), body.start + offset, size)
             values: object
             if len(text) < EAGER_DATA:
                 values = decode_data(tensor.name, tensor.datatype, text)
@@ -277,6 +274,14 @@ class ModelResource:
                 values = Deferred(load, (len(text) + 1) // 2, where)
             tensors.append(InputTensor(tensor.name, tensor.datatype, tensor.shape, values=values))
         return tensors
+
+
+def _lease_of(body: Body) -> Lease:
+    """The lease of a body with binary chunks or with texts a worker found: ``read_body``
+    receives every such body into one (a header length, or ``json_offload.PARSE_MIN``)."""
+    if body.lease is None:
+        raise InternalError("a binary or worker-parsed request body is not in a lease")
+    return body.lease
 
 
 #: JSON ``data`` shorter than this is decoded at once: deferring it costs more than
