@@ -13,7 +13,7 @@ figures are the gRPC machinery alone. They are driven in turn, in interleaved ro
 - ``forward``: grpc.aio in a process of its own, forwarding each call over a Unix socket
   (length-prefixed frames) to a second process that answers it: gRPC served from its own
   process beside the front. CPU is both processes'.
-- ``h2``: the front's own HTTP/2 (``oipserve.grpc_h2``, what the front runs since
+- ``h2``: the front's own HTTP/2 (``oipserve.front.grpc.h2``, what the front runs since
   2026-11-27) with a method table answering the canned reply.
 
     python benchmarks/grpc_server_shapes.py --rounds 4 --seconds 3
@@ -178,10 +178,10 @@ async def _serve_front(path: str) -> None:
 
 async def _serve_h2(port: int) -> None:
     sys.path.insert(0, str(BENCH.parent))
-    from oipserve.grpc_front.server import Method
-    from oipserve.grpc_h2.call_table import CallTable
-    from oipserve.grpc_h2.server import H2Server
-    from oipserve.settings import Settings
+    from oipserve.config.settings import Settings
+    from oipserve.front.grpc.call_table import CallTable
+    from oipserve.front.grpc.listener import H2Server
+    from oipserve.front.grpc.rpcs import Method
 
     async def answer(request: bytes) -> bytes:
         return REPLY

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec  # noqa: E402
 
-from oipserve.models import ModelRegistry, ModelVersion  # noqa: E402
-from oipserve.stats import StatsRegistry  # noqa: E402
+from oipserve.models.registry import ModelRegistry, ModelVersion  # noqa: E402
+from oipserve.telemetry.stats import StatsRegistry  # noqa: E402
 from oipserve.wire.messages import FromWorker, InferDone, TensorDesc  # noqa: E402
 
 CALLS = 1_000_000

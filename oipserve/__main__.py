@@ -1,5 +1,5 @@
 import sys
 
-from oipserve.cli import main
+from oipserve.app.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m workers``: one worker process, started by the front (``oipserve.workerproc``).
+"""``python -m workers``: one worker process, started by the front (``runtime.workerproc``).
 
 The front passes one end of a socket pair as an inherited file descriptor (and,
 for ``--http-workers``, a listening socket for the other fronts). This

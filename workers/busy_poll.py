@@ -6,7 +6,7 @@ on a virtual machine a sleeping vCPU (the guest executes HLT) is woken with an i
 that exits to the hypervisor. At low load that happens once a request. So a worker keeps
 polling its sockets (``select`` with no timeout, ``sched_yield`` between polls) for up to
 ``--worker-busy-poll-us`` (250 us) after its last reply, and only then sleeps. (The front
-polls for a worker's reply the same way: ``oipserve.busy_poll``.)
+polls for a worker's reply the same way: ``oipserve.runtime.busy_poll``.)
 
 Measured on this project's 2-core VM, against workers that always sleep, in one
 interleaved harness run (``benchmarks/results/2026-11-27-worker-poll.md``): 1.17x the

@@ -5,7 +5,7 @@ The worker's main thread runs one request at a time and may be busy for long
 its own as long as the process runs and the interpreter can schedule it: ONNX Runtime
 and OpenCV release the GIL while they compute, Python code gives it up every few
 milliseconds. A stopped (SIGSTOP), deadlocked or wedged process stops answering, and
-the front replaces it (``oipserve.pool``).
+the front replaces it (``oipserve.pool.worker_pool``).
 
 No orphan: a worker is of use to nobody once the front that started it is gone, whatever
 its main thread is doing (an inference, a session being built with the GIL held, a

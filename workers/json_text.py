@@ -1,14 +1,14 @@
 """Large JSON texts handled in the worker, so the front's event loop never spends tens of
 milliseconds on one request.
 
-Requests: the worker's half of ``oipserve.json_offload``. The front hands a worker a
+Requests: the worker's half of ``oipserve.request.json_offload``. The front hands a worker a
 large JSON body lying in one of its segments; both steps run the wire contract's
 code, the same the front runs for small bodies, so a client gets the same answer and
 the same error words whichever side read its body.
 
 Responses: a large output the client wants as JSON is printed here (``print_output``)
 exactly as the front would print it (orjson, flat), and the front splices the text
-into its response without reading it (``oipserve.rest.render``).
+into its response without reading it (``oipserve.front.rest.render``).
 """
 
 from __future__ import annotations

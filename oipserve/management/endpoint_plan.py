@@ -19,8 +19,8 @@ from hardware import CPU_DEVICE, Inventory, InventoryError, cuda_provider_option
 from oipserve.errors import InvalidInput
 from oipserve.management.load_limits import LoadLimits, check_instances, check_numbers
 from oipserve.management.worker_params import cuda_settings, optional_str, positive_int
-from oipserve.models import ModelVersion
-from oipserve.repository import read_model
+from oipserve.models.registry import ModelVersion
+from oipserve.models.repository import read_model
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from hardware import CPU_DEVICE
 from oipserve.errors import InvalidInput
-from oipserve.model_manager import ModelManager, unload_quietly
-from oipserve.models import ModelVersion, merge_metadata
-from oipserve.pool import WorkerPool
-from oipserve.worker_handle import WorkerHandle
+from oipserve.models.manager import ModelManager, unload_quietly
+from oipserve.models.registry import ModelVersion, merge_metadata
+from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.worker_pool import WorkerPool
 
 log = logging.getLogger("oipserve.management")
 

@@ -30,9 +30,9 @@ from oipserve.management.load_override import parse_load_parameters
 from oipserve.management.repository_control import RepositoryControl
 from oipserve.management.worker_endpoints import WorkerEndpoints
 from oipserve.management.worker_params import parse_load_request
-from oipserve.model_manager import ModelManager
-from oipserve.models import ModelRegistry
-from oipserve.pool import WorkerPool
+from oipserve.models.manager import ModelManager
+from oipserve.models.registry import ModelRegistry
+from oipserve.pool.worker_pool import WorkerPool
 
 
 class Management:

@@ -4,7 +4,7 @@ The inventory is read afresh on every call (free memory and utilisation change),
 ``--hardware-inventory`` file that was fine at start can break later. That is a condition
 of this server, not a feature it lacks and not the client's fault: it answers 503 with the
 file and the reason, and recovers by itself once the file is fixed. Start-up reads the
-inventory once before serving (``oipserve.server``), so a file broken from the start stops
+inventory once before serving (``oipserve.app.server``), so a file broken from the start stops
 the server instead.
 """
 
@@ -14,8 +14,8 @@ import psutil
 
 from hardware import Inventory, InventoryError, InventorySource, count_matching, to_json
 from oipserve.errors import Unavailable
-from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.pool import WorkerPool
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.pool.worker_pool import WorkerPool
 
 
 class HardwareView:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hardware import CPU_DEVICE, Inventory
+from oipserve.config.settings import Settings
 from oipserve.errors import InvalidInput
-from oipserve.settings import Settings
 
 #: Parameters that become OS threads of one session.
 THREAD_KEYS = ("intra_op_threads", "inter_op_threads")

@@ -12,7 +12,7 @@ What is checked here runs on the event loop before the load waits for anything, 
 is bounded first: more than ``--max-upload-files`` files are refused before any of them
 is looked at (a load of 100,000 files took 1.7 s of the loop to check and decode, then
 6 s to write). Each remaining file costs a path check; its contents are not touched
-here: base64 text is decoded by the writer's thread (``oipserve.uploads``). Their total
+here: base64 text is decoded by the writer's thread (``oipserve.models.uploads``). Their total
 size is bounded by the request's (``--max-request-bytes``, ``--grpc-max-message-bytes``).
 """
 
@@ -23,8 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from oipserve.errors import InvalidInput
-from oipserve.model_config import ModelConfig, ModelConfigError, parse_model_config_json
-from oipserve.uploads import NAME_MAX, UploadError, UploadFiles, check_layout, check_upload_path
+from oipserve.models.config.parse import ModelConfig, ModelConfigError, parse_model_config_json
+from oipserve.models.uploads import (
+    NAME_MAX,
+    UploadError,
+    UploadFiles,
+    check_layout,
+    check_upload_path,
+)
 
 __all__ = ["LoadOverride", "check_model_name", "failed_to_load", "parse_load_parameters"]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from oipserve.errors import Unavailable
 from oipserve.management.load_override import LoadOverride, check_model_name, failed_to_load
-from oipserve.model_manager import ModelManager
-from oipserve.models import ModelRegistry
-from oipserve.repository import RepositoryError, list_models, read_model
+from oipserve.models.manager import ModelManager
+from oipserve.models.registry import ModelRegistry
+from oipserve.models.repository import RepositoryError, list_models, read_model
 
 
 class RepositoryControl:

@@ -26,9 +26,9 @@ from oipserve.management.endpoint_plan import EndpointPlan, plan_echo, plan_onnx
 from oipserve.management.endpoint_sessions import DeathListener, EndpointSessions
 from oipserve.management.load_limits import LoadLimits, check_instances
 from oipserve.management.worker_params import LoadRequest
-from oipserve.model_manager import ModelManager
-from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.pool import WorkerPool
+from oipserve.models.manager import ModelManager
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.pool.worker_pool import WorkerPool
 
 log = logging.getLogger("oipserve.management")
 

@@ -1,7 +1,7 @@
 """Large JSON tensors: a ``data`` array of numbers parsed straight into numpy.
 
 Part of the wire contract because both sides decode JSON ``data``: the front for
-small bodies and the worker for large ones (``oipserve.json_offload``), with the
+small bodies and the worker for large ones (``oipserve.request.json_offload``), with the
 same code and the same error messages.
 
 msgspec turns each number of a JSON ``data`` array into a Python object, and

@@ -1,7 +1,7 @@
 """The JSON inference request of the REST front: typed msgspec Structs, decoded once.
 
 Part of the wire contract because a large body is parsed by a worker
-(``oipserve.json_offload``): the worker checks the whole body with the same decoder
+(``oipserve.request.json_offload``): the worker checks the whole body with the same decoder
 the front uses and answers where each input's ``data`` text lies (``data_spans``),
 so the front then decodes only the small rest.
 

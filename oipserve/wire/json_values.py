@@ -1,12 +1,12 @@
 """The values of a JSON ``data`` array, decoded and checked against a datatype.
 
 Part of the wire contract because both sides do it: the front for small bodies,
-a worker for large ones (``oipserve.json_offload``). One implementation means one
+a worker for large ones (``oipserve.request.json_offload``). One implementation means one
 set of rules and the same message for the same mistake, wherever it is found.
 
 The checks are strict: no string is parsed as a number, no float is truncated to
 an integer, no integer wraps around. Errors are ``DataError``; the front raises
-them as InvalidInput (``oipserve.tensors``), a worker answers them as an
+them as InvalidInput (``oipserve.request.tensors``), a worker answers them as an
 INVALID_INPUT failure.
 """
 

@@ -29,7 +29,7 @@ class ErrorKind(enum.StrEnum):
     NOT_FOUND = "not_found"
     #: A name that is already taken (a shared-memory region registered twice).
     ALREADY_EXISTS = "already_exists"
-    #: A restricted API asked for without its header (``oipserve.access``); front only.
+    #: A restricted API asked for without its header (``oipserve.config.access``); front only.
     FORBIDDEN = "forbidden"
     TOO_LARGE = "too_large"
     UNSUPPORTED = "unsupported"
@@ -108,7 +108,7 @@ class LoadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):
     intra_op_threads: int
     #: ONNX Runtime providers in order of preference, each with its options.
     providers: list[tuple[str, dict[str, str]]]
-    #: Triton's session parameters from config.pbtxt (oipserve/session_options.py).
+    #: Triton's session parameters from config.pbtxt (oipserve/models/config/session_options.py).
     session_options: dict[str, str] = {}
 
 
@@ -134,7 +134,7 @@ class ParseJson(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """Check a large JSON inference request body and say where its ``data`` texts lie.
 
     The body is ``nbytes`` at ``offset`` in the front's ``segment``; the reply is
-    ``JsonParsed`` (``oipserve.json_offload``).
+    ``JsonParsed`` (``oipserve.request.json_offload``).
     """
 
     rid: int

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from oipserve.inference import InputTensor
-from oipserve.placement import payload as _payload
-from oipserve.rest.body import Body
-from oipserve.rest.resources import ModelResource
+from oipserve.front.rest.body import Body
+from oipserve.front.rest.resources import ModelResource
+from oipserve.request.inference import InputTensor
+from oipserve.request.placement import payload as _payload
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.shm import BufferPool
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for

@@ -31,7 +31,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from oipserve.settings import Settings, load_settings
+from oipserve.config.settings import Settings, load_settings
 from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
 from tests.support.server import ROOT, SAMPLE_REPOSITORY, ServerProcess
 

@@ -7,7 +7,7 @@ byte failed INTERNAL with a traceback, ``grpc-timeout: 99999999H`` failed DEADLI
 at once, ``Connection: x-admin-key`` lost the admin header (403), two Host headers and
 whitespace at the end of a value were refused by h11 (400), where the primary answered
 OK / OK / 200 / 200 / 403. Every front now applies one table of rules
-(``oipserve/header_rules.py``) before it routes, checks or forwards.
+(``oipserve/front/header_rules.py``) before it routes, checks or forwards.
 
 Each case is sent, on a fresh connection, to each front (``socket_to_front`` opens
 connections until one lands on the front wanted) and the answers are compared: the same

@@ -23,7 +23,7 @@ import hpack
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from oipserve.grpc_h2.frames import END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, Frame
+from oipserve.front.grpc.h2.frames import END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, Frame
 from tests.support.server import ServerProcess
 from tests.support.tensors import simple_inputs
 

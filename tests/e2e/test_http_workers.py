@@ -1,6 +1,6 @@
 """``--http-workers N``: N processes serve the HTTP port over one worker pool.
 
-The primary front starts N-1 others (``oipserve.replicas``); the kernel spreads new
+The primary front starts N-1 others (``oipserve.scaleout``); the kernel spreads new
 connections across all of them (``SO_REUSEPORT``). A replica answers inference of
 unbatched repository models itself, straight to the workers, and forwards everything
 else to the primary. These tests hold many keep-alive connections (``Fronts``), see in
@@ -32,7 +32,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from oipserve.settings import GRPC_PROCESSES_DEPRECATED
+from oipserve.config.settings import GRPC_PROCESSES_DEPRECATED
 from tests.support.cli import run_serve
 from tests.support.server import (
     ServerProcess,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oipserve.cli import EXIT_STARTUP_FAILURE
+from oipserve.app.cli import EXIT_STARTUP_FAILURE
 from tests.support.cli import run_serve
 from tests.support.http import request
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess

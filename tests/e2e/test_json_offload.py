@@ -2,7 +2,7 @@
 
 A 40 MB JSON body took the front ~35 ms to check and ~130 ms to decode, all on the
 event loop: every other client waited. Bodies of ``json_offload.PARSE_MIN`` bytes or
-more are now read by one of the model's workers (``oipserve.json_offload``). These
+more are now read by one of the model's workers (``oipserve.request.json_offload``). These
 tests check that the answers are the same as when the front reads a body (results,
 and the words of every error), for batched and unbatched models, and that the loop
 keeps answering while large bodies are read.
@@ -27,8 +27,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from oipserve.errors import InvalidInput
-from oipserve.json_offload import DECODE_MIN, PARSE_MIN
-from oipserve.tensors import array_from_values, decode_data
+from oipserve.request.json_offload import DECODE_MIN, PARSE_MIN
+from oipserve.request.tensors import array_from_values, decode_data
 from oipserve.wire.datatypes import bf16_to_float32, float32_to_bf16
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.messages import TEXT_OUTPUT_MIN

@@ -20,7 +20,7 @@ import msgspec
 import pytest
 import tritonclient.grpc as grpcclient
 
-from oipserve.settings import Settings
+from oipserve.config.settings import Settings
 from tests.support.cli import run_cli as lifecycle_cli
 from tests.support.http import placements, request
 from tests.support.server import ROOT, SAMPLE_REPOSITORY, ServerProcess, wait_for

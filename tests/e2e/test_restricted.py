@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from oipserve.access import API_GROUPS
+from oipserve.config.access import API_GROUPS
 from tests.support.cli import run_cli
 from tests.support.http import request
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess

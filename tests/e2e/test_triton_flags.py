@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from oipserve.settings import load_settings
+from oipserve.config.settings import load_settings
 from tests.support.cli import run_cli
 from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
 from tests.support.http import request

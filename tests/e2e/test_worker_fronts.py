@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from oipserve.pool import WorkerPool
+from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.link import WorkerDied, WorkerLink
+from oipserve.pool.worker_pool import WorkerPool
+from oipserve.runtime.workerproc import WorkerOptions
 from oipserve.wire.messages import ErrorKind, Failed, LoadModel, TensorDesc
 from oipserve.wire.shm import BufferPool, SegmentCache
-from oipserve.worker_handle import WorkerHandle
-from oipserve.worker_link import WorkerDied, WorkerLink
-from oipserve.workerproc import WorkerOptions
 from tests.support.server import SAMPLE_REPOSITORY, shm_entries, wait_for
 
 SIMPLE = str(SAMPLE_REPOSITORY / "simple/1/model.onnx")

@@ -143,7 +143,7 @@ class ServerProcess:
 
     def http_front_pids(self) -> list[int]:
         """PIDs of the server's other HTTP fronts (``--http-workers``)."""
-        return self._children_running("oipserve.replicas.process")
+        return self._children_running("oipserve.scaleout.process")
 
     def _children_running(self, module: str) -> list[int]:
         """The front's children running ``module``, whichever of its threads started them."""

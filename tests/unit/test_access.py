@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oipserve.access import (
+from oipserve.config.access import (
     API_GROUPS,
     GRPC_METHODS,
     HTTP_ROUTES,
@@ -14,8 +14,8 @@ from oipserve.access import (
     parse_restriction,
     parse_restrictions,
 )
+from oipserve.config.settings import SettingsError, load_settings
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.settings import SettingsError, load_settings
 
 BASE = ["serve", "--model-repository", "x"]
 

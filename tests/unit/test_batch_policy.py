@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from google.protobuf import text_format
 
-from oipserve.batch_policy import BatchPolicyError, QueuePolicy, batch_policy
 from oipserve.grpc_generated import model_config_pb2 as mc
+from oipserve.scheduling.policy import BatchPolicyError, QueuePolicy, batch_policy
 
 
 def _policy(text: str, max_batch_size: int = 8):  # noqa: ANN202

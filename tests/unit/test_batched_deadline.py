@@ -12,9 +12,9 @@ import asyncio
 
 import pytest
 
-from oipserve.batched import _expire, _Queued
+from oipserve.dataplane.batched import _expire, _Queued
 from oipserve.errors import DeadlineExceeded
-from oipserve.scheduler import QueueRejected
+from oipserve.scheduling.scheduler import QueueRejected
 
 
 def _failure(queue_due: _Queued | None) -> BaseException | None:

@@ -1,4 +1,4 @@
-"""Busy polling at low load (oipserve.busy_poll), on uvloop, with its turns counted.
+"""Busy polling at low load (oipserve.runtime.busy_poll), on uvloop, with its turns counted.
 
 Behind the `perf` marker (benchmarks/README.md): the turns counted in a wall-clock window
 depend on the machine's load, so the default run skips them.
@@ -11,8 +11,8 @@ import asyncio
 import pytest
 import uvloop
 
-from oipserve import busy_poll
-from oipserve.busy_poll import MAX_IN_FLIGHT, NEXT_REQUEST_WINDOW, BusyPoll
+from oipserve.runtime import busy_poll
+from oipserve.runtime.busy_poll import MAX_IN_FLIGHT, NEXT_REQUEST_WINDOW, BusyPoll
 
 pytestmark = pytest.mark.perf
 

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from oipserve.http_protocol import BODY_REFUSED, ConnectionLimits, CorkedHttpToolsProtocol
+from oipserve.front.http.protocol import BODY_REFUSED, ConnectionLimits, CorkedHttpToolsProtocol
 from tests.support.transport import MemoryTransport
 
 LIMIT = 1000

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from oipserve.chunk_sizes import (
+from oipserve.front.http.chunk_sizes import (
     END,
     MAX_SIZE_LINE,
     MAX_TRAILERS,

@@ -8,15 +8,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from oipserve.classification import (
+from oipserve.errors import InvalidInput
+from oipserve.models.labels import read_labels
+from oipserve.request.classification import (
     MAX_CLASS_STRINGS,
     class_strings,
     classified_outputs,
-    read_labels,
     top_k,
 )
-from oipserve.errors import InvalidInput
-from oipserve.inference import OutputTensor
+from oipserve.request.inference import OutputTensor
 
 
 def test_top_k_is_highest_first_and_ties_keep_the_lower_index() -> None:

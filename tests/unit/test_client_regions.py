@@ -13,13 +13,13 @@ import msgspec
 import numpy as np
 import pytest
 
-from oipserve.client_regions import (
+from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
+from oipserve.request.client_regions import (
     ClientRegions,
     RegionRequest,
     object_name,
     region_parameters,
 )
-from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
 from oipserve.wire.messages import (
     ErrorKind,
     Failed,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from oipserve.errors import InvalidInput, PayloadTooLarge
-from oipserve.rest import coding
-from oipserve.rest.coding import BLOCK, INFLATE_IN_THREAD, STEP, Inflater, compress_stream
+from oipserve.front.rest import coding
+from oipserve.front.rest.coding import BLOCK, INFLATE_IN_THREAD, STEP, Inflater, compress_stream
 
 MiB = 1024 * 1024
 

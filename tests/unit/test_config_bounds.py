@@ -19,10 +19,9 @@ import pytest
 import uvloop
 from google.protobuf import text_format
 
-from oipserve import repository
-from oipserve.batch_policy import BatchPolicy, QueuePolicy, batch_policy
 from oipserve.grpc_generated import model_config_pb2 as mc
-from oipserve.model_config import (
+from oipserve.models import repository
+from oipserve.models.config.parse import (
     CONFIG_MAX_BYTES,
     ConfigLimits,
     ModelConfigError,
@@ -31,8 +30,9 @@ from oipserve.model_config import (
     parse_model_config_json,
     read_model_config,
 )
-from oipserve.repository import with_labels
-from oipserve.scheduler import DynamicBatcher, Entry
+from oipserve.models.repository import with_labels
+from oipserve.scheduling.policy import BatchPolicy, QueuePolicy, batch_policy
+from oipserve.scheduling.scheduler import DynamicBatcher, Entry
 from oipserve.wire.images import ImageError, ImageSpec
 from workers.images import decode_batch
 

@@ -77,7 +77,7 @@ def test_no_cgroup_files_means_no_quota(tmp_path: Path) -> None:
 
 def test_cpu_workers_share_the_usable_cpus_not_the_nodes() -> None:
     """A pod limited to 4 CPUs on a 64-core node: 2 instances get 2 threads each, not 32."""
-    from oipserve.server import _threads_per_worker
+    from oipserve.app.server import _threads_per_worker
 
     assert _threads_per_worker("cpu", 4, 2) == 2
     assert _threads_per_worker("cpu", 1, 2) == 1

@@ -27,8 +27,8 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from oipserve.replicas import forward
-from oipserve.replicas.forward import Forwarder
+from oipserve.scaleout import forward
+from oipserve.scaleout.forward import Forwarder
 
 MiB = 1 << 20
 #: Seconds: far above what any step here takes, so only a hang fails on it.

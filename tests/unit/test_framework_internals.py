@@ -1,8 +1,8 @@
 """The private parts of uvicorn and Falcon that the HTTP fast path relies on, checked by name.
 
-``oipserve/http_protocol.py`` subclasses uvicorn's ``HttpToolsProtocol`` and
-reads and writes its per-connection and per-request state; ``oipserve/server.py``
-overrides ``uvicorn.Server.capture_signals``; ``oipserve/rest/app.py``
+``oipserve/front/http/protocol.py`` subclasses uvicorn's ``HttpToolsProtocol`` and
+reads and writes its per-connection and per-request state; ``oipserve/app/server.py``
+overrides ``uvicorn.Server.capture_signals``; ``oipserve/front/rest/app.py``
 subclasses ``falcon.asgi.App`` and relies on how its ``__call__`` reads the
 first body event. None of this is public API. pyproject.toml pins uvicorn,
 falcon and httptools to the minor series it was read from; these tests say,
@@ -32,10 +32,10 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from oipserve.http_io import CorkedTransport
-from oipserve.http_protocol import RECEIVE_INTO, CorkedHttpToolsProtocol
-from oipserve.rest.app import _App
-from oipserve.rest.media import JSON
+from oipserve.front.http.protocol import RECEIVE_INTO, CorkedHttpToolsProtocol
+from oipserve.front.rest.app import _App
+from oipserve.front.rest.media import JSON
+from oipserve.runtime.http_io import CorkedTransport
 from tests.support.transport import MemoryTransport
 
 #: HttpToolsProtocol methods that CorkedHttpToolsProtocol overrides or calls, with
@@ -191,12 +191,12 @@ def _report(problems: list[str], module: str) -> str:
     return f"uvicorn internals that {module} relies on changed:\n  " + "\n  ".join(problems)
 
 
-# ---- uvicorn's HttpToolsProtocol (oipserve/http_protocol.py) ------------------------
+# ---- uvicorn's HttpToolsProtocol (oipserve/front/http/protocol.py) ------------------------
 
 
 def test_protocol_methods_oipserve_overrides_or_calls_keep_their_shape() -> None:
     problems = _shape_problems(HttpToolsProtocol, PROTOCOL_METHODS)
-    assert not problems, _report(problems, "oipserve/http_protocol.py")
+    assert not problems, _report(problems, "oipserve/front/http/protocol.py")
 
 
 def test_protocol_and_cycle_state_oipserve_uses_is_where_it_was() -> None:
@@ -225,7 +225,7 @@ def test_protocol_and_cycle_state_oipserve_uses_is_where_it_was() -> None:
             problems.append("RequestResponseCycle.more_body is not True while a body is due")
 
     asyncio.run(_mid_request(HttpToolsProtocol, check))
-    assert not problems, _report(problems, "oipserve/http_protocol.py")
+    assert not problems, _report(problems, "oipserve/front/http/protocol.py")
 
 
 def test_the_corked_protocol_is_what_uvicorn_calls_back_and_writes_through() -> None:
@@ -259,7 +259,7 @@ def test_names_oipserve_adds_to_the_protocol_are_not_uvicorns() -> None:
     asyncio.run(_mid_request(HttpToolsProtocol, check))
     assert not clashes, (
         "uvicorn's HttpToolsProtocol now has names that CorkedHttpToolsProtocol defines for "
-        f"itself (rename ours in oipserve/http_protocol.py): {sorted(set(clashes))}"
+        f"itself (rename ours in oipserve/front/http/protocol.py): {sorted(set(clashes))}"
     )
 
 
@@ -281,16 +281,16 @@ def test_the_parser_reports_chunk_events_and_the_status_line_table_is_there() ->
     parser.feed_data(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n")
     assert events.seen == ["header", "complete", "header", "complete"], (
         "httptools no longer calls on_chunk_header/on_chunk_complete around each chunk: "
-        "oipserve/http_protocol.py cannot place chunk-size lines"
+        "oipserve/front/http/protocol.py cannot place chunk-size lines"
     )
     assert STATUS_LINE[413].startswith(b"HTTP/1.1 413 "), (
-        "uvicorn's STATUS_LINE table changed (oipserve/http_protocol.py writes its 413 with it)"
+        "uvicorn's STATUS_LINE table changed (front/http/protocol.py writes its 413 with it)"
     )
     state = ServerState()
     assert isinstance(state.default_headers, list), "ServerState.default_headers is gone"
 
 
-# ---- uvicorn.Server (oipserve/server.py) --------------------------------------------
+# ---- uvicorn.Server (oipserve/app/server.py) --------------------------------------------
 
 
 def test_server_signal_capture_oipserve_replaces_is_still_used() -> None:
@@ -304,18 +304,19 @@ def test_server_signal_capture_oipserve_replaces_is_still_used() -> None:
     for name in ("started", "should_exit"):
         if not isinstance(getattr(server, name, None), bool):
             problems.append(f"uvicorn.Server.{name} is gone or no longer a bool")
-    assert not problems, _report(problems, "oipserve/server.py")
+    assert not problems, _report(problems, "oipserve/app/server.py")
 
 
-# ---- falcon.asgi.App (oipserve/rest/app.py) -----------------------------------------
+# ---- falcon.asgi.App (oipserve/front/rest/app.py) -----------------------------------------
 
 
 def test_falcon_app_call_keeps_its_shape_and_our_attribute_is_free() -> None:
     problems = _shape_problems(falcon.asgi.App, {"__call__": ("scope", "receive", "send")})
     if hasattr(falcon.asgi.App, "_limit") or hasattr(falcon.asgi.App(), "_limit"):
         problems.append("falcon.asgi.App now has its own _limit, which _App overwrites")
-    assert not problems, "Falcon internals that oipserve/rest/app.py relies on changed:\n  " + (
-        "\n  ".join(problems)
+    assert not problems, (
+        "Falcon internals that oipserve/front/rest/app.py relies on changed:\n  "
+        + ("\n  ".join(problems))
     )
 
 

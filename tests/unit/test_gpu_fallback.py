@@ -8,11 +8,11 @@ from typing import Any, cast
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.model_manager import ModelManager, gpu_fallback_refusal
-from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.pool import WorkerPool
+from oipserve.models.manager import ModelManager, gpu_fallback_refusal
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.worker_pool import WorkerPool
 from oipserve.wire.messages import Loaded
-from oipserve.worker_handle import WorkerHandle
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"

@@ -1,4 +1,4 @@
-"""The front's own HTTP/2 for gRPC (oipserve.grpc_h2): header blocks, the HPACK cache, and a
+"""The front's own HTTP/2 for gRPC (oipserve.front.grpc.h2): header blocks, the HPACK cache, and a
 connection driven frame by frame through a fake transport.
 
 The e2e tests (test_grpc*.py, test_deadlines.py, ...) run real grpc clients against it;
@@ -18,11 +18,11 @@ from typing import Any
 import hpack
 import pytest
 
-from oipserve.grpc_front.server import RPCS, STREAM_RPC, Method, arrived
-from oipserve.grpc_h2.call import Call
-from oipserve.grpc_h2.call_table import CallTable
-from oipserve.grpc_h2.connection import STREAM_WINDOW, Connection
-from oipserve.grpc_h2.frames import (
+from oipserve.config.settings import Settings
+from oipserve.front.grpc.call import Call
+from oipserve.front.grpc.call_table import CallTable
+from oipserve.front.grpc.h2.connection import STREAM_WINDOW, Connection
+from oipserve.front.grpc.h2.frames import (
     ACK,
     END_HEADERS,
     END_STREAM,
@@ -39,8 +39,8 @@ from oipserve.grpc_h2.frames import (
     trailers,
     window_update,
 )
-from oipserve.grpc_h2.headers import HeaderDecoder
-from oipserve.settings import Settings
+from oipserve.front.grpc.h2.headers import HeaderDecoder
+from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method, arrived
 
 
 def _decoded(block: bytes) -> list[tuple[str, str]]:

@@ -11,7 +11,6 @@ import pytest
 from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from oipserve.client_regions import ClientRegions
 from oipserve.errors import (
     INTERNAL_MESSAGE,
     InferenceFailed,
@@ -20,12 +19,13 @@ from oipserve.errors import (
     Unavailable,
     Unsupported,
 )
-from oipserve.grpc_front.codec import SMALL_MESSAGE, InferReply, split_infer_request
-from oipserve.grpc_front.convert import input_tensors
-from oipserve.grpc_front.status import status_of
+from oipserve.front.grpc.codec import SMALL_MESSAGE, InferReply, split_infer_request
+from oipserve.front.grpc.convert import input_tensors
+from oipserve.front.grpc.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.inference import InferResult, OutputTensor
-from oipserve.tensors import Deferred
+from oipserve.request.client_regions import ClientRegions
+from oipserve.request.inference import InferResult, OutputTensor
+from oipserve.request.tensors import Deferred
 
 
 def _fields(descriptor: Descriptor, prefix: str = "") -> dict[str, dict[str, tuple[int, int]]]:

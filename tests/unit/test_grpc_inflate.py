@@ -9,7 +9,7 @@ import zlib
 import pytest
 
 from oipserve.errors import InvalidInput, PayloadTooLarge
-from oipserve.grpc_h2.inflate import ENCODINGS, inflate
+from oipserve.front.grpc.inflate import ENCODINGS, inflate
 
 _COMPRESS = {"gzip": gzip.compress, "deflate": zlib.compress}
 

@@ -1,4 +1,4 @@
-"""The one table of request-header rules every front applies (``oipserve.header_rules``).
+"""The one table of request-header rules every front applies (``oipserve.front.header_rules``).
 
 The fronts' side-by-side behaviour is tests/e2e/test_front_parity.py; these pin the rules
 themselves: what is refused, stripped, dropped or forwarded, and how ``grpc-timeout`` reads.
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.header_rules import (
+from oipserve.front.header_rules import (
     HOP_BY_HOP,
     MAX_GRPC_TIMEOUT,
     NOT_FORWARDED,

@@ -11,11 +11,11 @@ import falcon.testing
 import pytest
 
 from hardware import Inventory
-from oipserve.binary import decode_header
 from oipserve.errors import InvalidInput, http_status
+from oipserve.front.rest.admin import HardwareResource
+from oipserve.front.rest.binary import decode_header
 from oipserve.management import LoadLimits
 from oipserve.management.endpoint_plan import plan_echo, plan_onnx
-from oipserve.rest_admin import HardwareResource
 
 
 def test_instances_null_is_refused_for_an_echo_endpoint() -> None:

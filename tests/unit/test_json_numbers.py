@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.tensors import array_from_values, decode_data
+from oipserve.request.tensors import array_from_values, decode_data
 from oipserve.wire import json_numbers
 from oipserve.wire.json_numbers import MIN_BODY, NumberArrayDecoder
 from oipserve.wire.json_request import REQUEST_DECODER, decode_request

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from oipserve.errors import DeadlineExceeded, InvalidInput
-from oipserve.inference import InputTensor
-from oipserve.json_offload import decode
-from oipserve.tensors import Deferred
+from oipserve.request.inference import InputTensor
+from oipserve.request.json_offload import decode
+from oipserve.request.tensors import Deferred
 from oipserve.wire.messages import ErrorKind, Failed, JsonDecoded
 from oipserve.wire.shm import BufferPool
 

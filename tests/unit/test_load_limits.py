@@ -6,10 +6,10 @@ import pytest
 
 from hardware import Inventory
 from hardware.inventory import CpuInfo, GpuInfo
+from oipserve.config.settings import load_settings
 from oipserve.errors import InvalidInput
 from oipserve.management import EndpointNames, LoadLimits, param_key
 from oipserve.management.load_limits import check_instances, check_numbers
-from oipserve.settings import load_settings
 
 CPU = CpuInfo("test", 4, 8, 64 * 2**30, 32 * 2**30, usable_cores=8)
 GPU = GpuInfo(0, "gpu", "GPU-0", 16 * 2**30, 16 * 2**30, 0, "fake", "fake")

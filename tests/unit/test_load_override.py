@@ -11,8 +11,8 @@ import pytest
 
 from oipserve.errors import InvalidInput
 from oipserve.management.load_override import check_model_name, parse_load_parameters
-from oipserve.model_config import ModelConfigError, parse_model_config_json
-from oipserve.uploads import UploadArea, UploadError, check_upload_path
+from oipserve.models.config.parse import ModelConfigError, parse_model_config_json
+from oipserve.models.uploads import UploadArea, UploadError, check_upload_path
 
 
 def test_config_json_follows_protobufs_mapping() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from oipserve.config.settings import SettingsError, load_settings
 from oipserve.errors import InvalidInput
 from oipserve.management import EndpointNames, param_key, startup_models
-from oipserve.repository import RepositoryError
-from oipserve.settings import SettingsError, load_settings
+from oipserve.models.repository import RepositoryError
 
 
 def test_param_key_is_typed_and_ignores_share() -> None:

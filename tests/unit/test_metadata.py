@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from oipserve.metadata import MetadataConflict, TensorSpec, merge_metadata, reshaped
-from oipserve.model_config import parse_model_config
+from oipserve.models.config.parse import parse_model_config
+from oipserve.models.metadata import MetadataConflict, TensorSpec, merge_metadata, reshaped
 from oipserve.wire.messages import Loaded, TensorMeta
 
 

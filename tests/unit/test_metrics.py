@@ -7,11 +7,11 @@ import asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from hardware import CpuInfo, GpuInfo, Inventory
-from oipserve.metrics import MetricsApp, Scraper
-from oipserve.metrics.exposition import Family, escape_label_value, format_value, render
-from oipserve.metrics.families import host_families, model_families
-from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.stats import FailureReason, ModelStats, StatsRegistry
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.telemetry.metrics import MetricsApp, Scraper
+from oipserve.telemetry.metrics.exposition import Family, escape_label_value, format_value, render
+from oipserve.telemetry.metrics.families import host_families, model_families
+from oipserve.telemetry.stats import FailureReason, ModelStats, StatsRegistry
 
 
 def test_render_keeps_counter_names_and_escapes_labels() -> None:

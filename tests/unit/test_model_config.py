@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from oipserve.config_fields import DISPOSITIONS, Disposition
 from oipserve.grpc_generated import model_config_pb2 as mc
-from oipserve.model_config import (
+from oipserve.models.config.fields import DISPOSITIONS, Disposition
+from oipserve.models.config.parse import (
     InstanceGroup,
     ModelConfig,
     ModelConfigError,

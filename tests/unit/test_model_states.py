@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oipserve.errors import NotFound, Unavailable
-from oipserve.models import ModelRegistry, ModelVersion
+from oipserve.models.registry import ModelRegistry, ModelVersion
 
 
 def test_known_models_are_not_ready_and_unknown_ones_are_not_found() -> None:

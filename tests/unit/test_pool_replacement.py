@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from oipserve import pool as pool_module
-from oipserve.pool import WorkerPool, replacement_pause
-from oipserve.workerproc import WorkerOptions
+from oipserve.pool import worker_pool as pool_module
+from oipserve.pool.worker_pool import WorkerPool, replacement_pause
+from oipserve.runtime.workerproc import WorkerOptions
 
 PAUSED = re.compile(r"worker (\d+): (\d+) failed starts? in a row; the next replacement starts in")
 

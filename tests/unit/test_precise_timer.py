@@ -1,4 +1,4 @@
-"""The loop's timer to the microsecond (oipserve.precise_timer), on uvloop."""
+"""The loop's timer to the microsecond (oipserve.scheduling.precise_timer), on uvloop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import uvloop
 
-from oipserve.precise_timer import PreciseTimer
+from oipserve.scheduling.precise_timer import PreciseTimer
 
 
 def _run(scenario):  # type: ignore[no-untyped-def]

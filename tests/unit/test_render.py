@@ -15,9 +15,9 @@ import falcon.asgi
 import numpy as np
 import orjson
 
-from oipserve.inference import InferResult, OutputTensor
-from oipserve.rest.media import HEADER_LENGTH
-from oipserve.rest.render import PRINT_STEP, outputs_to_print, print_in_steps, render_infer
+from oipserve.front.rest.media import HEADER_LENGTH
+from oipserve.front.rest.render import PRINT_STEP, outputs_to_print, print_in_steps, render_infer
+from oipserve.request.inference import InferResult, OutputTensor
 from oipserve.wire.datatypes import encode_bytes_elements
 
 

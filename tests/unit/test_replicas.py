@@ -7,18 +7,18 @@ import os
 
 import pytest
 
-from oipserve.batch_policy import BatchPolicy
-from oipserve.model_config import ModelConfig
-from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.pool import WorkerPool
-from oipserve.replicas.control import CollectStats
-from oipserve.replicas.primary import Replica, Replicas, snapshot
-from oipserve.replicas.process import Router
-from oipserve.settings import Settings
+from oipserve.config.settings import Settings
+from oipserve.models.config.parse import ModelConfig
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.link import AWAY, WorkerLink, away
+from oipserve.pool.worker_pool import WorkerPool
+from oipserve.runtime.workerproc import WorkerOptions
+from oipserve.scaleout.control import CollectStats
+from oipserve.scaleout.primary import Replica, Replicas, snapshot
+from oipserve.scaleout.process import Router
+from oipserve.scheduling.policy import BatchPolicy
 from oipserve.wire.messages import LoadModel
-from oipserve.worker_handle import WorkerHandle
-from oipserve.worker_link import AWAY, WorkerLink, away
-from oipserve.workerproc import WorkerOptions
 
 LIMIT = 1024
 

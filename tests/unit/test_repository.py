@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oipserve.repository import read_model, version_number
+from oipserve.models.repository import read_model, version_number
 
 
 def _model(root: Path, versions: list[str], config: str | None = None) -> Path:

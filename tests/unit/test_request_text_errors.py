@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from oipserve.binary import decode_header
 from oipserve.errors import InvalidInput
-from oipserve.parameters import schedule_parameters
+from oipserve.front.rest.binary import decode_header
+from oipserve.request.parameters import schedule_parameters
 from oipserve.wire.json_request import decode_request, unpaired_surrogate
 from oipserve.wire.json_values import DataError, decode_data
 

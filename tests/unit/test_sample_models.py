@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from oipserve.model_config import read_model_config
+from oipserve.models.config.parse import read_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_REPOSITORY = REPO_ROOT / "model-repository"

@@ -1,4 +1,4 @@
-"""The dynamic batcher's queue, policies and batch formation (oipserve.scheduler)."""
+"""The dynamic batcher's queue, policies and batch formation (oipserve.scheduling.scheduler)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import uvloop
 
-from oipserve.batch_policy import BatchPolicy, QueuePolicy
 from oipserve.errors import Unavailable
-from oipserve.scheduler import SPIN_WINDOW, DynamicBatcher, Entry, QueueRejected
+from oipserve.scheduling.policy import BatchPolicy, QueuePolicy
+from oipserve.scheduling.scheduler import SPIN_WINDOW, DynamicBatcher, Entry, QueueRejected
 
 
 class Instance:

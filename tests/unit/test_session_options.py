@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.session_options import session_options
+from oipserve.models.config.session_options import session_options
 
 
 def test_only_the_session_parameters_are_taken() -> None:

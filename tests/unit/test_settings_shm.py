@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from oipserve.settings import (
+from oipserve.config.settings import (
     GRPC_PROCESSES_DEPRECATED,
     Settings,
     SettingsError,
@@ -93,7 +93,7 @@ def test_grpc_processes_is_accepted_and_only_warns(
 ) -> None:
     """Deprecated for one release (docs/grpc.md, "History"): accepted from the command line
     and the environment, it starts nothing; a number other than 0 is warned about at start
-    (``oipserve.server.serve`` logs each of ``deprecation_warnings``)."""
+    (``oipserve.app.server.serve`` logs each of ``deprecation_warnings``)."""
     _, settings = load_settings(["serve", "--model-repository", "x", *argv], env)
     assert deprecation_warnings(settings) == ([GRPC_PROCESSES_DEPRECATED] if warned else [])
 

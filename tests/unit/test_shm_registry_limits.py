@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from oipserve.client_regions import ClientRegions, RegionRequest
 from oipserve.errors import InvalidInput, Unavailable, grpc_status, http_status
+from oipserve.request.client_regions import ClientRegions, RegionRequest
 from oipserve.wire.messages import ObjectRef, OutputTarget, TensorDesc
 from workers.regions import overlaps_an_input
 

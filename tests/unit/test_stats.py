@@ -8,16 +8,16 @@ import time
 import pytest
 
 from oipserve.errors import InvalidInput, NotFound, Unavailable
-from oipserve.models import ModelRegistry, ModelVersion
-from oipserve.stats import (
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.pool.handle import WorkerDied
+from oipserve.telemetry.stats import (
     FailureReason,
     ModelStats,
     StatsRegistry,
     failure_reason,
     refusal_reason,
 )
-from oipserve.stats_report import model_stat, model_statistics
-from oipserve.worker_handle import WorkerDied
+from oipserve.telemetry.stats_report import model_stat, model_statistics
 
 
 def test_requests_and_executions_are_counted_apart() -> None:

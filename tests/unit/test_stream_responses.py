@@ -1,4 +1,4 @@
-"""ModelStreamInfer's ordering loop (oipserve.grpc_front.streaming.ordered_responses)."""
+"""ModelStreamInfer's ordering loop (oipserve.front.grpc.streaming.ordered_responses)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from oipserve.errors import InvalidInput
-from oipserve.grpc_front.streaming import ordered_responses
+from oipserve.front.grpc.handler_context import Context
+from oipserve.front.grpc.streaming import ordered_responses
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.grpc_h2.handler_context import Context
 
 
 async def _requests(names: list[str]) -> AsyncIterator[str]:

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from oipserve import supervision
-from oipserve.supervision import Supervisor
-from oipserve.workerproc import ChildProcess
+from oipserve.runtime.workerproc import ChildProcess
+from oipserve.scaleout import supervision
+from oipserve.scaleout.supervision import Supervisor
 
 #: A child that sleeps until it is signalled (``python -P -m timeit``: nothing of ours).
 _SLEEPER = ["-n", "1", "import time; time.sleep(120)"]

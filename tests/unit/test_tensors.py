@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.protocol import encode_response
-from oipserve.tensors import array_from_values, bytes_from_values, json_values
+from oipserve.front.rest.encode import encode_response
+from oipserve.request.tensors import array_from_values, bytes_from_values, json_values
 from oipserve.wire.datatypes import (
     bf16_to_float32,
     encode_bytes_elements,

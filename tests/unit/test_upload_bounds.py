@@ -15,14 +15,14 @@ from typing import Any, cast
 
 import pytest
 
-from oipserve import uploads
 from oipserve.errors import InvalidInput
 from oipserve.management.load_override import parse_load_parameters
-from oipserve.model_config import ConfigLimits, parse_model_config_json
-from oipserve.model_manager import ModelManager
-from oipserve.models import ModelRegistry
-from oipserve.pool import WorkerPool
-from oipserve.uploads import UploadArea, UploadError
+from oipserve.models import uploads
+from oipserve.models.config.parse import ConfigLimits, parse_model_config_json
+from oipserve.models.manager import ModelManager
+from oipserve.models.registry import ModelRegistry
+from oipserve.models.uploads import UploadArea, UploadError
+from oipserve.pool.worker_pool import WorkerPool
 
 
 def test_more_files_than_the_bound_are_refused_before_any_is_looked_at() -> None:

@@ -1,0 +1,34 @@
+"""Starting the gRPC surface: the front's own HTTP/2 (``grpc_h2``), in this process."""
+
+from __future__ import annotations
+
+import socket
+
+from oipserve.config.settings import Settings
+from oipserve.dataplane.plane import DataPlane
+from oipserve.front.grpc.listener import H2Server
+from oipserve.front.grpc.rpcs import GrpcServer
+from oipserve.front.grpc.service import InferenceService
+from oipserve.front.grpc.tables import in_front_table
+from oipserve.management import Management
+
+
+async def start_grpc(
+    settings: Settings,
+    dataplane: DataPlane,
+    management: Management | None = None,
+    private: socket.socket | None = None,
+) -> tuple[GrpcServer, int]:
+    """Serve the service on ``host:grpc_port``; return what stops it and the port.
+
+    With ``private`` (``--http-workers``) the port is bound with ``SO_REUSEPORT``, shared
+    with the other fronts, and the service is also served on that Unix socket: the other
+    fronts forward to it the calls they do not answer themselves
+    (``oipserve.scaleout.grpc_forward``).
+    """
+    service = InferenceService(dataplane, management)
+    own = H2Server(in_front_table(settings, service, dataplane))
+    port = await own.serve(settings.host, settings.grpc_port, reuse_port=private is not None)
+    if private is not None:
+        await own.serve_unix(private)
+    return GrpcServer(own, service), port

@@ -1,0 +1,515 @@
+"""One frozen settings object, built once from defaults < environment < flags.
+
+Every flag of ``oipserve serve`` can also come from ``OIPSERVE_<FLAG>`` (dashes
+become underscores, upper case). The object is passed down explicitly; nothing
+reads the environment after start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Literal
+
+import msgspec
+
+import oipserve
+from oipserve.config.access import Restriction, RestrictionError, parse_restrictions
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+ENV_PREFIX = "OIPSERVE_"
+
+
+#: Logged once at start when ``--grpc-processes`` (``OIPSERVE_GRPC_PROCESSES``) is given a
+#: number other than 0: the gRPC processes were removed (docs/grpc.md, "History"), the flag
+#: is still accepted for one release so that command lines and manifests keep starting.
+GRPC_PROCESSES_DEPRECATED = (
+    "--grpc-processes is deprecated and does nothing: gRPC is served by every HTTP front; "
+    "use --http-workers N to scale out"
+)
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model_repository: str
+    host: str = "127.0.0.1"
+    http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8001
+    #: Prometheus ``GET /metrics`` (Triton's port); 0 picks a free port.
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8002
+    #: Triton's flag: false serves no metrics port at all.
+    allow_metrics: bool = True
+    #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
+    #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
+    grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
+    #: Deprecated, does nothing (``GRPC_PROCESSES_DEPRECATED``); "auto" is read as 0. Still
+    #: accepted, with its old bounds, for one release: remove it in the next one.
+    grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
+    #: more, each with its own event loop and its own connection to every worker; they
+    #: answer inference of repository models themselves and hand this process
+    #: everything else (docs/scaling.md).
+    http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    devices: str = "auto"
+    instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    #: Triton's default is 64 MB; ours is 256 MiB so a 64 MiB FP32 tensor fits in JSON too.
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024 * 1024
+    log_level: LogLevel = "info"
+    #: Path of a JSON file describing a fake hardware inventory (tests, dry runs).
+    hardware_inventory: str | None = None
+    #: Requests one worker may have queued before new ones get 503.
+    max_queue_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 256
+    #: Seconds a graceful shutdown waits for in-flight requests.
+    shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    #: Deadline of every inference, in seconds, unless a request's ``timeout`` parameter (or
+    #: its gRPC deadline) is shorter; past it the client gets 503 / DEADLINE_EXCEEDED.
+    infer_timeout: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    #: Microseconds a front's loop polls for a worker's reply instead of sleeping, while it
+    #: has at most two requests in flight and they typically take no longer; 150 us (at
+    #: most this) for the client's next request (``oipserve.runtime.busy_poll``). 0 never polls.
+    busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 400
+    #: Microseconds a worker polls for its next request after a reply instead of sleeping,
+    #: while at least a quarter of its recent requests came that soon (``workers.busy_poll``).
+    #: 0 never polls.
+    worker_busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 250
+    #: Seconds between heartbeats to each worker; one that has not answered for
+    #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
+    worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    worker_heartbeat_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    #: Ceiling of the pause between failed starts of one worker slot's replacement: 0.5 s
+    #: before the second attempt, doubling up to this (``oipserve.pool.worker_pool``).
+    worker_replacement_max_pause: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    #: Seconds an HTTP request head may take to arrive (from connection or its first
+    #: byte) before the connection is closed: slow-header clients cannot hold sockets.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    #: Bytes an HTTP request head (request line and header fields) may take, and header
+    #: fields it may have; past either: 431 and the connection closed (every HTTP port,
+    #: the metrics port too).
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
+    max_header_fields: Annotated[int, msgspec.Meta(ge=8, le=100_000)] = 256
+    #: Seconds a request body may take beyond what ``min_transfer_rate`` buys it; past
+    #: it the connection is closed and the memory reserved for the body returned.
+    body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    #: Seconds a response may wait for a client that reads none of it, beyond what
+    #: ``min_transfer_rate`` buys it; past it the connection is dropped and the memory
+    #: the response held (a worker's output segment) returned.
+    send_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    #: Bytes per second of a body or response that extend its timeout by one second
+    #: (Apache's mod_reqtimeout MinRate): a slow link still finishes, a trickle does not.
+    min_transfer_rate: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024
+    #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
+    #: --load-model ones. Repository load/unload requests are allowed in both.
+    model_control_mode: Literal["none", "explicit"] = "none"
+    #: Models loaded at start in explicit mode ("*" = all); repeatable or comma-separated.
+    load_model: tuple[str, ...] = ()
+    #: Triton's flags: API groups behind a header (HTTP) or a metadata key (gRPC);
+    #: repeatable, each API in one restriction at most (oipserve/config/access.py).
+    http_restricted_api: tuple[Restriction, ...] = ()
+    grpc_restricted_protocol: tuple[Restriction, ...] = ()
+    #: Most instances one worker endpoint may have (each a worker session, on the CPU
+    #: also never more than the logical cores); see docs/limits.md.
+    max_instances_per_endpoint: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
+    #: Most ONNX Runtime threads one endpoint session may ask for (and never more than
+    #: the node's logical cores).
+    max_threads_per_session: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    #: Largest ``batch_size`` a worker endpoint may be loaded with.
+    max_endpoint_batch_size: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 65536
+    #: Seconds one worker-endpoint load (worker start and session creation) may take
+    #: before it is undone and answered 503.
+    load_timeout: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    #: Most ``file:`` parameters one repository load may carry (a model directory with its
+    #: external-data files); one more is a 400 before any of them is looked at.
+    max_upload_files: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
+    #: Most ``dynamic_batching.priority_levels`` a model configuration may ask for; past
+    #: it the model is not loaded (400 on a load, not ready at start). Triton has no bound.
+    max_priority_levels: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
+    #: Triton's flag: clients may register their own POSIX shared memory and name it in
+    #: requests (system shared-memory extension). Off: registration answers 403.
+    allow_client_shm: bool = False
+    #: Clients' shared-memory regions registered at once on this server (Triton has no
+    #: bound); one more is a 400. Each costs a table entry in every HTTP front and a line
+    #: in every status reply, no descriptor (docs/shared-memory.md).
+    max_shm_regions: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1024
+    #: Where to write the ports and readiness as JSON once started (removed at shutdown).
+    ready_file: str | None = None
+    #: Triton's flag (and ``--strict``): refuse to start when a model loaded at start fails
+    #: or the repository holds no model. Triton's default is true; ours keeps serving.
+    exit_on_error: bool = False
+    #: Triton's flags (kserve-tritonserver passes both): false serves no HTTP port (health
+    #: then only over gRPC) or no gRPC port; at least one of the two must stay on.
+    allow_http: bool = True
+    allow_grpc: bool = True
+    #: The ``name`` of the server metadata (``GET /v2``, gRPC ServerMetadata). Clients
+    #: written for Triton sometimes check it: Triton's own example clients require "triton".
+    server_name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "oipserve"
+
+
+def configure_logging(settings: Settings) -> None:
+    """The log format and level of every oipserve process (the front, the other HTTP fronts)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+class SettingsError(ValueError):
+    """A flag or environment value is invalid; the message names it."""
+
+
+DESCRIPTION = """\
+An Open Inference Protocol (KServe v2, Triton-compatible) server for ONNX models.
+"""
+
+EPILOG = """\
+Every flag of `oipserve serve` can also be set as OIPSERVE_<FLAG> (dashes become
+underscores, upper case, e.g. OIPSERVE_HTTP_PORT=9000); flags win over the
+environment. Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a bad
+flag, 3 when start-up fails. Run `oipserve serve --help` for every flag.
+"""
+
+SERVE_EPILOG = """\
+Each flag shows its default and the OIPSERVE_* variable that sets it; flags win
+over the environment. Once started the server logs `ready http://HOST:PORT ...
+grpc=HOST:PORT metrics=HOST:PORT` when /v2/health/ready answers 200, else one
+line per model that is not ready and `not ready ... serving http://HOST:PORT
+...`; both are logged whatever --log-level says (logger oipserve.status).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oipserve",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"oipserve {oipserve.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # KServe's runtime args begin with Triton's program name: `tritonserver` is `serve`.
+    serve = commands.add_parser(
+        "serve",
+        aliases=["tritonserver"],
+        help="serve a model repository over HTTP/REST, gRPC and /metrics",
+        description="Serve the ONNX models of a Triton-layout repository "
+        "(DIR/<model>/<version>/model.onnx).",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # NOTE: defaults stay None here so that "not given" can fall back to the
+    #   environment and then to the Settings defaults, in that order; the help shows
+    #   the Settings default and the variable (_document_defaults).
+    serve.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="the model repository, laid out as DIR/<model>/<version>/model.onnx (required)",
+    )
+    serve.add_argument("--host", help="address the HTTP, gRPC and metrics ports listen on")
+    serve.add_argument("--http-port", metavar="PORT", help="HTTP/REST port; 0 picks a free port")
+    serve.add_argument("--grpc-port", metavar="PORT", help="gRPC port; 0 picks a free port")
+    serve.add_argument(
+        "--metrics-port", metavar="PORT", help="Prometheus /metrics port; 0 picks a free port"
+    )
+    serve.add_argument(
+        "--allow-metrics", metavar="true|false", help="serve /metrics on --metrics-port"
+    )
+    serve.add_argument(
+        "--grpc-max-message-bytes", metavar="N", help="largest gRPC message, either way"
+    )
+    serve.add_argument(
+        "--grpc-processes",
+        metavar="N|auto",
+        help="deprecated, does nothing: gRPC is served by every HTTP front (--http-workers "
+        "N scales both out); accepted until the next release, see docs/grpc.md",
+    )
+    serve.add_argument(
+        "--http-workers",
+        metavar="N",
+        help="serve HTTP from N processes that share the port, each with its own event loop "
+        "and connections to the workers (1: this process alone); see docs/scaling.md",
+    )
+    serve.add_argument(
+        "--devices",
+        help="where workers run: auto (every GPU, else the CPU), cpu, or a list such as "
+        "cpu,cuda:0,cuda:1",
+    )
+    serve.add_argument("--instances-per-device", metavar="N", help="worker processes per device")
+    serve.add_argument("--max-request-bytes", metavar="N", help="largest HTTP request body")
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="least severe level logged (the ready/not-ready summary is always logged)",
+    )
+    serve.add_argument(
+        "--hardware-inventory",
+        metavar="JSON",
+        help="a fake hardware inventory file instead of discovery (tests, dry runs)",
+    )
+    serve.add_argument(
+        "--max-queue-per-worker",
+        metavar="N",
+        help="requests queued on one worker before new ones get 503",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        metavar="SECONDS",
+        help="how long SIGTERM waits for in-flight requests",
+    )
+    serve.add_argument(
+        "--infer-timeout",
+        metavar="SECONDS",
+        help="deadline of an inference (a request's own timeout may be shorter)",
+    )
+    serve.add_argument(
+        "--busy-poll-us",
+        metavar="US",
+        help="at low load, how long a front polls for a worker's reply instead of "
+        "sleeping (answers sooner, spends an idle core); 0 never polls",
+    )
+    serve.add_argument(
+        "--worker-busy-poll-us",
+        metavar="US",
+        help="how long a worker polls for its next request after a reply, while its "
+        "requests come that close together, instead of sleeping; 0 never polls",
+    )
+    serve.add_argument(
+        "--worker-heartbeat-interval", metavar="SECONDS", help="time between worker heartbeats"
+    )
+    serve.add_argument(
+        "--worker-heartbeat-timeout",
+        metavar="SECONDS",
+        help="a worker silent this long is killed and replaced",
+    )
+    serve.add_argument(
+        "--worker-replacement-max-pause",
+        metavar="SECONDS",
+        help="most time between failed starts of a dead worker's replacement (the pause "
+        "starts at 0.5 s and doubles)",
+    )
+    serve.add_argument(
+        "--header-timeout", metavar="SECONDS", help="time an HTTP request head may take to arrive"
+    )
+    serve.add_argument(
+        "--max-header-bytes", metavar="N", help="largest HTTP request head (line and fields)"
+    )
+    serve.add_argument("--max-header-fields", metavar="N", help="most header fields of a request")
+    serve.add_argument(
+        "--body-timeout",
+        metavar="SECONDS",
+        help="time a request body may take to arrive, plus 1 s per --min-transfer-rate bytes",
+    )
+    serve.add_argument(
+        "--send-timeout",
+        metavar="SECONDS",
+        help="time a response may wait for its client to read it, plus 1 s per "
+        "--min-transfer-rate bytes read",
+    )
+    serve.add_argument(
+        "--min-transfer-rate",
+        metavar="BYTES_PER_S",
+        help="bytes a second that extend --body-timeout and --send-timeout by one second",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit"],
+        help="none: load every model at start; explicit: only the --load-model ones",
+    )
+    serve.add_argument(
+        "--load-model",
+        metavar="NAME",
+        action="append",
+        help="with --model-control-mode explicit: a model to load at start (repeatable or "
+        "comma-separated; * = all)",
+    )
+    restriction = "API[,API...]:KEY=VALUE"
+    serve.add_argument(
+        "--http-restricted-api",
+        metavar=restriction,
+        action="append",
+        help="put API groups behind a header that must carry VALUE (repeatable)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        metavar=restriction,
+        action="append",
+        help="put API groups behind gRPC metadata that must carry VALUE (repeatable)",
+    )
+    serve.add_argument(
+        "--max-instances-per-endpoint", metavar="N", help="most instances of a worker endpoint"
+    )
+    serve.add_argument(
+        "--max-threads-per-session",
+        metavar="N",
+        help="most ONNX Runtime threads an endpoint session may ask for",
+    )
+    serve.add_argument(
+        "--max-endpoint-batch-size",
+        metavar="N",
+        help="largest batch_size a worker endpoint may be loaded with",
+    )
+    serve.add_argument(
+        "--load-timeout", metavar="SECONDS", help="time one worker-endpoint load may take"
+    )
+    serve.add_argument(
+        "--max-upload-files", metavar="N", help="most file: parameters of one repository load"
+    )
+    serve.add_argument(
+        "--max-priority-levels",
+        metavar="N",
+        help="most dynamic_batching priority_levels a model configuration may ask for",
+    )
+    serve.add_argument(
+        "--allow-client-shm",
+        metavar="true|false",
+        help="clients may register their own POSIX shared memory (off: registration 403)",
+    )
+    serve.add_argument(
+        "--max-shm-regions",
+        metavar="N",
+        help="clients' shared-memory regions registered at once; one more is refused (400)",
+    )
+    serve.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write the ports and readiness as JSON here once started; removed at shutdown",
+    )
+    serve.add_argument(
+        "--exit-on-error",
+        metavar="true|false",
+        help="Triton's flag: true refuses to start (exit 3) when a model fails to load or "
+        "the repository holds none",
+    )
+    serve.add_argument(
+        "--strict",
+        dest="exit_on_error",
+        action="store_const",
+        const="true",
+        help="the same as --exit-on-error true",
+    )
+    # Triton's spellings, so kserve-tritonserver's args work unchanged (docs/deploy.md).
+    serve.add_argument(
+        "--model-store",
+        metavar="DIR",
+        dest="model_repository",
+        help="Triton's name for --model-repository",
+    )
+    serve.add_argument(
+        "--allow-http", metavar="true|false", help="serve the HTTP/REST port (Triton's flag)"
+    )
+    serve.add_argument(
+        "--allow-grpc", metavar="true|false", help="serve the gRPC port (Triton's flag)"
+    )
+    serve.add_argument(
+        "--server-name",
+        metavar="NAME",
+        help='the server\'s name in its metadata (GET /v2, ServerMetadata); "triton" for '
+        "clients that check for Triton",
+    )
+    _document_defaults(serve)
+    return parser
+
+
+def _document_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append each flag's Settings default and its OIPSERVE_* variable to its help."""
+    fields = {f.name: f for f in msgspec.structs.fields(Settings)}
+    shown = {"grpc_processes": "auto"}  # read as 0 by load_settings
+    for action in parser._actions:
+        field = fields.get(action.dest)
+        if field is None:
+            continue
+        variable = ENV_PREFIX + field.name.upper()
+        if action.const is not None:  # --strict: a shorthand, its variable is the long flag's
+            action.help = f"{action.help} (env {variable}=true)"
+            continue
+        if field.required:
+            action.help = f"{action.help} (env {variable})"
+            continue
+        default = shown.get(field.name) or _shown(field.default)
+        action.help = f"{action.help} (default: {default}; env {variable})"
+
+
+def _shown(value: object) -> str:
+    if value is None or value == ():
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB"
+    return str(value).replace("%", "%%")
+
+
+def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, Settings]:
+    """Parse ``argv`` (without the program name) and ``environ`` into (command, Settings)."""
+    args = _parser().parse_args(list(argv))
+    values: dict[str, object] = {}
+    for field in msgspec.structs.fields(Settings):
+        env_value = environ.get(ENV_PREFIX + field.name.upper())
+        if env_value is not None:
+            values[field.name] = env_value
+        flag_value = getattr(args, field.name, None)
+        if flag_value is not None:
+            values[field.name] = flag_value
+    names = values.get("load_model")
+    if names is not None:
+        items = [names] if isinstance(names, str) else names
+        values["load_model"] = [n.strip() for i in items for n in i.split(",") if n.strip()]  # type: ignore[union-attr]
+    for name, grpc in (("http_restricted_api", False), ("grpc_restricted_protocol", True)):
+        if name in values:
+            values[name] = _restrictions(name, values[name], grpc)  # type: ignore[arg-type]
+    if "model_repository" not in values:
+        raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
+    if values.get("grpc_processes") == "auto":
+        del values["grpc_processes"]  # Settings' default, 0
+    try:
+        settings = msgspec.convert(values, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(_describe(str(exc))) from None
+    _check_load_model(settings)
+    if settings.http_workers > 1 and not settings.allow_http:
+        raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
+    return args.command, settings
+
+
+def deprecation_warnings(settings: Settings) -> list[str]:
+    """What start-up warns about (one WARNING each): flags still accepted that do nothing."""
+    return [GRPC_PROCESSES_DEPRECATED] if settings.grpc_processes else []
+
+
+def _check_load_model(settings: Settings) -> None:
+    """--load-model means something only in explicit mode: never ignore it silently.
+
+    Triton ignores it in mode none (and loads every model); we refuse, so a command line
+    that meant "only these" does not quietly load everything.
+    """
+    if settings.load_model and settings.model_control_mode != "explicit":
+        raise SettingsError(
+            "--load-model (or OIPSERVE_LOAD_MODEL) only applies with --model-control-mode "
+            "explicit; mode none loads every model of the repository. Add "
+            "--model-control-mode explicit, or drop --load-model"
+        )
+    if "*" in settings.load_model and len(settings.load_model) > 1:
+        raise SettingsError("--load-model '*' (all models) must be the only --load-model")
+
+
+def _restrictions(name: str, given: str | list[str], grpc: bool) -> list[Restriction]:
+    """Restriction flags parsed; from the environment, several are separated by ``;``.
+
+    A flag holds one restriction (its value may contain ``,`` ``:`` and ``=``,
+    so the environment cannot use the comma list of ``OIPSERVE_LOAD_MODEL``).
+    """
+    specs = [s.strip() for s in given.split(";") if s.strip()] if isinstance(given, str) else given
+    try:
+        return list(parse_restrictions(specs, grpc=grpc))
+    except RestrictionError as exc:
+        flag = "--" + name.replace("_", "-")
+        raise SettingsError(f"invalid {flag} (or {ENV_PREFIX}{name.upper()}): {exc}") from None
+
+
+def _describe(message: str) -> str:
+    """Turn msgspec's ``... - at `$.http_port``` into a flag name a user recognises."""
+    if " - at `$." in message:
+        text, _, path = message.partition(" - at `$.")
+        name = path.rstrip("`")
+        flag = "--" + name.replace("_", "-")
+        return f"invalid value for {flag} (or {ENV_PREFIX}{name.upper()}): {text}"
+    return message

@@ -1,0 +1,146 @@
+"""The tensors of a dynamic batch: joined once into shared memory, split back as views.
+
+``assemble`` writes each input of every request of a batch, one request after another
+along dimension 0, straight into one pooled segment: one copy of each request's bytes,
+wherever they were (a JSON array, a gRPC message, a segment the body was received
+into), and no intermediate concatenation. ``split`` cuts each output of the batch's
+reply back into one piece per request, as views of the worker's output segment (no
+copy). BYTES tensors join and split the same way: their length-prefixed elements are
+simply consecutive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from oipserve.errors import InferenceFailed, InternalError
+from oipserve.request.placement import Placement
+from oipserve.wire.datatypes import split_bytes_elements
+from oipserve.wire.messages import TensorDesc
+from oipserve.wire.shm import Lease, align
+
+__all__ = ["SharedRelease", "assemble", "split"]
+
+
+def _bytes_of(placement: Placement) -> memoryview:
+    tensor, _, nbytes, data = placement
+    if data is None:
+        if tensor.located is None:  # a client's region is read into a segment first
+            raise InternalError(f"batched input '{tensor.name}' is in no front segment")
+        held, start, size = tensor.located
+        return held.buf[start : start + size]
+    if isinstance(data, np.ndarray):
+        return memoryview(data.view(np.uint8).reshape(-1))
+    return memoryview(data).cast("B")  # type: ignore[arg-type]
+
+
+def batch_size(requests: list[list[Placement]]) -> int:
+    """Bytes of the one segment that ``assemble`` fills for these requests."""
+    by_name = [{p[0].name: p for p in request} for request in requests]
+    total = 0
+    for tensor, _, _, _ in requests[0]:
+        total = align(total + sum(r[tensor.name][2] for r in by_name))
+    return max(total, 1)
+
+
+def assemble(requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
+    """Every input of the batch copied into ``lease`` (of ``batch_size`` bytes at least);
+    descriptors with the batch's shapes.
+
+    Each request's placements were checked against the model; requests of one batch
+    have the same inputs with the same dims past the first (their signature). The
+    caller may release the requests' own leases once this returns.
+    """
+    first = requests[0]
+    by_name = [{p[0].name: p for p in request} for request in requests]
+    target = lease.buf
+    descs = []
+    offset = 0
+    for tensor, shape, _, _ in first:
+        start = offset
+        rows = 0
+        for request in by_name:
+            placement = request[tensor.name]
+            data = _bytes_of(placement)
+            target[offset : offset + len(data)] = data
+            offset += len(data)
+            rows += placement[1][0]
+        descs.append(
+            TensorDesc(
+                tensor.name,
+                tensor.datatype,
+                [rows, *shape[1:]],
+                lease.name,
+                start,
+                offset - start,
+                tensor.image,
+            )
+        )
+        offset = align(offset)
+    return descs
+
+
+def split(
+    outputs: list[TensorDesc], segment: memoryview, batches: list[int]
+) -> list[list[tuple[TensorDesc, memoryview]]]:
+    """Per request, each output's descriptor (its own shape) and a view of its rows."""
+    total = sum(batches)
+    parts: list[list[tuple[TensorDesc, memoryview]]] = [[] for _ in batches]
+    for desc in outputs:
+        if not desc.shape or desc.shape[0] != total:
+            raise InferenceFailed(
+                f"output '{desc.name}' has shape {desc.shape}, whose first dimension is not "
+                f"the batch size {total}: the model cannot be batched"
+            )
+        whole = segment[desc.offset : desc.offset + desc.nbytes]
+        bounds = _row_bounds(desc, whole, total)
+        row = 0
+        for index, batch in enumerate(batches):
+            start, end = bounds(row), bounds(row + batch)
+            shape = [batch, *desc.shape[1:]]
+            piece = TensorDesc(
+                desc.name, desc.datatype, shape, desc.segment, desc.offset + start, end - start
+            )
+            parts[index].append((piece, whole[start:end]))
+            row += batch
+    return parts
+
+
+def _row_bounds(desc: TensorDesc, whole: memoryview, rows: int) -> Callable[[int], int]:
+    """Byte offset (within the output) where a given row starts."""
+    if desc.datatype != "BYTES":
+        row_bytes = desc.nbytes // rows if rows else 0
+        return lambda row: row * row_bytes
+    elements = split_bytes_elements(whole)
+    per_row = len(elements) // rows if rows else 0
+    starts = [0]
+    for element in elements:
+        starts.append(starts[-1] + 4 + len(element))
+    del elements  # the views pin the segment's mapping
+    return lambda row: starts[row * per_row]
+
+
+class SharedRelease:
+    """Gives a batch's output segment back once every request has released its part."""
+
+    __slots__ = ("_left", "_release")
+
+    def __init__(self, count: int, release: Callable[[], None]) -> None:
+        self._left = count
+        self._release = release
+
+    def part(self) -> Callable[[], None]:
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self._left -= 1
+            if self._left == 0:
+                self._release()
+
+        return release

@@ -1,0 +1,265 @@
+"""Requests of a model with ``dynamic_batching``: queued in its batcher, run as one batch.
+
+The data plane checks a request as for any model, then hands it here. ``submit`` puts
+it in the model version's ``DynamicBatcher`` (oipserve.scheduling.scheduler), which decides when
+and with which others it runs; ``_run_batch`` runs a batch on a free instance: one
+request alone goes as it is (its data where it lies, as without batching); several are
+joined into one segment (``batch_io.assemble``, one copy of each request's bytes), and
+the reply is cut back into one ``InferResult`` per request, each a view of the worker's
+output segment, which goes back to the worker once every request has released its part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import monotonic_ns
+
+from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size, split
+from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
+from oipserve.models.registry import ModelVersion
+from oipserve.pool.link import WorkerLink
+from oipserve.request.inference import Inference, InferResult, client_outputs
+from oipserve.request.placement import Placement, place
+from oipserve.scheduling.policy import BatchPolicy
+from oipserve.scheduling.scheduler import DynamicBatcher, Entry, QueueRejected
+from oipserve.telemetry.stats import FailureReason, ModelStats, failure_reason, refusal_reason
+from oipserve.wire.messages import ErrorKind, InferDone
+from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+
+__all__ = ["BatchRunner", "Withdrawn"]
+
+#: Resolution of the loop's timers (libuv counts milliseconds).
+_TIMER_GRAIN = 0.001
+
+
+class Withdrawn(ServerError):
+    """The client went away while its request was queued; it never ran."""
+
+    kind = ErrorKind.INVALID_INPUT
+
+
+class _Queued:
+    """What a batch needs from one queued request."""
+
+    __slots__ = ("placements", "outputs", "owned", "rows", "taken", "start", "stats")
+
+    def __init__(
+        self,
+        placements: list[Placement],
+        outputs: list[str],
+        owned: list[Lease],
+        rows: int,
+        start: int,
+        stats: ModelStats,
+    ) -> None:
+        self.placements = placements
+        self.outputs = outputs
+        self.owned = owned
+        #: Its inputs' first dimension (1 for a model without a batch dimension).
+        self.rows = rows
+        #: In a batch: the batch now owns (and frees) its input leases.
+        self.taken = False
+        #: ``monotonic_ns()`` when the data plane got it; its statistics.
+        self.start = start
+        self.stats = stats
+
+    def release_inputs(self) -> None:
+        owned, self.owned = self.owned, []
+        for held in owned:
+            held.release()
+
+
+def batch_rows(model: ModelVersion, placements: list[Placement]) -> int:
+    """The request's batch size: its inputs' common first dimension (1 without batching)."""
+    if model.max_batch_size == 0:
+        return 1
+    rows = {tensor.shape[0] for tensor, _, _, _ in placements if tensor.shape}
+    if len(rows) != 1:
+        sizes = ", ".join(f"'{t.name}' {t.shape[:1]}" for t, _, _, _ in placements)
+        raise InvalidInput(
+            f"the inputs of model '{model.name}' must share their first dimension, the batch "
+            f"size: {sizes}"
+        )
+    return rows.pop()
+
+
+def _signature(placements: list[Placement], outputs: list[str]) -> tuple[object, ...]:
+    """What requests must agree on to share a batch: all but each input's first dim."""
+    inputs = sorted(
+        (tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image)
+        for tensor, shape, _, _ in placements
+    )
+    return (tuple(inputs), tuple(outputs))
+
+
+class BatchRunner:
+    """Puts requests into their model version's batcher and runs the batches it forms."""
+
+    def __init__(self, inputs: BufferPool, outputs: SegmentCache) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop = asyncio.get_running_loop()
+
+    async def infer(
+        self,
+        inference: Inference,
+        policy: BatchPolicy,
+        stats: ModelStats,
+        start: int,
+        placements: list[Placement],
+        deadline: float,
+    ) -> InferResult:
+        """Queue one checked request and wait for its own part of a batch's answer.
+
+        The request counts in ``stats`` once: as pending while it waits (the batcher
+        keeps that count), then as a success (recorded with its batch, in ``_run_batch``)
+        or a failure here.
+        """
+        model, output_names, owned = inference.model, inference.output_names, inference.owned
+        priority, timeout_us, watch = inference.priority, inference.timeout_us, inference.watch
+        try:
+            rows = batch_rows(model, placements)
+            queued = _Queued(placements, output_names, owned, rows, start, stats)
+            batcher = self._batcher(model, policy, stats)
+            future = batcher.submit(
+                queued, max(rows, 1), _signature(placements, output_names), priority, timeout_us
+            )
+        except BaseException as exc:
+            for held in owned:
+                held.release()
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        if watch is not None:
+            watch(future.cancel)
+        # NOTE: past the deadline the request fails, wherever it is: a queued one leaves
+        #   the queue, a running one's part of the answer is released when it arrives.
+        #   A request's own `timeout` is often both its queue timeout and its deadline;
+        #   libuv's millisecond timers then fire the two in either order, and a request
+        #   still queued must fail as the queue policy says (Triton's message).
+        queue_policy = policy.policy(policy.level(priority))
+        queue_timeout = queue_policy.timeout_ns(timeout_us) / 1e9
+        # The deadline counts from the request's arrival, the queue timeout from now.
+        waited = (monotonic_ns() - start) / 1e9
+        queue_due_first = (
+            queue_policy.timeout_action == "REJECT"
+            and 0 < queue_timeout <= deadline - self._loop.time() + waited + _TIMER_GRAIN
+        )
+        expiry = self._loop.call_at(deadline, _expire, future, queued if queue_due_first else None)
+        try:
+            return await future
+        except BaseException as exc:
+            failed: BaseException = exc
+            task = asyncio.current_task()
+            if (
+                isinstance(exc, asyncio.CancelledError)
+                and future.cancelled()
+                and (task is None or not task.cancelling())
+            ):
+                failed = Withdrawn("the client went away before its request ran")
+            if queued.taken:
+                reason = failure_reason(exc)
+            else:
+                queued.release_inputs()
+                withdrawn = isinstance(exc, asyncio.CancelledError)
+                reason = FailureReason.CANCELED if withdrawn else refusal_reason(exc)
+            stats.request_failed(reason, monotonic_ns() - start)
+            if failed is exc:
+                raise
+            raise failed from None
+        finally:
+            expiry.cancel()
+
+    def _batcher(
+        self, model: ModelVersion, policy: BatchPolicy, stats: ModelStats
+    ) -> DynamicBatcher:
+        batcher = model.batcher
+        if batcher is None:
+            batcher = model.batcher = DynamicBatcher(
+                model.key,
+                policy,
+                model.instances,
+                lambda entries, worker: self._run_batch(model, entries, worker),
+                InferResult.release,
+                stats,
+            )
+        return batcher
+
+    async def _run_batch(
+        self, model: ModelVersion, entries: list[Entry], worker: WorkerLink
+    ) -> list[InferResult]:
+        requests: list[_Queued] = [entry.request for entry in entries]
+        for request in requests:
+            request.taken = True
+        owned: list[Lease] = []
+        lease: Lease | None = None
+        try:
+            if len(requests) == 1:
+                descs, lease = await place(requests[0].placements, self.inputs)
+                owned = requests[0].owned
+            else:
+                # NOTE: a large new segment is made in a thread, not on the loop.
+                placements = [r.placements for r in requests]
+                lease = await self.inputs.acquire_async(batch_size(placements))
+                descs = assemble(placements, lease)
+                for request in requests:  # their bytes are in the batch's segment now
+                    request.release_inputs()
+        except BaseException:
+            for request in requests:
+                request.release_inputs()
+            if lease is not None:
+                lease.release()
+            raise
+        if lease is not None:
+            owned.append(lease)
+
+        def inputs_free() -> None:
+            for held in owned:
+                held.release()
+
+        done = await worker.infer(model.key, descs, requests[0].outputs, inputs_free)
+        for name in done.dropped:
+            self.outputs.forget(name)
+        segment = self.outputs.get(done.segment)
+        shared = SharedRelease(len(requests), lambda: worker.release_outputs(done.segment))
+        try:
+            if len(requests) == 1:  # as it came: nothing to cut
+                parts = [[(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]]
+            else:
+                parts = split(done.outputs, segment.buf, [r.rows for r in requests])
+            results = [
+                InferResult(model, client_outputs(model, part), shared.part()) for part in parts
+            ]
+        except BaseException:
+            worker.release_outputs(done.segment)
+            raise
+        _record(requests, [entry.enqueued_ns for entry in entries], done)
+        return results
+
+
+def _record(requests: list[_Queued], enqueued: list[int], done: InferDone) -> None:
+    """Statistics of one execution and of each request in it (its share of the phases)."""
+    stats = requests[0].stats
+    rows = sum(r.rows for r in requests) or 1
+    stats.executed(rows, done.input_ns, done.infer_ns, done.output_ns)
+    now = monotonic_ns()
+    for request, queued_at in zip(requests, enqueued, strict=True):
+        share = request.rows / rows
+        request.stats.request_succeeded(
+            request.rows,
+            now - request.start,
+            max(0, done.started_ns - queued_at),
+            int(done.input_ns * share),
+            int(done.infer_ns * share),
+            int(done.output_ns * share),
+        )
+
+
+def _expire(future: asyncio.Future[InferResult], queue_due: _Queued | None) -> None:
+    """The deadline: ``queue_due`` is the request when its queue timeout is due as well."""
+    if future.done():
+        return
+    if queue_due is not None and not queue_due.taken:
+        future.set_exception(QueueRejected("Request timeout expired"))
+    else:
+        future.set_exception(DeadlineExceeded())

@@ -1,0 +1,23 @@
+"""The OIP gRPC surface: a thin adapter over the DataPlane, like ``oipserve.front.rest``.
+
+Every RPC parses its message into the data plane's types, calls it, and
+renders the answer; validation, placement in shared memory and dispatch to
+workers happen once, in ``DataPlane``. One job per module:
+
+- ``codec``: the ModelInfer wire format without protobuf's copies
+  (``raw_input_contents`` split off as views, the response written by hand).
+- ``convert``: protobuf tensors and parameters as the data plane's types.
+- ``service``: the RPC handlers (``InferenceService``).
+- ``handlers``: the method table (parse, answer, write), unsupported RPCs as
+  UNIMPLEMENTED.
+- ``streaming``: ModelStreamInfer's ordered, concurrent responses.
+- ``status``: the one place an exception becomes a gRPC status.
+- ``rpcs``: the RPCs of the service and the drain (``GrpcServer``).
+- ``call``, ``call_table``, ``tables``, ``handler_context``, ``inflate``: one call on an
+  HTTP/2 stream (limits, restrictions, deadlines, messages into segments), what every call
+  shares, a handler's view of its call, bounded inflation.
+- ``listener``: the port and its stop. ``h2/``: HTTP/2 itself.
+- ``oipserve.app.grpc_start`` starts the service in every HTTP front.
+
+(The package is not named ``grpc``, which would shadow grpcio.)
+"""

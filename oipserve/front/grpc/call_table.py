@@ -1,0 +1,79 @@
+"""What every gRPC call of one server shares: its methods, restrictions and limits.
+
+A ``CallTable`` is built once per server (``grpc_h2.tables``) and read by each
+``grpc_h2.call.Call``: which path names which method (or is forwarded to the primary
+front), which methods a ``--grpc-restricted-protocol`` rule guards, how large a message
+may be each way, and where a large ModelInfer message is read to (the input pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from oipserve.config.access import GRPC_METHODS, allows, by_api, denial
+from oipserve.config.settings import Settings
+from oipserve.errors import Forbidden
+from oipserve.front.grpc.rpcs import RPCS, SERVICE, STREAM_RPC, Method
+from oipserve.wire.shm import BufferPool
+
+__all__ = ["CallTable", "Forward"]
+
+
+#: Another front that answers what this one does not: (method, request, the call's
+#: metadata, seconds left or None) -> the response message.
+Forward = Callable[[str, bytes, tuple[tuple[str, str], ...], "float | None"], Awaitable[bytes]]
+
+
+class CallTable:
+    """What every call of one server shares: the methods, the restrictions, the limits.
+
+    ``methods`` are answered here; with ``forward``, every other unary RPC of the
+    service is handed to it as bytes (``--http-workers``: the primary answers them).
+    ``stream_infer`` answers one ModelStreamInfer request message as it came.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        methods: dict[str, Method],
+        stream_infer: Callable[[Any], Awaitable[bytes | memoryview]],
+        arriving: deque[float],
+        closing: asyncio.Event,
+        pool: BufferPool | None,
+        forward: Forward | None = None,
+    ) -> None:
+        #: path -> (RPC name, its method; None: forwarded).
+        self.methods: dict[str, tuple[str, Method | None]] = {
+            f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()
+        }
+        self.forward = forward
+        if forward is not None:
+            for name in RPCS:
+                if name != STREAM_RPC and name not in methods:
+                    self.methods[f"/{SERVICE}/{name}"] = (name, None)
+        self.stream_path = f"/{SERVICE}/{STREAM_RPC}"
+        self.stream_infer = stream_infer
+        self.arriving = arriving
+        self.closing = closing
+        self.pool = pool
+        self.send_limit = settings.grpc_max_message_bytes
+        # NOTE: a compressed message is bounded by this once inflated too, like an HTTP body.
+        self.receive_limit = min(settings.grpc_max_message_bytes, settings.max_request_bytes)
+        table = by_api(settings.grpc_restricted_protocol)
+        #: method name -> (its restriction, the refusal), for restricted methods only.
+        self.restricted = {
+            method: (table[api], Forbidden(denial(api, table[api], grpc=True)))
+            for method, api in GRPC_METHODS.items()
+            if api in table
+        }
+
+    def refusal(self, name: str, metadata: tuple[tuple[str, str], ...]) -> Forbidden | None:
+        rule = self.restricted.get(name)
+        if rule is None:
+            return None
+        restriction, refusal = rule
+        sent = next((value for key, value in metadata if key == restriction.header), None)
+        return None if allows(restriction, sent) else refusal

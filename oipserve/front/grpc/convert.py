@@ -1,0 +1,172 @@
+"""Protobuf request pieces as the data plane's types: tensors, versions, parameters.
+
+Only what the gRPC wire format decides lives here (which ``contents`` field a
+datatype uses, raw entries matched to inputs by position, the shared-memory
+parameters' protobuf types); checks that hold for every surface are the data
+plane's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence, Sized
+from typing import Any
+
+from oipserve.errors import InvalidInput
+from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.request.client_regions import (
+    PARAMETERS,
+    ClientRegions,
+    RegionRequest,
+    region_parameters,
+)
+from oipserve.request.inference import InputTensor
+from oipserve.request.tensors import Deferred, check_datatype
+from oipserve.wire.datatypes import DATATYPES
+from oipserve.wire.shm import Lease
+
+#: Which ``InferTensorContents`` field carries the typed values of each datatype.
+CONTENTS_FIELD: dict[str, str] = {
+    name: row.grpc_contents for name, row in DATATYPES.items() if row.grpc_contents
+}
+_ALL_CONTENTS = sorted(set(CONTENTS_FIELD.values()))
+
+
+def region_request(where: str, parameters: Any) -> RegionRequest | None:
+    """A tensor's shared-memory parameters (``string_param`` / ``int64_param``), checked."""
+    if not parameters or not any(key in parameters for key in PARAMETERS):
+        return None  # PERF: most tensors have no parameters at all
+    values = {}
+    for key in PARAMETERS:
+        if key in parameters:
+            param = parameters[key]
+            choice = param.WhichOneof("parameter_choice")
+            values[key] = getattr(param, choice) if choice is not None else None
+    return region_parameters(where, values)
+
+
+def input_tensors(
+    message: pb.ModelInferRequest,
+    raw: Sequence[memoryview | bytes],
+    regions: ClientRegions,
+    owned: list,
+    located: Sequence[tuple[Lease, int, int]] | None = None,
+) -> list[InputTensor]:
+    """InputTensors of a request: raw entries by position, typed ``contents``, or regions.
+
+    Inputs in a client's shared-memory region have no raw entry (tritonclient sends
+    raw entries for the other inputs only, in order). Each region held goes in ``owned``.
+    ``located``: where each raw entry lies in a pooled segment, when the message was
+    received into one; those inputs are not copied again.
+    """
+    tensors: list[InputTensor] = []
+    wanted = [region_request(f"input '{t.name}'", t.parameters) for t in message.inputs]
+    carried = sum(1 for w in wanted if w is None)
+    if raw:
+        with_contents = [t.name for t in message.inputs if t.HasField("contents")]
+        if with_contents:
+            raise InvalidInput(
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{with_contents[0]}' for model '{message.model_name}'"
+            )
+        if len(raw) != carried:
+            raise InvalidInput(
+                f"the request has {carried} input(s) not in shared memory but {len(raw)} "
+                "raw_input_contents entries; give exactly one per input, in the same order"
+            )
+    entries = iter(raw)
+    places = iter(located) if located is not None else None
+    for tensor, region in zip(message.inputs, wanted, strict=True):
+        name, datatype = tensor.name, tensor.datatype
+        check_datatype(name, datatype)
+        shape = list(tensor.shape)
+        if region is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input '{name}' names a shared memory region, so it must not carry contents"
+                )
+            use = regions.use(region, f"input '{name}'")
+            owned.append(use)
+            tensors.append(InputTensor(name, datatype, shape, region=use))
+            continue
+        if raw:
+            if places is not None:
+                tensors.append(InputTensor(name, datatype, shape, located=next(places)))
+                continue
+            tensors.append(InputTensor(name, datatype, shape, raw=next(entries)))
+            continue
+        contents = typed_contents(tensor)
+        # NOTE: converted by the data plane once the shape is checked (Deferred).
+        values = Deferred(lambda contents=contents: list(contents), len(contents))
+        tensors.append(InputTensor(name, datatype, shape, values=values))
+    return tensors
+
+
+def typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Sized:
+    """The repeated field holding the flat values of an input sent as typed ``contents``."""
+    field = CONTENTS_FIELD.get(tensor.datatype)
+    contents = tensor.contents
+    if field is None:
+        raise InvalidInput(
+            f"input '{tensor.name}' has datatype {tensor.datatype}, which has no typed "
+            "contents field; send it in raw_input_contents"
+        )
+    values = getattr(contents, field)
+    if not values:
+        for other in _ALL_CONTENTS:
+            if other != field and len(getattr(contents, other)):
+                raise InvalidInput(
+                    f"input '{tensor.name}' has datatype {tensor.datatype}, so its contents "
+                    f"must be in '{field}', not '{other}'"
+                )
+    return values
+
+
+def class_count(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> int:
+    """An output's ``classification`` parameter (``int64_param`` > 0); 0 when not asked for."""
+    parameters = output.parameters
+    if not parameters or "classification" not in parameters:
+        return 0
+    param = parameters["classification"]
+    if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param <= 0:
+        raise InvalidInput(
+            f"parameter 'classification' of output '{output.name}' must be a positive int64_param"
+        )
+    return param.int64_param
+
+
+def requested_version(text: str) -> str | None:
+    """A request's ``model_version``: protobuf's empty string means "the default version"."""
+    return text or None
+
+
+def repository_parameter(parameter: pb.ModelRepositoryParameter) -> object:
+    """The Python value of a load/unload parameter (``bytes_param`` stays bytes)."""
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice is not None else None
+
+
+def schedule_parameters(parameters: Any) -> tuple[int, int]:
+    """``priority`` and ``timeout`` (µs) of a ModelInferRequest; 0 when absent.
+
+    The types Triton accepts: priority as ``uint64_param`` (tritonclient's) or a
+    non-negative ``int64_param``; timeout as ``int64_param`` only, with Triton's message.
+    """
+    priority = timeout = 0
+    if "priority" in parameters:
+        param = parameters["priority"]
+        kind = param.WhichOneof("parameter_choice")
+        if kind == "uint64_param":
+            priority = param.uint64_param
+        elif kind == "int64_param" and param.int64_param >= 0:
+            priority = param.int64_param
+        else:
+            raise InvalidInput(
+                "invalid value type for 'priority' parameter, expected a non-negative "
+                "int64_param or uint64_param."
+            )
+    if "timeout" in parameters:
+        param = parameters["timeout"]
+        if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param < 0:
+            raise InvalidInput("invalid value type for 'timeout' parameter, expected int64_param.")
+        timeout = param.int64_param
+    return priority, timeout

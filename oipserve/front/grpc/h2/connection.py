@@ -1,0 +1,455 @@
+"""One client's HTTP/2 connection: frames in, streams, flow control both ways, frames out.
+
+Every stream is a gRPC call (``call.Call``); this module knows nothing of gRPC beyond
+that. What it does per frame type:
+
+- HEADERS (+ CONTINUATION): a new stream's headers start a call; the block is decoded
+  by ``headers.HeaderDecoder``.
+- DATA: the payload goes to the stream's call as it arrives, also when a frame is only
+  partly in (a large message is never buffered here, frame by frame). Unpadded
+  frames only; padded ones (which gRPC clients do not send) are read whole.
+- WINDOW_UPDATE / SETTINGS: the send windows and the peer's frame size; waiting
+  senders wake up.
+- PING, SETTINGS: acknowledged. RST_STREAM: the call is cancelled. GOAWAY: no new
+  streams; the connection closes once its calls end.
+
+Receiving, the connection's window is given back as data arrives (what arrives is
+at once copied into its message's memory) and a stream's as its call takes the data
+(``acknowledge``). Sending, ``send_data`` waits for both windows and for the
+transport to drain.
+
+PERF: all frames written in one loop iteration leave in one write (``_out``, an
+``http_io.CorkedTransport``, as for HTTP/1.1); a tiny call costs one header-block
+lookup, one task, and no await for windows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from typing import Protocol
+
+from oipserve.front.grpc.h2.frames import (
+    ACK,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    HEADER,
+    HEADER_SIZE,
+    MAX_WINDOW,
+    PADDED,
+    PREFACE,
+    PRIORITY_FLAG,
+    ErrorCode,
+    Frame,
+    ProtocolError,
+    Setting,
+    frame,
+    frame_header,
+    goaway,
+    rst_stream,
+    settings_frame,
+    window_update,
+)
+from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST, HeaderDecoder, Headers
+from oipserve.runtime.http_io import CorkedTransport
+
+log = logging.getLogger("oipserve.grpc")
+
+#: Calls one connection may run at once (clients queue the rest).
+MAX_STREAMS = 1024
+#: What a stream may send before the call takes it; a large message's upload runs at
+#: this window's pace over a slow link.
+STREAM_WINDOW = 4 * 1024 * 1024
+#: The connection's window: what all its streams may send before it is given back.
+CONNECTION_WINDOW = 16 * 1024 * 1024
+#: The largest frame clients may send; DATA frames are streamed, not buffered whole.
+MAX_FRAME = 256 * 1024
+#: A connection's received bytes are given back once this many are in.
+_CONNECTION_ACK = CONNECTION_WINDOW // 4
+#: Bytes of DATA frames written before a large send lets the loop run others.
+_SEND_SLICE = 1024 * 1024
+
+_SETTINGS = settings_frame(
+    {
+        Setting.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+        Setting.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+        Setting.MAX_FRAME_SIZE: MAX_FRAME,
+        Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+        Setting.ENABLE_PUSH: 0,
+    }
+) + window_update(0, CONNECTION_WINDOW - DEFAULT_WINDOW)
+_U32 = struct.Struct(">I")
+
+
+class Stream(Protocol):
+    """What the connection drives: one call on one stream (``call.Call``)."""
+
+    #: Bytes the peer may still send on it before the stream's window is given back.
+    send_window: int
+
+    def headers_received(self, headers: Headers, end_stream: bool) -> None: ...
+
+    def data_received(self, data: memoryview) -> None: ...
+
+    def end_received(self) -> None: ...
+
+    def reset(self) -> None:
+        """The stream ended without an answer (RST_STREAM, or the connection went)."""
+
+
+class Connection(asyncio.Protocol):
+    """The HTTP/2 server side of one client connection."""
+
+    def __init__(
+        self,
+        new_stream: Callable[[Connection, int], Stream],
+        closed: Callable[[Connection], None],
+    ) -> None:
+        self._new_stream = new_stream
+        self._closed = closed
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}
+        self._headers = HeaderDecoder()
+        self._pending = b""
+        self._preface = False
+        #: The DATA frame being streamed: its stream id, bytes left, flags.
+        self._data_stream = 0
+        self._data_left = 0
+        self._data_flags = 0
+        #: HEADERS waiting for CONTINUATION: stream id, block so far, flags.
+        self._continued: tuple[int, list[bytes], int] | None = None
+        self._last_stream = 0
+        self._received = 0
+        #: The transport, writes gathered per loop turn (from ``connection_made`` on).
+        self._out: CorkedTransport
+        # The peer's side: its window for our DATA, its streams' initial window, its frames.
+        self._send_window = DEFAULT_WINDOW
+        self._peer_stream_window = DEFAULT_WINDOW
+        self._peer_max_frame = DEFAULT_MAX_FRAME
+        #: Set while senders may go on: windows open, transport not paused.
+        self._can_send = asyncio.Event()
+        self._can_send.set()
+        self._paused = False
+        #: A GOAWAY went out (or came in): no new streams; close when the last ends.
+        self.going_away = False
+        self.lost = False
+
+    # ---- asyncio.Protocol ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self._out = CorkedTransport(self.transport, self._loop)  # type: ignore[arg-type]
+        self._write(_SETTINGS)
+
+    def data_received(self, data: bytes) -> None:
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        try:
+            end = self._frames(memoryview(data))
+        except ProtocolError as exc:
+            log.debug("gRPC connection closed: %s", exc)
+            self._abort(exc.code, str(exc))
+            return
+        except Exception:
+            log.exception("unexpected error on a gRPC connection; it is closed")
+            self._abort(ErrorCode.INTERNAL_ERROR, "internal server error")
+            return
+        if end < len(data):
+            self._pending = data[end:]
+
+    def _abort(self, code: ErrorCode, message: str) -> None:
+        self._write(goaway(self._last_stream, code, message))
+        self.close()
+
+    def pause_writing(self) -> None:
+        # NOTE: no reading while the client does not read: a client that sends calls and
+        #   never reads their answers would otherwise grow the transport's buffer without
+        #   bound (uvicorn does the same for HTTP/1.1).
+        self._paused = True
+        self._can_send.clear()
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._can_send.set()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._can_send.set()  # senders find the connection gone
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream.reset()
+        self._closed(self)
+
+    # ---- frames in ------------------------------------------------------------------
+
+    def _frames(self, view: memoryview) -> int:
+        """Handle every whole frame in ``view`` (and the DATA payload in it); return
+        where the first incomplete one starts."""
+        pos = 0
+        end = len(view)
+        if not self._preface:
+            if end < len(PREFACE):
+                return 0
+            if view[: len(PREFACE)] != PREFACE:
+                raise ProtocolError("not an HTTP/2 client (no connection preface)")
+            self._preface = True
+            pos = len(PREFACE)
+        if self._data_left:
+            pos = self._data(view, pos)
+        while end - pos >= HEADER_SIZE:
+            high, low, kind, flags, stream = HEADER.unpack_from(view, pos)
+            length = (high << 8) | low
+            stream &= 0x7FFFFFFF
+            if length > MAX_FRAME:
+                raise ProtocolError(f"a frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
+            if self._continued is not None and kind != Frame.CONTINUATION:
+                raise ProtocolError("a header block was not continued")
+            if kind == Frame.DATA and not flags & PADDED:
+                self._data_stream, self._data_left, self._data_flags = stream, length, flags
+                self._received += length
+                pos = self._data(view, pos + HEADER_SIZE)
+                continue
+            if end - pos - HEADER_SIZE < length:
+                break
+            start = pos + HEADER_SIZE
+            pos = start + length
+            self._frame(kind, flags, stream, view[start:pos])
+        if self._received >= _CONNECTION_ACK:
+            self._write(window_update(0, self._received))
+            self._received = 0
+        return pos
+
+    def _data(self, view: memoryview, pos: int) -> int:
+        """Stream the current DATA frame's payload in ``view[pos:]``; return where it ends."""
+        take = min(self._data_left, len(view) - pos)
+        self._data_left -= take
+        stream = self._data_stream
+        if stream == 0:
+            raise ProtocolError("DATA on stream 0")
+        call = self.streams.get(stream)
+        if call is None:
+            if stream > self._last_stream:
+                raise ProtocolError(f"DATA on idle stream {stream}")
+            return pos + take  # a stream already closed: only the connection's window counts
+        if take:
+            call.data_received(view[pos : pos + take])
+        if not self._data_left and self._data_flags & END_STREAM:
+            call.end_received()
+        return pos + take
+
+    def _frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
+        if kind == Frame.HEADERS or kind == Frame.CONTINUATION:
+            self._header_frame(kind, flags, stream, payload)
+        elif kind == Frame.DATA:  # padded
+            self._received += len(payload)
+            padding = payload[0] if payload else 0
+            if padding >= len(payload):
+                raise ProtocolError("padding longer than the frame")
+            data = payload[1 : len(payload) - padding]
+            self._data_stream, self._data_left, self._data_flags = stream, len(data), flags
+            self._data(data, 0)
+        elif kind == Frame.SETTINGS:
+            if not flags & ACK:
+                self._settings(payload)
+                self._write(frame(Frame.SETTINGS, ACK, 0))
+        elif kind == Frame.WINDOW_UPDATE:
+            self._window_update(stream, payload)
+        elif kind == Frame.PING:
+            if len(payload) != 8:
+                raise ProtocolError("a PING of other than 8 bytes", ErrorCode.FRAME_SIZE_ERROR)
+            if not flags & ACK:
+                self._write(frame(Frame.PING, ACK, 0, bytes(payload)))
+        elif kind == Frame.RST_STREAM:
+            call = self.streams.pop(stream, None)
+            if call is not None:
+                call.reset()
+                self._maybe_close()
+        elif kind == Frame.GOAWAY:
+            self.going_away = True
+            self._maybe_close()
+        elif kind == Frame.PUSH_PROMISE:
+            raise ProtocolError("a client may not push")
+        # PRIORITY and unknown frame types are ignored (RFC 9113, 4.1, 5.3.2).
+
+    def _header_frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
+        if kind == Frame.CONTINUATION:
+            if self._continued is None or self._continued[0] != stream:
+                raise ProtocolError("CONTINUATION without HEADERS")
+            self._continued[1].append(bytes(payload))
+            if sum(map(len, self._continued[1])) > MAX_HEADER_LIST:
+                raise ProtocolError("a header block over the limit", ErrorCode.ENHANCE_YOUR_CALM)
+            if not flags & END_HEADERS:
+                return
+            stream, blocks, flags = self._continued
+            self._continued = None
+            block = b"".join(blocks)
+        else:
+            if stream == 0:
+                raise ProtocolError("HEADERS on stream 0")
+            start, stop = 0, len(payload)
+            if flags & PADDED:
+                start, stop = 1, stop - (payload[0] if stop else 0)
+            if flags & PRIORITY_FLAG:
+                start += 5
+            if start > stop:
+                raise ProtocolError("a HEADERS frame shorter than its padding")
+            block = bytes(payload[start:stop])
+            if not flags & END_HEADERS:
+                self._continued = (stream, [block], flags)
+                return
+        headers = self._headers.decode(block)  # always: it updates the decoder's table
+        end_stream = bool(flags & END_STREAM)
+        call = self.streams.get(stream)
+        if call is not None:  # trailers from the client
+            if not end_stream:
+                raise ProtocolError("a second header block that does not end the stream")
+            call.end_received()
+            return
+        if stream % 2 == 0 or stream <= self._last_stream:
+            if stream <= self._last_stream:
+                return  # a stream that ended already (say, reset by us)
+            raise ProtocolError(f"a client stream with an even id ({stream})")
+        self._last_stream = stream
+        if self.going_away or len(self.streams) >= MAX_STREAMS:
+            self._write(rst_stream(stream, ErrorCode.REFUSED_STREAM))
+            return
+        call = self._new_stream(self, stream)
+        call.send_window = self._peer_stream_window
+        self.streams[stream] = call
+        call.headers_received(headers, end_stream)
+
+    def _settings(self, payload: memoryview) -> None:
+        if len(payload) % 6:
+            raise ProtocolError("a SETTINGS frame of odd length", ErrorCode.FRAME_SIZE_ERROR)
+        for offset in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HI", payload, offset)
+            if key == Setting.INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolError("a window over 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
+                delta = value - self._peer_stream_window
+                self._peer_stream_window = value
+                for call in self.streams.values():
+                    call.send_window += delta
+                self._can_send.set()
+            elif key == Setting.MAX_FRAME_SIZE:
+                if not DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
+                    raise ProtocolError("a frame size out of range")
+                self._peer_max_frame = value
+
+    def _window_update(self, stream: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise ProtocolError("a WINDOW_UPDATE of other than 4 bytes", ErrorCode.FRAME_SIZE_ERROR)
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream == 0:
+            if increment == 0:
+                raise ProtocolError("a WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise ProtocolError("the window over 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
+        else:
+            call = self.streams.get(stream)
+            if call is None:
+                return
+            if increment == 0 or call.send_window + increment > MAX_WINDOW:
+                self.reset_stream(stream, ErrorCode.FLOW_CONTROL_ERROR)
+                return
+            call.send_window += increment
+        self._can_send.set()
+
+    # ---- what calls use -------------------------------------------------------------
+
+    def acknowledge(self, stream: int, nbytes: int) -> None:
+        """The call took ``nbytes`` of its stream: the peer may send that much more."""
+        if nbytes and stream in self.streams:
+            self._write(window_update(stream, nbytes))
+
+    def send_headers(self, stream: int, block: bytes, end_stream: bool = False) -> None:
+        """A header block (the server's are small: one frame)."""
+        flags = END_HEADERS | (END_STREAM if end_stream else 0)
+        self._write(frame_header(len(block), Frame.HEADERS, flags, stream) + block)
+        if end_stream:
+            self.finished(stream)
+
+    def send_small(self, call: Stream, stream: int, data: bytes) -> bool:
+        """Send ``data`` as one DATA frame now, if both windows and the frame size allow."""
+        size = len(data)
+        if size > self._send_window or size > call.send_window or size > self._peer_max_frame:
+            return False
+        self._send_window -= size
+        call.send_window -= size
+        self._write(frame_header(size, Frame.DATA, 0, stream) + data)
+        return True
+
+    async def send_data(self, call: Stream, stream: int, data: memoryview) -> None:
+        """Send ``data`` in DATA frames, as the windows and the transport allow.
+
+        Frames are views of ``data``, which the transport may hold until they are sent:
+        ``data`` is immutable bytes, or memory whose release waits for its last view
+        (``off_loop.unmap_off_loop``). The loop runs others every ``_SEND_SLICE``
+        bytes. Raises ``ConnectionError`` if the stream or the connection ends meanwhile.
+        """
+        pos = 0
+        sent = 0
+        while pos < len(data):
+            if self.lost or self.streams.get(stream) is not call:
+                raise ConnectionError("the stream was closed")
+            room = min(self._send_window, call.send_window, self._peer_max_frame, len(data) - pos)
+            if room <= 0 or self._paused:
+                self._can_send.clear()
+                self._out.flush()
+                await self._can_send.wait()
+                continue
+            self._send_window -= room
+            call.send_window -= room
+            self._out.write(frame_header(room, Frame.DATA, 0, stream))
+            self._out.write(data[pos : pos + room])
+            pos += room
+            sent += room
+            if sent >= _SEND_SLICE:
+                sent = 0
+                self._out.flush()
+                await asyncio.sleep(0)
+
+    async def sent(self) -> None:
+        """Return once everything written so far is in the kernel's hands."""
+        await self._out.sent()
+
+    def reset_stream(self, stream: int, code: ErrorCode) -> None:
+        """End a stream from this side (the call, if any, is not told)."""
+        self._write(rst_stream(stream, code))
+        self.finished(stream)
+
+    def finished(self, stream: int) -> None:
+        """The stream is done with on this side."""
+        if self.streams.pop(stream, None) is not None:
+            self._maybe_close()
+
+    def go_away(self) -> None:
+        """No new streams (shutdown); the connection closes once its calls end."""
+        if not self.going_away:
+            self.going_away = True
+            self._write(goaway(self._last_stream, ErrorCode.NO_ERROR))
+        self._maybe_close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self._out.close()
+
+    # ---- frames out -----------------------------------------------------------------
+
+    def _maybe_close(self) -> None:
+        if self.going_away and not self.streams:
+            self.close()
+
+    def _write(self, data: bytes) -> None:
+        self._out.write(data)

@@ -1,0 +1,125 @@
+"""ModelStreamInfer: requests of one stream run concurrently, responses leave in order.
+
+The loop takes a function from a request to the serialized ModelInferResponse
+(``handlers.stream_infer``) and yields ModelStreamInferResponses as wire bytes in parts
+(the field's tag and length, then the message as it came), so no response is parsed or
+copied again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from oipserve.front.grpc.status import log_failure, status_of
+from oipserve.front.grpc.varint import varint_bytes
+from oipserve.grpc_generated import grpc_service_pb2 as pb
+
+Request = TypeVar("Request")
+
+#: ModelStreamInferResponse.infer_response (field 2), length-delimited.
+_INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
+#: Requests of one stream that may run at once before reading the stream waits.
+_IN_FLIGHT = 64
+
+
+#: One response of the stream: its wire bytes, in parts to be sent one after another.
+Response = list[bytes | memoryview]
+
+
+def infer_response(serialized: bytes | memoryview) -> Response:
+    """A ModelStreamInferResponse carrying a serialized ModelInferResponse, neither parsed
+    nor copied: the field's tag and length, then the message itself."""
+    return [_INFER_RESPONSE_TAG + varint_bytes(memoryview(serialized).nbytes), serialized]
+
+
+def error_response(message: str) -> bytes:
+    return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
+
+
+def strict_errors(context: grpc.aio.ServicerContext) -> bool:
+    """Triton's ``triton_grpc_error: true`` header: a failure ends the stream with its status."""
+    metadata = context.invocation_metadata() or ()
+    return any(k == "triton_grpc_error" and v == "true" for k, v in metadata)
+
+
+async def ordered_responses(
+    requests: AsyncIterator[Request],
+    infer: Callable[[Request], Awaitable[bytes | memoryview]],
+    closing: asyncio.Event,
+    context: grpc.aio.ServicerContext,
+) -> AsyncIterator[Response]:
+    """Requests run concurrently; responses come back in request order.
+
+    A failed request is answered in-band (``error_message``) and the stream goes
+    on, as Triton does; a client that sent the ``triton_grpc_error: true`` header
+    instead gets the failure as the stream's status. Once ``closing`` is set
+    (shutdown) the stream ends when every request read so far is answered.
+    """
+    strict = strict_errors(context)
+    pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue(_IN_FLIGHT)
+
+    async def read() -> None:
+        try:
+            async for request in requests:
+                task = asyncio.ensure_future(infer(request))
+                # NOTE: a stream torn down (reset, connection lost) drops the tasks it has
+                #   not answered, some of them failed already: _forget reads each failure,
+                #   or asyncio would log it as "never retrieved". Answering still sees it.
+                task.add_done_callback(_forget)
+                await pending.put(task)
+                # NOTE: held here until the next request came, it would keep its message's
+                #   memory viewed after its response went (and unmapping it in a thread).
+                del request
+        finally:
+            await pending.put(None)
+
+    reader = asyncio.ensure_future(read())
+    closed = asyncio.ensure_future(closing.wait())
+    getter: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            if closing.is_set() and pending.empty():
+                break  # shutting down, and every request so far is answered
+            getter = asyncio.ensure_future(pending.get())
+            if not closing.is_set():
+                await asyncio.wait((getter, closed), return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    continue
+            task = await getter
+            if task is None:
+                await reader  # surfaces a broken request stream
+                break
+            try:
+                response = await task
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                code, message = status_of(exc)
+                log_failure("ModelStreamInfer", code, message, exc)
+                if strict:
+                    await context.abort(code, message)
+                yield [error_response(message)]
+                continue
+            yield infer_response(response)
+    finally:
+        reader.cancel()
+        reader.add_done_callback(_forget)
+        closed.cancel()
+        if getter is not None:
+            getter.cancel()  # if still waiting for the next request
+        while not pending.empty():
+            task = pending.get_nowait()
+            if task is not None:
+                task.cancel()
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    """Mark a task's failure, if any, as read (it may be dropped unanswered)."""
+    if not task.cancelled():
+        task.exception()

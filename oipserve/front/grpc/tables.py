@@ -1,0 +1,34 @@
+"""Which calls a front answers on its own HTTP/2: its method table, built once."""
+
+from __future__ import annotations
+
+from oipserve.config.settings import Settings
+from oipserve.dataplane.plane import DataPlane
+from oipserve.front.grpc.call_table import CallTable, Forward
+from oipserve.front.grpc.handlers import counted_methods, stream_infer
+from oipserve.front.grpc.service import InferenceService
+
+#: What another HTTP front answers itself; it forwards the rest (and streams run here).
+ANSWERED_BY_EVERY_FRONT = ("ModelInfer", "ServerLive")
+
+
+def in_front_table(
+    settings: Settings,
+    service: InferenceService,
+    dataplane: DataPlane,
+    forward: Forward | None = None,
+) -> CallTable:
+    """The calls a front answers on its own HTTP/2: every RPC (the primary), or, with
+    ``forward``, ModelInfer, ModelStreamInfer and ServerLive (another HTTP front)."""
+    methods = counted_methods(service)
+    if forward is not None:
+        methods = {name: methods[name] for name in ANSWERED_BY_EVERY_FRONT}
+    return CallTable(
+        settings,
+        methods,
+        stream_infer(service),
+        service.arriving,
+        service.closing,
+        dataplane.inputs,
+        forward,
+    )

@@ -1,0 +1,593 @@
+"""uvicorn's httptools protocol, with two changes for large tensors and small requests.
+
+1. Writes are coalesced. uvicorn writes a response's head and body with two
+   ``transport.write`` calls, each a ``send`` system call that wakes the
+   client; holding them and handing them over with one ``writelines`` (one
+   ``writev``) when the response is complete sends them together (writes not
+   followed by a complete response go out at the end of the loop iteration).
+   Nothing is copied: the transport gets the same objects, views of shared
+   memory included.
+2. A request body can be received straight into a caller's buffer. The ASGI
+   scope carries ``extensions["oipserve.receive_into"]``, an async callable
+   that takes a writable memoryview sized from Content-Length (a shared-memory
+   segment). What arrived with the headers is copied from the parser into it;
+   the rest of a large body is read from the socket directly into it (the
+   transport is handed a ``BufferedProtocol`` for exactly the missing bytes),
+   instead of being accumulated in uvicorn's per-request bytearray, copied
+   again into an ASGI message and copied a third time by the application; and
+   the application is woken once, when the body is complete, not per 64 KiB.
+
+3. A request head must arrive within ``header_timeout`` seconds (a timer from
+   the connection, or a keep-alive request's first byte, to the end of its
+   headers); past it the connection is closed. uvicorn's ``timeout_keep_alive``
+   covers idle connections between requests only, so a client sending its
+   head a byte at a time (slowloris) would otherwise hold a connection forever.
+
+4. A chunked request body is refused at the chunk-size line that declares it
+   past ``max_body`` (``--max-request-bytes``): 413, ``Connection: close``,
+   before the data it announces is received. httptools reports neither chunk sizes
+   nor where they are, so ``ChunkSizes`` (``oipserve/front/http/chunk_sizes.py``) reads
+   the framing from the raw bytes alongside the parser. It starts at the end
+   of the read in which a chunked request's head completed: the events the
+   parser reported in that read (``on_chunk_header``, ``on_body``,
+   ``on_chunk_complete``, which httptools calls for chunked bodies only) say
+   where the current size line begins. Later reads are checked before the
+   parser sees them. A request without ``Transfer-Encoding`` costs a few
+   attribute checks (its headers are looked at only if its body is incomplete
+   at the end of the read that ended its head). A handler reading the body then finds
+   ``BODY_REFUSED`` in its scope (``oipserve/front/rest/body.py`` raises 413 from it).
+
+5. Limits against abuse (issue #35), one timer per connection checking them all:
+   a request head may take ``max_head_bytes`` and ``max_header_fields`` (past
+   either: 431, ``Connection: close``); a body must arrive within ``body_timeout``
+   seconds plus one second per ``min_rate`` bytes received, and a response that the
+   client leaves unread may wait ``send_timeout`` seconds plus one per ``min_rate``
+   bytes it did read (past either the connection is dropped: the body's lease and
+   the response's segments are given back). Trailer fields of a chunked body are
+   dropped unread: nothing after the head may act as a header (a restricted API's
+   key sent as a trailer opened it).
+
+All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
+httptools) at the minor series this was written against: the hooks
+``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
+``send_400_response``, ``on_message_begin``, ``on_url``, ``on_header``,
+``on_headers_complete``, ``on_body``, ``on_message_complete`` and
+``on_response_complete`` (and httptools' ``on_chunk_header`` and ``on_chunk_complete``);
+the protocol's ``transport`` (handed on to each cycle, so our ``CorkedTransport``
+sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``headers``,
+``expect_100_continue``,
+``pipeline`` and ``server_state.default_headers``; and the cycle's ``scope``,
+``body``, ``more_body``, ``disconnected``, ``message_event``,
+``waiting_for_100_continue``, ``response_started``, ``response_complete`` and
+``on_response``. ``tests/unit/test_framework_internals.py`` checks each by
+name; when it fails after an upgrade, it says which to re-read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+
+from oipserve.front.http.chunk_sizes import MORE, OVER, ChunkSizes
+from oipserve.runtime.http_io import BodyReader, BodySink, CorkedTransport
+
+log = logging.getLogger("oipserve.http")
+
+RECEIVE_INTO = "oipserve.receive_into"
+#: ASGI extension: ``scope["extensions"][ON_DISCONNECT](callback)`` calls ``callback``
+#: if the client goes away before the response is complete (a queued request can be
+#: dropped before it runs); at once if it already has.
+ON_DISCONNECT = "oipserve.on_disconnect"
+#: Bodies with at least this many bytes still to come are read from the socket
+#: straight into their target; below it, switching protocols costs more than
+#: the parser's copies it saves.
+DIRECT_READ_MIN = 64 * 1024
+#: Seconds a request head may take to arrive (``--header-timeout``'s default).
+HEADER_TIMEOUT = 10.0
+#: ``--max-header-bytes`` and ``--max-header-fields``' defaults.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADER_FIELDS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one HTTP connection may take of the server's time and memory."""
+
+    #: Seconds from connection (or a request's first byte) to its complete head.
+    header_timeout: float = HEADER_TIMEOUT
+    #: Bytes of a request head (request line and fields), and its field count.
+    max_head_bytes: int = MAX_HEAD_BYTES
+    max_header_fields: int = MAX_HEADER_FIELDS
+    #: Seconds a body may take, plus one per ``min_rate`` bytes received.
+    body_timeout: float = 30.0
+    #: Seconds an unread response may wait, plus one per ``min_rate`` bytes read.
+    send_timeout: float = 30.0
+    min_rate: int = 64 * 1024
+
+    @property
+    def tick(self) -> float:
+        """Seconds between two looks at a connection's deadlines."""
+        return min(self.header_timeout, self.body_timeout / 2, self.send_timeout / 2)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the head passed a limit (the parser stops there)."""
+
+
+#: Scope key set, to the 413's message, when a chunked body was refused by its declared size.
+BODY_REFUSED = "oipserve.body_refused"
+#: The message of every 413 for a body past ``--max-request-bytes``.
+TOO_LARGE = "the request body is larger than the limit of {} bytes"
+
+
+def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
+    """Drop our extensions from a finished cycle's scope.
+
+    PERF: each holds the cycle (a partial over it), and the cycle holds the scope: a
+    reference cycle per request, which only the cyclic collector frees. That garbage
+    (about 16 objects a request) made the collector's passes long (6-7 ms every ~200
+    requests at our gen0 threshold, the p99 of tiny requests); dropped here, each
+    request's objects go by reference counting.
+    """
+    if cycle is not None:
+        extensions = cycle.scope.get("extensions")
+        if extensions:
+            extensions.pop(RECEIVE_INTO, None)
+            extensions.pop(ON_DISCONNECT, None)
+
+
+#: SO_LINGER on, with a timeout of 0: closing the socket resets the connection.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+
+
+def _reset(transport: asyncio.BaseTransport) -> None:
+    """Drop a connection now: what the transport holds is released (views of segments
+    included), and the kernel resets the connection rather than keep an unread reply's
+    bytes for a peer that takes none (a FIN would wait behind them)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        except OSError:
+            pass
+    transport.abort()
+
+
+def _head_too_large(limits: ConnectionLimits) -> str:
+    return f"the request head is larger than {limits.max_head_bytes} bytes"
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body was complete."""
+
+
+class _ChunkEvents:
+    """What the parser reported of a chunked body during the read that completed its head."""
+
+    __slots__ = ("open", "since", "completed")
+
+    def __init__(self) -> None:
+        self.open = False  # a chunk's size line was parsed, its data not yet complete
+        self.since = 0  # body bytes since that size line
+        self.completed = 0  # body bytes of the chunks completed before it
+
+
+#: ``_chunk_events`` of a request whose head completed in this read, before any chunk event.
+_HEAD_READ = _ChunkEvents()
+
+
+class CorkedHttpToolsProtocol(HttpToolsProtocol):
+    limits: ConnectionLimits = ConnectionLimits()
+    #: Chunked bodies declaring more bytes than this are refused (None: not followed).
+    max_body: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sinks: dict[RequestResponseCycle, BodySink] = {}
+        self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
+        self._head_timer: asyncio.TimerHandle | None = None
+        #: Loop time the current request head began to arrive; None when no head is due.
+        self._head_started: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Follows the chunked body being received, from the read after its head's.
+        self._chunks: ChunkSizes | None = None
+        #: Set while the read in which a chunked request's head completed is parsed.
+        self._chunk_events: _ChunkEvents | None = None
+        #: The current head: bytes counted so far, fields, the bytes of its complete
+        #: pieces (line, fields) parsed in the current read, and whether it began there.
+        self._head_bytes = 0
+        self._head_fields = 0
+        self._head_pieces = 0
+        self._head_began = False
+        #: Why the head was refused (431), for ``send_400_response``.
+        self._head_refusal: str | None = None
+        #: The body being received: loop time it began (None: none), bytes so far.
+        self._body_started: float | None = None
+        self.body_bytes = 0
+        #: A response the client is not reading: since when, and the bytes it had read then.
+        self._unsent_since: float | None = None
+        self._unsent_sent = 0
+
+    @classmethod
+    def configured(
+        cls, limits: ConnectionLimits, max_body: int | None = None
+    ) -> type[CorkedHttpToolsProtocol]:
+        """This protocol with its settings (uvicorn instantiates a class)."""
+        settings = {"limits": limits, "max_body": max_body}
+        return type(cls.__name__, (cls,), settings)
+
+    def data_received(self, data: bytes) -> None:
+        chunks = self._chunks
+        if chunks is not None:
+            verdict = chunks.feed(data)
+            if verdict == OVER:
+                self._refuse_chunked_body()
+                return
+            if verdict != MORE:  # the body ended, or framing the parser will judge
+                self._chunks = None
+        if self._body_started is not None:
+            self.body_bytes += len(data)
+        self._head_began = False
+        self._head_pieces = 0
+        super().data_received(data)
+        if self._head_started is not None:
+            self._count_head(data)
+        if self._chunk_events is not None:
+            self._follow_chunks(data)
+
+    def _count_head(self, data: bytes) -> None:
+        """A head is still arriving after this read: count its bytes, 431 past the limit.
+
+        A read wholly inside the head counts whole; in the read where a head began,
+        only its complete pieces are known (the bytes before it were the previous
+        request's), so a head is refused at most one read late.
+        """
+        self._head_bytes += self._head_pieces if self._head_began else len(data)
+        if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+            self._refuse_head(_head_too_large(self.limits))
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._head_pieces += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_started is None:
+            # NOTE: a trailer field of a chunked body: the head is complete and the
+            #   application has its headers. Dropped, as Triton and most servers do;
+            #   uvicorn would add it to the scope's headers, where a restricted API's
+            #   check found a key sent after the head (issue #35).
+            return
+        self._head_fields += 1
+        self._head_pieces += len(name) + len(value)
+        if self._head_fields > self.limits.max_header_fields:
+            self._head_refusal = (
+                f"the request head has more than {self.limits.max_header_fields} header fields"
+            )
+            raise _HeadTooLarge(self._head_refusal)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def send_400_response(self, msg: str) -> None:
+        refusal = self._head_refusal
+        if refusal is None:
+            super().send_400_response(msg)
+        else:
+            self._refuse_head(refusal)
+
+    def _refuse_head(self, message: str) -> None:
+        """431 for a head past a limit, then close: the rest of it is never parsed."""
+        self._head_refusal = None
+        log.debug("request head refused (431): %s", message)
+        self._answer_and_close(431, message)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        loop = self._loop = asyncio.get_running_loop()
+        corked = CorkedTransport(transport, loop)
+        super().connection_made(corked)  # type: ignore[arg-type]
+        self._head_started = loop.time()
+        self._head_timer = loop.call_later(self.limits.tick, self._check_deadlines)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_started is None:  # a keep-alive connection's next request
+            self._head_started = self._loop.time()  # type: ignore[union-attr]
+        self._head_bytes = self._head_fields = self._head_pieces = 0
+        self._head_began = True
+
+    def _check_deadlines(self) -> None:
+        """Close a connection whose head or body is overdue, or whose client reads nothing.
+
+        An overdue head is closed answering nothing (as nginx); an overdue body or
+        unread response is aborted, which drops what the transport still holds.
+        PERF: one timer per connection, re-armed when it fires, rather than one per
+        request: a request only notes when its head began (a clock read), and its
+        complete head clears that.
+        """
+        loop: asyncio.AbstractEventLoop = self._loop  # type: ignore[assignment]
+        now = loop.time()
+        limits = self.limits
+        wait = limits.tick
+        started = self._head_started
+        if started is not None:
+            left = started + limits.header_timeout - now
+            if left <= 0:
+                self._head_timer = None
+                if not self.transport.is_closing():
+                    self.transport.close()
+                return
+            wait = min(wait, left)
+        why = self._overdue_body(now) or self._unread_response(now)
+        if why:
+            self._head_timer = None
+            log.info("connection from %s dropped: %s", _peer(self.client), why)
+            _reset(self.transport)
+            return
+        self._head_timer = loop.call_later(wait, self._check_deadlines)
+
+    def _overdue_body(self, now: float) -> str:
+        """Why the body being received is overdue ('' while it is not)."""
+        started = self._body_started
+        if started is None:
+            return ""
+        if self.flow.read_paused:
+            # NOTE: not the client's delay: the application has not asked for more yet.
+            self._body_started = now
+            self.body_bytes = 0
+            return ""
+        limits = self.limits
+        if now < started + limits.body_timeout + self.body_bytes / limits.min_rate:
+            return ""
+        return (
+            f"its request body was not complete {now - started:.0f}s after its head "
+            f"({self.body_bytes} bytes came; --body-timeout, --min-transfer-rate)"
+        )
+
+    def _unread_response(self, now: float) -> str:
+        """Why the response waiting for the client is overdue ('' while it is not).
+
+        A closing transport counts too: it still holds what it could not send.
+        """
+        transport: CorkedTransport = self.transport  # type: ignore[assignment]
+        size = transport.get_write_buffer_size()
+        if not size:
+            self._unsent_since = None
+            return ""
+        sent = transport.written - size
+        if self._unsent_since is None:
+            self._unsent_since, self._unsent_sent = now, sent
+            return ""
+        limits = self.limits
+        read = sent - self._unsent_sent
+        if now < self._unsent_since + limits.send_timeout + read / limits.min_rate:
+            return ""
+        return (
+            f"it left {size} bytes of its response unread for "
+            f"{now - self._unsent_since:.0f}s (--send-timeout, --min-transfer-rate)"
+        )
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_headers_complete(self) -> None:
+        self._head_started = None
+        if self._head_bytes + self._head_pieces > self.limits.max_head_bytes:
+            self._head_refusal = (
+                f"the request head is larger than {self.limits.max_head_bytes} bytes"
+            )
+            raise _HeadTooLarge(self._head_refusal)
+        self._body_started = self._loop.time()  # type: ignore[union-attr]
+        self.body_bytes = 0
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            extensions = self.scope.setdefault("extensions", {})  # type: ignore[misc]
+            extensions[RECEIVE_INTO] = functools.partial(self._receive_into, cycle)
+            extensions[ON_DISCONNECT] = functools.partial(self._on_disconnect, cycle)
+            if self.max_body is not None:
+                # PERF: whether the body is chunked is looked at only if it is not
+                #   complete at the end of this read (``_follow_chunks``).
+                self._chunk_events = _HEAD_READ
+
+    def on_chunk_header(self) -> None:
+        """httptools: a chunk-size line was parsed (chunked bodies only)."""
+        events = self._chunk_events
+        if events is _HEAD_READ:
+            events = self._chunk_events = _ChunkEvents()
+        if events is not None:
+            events.open = True
+            events.since = 0
+
+    def on_chunk_complete(self) -> None:
+        """httptools: a chunk's data and its CRLF were parsed."""
+        events = self._chunk_events
+        if events is not None:
+            events.completed += events.since
+            events.open = False
+            events.since = 0
+
+    def on_response_complete(self) -> None:
+        # PERF: a finished response goes out now rather than at the end of the loop
+        #   iteration: on an idle server that saves one iteration of latency, and a
+        #   connection's responses never share a write unless pipelined anyway.
+        self.transport.flush()  # type: ignore[attr-defined]
+        cycle = self.cycle
+        self._watchers.pop(cycle, None)
+        _forget_extensions(cycle)
+        super().on_response_complete()
+
+    def on_body(self, body: bytes) -> None:
+        events = self._chunk_events
+        if events is not None and events.open:
+            events.since += len(body)
+        sink = self._sinks.get(self.cycle)
+        if sink is None:
+            super().on_body(body)
+            return
+        try:
+            sink.write(body)
+        except ValueError:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+
+    def on_message_complete(self) -> None:
+        self._body_started = None
+        super().on_message_complete()
+        self._sinks.pop(self.cycle, None)
+        self._chunks = self._chunk_events = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        self._sinks.clear()
+        watchers, self._watchers = self._watchers, {}
+        super().connection_lost(exc)
+        for callbacks in watchers.values():
+            for callback in callbacks:
+                callback()
+
+    def _on_disconnect(self, cycle: RequestResponseCycle, callback: Callable[[], None]) -> None:
+        if cycle.disconnected:
+            callback()
+        else:
+            self._watchers.setdefault(cycle, []).append(callback)
+
+    async def _receive_into(self, cycle: RequestResponseCycle, target: memoryview) -> int:
+        """Receive the rest of ``cycle``'s body into ``target``; returns the byte count."""
+        sink = BodySink(target)
+        if cycle.body:
+            sink.write(cycle.body)  # what arrived with the headers, before we were asked
+            cycle.body = bytearray()
+        if cycle.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        reader = None
+        if cycle.more_body:
+            if len(target) - sink.size >= DIRECT_READ_MIN and not self._chunked(cycle):
+                # The parser has seen every byte received so far and waits for
+                #   the rest of the body: read that past it, straight into ``target``.
+                reader = BodyReader(self, sink)
+                self.transport.set_protocol(reader)
+            else:
+                self._sinks[cycle] = sink
+        try:
+            while cycle.more_body and not cycle.disconnected:
+                self.flow.resume_reading()
+                await cycle.message_event.wait()
+                cycle.message_event.clear()
+        except BaseException:
+            if reader is not None and sink.size < len(target):
+                self.transport.close()  # mid-body: the connection cannot be resumed
+            raise
+        finally:
+            self._sinks.pop(cycle, None)
+        if cycle.more_body or cycle.disconnected:
+            raise ClientDisconnected("the client went away before its request body was complete")
+        return sink.size
+
+    @staticmethod
+    def _chunked(cycle: RequestResponseCycle) -> bool:
+        # NOTE: llhttp refuses a request whose Transfer-Encoding does not end in chunked.
+        for name, _ in cycle.scope["headers"]:
+            if name == b"transfer-encoding":
+                return True
+        return False
+
+    def _follow_chunks(self, data: bytes) -> None:
+        """The end of the read in which a chunked request's head completed: start following.
+
+        The current size line begins after the last LF before it: the head's
+        last byte or the CRLF ending the previous chunk's data, both in ``data``.
+        """
+        events = self._chunk_events
+        self._chunk_events = None
+        cycle = self.cycle
+        if events is None or cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        if events is _HEAD_READ and not self._chunked(cycle):
+            return  # a Content-Length body, still to come
+        if events.open:
+            # In a chunk's data, or just past it with the CR of its CRLF (or in
+            #   the last chunk's trailers): its size line ends ``since`` bytes
+            #   before the end, or one more. At most one of the two ends in CRLF.
+            end = len(data) - events.since
+            if data[end - 2 : end] != b"\r\n":
+                end -= 1
+                if not data.endswith(b"\r") or data[end - 2 : end] != b"\r\n":
+                    return  # in trailers: nothing more to follow
+            start = data.rfind(b"\n", 0, end - 1) + 1
+        else:
+            start = data.rfind(b"\n") + 1  # a size line is due, or part of it came
+        if start == 0:
+            return  # not where this read can place it: the parser alone decides
+        chunks = ChunkSizes(self.max_body, events.completed)  # type: ignore[arg-type]
+        verdict = chunks.feed(data, start)
+        if verdict == OVER:
+            self._refuse_chunked_body()
+        elif verdict == MORE:
+            self._chunks = chunks
+
+    def _refuse_chunked_body(self) -> None:
+        """413 for a chunked body declared past ``max_body``, then close the connection.
+
+        The handler reading the body sees the client go away and finds
+        ``BODY_REFUSED`` in its scope; its own answer is dropped.
+        """
+        self._chunks = self._chunk_events = None
+        cycle = self.cycle
+        message = TOO_LARGE.format(self.max_body)
+        log.debug("%s %s -> 413: %s", cycle.scope["method"], cycle.scope["path"], message)
+        cycle.scope[BODY_REFUSED] = message  # type: ignore[literal-required]
+        if cycle.response_started or self.pipeline:
+            self.transport.close()  # another answer is (or goes) first: no room for ours
+        else:
+            cycle.response_started = cycle.response_complete = True
+            self._answer_and_close(413, message)
+        cycle.disconnected = True
+        cycle.message_event.set()
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        """Answer ``{"error": message}`` with ``status`` and close (as uvicorn's own 400s:
+        what the client still sends is dropped)."""
+        body = json.dumps({"error": message}, separators=(",", ":")).encode()
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % len(body)
+        )
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
+    def body_read(self) -> None:
+        """The body was read past the parser: take the socket back with a fresh parser."""
+        self.transport.set_protocol(self)
+        # NOTE: the old parser still counts the body's bytes as missing; a new one
+        #   starts at the next request, set up as uvicorn sets up its own.
+        self.parser = httptools.HttpRequestParser(self)
+        try:
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        except AttributeError:  # httptools < 0.6.3
+            pass
+        self.on_message_complete()

@@ -1,0 +1,25 @@
+"""The OIP REST surface, one job per module, read in the order a request flows.
+
+- ``app``: the ASGI app (Falcon's, with the size limit checked before the body
+  is read) and its routes.
+- ``body``: receiving a request body: into a pooled shared-memory segment for
+  binary and large requests, into bytes otherwise.
+- ``coding``: ``Content-Encoding`` / ``Accept-Encoding`` (gzip, deflate).
+- ``resources``: the Falcon resources; the infer route parses the request into
+  the data plane's ``InputTensor``s and calls the data plane.
+- ``render``: an ``InferResult`` as a JSON or binary-extension response.
+- ``error_handlers``: every error as ``{"error": ...}`` with its status.
+- ``media``: the media types and header names of the wire format.
+
+The infer route reads the raw body itself (never through Falcon's media
+handlers) and decodes it once with a typed msgspec decoder. Bodies that carry
+binary tensors are received straight into a pooled shared-memory segment, and
+large binary outputs are sent as views of the worker's output segment.
+
+``create_app`` is the package's entry point (``oipserve.app.server`` builds the app
+with it).
+"""
+
+from oipserve.front.rest.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,154 @@
+"""Management routes over HTTP: /v2/hardware, /v2/workers, /v2/repository, model load aliases.
+
+Thin Falcon resources: parse the small JSON bodies, call ``Management``,
+render. Errors are ``ServerError``s, rendered by the app's one handler.
+"""
+
+from __future__ import annotations
+
+import falcon
+import falcon.asgi
+import msgspec
+
+from oipserve.errors import InvalidInput
+from oipserve.front.rest.body import read_all
+from oipserve.management import Management
+
+#: Management bodies are small JSON objects.
+BODY_LIMIT = 1024 * 1024
+
+
+async def _read_json(req: falcon.asgi.Request, what: str, limit: int = BODY_LIMIT) -> dict | None:
+    """The body as a JSON object; None when empty; 400 when it is anything else."""
+    data = await read_all(req, limit)
+    if not data.strip():
+        return None
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"the {what} body is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"the {what} body is not JSON: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"the {what} body must be a JSON object")
+    return value
+
+
+def _parameters(body: dict | None, what: str) -> dict[str, object]:
+    params = (body or {}).get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput(f"'parameters' of the {what} request must be a JSON object")
+    return params
+
+
+class HardwareResource:
+    def __init__(self, management: Management) -> None:
+        self.management = management
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.data = msgspec.json.encode(self.management.hardware())
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await _read_json(req, "hasHardware")
+        if body is None:
+            raise InvalidInput("No JSON body in hasHardware request")
+        name = body.get("name", "")
+        num = body.get("num", 1)
+        if not isinstance(name, str):
+            raise InvalidInput("'name' must be a string")
+        if isinstance(num, bool) or not isinstance(num, int):
+            raise InvalidInput("'num' must be an integer")
+        resp.status = 200 if self.management.has_hardware(name, num) else 404
+        resp.content_type = falcon.MEDIA_TEXT
+        resp.data = b""
+
+
+class WorkerResource:
+    def __init__(self, management: Management) -> None:
+        self.management = management
+
+    async def on_get(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, worker: str
+    ) -> None:
+        """Debug view of one endpoint: parameters, device, each instance's providers."""
+        resp.data = msgspec.json.encode(self.management.endpoint_info(worker))
+
+    async def on_post_load(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, worker: str
+    ) -> None:
+        params = await _read_json(req, "workerLoad") or {}
+        name = await self.management.worker_load(worker, params)
+        resp.content_type = falcon.MEDIA_TEXT
+        resp.text = name
+
+    async def on_post_unload(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, worker: str
+    ) -> None:
+        await self.management.worker_unload(worker)
+        resp.content_type = falcon.MEDIA_TEXT
+        resp.data = b""
+
+
+class RepositoryResource:
+    def __init__(self, management: Management, load_limit: int) -> None:
+        self.management = management
+        #: A load may carry model files (base64): its body is bounded like an inference's.
+        self.load_limit = load_limit
+
+    async def on_post_index(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await _read_json(req, "repository index") or {}
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput("'ready' must be true or false")
+        resp.data = msgspec.json.encode(self.management.index(ready))
+
+    async def on_post_load(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None:
+        body = await _read_json(req, "model load", limit=self.load_limit)
+        await self.management.repository_load(model, version, _parameters(body, "load"))
+        resp.data = b""
+
+    async def on_post_unload(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None:
+        body = await _read_json(req, "model unload")
+        _parameters(body, "unload")
+        await self.management.repository_unload(model, version)
+        resp.data = b""
+
+
+class ModelListResource:
+    def __init__(self, management: Management) -> None:
+        self.management = management
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.data = msgspec.json.encode({"models": self.management.served()})
+
+
+def add_admin_routes(app: falcon.asgi.App, management: Management) -> None:
+    """Mount every management route on ``app``."""
+    app.add_route("/v2/hardware", HardwareResource(management))
+    workers = WorkerResource(management)
+    app.add_route("/v2/workers/{worker}", workers)
+    app.add_route("/v2/workers/{worker}/load", workers, suffix="load")
+    app.add_route("/v2/workers/{worker}/unload", workers, suffix="unload")
+    # NOTE: the app's own limit (--max-request-bytes); management bodies are small.
+    repository = RepositoryResource(management, getattr(app, "max_request_bytes", BODY_LIMIT))
+    app.add_route("/v2/repository/index", repository, suffix="index")
+    for base in (
+        "/v2/repository/models/{model}",
+        "/v2/repository/models/{model}/versions/{version}",
+        "/v2/models/{model}",
+    ):
+        app.add_route(base + "/load", repository, suffix="load")
+        app.add_route(base + "/unload", repository, suffix="unload")
+    app.add_route("/v2/models", ModelListResource(management))

@@ -1,0 +1,9 @@
+"""Model versions and how they come and go.
+
+- ``registry``: versions and their readiness (``ModelRegistry``).
+- ``manager``: loading, reloading and unloading versions on workers (``ModelManager``).
+- ``repository``: the repository directory and its version policy; ``uploads``: files sent
+  with a load.
+- ``metadata``: tensor metadata; ``config_response``: the config extension's answer.
+- ``config/``: ``config.pbtxt`` parsed against Triton's proto.
+"""

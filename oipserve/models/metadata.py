@@ -1,0 +1,162 @@
+"""A model's tensor metadata: the ONNX graph's, refined by config.pbtxt.
+
+Clients see the config's ``dims`` (Triton's rule); the model may see another shape,
+its ``reshape``. Both get the batch dimension (-1) in front when max_batch_size > 0.
+``reshaped`` turns one shape into the other for a request (inputs) or a reply
+(outputs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from oipserve.models.config.parse import ModelConfig, TensorConfig
+from oipserve.wire.messages import Loaded, TensorMeta
+
+__all__ = ["MetadataConflict", "TensorSpec", "merge_metadata", "reshaped"]
+
+
+class MetadataConflict(ValueError):
+    """config.pbtxt and the ONNX graph disagree: the model cannot be served as configured."""
+
+
+class TensorSpec(msgspec.Struct, frozen=True):
+    """One input or output as clients see it (``shape``, -1: any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    #: The shape the model sees when config.pbtxt gives a ``reshape``; else None.
+    model_shape: tuple[int, ...] | None = None
+    #: An input a request may leave out (config.pbtxt ``optional``).
+    optional: bool = False
+    #: An output's class labels (config.pbtxt ``label_filename``), for classification.
+    labels: tuple[str, ...] = ()
+
+
+def reshaped(shape: list[int], pattern: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
+    """``shape`` (which fits ``pattern``) laid out as ``target``.
+
+    The -1s of ``target`` take, in order, the sizes ``shape`` has where ``pattern``
+    has -1 (the batch dimension first); config loading checked that both have as
+    many -1s and that their fixed sizes have the same product. ValueError if
+    ``shape`` does not fit ``pattern``.
+    """
+    if len(shape) != len(pattern):
+        raise ValueError(f"shape {shape} does not have the rank of {list(pattern)}")
+    free = iter([got for got, want in zip(shape, pattern, strict=True) if want == -1])
+    out = [next(free) if dim == -1 else dim for dim in target]
+    if math.prod(out) != math.prod(shape):
+        raise ValueError(f"shape {shape} does not hold the elements of {out}")
+    return out
+
+
+def _spec(meta: TensorMeta) -> TensorSpec:
+    return TensorSpec(meta.name, meta.datatype, tuple(meta.shape))
+
+
+def _refine(
+    kind: str,
+    graph: list[TensorSpec],
+    declared: tuple[TensorConfig, ...],
+    batched: bool,
+    defaults: dict[str, TensorSpec] | None = None,
+) -> tuple[TensorSpec, ...]:
+    if not declared:
+        return tuple(graph)
+    by_name = {t.name: t for t in graph}
+    batch = (-1,) if batched else ()
+    refined = []
+    for entry in declared:
+        dims = (*batch, *entry.dims)
+        model_shape = None if entry.reshape is None else (*batch, *entry.reshape)
+        actual = by_name.get(entry.name)
+        default = (defaults or {}).get(entry.name)
+        optional = False
+        if actual is None and entry.optional and default is not None:
+            # NOTE: ONNX Runtime lists a graph input that has an initializer (a default
+            #   value) apart from the required ones; a request may feed or omit it.
+            actual, optional = default, True
+        elif actual is None:
+            if entry.optional:
+                raise MetadataConflict(
+                    f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
+                    "has no input with a default value (an initializer) of that name"
+                )
+            raise MetadataConflict(
+                f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
+                f"{sorted(by_name)}"
+            )
+        elif entry.optional:
+            raise MetadataConflict(
+                f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
+                "requires it: only a graph input with an initializer (a default value) can "
+                "be left out"
+            )
+        if entry.data_type != actual.datatype:
+            raise MetadataConflict(
+                f"config.pbtxt says {kind} '{entry.name}' is {entry.data_type} but the "
+                f"ONNX graph says {actual.datatype}"
+            )
+        seen_by_model = _merge_dims(kind, entry.name, model_shape or dims, actual.shape)
+        shape = dims if model_shape is not None else seen_by_model
+        refined.append(
+            TensorSpec(entry.name, entry.data_type, shape, model_shape, optional, entry.labels)
+        )
+    if kind == "input":
+        missing = sorted(set(by_name) - {t.name for t in refined})
+        if missing:
+            raise MetadataConflict(f"config.pbtxt leaves out graph inputs {missing}")
+    return tuple(refined)
+
+
+def _merge_dims(
+    kind: str, name: str, dims: tuple[int, ...], graph: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The config's dims, with the graph's fixed size where the config says -1."""
+    conflict = MetadataConflict(
+        f"config.pbtxt gives {kind} '{name}' shape {list(dims)} but the ONNX graph has "
+        f"{list(graph)}"
+    )
+    if graph and len(graph) != len(dims):
+        raise conflict
+    merged = []
+    for i, dim in enumerate(dims):
+        graph_dim = graph[i] if graph else -1
+        if dim == -1:
+            merged.append(graph_dim)
+        elif graph_dim not in (-1, dim):
+            raise conflict
+        else:
+            merged.append(dim)
+    return tuple(merged)
+
+
+def merge_metadata(
+    config: ModelConfig | None, loaded: Loaded
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Tensor metadata from the graph, refined by config.pbtxt; MetadataConflict if they clash.
+
+    With ``max_batch_size > 0`` a config's dims exclude the batch dimension
+    (Triton's convention), which becomes -1. A config dim of -1 takes the
+    graph's fixed size when it has one (not under a reshape: clients then see
+    the config's dims as given). The graph is checked against ``reshape`` when
+    there is one, else against ``dims``.
+    """
+    graph_inputs = [_spec(m) for m in loaded.inputs]
+    graph_outputs = [_spec(m) for m in loaded.outputs]
+    if config is None:
+        return tuple(graph_inputs), tuple(graph_outputs)
+    batched = config.max_batch_size > 0
+    return (
+        _refine(
+            "input",
+            graph_inputs,
+            config.inputs,
+            batched,
+            {m.name: _spec(m) for m in loaded.optional_inputs},
+        ),
+        _refine("output", graph_outputs, config.outputs, batched),
+    )

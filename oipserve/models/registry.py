@@ -1,0 +1,247 @@
+"""Models being served: their versions, metadata, state and instances.
+
+The registry answers "which version serves this request, and is it ready". Loading
+versions onto workers is ``oipserve.models.manager``'s job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Literal
+
+from oipserve.errors import InvalidInput, NotFound, Unavailable
+from oipserve.models.config.parse import ModelConfig
+from oipserve.models.metadata import TensorSpec, merge_metadata
+from oipserve.pool.handle import WorkerHandle
+
+if TYPE_CHECKING:
+    from oipserve.scheduling.scheduler import DynamicBatcher
+
+__all__ = [
+    "ModelRegistry",
+    "ModelVersion",
+    "TensorSpec",
+    "merge_metadata",
+]
+
+log = logging.getLogger("oipserve.models")
+
+State = Literal["LOADING", "READY", "UNAVAILABLE", "UNLOADING"]
+PLATFORM = "onnxruntime_onnx"
+
+
+#: Serial numbers of ModelVersion objects: one per load, never reused in this process.
+_SERIALS = itertools.count(1)
+
+#: Reasons of versions taken out of service on purpose (``ModelManager._unload_version``).
+GONE = ("unloaded", "replaced by a reload")
+
+
+def unknown_model(name: str) -> NotFound:
+    """A name never loaded since start, in Triton's words: its clients (and Triton's example
+    clients) match "Request for unknown model"."""
+    return NotFound(f"Request for unknown model: '{name}' is not found")
+
+
+def check_version(version: str) -> None:
+    """A requested version must be a number: InvalidInput in Triton's words otherwise (its
+    clients match them), not a NotFound for a version named "latest"."""
+    if not (version.isascii() and version.isdigit()):
+        raise InvalidInput(
+            f"failed to get model version from specified version string '{version}', "
+            "version should be an integral value > 0"
+        )
+
+
+class ModelVersion:
+    """One version of one model, and the workers that hold a session for it."""
+
+    def __init__(self, name: str, version: str, path: str, config: ModelConfig | None) -> None:
+        self.name = name
+        self.version = version
+        self.key = f"{name}/{version}"
+        #: This load of the version, for the other HTTP fronts (``oipserve.scaleout``): their
+        #: copies and statistics rows name it, and a reload's new objects get new serials.
+        self.serial = next(_SERIALS)
+        self.path = path
+        self.config = config
+        self.max_batch_size = config.max_batch_size if config else 0
+        self.parameters: dict[str, str] = dict(config.parameters) if config else {}
+        self.state: State = "LOADING"
+        self.reason = ""
+        self.inputs: tuple[TensorSpec, ...] = ()
+        self.outputs: tuple[TensorSpec, ...] = ()
+        self.input_map: dict[str, TensorSpec] = {}
+        self.output_map: dict[str, TensorSpec] = {}
+        self.workers: list[WorkerHandle] = []
+        self.providers: dict[int, list[str]] = {}
+        self.platform = PLATFORM
+        #: Echo endpoints are answered by the front (inputs copied to outputs), no session.
+        self.echo = False
+        #: Loaded from the repository by ``ModelManager`` (not a worker endpoint's model): the
+        #: other HTTP fronts may answer it (``oipserve.scaleout``).
+        self.repository = False
+        #: Extra CUDA settings (from worker-load parameters) on top of config parameters.
+        self.cuda_settings: dict[str, str] = {}
+        #: Its dynamic batcher (config.pbtxt ``dynamic_batching``), made on first use.
+        self.batcher: DynamicBatcher | None = None
+        #: Requests in the data plane now (``DataPlane.infer``), queued or running.
+        self.in_flight = 0
+        #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
+        self.placements: dict[int, dict[str, object]] = {}
+        #: Worker id -> the intra-op threads its session was made with (None: the worker's
+        #: own): with ``workers``, the record a replacement of that worker is loaded from.
+        self.session_threads: dict[int, int | None] = {}
+
+    def set_metadata(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.input_map = {t.name: t for t in inputs}
+        self.output_map = {t.name: t for t in outputs}
+
+    def check_serving(self) -> None:
+        """NotFound once the version was unloaded; 503 while no worker runs it."""
+        self._check_not_unloaded()
+        if not self.instances():
+            raise self._no_instance()
+
+    def _check_not_unloaded(self) -> None:
+        # NOTE: a request that found this version before it was unloaded (or replaced by
+        #   a reload) is in flight: it gets a retryable 503, never "unknown" (404).
+        if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason in GONE:
+            raise self.gone_while("in flight")
+
+    def stop_serving(self, why: str) -> None:
+        """Out of service (unloaded, replaced, retired): a request that still finds it gets
+        a retryable 503 (``gone_while``), those queued in its batcher get it now, and
+        batches already running finish."""
+        self.state = "UNLOADING"
+        self.reason = why
+        if self.batcher is not None:
+            self.batcher.close(self.gone_while("queued"))
+
+    def gone_while(self, what: str) -> Unavailable:
+        """The 503 of a request that found this version before it was taken out of service."""
+        return Unavailable(
+            f"model '{self.name}' version {self.version} was {self.reason} while this "
+            f"request was {what}; retry",
+            retry_after=1,
+        )
+
+    def _no_instance(self) -> Unavailable:
+        return Unavailable(
+            f"model '{self.name}' version {self.version} has no running instance "
+            "(its worker is restarting)",
+            retry_after=1,
+        )
+
+    def pick(self, max_queue: int) -> WorkerHandle:
+        """The worker with the fewest requests in flight, or 503."""
+        self._check_not_unloaded()
+        best: WorkerHandle | None = None
+        best_load = 0
+        for worker in self.workers:
+            if worker.alive and self.key in worker.models:
+                load = worker.in_flight + worker.away
+                if best is None or load < best_load:
+                    best, best_load = worker, load
+        if best is None:
+            raise self._no_instance()
+        if best.in_flight >= max_queue:
+            raise Unavailable(
+                f"model '{self.name}' is overloaded: {best.in_flight} requests queued on "
+                "each of its instances",
+                retry_after=1,
+            )
+        return best
+
+    def instances(self) -> list[WorkerHandle]:
+        """The workers that can run this version now, this front's own first (``away``:
+        the dynamic batcher takes the first one free)."""
+        running = [w for w in self.workers if w.alive and self.key in w.models]
+        running.sort(key=_away)
+        return running
+
+    @property
+    def ready(self) -> bool:
+        if self.echo:
+            return self.state == "READY"
+        return self.state == "READY" and any(w.alive and self.key in w.models for w in self.workers)
+
+
+def _away(worker: WorkerHandle) -> int:
+    return worker.away
+
+
+class ModelRegistry:
+    """Name -> version -> ModelVersion, plus the set that readiness depends on."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.failed: dict[str, str] = {}
+        self.required: set[str] = set()
+        #: Names unloaded on request, for a clearer 404.
+        self.unloaded: set[str] = set()
+        #: Names with a repository load under way: known, not ready yet (503, not 404).
+        self.loading: set[str] = set()
+
+    def resolve(self, name: str, version: str | None) -> ModelVersion:
+        versions = self.models.get(name)
+        if versions is None:
+            reason = self.failed.get(name)
+            if reason is not None:
+                raise Unavailable(f"model '{name}' is unavailable: {reason}")
+            if name in self.loading:
+                raise Unavailable(f"model '{name}' is being loaded; retry", retry_after=1)
+            if name in self.unloaded:
+                raise NotFound(f"model '{name}' is not loaded (it was unloaded)")
+            raise unknown_model(name)
+        if version is not None:
+            check_version(version)
+            model = versions.get(version)
+            if model is None:
+                raise NotFound(
+                    f"model '{name}' has no version '{version}' (versions: {', '.join(versions)})"
+                )
+        else:
+            ready = [v for v in versions.values() if v.state == "READY"]
+            if not ready:
+                any_version = next(iter(versions.values()))
+                raise Unavailable(
+                    f"model '{name}' has no ready version"
+                    + (f": {any_version.reason}" if any_version.reason else "")
+                )
+            model = max(ready, key=lambda v: int(v.version))
+        if not model.ready:
+            raise Unavailable(
+                f"model '{name}' version {model.version} is not ready"
+                + (f": {model.reason}" if model.reason else ""),
+                retry_after=1,
+            )
+        return model
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """Readiness of a known model (or version); unknown ones are NotFound.
+
+        Known: loaded, being loaded, failed to load, or unloaded on request.
+        """
+        versions = self.models.get(name)
+        if versions is None:
+            if name in self.failed or name in self.unloaded or name in self.loading:
+                return False  # known, not ready (Triton's contract too)
+            raise unknown_model(name)
+        if version is None:
+            return any(v.ready for v in versions.values())
+        check_version(version)
+        model = versions.get(version)
+        if model is None:
+            raise NotFound(f"model '{name}' has no version '{version}'")
+        return model.ready
+
+    def all_ready(self) -> bool:
+        for name in self.required:
+            versions = self.models.get(name)
+            if not versions or not all(v.ready for v in versions.values()):
+                return False
+        return True

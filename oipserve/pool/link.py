@@ -1,0 +1,321 @@
+"""One front's connection to one worker: requests by id, their replies, deadlines.
+
+A ``WorkerLink`` is what a front needs to send a worker requests and get answers: ids,
+futures, deadlines, and writes coalesced per loop iteration. It knows nothing of the
+worker's process. ``oipserve.pool.handle.WorkerHandle`` is the link the front that
+started the worker holds, with the process, its heartbeat and its models' loads on top.
+A link is cut off when its socket closes: its pending requests fail with 503 and its
+death listeners are told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from oipserve.errors import DeadlineExceeded, Unavailable, from_kind
+from oipserve.wire.messages import (
+    Failed,
+    Forget,
+    ForgetRegions,
+    FrameSplitter,
+    FromWorker,
+    Infer,
+    InferDone,
+    LoadModel,
+    ObjectRef,
+    OutputTarget,
+    Release,
+    Reply,
+    TensorDesc,
+    WorkerReady,
+    frame,
+)
+
+__all__ = ["AWAY", "WorkerDied", "WorkerLink", "away"]
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+#: How often a worker's pending requests are checked against their deadlines: a request
+#: fails at most this much after its deadline.
+DEADLINE_SWEEP = 0.05
+#: Seconds a worker has to greet a front that connected to it.
+CONNECT_TIMEOUT = 10.0
+#: Seconds a housekeeping message (Release, Forget) waits for a request to carry it.
+LAZY_FLUSH = 0.002
+
+
+#: With ``--http-workers``, what a worker that is not one of a front's own counts as
+#: beyond its requests in flight. Each front then keeps to its own workers, and turns to
+#: another's only when its own have 8 more requests queued. Measured on 2 cores (2 fronts,
+#: 2 workers, tiny JSON, 2 x c=8, 3 interleaved rounds): fronts sharing every worker
+#: equally (0) served 1.0x one front's requests, at 1.25x its CPU per request (a worker
+#: serving two sockets, a front writing to two workers per loop turn); 8 served 1.18x.
+AWAY = 8
+
+
+def away(worker_id: int, front: int, fronts: int) -> int:
+    """What worker ``worker_id`` counts as beyond its queue for front ``front`` (0: the
+    primary) of ``fronts``: 0 when it is one of that front's own (round-robin by id)."""
+    return 0 if (worker_id - 1) % fronts == front % fronts else AWAY
+
+
+class WorkerDied(Unavailable):
+    pass
+
+
+class WorkerLink:
+    """A connection to one worker, the requests in flight on it and the models it holds."""
+
+    def __init__(self, worker_id: int, device: str, prefix: str) -> None:
+        self.worker_id = worker_id
+        self.device = device
+        #: The worker's output segments (of every front's connection) start with this.
+        self.segment_prefix = prefix
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future[object]] = {}
+        #: Per pending infer: callbacks run when the worker no longer reads its inputs.
+        self.on_done: dict[int, Callable[[], None]] = {}
+        #: The model versions (keys) the worker holds a session for, and how each was loaded.
+        self.models: dict[str, LoadModel] = {}
+        self.alive = False
+        #: Added to its requests in flight when a front picks a worker: 0 for the workers
+        #: that are this front's own (``--http-workers``: ``away()``), more for the others.
+        self.away = 0
+        self.ready = asyncio.Event()
+        self.pid: int | None = None
+        self._next_rid = 0
+        self._outbox: list[bytes] = []
+        #: A flush is scheduled for this loop iteration.
+        self._flush_soon = False
+        #: The timer that sends housekeeping messages no request came to carry.
+        self._lazy_flush: asyncio.TimerHandle | None = None
+        #: PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._death_listeners: list[Callable[[WorkerLink], None]] = []
+        #: Per pending request with a deadline: that deadline (loop time). PERF: one sweep
+        #:   timer per worker checks them, rather than a timer per request.
+        self._deadlines: dict[int, float] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        #: Why requests fail once the link is cut off, when there is more to say (a hang).
+        self._hung = ""
+        #: Steps in progress during which the worker's heartbeat thread may be silent for a
+        #: while, because the step holds the GIL: loads (ONNX Runtime building a session)
+        #: and large JSON bodies (msgspec and simdjson, ~1.6 ms per MiB; ``json_offload``).
+        #: The heartbeat is the starting front's (``WorkerHandle``); another front's steps
+        #: are counted on its own link, and at ~1.6 ms per MiB of a body capped by
+        #: ``--max-request-bytes`` they stay far below the heartbeat's timeout.
+        self.loading = 0
+
+    async def connect(self, address: str) -> None:
+        """Connect to the worker's listener for other fronts (``WorkerHandle.front_address``)
+        and wait for its greeting. Raises OSError or TimeoutError when it cannot."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self.ready = asyncio.Event()  # NOTE: before connecting: the greeting comes at once
+        self.alive = True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            transport, _ = await loop.create_unix_connection(
+                lambda: MessageProtocol(self), sock=sock
+            )
+        except BaseException:
+            self.alive = False
+            sock.close()
+            raise
+        self.transport = transport  # type: ignore[assignment]
+        try:
+            await asyncio.wait_for(self.ready.wait(), CONNECT_TIMEOUT)
+        except BaseException:
+            self._cut_off("it did not greet this front")
+            raise
+        if not self.alive:
+            raise OSError(f"worker {self.worker_id} closed the connection at once")
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def _rid(self) -> int:
+        self._next_rid += 1
+        return self._next_rid
+
+    def add_death_listener(self, listener: Callable[[WorkerLink], None]) -> None:
+        self._death_listeners.append(listener)
+
+    def on_message(self, message: object) -> None:
+        if isinstance(message, Reply):
+            self._deadlines.pop(message.rid, None)
+            done = self.on_done.pop(message.rid, None)
+            if done is not None:
+                done()
+            future = self.pending.pop(message.rid, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+            elif isinstance(message, InferDone):
+                # NOTE: nobody waits for these outputs any more (the request was
+                #   cancelled); hand the segment straight back.
+                self.release_outputs(message.segment)
+        elif isinstance(message, WorkerReady):
+            self.pid = message.pid
+            self.ready.set()
+
+    def connection_closed(self) -> None:
+        """The worker closed this connection: it is gone (or going) for this front."""
+        if self.alive:
+            self._cut_off("its connection closed")
+            for listener in self._death_listeners:
+                listener(self)
+
+    def _cut_off(self, why: str) -> None:
+        """Fail everything in flight and take no more (once): it can no longer answer."""
+        if not self.alive:
+            return
+        self.alive = False
+        if self.transport is not None:
+            self.transport.abort()
+        self._deadlines.clear()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        why = self._hung or why
+        self.ready.set()  # wake a start() that waits
+        error = WorkerDied(
+            f"worker {self.worker_id} ({self.device}) stopped while handling this request: {why}"
+        )
+        for rid, future in list(self.pending.items()):
+            done = self.on_done.pop(rid, None)
+            if done is not None:
+                done()
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+
+    def send(self, message: object, urgent: bool = True) -> None:
+        """Queue a message; everything queued in one loop iteration goes out in one write.
+
+        A message that is not ``urgent`` (housekeeping: Release, Forget) waits for the next
+        urgent one to ride along with, or at most ``LAZY_FLUSH`` seconds.
+        """
+        if self.transport is None or not self.alive:
+            return
+        # PERF: one socket write per request (Infer) and one per response (Release)
+        #   cost a fifth of the front's time under load; coalescing them per event
+        #   loop iteration turns many into one. A Release alone also woke the worker
+        #   for nothing: under load it now rides with the next Infer.
+        self._outbox.append(frame(_ENCODER, message))
+        if urgent:
+            if not self._flush_soon:
+                self._flush_soon = True
+                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        elif self._lazy_flush is None:
+            self._lazy_flush = self._loop.call_later(LAZY_FLUSH, self._flush_lazily)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        outbox, self._outbox = self._outbox, []
+        if self.transport is not None and self.alive and outbox:
+            self.transport.write(b"".join(outbox))
+
+    def _flush_lazily(self) -> None:
+        self._lazy_flush = None
+        self._flush()
+
+    def call(
+        self,
+        make: Callable[[int], object],
+        on_done: Callable[[], None] | None = None,
+        deadline: float | None = None,
+    ) -> Awaitable[object]:
+        """Send a request built with a fresh id; the awaitable resolves to the reply.
+
+        At ``deadline`` (loop time) the awaitable fails with DeadlineExceeded; the request
+        stays pending until the worker answers it (the worker may still be reading its
+        inputs, and its outputs go straight back to it).
+        """
+        if not self.alive:
+            raise WorkerDied(f"worker {self.worker_id} ({self.device}) is not running")
+        rid = self._rid()
+        loop = self._loop
+        future: asyncio.Future[object] = loop.create_future()  # type: ignore[union-attr]
+        self.pending[rid] = future
+        if on_done is not None:
+            self.on_done[rid] = on_done
+        if deadline is not None:
+            self._deadlines[rid] = deadline
+            if self._sweep is None:
+                self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
+        self.send(make(rid))
+        if len(self.pending) == 1:
+            # PERF: an idle worker gets its request at once (one loop iteration less
+            #   of latency); a busy one cannot start it sooner, so it is batched.
+            self._flush()
+        return future
+
+    def _expire_overdue(self) -> None:
+        """Fail the pending requests past their deadline; look again while any are left."""
+        self._sweep = None
+        loop = self._loop
+        now = loop.time()  # type: ignore[union-attr]
+        overdue = [rid for rid, deadline in self._deadlines.items() if deadline <= now]
+        for rid in overdue:
+            del self._deadlines[rid]
+            future = self.pending.get(rid)
+            if future is not None and not future.done():
+                future.set_exception(DeadlineExceeded())
+        if self._deadlines:
+            self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
+
+    async def infer(
+        self,
+        key: str,
+        inputs: list[TensorDesc],
+        outputs: list[str],
+        on_inputs_free: Callable[[], None],
+        deadline: float | None = None,
+        targets: list[OutputTarget] | None = None,
+        text_outputs: list[str] | None = None,
+    ) -> InferDone:
+        into = targets or []
+        texts = text_outputs or []
+        reply = await self.call(
+            lambda rid: Infer(rid, key, inputs, outputs, into, texts), on_inputs_free, deadline
+        )
+        if isinstance(reply, Failed):
+            raise from_kind(reply.kind, reply.message)
+        return reply  # type: ignore[return-value]
+
+    def release_outputs(self, segment: str) -> None:
+        self.send(Release([segment]), urgent=False)
+
+    def forget_inputs(self, segments: list[str]) -> None:
+        self.send(Forget(segments), urgent=False)
+
+    def forget_regions(self, objects: list[ObjectRef]) -> None:
+        if self.alive:
+            self.send(ForgetRegions(objects))
+
+
+_DECODER = msgspec.msgpack.Decoder(FromWorker)
+
+
+class MessageProtocol(asyncio.Protocol):
+    """Frames from the worker's message socket, decoded and handed to its link."""
+
+    __slots__ = ("worker", "splitter")
+
+    def __init__(self, worker: WorkerLink) -> None:
+        self.worker = worker
+        self.splitter = FrameSplitter()
+
+    def data_received(self, data: bytes) -> None:
+        for body in self.splitter.feed(data):
+            self.worker.on_message(_DECODER.decode(body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.worker.connection_closed()

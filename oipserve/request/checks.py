@@ -1,0 +1,168 @@
+"""A request checked against its model before any of its data is decoded or placed.
+
+``check_request`` is step 2 of the inference path (``oipserve.dataplane.plane``): names,
+duplicates, missing inputs, datatypes, shapes and batch sizes against the model's
+metadata, then the requested outputs; only then each input's byte size and host data
+(``placement.payload``), so what a request costs is decided before it is paid.
+``output_targets`` does the same for outputs a client wants in its shared memory.
+
+An output region may overlap an input region (one region used in place): the worker then
+computes every output before it writes any (``workers.outputs``). Two outputs whose rooms
+overlap are refused: one would be written over the other, and the client would read
+whichever came last (docs/shared-memory.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from oipserve.errors import InvalidInput
+from oipserve.models.metadata import reshaped
+from oipserve.models.registry import ModelVersion
+from oipserve.request.images import image_target
+from oipserve.request.inference import InputTensor
+from oipserve.request.placement import Placement, image_payload_of, payload
+from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
+from oipserve.wire.messages import OutputTarget
+
+if TYPE_CHECKING:
+    from oipserve.request.client_regions import RegionUse
+
+__all__ = ["check_request", "output_targets"]
+
+
+def check_request(
+    model: ModelVersion, inputs: list[InputTensor], output_names: list[str]
+) -> list[Placement]:
+    """Validate against the model; returns (input, shape for the model, nbytes, host
+    data or None) each. Optional inputs a request leaves out get no entry: ONNX
+    Runtime then uses the graph's initializer for them."""
+    if not inputs:
+        raise InvalidInput("'inputs' must list at least one input")
+    seen: set[str] = set()
+    # NOTE: every input is checked before any input's data is decoded (payload,
+    #   image_payload_of): what a request costs is decided before it is paid.
+    checked: list[tuple[InputTensor, list[int]]] = []
+    for tensor in inputs:
+        spec = model.input_map.get(tensor.name)
+        if spec is None:
+            raise InvalidInput(
+                f"unexpected input '{tensor.name}' for model '{model.name}' "
+                f"(its inputs: {', '.join(model.input_map)})"
+            )
+        if tensor.name in seen:
+            raise InvalidInput(f"input '{tensor.name}' is given more than once")
+        seen.add(tensor.name)
+        tensor.image = image_target(model, spec, tensor)
+        if tensor.image is not None:
+            checked.append((tensor, tensor.shape))
+            continue
+        if tensor.datatype != spec.datatype:
+            raise InvalidInput(
+                f"input '{tensor.name}' has datatype {tensor.datatype}, but model "
+                f"'{model.name}' expects {spec.datatype}"
+            )
+        _check_shape(model, tensor, spec.shape)
+        shape = tensor.shape
+        if spec.model_shape is not None:
+            shape = reshaped(shape, spec.shape, spec.model_shape)
+        checked.append((tensor, shape))
+    if len(seen) != len(model.input_map):
+        missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
+    else:
+        missing = []
+    if missing:
+        raise InvalidInput(
+            f"model '{model.name}' needs input(s) {', '.join(repr(m) for m in missing)}, "
+            "which the request does not give"
+        )
+    wanted: set[str] = set()
+    for name in output_names:
+        if name not in model.output_map:
+            raise InvalidInput(
+                f"unexpected requested output '{name}' for model '{model.name}' "
+                f"(its outputs: {', '.join(model.output_map)})"
+            )
+        if name in wanted:
+            raise InvalidInput(f"output '{name}' is requested more than once")
+        wanted.add(name)
+    return [
+        (
+            tensor,
+            shape,
+            *(payload(tensor) if tensor.image is None else image_payload_of(tensor)),
+        )
+        for tensor, shape in checked
+    ]
+
+
+def output_targets(
+    model: ModelVersion, inputs: list[InputTensor], into: dict[str, RegionUse]
+) -> list[OutputTarget]:
+    """Where the worker writes each output a client wants in its region.
+
+    When the output's shape follows from the model's metadata (every dim fixed but the
+    batch dim, which the request gives), a region too small for it is refused now,
+    before the model runs, and the worker is told the shape (ONNX Runtime then writes
+    into the region directly); otherwise the worker checks the size after the run.
+    """
+    _check_apart(into)
+    batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else None
+    targets = []
+    for name, use in into.items():
+        spec = model.output_map[name]
+        shape: list[int] | None = list(spec.shape)
+        if model.max_batch_size > 0 and shape and shape[0] == -1:
+            shape[0] = batch if batch is not None else -1
+        if any(d < 0 for d in shape) or spec.datatype == "BYTES":
+            shape = None
+        if shape is not None:
+            nbytes = ELEMENT_SIZES[spec.datatype] * element_count(shape)
+            if nbytes > use.nbytes:
+                raise InvalidInput(use.too_small(f"output '{name}'", nbytes))
+            if spec.model_shape is not None:
+                shape = reshaped(shape, spec.shape, spec.model_shape)
+        targets.append(OutputTarget(name, use.region.ref, use.offset, use.nbytes, shape))
+    return targets
+
+
+def _check_apart(into: dict[str, RegionUse]) -> None:
+    """400 when two outputs' rooms overlap in one client object (compared by identity, so
+    two region names over one object count as one object); touching ranges are apart."""
+    placed: list[tuple[str, tuple[int, int], int, int]] = []
+    for name, use in into.items():
+        ref = use.region.ref
+        key, start, end = (ref.dev, ref.ino), use.offset, use.offset + use.nbytes
+        for other, other_key, first, last in placed:
+            if key == other_key and start < last and first < end:
+                raise InvalidInput(
+                    f"outputs '{other}' and '{name}' overlap in shared memory object "
+                    f"'{ref.name}' (bytes {first}-{last - 1} and {start}-{end - 1} of the "
+                    "object): one would be written over the other; give each output its "
+                    "own bytes"
+                )
+        if end > start:
+            placed.append((name, key, start, end))
+
+
+def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, ...]) -> None:
+    shape = tensor.shape
+    fits = len(shape) == len(expected)
+    if fits:
+        for got, want in zip(shape, expected, strict=True):
+            if got < 0:
+                raise InvalidInput(
+                    f"input '{tensor.name}' has a negative dimension in {list(shape)}"
+                )
+            if want != -1 and got != want:
+                fits = False
+    if not fits:
+        raise InvalidInput(
+            f"input '{tensor.name}' has shape {list(shape)}, but model '{model.name}' expects "
+            f"{list(expected)} (-1 may be any size)"
+        )
+    if model.max_batch_size > 0 and shape and shape[0] > model.max_batch_size:
+        raise InvalidInput(
+            f"input '{tensor.name}' has batch size {shape[0]}, but model '{model.name}' "
+            f"takes at most {model.max_batch_size}"
+        )

@@ -1,0 +1,213 @@
+"""What a request and its answer are, between the protocol fronts and the data plane.
+
+REST and gRPC parse their wire format into ``InputTensor``s and hand them to the data
+plane as one ``Inference``; the data plane answers with an ``InferResult`` whose
+outputs are views of a worker's shared memory until it is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from oipserve.errors import InferenceFailed, InternalError
+from oipserve.models.metadata import reshaped
+from oipserve.wire.datatypes import element_count
+from oipserve.wire.images import ImageSpec
+from oipserve.wire.messages import TensorDesc
+from oipserve.wire.shm import Lease
+
+if TYPE_CHECKING:
+    from oipserve.models.registry import ModelVersion
+    from oipserve.request.client_regions import RegionUse
+
+#: Registers a callback to run when the client goes away (REST: the connection closed).
+Watch = Callable[[Callable[[], None]], None]
+
+_EMPTY = memoryview(b"")
+
+__all__ = [
+    "Inference",
+    "InferResult",
+    "InputTensor",
+    "OutputTensor",
+    "client_outputs",
+    "region_parameters_of",
+]
+
+
+class InputTensor:
+    """One request input, as a protocol adapter parsed it.
+
+    Exactly one of ``values`` (JSON / typed values), ``raw`` (bytes in this
+    process's memory), ``located`` (bytes already in a pooled segment:
+    lease, offset, size) and ``region`` (a client's registered shared memory)
+    holds the data.
+    """
+
+    __slots__ = ("name", "datatype", "shape", "values", "raw", "located", "region", "image")
+
+    def __init__(
+        self,
+        name: str,
+        datatype: str,
+        shape: list[int],
+        *,
+        values: object = None,
+        raw: memoryview | bytes | None = None,
+        located: tuple[Lease, int, int] | None = None,
+        region: RegionUse | None = None,
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        self.values = values
+        self.raw = raw
+        self.located = located
+        self.region = region
+        #: Set by the data plane when the input is encoded images (see oipserve.request.images).
+        self.image: ImageSpec | None = None
+
+
+class Inference:
+    """One inference request as a protocol adapter hands it to ``DataPlane.infer``.
+
+    ``owned`` holds what the inputs' data lives in (leases of segments, uses of
+    clients' regions): the data plane releases it once the worker is done reading.
+    ``priority`` and ``timeout_us`` are the request's schedule-policy parameters (0:
+    the model's defaults), and ``watch`` registers what to do if the client goes
+    away: they matter for models with dynamic batching, whose requests may wait.
+    ``into_regions`` holds the outputs to write into clients' shared-memory regions,
+    released once the call returns. ``text_outputs`` names the outputs the client
+    gets as JSON (a worker prints the large ones); ``classification`` maps outputs
+    the client wants as their top-k classes to k (``oipserve.request.classification``).
+    """
+
+    __slots__ = (
+        "model",
+        "inputs",
+        "output_names",
+        "owned",
+        "priority",
+        "timeout_us",
+        "watch",
+        "into_regions",
+        "text_outputs",
+        "classification",
+    )
+
+    def __init__(
+        self,
+        model: ModelVersion,
+        inputs: list[InputTensor],
+        output_names: list[str],
+        owned: list[Lease | RegionUse],
+        *,
+        priority: int = 0,
+        timeout_us: int = 0,
+        watch: Watch | None = None,
+        into_regions: dict[str, RegionUse] | None = None,
+        text_outputs: list[str] | None = None,
+        classification: dict[str, int] | None = None,
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.output_names = output_names
+        self.owned = owned
+        self.priority = priority
+        self.timeout_us = timeout_us
+        self.watch = watch
+        self.into_regions: dict[str, RegionUse] = into_regions or {}
+        self.text_outputs = text_outputs
+        self.classification: dict[str, int] = classification or {}
+
+
+class OutputTensor:
+    __slots__ = ("name", "datatype", "shape", "data", "text", "parts", "region", "region_bytes")
+
+    def __init__(
+        self, name: str, datatype: str, shape: list[int], data: memoryview, text: bool = False
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        #: The tensor's bytes (BYTES: length-prefixed) in the worker's output segment;
+        #: empty when the tensor went into a client's region.
+        self.data = data
+        #: True when ``data`` holds the JSON text of the values (flat) instead: the
+        #: worker printed a large output the client asked to get as JSON.
+        self.text = text
+        #: The JSON text in parts, when the front printed it a step at a time
+        #: (``rest.render.print_in_steps``); ``data`` is then not read.
+        self.parts: list[bytes] | None = None
+        #: The client's region the tensor was written into, and how many bytes it took.
+        self.region: RegionUse | None = None
+        self.region_bytes = 0
+
+    def put_in_region(self, use: RegionUse, nbytes: int) -> None:
+        self.region = use
+        self.region_bytes = nbytes
+        self.data = _EMPTY
+
+    @property
+    def count(self) -> int:
+        return element_count(self.shape)
+
+
+def region_parameters_of(tensor: OutputTensor) -> dict[str, str | int]:
+    """The parameters a response gives an output written into a client's region."""
+    use = tensor.region
+    if use is None:
+        raise InternalError(f"output '{tensor.name}' was not written into a client's region")
+    params: dict[str, str | int] = {
+        "shared_memory_region": use.region.name,
+        "shared_memory_byte_size": tensor.region_bytes,
+    }
+    if use.relative:
+        params["shared_memory_offset"] = use.relative
+    return params
+
+
+class InferResult:
+    """Outputs that live in a worker's shared memory until ``release``."""
+
+    __slots__ = ("model", "outputs", "_release")
+
+    def __init__(
+        self, model: ModelVersion, outputs: list[OutputTensor], release: Callable[[], None]
+    ) -> None:
+        self.model = model
+        self.outputs = outputs
+        self._release: Callable[[], None] | None = release
+
+    def release(self) -> None:
+        """Give the output segment back to the worker; call once nothing reads it."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
+def client_outputs(
+    model: ModelVersion, pieces: list[tuple[TensorDesc, memoryview]]
+) -> list[OutputTensor]:
+    """The outputs a worker described, as clients see them (config.pbtxt ``dims``)."""
+    return [
+        OutputTensor(
+            desc.name, desc.datatype, _client_shape(model, desc.name, desc.shape), data, desc.text
+        )
+        for desc, data in pieces
+    ]
+
+
+def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
+    """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape."""
+    spec = model.output_map.get(name)
+    if spec is None or spec.model_shape is None:
+        return shape
+    try:
+        return reshaped(shape, spec.model_shape, spec.shape)
+    except ValueError:
+        raise InferenceFailed(
+            f"model '{model.name}' produced output '{name}' with shape {shape}, which does not "
+            f"fit its config.pbtxt reshape {list(spec.model_shape)}"
+        ) from None

@@ -1,0 +1,217 @@
+"""Putting checked inputs into shared memory, where the worker reads them.
+
+``payload`` checks an input's data against its shape and gives its byte size and its
+host-side data (None when it already lies in a pooled segment); ``place`` writes the
+host-side data of a request into one pooled segment (a large one created and filled
+off the loop) and describes every input to the worker (no copy for data that is already in a
+segment).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from oipserve.errors import InternalError, InvalidInput
+from oipserve.request import json_offload
+from oipserve.request.images import image_payload
+from oipserve.request.inference import InputTensor
+from oipserve.request.tensors import Deferred, array_from_values, bytes_from_values
+from oipserve.runtime.off_loop import copy_into, in_thread
+from oipserve.wire.datatypes import (
+    ELEMENT_SIZES,
+    element_count,
+    encode_bytes_elements,
+    split_bytes_elements,
+)
+from oipserve.wire.messages import TensorDesc
+from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease, align
+
+__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place", "values_of"]
+
+#: One checked input: the tensor, the shape the model gets, its byte size, its host data.
+Placement = tuple[InputTensor, list[int], int, object]
+
+
+async def place(
+    placements: list[Placement], pool: BufferPool
+) -> tuple[list[TensorDesc], Lease | None]:
+    """Descriptors for every input, host-side data copied into one new pooled segment.
+
+    A large new segment is created off the event loop (``BufferPool.acquire_async``).
+    """
+    size = _hosted_size(placements)
+    if size is None:
+        return _place_into(placements, None), None
+    if size < CREATE_IN_THREAD:
+        lease = pool.acquire(size)
+        try:
+            return _place_into(placements, lease), lease
+        except BaseException:
+            lease.release()
+            raise
+    # NOTE: large copies go to a thread (numpy's copies let go of the GIL): a 122 MiB
+    #   gRPC input copied on the loop held it for ~0.5 s here, page faults included.
+    lease = await pool.acquire_async(size)
+    placing = partial(_place_into, placements, lease)
+    return await in_thread(placing, lease.release, after_success=False), lease
+
+
+def _hosted_size(placements: list[Placement]) -> int | None:
+    """Bytes of one segment for the inputs' host-side data; None when no input has any.
+
+    (Zero-element tensors, [0, 16], have no bytes but still need a segment to name in
+    their descriptor: the smallest size class serves.)
+    """
+    total = 0
+    hosted = False
+    for tensor, _, nbytes, _ in placements:
+        if tensor.located is None and tensor.region is None:
+            total = align(total + nbytes)
+            hosted = True
+    return max(total, 1) if hosted else None
+
+
+def _place_into(placements: list[Placement], lease: Lease | None) -> list[TensorDesc]:
+    """Descriptors for every input, copying host-side data into ``lease``
+    (of ``_hosted_size`` bytes at least; None when that is None)."""
+    descs = []
+    offset = 0
+    for tensor, shape, nbytes, data in placements:
+        if tensor.region is not None:  # in a client's object: the worker reads it there
+            use = tensor.region
+            descs.append(
+                TensorDesc(
+                    tensor.name,
+                    tensor.datatype,
+                    shape,
+                    "",
+                    use.offset,
+                    use.nbytes,
+                    tensor.image,
+                    use.region.ref,
+                )
+            )
+            continue
+        if tensor.located is not None:
+            held, start, size = tensor.located
+            descs.append(
+                TensorDesc(
+                    tensor.name,
+                    tensor.datatype,
+                    shape,
+                    held.name,
+                    start,
+                    size,
+                    tensor.image,
+                )
+            )
+            continue
+        if lease is None:
+            raise InternalError(f"input '{tensor.name}' has host-side data but no segment")
+        copy_into(lease.buf, offset, nbytes, data)
+        descs.append(
+            TensorDesc(
+                tensor.name,
+                tensor.datatype,
+                shape,
+                lease.name,
+                offset,
+                nbytes,
+                tensor.image,
+            )
+        )
+        offset = align(offset + nbytes)
+    return descs
+
+
+def values_of(tensor: InputTensor, count: int) -> object:
+    """An input's values, decoded now if they were deferred (``tensors.Deferred``).
+
+    A declared element count the sent data cannot hold is refused before decoding.
+    """
+    values = tensor.values
+    if not isinstance(values, Deferred):
+        return values
+    _check_most(tensor, values, count)
+    return values.load()
+
+
+def _check_most(tensor: InputTensor, values: Deferred, count: int) -> None:
+    """InvalidInput if the deferred text cannot hold ``count`` elements."""
+    if count > values.most:
+        # NOTE: the text is short (fewer than 2 characters an element): decoding it costs
+        #   little and names what is wrong with it when that is more than its length.
+        values.load()
+        raise InvalidInput(
+            f"input '{tensor.name}': its shape {list(tensor.shape)} holds {count} elements "
+            f"but 'data' can hold at most {values.most}"
+        )
+
+
+def payload(tensor: InputTensor) -> tuple[int, object]:
+    """Byte size of an input and its host-side data (None when already in shared memory)."""
+    count = element_count(tensor.shape)
+    datatype = tensor.datatype
+    if tensor.values is not None:
+        if json_offload.wants_worker(tensor, tensor.values):
+            # NOTE: decoded by a worker before placement (oipserve.request.json_offload); the
+            #   Deferred stands for the data until then.
+            _check_most(tensor, tensor.values, count)  # type: ignore[arg-type]
+            return ELEMENT_SIZES[datatype] * count, tensor.values
+        values = values_of(tensor, count)
+        if datatype == "BYTES":
+            blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count))
+            return len(blob), blob
+        array = array_from_values(tensor.name, datatype, values, count)
+        return array.nbytes, array
+    if tensor.located is not None:
+        held, start, size = tensor.located
+        check_size(tensor, held.buf[start : start + size], count)
+        return size, None
+    if tensor.region is not None:
+        # NOTE: the front never maps a client's region; BYTES length prefixes there are
+        #   checked by the worker that reads them (workers.regions).
+        nbytes = tensor.region.nbytes
+        if datatype != "BYTES":
+            expected = ELEMENT_SIZES[datatype] * count
+            if nbytes != expected:
+                raise InvalidInput(
+                    f"input '{tensor.name}' should have {expected} bytes of data for shape "
+                    f"{tensor.shape} and datatype {datatype}, but its shared_memory_byte_size "
+                    f"is {nbytes}"
+                )
+        return nbytes, None
+    if tensor.raw is not None:
+        raw = memoryview(tensor.raw).cast("B")
+        check_size(tensor, raw, count)
+        return len(raw), raw
+    raise InvalidInput(f"input '{tensor.name}' carries no data")
+
+
+def image_payload_of(tensor: InputTensor) -> tuple[int, object]:
+    """Like _payload for encoded images: JSON strings are base64 (oipserve.request.images)."""
+    if tensor.values is not None:
+        count = element_count(tensor.shape)
+        blob = image_payload(tensor.name, values_of(tensor, count), count)
+        return len(blob), blob
+    return payload(tensor)
+
+
+def check_size(tensor: InputTensor, data: memoryview, count: int) -> None:
+    if tensor.datatype == "BYTES":
+        try:
+            found = len(split_bytes_elements(data))
+        except ValueError as exc:
+            raise InvalidInput(f"BYTES data of input '{tensor.name}' is malformed: {exc}") from None
+        if found != count:
+            raise InvalidInput(
+                f"input '{tensor.name}': its shape holds {count} elements but its BYTES data "
+                f"has {found}"
+            )
+        return
+    expected = ELEMENT_SIZES[tensor.datatype] * count
+    if len(data) != expected:
+        raise InvalidInput(
+            f"input '{tensor.name}' should have {expected} bytes of data for shape "
+            f"{tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
+        )

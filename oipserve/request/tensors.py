@@ -1,0 +1,116 @@
+"""Tensor values in their JSON (and gRPC typed-contents) form, to and from numpy.
+
+The protocol's JSON carries tensors as nested or flat lists. The numeric rules
+live in the wire contract (``wire.json_values``), shared with the workers that
+decode large bodies; here they raise the front's InvalidInput. BYTES values and
+the deferred decoding of inputs are the front's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from oipserve.errors import InvalidInput
+from oipserve.wire import json_values as shared
+from oipserve.wire.datatypes import NUMPY_DTYPES, bf16_to_float32, split_bytes_elements
+from oipserve.wire.json_values import DataError, bytes_as_text, flatten
+from oipserve.wire.shm import Lease
+
+__all__ = [
+    "Deferred",
+    "array_from_values",
+    "bytes_from_values",
+    "check_datatype",
+    "decode_data",
+    "flatten",
+]
+
+
+class Deferred:
+    """An input's values, not decoded yet: the data plane decodes them after its checks.
+
+    Decoding is where a request's cost lies (a 60 MB JSON ``data`` becomes hundreds
+    of MB of numbers), so the fronts hand the data plane this instead of values: it
+    checks names, datatypes, shapes and batch sizes first, then compares the
+    declared element count with ``most`` (the most elements the sent data can hold,
+    known without decoding), and only then calls ``load``.
+
+    ``text`` is set when the JSON text lies in a pooled segment (lease, offset, size):
+    the data plane may then have a worker decode it (``oipserve.request.json_offload``)
+    instead of calling ``load``.
+    """
+
+    __slots__ = ("load", "most", "text")
+
+    def __init__(
+        self,
+        load: Callable[[], object],
+        most: int,
+        text: tuple[Lease, int, int] | None = None,
+    ) -> None:
+        self.load = load
+        self.most = most
+        self.text = text
+
+
+def _flatten_strings(name: str, values: list[object], out: list[bytes]) -> None:
+    for value in values:
+        if isinstance(value, str):
+            out.append(value.encode("utf-8"))
+        elif isinstance(value, list):
+            _flatten_strings(name, value, out)
+        elif isinstance(value, bytes):  # gRPC bytes_contents
+            out.append(value)
+        else:
+            raise InvalidInput(
+                f"input '{name}' has datatype BYTES, so 'data' must hold strings, "
+                f"not {type(value).__name__} values"
+            )
+
+
+def bytes_from_values(name: str, values: object, count: int) -> list[bytes]:
+    if not isinstance(values, list):
+        raise InvalidInput(f"'data' of input '{name}' must be an array")
+    out: list[bytes] = []
+    _flatten_strings(name, values, out)
+    if len(out) != count:
+        raise InvalidInput(
+            f"input '{name}': its shape holds {count} elements but 'data' has {len(out)}"
+        )
+    return out
+
+
+def check_datatype(name: str, datatype: str) -> None:
+    """InvalidInput for a datatype the protocol does not define (REST and gRPC alike)."""
+    if datatype not in NUMPY_DTYPES:
+        raise InvalidInput(
+            f"input '{name}' has unknown datatype '{datatype}' (known: {', '.join(NUMPY_DTYPES)})"
+        )
+
+
+def array_from_values(name: str, datatype: str, values: object, count: int) -> np.ndarray:
+    """A flat numpy array of ``datatype`` from JSON values, or InvalidInput saying why not."""
+    try:
+        return shared.array_from_values(name, datatype, values, count)
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> object:
+    """The values of one input's ``data`` text, or InvalidInput naming the input."""
+    try:
+        return shared.decode_data(name, datatype, raw)
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def json_values(datatype: str, data: memoryview, count: int) -> np.ndarray | list[str]:
+    """An output tensor held in ``data``, flat, in a form the JSON encoder writes directly."""
+    if datatype == "BYTES":
+        return bytes_as_text(split_bytes_elements(data))
+    if datatype == "BF16":
+        return bf16_to_float32(np.frombuffer(data, dtype=np.uint16, count=count))
+    return np.frombuffer(data, dtype=NUMPY_DTYPES[datatype], count=count)

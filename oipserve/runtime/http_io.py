@@ -1,0 +1,128 @@
+"""The byte-level I/O under the HTTP protocol (``oipserve.front.http.protocol``).
+
+``CorkedTransport`` holds what a response writes in one loop iteration and hands it
+to the socket in one ``writelines`` (one ``writev``). ``BodySink`` and ``BodyReader``
+receive a request body into a caller's buffer (a shared-memory segment): the sink
+takes what the parser already has, the reader has the kernel copy the rest out of the
+socket straight into the buffer and gives the socket back when the body is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+
+class _Owner(Protocol):
+    """The HTTP protocol a ``BodyReader`` stands in for while it reads."""
+
+    #: Body bytes received so far (its body timeout reads them).
+    body_bytes: int
+
+    def body_read(self) -> None: ...
+
+    def eof_received(self) -> bool | None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+
+#: How often ``CorkedTransport.sent`` looks at the transport's buffer.
+_SENT_POLL = 0.002
+
+
+class CorkedTransport:
+    """A transport proxy that sends everything written in one loop iteration at once."""
+
+    __slots__ = ("_transport", "_pending", "_loop", "written")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._pending: list[Any] = []
+        self._loop = loop
+        #: Bytes written so far (less the transport's buffer: what the client took).
+        self.written = 0
+
+    def write(self, data: Any) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+        self.written += data.nbytes if type(data) is memoryview else len(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.writelines(pending)
+
+    async def sent(self) -> None:
+        """Return once everything written so far is in the kernel's hands (or the
+        transport is closing).
+
+        A transport keeps views of what it could not send yet; memory it views is freed
+        by its last release of it, wherever that happens (a 100 MB unmap on the loop's
+        thread). Awaiting this before ``off_loop.unmap_off_loop`` keeps the unmap in a
+        thread.
+        """
+        self.flush()
+        transport = self._transport
+        while not transport.is_closing() and transport.get_write_buffer_size():
+            await asyncio.sleep(_SENT_POLL)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class BodySink:
+    """Where the body of one request goes once the application asked for it."""
+
+    __slots__ = ("target", "size")
+
+    def __init__(self, target: memoryview) -> None:
+        self.target = target
+        self.size = 0
+
+    def write(self, data: bytes | bytearray) -> None:
+        end = self.size + len(data)
+        if end > len(self.target):
+            raise ValueError("the request body is longer than its Content-Length")
+        self.target[self.size : end] = data
+        self.size = end
+
+
+class BodyReader(asyncio.BufferedProtocol):
+    """Reads the rest of one request body from the socket into its sink, then hands back.
+
+    The transport reads into ``get_buffer``'s view, so the kernel's copy out of
+    the socket is the only one. Exactly the missing bytes are asked for: what
+    follows (a pipelined request) stays in the socket for the HTTP protocol.
+    """
+
+    def __init__(self, http: _Owner, sink: BodySink) -> None:
+        self.http = http
+        self.sink = sink
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.sink.target[self.sink.size :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.sink.size += nbytes
+        self.http.body_bytes += nbytes
+        if self.sink.size == len(self.sink.target):
+            self.http.body_read()
+
+    def eof_received(self) -> bool | None:
+        return self.http.eof_received()  # type: ignore[func-returns-value]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.http.connection_lost(exc)

@@ -1,0 +1,3 @@
+"""The dynamic batcher: a ``dynamic_batching`` block as a policy (``policy``), the per-version
+queues and batch formation (``scheduler``), and its microsecond timer (``precise_timer``).
+"""

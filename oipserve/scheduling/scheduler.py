@@ -1,0 +1,442 @@
+"""The dynamic batcher of one model version: Triton's queue, policies and batch formation.
+
+```
+ REST ─┐                    ┌─ level 1: [r7 r9 ...] (+ DELAYed)          ┌─▶ instance A
+       ├─▶ submit() ─▶ queue┤                             ─▶ form batch ─┤   (a worker)
+ gRPC ─┘   (full: 503)      └─ level N: [r3 ...]                         └─▶ instance B
+                              timeouts: a timer per request                 (a batch each)
+```
+
+Requests wait in one queue per priority level (level 1 first, FIFO within a level). A
+level's queue exists only while it holds requests: ``priority_levels`` is a number a
+configuration may make large, and what the batcher keeps and walks is sized by the
+requests queued, never by the levels configured.
+Whenever an instance of the model is free, the batcher walks the queue in that order and
+gathers requests while they fit (batch elements ≤ max_batch_size) and agree with the
+first on their ``signature`` (every input's dims but the first, datatypes, the inputs
+present, the outputs asked for); it fires, as Triton's ``GetDynamicBatch`` does:
+
+- at once when the walk stopped at a request that does not fit (too large, or another
+  signature), or the largest preferred batch size was reached: all it gathered;
+- at the best preferred size reached, while the oldest request is within its delay;
+- when the oldest request has waited ``max_queue_delay`` (0: at once): all it gathered;
+- otherwise it sleeps until that delay runs out, or until a request arrives.
+
+A request whose queue timeout expires is answered at that moment (a timer per request,
+so a busy instance never delays the answer) with 503 ``Request timeout expired``
+(REJECT), or moved behind the requests of its level that have not timed out (DELAY). A
+request whose caller went away (its future cancelled) is dropped before it runs. With
+``preserve_ordering``, answers are handed back in the order requests arrived.
+
+The batcher knows nothing of tensors: ``execute(entries, instance)`` runs one batch and
+returns one result per entry (``oipserve.dataplane.batch_io`` assembles and splits the tensors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any, Protocol
+
+from oipserve.errors import Unavailable
+from oipserve.scheduling.policy import BatchPolicy
+from oipserve.scheduling.precise_timer import PreciseTimer
+
+__all__ = ["DynamicBatcher", "Entry", "PendingGauge", "QueueRejected"]
+
+log = logging.getLogger("oipserve.scheduler")
+
+#: How often a batcher with queued requests but no live instance (its worker is being
+#: replaced) looks again.
+_NO_INSTANCE_POLL = 0.1
+
+_QUEUED, _TAKEN, _GONE = 0, 1, 2
+
+
+class PendingGauge(Protocol):
+    """Where a batcher counts its queued requests (``stats.ModelStats`` is one)."""
+
+    pending: int
+
+
+class _Count:
+    pending = 0
+
+
+class QueueRejected(Unavailable):
+    """The queue refused or dropped the request (full, or its timeout expired)."""
+
+
+class _Level:
+    """The queue of one priority level that holds requests (made when its first arrives)."""
+
+    __slots__ = ("queue", "delayed", "queued")
+
+    def __init__(self) -> None:
+        #: In arrival order; entries that left (taken, withdrawn, DELAYed) are skipped.
+        self.queue: deque[Entry] = deque()
+        #: Entries whose DELAY timeout expired, served after the others of the level.
+        self.delayed: deque[Entry] = deque()
+        #: Entries of the level still queued.
+        self.queued = 0
+
+
+class Entry:
+    """One request in the queue, and where its answer goes."""
+
+    __slots__ = (
+        "request",
+        "batch",
+        "signature",
+        "level",
+        "enqueued_ns",
+        "future",
+        "seq",
+        "state",
+        "delayed",
+        "timer",
+        "due_ns",
+    )
+
+    def __init__(
+        self,
+        request: Any,
+        batch: int,
+        signature: Hashable,
+        level: int,
+        future: asyncio.Future[Any],
+        seq: int,
+    ) -> None:
+        #: What ``execute`` needs to run it (opaque here).
+        self.request = request
+        #: Batch elements it holds (its inputs' first dimension; 1 without batching).
+        self.batch = batch
+        self.signature = signature
+        self.level = level
+        self.enqueued_ns = time.monotonic_ns()
+        self.future = future
+        self.seq = seq
+        self.state = _QUEUED
+        #: Its DELAY timeout expired: it now waits behind its level's other requests.
+        self.delayed = False
+        self.timer: asyncio.TimerHandle | None = None
+        #: When its queue timeout expires (monotonic ns; 0: it has none).
+        self.due_ns = 0
+
+
+#: The loop's timers count whole milliseconds and round to the nearest (uvloop): one
+#: may fire up to this much early. A timeout found early is set again for what is left,
+#: plus this, so that it fires at or after its time.
+_HALF_MS = 0.0005
+
+#: The last seconds of a queue delay are waited out going round the loop, not asleep:
+#: waking a sleeping process costs tens of µs here (more in a VM), and a batch that
+#: fires late costs every request in it. Measured: docs/scheduler.md.
+SPIN_WINDOW = 100e-6
+
+
+class DynamicBatcher:
+    """Queue and batch formation for one model version; one batch per free instance."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: BatchPolicy,
+        instances: Callable[[], list[Any]],
+        execute: Callable[[list[Entry], Any], Awaitable[list[Any]]],
+        discard: Callable[[Any], None],
+        gauge: PendingGauge | None = None,
+    ) -> None:
+        """``instances()`` lists the instances that can run the model now; ``execute`` runs
+        a batch on one and returns a result per entry; ``discard(result)`` frees a result
+        whose caller went away; ``gauge.pending`` counts the queued requests (Triton's
+        pending request count: the statistics read it from there)."""
+        self.name = name
+        self.policy = policy
+        self._instances = instances
+        self._execute = execute
+        self._discard = discard
+        #: The levels that hold requests, and their numbers in service order.
+        self._levels: dict[int, _Level] = {}
+        self._order: list[int] = []
+        #: The last level emptied, kept for the next one needed: a batcher whose queue
+        #: runs empty after each batch makes no new level each time.
+        self._spare: _Level | None = None
+        self._gauge: PendingGauge = gauge if gauge is not None else _Count()
+        self._busy: set[int] = set()
+        # PERF: asyncio.get_running_loop() (and asyncio.Event.wait) make a getpid()
+        #   system call each time; the loop is looked up once, and the batcher sleeps on
+        #   a plain future that _wake() resolves.
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        #: Wakes the batcher when a partial batch's queue delay is over (to the µs: the
+        #: loop's own timers count whole milliseconds, see precise_timer.py).
+        self._delay_timer = PreciseTimer(self._loop, self._wake)
+        self._next_seq = 0
+        self._deliver_seq = 0
+        self._finished: dict[int, tuple[Entry, Any, BaseException | None]] = {}
+        self._dispatches: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._closed_error = Unavailable(f"model '{name}' is being unloaded")
+        self._preferred = frozenset(policy.preferred_batch_sizes)
+        self._largest_preferred = (
+            policy.preferred_batch_sizes[-1]
+            if policy.preferred_batch_sizes
+            else policy.largest_batch
+        )
+        self._task = self._loop.create_task(self._run(), name=f"batcher {name}")
+        self._task.add_done_callback(self._stopped)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting, not yet in a batch."""
+        return self._gauge.pending
+
+    # ---- the callers' side ---------------------------------------------------------
+
+    def submit(
+        self, request: Any, batch: int, signature: Hashable, priority: int, timeout_us: int
+    ) -> asyncio.Future[Any]:
+        """Queue a request; the future resolves to its result (cancel it to withdraw it).
+
+        Raises QueueRejected at once when its level's queue is full.
+        """
+        if self._closed:
+            raise self._closed_error
+        level = self.policy.level(priority)
+        policy = self.policy.policy(level)
+        held = self._levels.get(level)
+        if policy.max_queue_size and held is not None and held.queued >= policy.max_queue_size:
+            raise QueueRejected("Exceeds maximum queue size")
+        loop = self._loop
+        entry = Entry(request, batch, signature, level, loop.create_future(), self._next_seq)
+        self._next_seq += 1
+        timeout_ns = policy.timeout_ns(timeout_us)
+        if timeout_ns:
+            entry.due_ns = entry.enqueued_ns + timeout_ns
+            entry.timer = loop.call_later(timeout_ns / 1e9, self._expire, entry)
+        entry.future.add_done_callback(functools.partial(self._withdrawn, entry))
+        if held is None:
+            held = self._levels[level] = self._spare or _Level()
+            self._spare = None
+            bisect.insort(self._order, level)
+        held.queue.append(entry)
+        held.queued += 1
+        self._gauge.pending += 1
+        self._wake()
+        return entry.future
+
+    def close(self, error: Unavailable | None = None) -> None:
+        """Answer every queued request 503 (``error``) and stop forming batches; running
+        ones finish."""
+        self._closed = True
+        error = error or Unavailable(f"model '{self.name}' is being unloaded")
+        self._closed_error = error
+        for held in list(self._levels.values()):
+            for entry in (*held.queue, *held.delayed):
+                if entry.state == _QUEUED:
+                    self._leave_queue(entry)
+                    self._answer(entry, None, error)
+        self._task.cancel()
+
+    # ---- leaving the queue -----------------------------------------------------------
+
+    def _leave_queue(self, entry: Entry) -> None:
+        entry.state = _GONE
+        held = self._levels[entry.level]
+        held.queued -= 1
+        if not held.queued:
+            # Whatever its deques still hold has left the queue: the level goes with them.
+            del self._levels[entry.level]
+            del self._order[bisect.bisect_left(self._order, entry.level)]
+            held.queue.clear()
+            held.delayed.clear()
+            self._spare = held
+        self._gauge.pending -= 1
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+
+    def _withdrawn(self, entry: Entry, future: asyncio.Future[Any]) -> None:
+        """The caller gave up on the request (cancelled it, or its deadline passed)."""
+        if entry.state == _QUEUED:
+            self._leave_queue(entry)
+            self._skip_in_order(entry)
+
+    def _expire(self, entry: Entry) -> None:
+        entry.timer = None
+        if entry.state != _QUEUED:
+            return
+        early_ns = entry.due_ns - time.monotonic_ns()
+        if early_ns > 0:
+            entry.timer = self._loop.call_later(early_ns / 1e9 + _HALF_MS, self._expire, entry)
+            return
+        if self.policy.policy(entry.level).timeout_action == "DELAY":
+            if not entry.delayed:
+                entry.delayed = True
+                self._levels[entry.level].delayed.append(entry)
+            return
+        self._leave_queue(entry)
+        self._answer(entry, None, QueueRejected("Request timeout expired"))
+
+    # ---- answers, in order when asked to -------------------------------------------
+
+    def _answer(self, entry: Entry, result: Any, error: BaseException | None) -> None:
+        if not self.policy.preserve_ordering:
+            self._settle(entry, result, error)
+            return
+        self._finished[entry.seq] = (entry, result, error)
+        self._flush_in_order()
+
+    def _skip_in_order(self, entry: Entry) -> None:
+        if self.policy.preserve_ordering:
+            self._finished[entry.seq] = (entry, None, None)
+            self._flush_in_order()
+
+    def _flush_in_order(self) -> None:
+        while self._deliver_seq in self._finished:
+            entry, result, error = self._finished.pop(self._deliver_seq)
+            self._deliver_seq += 1
+            self._settle(entry, result, error)
+
+    def _settle(self, entry: Entry, result: Any, error: BaseException | None) -> None:
+        future = entry.future
+        if future.done():  # the caller went away meanwhile
+            if result is not None:
+                self._discard(result)
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    # ---- batch formation ---------------------------------------------------------------
+
+    def _walk(self) -> Iterator[Entry]:
+        """Queued requests in service order: level 1 first; per level FIFO, DELAYed last."""
+        for number in self._order:
+            held = self._levels[number]
+            queue, delayed = held.queue, held.delayed
+            while queue and (queue[0].state != _QUEUED or queue[0].delayed):
+                queue.popleft()
+            for entry in queue:
+                if entry.state == _QUEUED and not entry.delayed:
+                    yield entry
+            while delayed and delayed[0].state != _QUEUED:
+                delayed.popleft()
+            for entry in delayed:
+                if entry.state == _QUEUED:
+                    yield entry
+
+    def form(self, now_ns: int) -> tuple[list[Entry], int | None]:
+        """The batch to run now (may be empty) and, if none, when to look again (ns)."""
+        limit = self.policy.largest_batch
+        taken: list[Entry] = []
+        total = 0
+        best = 0
+        saturated = False
+        signature: Hashable = None
+        for entry in self._walk():
+            if not taken:
+                signature = entry.signature
+            elif entry.signature != signature or total + entry.batch > limit:
+                saturated = True
+                break
+            taken.append(entry)
+            total += entry.batch
+            if total in self._preferred:
+                best = len(taken)
+            if total >= self._largest_preferred:
+                break
+        if not taken:
+            return [], None
+        oldest = min(e.enqueued_ns for e in taken)
+        deadline = oldest + self.policy.max_queue_delay_ns
+        if saturated or total >= self._largest_preferred or now_ns >= deadline:
+            return taken, None
+        if best:
+            return taken[:best], None
+        return [], deadline
+
+    # ---- the loop --------------------------------------------------------------------
+
+    def _free_instance(self) -> Any | None:
+        for instance in self._instances():
+            if id(instance) not in self._busy:
+                return instance
+        return None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _run(self) -> None:
+        loop = self._loop
+        while True:
+            timeout: float | None = None
+            if self._gauge.pending:
+                instance = self._free_instance()
+                if instance is None:
+                    if not self._instances():
+                        timeout = _NO_INSTANCE_POLL
+                else:
+                    now = time.monotonic_ns()
+                    batch, again = self.form(now)
+                    if batch:
+                        self._start(batch, instance)
+                        continue
+                    if again is not None:
+                        timeout = (again - now) / 1e9
+            # NOTE: nothing can wake the batcher between its look above and this wait:
+            #   arrivals and finished batches run while it is suspended here.
+            self._waiter = waiter = loop.create_future()
+            if timeout is None:
+                await waiter
+                continue
+            # PERF: it sleeps on a timer of its own: not asyncio.wait_for, which makes a
+            #   task per wait (the batcher waits once per arrival under load), nor the loop's
+            #   call_later, which counts whole milliseconds (precise_timer.py). The last
+            #   SPIN_WINDOW of a wait it goes round the loop instead.
+            if timeout <= SPIN_WINDOW:
+                loop.call_soon(self._wake)
+                await waiter
+                continue
+            self._delay_timer.arm(timeout - SPIN_WINDOW)
+            try:
+                await waiter
+            finally:
+                self._delay_timer.disarm()
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The loop ended: by close(), or by a bug, which must not leave callers waiting."""
+        self._delay_timer.close()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the batcher of %s failed", self.name, exc_info=task.exception())
+            self.close()
+
+    def _start(self, batch: list[Entry], instance: Any) -> None:
+        for entry in batch:
+            self._leave_queue(entry)
+            entry.state = _TAKEN
+        self._busy.add(id(instance))
+        task = self._loop.create_task(self._dispatch(batch, instance))
+        self._dispatches.add(task)
+        task.add_done_callback(self._dispatches.discard)
+
+    async def _dispatch(self, batch: list[Entry], instance: Any) -> None:
+        try:
+            results = await self._execute(batch, instance)
+        except Exception as exc:
+            for entry in batch:
+                self._answer(entry, None, exc)
+        else:
+            for entry, result in zip(batch, results, strict=True):
+                self._answer(entry, result, None)
+        finally:
+            self._busy.discard(id(instance))
+            self._wake()

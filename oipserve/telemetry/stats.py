@@ -1,0 +1,325 @@
+"""Per-model-version inference statistics: the recorder the inference path calls.
+
+One ``ModelStats`` per model version counts what Triton's statistics extension and
+its ``nv_inference_*`` metrics report: successful and failed requests with their
+end-to-end time, queue time, the three compute phases, inferences (batch
+elements) and executions (model runs, per batch size). Both views read these same
+numbers (``oipserve.telemetry.stats_report`` as JSON/protobuf in ns, ``oipserve.telemetry.metrics``
+as Prometheus counters in µs), so they never disagree.
+
+Recording is plain integer arithmetic on attributes: the event loop is
+single-threaded, so there are no locks, and a request allocates nothing here
+(a batch size seen for the first time allocates its row once).
+
+``StatsRegistry`` attaches one ``ModelStats`` to each ``ModelVersion`` object
+without touching the model code: a dict keyed by the version object itself
+(identity hash, one lookup, no key to build). A reload creates new
+``ModelVersion`` objects, so its statistics start at zero, as in Triton; entries
+of versions no longer in the model registry are dropped when the registry is
+read or grows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from time import monotonic_ns
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from oipserve.errors import DeadlineExceeded, Unavailable
+
+if TYPE_CHECKING:
+    from oipserve.models.registry import ModelRegistry, ModelVersion
+    from oipserve.wire.messages import InferDone
+
+
+class FailureReason(enum.StrEnum):
+    """Why a request failed: the values of Triton's ``reason`` label."""
+
+    #: Refused before running: overloaded (queue full), no running instance.
+    REJECTED = "REJECTED"
+    #: The client went away (its call was cancelled) before the answer.
+    CANCELED = "CANCELED"
+    #: The model (its worker) failed or refused while running the request.
+    BACKEND = "BACKEND"
+    #: Anything else, mostly a request that does not fit the model (validation).
+    OTHER = "OTHER"
+
+
+def refusal_reason(exc: BaseException) -> FailureReason:
+    """Why a request failed before any worker saw it."""
+    if isinstance(exc, asyncio.CancelledError):
+        return FailureReason.CANCELED
+    # overloaded, no running instance, out of shared memory, past its deadline
+    if isinstance(exc, Unavailable | DeadlineExceeded):
+        return FailureReason.REJECTED
+    return FailureReason.OTHER
+
+
+def failure_reason(exc: BaseException) -> FailureReason:
+    """Why a request failed once sent: its worker failed it (or died), or the client left."""
+    if isinstance(exc, asyncio.CancelledError):
+        return FailureReason.CANCELED
+    if isinstance(exc, DeadlineExceeded):
+        return FailureReason.REJECTED
+    return FailureReason.BACKEND
+
+
+class ModelStats:
+    """Cumulative counters of one model version; times in nanoseconds.
+
+    Per request (``request_succeeded`` / ``request_failed``): success and fail
+    counts and their end-to-end ns, queue ns, each request's share of its
+    execution's compute ns, and inferences (the request's batch size). Per
+    execution (``executed``): the execution count and, per batch size, the
+    compute ns of those executions. Without a response cache, the counts of
+    queue and the compute phases equal the success count, as in Triton.
+    """
+
+    __slots__ = (
+        "name",
+        "version",
+        "last_success_ns",
+        "success_count",
+        "success_ns",
+        "fail_count",
+        "fail_ns",
+        "failures",
+        "queue_ns",
+        "input_ns",
+        "infer_ns",
+        "output_ns",
+        "inference_count",
+        "execution_count",
+        "batches",
+        "pending",
+    )
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        #: ``monotonic_ns()`` of the last success; 0 before the first.
+        self.last_success_ns = 0
+        self.success_count = 0
+        self.success_ns = 0
+        self.fail_count = 0
+        self.fail_ns = 0
+        #: Failed requests by reason; every reason is present (Triton pre-creates all four).
+        self.failures: dict[FailureReason, int] = dict.fromkeys(FailureReason, 0)
+        self.queue_ns = 0
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0
+        #: Batch elements of successful requests (a batch-8 request adds 8).
+        self.inference_count = 0
+        #: Model executions; one batch of many requests adds 1.
+        self.execution_count = 0
+        #: Batch size -> [executions, input ns, infer ns, output ns] at that size.
+        self.batches: dict[int, list[int]] = {}
+        #: Requests accepted and not yet executing (a gauge; the caller adds and subtracts).
+        self.pending = 0
+
+    def request_succeeded(
+        self,
+        batch_size: int,
+        total_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """One request answered; compute ns are its share of the execution it was part of."""
+        self.success_count += 1
+        self.success_ns += total_ns
+        self.queue_ns += queue_ns
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+        self.inference_count += batch_size
+        # PERF: the monotonic clock costs half of time.time_ns() // 10**6 per request;
+        #   last_inference_ms converts once, when read.
+        self.last_success_ns = monotonic_ns()
+
+    @property
+    def last_inference_ms(self) -> int:
+        """Milliseconds since the epoch of the last success; 0 before the first."""
+        if not self.last_success_ns:
+            return 0
+        return (time.time_ns() - monotonic_ns() + self.last_success_ns) // 1_000_000
+
+    def request_failed(self, reason: FailureReason, total_ns: int) -> None:
+        """One request failed, counted once, whatever failed."""
+        self.fail_count += 1
+        self.fail_ns += total_ns
+        self.failures[reason] += 1
+
+    def ran_alone(self, batch_size: int, start_ns: int, sent_ns: int, done: InferDone) -> None:
+        """A request that was an execution of its own (no dynamic batching): both counts.
+
+        ``start_ns`` is when the data plane got it, ``sent_ns`` when it went to the worker
+        (queue time runs from there to the worker's start).
+        """
+        self.executed(batch_size, done.input_ns, done.infer_ns, done.output_ns)
+        self.request_succeeded(
+            batch_size,
+            monotonic_ns() - start_ns,
+            max(0, done.started_ns - sent_ns),
+            done.input_ns,
+            done.infer_ns,
+            done.output_ns,
+        )
+
+    def executed(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One model execution (one batch of ``batch_size`` elements) finished."""
+        self.execution_count += 1
+        row = self.batches.get(batch_size)
+        if row is None:
+            row = self.batches[batch_size] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += input_ns
+        row[2] += infer_ns
+        row[3] += output_ns
+
+    def add(self, row: StatsRow) -> None:
+        """Count another process's row of the same version in (``--http-workers``)."""
+        self.success_count += row.success_count
+        self.success_ns += row.success_ns
+        self.fail_count += row.fail_count
+        self.fail_ns += row.fail_ns
+        for reason, count in row.failures.items():
+            self.failures[FailureReason(reason)] += count
+        self.queue_ns += row.queue_ns
+        self.input_ns += row.input_ns
+        self.infer_ns += row.infer_ns
+        self.output_ns += row.output_ns
+        self.inference_count += row.inference_count
+        self.execution_count += row.execution_count
+        for size, counts in row.batches.items():
+            mine = self.batches.setdefault(size, [0, 0, 0, 0])
+            for i, value in enumerate(counts):
+                mine[i] += value
+        self.pending += row.pending
+        # NOTE: CLOCK_MONOTONIC is one clock for every process of the machine.
+        self.last_success_ns = max(self.last_success_ns, row.last_success_ns)
+
+    def row(self, serial: int) -> StatsRow:
+        """These counters, to send to the process that reports them (``--http-workers``)."""
+        return StatsRow(
+            serial,
+            self.success_count,
+            self.success_ns,
+            self.fail_count,
+            self.fail_ns,
+            {str(reason): count for reason, count in self.failures.items() if count},
+            self.queue_ns,
+            self.input_ns,
+            self.infer_ns,
+            self.output_ns,
+            self.inference_count,
+            self.execution_count,
+            {size: list(counts) for size, counts in self.batches.items()},
+            self.pending,
+            self.last_success_ns,
+        )
+
+
+class StatsRow(msgspec.Struct, frozen=True, array_like=True):
+    """One version's counters in another HTTP front, by the version's ``serial``."""
+
+    serial: int
+    success_count: int
+    success_ns: int
+    fail_count: int
+    fail_ns: int
+    failures: dict[str, int]
+    queue_ns: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+    inference_count: int
+    execution_count: int
+    batches: dict[int, list[int]]
+    pending: int
+    last_success_ns: int
+
+
+class StatsRegistry:
+    """The ``ModelStats`` of every model version the model registry holds.
+
+    With ``--http-workers``, the other fronts count the requests they answer themselves;
+    ``collect`` (set by ``oipserve.scaleout``) fetches their rows, and the readers
+    (``ready``, ``totals``) report this process's counters with theirs added.
+    """
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self._models = models
+        self._stats: dict[ModelVersion, ModelStats] = {}
+        #: Fetches the other fronts' rows; None when this process is the only front.
+        self.collect: Callable[[], Awaitable[list[StatsRow]]] | None = None
+        #: The rows of the last ``refresh``, by version serial.
+        self._others: dict[int, list[StatsRow]] = {}
+
+    async def refresh(self) -> None:
+        """Before reading: the other fronts' counters as they are now."""
+        if self.collect is None:
+            return
+        others: dict[int, list[StatsRow]] = {}
+        for row in await self.collect():
+            others.setdefault(row.serial, []).append(row)
+        self._others = others
+
+    def totals(self, model: ModelVersion) -> ModelStats:
+        """What to report of a version: its counters here plus the other fronts' rows."""
+        mine = self.of(model)
+        rows = self._others.get(model.serial)
+        if not rows:
+            return mine
+        total = ModelStats(model.name, model.version)
+        total.add(mine.row(model.serial))
+        for row in rows:
+            total.add(row)
+        return total
+
+    def of(self, model: ModelVersion) -> ModelStats:
+        """The version's statistics, created at its first use."""
+        stats = self._stats.get(model)
+        if stats is None:
+            self.prune()
+            stats = self._stats[model] = ModelStats(model.name, model.version)
+        return stats
+
+    def rows(self) -> list[StatsRow]:
+        """Every counted version's counters, by serial (what another front reports)."""
+        self.prune()
+        return [stats.row(model.serial) for model, stats in self._stats.items()]
+
+    def prune(self) -> None:
+        """Forget versions that left the model registry (unloaded or replaced by a reload)."""
+        models = self._models.models
+        gone = [m for m in self._stats if models.get(m.name, {}).get(m.version) is not m]
+        for model in gone:
+            del self._stats[model]
+
+    def ready(self, name: str | None = None) -> Iterator[tuple[ModelVersion, ModelStats]]:
+        """Every READY version (of ``name``, or of all models) with its statistics
+        (``totals``: what to report).
+
+        Ordered by model name, then version number, so listings are stable.
+        """
+        self.prune()
+        models = self._models.models
+        names = sorted(models) if name is None else [name]
+        for model_name in names:
+            versions = models.get(model_name, {})
+            for version in sorted(versions, key=_version_order):
+                model = versions[version]
+                if model.state == "READY":
+                    yield model, self.totals(model)
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (0, version)

@@ -1,0 +1,92 @@
+"""The statistics extension: which versions a request names, in Triton's JSON shape.
+
+``GET /v2/models[/{name}[/versions/{v}]]/stats`` and gRPC ``ModelStatistics``
+both answer ``model_statistics``; gRPC parses the same dict into its protobuf
+message, so the two surfaces cannot drift apart. Only READY versions are
+listed. Unlike Triton (400 for everything), an unknown model or version is
+404 / NOT_FOUND and a known one without a ready version 503 / UNAVAILABLE,
+as every other model route of this server answers (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+from oipserve.errors import NotFound, Unavailable
+from oipserve.models.registry import ModelRegistry, ModelVersion, check_version, unknown_model
+from oipserve.telemetry.stats import ModelStats, StatsRegistry
+
+
+def model_statistics(
+    stats: StatsRegistry, models: ModelRegistry, name: str | None, version: str | None
+) -> dict[str, object]:
+    """``{"model_stats": [...]}``: every ready version of all models, of one, or one version."""
+    return {"model_stats": [model_stat(s) for _, s in select(stats, models, name, version)]}
+
+
+def select(
+    stats: StatsRegistry, models: ModelRegistry, name: str | None, version: str | None
+) -> list[tuple[ModelVersion, ModelStats]]:
+    """The (version, statistics) pairs a request names; NotFound / Unavailable otherwise."""
+    if not name:
+        return list(stats.ready())
+    versions = models.models.get(name)
+    if versions is None:
+        reason = models.failed.get(name)
+        if reason is not None:
+            raise Unavailable(f"model '{name}' is unavailable: {reason}")
+        raise unknown_model(name)
+    if version:
+        check_version(version)
+        model = versions.get(version)
+        if model is None:
+            raise NotFound(
+                f"model '{name}' has no version '{version}' (versions: {', '.join(versions)})"
+            )
+        if model.state != "READY":
+            raise Unavailable(f"model '{name}' version {version} is not ready")
+        return [(model, stats.totals(model))]
+    found = list(stats.ready(name))
+    if not found:
+        raise Unavailable(f"model '{name}' has no ready version")
+    return found
+
+
+def _duration(count: int, ns: int) -> dict[str, int]:
+    return {"count": count, "ns": ns}
+
+
+_ZERO = {"count": 0, "ns": 0}
+
+
+def model_stat(stats: ModelStats) -> dict[str, object]:
+    """One version's entry, with every key Triton sends, in Triton's order."""
+    done = stats.success_count
+    return {
+        "name": stats.name,
+        "version": stats.version,
+        "last_inference": stats.last_inference_ms,
+        "inference_count": stats.inference_count,
+        "execution_count": stats.execution_count,
+        "inference_stats": {
+            "success": _duration(done, stats.success_ns),
+            "fail": _duration(stats.fail_count, stats.fail_ns),
+            "queue": _duration(done, stats.queue_ns),
+            "compute_input": _duration(done, stats.input_ns),
+            "compute_infer": _duration(done, stats.infer_ns),
+            "compute_output": _duration(done, stats.output_ns),
+            # No response cache: Triton reports zeros when its cache is unused.
+            "cache_hit": dict(_ZERO),
+            "cache_miss": dict(_ZERO),
+        },
+        # Empty for models that are not decoupled, which is every model here.
+        "response_stats": {},
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(row[0], row[1]),
+                "compute_infer": _duration(row[0], row[2]),
+                "compute_output": _duration(row[0], row[3]),
+            }
+            for size, row in sorted(stats.batches.items())
+        ],
+        "memory_usage": [],
+    }
