@@ -130,7 +130,7 @@ def test_a_handler_waiting_for_the_body_ends_cleanly(server: ServerProcess) -> N
     The handler raises the same 413 (logged at debug level, its answer dropped): it does
     not go on with the part of the body that came, nor fail with a 500.
     """
-    handled = "oipserve.front.rest: POST /v2/models/simple/infer -> 413: " + TOO_LARGE["error"]
+    handled = "oipserve.rest: POST /v2/models/simple/infer -> 413: " + TOO_LARGE["error"]
     before = server.log.count(handled)
     bad_requests = server.log.count("-> 400")
     segments = shm_entries(server.process.pid)
