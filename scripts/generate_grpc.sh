@@ -4,8 +4,9 @@
 #
 # Needs grpcio-tools (a `test` extra: pip install -e '.[test]'); the generated
 # modules need only protobuf at run time. Only messages are generated: the
-# service is served through grpc.aio generic handlers (oipserve/grpc_service.py),
-# so no *_pb2_grpc.py stubs. Run from anywhere, no venv needs to be activated:
+# front serves the service on its own HTTP/2 from a method table built from the
+# message classes (oipserve/front/grpc/handlers.py, docs/grpc.md), so no
+# *_pb2_grpc.py stubs. Run from anywhere, no venv needs to be activated:
 #   scripts/generate_grpc.sh   (uses $PYTHON, else the repository's .venv/bin/python
 #                               when it exists, else python3)
 set -euo pipefail

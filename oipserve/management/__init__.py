@@ -1,7 +1,8 @@
 """Management plane: hardware queries, worker endpoints (AMD semantics), model repository.
 
-Framework-free: ``rest_admin`` and ``grpc_service`` turn requests into calls on
-``Management``, and errors are ``oipserve.errors`` classes. One module per job:
+Framework-free: ``oipserve.front.rest.admin`` and ``oipserve.front.grpc.service`` turn
+requests into calls on ``Management``, and errors are ``oipserve.errors`` classes. One
+module per job:
 
 - ``facade``: ``Management``, and where the jobs meet (one namespace, no global lock);
 - ``hardware_view``: ``/v2/hardware`` (inventory read afresh; 503 if unreadable);

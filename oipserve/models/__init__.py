@@ -4,6 +4,7 @@
 - ``manager``: loading, reloading and unloading versions on workers (``ModelManager``).
 - ``repository``: the repository directory and its version policy; ``uploads``: files sent
   with a load.
-- ``metadata``: tensor metadata; ``config_response``: the config extension's answer.
+- ``metadata``: tensor metadata; ``labels``: an output's label files; ``config_response``:
+  the config extension's answer.
 - ``config/``: ``config.pbtxt`` parsed against Triton's proto.
 """

@@ -1,7 +1,8 @@
 """The worker processes as the front sees them.
 
-- ``link``: one connection to a worker: requests, replies, deadlines, coalesced writes.
-- ``handle``: one worker process: start, heartbeat, loads, death.
-- ``sockets``: the protocols on a worker's two sockets.
+- ``link``: one connection to a worker: requests, replies, deadlines, coalesced writes, and
+  the protocol of its message socket (``MessageProtocol``).
+- ``handle``: one worker process: start, heartbeat (``HeartbeatProtocol``, its second
+  socket), loads, death.
 - ``worker_pool``: all of them, and one replacement per dead worker's slot.
 """

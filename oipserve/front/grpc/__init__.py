@@ -5,7 +5,8 @@ renders the answer; validation, placement in shared memory and dispatch to
 workers happen once, in ``DataPlane``. One job per module:
 
 - ``codec``: the ModelInfer wire format without protobuf's copies
-  (``raw_input_contents`` split off as views, the response written by hand).
+  (``raw_input_contents`` split off as views, the response written by hand); ``varint``:
+  protobuf's varint, for messages assembled from parts.
 - ``convert``: protobuf tensors and parameters as the data plane's types.
 - ``service``: the RPC handlers (``InferenceService``).
 - ``handlers``: the method table (parse, answer, write), unsupported RPCs as
@@ -19,5 +20,6 @@ workers happen once, in ``DataPlane``. One job per module:
 - ``listener``: the port and its stop. ``h2/``: HTTP/2 itself.
 - ``oipserve.app.grpc_start`` starts the service in every HTTP front.
 
-(The package is not named ``grpc``, which would shadow grpcio.)
+(Absolute imports keep ``oipserve.front.grpc`` apart from grpcio's top-level ``grpc``,
+whose status codes ``call`` and ``status`` use.)
 """

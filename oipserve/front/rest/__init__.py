@@ -9,7 +9,11 @@
   the data plane's ``InputTensor``s and calls the data plane.
 - ``render``: an ``InferResult`` as a JSON or binary-extension response.
 - ``error_handlers``: every error as ``{"error": ...}`` with its status.
-- ``media``: the media types and header names of the wire format.
+- ``binary``, ``encode``, ``media``: where the binary extension's chunks lie; the response
+  encoders; the media types and header names of the wire format.
+- ``restricted``: a route put behind its API group's header (``--http-restricted-api``).
+- ``admin``, ``shared_memory``: the management routes (``oipserve.management``) and the
+  shared-memory extensions' routes.
 
 The infer route reads the raw body itself (never through Falcon's media
 handlers) and decodes it once with a typed msgspec decoder. Bodies that carry
