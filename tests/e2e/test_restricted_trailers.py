@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.raw_http import read_response
+from tests.support.raw_http import read_responses
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, socket_to_front
 
 #: REST API group -> (method, path, body) of one request in it.
@@ -88,7 +88,7 @@ def chunked(api: str, head: dict[str, str], trailer: dict[str, str]) -> bytes:
 def exchange(sock: socket.socket, *requests: bytes) -> list[int]:
     """Send ``requests`` in one write (as an attacker would); the statuses in order."""
     sock.sendall(b"".join(requests))
-    return [read_response(sock)[0] for _ in requests]
+    return [status for status, _, _ in read_responses(sock, len(requests))]
 
 
 @pytest.mark.parametrize("api", list(CALLS))

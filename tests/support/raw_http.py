@@ -31,6 +31,27 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), fields, rest
 
 
+def read_responses(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """``count`` pipelined responses (each with a Content-Length), in order.
+
+    One buffered reader for all of them: ``read_response`` drops whatever arrived after
+    its response, which for pipelined requests is often the next response.
+    """
+    reader = sock.makefile("rb")
+    answers = []
+    for _ in range(count):
+        status_line = reader.readline()
+        if not status_line:
+            raise ConnectionError(f"connection closed after {len(answers)} responses")
+        fields: dict[str, str] = {}
+        while (line := reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            fields[name.strip().lower()] = value.strip()
+        body = reader.read(int(fields.get("content-length", "0")))
+        answers.append((int(status_line.split()[1]), fields, body))
+    return answers
+
+
 def closed_by_server(sock: socket.socket, within: float) -> bool:
     """Whether the server closes ``sock`` within ``within`` seconds (EOF or reset)."""
     sock.settimeout(within)
