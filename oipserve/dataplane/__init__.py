@@ -1,7 +1,10 @@
 """The inference path once a front has decoded a request, free of any web framework.
 
-- ``plane``: ``DataPlane``: health, metadata, and a request checked, placed and dispatched to
-  a worker (or answered in the front: ``echo``).
+- ``plane``: ``DataPlane``: health, metadata, and each request through the strategy its
+  model version chose at its first request (``strategies``: answered in the front for
+  ``echo``, run alone, or queued for a batch).
+- ``intake``: a request's deadline and checks, before its inputs are placed.
+- ``dispatch``: the one way to a worker and back, for a request alone or a batch.
 - ``batched``: requests of models with ``dynamic_batching``, through their batcher
   (``scheduling``).
 - ``batch_io``: a batch's inputs joined once, its outputs split as views.

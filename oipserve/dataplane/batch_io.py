@@ -32,8 +32,10 @@ def _bytes_of(placement: Placement) -> memoryview:
         held, start, size = tensor.located
         return held.buf[start : start + size]
     if isinstance(data, np.ndarray):
-        return memoryview(data.view(np.uint8).reshape(-1))
-    return memoryview(data).cast("B")  # type: ignore[arg-type]
+        return data.view(np.uint8).reshape(-1).data
+    if isinstance(data, bytes | bytearray | memoryview):
+        return memoryview(data).cast("B")
+    raise InternalError(f"batched input '{tensor.name}' holds {type(data).__name__} data")
 
 
 def batch_size(requests: list[list[Placement]]) -> int:

@@ -1,12 +1,13 @@
 """Requests of a model with ``dynamic_batching``: queued in its batcher, run as one batch.
 
-The data plane checks a request as for any model, then hands it here. ``submit`` puts
-it in the model version's ``DynamicBatcher`` (oipserve.scheduling.scheduler), which decides when
-and with which others it runs; ``_run_batch`` runs a batch on a free instance: one
-request alone goes as it is (its data where it lies, as without batching); several are
-joined into one segment (``batch_io.assemble``, one copy of each request's bytes), and
-the reply is cut back into one ``InferResult`` per request, each a view of the worker's
-output segment, which goes back to the worker once every request has released its part.
+``strategies.Batched`` checks a request as for any model, then hands it here. ``infer``
+puts it in the model version's ``DynamicBatcher`` (oipserve.scheduling.scheduler), which
+decides when and with which others it runs; ``_run_batch`` runs a batch on a free
+instance: one request alone goes as it is (its data where it lies, as without batching);
+several are joined into one segment (``batch_io.assemble``, one copy of each request's
+bytes). The batch goes to the worker as any request does (``dispatch``), and the reply is
+cut back into one ``InferResult`` per request, each a view of the worker's output segment,
+which goes back to the worker once every request has released its part.
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ from __future__ import annotations
 import asyncio
 from time import monotonic_ns
 
-from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size, split
+from oipserve.dataplane.batch_io import assemble, batch_size
+from oipserve.dataplane.dispatch import Dispatch
 from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
-from oipserve.request.inference import Inference, InferResult, client_outputs
+from oipserve.request.client_regions import RegionUse
+from oipserve.request.inference import Inference, InferResult
 from oipserve.request.placement import Placement, place
 from oipserve.scheduling.policy import BatchPolicy
 from oipserve.scheduling.scheduler import DynamicBatcher, Entry, QueueRejected
 from oipserve.telemetry.stats import FailureReason, ModelStats, failure_reason, refusal_reason
 from oipserve.wire.messages import ErrorKind, InferDone
-from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+from oipserve.wire.shm import BufferPool, Lease
 
 __all__ = ["BatchRunner", "Withdrawn"]
 
@@ -47,7 +50,7 @@ class _Queued:
         self,
         placements: list[Placement],
         outputs: list[str],
-        owned: list[Lease],
+        owned: list[Lease | RegionUse],
         rows: int,
         start: int,
         stats: ModelStats,
@@ -95,9 +98,9 @@ def _signature(placements: list[Placement], outputs: list[str]) -> tuple[object,
 class BatchRunner:
     """Puts requests into their model version's batcher and runs the batches it forms."""
 
-    def __init__(self, inputs: BufferPool, outputs: SegmentCache) -> None:
+    def __init__(self, inputs: BufferPool, dispatch: Dispatch) -> None:
         self.inputs = inputs
-        self.outputs = outputs
+        self.dispatch = dispatch
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
 
@@ -191,7 +194,7 @@ class BatchRunner:
         requests: list[_Queued] = [entry.request for entry in entries]
         for request in requests:
             request.taken = True
-        owned: list[Lease] = []
+        owned: list[Lease | RegionUse] = []
         lease: Lease | None = None
         try:
             if len(requests) == 1:
@@ -212,27 +215,8 @@ class BatchRunner:
             raise
         if lease is not None:
             owned.append(lease)
-
-        def inputs_free() -> None:
-            for held in owned:
-                held.release()
-
-        done = await worker.infer(model.key, descs, requests[0].outputs, inputs_free)
-        for name in done.dropped:
-            self.outputs.forget(name)
-        segment = self.outputs.get(done.segment)
-        shared = SharedRelease(len(requests), lambda: worker.release_outputs(done.segment))
-        try:
-            if len(requests) == 1:  # as it came: nothing to cut
-                parts = [[(d, segment.buf[d.offset : d.offset + d.nbytes]) for d in done.outputs]]
-            else:
-                parts = split(done.outputs, segment.buf, [r.rows for r in requests])
-            results = [
-                InferResult(model, client_outputs(model, part), shared.part()) for part in parts
-            ]
-        except BaseException:
-            worker.release_outputs(done.segment)
-            raise
+        done = await self.dispatch.send(worker, model, descs, owned, requests[0].outputs)
+        results = self.dispatch.results(worker, model, done, [r.rows for r in requests])
         _record(requests, [entry.enqueued_ns for entry in entries], done)
         return results
 

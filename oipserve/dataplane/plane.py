@@ -6,17 +6,20 @@ metadata, placing tensors in shared memory, choosing a worker, waiting for
 it) happens here, once, for every protocol.
 
 The inference path, top to bottom (``DataPlane.infer``):
-1. resolve the model version (404 unknown, 503 not ready);
-2. check every input against the model's metadata (names, datatype, shape,
-   element count, batch size) and the requested outputs; large JSON ``data``
-   is then decoded by a worker into a segment (``json_offload``), small
-   JSON ``data`` here;
-3. put input data into shared memory: JSON values and host buffers are
-   copied into one pooled segment; binary payloads already received into a
-   segment are referenced where they lie;
-4. send a descriptor to the least busy worker and await its reply;
-5. return views of the worker's output segment, outputs asked for as classes
-   replaced by their top-k strings (``classification``); the caller releases them.
+1. the version's strategy (``strategies``), chosen at its first request: answered in the
+   front (``echo``), run alone, or queued for a batch (``dynamic_batching``);
+2. the strategy checks every input against the model's metadata (names, datatype, shape,
+   element count, batch size) and the requested outputs, within the request's deadline
+   (``intake``); large JSON ``data`` is then decoded by a worker into a segment
+   (``json_offload``), small JSON ``data`` here;
+3. it puts input data into shared memory: JSON values and host buffers are copied into one
+   pooled segment (a batch's into one segment for all its requests); binary payloads
+   already received into a segment are referenced where they lie;
+4. it sends a descriptor to the least busy worker (a batch: to the instance its batcher
+   took) and awaits the reply (``dispatch``);
+5. the result: views of the worker's output segment, outputs wanted in clients' regions
+   written there, outputs asked for as classes replaced by their top-k strings
+   (``classification``); the caller releases it.
 """
 
 from __future__ import annotations
@@ -29,24 +32,20 @@ from typing import Protocol
 
 import oipserve
 from oipserve.dataplane.batched import BatchRunner
-from oipserve.errors import InvalidInput
+from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.intake import Intake
+from oipserve.dataplane.strategies import Batched, Strategy, Unbatched, answer_in_front
 from oipserve.models.config_response import model_config_document
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request import json_offload
-from oipserve.request.checks import check_request, output_targets
-from oipserve.request.classification import check_classification, classify
+from oipserve.request.classification import classify
 from oipserve.request.client_regions import ClientRegions, RegionUse
-from oipserve.request.echo import answer_echo
-from oipserve.request.inference import Inference, InferResult, client_outputs
-from oipserve.request.placement import Placement, check_size, place
-from oipserve.request.tensors import Deferred
+from oipserve.request.inference import Inference, InferResult
 from oipserve.runtime.busy_poll import BusyPoll
-from oipserve.runtime.off_loop import nothing_to_release
-from oipserve.telemetry.stats import StatsRegistry, failure_reason, refusal_reason
-from oipserve.wire.datatypes import element_count
+from oipserve.telemetry.stats import StatsRegistry, refusal_reason
 from oipserve.wire.json_request import InferRequest
-from oipserve.wire.messages import ObjectRef, OutputTarget
+from oipserve.wire.messages import ObjectRef
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 
 log = logging.getLogger("oipserve.dataplane")
@@ -54,7 +53,7 @@ log = logging.getLogger("oipserve.dataplane")
 
 class Workers(Protocol):
     """What the data plane needs of the workers: the prefix of its segments and a link to
-    each (``WorkerPool`` in the primary front, ``replicas.process.Links`` in the others)."""
+    each (``WorkerPool`` in the primary front, ``scaleout.process.Links`` in the others)."""
 
     @property
     def prefix(self) -> str: ...
@@ -64,6 +63,9 @@ class Workers(Protocol):
 
 
 class DataPlane:
+    """What the fronts call: health, metadata, and each inference through its version's
+    strategy."""
+
     def __init__(
         self,
         registry: ModelRegistry,
@@ -89,7 +91,12 @@ class DataPlane:
         self.outputs = SegmentCache()
         #: Per model version: what the statistics extension and /metrics report.
         self.stats = StatsRegistry(registry)
-        self.batches = BatchRunner(self.inputs, self.outputs)
+        dispatch = Dispatch(self.outputs, max_queue)
+        self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
+        self._batches = BatchRunner(self.inputs, dispatch)
+        self._unbatched: Strategy = Unbatched(self._intake, dispatch).run
+        #: Each model version's strategy, chosen at its first request (``_choose``).
+        self._strategies: dict[ModelVersion, Strategy] = {}
         self.shutting_down = False
         #: Clients' registered shared-memory regions (off unless --allow-client-shm).
         self.regions = regions if regions is not None else ClientRegions(False, pool.prefix)
@@ -157,15 +164,18 @@ class DataPlane:
         Every request is counted once in the version's statistics: a success with the
         worker's phase times, or a failure with its reason (``oipserve.telemetry.stats``).
         """
+        model = inference.model
+        strategy = self._strategies.get(model)
+        if strategy is None:
+            strategy = self._choose(model)
         counts = inference.classification
         if counts and inference.text_outputs:
             # NOTE: classified in the front from the raw values: never printed by a worker.
             inference.text_outputs = [name for name in inference.text_outputs if name not in counts]
-        model = inference.model
         model.in_flight += 1
         since = self.busy_poll.started()
         try:
-            result = await self._run(inference)
+            result = await strategy(inference, self.stats.of(model), monotonic_ns())
             if inference.into_regions:
                 _deliver(result, inference.into_regions)
             return await classify(result, counts) if counts else result
@@ -175,101 +185,27 @@ class DataPlane:
             for use in inference.into_regions.values():
                 use.release()
 
-    async def _run(self, inference: Inference) -> InferResult:
-        model, inputs, owned = inference.model, inference.inputs, inference.owned
-        into = inference.into_regions
-        counts = inference.classification
-        stats = self.stats.of(model)
-        start = monotonic_ns()
+    def _choose(self, model: ModelVersion) -> Strategy:
+        """The strategy of a version, at its first request; kept while the version is in
+        the registry (a reload makes a new version, which chooses again)."""
+        self._forget_gone()
+        policy = model.config.dynamic_batching if model.config is not None else None
+        strategy: Strategy
         if model.echo:
-            try:
-                if into or any(tensor.region is not None for tensor in inputs):
-                    raise InvalidInput(
-                        f"model '{model.name}' is answered by the front (echo) and takes no "
-                        "shared memory regions"
-                    )
-                check_classification(model, counts, into)
-                result = answer_echo(model, inputs, inference.output_names, owned)
-            except BaseException as exc:
-                stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
-                raise
-            stats.executed(1, 0, 0, 0)  # answered here: no queue, no compute phases
-            stats.request_succeeded(1, monotonic_ns() - start, 0, 0, 0, 0)
-            return result
-        timeout = self.infer_timeout
-        if inference.timeout_us and inference.timeout_us / 1e6 < timeout:
-            timeout = inference.timeout_us / 1e6
-        deadline = self._loop.time() + timeout
-        policy = model.config.dynamic_batching if model.config else None
-        lease: Lease | None = None
-        targets: list[OutputTarget] = []
-        try:
-            placements = check_request(model, inputs, inference.output_names)
-            check_classification(model, counts, into)
-            if any(isinstance(data, Deferred) for _, _, _, data in placements):
-                placements = await self._decode_in_worker(model, placements, owned, deadline)
-            if into:
-                targets = output_targets(model, inputs, into)
-            if policy is not None:
-                model.check_serving()  # the batcher would otherwise queue it
-                self._copy_regions(placements, owned)
-            else:
-                descs, lease = await place(placements, self.inputs)
-                worker = model.pick(self.max_queue)
-        except BaseException as exc:
-            for held in owned:
-                held.release()
-            if lease is not None:
-                lease.release()
-            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
-            raise
-        if policy is not None:
-            return await self.batches.infer(inference, policy, stats, start, placements, deadline)
-        if lease is not None:
-            owned.append(lease)
+            strategy = answer_in_front
+        elif policy is not None:
+            strategy = Batched(self._intake, self._batches, policy).run
+        else:
+            strategy = self._unbatched
+        self._strategies[model] = strategy
+        return strategy
 
-        def inputs_free() -> None:
-            for held in owned:
-                held.release()
-
-        batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else 1
-        # NOTE: pending until the worker answers: the front cannot see when a pipelined
-        #   worker starts a request (docs/metrics.md).
-        stats.pending += 1
-        sent = monotonic_ns()
-        try:
-            done = await worker.infer(
-                model.key, descs, inference.output_names, inputs_free, deadline, targets,
-                inference.text_outputs,
-            )  # fmt: skip
-        except BaseException as exc:
-            stats.request_failed(failure_reason(exc), monotonic_ns() - start)
-            raise
-        finally:
-            stats.pending -= 1
-        for name in done.dropped:
-            self.outputs.forget(name)
-        # NOTE: no segment when every output went into clients' regions.
-        buf = self.outputs.get(done.segment).buf if done.segment else _EMPTY
-        try:
-            outputs = client_outputs(
-                model,
-                [
-                    (d, _EMPTY if d.region is not None else buf[d.offset : d.offset + d.nbytes])
-                    for d in done.outputs
-                ],
-            )
-            for tensor, desc in zip(outputs, done.outputs, strict=True):
-                if desc.region is not None:
-                    tensor.put_in_region(into[tensor.name], desc.nbytes)
-        except BaseException:
-            if done.segment:
-                worker.release_outputs(done.segment)
-            raise
-        stats.ran_alone(batch, start, sent, done)
-        if not done.segment:
-            return InferResult(model, outputs, nothing_to_release)
-        return InferResult(model, outputs, lambda: worker.release_outputs(done.segment))
+    def _forget_gone(self) -> None:
+        """Forget the strategies of versions that left the registry (unloaded, reloaded)."""
+        models = self.registry.models
+        gone = [m for m in self._strategies if models.get(m.name, {}).get(m.version) is not m]
+        for model in gone:
+            del self._strategies[model]
 
     async def parse_json(
         self, model: ModelVersion, lease: Lease, start: int, body: memoryview
@@ -285,50 +221,6 @@ class DataPlane:
         deadline = self._loop.time() + self.infer_timeout
         return await json_offload.parse(worker, lease, start, body, deadline)
 
-    async def _decode_in_worker(
-        self,
-        model: ModelVersion,
-        placements: list[Placement],
-        owned: list[Lease | RegionUse],
-        deadline: float,
-    ) -> list[Placement]:
-        """Large JSON ``data`` decoded by one of the model's workers (``json_offload``).
-
-        Each such input is ``located`` afterwards, in a lease held in ``owned``.
-        """
-        texts = [
-            (tensor, element_count(tensor.shape))
-            for tensor, _, _, data in placements
-            if isinstance(data, Deferred)
-        ]
-        worker = model.pick(self.max_queue)
-        owned.append(await json_offload.decode(worker, texts, self.inputs, deadline))
-        return [
-            (tensor, shape, nbytes, None if isinstance(data, Deferred) else data)
-            for tensor, shape, nbytes, data in placements
-        ]
-
-    def _copy_regions(self, placements: list[Placement], owned: list[Lease | RegionUse]) -> None:
-        """Inputs in clients' regions of a batched request, read into pooled segments.
-
-        A batch joins the inputs of several requests into one segment, which the front
-        writes; it reads a client's region with ``pread`` (a client that truncated its
-        object gets a 400 for its own request, never a SIGBUS in the front). A request
-        that runs alone then reads its input from that segment in place.
-        """
-        for tensor, _, nbytes, _ in placements:
-            use = tensor.region
-            if use is None:
-                continue
-            lease = self.inputs.acquire(max(nbytes, 1))
-            owned.append(lease)
-            use.read_into(lease.buf[:nbytes])
-            use.release()
-            tensor.region = None
-            tensor.located = (lease, 0, nbytes)
-            if tensor.datatype == "BYTES":
-                check_size(tensor, lease.buf[:nbytes], element_count(tensor.shape))
-
     def refused(self, model: ModelVersion, exc: BaseException) -> None:
         """Count a request a protocol adapter refused after resolving its model.
 
@@ -336,9 +228,6 @@ class DataPlane:
         never saw it; it counts with 0 ns.
         """
         self.stats.of(model).request_failed(refusal_reason(exc), 0)
-
-
-_EMPTY = memoryview(b"")
 
 
 def _deliver(result: InferResult, into: dict[str, RegionUse]) -> None:

@@ -2,7 +2,7 @@
 
 An endpoint is registered in the ``ModelRegistry`` like a repository model, so metadata,
 ready and infer work on it unchanged. An ``echo`` endpoint has no session: the data plane
-answers it in the front by copying inputs to outputs (``dataplane._echo``). An
+answers it in the front by copying inputs to outputs (``dataplane.strategies.answer_in_front``). An
 ``onnxruntime`` endpoint has one session per instance, each on a different worker process
 of its device (``endpoint_sessions``, which starts and stops the dedicated workers).
 
@@ -28,6 +28,7 @@ from oipserve.management.load_limits import LoadLimits, check_instances
 from oipserve.management.worker_params import LoadRequest
 from oipserve.models.manager import ModelManager
 from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.pool.handle import own_handle
 from oipserve.pool.worker_pool import WorkerPool
 
 log = logging.getLogger("oipserve.management")
@@ -230,7 +231,7 @@ class WorkerEndpoints:
         if endpoint.kind == "echo":
             endpoint.echo_instances -= 1
         elif model.workers:
-            await self.sessions.drop(model, model.workers[-1])
+            await self.sessions.drop(model, own_handle(model.workers[-1]))
         if last:
             model.state = "UNAVAILABLE"
             log.info("endpoint '%s' unloaded", name)

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from oipserve.models.registry import ModelVersion
     from oipserve.request.client_regions import RegionUse
 
-#: Registers a callback to run when the client goes away (REST: the connection closed).
-Watch = Callable[[Callable[[], None]], None]
+#: Registers a callback to run when the client goes away (REST: the connection closed);
+#: what the callback returns is ignored (``Future.cancel``'s bool, for one).
+Watch = Callable[[Callable[[], object]], None]
 
 _EMPTY = memoryview(b"")
 

@@ -24,6 +24,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+from tests.support.http import post
 from tests.support.server import ServerProcess, pending, shm_entries, stays, steadily, wait_for
 
 SHM = "/dev/shm"
@@ -763,3 +764,27 @@ def test_regions_with_dynamic_batching(shm_server: ServerProcess, regions: list[
     finally:
         client.unregister_system_shared_memory()
         client.close()
+
+
+def test_an_echo_endpoint_refuses_regions_and_lets_them_go(
+    shm_server: ServerProcess, http: httpclient.InferenceServerClient, regions: list[Region]
+) -> None:
+    """The front answers an echo endpoint itself and takes no regions: the request is
+    refused, and the region it named is let go at once (unregistering it waits for no one)."""
+    status, body = post(shm_server, "/v2/workers/echo/load", {})
+    assert status == 200, body
+    endpoint = body.decode()
+    region = _region(regions, 64)
+    shm.set_shared_memory_region(region.handle, [SIMPLE_IN0])
+    http.register_system_shared_memory(region.name, region.key, 64)
+    # NOTE: a request still holding the region would keep this call waiting: it times out.
+    client = httpclient.InferenceServerClient(shm_server.host_port, network_timeout=10.0)
+    try:
+        inp = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+        inp.set_shared_memory(region.name, 64)
+        _http_fail(lambda: client.infer(endpoint, [inp]), 400, "takes no shared memory regions")
+        client.unregister_system_shared_memory(region.name)
+        assert not _listed(http, region.name)
+    finally:
+        client.close()
+        assert post(shm_server, f"/v2/workers/{endpoint}/unload") == (200, b"")

@@ -1,0 +1,147 @@
+"""The one way a request, or a batch of them, goes to a worker and comes back.
+
+Both the requests that run alone (``strategies.Unbatched``) and the batches of the dynamic
+batcher (``batched.BatchRunner``) go through here:
+
+- ``pick``: the least busy worker that holds the model version (503 when none can take it);
+- ``send``: an ``Infer`` descriptor to that worker, and its reply awaited until the deadline.
+  What holds the inputs (segment leases, uses of clients' regions) is released once the
+  worker is done reading them, on every path: its reply, its death, or no send at all;
+- ``result`` / ``results``: the reply's outputs as clients see them, views of the worker's
+  output segment that go back to it once every result is released (on any error, at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from oipserve.dataplane.batch_io import SharedRelease, split
+from oipserve.errors import WorkerProtocolError, from_kind
+from oipserve.models.registry import ModelVersion
+from oipserve.pool.link import WorkerLink
+from oipserve.request.client_regions import RegionUse
+from oipserve.request.inference import InferResult, client_outputs
+from oipserve.runtime.off_loop import nothing_to_release
+from oipserve.wire.messages import Failed, Infer, InferDone, OutputTarget, TensorDesc
+from oipserve.wire.shm import Lease, SegmentCache
+
+__all__ = ["Dispatch"]
+
+_EMPTY = memoryview(b"")
+# NOTE: shared, never changed: only encoded into Infer messages (no list per request).
+_NO_TARGETS: list[OutputTarget] = []
+_NO_NAMES: list[str] = []
+_NO_REGIONS: dict[str, RegionUse] = {}
+
+
+class Dispatch:
+    """Sends checked, placed requests to workers and maps their replies back."""
+
+    __slots__ = ("outputs", "max_queue")
+
+    def __init__(self, outputs: SegmentCache, max_queue: int) -> None:
+        #: The workers' output segments, mapped once each.
+        self.outputs = outputs
+        #: Requests in flight on one worker past which its model answers 503 (overloaded).
+        self.max_queue = max_queue
+
+    def pick(self, model: ModelVersion) -> WorkerLink:
+        """The worker with the fewest requests in flight that holds ``model``, or 503."""
+        return model.pick(self.max_queue)
+
+    async def send(
+        self,
+        worker: WorkerLink,
+        model: ModelVersion,
+        inputs: list[TensorDesc],
+        owned: Sequence[Lease | RegionUse],
+        output_names: list[str],
+        deadline: float | None = None,
+        targets: list[OutputTarget] | None = None,
+        text_outputs: list[str] | None = None,
+    ) -> InferDone:
+        """Run ``inputs`` on ``worker``; its reply (or the error it answered).
+
+        ``owned`` is released when the worker is done reading the inputs: at its reply,
+        when it dies, or here when the request cannot be sent. Past ``deadline`` (loop
+        time) the call fails with DeadlineExceeded while the worker may still read the
+        inputs: they stay held until it answers. The reply's output segment is the
+        caller's to release (``result``, ``results``).
+        """
+        key = model.key
+        into = targets or _NO_TARGETS
+        texts = text_outputs or _NO_NAMES
+
+        def inputs_free() -> None:
+            for held in owned:
+                held.release()
+
+        try:
+            waiting = worker.call(
+                lambda rid: Infer(rid, key, inputs, output_names, into, texts),
+                inputs_free,
+                deadline,
+            )
+        except BaseException:
+            inputs_free()  # never sent (the worker is gone): nothing will read the inputs
+            raise
+        reply = await waiting
+        if isinstance(reply, Failed):
+            raise from_kind(reply.kind, reply.message)
+        if not isinstance(reply, InferDone):
+            raise WorkerProtocolError(
+                f"worker {worker.worker_id} answered {type(reply).__name__} to Infer"
+            )
+        for name in reply.dropped:
+            self.outputs.forget(name)
+        return reply
+
+    def result(
+        self,
+        worker: WorkerLink,
+        model: ModelVersion,
+        done: InferDone,
+        into: Mapping[str, RegionUse],
+    ) -> InferResult:
+        """The outputs of one request that ran alone; ``into`` holds the clients' regions
+        the worker was asked to write outputs into (``send``'s ``targets``)."""
+        segment = done.segment
+        try:
+            # NOTE: no segment when every output went into clients' regions.
+            buf = self.outputs.get(segment).buf if segment else _EMPTY
+            outputs = client_outputs(
+                model,
+                [
+                    (d, _EMPTY if d.region is not None else buf[d.offset : d.offset + d.nbytes])
+                    for d in done.outputs
+                ],
+            )
+            for tensor, desc in zip(outputs, done.outputs, strict=True):
+                if desc.region is not None:
+                    tensor.put_in_region(into[tensor.name], desc.nbytes)
+        except BaseException:
+            if segment:
+                worker.release_outputs(segment)
+            raise
+        if not segment:
+            return InferResult(model, outputs, nothing_to_release)
+        return InferResult(model, outputs, lambda: worker.release_outputs(segment))
+
+    def results(
+        self, worker: WorkerLink, model: ModelVersion, done: InferDone, rows: list[int]
+    ) -> list[InferResult]:
+        """The outputs of a batch cut back into one result per request (``rows``: each
+        request's batch size, in the order of its inputs); the segment goes back once
+        every result is released."""
+        if len(rows) == 1:  # as it came: nothing to cut
+            return [self.result(worker, model, done, _NO_REGIONS)]
+        segment = done.segment
+        shared = SharedRelease(len(rows), lambda: worker.release_outputs(segment))
+        try:
+            parts = split(done.outputs, self.outputs.get(segment).buf, rows)
+            return [
+                InferResult(model, client_outputs(model, part), shared.part()) for part in parts
+            ]
+        except BaseException:
+            worker.release_outputs(segment)
+            raise

@@ -1,0 +1,154 @@
+"""How the requests of one model version are served: one of three strategies.
+
+``DataPlane`` chooses a version's strategy once, at its first request:
+
+- ``answer_in_front``: an ``echo`` endpoint; the front copies the inputs to the outputs
+  (no worker, no shared memory);
+- ``Unbatched``: each request checked, placed in shared memory and sent on its own to the
+  least busy worker that holds the version (``dispatch``);
+- ``Batched``: a version with ``dynamic_batching``: each request checked, then queued in
+  the version's batcher; ``batched.BatchRunner`` places and sends the batches it forms
+  through the same ``dispatch``.
+
+A strategy is called with the request, its version's statistics and ``monotonic_ns()`` at
+its arrival. It counts the request there once (a success with its phase times, or a failure
+with its reason), releases the request's ``owned`` once nothing reads it, and answers with
+the request's ``InferResult`` or raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from time import monotonic_ns
+
+from oipserve.dataplane.batched import BatchRunner
+from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.intake import Intake, has_deferred
+from oipserve.errors import InvalidInput
+from oipserve.request.checks import output_targets
+from oipserve.request.classification import check_classification
+from oipserve.request.client_regions import RegionUse
+from oipserve.request.echo import answer_echo
+from oipserve.request.inference import Inference, InferResult
+from oipserve.request.placement import place
+from oipserve.scheduling.policy import BatchPolicy
+from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
+from oipserve.wire.shm import Lease
+
+__all__ = ["Batched", "Strategy", "Unbatched", "answer_in_front"]
+
+#: Serves one request: (the request, its version's statistics, its arrival) -> its result.
+Strategy = Callable[[Inference, ModelStats, int], Awaitable[InferResult]]
+
+
+async def answer_in_front(inference: Inference, stats: ModelStats, start: int) -> InferResult:
+    """An ``echo`` endpoint's answer: its inputs back as outputs, made here."""
+    try:
+        result = _checked_echo(inference)
+    except BaseException as exc:
+        stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+        raise
+    stats.executed(1, 0, 0, 0)  # answered here: no queue, no compute phases
+    stats.request_succeeded(1, monotonic_ns() - start, 0, 0, 0, 0)
+    return result
+
+
+def _checked_echo(inference: Inference) -> InferResult:
+    """``answer_echo``, which releases ``owned``, once the request is one it can answer."""
+    model, into = inference.model, inference.into_regions
+    try:
+        if into or any(tensor.region is not None for tensor in inference.inputs):
+            raise InvalidInput(
+                f"model '{model.name}' is answered by the front (echo) and takes no "
+                "shared memory regions"
+            )
+        check_classification(model, inference.classification, into)
+    except BaseException:
+        _release(inference.owned)
+        raise
+    return answer_echo(model, inference.inputs, inference.output_names, inference.owned)
+
+
+class Unbatched:
+    """Each request on its own: check, place, send to the least busy worker, its result."""
+
+    __slots__ = ("intake", "dispatch")
+
+    def __init__(self, intake: Intake, dispatch: Dispatch) -> None:
+        self.intake = intake
+        self.dispatch = dispatch
+
+    async def run(self, inference: Inference, stats: ModelStats, start: int) -> InferResult:
+        model, owned, into = inference.model, inference.owned, inference.into_regions
+        intake, dispatch = self.intake, self.dispatch
+        deadline = intake.deadline(inference)
+        lease: Lease | None = None
+        try:
+            placements = intake.check(inference)
+            if has_deferred(placements):
+                placements = await intake.decode_in_worker(model, placements, owned, deadline)
+            targets = output_targets(model, inference.inputs, into) if into else None
+            inputs, lease = await place(placements, intake.inputs)
+            worker = dispatch.pick(model)
+        except BaseException as exc:
+            _release(owned)
+            if lease is not None:
+                lease.release()
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        if lease is not None:
+            owned.append(lease)
+        # NOTE: pending until the worker answers: the front cannot see when a pipelined
+        #   worker starts a request (docs/metrics.md).
+        stats.pending += 1
+        sent = monotonic_ns()
+        try:
+            done = await dispatch.send(
+                worker, model, inputs, owned, inference.output_names, deadline, targets,
+                inference.text_outputs,
+            )  # fmt: skip
+            result = dispatch.result(worker, model, done, into)
+        except BaseException as exc:
+            stats.request_failed(failure_reason(exc), monotonic_ns() - start)
+            raise
+        finally:
+            stats.pending -= 1
+        shape = inference.inputs[0].shape
+        stats.ran_alone(shape[0] if model.max_batch_size > 0 and shape else 1, start, sent, done)
+        return result
+
+
+class Batched:
+    """A version with ``dynamic_batching``: each request checked, then queued in its batcher
+    to run in a batch (``batched.BatchRunner``)."""
+
+    __slots__ = ("intake", "runner", "policy")
+
+    def __init__(self, intake: Intake, runner: BatchRunner, policy: BatchPolicy) -> None:
+        self.intake = intake
+        self.runner = runner
+        #: The version's ``dynamic_batching`` settings.
+        self.policy = policy
+
+    async def run(self, inference: Inference, stats: ModelStats, start: int) -> InferResult:
+        model, owned, into = inference.model, inference.owned, inference.into_regions
+        intake = self.intake
+        deadline = intake.deadline(inference)
+        try:
+            placements = intake.check(inference)
+            if has_deferred(placements):
+                placements = await intake.decode_in_worker(model, placements, owned, deadline)
+            if into:  # NOTE: checked only: the front writes a batched request's outputs there
+                output_targets(model, inference.inputs, into)
+            model.check_serving()  # the batcher would otherwise queue it
+            intake.copy_regions(placements, owned)
+        except BaseException as exc:
+            _release(owned)
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        return await self.runner.infer(inference, self.policy, stats, start, placements, deadline)
+
+
+def _release(owned: list[Lease | RegionUse]) -> None:
+    for held in owned:
+        held.release()
