@@ -1,14 +1,10 @@
-"""Start-up and shutdown of the whole server, in a fixed order.
+"""Start-up and shutdown of the whole server, in a fixed order: ``Server`` (the runner).
 
-Start: bind the HTTP and metrics sockets and hold the gRPC port (fail fast, before
-anything loads, if a port is taken), remove shared memory left by dead servers, read
-the hardware inventory, start the workers, load the repository's models, start
-serving, log ``ready`` or what is not (``oipserve.app.startup_report``).
-
-Shutdown (SIGTERM or SIGINT): stop accepting connections (HTTP, gRPC and
-metrics), let in-flight requests and calls finish (``--shutdown-timeout``), stop the workers
-(they free their own shared memory), unlink the front's segments, sweep
-anything left under our prefix, exit 0.
+The runner owns what lives as long as the process (the worker pool, the model registry and
+manager, the data plane); each listening port is a site of its own (``oipserve.app.sites``):
+HTTP, metrics, gRPC, and with ``--http-workers`` the other HTTP fronts. ``Server``'s
+docstring gives the start-up and shutdown order step by step; ``serve`` is what the command
+line runs.
 """
 
 from __future__ import annotations
@@ -17,11 +13,11 @@ import asyncio
 import logging
 import os
 import signal
-import socket
+from dataclasses import dataclass
 from pathlib import Path
 
-from hardware import make_inventory_source, parse_devices
-from oipserve.app.grpc_start import start_grpc
+from hardware import Inventory, InventorySource, make_inventory_source, parse_devices
+from oipserve.app.sites import GrpcSite, OtherFronts, StartupError, UvicornSite
 from oipserve.app.startup_report import (
     StartupReport,
     not_ready_models,
@@ -30,8 +26,7 @@ from oipserve.app.startup_report import (
 )
 from oipserve.config.settings import Settings, deprecation_warnings
 from oipserve.dataplane.plane import DataPlane
-from oipserve.front.grpc.rpcs import GrpcServer
-from oipserve.front.http.server import UvicornServer, http_server
+from oipserve.front.http.server import http_server
 from oipserve.front.http.server import metrics_server as metrics_server_for
 from oipserve.front.rest import create_app
 from oipserve.front.rest.admin import add_admin_routes
@@ -44,7 +39,7 @@ from oipserve.pool.handle import WorkerHandle
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.request.client_regions import ClientRegions, cuda_refusal
 from oipserve.runtime.collector import settle_garbage_collector
-from oipserve.runtime.listeners import tcp_listener, unix_listener
+from oipserve.runtime.listeners import unix_listener
 from oipserve.runtime.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.runtime.workerproc import WorkerOptions
 from oipserve.scaleout.primary import (
@@ -56,33 +51,97 @@ from oipserve.scaleout.primary import (
 from oipserve.telemetry.metrics import MetricsApp, Scraper
 from oipserve.wire.shm import sweep, sweep_stale
 
+__all__ = ["Server", "StartupError", "serve"]
+
 log = logging.getLogger("oipserve")
 
+#: Backlog of the primary's private socket that the other fronts forward requests to.
+FORWARD_BACKLOG = 1024
 
-class StartupError(Exception):
-    """Start-up cannot go on; the message says why, for the user."""
+
+async def serve(settings: Settings) -> int:
+    """The server's life: start, serve until SIGTERM or SIGINT, drain, stop. Returns the
+    exit code (0); a start that cannot go on raises StartupError (exit code 3)."""
+    return_large_blocks_to_os()
+    for warning in deprecation_warnings(settings):
+        log.warning("%s", warning)
+    sites, plan = prepare(settings)
+    return await Server(settings, sites, plan).run()
 
 
-def bind_socket(host: str, port: int, flag: str, reuse_port: bool = False) -> socket.socket:
+# ---- before anything starts: the ports, the node, the repository ---------------------------
+
+
+@dataclass
+class Sites:
+    """The ports of this front; None where a flag turns the service off."""
+
+    http: UvicornSite | None
+    metrics: UvicornSite | None
+    grpc: GrpcSite | None
+
+    @classmethod
+    def of(cls, settings: Settings) -> Sites:
+        """The sites the flags ask for, not bound yet."""
+        host = settings.host
+        # --allow-http false: no HTTP port at all (health over gRPC only).
+        http = metrics = None
+        if settings.allow_http:
+            reuse_port = settings.http_workers > 1  # shared with the other fronts
+            http = UvicornSite(host, settings.http_port, "--http-port", reuse_port)
+        if settings.allow_metrics:
+            metrics = UvicornSite(host, settings.metrics_port, "--metrics-port")
+        return cls(http, metrics, GrpcSite(settings) if settings.allow_grpc else None)
+
+    def all(self) -> list[UvicornSite | GrpcSite]:
+        return [site for site in (self.http, self.metrics, self.grpc) if site is not None]
+
+    def close(self) -> None:
+        for site in self.all():
+            site.close()
+
+
+@dataclass(frozen=True)
+class StartupPlan:
+    """What start-up read before starting anything: the node and the models to load."""
+
+    inventory_source: InventorySource
+    inventory: Inventory
+    devices: tuple[str, ...]
+    models: list[str]
+
+
+def prepare(settings: Settings) -> tuple[Sites, StartupPlan]:
+    """Take every port, then check the flags and files and read the node: all before any
+    worker starts or model loads, so that a mistake fails the start at once (StartupError,
+    with every port given back). Then remove shared memory left by dead servers."""
     try:
-        return tcp_listener(host, port, reuse_port)
-    except OSError as exc:
-        raise StartupError(
-            f"cannot listen on {host}:{port} ({flag} {port}): {exc.strerror}"
-        ) from None
+        _check_ports(settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    sites = Sites.of(settings)
+    try:
+        for site in sites.all():
+            site.bind()
+        plan = _read_plan(settings)
+    except (ValueError, RepositoryError, OSError, StartupError) as exc:  # flags or files
+        sites.close()
+        raise StartupError(str(exc)) from None
+    for name in sweep_stale():
+        log.info("removed stale shared memory %s", name)
+    return sites, plan
 
 
-def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
-    """ONNX Runtime intra-op threads of each worker started with the server.
-
-    On the CPU the cores this process may use (a pod's CPU limit, its affinity mask:
-    ``CpuInfo.usable_cores``) are shared out among the instances. Sizing from the node's
-    count in a pod limited to 4 CPUs on a 64-core node would give 64 threads throttled
-    to 4 CPUs' time.
-    """
-    if device == "cpu":
-        return max(1, usable_cores // instances)
-    return 1
+def _read_plan(settings: Settings) -> StartupPlan:
+    root = Path(settings.model_repository)
+    check_repository(root)
+    _check_ready_file(settings.ready_file)
+    inventory_source = make_inventory_source(settings.hardware_inventory)
+    inventory = inventory_source.read()
+    devices = parse_devices(inventory, settings.devices)
+    models = startup_models(settings.model_control_mode, settings.load_model, root)
+    _check_layout(root, settings.exit_on_error)
+    return StartupPlan(inventory_source, inventory, devices, models)
 
 
 def _check_ports(settings: Settings) -> None:
@@ -117,275 +176,308 @@ def _check_layout(root: Path, exit_on_error: bool) -> None:
         raise StartupError(f"{warnings[0]}; refusing to start (--exit-on-error true / --strict)")
 
 
-async def serve(settings: Settings) -> int:
-    return_large_blocks_to_os()
-    for warning in deprecation_warnings(settings):
-        log.warning("%s", warning)
-    root = Path(settings.model_repository)
-    try:
-        _check_ports(settings)
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
-    # Every port is taken (or found taken) before anything loads.
-    held: list[socket.socket] = []
-    try:
-        # --allow-http false: no HTTP port at all (health over gRPC only).
-        sock: socket.socket | None = None
-        if settings.allow_http:
-            sock = bind_socket(
-                settings.host, settings.http_port, "--http-port", settings.http_workers > 1
-            )
-            held.append(sock)
-        metrics_sock: socket.socket | None = None
-        if settings.allow_metrics:
-            metrics_sock = bind_socket(settings.host, settings.metrics_port, "--metrics-port")
-            held.append(metrics_sock)
-        # NOTE: grpc binds its own socket; this one holds the port while models load
-        #   and is closed just before gRPC starts.
-        grpc_probe: socket.socket | None = None
-        if settings.allow_grpc and settings.grpc_port:
-            grpc_probe = bind_socket(settings.host, settings.grpc_port, "--grpc-port")
-            held.append(grpc_probe)
-        check_repository(root)
-        _check_ready_file(settings.ready_file)
-        inventory_source = make_inventory_source(settings.hardware_inventory)
-        inventory = inventory_source.read()
-        devices = parse_devices(inventory, settings.devices)
-        names = startup_models(settings.model_control_mode, settings.load_model, root)
-        _check_layout(root, settings.exit_on_error)
-    except (ValueError, RepositoryError, OSError, StartupError) as exc:  # flags or files
-        for held_sock in held:
-            held_sock.close()
-        raise StartupError(str(exc)) from None
-    for name in sweep_stale():
-        log.info("removed stale shared memory %s", name)
+def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
+    """ONNX Runtime intra-op threads of each worker started with the server.
 
-    options = WorkerOptions(settings.log_level, settings.worker_busy_poll_us)
-    pool = WorkerPool(
-        os.getpid(), options, settings.http_workers, settings.worker_replacement_max_pause
-    )
-    registry = ModelRegistry()
-    regions = ClientRegions(
-        settings.allow_client_shm,
-        pool.prefix,
-        cuda_refusal(inventory),
-        limit=settings.max_shm_regions,
-    )
-    dataplane = DataPlane(
-        registry,
-        pool,
-        settings.max_queue_per_worker,
-        settings.infer_timeout,
-        regions,
-        settings.server_name,
-        settings.busy_poll_us / 1e6,
-    )
-    cpu_lock = asyncio.Lock()
+    On the CPU the cores this process may use (a pod's CPU limit, its affinity mask:
+    ``CpuInfo.usable_cores``) are shared out among the instances. Sizing from the node's
+    count in a pod limited to 4 CPUs on a 64-core node would give 64 threads throttled
+    to 4 CPUs' time.
+    """
+    if device == "cpu":
+        return max(1, usable_cores // instances)
+    return 1
 
-    async def start_workers(device: str) -> list[WorkerHandle]:
+
+# ---- the runner --------------------------------------------------------------------------
+
+
+class Server:
+    """One oipserve front: the runner of its sites, from start-up to exit.
+
+    Start-up (the function ``prepare``, then ``run``), each step done before the next begins:
+
+    1. ``prepare``: bind the HTTP and metrics ports and hold the gRPC port (a port taken
+       fails here, before anything loads); check the repository, ``--ready-file``'s
+       directory, the hardware inventory and ``--devices``; remove shared memory left by
+       dead servers. Any failure: every port given back, StartupError (exit 3).
+    2. ``start``: the workers of each device, their heartbeats, the models to load at start
+       (``--exit-on-error``: one that fails stops the start, exit 3); then gRPC on its port
+       (the held socket closed just before), then ``--http-workers``' other fronts.
+    3. ``serve``: the HTTP and metrics ports start serving (those the flags leave on);
+       once they do, the ready line (or the not-ready lines) is logged and
+       ``--ready-file`` written (``oipserve.app.startup_report``); then wait for a signal.
+
+    Shutdown (SIGTERM or SIGINT: ``_on_signal``, then ``drain`` and ``stop``):
+
+    1. At the signal: readiness turns false; the gRPC port refuses new calls and the
+       other fronts stop accepting (both drains run in the background from now on); the
+       HTTP and metrics ports stop accepting (uvicorn: the listen backlog is answered
+       first, then the listener and idle keep-alive connections close).
+    2. ``serve`` returns once the HTTP requests in flight are answered
+       (``--shutdown-timeout``), then the metrics port's; ``drain`` waits for the gRPC
+       calls in flight and for the other fronts to exit. All before any worker stops.
+    3. ``stop``: each worker finishes what it received, unlinks its own segments and exits
+       (killed if late); uploaded model files are removed; the front unlinks its own
+       segments and sweeps ``/dev/shm`` for its prefix; the ports are closed and
+       ``--ready-file`` removed.
+    4. Exit code 0.
+
+    A signal during start-up cancels it ("start-up interrupted"); the same ``drain`` and
+    ``stop`` run and the exit code is 0. A start that fails runs them too, then exits 3.
+    """
+
+    def __init__(self, settings: Settings, sites: Sites, plan: StartupPlan) -> None:
+        self.settings = settings
+        self.sites = sites
+        self.plan = plan
+        self.other_fronts: OtherFronts | None = None
+        self.pool = WorkerPool(
+            os.getpid(),
+            WorkerOptions(settings.log_level, settings.worker_busy_poll_us),
+            settings.http_workers,
+            settings.worker_replacement_max_pause,
+        )
+        self.registry = ModelRegistry()
+        self.regions = ClientRegions(
+            settings.allow_client_shm,
+            self.pool.prefix,
+            cuda_refusal(plan.inventory),
+            limit=settings.max_shm_regions,
+        )
+        self.dataplane = DataPlane(
+            self.registry,
+            self.pool,
+            settings.max_queue_per_worker,
+            settings.infer_timeout,
+            self.regions,
+            settings.server_name,
+            settings.busy_poll_us / 1e6,
+        )
+        self.manager, self.management = self._model_control()
+        self._cpu_lock = asyncio.Lock()
+        self._serving = False
+        self._stop_requested = asyncio.Event()
+        self._startup: asyncio.Task[object] | None = None
+
+    def _model_control(self) -> tuple[ModelManager, Management]:
+        """The model manager (loads on workers) and the management APIs over it."""
+        root = Path(self.settings.model_repository)
+        manager = ModelManager(
+            root,
+            self.pool,
+            self.registry,
+            self.plan.inventory.simulate_gpu_sessions,
+            self._cpu_workers_on_demand,
+            ConfigLimits(max_priority_levels=self.settings.max_priority_levels),
+        )
+        management = Management(
+            root,
+            self.plan.inventory_source,
+            self.pool,
+            self.registry,
+            manager,
+            [self.dataplane.worker_gone],
+            self.settings.shutdown_timeout,
+            LoadLimits.from_settings(self.settings),
+        )
+        return manager, management
+
+    async def run(self) -> int:
+        """Start-up steps 2-3, then the shutdown; the exit code."""
+        self._catch_signals()
+        try:
+            try:
+                await self.start()
+            except asyncio.CancelledError:
+                log.info("start-up interrupted")
+                return 0
+            except RuntimeError as exc:
+                raise StartupError(str(exc)) from None
+            await self.serve()
+            return 0
+        finally:
+            await self.drain()
+            await self.stop()
+
+    # ---- start-up --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start-up step 2: workers, models, then gRPC and the other HTTP fronts."""
+        for device in self.plan.devices:
+            await self._start_workers(device)
+        self.pool.start_heartbeats(
+            self.settings.worker_heartbeat_interval, self.settings.worker_heartbeat_timeout
+        )
+        await self._load_models()
+        # --http-workers N (with an HTTP port): other fronts serve beside this one.
+        http = self.sites.http
+        scaled_out = http is not None and self.settings.http_workers > 1
+        if self.sites.grpc is not None:
+            private = grpc_forward_address(self.pool.prefix) if scaled_out else None
+            await self.sites.grpc.start(self.dataplane, self.management, private)
+        if http is not None and scaled_out:
+            await self._start_other_fronts(http)
+
+    async def _start_workers(self, device: str) -> list[WorkerHandle]:
         threads = _threads_per_worker(
-            device, inventory.cpu.usable_cores, settings.instances_per_device
+            device, self.plan.inventory.cpu.usable_cores, self.settings.instances_per_device
         )
         started = []
-        for _ in range(settings.instances_per_device):
-            worker = await pool.add_worker(device, threads)
-            worker.add_death_listener(dataplane.worker_gone)
+        for _ in range(self.settings.instances_per_device):
+            worker = await self.pool.add_worker(device, threads)
+            worker.add_death_listener(self.dataplane.worker_gone)
             started.append(worker)
         return started
 
-    async def cpu_workers_on_demand() -> list[WorkerHandle]:
+    async def _cpu_workers_on_demand(self) -> list[WorkerHandle]:
         """KIND_CPU instances run on the CPU whatever --devices says, as in Triton."""
-        async with cpu_lock:
-            running = [w for w in pool.workers if w.device == "cpu" and not w.dedicated]
+        async with self._cpu_lock:
+            running = [w for w in self.pool.workers if w.device == "cpu" and not w.dedicated]
             if running:
                 return running
             log.info(
                 "starting %d CPU worker(s) for KIND_CPU instance groups (--devices %s runs none)",
-                settings.instances_per_device,
-                settings.devices,
+                self.settings.instances_per_device,
+                self.settings.devices,
             )
-            return await start_workers("cpu")
+            return await self._start_workers("cpu")
 
-    manager = ModelManager(
-        root,
-        pool,
-        registry,
-        inventory.simulate_gpu_sessions,
-        cpu_workers_on_demand,
-        ConfigLimits(max_priority_levels=settings.max_priority_levels),
-    )
-    management = Management(
-        root,
-        inventory_source,
-        pool,
-        registry,
-        manager,
-        [dataplane.worker_gone],
-        settings.shutdown_timeout,
-        LoadLimits.from_settings(settings),
-    )
-    server: UvicornServer | None = None
-    metrics_server: UvicornServer | None = None
-    grpc_server: GrpcServer | None = None
-    grpc_stopping: asyncio.Task[None] | None = None
-    replicas: Replicas | None = None
-    replicas_stopping: asyncio.Task[None] | None = None
-    serving = False
-    stop_requested = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def stop_grpc() -> asyncio.Task[None] | None:
-        """Stop taking gRPC calls now; in-flight ones get ``--shutdown-timeout`` to finish."""
-        nonlocal grpc_stopping
-        if grpc_stopping is None and grpc_server is not None:
-            grpc_stopping = loop.create_task(grpc_server.stop(settings.shutdown_timeout))
-        return grpc_stopping
-
-    def stop_replicas() -> asyncio.Task[None] | None:
-        """The other HTTP fronts stop accepting and answer what they received."""
-        nonlocal replicas_stopping
-        if replicas_stopping is None and replicas is not None:
-            replicas_stopping = loop.create_task(replicas.stop(settings.shutdown_timeout))
-        return replicas_stopping
-
-    def on_signal(signum: int) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        dataplane.shutting_down = True
-        stop_grpc()
-        stop_replicas()
-        stop_requested.set()
-        if serving:
-            if server is not None:
-                server.should_exit = True
-            if metrics_server is not None:
-                metrics_server.should_exit = True
-        else:
-            startup.cancel()
-
-    forward: socket.socket | None = None
-    startup = asyncio.current_task()
-    if startup is None:
-        raise RuntimeError("serve() runs outside an asyncio task: a signal could not cancel it")
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
-    try:
-        try:
-            for device in devices:
-                await start_workers(device)
-            pool.start_heartbeats(
-                settings.worker_heartbeat_interval, settings.worker_heartbeat_timeout
+    async def _load_models(self) -> None:
+        """Load the models of the start; with --exit-on-error one that fails stops it."""
+        names = self.plan.models
+        self.registry.required.update(names)
+        await asyncio.gather(*(self.manager.load(name) for name in names))
+        failed = not_ready_models(self.registry)
+        if self.settings.exit_on_error and failed:
+            raise StartupError(
+                f"{len(failed)} of {len(names)} models failed to load ("
+                + "; ".join(f"{n}: {r}" for n, r in failed.items())
+                + "); refusing to start (--exit-on-error true / --strict)"
             )
-            registry.required.update(names)
-            await asyncio.gather(*(manager.load(name) for name in names))
-            failed = not_ready_models(registry)
-            if settings.exit_on_error and failed:
-                raise StartupError(
-                    f"{len(failed)} of {len(names)} models failed to load ("
-                    + "; ".join(f"{n}: {r}" for n, r in failed.items())
-                    + "); refusing to start (--exit-on-error true / --strict)"
-                )
-            if grpc_probe is not None:
-                grpc_probe.close()
-            grpc_port: int | None = None
-            replicas_grpc: tuple[int, str] | None = None
-            if settings.allow_grpc:
-                private = None
-                if sock is not None and settings.http_workers > 1:
-                    grpc_address = grpc_forward_address(pool.prefix)
-                    private = unix_listener(grpc_address, 1024)
-                    held.append(private)
-                grpc_server, grpc_port = await start_grpc(settings, dataplane, management, private)
-                if private is not None:
-                    replicas_grpc = (grpc_port, grpc_address)
-            if sock is not None and settings.http_workers > 1:
-                address = forward_address(pool.prefix)
-                forward = unix_listener(address, 1024)
-                held.append(forward)
-                replicas = Replicas(settings, registry, pool, address, replicas_grpc)
-                follow_the_primary(replicas, manager, pool, regions, dataplane)
-                await replicas.start(sock.getsockname()[1])
-        except asyncio.CancelledError:
-            log.info("start-up interrupted")
-            return 0
-        except RuntimeError as exc:
-            raise StartupError(str(exc)) from None
 
-        servers: list[UvicornServer] = []
-        if sock is not None:
-            app = create_app(settings, dataplane)
-            add_admin_routes(app, management)
-            server = http_server(settings, app)
-            servers.append(server)
-        if metrics_sock is not None:
-            metrics_server = metrics_server_for(
-                settings, MetricsApp(Scraper(dataplane.stats, inventory_source))
-            )
-            servers.append(metrics_server)
-        serving = True
-        host = sock.getsockname()[0] if sock is not None else settings.host
+    async def _start_other_fronts(self, http: UvicornSite) -> None:
+        """``--http-workers N``: start the N-1 other fronts on the HTTP port (and the gRPC
+        port); what they do not answer themselves they forward to this one."""
+        address = forward_address(self.pool.prefix)
+        http.also_listen(unix_listener(address, FORWARD_BACKLOG))
+        grpc = self.sites.grpc
+        shared_grpc = None
+        if grpc is not None and grpc.port is not None:
+            shared_grpc = (grpc.port, grpc_forward_address(self.pool.prefix))
+        replicas = Replicas(self.settings, self.registry, self.pool, address, shared_grpc)
+        follow_the_primary(replicas, self.manager, self.pool, self.regions, self.dataplane)
+        self.other_fronts = OtherFronts(replicas, self.settings.shutdown_timeout)
+        await self.other_fronts.start(http.port)
 
-        async def announce() -> None:
-            while not all(s.started for s in servers) and not stop_requested.is_set():
-                await asyncio.sleep(0.01)
-            if all(s.started for s in servers) and not stop_requested.is_set():
-                report = StartupReport(
-                    host,
-                    sock.getsockname()[1] if sock is not None else None,
-                    grpc_port,
-                    metrics_sock.getsockname()[1] if metrics_sock is not None else None,
-                    len(names),
-                    sorted({w.device for w in pool.workers if not w.dedicated}) or devices,
-                    not_ready_models(registry),
-                )
-                if settings.ready_file is not None:
-                    try:
-                        report.write(settings.ready_file)
-                    except OSError as exc:
-                        status_log.error(
-                            "cannot write --ready-file %s: %s", settings.ready_file, exc
-                        )
-                report.log()
+    # ---- serving -----------------------------------------------------------------------
 
-        announcer = loop.create_task(announce())
-        metrics_task: asyncio.Task[None] | None = None
-        if metrics_server is not None and metrics_sock is not None:
-            metrics_task = loop.create_task(metrics_server.serve(sockets=[metrics_sock]))
+    async def serve(self) -> None:
+        """Start-up step 3: serve HTTP and metrics until a signal (shutdown steps 1-2)."""
+        self._start_http_sites()
+        self._serving = True
+        announcer = asyncio.get_running_loop().create_task(self._announce())
         settle_garbage_collector()
         # Refused gRPC messages leave their inflated slices in malloc's arenas.
         trimmer = MemoryTrimmer()
         trimmer.start()
         try:
-            if server is not None and sock is not None:
-                await server.serve(sockets=[sock] if forward is None else [sock, forward])
+            if self.sites.http is not None:
+                await self.sites.http.stopped()
             else:
-                await stop_requested.wait()
+                await self._stop_requested.wait()
         finally:
             await trimmer.stop()
             # The metrics port closes with the HTTP port (shutdown step 1).
-            if metrics_server is not None and metrics_task is not None:
-                metrics_server.should_exit = True
-                await metrics_task
-        announcer.cancel()
-        return 0
-    finally:
-        dataplane.shutting_down = True
-        # gRPC calls in flight finish (or time out) before the workers go away, and so do
-        # the other HTTP fronts' requests.
-        stopping = stop_grpc()
-        if stopping is not None:
-            await stopping
-        stopping = stop_replicas()
-        if stopping is not None:
-            await stopping
-        await pool.stop(settings.shutdown_timeout)
-        manager.close()  # uploaded model files
-        dataplane.inputs.close()
-        dataplane.outputs.close()
-        regions.close()
-        sweep(pool.prefix)
-        for held_sock in held:
-            held_sock.close()
-        remove_ready_file(settings.ready_file)
+            if self.sites.metrics is not None:
+                self.sites.metrics.drain()
+                await self.sites.metrics.stopped()
+            announcer.cancel()
+
+    def _start_http_sites(self) -> None:
+        if self.sites.http is not None:
+            app = create_app(self.settings, self.dataplane)
+            add_admin_routes(app, self.management)
+            self.sites.http.start(http_server(self.settings, app))
+        if self.sites.metrics is not None:
+            scraper = Scraper(self.dataplane.stats, self.plan.inventory_source)
+            self.sites.metrics.start(metrics_server_for(self.settings, MetricsApp(scraper)))
+
+    async def _announce(self) -> None:
+        """Once the HTTP and metrics ports serve: the ready line and ``--ready-file``."""
+        sites = [s for s in (self.sites.http, self.sites.metrics) if s is not None]
+        while not all(s.started for s in sites) and not self._stop_requested.is_set():
+            await asyncio.sleep(0.01)
+        if not all(s.started for s in sites) or self._stop_requested.is_set():
+            return
+        report = self._report()
+        if self.settings.ready_file is not None:
+            try:
+                report.write(self.settings.ready_file)
+            except OSError as exc:
+                status_log.error("cannot write --ready-file %s: %s", self.settings.ready_file, exc)
+        report.log()
+
+    def _report(self) -> StartupReport:
+        http, metrics, grpc = self.sites.http, self.sites.metrics, self.sites.grpc
+        devices = sorted({w.device for w in self.pool.workers if not w.dedicated})
+        return StartupReport(
+            http.host if http is not None else self.settings.host,
+            http.port if http is not None else None,
+            grpc.port if grpc is not None else None,
+            metrics.port if metrics is not None else None,
+            len(self.plan.models),
+            devices or list(self.plan.devices),
+            not_ready_models(self.registry),
+        )
+
+    # ---- shutdown ----------------------------------------------------------------------
+
+    def _catch_signals(self) -> None:
+        self._startup = asyncio.current_task()
+        if self._startup is None:
+            raise RuntimeError("Server.run() outside an asyncio task: a signal could not stop it")
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        """Shutdown step 1 (or, during start-up, cancel it)."""
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        self.dataplane.shutting_down = True
+        if self.sites.grpc is not None:
+            self.sites.grpc.drain()
+        if self.other_fronts is not None:
+            self.other_fronts.drain()
+        self._stop_requested.set()
+        if not self._serving:
+            if self._startup is not None:
+                self._startup.cancel()
+            return
+        for site in (self.sites.http, self.sites.metrics):
+            if site is not None:
+                site.drain()
+
+    async def drain(self) -> None:
+        """Shutdown step 2, past the HTTP port: gRPC calls in flight finish (or time out),
+        and so do the other fronts' requests, before the workers go away."""
+        self.dataplane.shutting_down = True
+        if self.sites.grpc is not None:
+            await self.sites.grpc.stopped()
+        if self.other_fronts is not None:
+            await self.other_fronts.stopped()
+
+    async def stop(self) -> None:
+        """Shutdown step 3: the workers, then every file and segment this server made."""
+        await self.pool.stop(self.settings.shutdown_timeout)
+        self.manager.close()  # uploaded model files
+        self.dataplane.inputs.close()
+        self.dataplane.outputs.close()
+        self.regions.close()
+        sweep(self.pool.prefix)
+        self.sites.close()
+        remove_ready_file(self.settings.ready_file)
+        loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         log.info("stopped")
