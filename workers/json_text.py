@@ -14,6 +14,7 @@ into its response without reading it (``oipserve.front.rest.render``).
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -23,6 +24,9 @@ from oipserve.wire.json_request import data_spans
 from oipserve.wire.json_values import array_from_values, bytes_as_text, decode_data
 from oipserve.wire.messages import JsonText, ParseJson
 from oipserve.wire.shm import SegmentCache
+
+if TYPE_CHECKING:
+    from workers.runtime import Prepared
 
 __all__ = ["decode", "parse", "print_output"]
 
@@ -55,7 +59,7 @@ def decode(texts: list[JsonText], segments: SegmentCache) -> None:
         target[text.target_offset : end] = np.ascontiguousarray(array).view(np.uint8).data
 
 
-def print_output(datatype: str, ready: object, nbytes: int) -> bytes | None:
+def print_output(datatype: str, ready: Prepared, nbytes: int) -> bytes | None:
     """The JSON text of an output's ``data`` as the front prints it; None: the front prints it.
 
     ``ready`` is the output as ``runtime.output_size`` prepared it: an array, BYTES
@@ -68,6 +72,6 @@ def print_output(datatype: str, ready: object, nbytes: int) -> bytes | None:
             return None
         return orjson.dumps(np.ascontiguousarray(ready).reshape(-1), option=_NUMPY)
     if datatype == "BF16":  # an OrtValue: numpy has no bfloat16
-        raw = np.frombuffer(ctypes.string_at(ready.data_ptr(), nbytes), dtype=np.uint16)  # type: ignore[attr-defined]
+        raw = np.frombuffer(ctypes.string_at(ready.data_ptr(), nbytes), dtype=np.uint16)
         return orjson.dumps(bf16_to_float32(raw), option=_NUMPY)
     return None

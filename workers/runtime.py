@@ -11,6 +11,7 @@ Outputs that go into clients' regions with shapes known before the run
 from __future__ import annotations
 
 import ctypes
+from typing import TypeAlias
 
 import numpy as np
 import onnxruntime as ort
@@ -232,7 +233,11 @@ def _decode_strings(name: str, buf: memoryview, shape: list[int]) -> np.ndarray:
     return out.reshape(shape)
 
 
-def output_size(datatype: str, value: object) -> tuple[list[int], int, object]:
+#: One output as ``output_size`` prepares it: an array, BYTES elements, a BF16 OrtValue.
+Prepared: TypeAlias = np.ndarray | list[bytes] | ort.OrtValue
+
+
+def output_size(datatype: str, value: object) -> tuple[list[int], int, Prepared]:
     """Shape, byte size and a writer-ready form of one output value."""
     if isinstance(value, ort.OrtValue):  # BF16
         shape = list(value.shape())
@@ -245,8 +250,8 @@ def output_size(datatype: str, value: object) -> tuple[list[int], int, object]:
     return shape, array.nbytes, array
 
 
-def write_output(target: memoryview, offset: int, nbytes: int, prepared: object) -> None:
-    """Copy one prepared output into shared memory at ``offset``."""
+def write_output(target: memoryview, offset: int, nbytes: int, prepared: Prepared | bytes) -> None:
+    """Copy one prepared output (or its JSON text, bytes) into shared memory at ``offset``."""
     if isinstance(prepared, bytes):  # printed as JSON text (workers.json_text)
         target[offset : offset + nbytes] = prepared
         return
@@ -257,6 +262,6 @@ def write_output(target: memoryview, offset: int, nbytes: int, prepared: object)
         dest = np.frombuffer(target, dtype=np.uint8, count=nbytes, offset=offset)
         ctypes.memmove(dest.ctypes.data, prepared.data_ptr(), nbytes)
         return
-    array: np.ndarray = prepared  # type: ignore[assignment]
+    array = prepared
     dest = np.frombuffer(target, dtype=array.dtype, count=array.size, offset=offset)
     np.copyto(dest.reshape(array.shape), array, casting="no")

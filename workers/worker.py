@@ -280,7 +280,7 @@ class Worker:
             return
         targets = {t.name: t for t in message.targets}
         try:
-            feeds = {}
+            feeds: dict[str, object] = {}  # arrays, or OrtValues (BF16)
             for t in message.inputs:
                 buf = self._input(t, connection)
                 if t.image is not None:  # encoded images: decode here, not in the front

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -441,7 +441,8 @@ def _shown(value: object) -> str:
 def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, Settings]:
     """Parse ``argv`` (without the program name) and ``environ`` into (command, Settings)."""
     args = _parser().parse_args(list(argv))
-    values: dict[str, object] = {}
+    # Strings (environment) and what argparse made of the flags: msgspec.convert checks them.
+    values: dict[str, Any] = {}
     for field in msgspec.structs.fields(Settings):
         env_value = environ.get(ENV_PREFIX + field.name.upper())
         if env_value is not None:
@@ -452,10 +453,10 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     names = values.get("load_model")
     if names is not None:
         items = [names] if isinstance(names, str) else names
-        values["load_model"] = [n.strip() for i in items for n in i.split(",") if n.strip()]  # type: ignore[union-attr]
+        values["load_model"] = [n.strip() for i in items for n in i.split(",") if n.strip()]
     for name, grpc in (("http_restricted_api", False), ("grpc_restricted_protocol", True)):
         if name in values:
-            values[name] = _restrictions(name, values[name], grpc)  # type: ignore[arg-type]
+            values[name] = _restrictions(name, values[name], grpc)
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     if values.get("grpc_processes") == "auto":

@@ -69,6 +69,7 @@ from typing import Any
 from oipserve.errors import InvalidInput, http_status
 
 __all__ = [
+    "App",
     "HOP_BY_HOP",
     "MAX_GRPC_TIMEOUT",
     "NOT_FORWARDED",
@@ -84,6 +85,8 @@ Headers = list[tuple[bytes, bytes]]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+#: An ASGI 3 application.
+App = Callable[[Message, Receive, Send], Awaitable[None]]
 
 # ---- HTTP/1.1 ---------------------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class HeadChecked:
 
     __slots__ = ("_app",)
 
-    def __init__(self, app: Callable[[Message, Receive, Send], Awaitable[None]]) -> None:
+    def __init__(self, app: App) -> None:
         self._app = app
 
     def __call__(self, scope: Message, receive: Receive, send: Send) -> Awaitable[None]:

@@ -19,6 +19,7 @@ from hardware import CPU_DEVICE, Inventory, InventoryError, cuda_provider_option
 from oipserve.errors import InvalidInput
 from oipserve.management.load_limits import LoadLimits, check_instances, check_numbers
 from oipserve.management.worker_params import cuda_settings, optional_str, positive_int
+from oipserve.models.config.parse import ModelConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.models.repository import read_model
 
@@ -99,7 +100,7 @@ def plan_onnx(
     return EndpointPlan(model, device, threads, instances, batch_size)
 
 
-def model_file(root: Path, spec: str, version: str | None) -> tuple[str, object, str]:
+def model_file(root: Path, spec: str, version: str | None) -> tuple[str, ModelConfig | None, str]:
     """(path, config, version) for a repository model name or an .onnx path inside it."""
     resolved_root = root.resolve()
     if spec.endswith(".onnx"):

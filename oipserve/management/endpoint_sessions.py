@@ -19,13 +19,14 @@ from hardware import CPU_DEVICE
 from oipserve.errors import InvalidInput
 from oipserve.models.manager import ModelManager, unload_quietly
 from oipserve.models.registry import ModelVersion, merge_metadata
-from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.handle import WorkerHandle, own_handle
+from oipserve.pool.link import WorkerLink
 from oipserve.pool.worker_pool import WorkerPool
 
 log = logging.getLogger("oipserve.management")
 
 #: Called with a worker that died; the data plane's ``worker_gone``.
-DeathListener = Callable[[WorkerHandle], None]
+DeathListener = Callable[[WorkerLink], None]
 
 
 class EndpointSessions:
@@ -71,7 +72,7 @@ class EndpointSessions:
             loaded = await self.manager.place(model, worker, threads)
             if not model.inputs and not model.outputs:
                 try:
-                    inputs, outputs = merge_metadata(model.config, loaded)  # type: ignore[arg-type]
+                    inputs, outputs = merge_metadata(model.config, loaded)
                 except ValueError as exc:
                     raise InvalidInput(str(exc)) from None
                 model.set_metadata(inputs, outputs)
@@ -158,7 +159,7 @@ class EndpointSessions:
     async def _rollback(self, model: ModelVersion) -> None:
         """Undo a failed creation: drop the sessions made so far (and their workers)."""
         for worker in list(model.workers):
-            await self.drop(model, worker)
+            await self.drop(model, own_handle(worker))
         model.state = "UNAVAILABLE"
         model.reason = "load failed"
 

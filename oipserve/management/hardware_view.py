@@ -50,11 +50,12 @@ class HardwareView:
         """The inventory, with each device's workers, sessions and memory in use."""
         doc = to_json(self.inventory())
         devices: dict[str, dict[str, object]] = doc["devices"]
-        for worker in self.pool.workers:
-            devices.setdefault(worker.device, {"id": worker.device, "kind": "unknown"})
+        for handle in self.pool.workers:
+            devices.setdefault(handle.device, {"id": handle.device, "kind": "unknown"})
         for device_id, device in devices.items():
             workers = [w for w in self.pool.workers if w.device == device_id]
-            instances = []
+            instances: list[dict[str, object]] = []
+            names: set[str] = set()
             for model in self._all_models():
                 for worker in model.workers:
                     if worker.device == device_id and model.key in worker.models:
@@ -62,6 +63,7 @@ class HardwareView:
                         instances.append(
                             {"model": model.name, "version": model.version, **placement}
                         )
+                        names.add(model.name)
             device["workers"] = [
                 {
                     "id": w.worker_id,
@@ -73,7 +75,7 @@ class HardwareView:
                 }
                 for w in workers
             ]
-            device["models"] = sorted({i["model"] for i in instances})
+            device["models"] = sorted(names)
             device["instances"] = instances
             device["memory_in_use"] = sum(_rss(w.pid) for w in workers if w.alive)
         doc["simulated"] = self.simulated

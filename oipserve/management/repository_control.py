@@ -45,7 +45,7 @@ class RepositoryControl:
         """Every model in the directory, loaded or not: one entry per version of a model
         loaded, unloaded or failed, and a model never loaded by its name alone, as Triton
         lists it (no version, state or reason: nothing has been tried)."""
-        entries = []
+        entries: list[dict[str, str]] = []
         loaded = (n for n in self.registry.models if not self.is_endpoint(n))
         for name in sorted({*self._names(), *loaded}):
             versions = self.registry.models.get(name)
@@ -58,15 +58,15 @@ class RepositoryControl:
                         {"name": name, "version": model.version, "state": state, "reason": reason}
                     )
                 continue
-            reason = self.registry.failed.get(name)
-            if reason is None and name not in self.registry.unloaded:
+            failure = self.registry.failed.get(name)
+            if failure is None and name not in self.registry.unloaded:
                 entries.append({"name": name})
                 continue
-            reason = reason or "unloaded"
+            why = failure or "unloaded"
             source = read_model(self.root, name)
             for version in list(source.versions) or [""]:
                 entries.append(
-                    {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
+                    {"name": name, "version": version, "state": "UNAVAILABLE", "reason": why}
                 )
         if ready_only:
             entries = [e for e in entries if e.get("state") == "READY"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from hardware import InventoryError, cuda_provider_options
@@ -20,7 +20,8 @@ from oipserve.models.metadata import MetadataConflict, merge_metadata
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import ModelSource, read_model
 from oipserve.models.uploads import UploadArea, UploadError, UploadFiles
-from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.handle import WorkerHandle, own_handle
+from oipserve.pool.link import WorkerLink
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.wire.messages import Loaded
 
@@ -288,24 +289,27 @@ class ModelManager:
         started = asyncio.get_running_loop().time()
         try:
             await self._cpu_workers_on_demand(model)
-            model.workers = self.workers_for(model)
-            if not model.workers:
+            workers = self.workers_for(model)
+            model.workers = list(workers)
+            if not workers:
                 raise MetadataConflict("no worker process runs to hold it")
             log.info(
                 "model '%s' version %s: loading %s on %s",
                 model.name,
                 model.version,
                 model.path,
-                _placement(model.workers),
+                _placement(workers),
             )
             # Every placement ends before a failure is handled, so none is left loading.
             results = await asyncio.gather(
-                *(self.place(model, w, None) for w in model.workers), return_exceptions=True
+                *(self.place(model, w, None) for w in workers), return_exceptions=True
             )
+            loaded = []
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            inputs, outputs = merge_metadata(model.config, results[0])  # type: ignore[arg-type]
+                loaded.append(result)
+            inputs, outputs = merge_metadata(model.config, loaded[0])
         except _CANNOT_LOAD as exc:
             await self._fail_version(model, str(exc))
             return
@@ -342,7 +346,7 @@ class ModelManager:
         workers, model.workers = model.workers, []
         for worker in workers:
             if model.key in worker.models:
-                await worker.unload(model.key)
+                await own_handle(worker).unload(model.key)
 
     def _abandon(self, model: ModelVersion) -> None:
         """Undo a version whose load ran out of time, without waiting for the workers.
@@ -356,7 +360,8 @@ class ModelManager:
         for worker in workers:
             worker.models.pop(model.key, None)
             if worker.alive:
-                task = asyncio.get_running_loop().create_task(self._unload_late(worker, model))
+                unloading = self._unload_late(own_handle(worker), model)
+                task = asyncio.get_running_loop().create_task(unloading)
                 self.background.add(task)
                 task.add_done_callback(self.background.discard)
 
@@ -381,7 +386,7 @@ class ModelManager:
         for worker in model.workers:
             # Requests already sent to this worker are answered before the Unload.
             if worker.alive and model.key in worker.models:
-                await worker.unload(model.key)
+                await own_handle(worker).unload(model.key)
         model.state = "UNAVAILABLE"
 
     async def unload(self, name: str, version: str | None = None) -> bool:
@@ -488,6 +493,6 @@ def _serves_on(model: ModelVersion, worker: WorkerHandle) -> bool:
     return model.state == "READY" and not model.echo and worker in model.workers
 
 
-def _placement(workers: list[WorkerHandle]) -> str:
+def _placement(workers: Sequence[WorkerLink]) -> str:
     """Where a version's sessions are, for the log: ``worker 0 (cpu), worker 1 (cuda:0)``."""
     return ", ".join(f"worker {w.worker_id} ({w.device})" for w in workers) or "no worker"

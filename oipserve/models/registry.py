@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from oipserve.errors import InvalidInput, NotFound, Unavailable
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec, merge_metadata
-from oipserve.pool.handle import WorkerHandle
+from oipserve.pool.link import WorkerLink
 
 if TYPE_CHECKING:
     from oipserve.scheduling.scheduler import DynamicBatcher
@@ -74,7 +74,7 @@ class ModelVersion:
         self.outputs: tuple[TensorSpec, ...] = ()
         self.input_map: dict[str, TensorSpec] = {}
         self.output_map: dict[str, TensorSpec] = {}
-        self.workers: list[WorkerHandle] = []
+        self.workers: list[WorkerLink] = []
         self.providers: dict[int, list[str]] = {}
         self.platform = PLATFORM
         #: Echo endpoints are answered by the front (inputs copied to outputs), no session.
@@ -136,10 +136,10 @@ class ModelVersion:
             retry_after=1,
         )
 
-    def pick(self, max_queue: int) -> WorkerHandle:
+    def pick(self, max_queue: int) -> WorkerLink:
         """The worker with the fewest requests in flight, or 503."""
         self._check_not_unloaded()
-        best: WorkerHandle | None = None
+        best: WorkerLink | None = None
         best_load = 0
         for worker in self.workers:
             if worker.alive and self.key in worker.models:
@@ -156,7 +156,7 @@ class ModelVersion:
             )
         return best
 
-    def instances(self) -> list[WorkerHandle]:
+    def instances(self) -> list[WorkerLink]:
         """The workers that can run this version now, this front's own first (``away``:
         the dynamic batcher takes the first one free)."""
         running = [w for w in self.workers if w.alive and self.key in w.models]
@@ -170,7 +170,7 @@ class ModelVersion:
         return self.state == "READY" and any(w.alive and self.key in w.models for w in self.workers)
 
 
-def _away(worker: WorkerHandle) -> int:
+def _away(worker: WorkerLink) -> int:
     return worker.away
 
 

@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 
-from oipserve.errors import WorkerProtocolError, from_kind
+from oipserve.errors import InternalError, WorkerProtocolError, from_kind
 from oipserve.pool.link import MessageProtocol, WorkerDied, WorkerLink
 from oipserve.runtime.listeners import unix_listener
 from oipserve.runtime.workerproc import WorkerOptions, WorkerProcess, exit_status
@@ -107,9 +107,9 @@ class WorkerHandle(WorkerLink):
         #   the process that follows it in this slot.
         loop.add_reader(process.sentinel, self._process_exited, process)
         transport, _ = await loop.connect_accepted_socket(lambda: MessageProtocol(self), ours)
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         beat, _ = await loop.connect_accepted_socket(lambda: HeartbeatProtocol(self), beat_ours)
-        self._heartbeat = beat  # type: ignore[assignment]
+        self._heartbeat = beat
         try:
             await asyncio.wait_for(self.ready.wait(), START_TIMEOUT)
         except TimeoutError:
@@ -136,7 +136,7 @@ class WorkerHandle(WorkerLink):
     def on_message(self, message: object) -> None:
         super().on_message(message)
         if isinstance(message, WorkerReady):
-            self.last_heartbeat = self._loop.time()  # type: ignore[union-attr]
+            self.last_heartbeat = self._loop.time()
 
     def connection_closed(self) -> None:
         """The worker closed its socket: it is exiting, or broken.
@@ -149,7 +149,7 @@ class WorkerHandle(WorkerLink):
             # NOTE: cut off at once (its requests fail 503, its models stop being ready);
             #   only the report and the replacement wait for the exit status.
             self._cut_off("its connection closed")
-            self._loop.call_later(EXIT_GRACE, self._closed_and_running, process)  # type: ignore[union-attr]
+            self._loop.call_later(EXIT_GRACE, self._closed_and_running, process)
         else:
             self.on_exit("its connection closed")
 
@@ -212,7 +212,7 @@ class WorkerHandle(WorkerLink):
         where nobody awaits ``reaped``)."""
         process.join(0)
         if process.returncode is None:
-            self._loop.call_later(REAP_POLL, self._reap_soon, process)  # type: ignore[union-attr]
+            self._loop.call_later(REAP_POLL, self._reap_soon, process)
 
     def _cut_off(self, why: str) -> None:
         if not self.alive:
@@ -227,7 +227,7 @@ class WorkerHandle(WorkerLink):
     # ---- heartbeat -------------------------------------------------------------------
 
     def answered_heartbeat(self) -> None:
-        self.last_heartbeat = self._loop.time()  # type: ignore[union-attr]
+        self.last_heartbeat = self._loop.time()
 
     def check_heartbeat(self, now: float, timeout: float) -> None:
         """Send the next heartbeat, or declare the worker hung if it stopped answering."""
@@ -339,6 +339,18 @@ class WorkerHandle(WorkerLink):
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
             self.process.kill()
+
+
+def own_handle(worker: WorkerLink) -> WorkerHandle:
+    """``worker`` as a process this front started and manages (load, unload, stop).
+
+    A model version's workers are links: handles in the primary front, which started
+    them; in another front (``--http-workers``) links to the primary's workers, which
+    only the primary manages.
+    """
+    if not isinstance(worker, WorkerHandle):
+        raise InternalError(f"worker {worker.worker_id} is not one this front started")
+    return worker
 
 
 class HeartbeatProtocol(asyncio.Protocol):

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from oipserve.errors import DeadlineExceeded, Unavailable, from_kind
+from oipserve.errors import DeadlineExceeded, Unavailable, WorkerProtocolError, from_kind
 from oipserve.wire.messages import (
     Failed,
     Forget,
@@ -93,8 +93,9 @@ class WorkerLink:
         self._flush_soon = False
         #: The timer that sends housekeeping messages no request came to carry.
         self._lazy_flush: asyncio.TimerHandle | None = None
+        #: The running loop, from ``connect`` (``WorkerHandle``: ``start``) on.
         #: PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop
         self._death_listeners: list[Callable[[WorkerLink], None]] = []
         #: Per pending request with a deadline: that deadline (loop time). PERF: one sweep
         #:   timer per worker checks them, rather than a timer per request.
@@ -128,7 +129,7 @@ class WorkerLink:
             self.alive = False
             sock.close()
             raise
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         try:
             await asyncio.wait_for(self.ready.wait(), CONNECT_TIMEOUT)
         except BaseException:
@@ -212,9 +213,9 @@ class WorkerLink:
         if urgent:
             if not self._flush_soon:
                 self._flush_soon = True
-                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+                self._loop.call_soon(self._flush)
         elif self._lazy_flush is None:
-            self._lazy_flush = self._loop.call_later(LAZY_FLUSH, self._flush_lazily)  # type: ignore[union-attr]
+            self._lazy_flush = self._loop.call_later(LAZY_FLUSH, self._flush_lazily)
 
     def _flush(self) -> None:
         self._flush_soon = False
@@ -242,14 +243,14 @@ class WorkerLink:
             raise WorkerDied(f"worker {self.worker_id} ({self.device}) is not running")
         rid = self._rid()
         loop = self._loop
-        future: asyncio.Future[object] = loop.create_future()  # type: ignore[union-attr]
+        future: asyncio.Future[object] = loop.create_future()
         self.pending[rid] = future
         if on_done is not None:
             self.on_done[rid] = on_done
         if deadline is not None:
             self._deadlines[rid] = deadline
             if self._sweep is None:
-                self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
+                self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)
         self.send(make(rid))
         if len(self.pending) == 1:
             # PERF: an idle worker gets its request at once (one loop iteration less
@@ -261,7 +262,7 @@ class WorkerLink:
         """Fail the pending requests past their deadline; look again while any are left."""
         self._sweep = None
         loop = self._loop
-        now = loop.time()  # type: ignore[union-attr]
+        now = loop.time()
         overdue = [rid for rid, deadline in self._deadlines.items() if deadline <= now]
         for rid in overdue:
             del self._deadlines[rid]
@@ -269,7 +270,7 @@ class WorkerLink:
             if future is not None and not future.done():
                 future.set_exception(DeadlineExceeded())
         if self._deadlines:
-            self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)  # type: ignore[union-attr]
+            self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)
 
     async def infer(
         self,
@@ -286,9 +287,13 @@ class WorkerLink:
         reply = await self.call(
             lambda rid: Infer(rid, key, inputs, outputs, into, texts), on_inputs_free, deadline
         )
+        if isinstance(reply, InferDone):
+            return reply
         if isinstance(reply, Failed):
             raise from_kind(reply.kind, reply.message)
-        return reply  # type: ignore[return-value]
+        raise WorkerProtocolError(
+            f"worker {self.worker_id} answered {type(reply).__name__} to Infer"
+        )
 
     def release_outputs(self, segment: str) -> None:
         self.send(Release([segment]), urgent=False)

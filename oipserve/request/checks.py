@@ -111,17 +111,17 @@ def output_targets(
     targets = []
     for name, use in into.items():
         spec = model.output_map[name]
-        shape: list[int] | None = list(spec.shape)
-        if model.max_batch_size > 0 and shape and shape[0] == -1:
-            shape[0] = batch if batch is not None else -1
-        if any(d < 0 for d in shape) or spec.datatype == "BYTES":
-            shape = None
-        if shape is not None:
-            nbytes = ELEMENT_SIZES[spec.datatype] * element_count(shape)
+        dims = list(spec.shape)
+        if model.max_batch_size > 0 and dims and dims[0] == -1:
+            dims[0] = batch if batch is not None else -1
+        shape: list[int] | None = None  # (None: the worker checks the size after the run)
+        if all(d >= 0 for d in dims) and spec.datatype != "BYTES":
+            nbytes = ELEMENT_SIZES[spec.datatype] * element_count(dims)
             if nbytes > use.nbytes:
                 raise InvalidInput(use.too_small(f"output '{name}'", nbytes))
+            shape = dims
             if spec.model_shape is not None:
-                shape = reshaped(shape, spec.shape, spec.model_shape)
+                shape = reshaped(dims, spec.shape, spec.model_shape)
         targets.append(OutputTarget(name, use.region.ref, use.offset, use.nbytes, shape))
     return targets
 

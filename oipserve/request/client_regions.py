@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound, Unavailable
 from oipserve.wire.messages import ObjectRef
@@ -39,6 +39,7 @@ __all__ = [
     "ClientRegion",
     "ClientRegions",
     "RegionRequest",
+    "RegionStatus",
     "RegionUse",
     "cuda_refusal",
     "object_name",
@@ -155,6 +156,15 @@ def _open_failure(key: str, exc: OSError) -> InvalidInput | Unavailable:
     return InvalidInput(f"Unable to open shared memory region with key '{key}': {exc.strerror}")
 
 
+class RegionStatus(TypedDict):
+    """A registered region as the status calls report it (REST and gRPC: the same fields)."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
 class ClientRegion:
     """One registered region: its object's identity, its place in it, the requests using it."""
 
@@ -170,7 +180,7 @@ class ClientRegion:
         self.uses = 0
         self._idle: asyncio.Event | None = None
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> RegionStatus:
         return {
             "name": self.name,
             "key": self.key,
@@ -362,7 +372,7 @@ class ClientRegions:
 
     def _own_objects(self) -> set[tuple[int, int]]:
         """(st_dev, st_ino) of every segment of this server (front and workers)."""
-        own = set()
+        own: set[tuple[int, int]] = set()
         try:
             names = os.listdir(SHM_DIR)
         except FileNotFoundError:
@@ -384,7 +394,7 @@ class ClientRegions:
             return []
         raise NotFound(f"Unable to find cuda shared memory region: '{name}' ({self.cuda_refusal})")
 
-    def status(self, name: str | None) -> list[dict[str, object]]:
+    def status(self, name: str | None) -> list[RegionStatus]:
         if name is None:
             return [region.status() for region in self._regions.values()]
         region = self._regions.get(name)

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from oipserve.errors import InternalError, InvalidInput
+from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import InferResult, InputTensor, OutputTensor
 from oipserve.request.placement import payload
+from oipserve.request.tensors import Deferred
 from oipserve.wire.shm import Lease
 
 if TYPE_CHECKING:
@@ -22,7 +24,10 @@ __all__ = ["answer_echo"]
 
 
 def answer_echo(
-    model: ModelVersion, inputs: list[InputTensor], output_names: list[str], owned: list[Lease]
+    model: ModelVersion,
+    inputs: list[InputTensor],
+    output_names: list[str],
+    owned: list[Lease | RegionUse],
 ) -> InferResult:
     """Every input back as an output (same name, datatype, shape, data).
 
@@ -49,8 +54,10 @@ def answer_echo(
                 blob = bytes(held.buf[start : start + size])
             elif isinstance(data, np.ndarray):
                 blob = data.tobytes()
+            elif isinstance(data, Deferred):  # (json_offload: never for a model without workers)
+                raise InternalError(f"echo input '{tensor.name}' was left for a worker to decode")
             else:
-                blob = bytes(data)  # type: ignore[arg-type]
+                blob = bytes(data)
             by_name[tensor.name] = OutputTensor(
                 tensor.name, tensor.datatype, list(tensor.shape), memoryview(blob)
             )
@@ -63,5 +70,5 @@ def answer_echo(
         names = output_names or list(by_name)
         return InferResult(model, [by_name[n] for n in names], lambda: None)
     finally:
-        for held in owned:
-            held.release()
+        for holding in owned:
+            holding.release()

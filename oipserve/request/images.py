@@ -86,7 +86,7 @@ def image_target(model: ModelVersion, spec: TensorSpec, tensor: InputTensor) -> 
     return image
 
 
-def image_payload(name: str, values: object, count: int) -> bytes:
+def image_payload(name: str, values: object, count: int) -> bytearray:
     """Length-prefixed bytes of JSON/gRPC image elements, ready for shared memory.
 
     JSON strings are base64 (strict: no stray characters); ``bytes`` values (gRPC

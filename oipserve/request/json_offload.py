@@ -90,14 +90,9 @@ async def parse(
     return request, texts
 
 
-def wants_worker(tensor: InputTensor, data: object) -> bool:
-    """Whether a checked input's data is JSON text a worker should decode."""
-    return (
-        isinstance(data, Deferred)
-        and data.text is not None
-        and tensor.datatype != "BYTES"
-        and data.text[2] >= DECODE_MIN
-    )
+def wants_worker(tensor: InputTensor, data: Deferred) -> bool:
+    """Whether a checked input's deferred data is JSON text a worker should decode."""
+    return data.text is not None and tensor.datatype != "BYTES" and data.text[2] >= DECODE_MIN
 
 
 async def decode(

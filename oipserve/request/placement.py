@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
+
 from oipserve.errors import InternalError, InvalidInput
 from oipserve.request import json_offload
 from oipserve.request.images import image_payload
@@ -26,10 +28,25 @@ from oipserve.wire.datatypes import (
 from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease, align
 
-__all__ = ["Placement", "check_size", "image_payload_of", "payload", "place", "values_of"]
+__all__ = [
+    "HostData",
+    "Payload",
+    "Placement",
+    "check_size",
+    "image_payload_of",
+    "payload",
+    "place",
+    "values_of",
+]
 
-#: One checked input: the tensor, the shape the model gets, its byte size, its host data.
-Placement = tuple[InputTensor, list[int], int, object]
+#: An input's data in this process: encoded BYTES elements or images (bytearray), a view of
+#: the request body (memoryview), decoded JSON or typed values (an array).
+HostData = bytearray | memoryview | np.ndarray
+#: Where ``payload`` leaves an input's data: host data; JSON text a worker decodes later
+#: (``Deferred``, json_offload); None when it already lies in shared memory.
+Payload = HostData | Deferred | None
+#: One checked input: the tensor, the shape the model gets, its byte size, its data.
+Placement = tuple[InputTensor, list[int], int, Payload]
 
 
 async def place(
@@ -108,6 +125,8 @@ def _place_into(placements: list[Placement], lease: Lease | None) -> list[Tensor
             continue
         if lease is None:
             raise InternalError(f"input '{tensor.name}' has host-side data but no segment")
+        if data is None or isinstance(data, Deferred):
+            raise InternalError(f"input '{tensor.name}' has no host-side data to place")
         copy_into(lease.buf, offset, nbytes, data)
         descs.append(
             TensorDesc(
@@ -148,16 +167,17 @@ def _check_most(tensor: InputTensor, values: Deferred, count: int) -> None:
         )
 
 
-def payload(tensor: InputTensor) -> tuple[int, object]:
+def payload(tensor: InputTensor) -> tuple[int, Payload]:
     """Byte size of an input and its host-side data (None when already in shared memory)."""
     count = element_count(tensor.shape)
     datatype = tensor.datatype
     if tensor.values is not None:
-        if json_offload.wants_worker(tensor, tensor.values):
+        deferred = tensor.values
+        if isinstance(deferred, Deferred) and json_offload.wants_worker(tensor, deferred):
             # NOTE: decoded by a worker before placement (oipserve.request.json_offload); the
             #   Deferred stands for the data until then.
-            _check_most(tensor, tensor.values, count)  # type: ignore[arg-type]
-            return ELEMENT_SIZES[datatype] * count, tensor.values
+            _check_most(tensor, deferred, count)
+            return ELEMENT_SIZES[datatype] * count, deferred
         values = values_of(tensor, count)
         if datatype == "BYTES":
             blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count))
@@ -188,7 +208,7 @@ def payload(tensor: InputTensor) -> tuple[int, object]:
     raise InvalidInput(f"input '{tensor.name}' carries no data")
 
 
-def image_payload_of(tensor: InputTensor) -> tuple[int, object]:
+def image_payload_of(tensor: InputTensor) -> tuple[int, Payload]:
     """Like _payload for encoded images: JSON strings are base64 (oipserve.request.images)."""
     if tensor.values is not None:
         count = element_count(tensor.shape)

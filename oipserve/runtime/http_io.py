@@ -122,7 +122,7 @@ class BodyReader(asyncio.BufferedProtocol):
             self.http.body_read()
 
     def eof_received(self) -> bool | None:
-        return self.http.eof_received()  # type: ignore[func-returns-value]
+        return self.http.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.http.connection_lost(exc)

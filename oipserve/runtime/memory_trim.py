@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+from _ctypes import CFuncPtr  # the type of a C function (ctypes keeps its name private)
 from collections.abc import Callable
 
 from oipserve.errors import InternalError
@@ -51,13 +52,13 @@ _M_MMAP_THRESHOLD = -3
 LARGE_BLOCK = 1 << 23
 
 
-def _glibc(function: str) -> Callable[..., int] | None:
+def _glibc(function: str) -> CFuncPtr | None:
     """A glibc allocator function, or None where the C library has none (musl, macOS)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return getattr(ctypes.CDLL(name), function)  # type: ignore[no-any-return]
+        return ctypes.CDLL(name)[function]
     except (OSError, AttributeError):
         return None
 
@@ -90,7 +91,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def anonymous_rss() -> int:

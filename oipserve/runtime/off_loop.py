@@ -64,15 +64,17 @@ async def releasing_on_failure(
 _COPY_WITHOUT_GIL = 1024 * 1024
 
 
-def copy_into(target: memoryview, offset: int, nbytes: int, data: object) -> None:
+def copy_into(
+    target: memoryview, offset: int, nbytes: int, data: bytes | bytearray | memoryview | np.ndarray
+) -> None:
     """``data`` (bytes-like or an array) into ``target[offset : offset + nbytes]``."""
     if isinstance(data, np.ndarray):
         data = data.view(np.uint8).reshape(-1).data
     if nbytes < _COPY_WITHOUT_GIL:
-        target[offset : offset + nbytes] = data  # type: ignore[index]
+        target[offset : offset + nbytes] = data
     else:
         into = np.frombuffer(target, np.uint8, nbytes, offset)
-        np.copyto(into, np.frombuffer(data, np.uint8))  # type: ignore[call-overload]
+        np.copyto(into, np.frombuffer(data, np.uint8))
 
 
 def unmap_off_loop(payload: object) -> None:
@@ -82,10 +84,12 @@ def unmap_off_loop(payload: object) -> None:
     reference's ``del`` it would hold the loop that long. Where something still holds a
     view of it, it is left to be freed with that view.
     """
-    memory = payload.obj if type(payload) is memoryview else None
+    if type(payload) is not memoryview:
+        return
+    memory = payload.obj
     if not isinstance(memory, mmap.mmap):
         return
-    payload.release()  # type: ignore[union-attr]
+    payload.release()
 
     def close() -> None:
         try:

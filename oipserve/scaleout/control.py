@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Generic, TypeVar, cast
 
 import msgspec
 
@@ -149,13 +150,18 @@ FromReplica = Listening | Done | StatsRows | Refused
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-class ControlProtocol(asyncio.Protocol):
+#: What a control socket's end receives: ``ToReplica`` in a replica, ``FromReplica`` in the
+#: primary.
+Incoming = TypeVar("Incoming")
+
+
+class ControlProtocol(asyncio.Protocol, Generic[Incoming]):
     """Either end of a control socket: frames in to ``on_message``, ``send`` out."""
 
     def __init__(
         self,
-        decoder: msgspec.msgpack.Decoder,
-        on_message: Callable[[object], None],
+        decoder: msgspec.msgpack.Decoder[Incoming],
+        on_message: Callable[[Incoming], None],
         on_closed: Callable[[], None],
     ) -> None:
         self._decoder = decoder
@@ -165,7 +171,8 @@ class ControlProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # (asyncio types the hook for every protocol; a stream's transport is a Transport)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         for body in self._splitter.feed(data):
@@ -179,9 +186,9 @@ class ControlProtocol(asyncio.Protocol):
             self.transport.write(frame(_ENCODER, message))
 
 
-def to_replica_decoder() -> msgspec.msgpack.Decoder:
+def to_replica_decoder() -> msgspec.msgpack.Decoder[ToReplica]:
     return msgspec.msgpack.Decoder(ToReplica)
 
 
-def from_replica_decoder() -> msgspec.msgpack.Decoder:
+def from_replica_decoder() -> msgspec.msgpack.Decoder[FromReplica]:
     return msgspec.msgpack.Decoder(FromReplica)

@@ -222,8 +222,10 @@ class _Upstream:
         """The primary's next HTTP event, reading as needed (h11 raises if it closes early)."""
         while True:
             event = self.http.next_event()
-            if event is not h11.NEED_DATA:
+            if isinstance(event, h11.Event):
                 return event
+            if event is not h11.NEED_DATA:  # PAUSED: more after a complete answer
+                raise h11.RemoteProtocolError("the primary sent more than one answer")
             await self.receive_more()
 
     async def receive_more(self) -> None:

@@ -39,6 +39,7 @@ from oipserve.scaleout.control import (
     CollectStats,
     ControlProtocol,
     Drain,
+    FromReplica,
     Listening,
     Refused,
     RegionAdded,
@@ -47,6 +48,7 @@ from oipserve.scaleout.control import (
     Snapshot,
     Start,
     StatsRows,
+    ToReplica,
     VersionCopy,
     WorkerCopy,
     from_replica_decoder,
@@ -116,8 +118,8 @@ class Replica:
         self.index = index
         self.process = process
         self.segment_prefix = segment_prefix
-        self.control: ControlProtocol | None = None
-        self.pending: dict[int, asyncio.Future[object]] = {}
+        self.control: ControlProtocol[FromReplica] | None = None
+        self.pending: dict[int, asyncio.Future[FromReplica]] = {}
         #: Its statistics rows as last collected (kept by the primary when it dies).
         self.last_rows: list[StatsRow] = []
         #: Told to drain (shutdown): it carries out nothing sent after that.
@@ -125,8 +127,8 @@ class Replica:
         #: Its control socket closed (it died): it answers nothing more.
         self.gone: ConnectionError | None = None
 
-    def on_message(self, message: object) -> None:
-        future = self.pending.pop(message.seq, None)  # type: ignore[attr-defined]
+    def on_message(self, message: FromReplica) -> None:
+        future = self.pending.pop(message.seq, None)
         if future is not None and not future.done():
             future.set_result(message)
 
@@ -137,8 +139,8 @@ class Replica:
                 future.set_exception(self.gone)
         self.pending.clear()
 
-    def ask(self, message: msgspec.Struct) -> asyncio.Future[object]:
-        future = asyncio.get_running_loop().create_future()
+    def ask(self, message: ToReplica) -> asyncio.Future[FromReplica]:
+        future: asyncio.Future[FromReplica] = asyncio.get_running_loop().create_future()
         if self.gone is not None:
             # NOTE: its socket closes when it dies, before the supervisor sees the exit
             #   and takes it out of ``running``: an ask meanwhile would wait its whole
@@ -147,7 +149,7 @@ class Replica:
             return future
         if self.control is None:
             raise InternalError(f"replica {self.index} was asked before its control link was up")
-        self.pending[message.seq] = future  # type: ignore[attr-defined]
+        self.pending[message.seq] = future
         self.control.send(message)
         return future
 
@@ -279,8 +281,8 @@ class Replicas:
         return rows
 
     async def ask_all(
-        self, make: Callable[[int], msgspec.Struct], patience: float = ANSWER_TIMEOUT
-    ) -> list[tuple[Replica, object]]:
+        self, make: Callable[[int], ToReplica], patience: float = ANSWER_TIMEOUT
+    ) -> list[tuple[Replica, FromReplica]]:
         """Send every replica a request made by ``make(seq)``; their answers. A replica
         that died is left out; one silent for ``patience`` seconds is killed (and
         replaced); a refusal is an answer (``Refused``), for the caller to judge."""
@@ -291,7 +293,7 @@ class Replicas:
             for replica in self.running
             if not replica.draining
         ]
-        answers: list[tuple[Replica, object]] = []
+        answers: list[tuple[Replica, FromReplica]] = []
         for replica, answer in asked:
             try:
                 reply = await asyncio.wait_for(answer, patience)
@@ -309,7 +311,7 @@ class Replicas:
             answers.append((replica, reply))
         return answers
 
-    async def _keep_in_step(self, make: Callable[[int], msgspec.Struct], patience: float) -> None:
+    async def _keep_in_step(self, make: Callable[[int], ToReplica], patience: float) -> None:
         """``ask_all`` for what every replica must carry out: one that cannot is out of
         step with the primary, so it is replaced (it starts from a fresh snapshot)."""
         for replica, reply in await self.ask_all(make, patience):

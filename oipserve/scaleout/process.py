@@ -60,6 +60,7 @@ from oipserve.scaleout.control import (
     Snapshot,
     Start,
     StatsRows,
+    ToReplica,
     VersionCopy,
     to_replica_decoder,
 )
@@ -135,7 +136,9 @@ class Replica:
     """The state of this front: links to the workers, the versions it answers, and the
     requests of the control socket, carried out one at a time in order."""
 
-    def __init__(self, settings: Settings, start: Start, control: ControlProtocol) -> None:
+    def __init__(
+        self, settings: Settings, start: Start, control: ControlProtocol[ToReplica]
+    ) -> None:
         self.settings = settings
         self.control = control
         self.registry = ModelRegistry()
@@ -257,7 +260,7 @@ class Replica:
 
     # ---- the control socket -----------------------------------------------------------
 
-    async def follow(self, messages: asyncio.Queue[object]) -> Drain | None:
+    async def follow(self, messages: asyncio.Queue[ToReplica | None]) -> Drain | None:
         """Carry out the primary's requests in order; the Drain that ends them, or None
         when the primary is gone."""
         while True:
@@ -266,16 +269,17 @@ class Replica:
                 return None
             if isinstance(message, Drain):
                 return message
+            reply: Done | Refused
             try:
                 reply = await self._carry_out(message)
             except ServerError as exc:
-                reply = Refused(message.seq, str(exc), exc.kind)  # type: ignore[attr-defined]
+                reply = Refused(message.seq, str(exc), exc.kind)
             except Exception as exc:
                 log.exception("HTTP front: %s failed", type(message).__name__)
-                reply = Refused(message.seq, f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+                reply = Refused(message.seq, f"{type(exc).__name__}: {exc}")
             self.control.send(reply)
 
-    async def _carry_out(self, message: object) -> object:
+    async def _carry_out(self, message: ToReplica) -> Done:
         if isinstance(message, Snapshot):
             await self.apply(message)
         elif isinstance(message, Retire):
@@ -286,7 +290,7 @@ class Replica:
             )
         elif isinstance(message, RegionsRemoved):
             await self.dataplane.regions.unregister(message.name)
-        return Done(message.seq)  # type: ignore[attr-defined]
+        return Done(message.seq)
 
     async def serve_grpc(self, port: int, forward_to: str) -> GrpcServer:
         """Serve gRPC on ``port`` too (the primary shares it): inference and liveness here,
@@ -325,10 +329,10 @@ class Inbox:
     for ``Replica.follow``, in order. None in the queue: the primary is gone."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.queue: asyncio.Queue[ToReplica | None] = asyncio.Queue()
         self.replica: Replica | None = None
 
-    def received(self, message: object) -> None:
+    def received(self, message: ToReplica) -> None:
         if isinstance(message, CollectStats) and self.replica is not None:
             rows = self.replica.dataplane.stats.rows()
             self.replica.control.send(StatsRows(message.seq, rows))
@@ -360,7 +364,7 @@ async def serve(control_fd: int) -> int:
         replica.close()
 
 
-async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[object]) -> int:
+async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToReplica | None]) -> int:
     loop = asyncio.get_running_loop()
     settings = replica.settings
     try:

@@ -86,7 +86,7 @@ class BatchPolicy(msgspec.Struct, frozen=True):
 
 
 def _queue_policy(message: Any) -> QueuePolicy:
-    action = "DELAY" if message.timeout_action == 1 else "REJECT"
+    action: Literal["REJECT", "DELAY"] = "DELAY" if message.timeout_action == 1 else "REJECT"
     return QueuePolicy(
         timeout_action=action,
         default_timeout_ns=int(message.default_timeout_microseconds) * 1000,

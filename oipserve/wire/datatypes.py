@@ -38,7 +38,16 @@ class Datatype(NamedTuple):
     image: bool
 
 
-def _row(name, numpy, onnx, triton, grpc, json, image, element=None) -> Datatype:  # noqa: ANN001
+def _row(
+    name: str,
+    numpy: type,
+    onnx: str,
+    triton: str,
+    grpc: str | None,
+    json: JsonKind,
+    image: bool,
+    element: str | None = None,
+) -> Datatype:
     dtype = np.dtype(numpy)
     return Datatype(name, dtype, onnx, triton, grpc, json, element or dtype.name, image)
 

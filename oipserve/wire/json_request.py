@@ -35,7 +35,7 @@ class RequestInput(msgspec.Struct, frozen=True):
     datatype: str
     parameters: Parameters | None = None
     #: The JSON text of ``data``, decoded once the shape is checked (``json_values``).
-    data: msgspec.Raw = msgspec.UNSET
+    data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class RequestOutput(msgspec.Struct, frozen=True):

@@ -13,7 +13,7 @@ INVALID_INPUT failure.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -82,7 +82,7 @@ def _bad_utf8_element(text: memoryview) -> int | str:
         nonlocal index
         for item in items:
             piece = memoryview(item)
-            if piece[:1] == b"[":
+            if piece[:1].tobytes() == b"[":
                 found = walk(_RAW_LIST_DECODER.decode(piece))
                 if found is not None:
                     return found
@@ -111,7 +111,7 @@ _KIND_WORDS = {
 }
 
 
-def flatten(values: list[object], out: list[object]) -> None:
+def flatten(values: Iterable[object], out: list[object]) -> None:
     """Append the leaves of nested JSON arrays to ``out``, in row-major order."""
     for value in values:
         if isinstance(value, list):
@@ -120,7 +120,7 @@ def flatten(values: list[object], out: list[object]) -> None:
             out.append(value)
 
 
-def _exact_ints(values: list[object]) -> np.ndarray | None:
+def _exact_ints(values: list[object] | np.ndarray) -> np.ndarray | None:
     """An object array of the values if every one is a true JSON integer, else None."""
     flat: list[object] = []
     flatten(values, flat)
@@ -219,13 +219,15 @@ def _small_flat(name: str, datatype: str, values: list[object]) -> np.ndarray | 
         for value in values:
             if type(value) is not int:  # (a bool is not an int here)
                 return None
-        _check_int_range(name, datatype, min(values), max(values), bounds)
+        ints = cast("list[int]", values)  # each checked above
+        _check_int_range(name, datatype, min(ints), max(ints), bounds)
         return np.array(values, dtype=NUMPY_DTYPES[datatype])
     if datatype in _SMALL_FLOATS:
         for value in values:
             if type(value) is not float:
                 return None
-        _check_float_range(name, datatype, min(values), max(values))
+        floats = cast("list[float]", values)  # each checked above
+        _check_float_range(name, datatype, min(floats), max(floats))
         return np.array(values, dtype=NUMPY_DTYPES[datatype])
     return None
 

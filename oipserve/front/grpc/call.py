@@ -260,11 +260,12 @@ class Call:
     def _leased(self, made: asyncio.Future[Lease], length: int) -> None:
         if made.cancelled():
             return
-        if made.exception() is not None or self._done:
-            if not made.exception():
+        failure = made.exception()
+        if failure is not None or self._done:
+            if failure is None:
                 made.result().release()  # the call ended meanwhile
             elif not self._done:
-                self._fail_with(made.exception())  # type: ignore[arg-type]
+                self._fail_with(failure)
             return
         self._take_lease(made.result(), length)
         waiting, self._waiting = self._waiting or [], None

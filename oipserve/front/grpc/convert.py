@@ -8,7 +8,8 @@ plane's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Sized
+from collections.abc import Collection, Sequence
+from functools import partial
 from typing import Any
 
 from oipserve.errors import InvalidInput
@@ -17,6 +18,7 @@ from oipserve.request.client_regions import (
     PARAMETERS,
     ClientRegions,
     RegionRequest,
+    RegionUse,
     region_parameters,
 )
 from oipserve.request.inference import InputTensor
@@ -48,7 +50,7 @@ def input_tensors(
     message: pb.ModelInferRequest,
     raw: Sequence[memoryview | bytes],
     regions: ClientRegions,
-    owned: list,
+    owned: list[Lease | RegionUse],
     located: Sequence[tuple[Lease, int, int]] | None = None,
 ) -> list[InputTensor]:
     """InputTensors of a request: raw entries by position, typed ``contents``, or regions.
@@ -96,12 +98,12 @@ def input_tensors(
             continue
         contents = typed_contents(tensor)
         # NOTE: converted by the data plane once the shape is checked (Deferred).
-        values = Deferred(lambda contents=contents: list(contents), len(contents))
+        values = Deferred(partial(list, contents), len(contents))
         tensors.append(InputTensor(name, datatype, shape, values=values))
     return tensors
 
 
-def typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Sized:
+def typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Collection[object]:
     """The repeated field holding the flat values of an input sent as typed ``contents``."""
     field = CONTENTS_FIELD.get(tensor.datatype)
     contents = tensor.contents

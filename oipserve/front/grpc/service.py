@@ -130,7 +130,7 @@ class InferenceService:
     ) -> pb.SystemSharedMemoryStatusResponse:
         response = pb.SystemSharedMemoryStatusResponse()
         for entry in self.dataplane.regions.status(request.name or None):
-            response.regions[entry["name"]].CopyFrom(  # type: ignore[index]
+            response.regions[entry["name"]].CopyFrom(
                 pb.SystemSharedMemoryStatusResponse.RegionStatus(**entry)
             )
         return response

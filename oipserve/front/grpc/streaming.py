@@ -12,9 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
-import grpc.aio
-
+from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
@@ -41,7 +39,7 @@ def error_response(message: str) -> bytes:
     return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
 
 
-def strict_errors(context: grpc.aio.ServicerContext) -> bool:
+def strict_errors(context: Context) -> bool:
     """Triton's ``triton_grpc_error: true`` header: a failure ends the stream with its status."""
     metadata = context.invocation_metadata() or ()
     return any(k == "triton_grpc_error" and v == "true" for k, v in metadata)
@@ -51,7 +49,7 @@ async def ordered_responses(
     requests: AsyncIterator[Request],
     infer: Callable[[Request], Awaitable[bytes | memoryview]],
     closing: asyncio.Event,
-    context: grpc.aio.ServicerContext,
+    context: Context,
 ) -> AsyncIterator[Response]:
     """Requests run concurrently; responses come back in request order.
 

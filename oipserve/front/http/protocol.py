@@ -73,7 +73,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import (
@@ -154,7 +154,7 @@ def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
-def _reset(transport: asyncio.BaseTransport) -> None:
+def _reset(transport: asyncio.Transport) -> None:
     """Drop a connection now: what the transport holds is released (views of segments
     included), and the kernel resets the connection rather than keep an unread reply's
     bytes for a peer that takes none (a FIN would wait behind them)."""
@@ -206,7 +206,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         #: Loop time the current request head began to arrive; None when no head is due.
         self._head_started: float | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        #: The running loop and the corked transport (from ``connection_made`` on);
+        #: ``self.transport``, uvicorn's name, is the same proxy.
+        self._loop: asyncio.AbstractEventLoop
+        self._corked: CorkedTransport
         #: Follows the chunked body being received, from the read after its head's.
         self._chunks: ChunkSizes | None = None
         #: Set while the read in which a chunked request's head completed is parsed.
@@ -300,17 +303,19 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         log.debug("request head refused (431): %s", message)
         self._answer_and_close(431, message)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        corked = CorkedTransport(transport, loop)
-        super().connection_made(corked)  # type: ignore[arg-type]
+        # NOTE: a stream protocol's transport is a Transport (asyncio types the hook for all
+        #   protocols); uvicorn gets the proxy, which stands in for it (it forwards the rest).
+        corked = self._corked = CorkedTransport(cast(asyncio.Transport, transport), loop)
+        super().connection_made(cast(asyncio.Transport, corked))
         self._head_started = loop.time()
         self._head_timer = loop.call_later(self.limits.tick, self._check_deadlines)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._head_started is None:  # a keep-alive connection's next request
-            self._head_started = self._loop.time()  # type: ignore[union-attr]
+            self._head_started = self._loop.time()
         self._head_bytes = self._head_fields = self._head_pieces = 0
         self._head_began = True
 
@@ -323,7 +328,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         request: a request only notes when its head began (a clock read), and its
         complete head clears that.
         """
-        loop: asyncio.AbstractEventLoop = self._loop  # type: ignore[assignment]
+        loop = self._loop
         now = loop.time()
         limits = self.limits
         wait = limits.tick
@@ -367,7 +372,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
         A closing transport counts too: it still holds what it could not send.
         """
-        transport: CorkedTransport = self.transport  # type: ignore[assignment]
+        transport = self._corked
         size = transport.get_write_buffer_size()
         if not size:
             self._unsent_since = None
@@ -397,12 +402,13 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                 f"the request head is larger than {self.limits.max_head_bytes} bytes"
             )
             raise _HeadTooLarge(self._head_refusal)
-        self._body_started = self._loop.time()  # type: ignore[union-attr]
+        self._body_started = self._loop.time()
         self.body_bytes = 0
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:
-            extensions = self.scope.setdefault("extensions", {})  # type: ignore[misc]
+            # (uvicorn types extensions' values as dicts; ours are functions)
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[RECEIVE_INTO] = functools.partial(self._receive_into, cycle)
             extensions[ON_DISCONNECT] = functools.partial(self._on_disconnect, cycle)
             if self.max_body is not None:
@@ -431,7 +437,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         # PERF: a finished response goes out now rather than at the end of the loop
         #   iteration: on an idle server that saves one iteration of latency, and a
         #   connection's responses never share a write unless pipelined anyway.
-        self.transport.flush()  # type: ignore[attr-defined]
+        self._corked.flush()
         cycle = self.cycle
         self._watchers.pop(cycle, None)
         _forget_extensions(cycle)
@@ -522,7 +528,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         events = self._chunk_events
         self._chunk_events = None
         cycle = self.cycle
+        limit = self.max_body
         if events is None or cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        if limit is None:  # (events are followed only under a limit)
             return
         if events is _HEAD_READ and not self._chunked(cycle):
             return  # a Content-Length body, still to come
@@ -540,7 +549,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             start = data.rfind(b"\n") + 1  # a size line is due, or part of it came
         if start == 0:
             return  # not where this read can place it: the parser alone decides
-        chunks = ChunkSizes(self.max_body, events.completed)  # type: ignore[arg-type]
+        chunks = ChunkSizes(limit, events.completed)
         verdict = chunks.feed(data, start)
         if verdict == OVER:
             self._refuse_chunked_body()
@@ -557,7 +566,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         message = TOO_LARGE.format(self.max_body)
         log.debug("%s %s -> 413: %s", cycle.scope["method"], cycle.scope["path"], message)
-        cycle.scope[BODY_REFUSED] = message  # type: ignore[literal-required]
+        # NOTE: a key of our own, which uvicorn's type of the scope (ASGI's keys) leaves out.
+        cast("dict[str, object]", cycle.scope)[BODY_REFUSED] = message
         if cycle.response_started or self.pipeline:
             self.transport.close()  # another answer is (or goes) first: no room for ours
         else:

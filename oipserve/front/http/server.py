@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from oipserve.config.settings import Settings
-from oipserve.front.header_rules import HeadChecked
+from oipserve.front.header_rules import App, HeadChecked
 from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol
 
 log = logging.getLogger("oipserve")
@@ -65,6 +65,7 @@ class UvicornServer(uvicorn.Server):
         config = self.config
 
         def protocol() -> asyncio.Protocol:
+            # uvicorn types the class as asyncio.Protocol, whose constructor takes nothing.
             return config.http_protocol_class(  # type: ignore[call-arg]
                 config=config, server_state=self.server_state, app_state=self.lifespan.state
             )
@@ -95,14 +96,14 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 METRICS_MAX_BODY = 64 * 1024
 
 
-def http_server(settings: Settings, app: object) -> UvicornServer:
+def http_server(settings: Settings, app: App) -> UvicornServer:
     """The OIP REST front's ``app`` on uvicorn, with our HTTP protocol.
 
     Every front's app is put behind the request-head rules they share
     (``oipserve.front.header_rules``), so that no front can answer a head differently.
     """
     config = uvicorn.Config(
-        HeadChecked(app),  # type: ignore[arg-type]
+        HeadChecked(app),
         interface="asgi3",  # HeadChecked returns the app's coroutine: not detectable
         http=CorkedHttpToolsProtocol.configured(
             connection_limits(settings), settings.max_request_bytes
@@ -120,11 +121,11 @@ def http_server(settings: Settings, app: object) -> UvicornServer:
     return UvicornServer(config)
 
 
-def metrics_server(settings: Settings, app: object) -> UvicornServer:
+def metrics_server(settings: Settings, app: App) -> UvicornServer:
     """``GET /metrics`` on a second uvicorn server on the same loop, with the same protocol
     and limits as the HTTP port (it had uvicorn's own: no head timeout, no head limit)."""
     config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
+        app,
         http=CorkedHttpToolsProtocol.configured(connection_limits(settings), METRICS_MAX_BODY),
         loop="none",
         lifespan="off",

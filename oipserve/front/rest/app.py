@@ -36,7 +36,9 @@ from oipserve.front.rest.resources import ModelResource, ServerResource, Statist
 from oipserve.front.rest.restricted import guarded
 from oipserve.front.rest.shared_memory import add_shared_memory_routes
 
-Receive = Callable[[], Awaitable[dict]]
+#: ASGI's receive and send, as Falcon types them.
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def create_app(settings: Settings, dataplane: DataPlane) -> falcon.asgi.App:
@@ -87,9 +89,10 @@ class _App(falcon.asgi.App):
         self,
         limit: int,
         restrictions: Mapping[str, Restriction] | None = None,
-        **kwargs: object,
+        *,
+        media_type: str,
     ) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(media_type=media_type)
         self._limit = limit
         #: The body limit (``--max-request-bytes``), for routes that read bodies themselves.
         self.max_request_bytes = limit
@@ -113,7 +116,11 @@ class _App(falcon.asgi.App):
                 resource = guarded(resource, api, restriction)
         super().add_route(uri_template, resource, **kwargs)
 
-    async def __call__(self, scope: dict, receive: Receive, send: object) -> None:  # type: ignore[override]
+    # falcon.asgi.App's __call__ is async where its base's (falcon.App, WSGI) is not:
+    #   Falcon's own definition carries this ignore too.
+    async def __call__(  # type: ignore[override]
+        self, scope: dict[str, Any], receive: Receive, send: Send
+    ) -> None:
         if scope["type"] == "http":
             direct = False
             for key, value in scope["headers"]:
@@ -121,14 +128,14 @@ class _App(falcon.asgi.App):
                     if value.isdigit():
                         size = int(value)
                         if size > self._limit:
-                            await _refuse_too_large(send, size, self._limit)  # type: ignore[arg-type]
+                            await _refuse_too_large(send, size, self._limit)
                             return
                         direct |= size >= DIRECT_BODY_MIN
                 elif key == b"inference-header-content-length":
                     direct = True
             if direct and RECEIVE_INTO in scope.get("extensions", ()):
                 receive = _without_first_body(receive)
-        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+        await super().__call__(scope, receive, send)
 
 
 _NO_BODY_YET = {"type": "http.request", "body": b"", "more_body": True}
@@ -138,7 +145,7 @@ def _without_first_body(receive: Receive) -> Receive:
     """``receive`` whose first event is empty, leaving the body in the server's hands."""
     first = True
 
-    async def deferred() -> dict:
+    async def deferred() -> Mapping[str, Any]:
         nonlocal first
         if first:
             first = False
@@ -148,9 +155,7 @@ def _without_first_body(receive: Receive) -> Receive:
     return deferred
 
 
-async def _refuse_too_large(
-    send: Callable[[dict], Awaitable[None]], length: int, limit: int
-) -> None:
+async def _refuse_too_large(send: Send, length: int, limit: int) -> None:
     body = ENCODER.encode(
         {"error": f"the request body has {length} bytes, more than the limit of {limit} bytes"}
     )

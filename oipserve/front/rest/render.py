@@ -90,11 +90,11 @@ async def print_in_steps(result: InferResult, tensors: list[OutputTensor]) -> No
         raise
 
 
-async def _number_steps(values: object) -> AsyncIterator[bytes]:
+async def _number_steps(values: np.ndarray | list[str]) -> AsyncIterator[bytes]:
     """The JSON text of ``PRINT_STEP`` values at a time, the loop given back before each."""
-    for start in range(0, len(values), PRINT_STEP):  # type: ignore[arg-type]
+    for start in range(0, len(values), PRINT_STEP):
         await asyncio.sleep(0)
-        yield orjson.dumps(values[start : start + PRINT_STEP], option=_NUMPY)  # type: ignore[index]
+        yield orjson.dumps(values[start : start + PRINT_STEP], option=_NUMPY)
 
 
 async def _bytes_steps(data: memoryview) -> AsyncIterator[bytes]:
@@ -197,10 +197,12 @@ def render_infer(
                 #   transport holds the memoryview, which holds the array.
                 owner = np.frombuffer(part, dtype=np.uint8)
                 weakref.finalize(owner, releaser)
-                views.append(memoryview(owner))
+                views.append(owner.data)
                 del owner
             resp.content_length = total
-            resp.stream = _stream_views(views)
+            # Falcon types a stream's chunks as bytes; it hands each to ASGI send as it is,
+            #   and uvicorn's transport writes a view as it writes bytes.
+            resp.stream = _stream_views(views)  # type: ignore[assignment]
     if encoding != "identity":
         resp.set_header("Content-Encoding", encoding)
 

@@ -10,6 +10,7 @@ the model, placement in shared memory) is the data plane's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 import falcon.asgi
@@ -127,13 +128,20 @@ class ModelResource:
             priority = timeout_us = 0
             text_outputs: list[str] = []  # the outputs rendered as JSON
             classes: dict[str, int] = {}  # outputs wanted as their top-k classes: k
+            request_id: str | None = None
+            names: list[str] = []
+            flags: list[bool] | None = None  # each requested output's binary_data
             if header_length == 0:
                 inputs = [self._raw_input(target, body)]
-                request_id, names, flags = None, [], None
                 all_binary = True
             else:
                 parsed = None
-                if header_length is None and body.lease is not None:
+                # (a body in a lease is a view of it)
+                if (
+                    header_length is None
+                    and body.lease is not None
+                    and isinstance(body.data, memoryview)
+                ):
                     parsed = await self.dataplane.parse_json(
                         target, body.lease, body.start, body.data
                     )
@@ -144,7 +152,6 @@ class ModelResource:
                     texts = None
                 inputs = self._inputs(request.inputs, body, header_length, owned, texts)
                 all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
-                names, flags = [], None
                 if request.outputs is not None:
                     names = [o.name for o in request.outputs]
                     flags = [
@@ -260,18 +267,19 @@ class ModelResource:
             #   takes at least 2 characters ("1,"), so the text bounds the element count.
             #   PERF: small data costs less to decode now than to defer.
             text: msgspec.Raw | memoryview = tensor.data
-            where = None
+            text_at = None  # where the text lies in a pooled segment, for a worker
             text_span = texts[index] if texts is not None else None
             if text_span is not None:
-                offset, size = text_span
-                text = body.data[offset : offset + size]
-                where = (_lease_of(body), body.start + offset, size)
+                held = _lease_of(body)
+                start, size = body.start + text_span[0], text_span[1]
+                text = held.buf[start : start + size]
+                text_at = (held, start, size)
             values: object
             if len(text) < EAGER_DATA:
                 values = decode_data(tensor.name, tensor.datatype, text)
             else:
                 load = partial(decode_data, tensor.name, tensor.datatype, text)
-                values = Deferred(load, (len(text) + 1) // 2, where)
+                values = Deferred(load, (len(text) + 1) // 2, text_at)
             tensors.append(InputTensor(tensor.name, tensor.datatype, tensor.shape, values=values))
         return tensors
 
@@ -289,7 +297,7 @@ def _lease_of(body: Body) -> Lease:
 EAGER_DATA = 4096
 
 
-def _flag(params: dict[str, object] | None, key: str, default: bool, where: str) -> bool:
+def _flag(params: Mapping[str, object] | None, key: str, default: bool, where: str) -> bool:
     """A boolean request parameter such as ``binary_data``; 400 if it is not a JSON bool."""
     if not params or key not in params:
         return default

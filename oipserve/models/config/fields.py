@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 from google.protobuf.message import Message
 
+from oipserve.grpc_generated import model_config_pb2 as mc
+
 __all__ = ["DISPOSITIONS", "Disposition", "FieldRule", "Review", "review"]
 
 
@@ -143,7 +145,7 @@ def _review_fields(message: Message, path: str, out: Review) -> None:
             out.ignored.append(where)
 
 
-def review(config: Message) -> Review:
+def review(config: mc.ModelConfig) -> Review:
     """Sort the fields a parsed ``inference.ModelConfig`` gives by their disposition."""
     out = Review([], [])
     _review_fields(config, "", out)

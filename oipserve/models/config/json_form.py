@@ -19,10 +19,10 @@ __all__ = ["message_json"]
 
 
 def _scalar(field: FieldDescriptor, value: object) -> object:
-    if field.message_type is not None:
-        return message_json(value)  # type: ignore[arg-type]
+    if isinstance(value, Message):  # (a field of a message type)
+        return message_json(value)
     if field.enum_type is not None:
-        known = field.enum_type.values_by_number.get(value)  # type: ignore[arg-type]
+        known = field.enum_type.values_by_number.get(value)
         return known.name if known is not None else value
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import struct
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from oipserve.front.grpc.h2.frames import (
     ACK,
@@ -142,8 +142,10 @@ class Connection(asyncio.Protocol):
     # ---- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        self._out = CorkedTransport(self.transport, self._loop)  # type: ignore[arg-type]
+        # NOTE: asyncio types the hook for every protocol; a stream protocol's transport is
+        #   a Transport (uvloop's is too, though not a subclass).
+        self.transport = cast(asyncio.Transport, transport)
+        self._out = CorkedTransport(self.transport, self._loop)
         self._write(_SETTINGS)
 
     def data_received(self, data: bytes) -> None:

@@ -23,6 +23,10 @@ MAX_HEADER_LIST = 64 * 1024
 
 Headers = tuple[tuple[str, str], ...]
 
+#: hpack's ``maxsize`` property object, from the class's namespace: mypy does not type
+#: ``HeaderTable.maxsize`` (a property read from its class) as one.
+_HPACK_MAXSIZE: property = vars(HeaderTable)["maxsize"]
+
 
 class _CountingTable(HeaderTable):
     """HPACK's dynamic table, counting every change to it."""
@@ -35,10 +39,14 @@ class _CountingTable(HeaderTable):
         self.changes += 1
         super().add(name, value)
 
-    @HeaderTable.maxsize.setter  # type: ignore[attr-defined, untyped-decorator]
+    @property
+    def maxsize(self) -> int:
+        return super().maxsize
+
+    @maxsize.setter
     def maxsize(self, newmax: int) -> None:
         self.changes += 1
-        HeaderTable.maxsize.fset(self, newmax)  # type: ignore[attr-defined]
+        _HPACK_MAXSIZE.__set__(self, newmax)
 
 
 class HeaderDecoder:
@@ -64,6 +72,7 @@ class HeaderDecoder:
         if headers is not None:
             return headers
         try:
+            # hpack types decode() as giving bytes pairs; without raw=True they are str.
             headers = tuple(self._decoder.decode(block))  # type: ignore[arg-type]
         except (HPACKError, UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"bad header block: {exc}", ErrorCode.COMPRESSION_ERROR) from None
