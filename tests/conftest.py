@@ -6,7 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, shm_entries
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +16,17 @@ def server() -> Iterator[ServerProcess]:
     yield proc
     code = proc.stop()
     assert code == 0, proc.log
+
+
+@pytest.fixture(scope="module")
+def shm_server() -> Iterator[ServerProcess]:
+    """A server of the sample repository with ``--allow-client-shm true`` (one per module);
+    at its stop nothing of it may be left in /dev/shm."""
+    proc = ServerProcess(args=["--allow-client-shm", "true"]).wait_ready()
+    yield proc
+    code = proc.stop()
+    assert code == 0, proc.log
+    assert shm_entries(proc.process.pid) == []
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Starting the gRPC surface: the front's own HTTP/2 (``grpc_h2``), in this process."""
+"""Starting the gRPC surface: the front's own HTTP/2 (``front.grpc``), in this process."""
 
 from __future__ import annotations
 

@@ -3,15 +3,15 @@
 With ``--http-workers N`` a client's connection lands on any of N fronts (``SO_REUSEPORT``),
 and the client must not be able to tell which: the same request gets the same answer. A
 secondary front answers inference itself and forwards the rest to the primary, HTTP/1.1
-re-framed by h11 (``replicas/forward.py``) and gRPC calls through a grpc.aio channel
-(``replicas/grpc_forward.py``). Both clients check what they send more strictly than the
+re-framed by h11 (``scaleout/forward.py``) and gRPC calls through a grpc.aio channel
+(``scaleout/grpc_forward.py``). Both clients check what they send more strictly than the
 servers' parsers check what they receive. Until 2026-11-28 that made the fronts answer
 differently: a header the primary took as it came was refused by h11 on the other front
 (400), or dropped there (403), or made grpc.aio fail the call (INTERNAL, with a traceback).
 
 So every front applies these rules to what it receives, before any route, restriction or
 forward: ``HeadChecked`` wraps both fronts' HTTP apps (``http_server``), and
-``grpc_h2.call`` reads every call's headers with ``is_metadata`` and ``grpc_timeout`` on
+``front.grpc.call`` reads every call's headers with ``is_metadata`` and ``grpc_timeout`` on
 both fronts. What passes them is exactly what the forwarding path can carry unchanged, and
 what the primary receives again from a forward passes them unchanged (they are idempotent).
 
@@ -39,7 +39,7 @@ headers that ``Connection`` names             kept and forwarded: the server (al
 ``Expect``                                    answered by the front that has the
                                               connection; not forwarded
 Content-Length, Transfer-Encoding             the forward frames the body the front's
-                                              parser delivered (``replicas/forward.py``)
+                                              parser delivered (``scaleout/forward.py``)
 ============================================  =========================================
 
 gRPC metadata (HTTP/2 header fields of a call):

@@ -30,15 +30,6 @@ from tests.support.server import ServerProcess, pending, shm_entries, stays, ste
 SHM = "/dev/shm"
 
 
-@pytest.fixture(scope="module")
-def shm_server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(args=["--allow-client-shm", "true"]).wait_ready()
-    yield proc
-    code = proc.stop()
-    assert code == 0, proc.log
-    assert shm_entries(proc.process.pid) == []
-
-
 @pytest.fixture
 def http(shm_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     client = httpclient.InferenceServerClient(shm_server.host_port)

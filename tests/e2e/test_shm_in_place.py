@@ -23,21 +23,12 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.support.server import ServerProcess, shm_entries
+from tests.support.server import ServerProcess
 
 IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
 IN1 = np.arange(100, 116, dtype=np.int32).reshape(1, 16)
 #: The one object every test of the module uses; its registrations are per test.
 SIZE = 256
-
-
-@pytest.fixture(scope="module")
-def shm_server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(args=["--allow-client-shm", "true"]).wait_ready()
-    yield proc
-    code = proc.stop()
-    assert code == 0, proc.log
-    assert shm_entries(proc.process.pid) == []
 
 
 @pytest.fixture

@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 
+from tests.support.onnx_models import write_slow_model
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, cmdline, shm_entries, wait_for
 
 #: New worker processes killed in a row, as soon as each appears.
@@ -190,32 +189,6 @@ def test_sigterm_during_a_crash_loop_stops_at_once(tmp_path: Path) -> None:
     assert shm_entries(proc.process.pid) == []
 
 
-def write_slow_model(path: Path, nodes: int) -> None:
-    """An FP32 chain of ``nodes`` Mul/Add nodes, each with its own constant (ONNX Runtime
-    folds equal ones): tiny on disk, many seconds to make a session of."""
-    graph_nodes = []
-    initializers = []
-    previous = "INPUT0"
-    for i in range(nodes):
-        constant = f"c{i}"
-        initializers.append(numpy_helper.from_array(np.array([1.0 + i], np.float32), constant))
-        output = "OUTPUT0" if i == nodes - 1 else f"t{i}"
-        op = "Add" if i % 2 else "Mul"
-        graph_nodes.append(helper.make_node(op, [previous, constant], [output]))
-        previous = output
-    graph = helper.make_graph(
-        graph_nodes,
-        "slow",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
-
-
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of ``pid`` so far (0 once it is gone)."""
     try:
@@ -229,6 +202,7 @@ def test_no_worker_outlives_a_killed_front(tmp_path: Path) -> None:
     """SIGKILL of the front while both workers are busy building a session (their main
     thread in ONNX Runtime, not reading their sockets): every worker is gone at once."""
     root = small_repository(tmp_path, "identity_fp32")
+    (root / "slow" / "1").mkdir(parents=True)
     write_slow_model(root / "slow" / "1" / "model.onnx", SLOW_NODES)
     args = ["--devices", "cpu", "--instances-per-device", "2"]
     args += ["--model-control-mode", "explicit", "--load-model", "identity_fp32"]

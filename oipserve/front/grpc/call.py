@@ -8,8 +8,8 @@ then the payload) are refused by their declared length before any memory is take
 for them; a large ModelInfer message is read straight into a segment of the input
 pool, where the worker reads its tensors (as a REST body is), other large ones into
 anonymous memory that goes back to the system when freed. A compressed message is
-inflated in a thread, bounded by the same limit (``grpc_h2.inflate``). What all calls share
-is their ``CallTable`` (``grpc_h2.call_table``).
+inflated in a thread, bounded by the same limit (``front.grpc.inflate``). What all calls share
+is their ``CallTable`` (``front.grpc.call_table``).
 
 Failures leave as a status (``status.status_of``, the one mapping); a call whose
 deadline passes is cancelled (a queued request leaves its batcher) and answered

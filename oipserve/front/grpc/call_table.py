@@ -1,7 +1,7 @@
 """What every gRPC call of one server shares: its methods, restrictions and limits.
 
-A ``CallTable`` is built once per server (``grpc_h2.tables``) and read by each
-``grpc_h2.call.Call``: which path names which method (or is forwarded to the primary
+A ``CallTable`` is built once per server (``front.grpc.tables``) and read by each
+``front.grpc.call.Call``: which path names which method (or is forwarded to the primary
 front), which methods a ``--grpc-restricted-protocol`` rule guards, how large a message
 may be each way, and where a large ModelInfer message is read to (the input pool).
 """

@@ -1,6 +1,6 @@
-"""What a gRPC handler sees of its call on this server's own HTTP/2 (``grpc_h2``).
+"""What a gRPC handler sees of its call on this server's own HTTP/2 (``front.grpc``).
 
-The streaming handler (``grpc_front.streaming``) was written against grpc.aio's
+The streaming handler (``front.grpc.streaming``) was written against grpc.aio's
 ``ServicerContext``; ``Context`` is the small part of it that handler reads: the call's
 metadata, and ``abort``, which ends the call with a status (``Aborted``).
 """

@@ -1,7 +1,7 @@
 """The gRPC listener: connections accepted, calls made, and a stop that lets calls end.
 
 ``H2Server.serve`` binds the port (``serve_unix`` a private socket too);
-``grpc_front.server.GrpcServer`` drains the service's calls first, then calls
+``front.grpc.rpcs.GrpcServer`` drains the service's calls first, then calls
 ``stop``, which stops accepting, sends every connection a GOAWAY (clients open new
 calls elsewhere), waits up to ``grace`` for the calls still running, and closes what
 is left.

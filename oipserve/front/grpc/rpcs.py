@@ -2,7 +2,7 @@
 
 ``GrpcServer.stop`` drains the calls first (the transport counts a ModelInfer call as
 arriving from its headers on, and ``arrived`` takes it off once its message is
-parsed), then stops the server (``grpc_h2.server.H2Server``), which refuses new calls
+parsed), then stops the server (``front.grpc.listener.H2Server``), which refuses new calls
 and closes connections as their last call ends. See docs/grpc.md, "Shutdown".
 """
 
@@ -66,7 +66,7 @@ def arrived(arriving: deque[float], parse: Callable[[bytes], Any]) -> Callable[[
 
 
 class Stoppable(Protocol):
-    """A gRPC server's own stop (``grpc_h2.server.H2Server``)."""
+    """A gRPC server's own stop (``front.grpc.listener.H2Server``)."""
 
     async def stop(self, grace: float | None) -> None: ...
 

@@ -173,7 +173,7 @@ class InferenceService:
     async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
         regions = self.dataplane.regions
-        # NOTE: a message received into a lease (grpc_h2.call) hands it over here; the data
+        # NOTE: a message received into a lease (front.grpc.call) hands it over here; the data
         #   plane releases it once the worker has read the inputs, as a REST body's.
         owned: list[Lease | RegionUse] = [call.lease] if call.lease is not None else []
         into_regions: dict[str, RegionUse] = {}

@@ -173,7 +173,7 @@ async def _receive_leased(
     try:
         if receive_into is not None:
             # PERF: the server copies body bytes straight from its parser into the
-            #   segment (see http_protocol.py), skipping three copies in uvicorn.
+            #   segment (see front/http/protocol.py), skipping three copies in uvicorn.
             received = await receive_into(lease.buf[pad:end])
         else:
             received = await _stream_into(req, lease.buf, pad, end)
