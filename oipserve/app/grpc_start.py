@@ -27,7 +27,8 @@ async def start_grpc(
     (``oipserve.scaleout.grpc_forward``).
     """
     service = InferenceService(dataplane, management)
-    own = H2Server(in_front_table(settings, service, dataplane))
+    # NOTE: a gRPC connection's preface has the HTTP port's time for a request head.
+    own = H2Server(in_front_table(settings, service, dataplane), settings.header_timeout)
     port = await own.serve(settings.host, settings.grpc_port, reuse_port=private is not None)
     if private is not None:
         await own.serve_unix(private)

@@ -297,7 +297,8 @@ class Replica:
         the rest forwarded to the primary at ``forward_to``."""
         self.grpc_forwarder = GrpcForwarder(forward_to)
         service = InferenceService(self.dataplane)
-        own = H2Server(in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder))
+        table = in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder)
+        own = H2Server(table, self.settings.header_timeout)
         await own.serve(self.settings.host, port, reuse_port=True)
         return GrpcServer(own, service)
 

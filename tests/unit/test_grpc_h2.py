@@ -13,7 +13,6 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import hpack
 import pytest
@@ -41,6 +40,7 @@ from oipserve.front.grpc.h2.frames import (
 )
 from oipserve.front.grpc.h2.headers import HeaderDecoder
 from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method, arrived
+from tests.support.grpc_peer import Peer
 
 
 def _decoded(block: bytes) -> list[tuple[str, str]]:
@@ -84,90 +84,6 @@ def test_hpacks_decoder_still_has_the_table_the_cache_counts() -> None:
 
 
 # ---- a connection, frame by frame --------------------------------------------------
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-        self.reading = True
-
-    def writelines(self, parts: list[bytes]) -> None:
-        for part in parts:
-            self.written += part
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def frames(self) -> list[tuple[int, int, int, bytes]]:
-        """Everything written so far, as (type, flags, stream, payload); then forgotten."""
-        out, pos, data = [], 0, bytes(self.written)
-        while pos < len(data):
-            high, low, kind, flags, stream = HEADER.unpack_from(data, pos)
-            length = (high << 8) | low
-            out.append((kind, flags, stream, data[pos + 9 : pos + 9 + length]))
-            pos += 9 + length
-        self.written.clear()
-        return out
-
-
-class RecordingStream:
-    """A call that records what the connection hands it."""
-
-    def __init__(self) -> None:
-        self.send_window = 0
-        self.headers: list[tuple[str, str]] = []
-        self.data = bytearray()
-        self.ended = False
-        self.was_reset = False
-
-    def headers_received(self, headers: Any, end_stream: bool) -> None:
-        self.headers = list(headers)
-        self.ended = end_stream
-
-    def data_received(self, data: memoryview) -> None:
-        self.data += data
-
-    def end_received(self) -> None:
-        self.ended = True
-
-    def reset(self) -> None:
-        self.was_reset = True
-
-
-class Peer:
-    """A connection under test, its transport, and the streams it made."""
-
-    def __init__(self) -> None:
-        self.streams: dict[int, RecordingStream] = {}
-        self.connection = Connection(self._stream, lambda _: None)
-        self.transport = FakeTransport()
-        self.connection.connection_made(self.transport)  # type: ignore[arg-type]
-        self.encoder = hpack.Encoder()
-
-    def _stream(self, connection: Connection, stream: int) -> RecordingStream:
-        self.streams[stream] = RecordingStream()
-        return self.streams[stream]
-
-    def send(self, data: bytes) -> None:
-        self.connection.data_received(data)
-
-    def headers(self, stream: int, flags: int = END_HEADERS) -> bytes:
-        block = self.encoder.encode([(":method", "POST"), (":path", "/s/M")])
-        return frame(Frame.HEADERS, flags, stream, block)
-
-    async def written(self) -> list[tuple[int, int, int, bytes]]:
-        await asyncio.sleep(0)  # writes leave at the end of the loop iteration
-        return self.transport.frames()
 
 
 async def test_the_server_opens_with_its_settings_and_window() -> None:
@@ -259,16 +175,20 @@ async def test_pings_are_answered() -> None:
     assert (Frame.PING, ACK, 0, b"12345678") in await peer.written()
 
 
+#: The preface and the SETTINGS a client must send first (RFC 9113, 3.4).
+_OPEN = PREFACE + settings_frame({})
+
+
 @pytest.mark.parametrize(
     ("wire", "code"),
     [
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", ErrorCode.PROTOCOL_ERROR),
-        (PREFACE + frame(Frame.DATA, 0, 3, b"x"), ErrorCode.PROTOCOL_ERROR),  # idle stream
-        (PREFACE + frame(Frame.HEADERS, END_HEADERS, 2, b"\x82"), ErrorCode.PROTOCOL_ERROR),
-        (PREFACE + frame(Frame.HEADERS, END_HEADERS, 1, b"\xff\xff"), ErrorCode.COMPRESSION_ERROR),
-        (PREFACE + frame(Frame.PING, 0, 0, b"1"), ErrorCode.FRAME_SIZE_ERROR),
-        (PREFACE + frame(Frame.WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), ErrorCode.PROTOCOL_ERROR),
-        (PREFACE + HEADER.pack(0x4000, 1, Frame.DATA, 0, 1), ErrorCode.FRAME_SIZE_ERROR),
+        (_OPEN + frame(Frame.DATA, 0, 3, b"x"), ErrorCode.PROTOCOL_ERROR),  # idle stream
+        (_OPEN + frame(Frame.HEADERS, END_HEADERS, 2, b"\x82"), ErrorCode.PROTOCOL_ERROR),
+        (_OPEN + frame(Frame.HEADERS, END_HEADERS, 1, b"\xff\xff"), ErrorCode.COMPRESSION_ERROR),
+        (_OPEN + frame(Frame.PING, 0, 0, b"1"), ErrorCode.FRAME_SIZE_ERROR),
+        (_OPEN + frame(Frame.WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), ErrorCode.PROTOCOL_ERROR),
+        (_OPEN + HEADER.pack(0x4000, 1, Frame.DATA, 0, 1), ErrorCode.FRAME_SIZE_ERROR),
     ],
     ids=["http1", "idle-stream", "even-stream", "bad-hpack", "short-ping", "zero-window", "huge"],
 )

@@ -14,7 +14,7 @@ import socket
 
 from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
-from oipserve.front.grpc.h2.connection import Connection
+from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
 
 _POLL_SECONDS = 0.02
 
@@ -22,13 +22,15 @@ _POLL_SECONDS = 0.02
 class H2Server:
     """gRPC over this package's HTTP/2, on one listening socket."""
 
-    def __init__(self, table: CallTable) -> None:
+    def __init__(self, table: CallTable, preface_timeout: float = PREFACE_TIMEOUT) -> None:
         self._table = table
+        #: Seconds a client has to open (preface and SETTINGS) before it is closed.
+        self._preface_timeout = preface_timeout
         self._connections: set[Connection] = set()
         self._listeners: list[asyncio.Server] = []
 
     def _connection(self) -> Connection:
-        connection = Connection(self._call, self._connections.discard)
+        connection = Connection(self._call, self._connections.discard, self._preface_timeout)
         self._connections.add(connection)
         return connection
 

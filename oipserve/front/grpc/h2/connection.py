@@ -72,6 +72,23 @@ MAX_FRAME = 256 * 1024
 _CONNECTION_ACK = CONNECTION_WINDOW // 4
 #: Bytes of DATA frames written before a large send lets the loop run others.
 _SEND_SLICE = 1024 * 1024
+#: CONTINUATION frames one header block may take after its HEADERS (CVE-2024-27316).
+#: nghttp2 stops at 8, python-hyper's h2 at 64; 16 lets a 64 KiB header list through
+#: even in 4 KiB fragments (a client may send ours in one frame up to 256 KiB), and
+#: stops a flood of empty frames before it costs anything.
+MAX_CONTINUATIONS = 16
+#: Entries one SETTINGS frame may carry: RFC 9113 defines 6 (extensions a few more),
+#: and a frame of 256 KiB could hold 43,690.
+MAX_SETTINGS_ENTRIES = 32
+#: Frames that cost us work and carry no request (RST_STREAM, PING, SETTINGS, empty
+#: DATA or HEADERS) a client may send per ``FLOOD_INTERVAL`` before a GOAWAY ENHANCE_YOUR_CALM
+#: (RFC 9113, 10.5; rapid reset, CVE-2023-44487): nghttp2's stream-reset budget is a
+#: burst of 1,000 refilled at 33/s, about this.
+FLOOD_BUDGET = 1000
+FLOOD_INTERVAL = 10.0
+#: Seconds a client has to send the preface and its SETTINGS (``--header-timeout``'s
+#: default, as an HTTP/1.1 request head has).
+PREFACE_TIMEOUT = 10.0
 
 _SETTINGS = settings_frame(
     {
@@ -108,6 +125,7 @@ class Connection(asyncio.Protocol):
         self,
         new_stream: Callable[[Connection, int], Stream],
         closed: Callable[[Connection], None],
+        preface_timeout: float = PREFACE_TIMEOUT,
     ) -> None:
         self._new_stream = new_stream
         self._closed = closed
@@ -117,12 +135,22 @@ class Connection(asyncio.Protocol):
         self._headers = HeaderDecoder()
         self._pending = b""
         self._preface = False
+        #: The peer's first SETTINGS came (RFC 9113, 3.4: its first frame).
+        self._settled = False
+        self._preface_timeout = preface_timeout
+        self._preface_timer: asyncio.TimerHandle | None = None
+        #: Flood-prone frames counted since ``_flood_since`` (loop time; checked lazily).
+        self._flood_count = 0
+        self._flood_since = 0.0
         #: The DATA frame being streamed: its stream id, bytes left, flags.
         self._data_stream = 0
         self._data_left = 0
         self._data_flags = 0
-        #: HEADERS waiting for CONTINUATION: stream id, block so far, flags.
+        #: HEADERS waiting for CONTINUATION: stream id, block so far, flags; and the
+        #: CONTINUATION frames and bytes it has taken so far.
         self._continued: tuple[int, list[bytes], int] | None = None
+        self._continued_frames = 0
+        self._continued_bytes = 0
         self._last_stream = 0
         self._received = 0
         #: The transport, writes gathered per loop turn (from ``connection_made`` on).
@@ -147,6 +175,14 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self._out = CorkedTransport(self.transport, self._loop)
         self._write(_SETTINGS)
+        self._flood_since = self._loop.time()
+        self._preface_timer = self._loop.call_later(self._preface_timeout, self._preface_late)
+
+    def _preface_late(self) -> None:
+        """A client that has not opened properly in time holds a socket for nothing."""
+        self._preface_timer = None
+        if not self._settled and not self.lost:
+            self._abort(ErrorCode.PROTOCOL_ERROR, "no connection preface in time")
 
     def data_received(self, data: bytes) -> None:
         if self._pending:
@@ -186,6 +222,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
+            self._preface_timer = None
         self._can_send.set()  # senders find the connection gone
         streams, self.streams = self.streams, {}
         for stream in streams.values():
@@ -216,7 +255,11 @@ class Connection(asyncio.Protocol):
                 raise ProtocolError(f"a frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
             if self._continued is not None and kind != Frame.CONTINUATION:
                 raise ProtocolError("a header block was not continued")
+            if not self._settled and kind != Frame.SETTINGS:
+                raise ProtocolError("the first frame was not SETTINGS")
             if kind == Frame.DATA and not flags & PADDED:
+                if not length and not flags & END_STREAM:
+                    self._flood("empty DATA")
                 self._data_stream, self._data_left, self._data_flags = stream, length, flags
                 self._received += length
                 pos = self._data(view, pos + HEADER_SIZE)
@@ -258,38 +301,123 @@ class Connection(asyncio.Protocol):
             if padding >= len(payload):
                 raise ProtocolError("padding longer than the frame")
             data = payload[1 : len(payload) - padding]
+            if not data and not flags & END_STREAM:
+                self._flood("empty DATA")
             self._data_stream, self._data_left, self._data_flags = stream, len(data), flags
             self._data(data, 0)
         elif kind == Frame.SETTINGS:
-            if not flags & ACK:
-                self._settings(payload)
-                self._write(frame(Frame.SETTINGS, ACK, 0))
+            self._settings_frame(flags, stream, payload)
         elif kind == Frame.WINDOW_UPDATE:
             self._window_update(stream, payload)
         elif kind == Frame.PING:
-            if len(payload) != 8:
-                raise ProtocolError("a PING of other than 8 bytes", ErrorCode.FRAME_SIZE_ERROR)
-            if not flags & ACK:
-                self._write(frame(Frame.PING, ACK, 0, bytes(payload)))
+            self._ping(flags, stream, payload)
         elif kind == Frame.RST_STREAM:
-            call = self.streams.pop(stream, None)
-            if call is not None:
-                call.reset()
-                self._maybe_close()
+            self._rst_stream(stream, payload)
         elif kind == Frame.GOAWAY:
+            if stream != 0:
+                raise ProtocolError("GOAWAY on a stream")
+            if len(payload) < 8:
+                raise ProtocolError("a GOAWAY under 8 bytes", ErrorCode.FRAME_SIZE_ERROR)
             self.going_away = True
             self._maybe_close()
+        elif kind == Frame.PRIORITY:
+            self._priority(stream, payload)
         elif kind == Frame.PUSH_PROMISE:
             raise ProtocolError("a client may not push")
-        # PRIORITY and unknown frame types are ignored (RFC 9113, 4.1, 5.3.2).
+        # Unknown frame types are ignored (RFC 9113, 4.1, 5.5).
+
+    def _flood(self, what: str) -> None:
+        """Count a frame that costs work and carries no request (RFC 9113, 10.5).
+
+        Past ``FLOOD_BUDGET`` within ``FLOOD_INTERVAL`` the connection ends; the clock
+        is read only when the budget is spent (no timer, one integer per frame).
+        """
+        self._flood_count += 1
+        if self._flood_count <= FLOOD_BUDGET:
+            return
+        now = self._loop.time()
+        if now - self._flood_since < FLOOD_INTERVAL:
+            raise ProtocolError(f"too many {what} frames", ErrorCode.ENHANCE_YOUR_CALM)
+        self._flood_since = now
+        self._flood_count = 1
+
+    def _settings_frame(self, flags: int, stream: int, payload: memoryview) -> None:
+        """RFC 9113, 6.5: on stream 0; an ACK is empty; else applied and acknowledged."""
+        if stream != 0:
+            raise ProtocolError("SETTINGS on a stream")
+        if flags & ACK:
+            if payload:
+                raise ProtocolError("a SETTINGS ACK with a payload", ErrorCode.FRAME_SIZE_ERROR)
+            return
+        self._flood("SETTINGS")
+        self._settings(payload)
+        if not self._settled:
+            self._settled = True
+            if self._preface_timer is not None:
+                self._preface_timer.cancel()
+                self._preface_timer = None
+        self._write(frame(Frame.SETTINGS, ACK, 0))
+
+    def _ping(self, flags: int, stream: int, payload: memoryview) -> None:
+        """RFC 9113, 6.7: 8 bytes on stream 0; answered unless it is an answer."""
+        if len(payload) != 8:
+            raise ProtocolError("a PING of other than 8 bytes", ErrorCode.FRAME_SIZE_ERROR)
+        if stream != 0:
+            raise ProtocolError("PING on a stream")
+        if not flags & ACK:
+            self._flood("PING")
+            self._write(frame(Frame.PING, ACK, 0, bytes(payload)))
+
+    def _rst_stream(self, stream: int, payload: memoryview) -> None:
+        """RFC 9113, 6.4 and 5.1: 4 bytes, on a stream that is not idle; the call ends."""
+        if len(payload) != 4:
+            raise ProtocolError("a RST_STREAM of other than 4 bytes", ErrorCode.FRAME_SIZE_ERROR)
+        if stream == 0:
+            raise ProtocolError("RST_STREAM on stream 0")
+        if stream > self._last_stream:
+            raise ProtocolError(f"RST_STREAM on idle stream {stream}")
+        call = self.streams.pop(stream, None)
+        if call is not None:
+            # NOTE: only a reset that cancels a live call is counted (rapid reset); one
+            #   that follows our own end of the stream is routine for some clients.
+            self._flood("RST_STREAM")
+            call.reset()
+            self._maybe_close()
+
+    def _priority(self, stream: int, payload: memoryview) -> None:
+        """RFC 9113, 6.3: 5 bytes (else a stream error), never on stream 0; then ignored
+        (5.3.2), also on an idle stream."""
+        if stream == 0:
+            raise ProtocolError("PRIORITY on stream 0")
+        if len(payload) != 5:
+            if stream > self._last_stream:  # no RST_STREAM on an idle stream (6.4)
+                raise ProtocolError("a PRIORITY of other than 5 bytes", ErrorCode.FRAME_SIZE_ERROR)
+            self._stream_error(stream, ErrorCode.FRAME_SIZE_ERROR)
+
+    def _stream_error(self, stream: int, code: ErrorCode) -> None:
+        """RFC 9113, 5.4.2: a RST_STREAM with ``code``; the stream's call, if any, ends
+        and gives back what it holds."""
+        self._write(rst_stream(stream, code))
+        call = self.streams.pop(stream, None)
+        if call is not None:
+            call.reset()
+            self._maybe_close()
 
     def _header_frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
         if kind == Frame.CONTINUATION:
             if self._continued is None or self._continued[0] != stream:
                 raise ProtocolError("CONTINUATION without HEADERS")
-            self._continued[1].append(bytes(payload))
-            if sum(map(len, self._continued[1])) > MAX_HEADER_LIST:
+            # NOTE: a running count and length (CVE-2024-27316): empty frames never
+            #   reach the byte limit, and summing the list per frame is quadratic.
+            self._continued_frames += 1
+            self._continued_bytes += len(payload)
+            if self._continued_frames > MAX_CONTINUATIONS:
+                raise ProtocolError(
+                    "a header block in too many frames", ErrorCode.ENHANCE_YOUR_CALM
+                )
+            if self._continued_bytes > MAX_HEADER_LIST:
                 raise ProtocolError("a header block over the limit", ErrorCode.ENHANCE_YOUR_CALM)
+            self._continued[1].append(bytes(payload))
             if not flags & END_HEADERS:
                 return
             stream, blocks, flags = self._continued
@@ -306,8 +434,12 @@ class Connection(asyncio.Protocol):
             if start > stop:
                 raise ProtocolError("a HEADERS frame shorter than its padding")
             block = bytes(payload[start:stop])
+            if not block and not flags & END_STREAM:
+                self._flood("empty HEADERS")
             if not flags & END_HEADERS:
                 self._continued = (stream, [block], flags)
+                self._continued_frames = 0
+                self._continued_bytes = len(block)
                 return
         headers = self._headers.decode(block)  # always: it updates the decoder's table
         end_stream = bool(flags & END_STREAM)
@@ -318,9 +450,8 @@ class Connection(asyncio.Protocol):
             call.end_received()
             return
         if stream % 2 == 0 or stream <= self._last_stream:
-            if stream <= self._last_stream:
-                return  # a stream that ended already (say, reset by us)
-            raise ProtocolError(f"a client stream with an even id ({stream})")
+            self._not_new(stream, end_stream)
+            return
         self._last_stream = stream
         if self.going_away or len(self.streams) >= MAX_STREAMS:
             self._write(rst_stream(stream, ErrorCode.REFUSED_STREAM))
@@ -330,25 +461,61 @@ class Connection(asyncio.Protocol):
         self.streams[stream] = call
         call.headers_received(headers, end_stream)
 
+    def _not_new(self, stream: int, end_stream: bool) -> None:
+        """HEADERS on no open stream that open none (RFC 9113, 5.1.1, 5.1).
+
+        An even id, or a lower one without END_STREAM (a reused id: trailers always end
+        the stream), ends the connection. Trailers on a stream closed already (say, one
+        we reset) get RST_STREAM STREAM_CLOSED: a client that reused the id hears so
+        instead of waiting forever.
+        """
+        if stream % 2 == 0:
+            raise ProtocolError(f"a client stream with an even id ({stream})")
+        if not end_stream:
+            raise ProtocolError(f"HEADERS reusing stream id {stream}")
+        self._flood("closed-stream HEADERS")
+        self._write(rst_stream(stream, ErrorCode.STREAM_CLOSED))
+
     def _settings(self, payload: memoryview) -> None:
+        """Apply a SETTINGS frame's entries (RFC 9113, 6.5.2).
+
+        Only its last INITIAL_WINDOW_SIZE is applied, so one frame walks the open
+        streams once at most.
+        """
         if len(payload) % 6:
             raise ProtocolError("a SETTINGS frame of odd length", ErrorCode.FRAME_SIZE_ERROR)
+        if len(payload) > 6 * MAX_SETTINGS_ENTRIES:
+            raise ProtocolError("a SETTINGS frame of too many entries", ErrorCode.ENHANCE_YOUR_CALM)
+        window = -1
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
             if key == Setting.INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ProtocolError("a window over 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
-                delta = value - self._peer_stream_window
-                self._peer_stream_window = value
-                for call in self.streams.values():
-                    call.send_window += delta
-                self._can_send.set()
+                window = value
             elif key == Setting.MAX_FRAME_SIZE:
                 if not DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise ProtocolError("a frame size out of range")
                 self._peer_max_frame = value
+            elif key == Setting.ENABLE_PUSH and value > 1:
+                raise ProtocolError("ENABLE_PUSH other than 0 or 1")
+        if window >= 0:
+            self._initial_window(window)
+
+    def _initial_window(self, value: int) -> None:
+        """The peer's new initial stream window: every open stream's moves by the change
+        (RFC 9113, 6.9.2), and none may pass 2^31-1."""
+        delta = value - self._peer_stream_window
+        self._peer_stream_window = value
+        for call in self.streams.values():
+            call.send_window += delta
+            if call.send_window > MAX_WINDOW:
+                raise ProtocolError("a stream's window over 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
+        self._can_send.set()
 
     def _window_update(self, stream: int, payload: memoryview) -> None:
+        """RFC 9113, 6.9: 4 bytes; a zero increment is PROTOCOL_ERROR and a window past
+        2^31-1 FLOW_CONTROL_ERROR, for the connection on stream 0, else for the stream."""
         if len(payload) != 4:
             raise ProtocolError("a WINDOW_UPDATE of other than 4 bytes", ErrorCode.FRAME_SIZE_ERROR)
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -359,11 +526,16 @@ class Connection(asyncio.Protocol):
             if self._send_window > MAX_WINDOW:
                 raise ProtocolError("the window over 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
         else:
+            if stream > self._last_stream:
+                raise ProtocolError(f"WINDOW_UPDATE on idle stream {stream}")
             call = self.streams.get(stream)
             if call is None:
                 return
-            if increment == 0 or call.send_window + increment > MAX_WINDOW:
-                self.reset_stream(stream, ErrorCode.FLOW_CONTROL_ERROR)
+            if increment == 0:
+                self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
+                return
+            if call.send_window + increment > MAX_WINDOW:
+                self._stream_error(stream, ErrorCode.FLOW_CONTROL_ERROR)
                 return
             call.send_window += increment
         self._can_send.set()
