@@ -89,7 +89,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
     max_header_fields: Annotated[int, msgspec.Meta(ge=8, le=100_000)] = 256
     #: Seconds a request body may take beyond what ``min_transfer_rate`` buys it; past
-    #: it the connection is closed and the memory reserved for the body returned.
+    #: it the connection is closed and the memory reserved for the body returned. A gRPC
+    #: request message is bounded alike (its call ends: ``front.grpc.call``).
     body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     #: Seconds a response may wait for a client that reads none of it, beyond what
     #: ``min_transfer_rate`` buys it; past it the connection is dropped and the memory

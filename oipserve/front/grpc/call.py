@@ -13,7 +13,10 @@ is their ``CallTable`` (``front.grpc.call_table``).
 
 Failures leave as a status (``status.status_of``, the one mapping); a call whose
 deadline passes is cancelled (a queued request leaves its batcher) and answered
-DEADLINE_EXCEEDED; a call the client resets is cancelled and not answered.
+DEADLINE_EXCEEDED; a call the client resets is cancelled and not answered. However a call
+ends (either side's RST_STREAM, the connection gone, its deadline, a refusal, a message
+that does not arrive within the REST body's timeout) it gives back all it holds: its
+message's lease or memory, its task and queued messages, its ``arriving`` entry.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from oipserve.front.grpc.h2.frames import (
 from oipserve.front.grpc.h2.headers import Headers
 from oipserve.front.grpc.handler_context import Aborted, Context
 from oipserve.front.grpc.inflate import ENCODINGS, inflate
-from oipserve.front.grpc.rpcs import STREAM_RPC, Method
+from oipserve.front.grpc.rpcs import STREAM_RPC, Method, forget
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.streaming import ordered_responses
 from oipserve.front.header_rules import TRANSPORT_KEYS, grpc_timeout, is_metadata
@@ -76,7 +79,8 @@ class Call:
     """One call: the connection feeds it frames' contents; it answers on the stream."""
 
     __slots__ = ("send_window", "_conn", "_stream", "_table", "_name", "_method", "_encoding",
-                 "_metadata", "_timer", "_deadline_at", "_task", "_done", "_ended", "_expired",
+                 "_metadata", "_timer", "_upload", "_arrived_at", "_deadline_at", "_task",
+                 "_done", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_queue")  # fmt: skip
 
@@ -90,6 +94,11 @@ class Call:
         self._encoding = "identity"
         self._metadata: tuple[tuple[str, str], ...] = ()
         self._timer: asyncio.TimerHandle | None = None
+        #: Set while a message is partly in: past it the call is dropped (``_upload_expired``).
+        self._upload: asyncio.TimerHandle | None = None
+        #: This ModelInfer call's entry in the table's ``arriving``, until its message is
+        #: parsed (``rpcs.arrived`` takes it off then) or the call ends without (``_release``).
+        self._arrived_at: float | None = None
         #: The loop's time at the call's deadline (``grpc-timeout``), if it has one.
         self._deadline_at: float | None = None
         self._task: asyncio.Task[None] | None = None
@@ -165,7 +174,8 @@ class Call:
             self._queue = asyncio.Queue()
             self._task = asyncio.ensure_future(self._run_stream())
         elif self._name == "ModelInfer":
-            self._table.arriving.append(time.monotonic())
+            self._arrived_at = time.monotonic()
+            self._table.arriving.append(self._arrived_at)
         if end_stream:
             self.end_received()
 
@@ -188,7 +198,16 @@ class Call:
         self._expired = True
         if self._task is not None and not self._task.done():
             self._task.cancel()  # answered in the task, once it has let go of everything
+            # NOTE: a task cancelled before its first step never runs its handler at all
+            #   (``grpc-timeout: 1n``): then it is answered once done.
+            self._task.add_done_callback(self._answer_expired)
         else:
+            self._release()
+            self._fail(_DEADLINE, "Deadline Exceeded")
+
+    def _answer_expired(self, _task: asyncio.Task[None]) -> None:
+        """The expired call's task is done: answer DEADLINE_EXCEEDED if it could not."""
+        if not self._done:
             self._release()
             self._fail(_DEADLINE, "Deadline Exceeded")
 
@@ -228,6 +247,32 @@ class Call:
                 self._message_done()
                 if self._done:
                     return
+        if self._left > 0 and self._upload is None:
+            self._upload_timer()
+
+    def _upload_timer(self) -> None:
+        """A message only partly in is bounded in time, as a REST body is: ``--body-timeout``
+        plus a second per ``--min-transfer-rate`` bytes still to come. A prefix declaring a
+        large size, then silence, would otherwise hold its memory until the connection
+        closed. Set only when a message spans reads: a small one arriving whole costs none."""
+        table = self._table
+        seconds = table.body_timeout + self._left / table.min_transfer_rate
+        self._upload = asyncio.get_running_loop().call_later(seconds, self._upload_expired)
+
+    def _upload_expired(self) -> None:
+        """The message did not arrive in time: what it holds goes back, the call ends."""
+        self._upload = None
+        if self._done:
+            return
+        if self._queue is not None and self._queue.qsize() >= _QUEUED:
+            self._upload_timer()  # held back by us (its window not given back), not the client
+            return
+        if self._task is None:  # unary, not running yet: answered
+            self._release()
+            self._fail(_DEADLINE, "the request message did not arrive in time")
+        else:  # a stream, its responses perhaps begun: reset (``reset`` releases)
+            self.reset()
+            self._conn.reset_stream(self._stream, ErrorCode.CANCEL)
 
     def _begin(self, compressed: bool, length: int) -> bool:
         limit = self._table.receive_limit
@@ -303,6 +348,9 @@ class Call:
         if self._waiting is not None:
             return  # completed by ``_leased``
         self._left = -1
+        if self._upload is not None:
+            self._upload.cancel()
+            self._upload = None
         if self._memory is not None:
             message: Any = self._memory
             self._memory = None
@@ -354,6 +402,7 @@ class Call:
             if method is None:  # answered by another front
                 data: bytes | memoryview = await self._forwarded(bytes(payload))
             else:
+                self._arrived_at = None  # parsing takes it off ``arriving`` (``rpcs.arrived``)
                 request = method.deserialize(payload)
                 if lease is not None:
                     request.lease, lease = lease, None  # the service owns it now
@@ -483,6 +532,22 @@ class Call:
         self._stop_timer()
         self._conn.send_headers(self._stream, block, end_stream=True)
         self._close_stream()
+        if self._queue is not None:
+            self._stop_stream()
+
+    def _stop_stream(self) -> None:
+        """A stream answered from outside its task (a message refused by its length, its
+        upload or deadline past): the task would wait on its queue for good; it is
+        cancelled, and the messages queued for it are given back."""
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            if not task.cancelling():  # ``reset`` may have cancelled it already
+                task.cancel()
+        queue = self._queue
+        while queue is not None and not queue.empty():
+            item = queue.get_nowait()
+            if item is not None:
+                unmap_off_loop(item[1])
 
     def _end(self, code: int, message: str, started: bool) -> None:
         self._finish(trailers(code, message) if started else trailers_only(code, message))
@@ -527,14 +592,24 @@ class Call:
         self._done = True
         self._stop_timer()
         self._release()
+        if self._queue is not None:
+            self._stop_stream()
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._upload is not None:
+            self._upload.cancel()
+            self._upload = None
 
     def _release(self) -> None:
-        """Give back what a message being read holds (a finished call holds nothing)."""
+        """Give back what a message being read holds (a finished call holds nothing), and
+        the call's ``arriving`` entry if its message was never parsed (refused, reset,
+        expired): else it would be kept for the life of the process."""
+        if self._arrived_at is not None:
+            forget(self._table.arriving, self._arrived_at)
+            self._arrived_at = None
         self._waiting = None
         lease, self._lease = self._lease, None
         memory, self._memory = self._memory, None

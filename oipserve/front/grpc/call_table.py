@@ -62,6 +62,10 @@ class CallTable:
         self.send_limit = settings.grpc_max_message_bytes
         # NOTE: a compressed message is bounded by this once inflated too, like an HTTP body.
         self.receive_limit = min(settings.grpc_max_message_bytes, settings.max_request_bytes)
+        # A message partly in is dropped past this plus a second per ``min_transfer_rate``
+        # bytes still to come (``Call._upload_timer``): the REST body's rule.
+        self.body_timeout = settings.body_timeout
+        self.min_transfer_rate = settings.min_transfer_rate
         table = by_api(settings.grpc_restricted_protocol)
         #: method name -> (its restriction, the refusal), for restricted methods only.
         self.restricted = {

@@ -47,8 +47,8 @@ class Calls(Protocol):
     #: Inferences running now (unary calls and stream requests alike).
     active: int
     #: Arrival times of ModelInfer calls whose request message is not yet fully in (the
-    #: transport appends at a call's headers, parsing pops: ``arrived``); a drain waits
-    #: for them too.
+    #: transport appends at a call's headers, parsing pops: ``arrived``, a call that ends
+    #: unparsed takes its own off: ``forget``); a drain waits for them too.
     arriving: deque[float]
     #: Set at shutdown: streams end once they have nothing left to answer.
     closing: asyncio.Event
@@ -63,6 +63,15 @@ def arrived(arriving: deque[float], parse: Callable[[bytes], Any]) -> Callable[[
         return parse(data)
 
     return deserialize
+
+
+def forget(arriving: deque[float], at: float) -> None:
+    """Take off ``arriving`` the entry (``at``) of a ModelInfer call that ended before its
+    message was parsed (refused, reset, expired): nothing else ever would."""
+    try:
+        arriving.remove(at)
+    except ValueError:
+        pass  # already forgotten by a drain (``_UPLOAD_GRACE``)
 
 
 class Stoppable(Protocol):
