@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import struct
 
+import hpack
 import pytest
 
+from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2 import connection as h2
 from oipserve.front.grpc.h2.connection import MAX_CONTINUATIONS, Connection
 from oipserve.front.grpc.h2.frames import (
@@ -27,7 +29,8 @@ from oipserve.front.grpc.h2.frames import (
     settings_frame,
     window_update,
 )
-from tests.support.grpc_peer import FakeTransport, Peer
+from oipserve.front.grpc.h2.headers import HeaderDecoder
+from tests.support.grpc_peer import FakeService, FakeTransport, GrpcPeer, Peer
 
 OPEN = PREFACE + settings_frame({})
 
@@ -278,3 +281,178 @@ async def test_a_client_without_a_preface_in_time_is_closed() -> None:
     assert _goaway(silent) == ErrorCode.PROTOCOL_ERROR
     assert _goaway(half) == ErrorCode.PROTOCOL_ERROR
     assert _goaway(opened) is None and not opened.transport.closed
+
+
+# ---- row 2: receive flow control (RFC 9113, 6.9) -----------------------------------
+
+_CHUNK = 256 * 1024
+
+
+def _data_frames(stream: int, total: int) -> bytes:
+    """``total`` bytes of DATA on ``stream``, in frames of the largest size we take."""
+    out = bytearray()
+    while total > 0:
+        size = min(total, _CHUNK)
+        out += frame(Frame.DATA, 0, stream, bytes(size))
+        total -= size
+    return bytes(out)
+
+
+def _updates(frames: list[tuple[int, int, int, bytes]]) -> list[tuple[int, int]]:
+    return [(s, struct.unpack(">I", p)[0]) for k, _f, s, p in frames if k == Frame.WINDOW_UPDATE]
+
+
+async def test_data_past_a_streams_window_resets_the_stream() -> None:
+    """A stream whose call takes nothing gets its 4 MiB and no more: one byte past is
+    RST_STREAM FLOW_CONTROL_ERROR and the call reset; the connection goes on."""
+    peer = _opened(Peer())
+    await peer.written()  # our SETTINGS and window
+    peer.send(peer.headers(1))
+    peer.send(_data_frames(1, h2.STREAM_WINDOW))
+    assert not _resets(await peer.written())
+    peer.send(frame(Frame.DATA, 0, 1, b"x"))
+    frames = await peer.written()
+    assert _resets(frames) == {1: ErrorCode.FLOW_CONTROL_ERROR}
+    assert peer.streams[1].was_reset
+    assert len(peer.streams[1].data) == h2.STREAM_WINDOW
+    assert not peer.transport.closed
+
+
+async def test_padding_counts_against_the_window() -> None:
+    peer = _opened(Peer())
+    await peer.written()  # our SETTINGS and window
+    peer.send(peer.headers(1))
+    peer.send(_data_frames(1, h2.STREAM_WINDOW - 100))
+    padded = frame(Frame.DATA, 0x8, 1, bytes([120]) + b"y" * 10 + bytes(120))
+    peer.send(padded)
+    assert _resets(await peer.written()) == {1: ErrorCode.FLOW_CONTROL_ERROR}
+    assert peer.streams[1].was_reset
+
+
+async def test_data_past_the_connections_window_ends_the_connection() -> None:
+    """A client ignoring the windows (ModelStreamInfer, 300 MiB: RSS grew 1:1) is refused
+    once the streams' data not taken passes the connection's 16 MiB."""
+    peer = _opened(Peer())
+    await peer.written()  # our SETTINGS and window
+    streams = h2.CONNECTION_WINDOW // h2.STREAM_WINDOW
+    for n in range(streams):
+        peer.send(peer.headers(2 * n + 1))
+        peer.send(_data_frames(2 * n + 1, h2.STREAM_WINDOW))
+    frames = await peer.written()
+    assert not _updates(frames)  # nothing was taken: nothing given back
+    assert not peer.transport.closed
+    peer.send(peer.headers(2 * streams + 1))
+    peer.send(frame(Frame.DATA, 0, 2 * streams + 1, b"x"))
+    assert _goaway(peer) == ErrorCode.FLOW_CONTROL_ERROR
+
+
+async def test_window_updates_give_back_only_what_was_taken_or_dropped() -> None:
+    peer = _opened(Peer())
+    await peer.written()  # our SETTINGS and window
+    peer.send(peer.headers(1))
+    peer.send(_data_frames(1, h2.STREAM_WINDOW))
+    assert not _updates(await peer.written())
+    peer.connection.acknowledge(1, 1000)
+    assert _updates(await peer.written()) == [(1, 1000)]
+    # The client resets the stream: what its call had not taken is the connection's again.
+    peer.send(frame(Frame.RST_STREAM, 0, 1, struct.pack(">I", ErrorCode.CANCEL)))
+    assert _updates(await peer.written()) == [(0, h2.STREAM_WINDOW)]
+
+
+# ---- row 6: header blocks we send fit the peer's frame size (RFC 9113, 4.2) --------
+
+
+async def test_a_header_block_is_split_to_the_peers_frame_size() -> None:
+    peer = _opened(Peer())
+    await peer.written()
+    peer.send(peer.headers(1))
+    block = bytes(range(256)) * 160  # 40,960 bytes
+    peer.connection.send_headers(1, block, end_stream=True)
+    frames = await peer.written()
+    assert [(k, f, len(p)) for k, f, _s, p in frames] == [
+        (Frame.HEADERS, END_STREAM, 16_384),
+        (Frame.CONTINUATION, 0, 16_384),
+        (Frame.CONTINUATION, END_HEADERS, 40_960 - 2 * 16_384),
+    ]
+    assert b"".join(p for _k, _f, _s, p in frames) == block
+    assert 1 not in peer.connection.streams
+
+
+async def test_a_long_path_is_answered_in_frames_the_peer_takes() -> None:
+    """An unknown method's path of 60 KB, from a peer taking frames of 16,384 bytes: the
+    answer's frames fit, and grpc-message echoes at most 1 KiB of the path."""
+    peer = GrpcPeer(FakeService().table(Settings(model_repository=".")))
+    await peer.written()
+    peer.send(peer.headers(1, "M" * 60_000, flags=END_STREAM))
+    frames = await peer.written()
+    assert frames and all(len(p) <= 16_384 for _k, _f, _s, p in frames)
+    block = b"".join(p for k, _f, _s, p in frames if k in (Frame.HEADERS, Frame.CONTINUATION))
+    headers = dict(hpack.Decoder().decode(block))
+    assert headers["grpc-status"] == "12"
+    assert headers["grpc-message"].startswith("Method not found: /inference.")
+    assert len(headers["grpc-message"]) <= 1024
+
+
+# ---- probe row: cached HPACK header lists are bounded in bytes ----------------------
+
+
+def test_cached_header_lists_are_bounded_in_bytes() -> None:
+    """64 small blocks each referencing one indexed 4 KB header (~6 KB sent) held ~4 MB
+    of decoded lists per connection; the cache now holds a bounded number of bytes."""
+    decoder = HeaderDecoder()
+    encoder = hpack.Encoder()
+    big = ("x-big", "v" * 4000)
+    decoder.decode(encoder.encode([big]))  # indexes it
+    for n in range(64):
+        path = hpack.NeverIndexedHeaderTuple(":path", f"/s/{n}")  # leaves the table as it is
+        block = encoder.encode([path, big, big, big, big])
+        assert len(block) < 64
+        headers = decoder.decode(block)
+        assert headers[1] == big
+    held = sum(len(k) + len(v) for h in decoder._cache.values() for k, v in h)
+    assert held <= 32 * 1024
+
+
+# ---- row 10: GOAWAY on shutdown in two phases (RFC 9113, 6.8) ----------------------
+
+
+def _goaways(frames: list[tuple[int, int, int, bytes]]) -> list[tuple[int, int]]:
+    return [struct.unpack(">II", p[:8]) for k, _f, _s, p in frames if k == Frame.GOAWAY]
+
+
+async def test_shutdown_announces_first_then_names_the_last_stream() -> None:
+    """First GOAWAY 2^31-1 NO_ERROR and a PING; a call the client sent before hearing it
+    is served; once the PING is answered, GOAWAY names it, later calls are refused, and
+    the connection closes when the call ends."""
+    peer = _opened(Peer())
+    await peer.written()
+    peer.send(peer.headers(1))
+    peer.connection.go_away()
+    frames = await peer.written()
+    assert _goaways(frames) == [(2**31 - 1, ErrorCode.NO_ERROR)]
+    pings = [p for k, f, _s, p in frames if k == Frame.PING and not f & ACK]
+    assert len(pings) == 1
+    peer.send(peer.headers(3))  # in flight before the client heard the GOAWAY
+    assert 3 in peer.connection.streams
+    peer.send(frame(Frame.PING, ACK, 0, pings[0]))
+    frames = await peer.written()
+    assert _goaways(frames) == [(3, ErrorCode.NO_ERROR)]
+    peer.send(peer.headers(5))
+    assert _resets(await peer.written()) == {5: ErrorCode.REFUSED_STREAM}
+    peer.connection.finished(1)
+    assert not peer.transport.closed
+    peer.connection.finished(3)
+    assert peer.transport.closed
+
+
+async def test_the_second_goaway_goes_without_a_ping_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(h2, "GOAWAY_ROUND_TRIP", 0.01)
+    peer = _opened(Peer())
+    await peer.written()
+    peer.connection.go_away()
+    assert _goaways(await peer.written()) == [(2**31 - 1, ErrorCode.NO_ERROR)]
+    await asyncio.sleep(0.05)
+    assert _goaways(peer.transport.frames()) == [(0, ErrorCode.NO_ERROR)]
+    assert peer.transport.closed

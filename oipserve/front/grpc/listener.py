@@ -2,9 +2,10 @@
 
 ``H2Server.serve`` binds the port (``serve_unix`` a private socket too);
 ``front.grpc.rpcs.GrpcServer`` drains the service's calls first, then calls
-``stop``, which stops accepting, sends every connection a GOAWAY (clients open new
-calls elsewhere), waits up to ``grace`` for the calls still running, and closes what
-is left.
+``stop``, which stops accepting, sends every connection a GOAWAY in two phases (RFC
+9113, 6.8: clients open new calls elsewhere, and calls sent before they heard it are
+still served), waits up to ``grace`` for those phases and the calls still running, and
+closes what is left.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class H2Server:
         for connection in list(self._connections):
             connection.go_away()
         deadline = loop.time() + (grace or 0.0)
-        while any(c.streams for c in self._connections) and loop.time() < deadline:
+        while any(c.streams or c.announcing for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(_POLL_SECONDS)
         for connection in list(self._connections):
             for call in list(connection.streams.values()):

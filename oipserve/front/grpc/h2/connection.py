@@ -13,10 +13,12 @@ that. What it does per frame type:
 - PING, SETTINGS: acknowledged. RST_STREAM: the call is cancelled. GOAWAY: no new
   streams; the connection closes once its calls end.
 
-Receiving, the connection's window is given back as data arrives (what arrives is
-at once copied into its message's memory) and a stream's as its call takes the data
-(``acknowledge``). Sending, ``send_data`` waits for both windows and for the
-transport to drain.
+Receiving (RFC 9113, 6.9), both windows are checked: DATA past the connection's is a
+connection FLOW_CONTROL_ERROR, past a stream's a stream one (padding counts). A
+stream's window is given back as its call takes the data (``acknowledge``); the
+connection's only for what was taken, dropped (a closed stream, padding) or left
+behind by a stream that ended, in steps of ``_CONNECTION_ACK``. Sending, ``send_data``
+waits for both windows and for the transport to drain.
 
 PERF: all frames written in one loop iteration leave in one write (``_out``, an
 ``http_io.CorkedTransport``, as for HTTP/1.1); a tiny call costs one header-block
@@ -68,7 +70,7 @@ STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 16 * 1024 * 1024
 #: The largest frame clients may send; DATA frames are streamed, not buffered whole.
 MAX_FRAME = 256 * 1024
-#: A connection's received bytes are given back once this many are in.
+#: A connection's taken bytes are given back once this many are.
 _CONNECTION_ACK = CONNECTION_WINDOW // 4
 #: Bytes of DATA frames written before a large send lets the loop run others.
 _SEND_SLICE = 1024 * 1024
@@ -89,6 +91,13 @@ FLOOD_INTERVAL = 10.0
 #: Seconds a client has to send the preface and its SETTINGS (``--header-timeout``'s
 #: default, as an HTTP/1.1 request head has).
 PREFACE_TIMEOUT = 10.0
+
+#: Seconds a shutdown's first GOAWAY (last stream 2^31-1) waits for the answer to the
+#: PING sent with it before the second names the real last stream (RFC 9113, 6.8): calls
+#: a client sent before it heard the first are still taken.
+GOAWAY_ROUND_TRIP = 1.0
+#: The payload of that PING, to know its answer.
+_GOAWAY_PING = b"goaway\x00\x00"
 
 _SETTINGS = settings_frame(
     {
@@ -137,8 +146,12 @@ class Connection(asyncio.Protocol):
         self._preface = False
         #: The peer's first SETTINGS came (RFC 9113, 3.4: its first frame).
         self._settled = False
-        self._preface_timeout = preface_timeout
-        self._preface_timer: asyncio.TimerHandle | None = None
+        #: Until the peer's first SETTINGS, its preface timer; once a shutdown's first
+        #: GOAWAY went out, the timer of the second (never both: a shutdown closes a
+        #: connection not yet open at once).
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(
+            preface_timeout, self._preface_late
+        )
         #: Flood-prone frames counted since ``_flood_since`` (loop time; checked lazily).
         self._flood_count = 0
         self._flood_since = 0.0
@@ -152,7 +165,11 @@ class Connection(asyncio.Protocol):
         self._continued_frames = 0
         self._continued_bytes = 0
         self._last_stream = 0
-        self._received = 0
+        #: Receiving: what the peer may still send on the connection, and per open stream
+        #: (RFC 9113, 6.9.1); bytes taken or dropped not yet given back to the connection.
+        self._recv_window = CONNECTION_WINDOW
+        self._recv_windows: dict[int, int] = {}
+        self._credit = 0
         #: The transport, writes gathered per loop turn (from ``connection_made`` on).
         self._out: CorkedTransport
         # The peer's side: its window for our DATA, its streams' initial window, its frames.
@@ -176,12 +193,11 @@ class Connection(asyncio.Protocol):
         self._out = CorkedTransport(self.transport, self._loop)
         self._write(_SETTINGS)
         self._flood_since = self._loop.time()
-        self._preface_timer = self._loop.call_later(self._preface_timeout, self._preface_late)
 
     def _preface_late(self) -> None:
         """A client that has not opened properly in time holds a socket for nothing."""
-        self._preface_timer = None
-        if not self._settled and not self.lost:
+        self._timer = None
+        if not self._settled and not self.lost and self.transport is not None:
             self._abort(ErrorCode.PROTOCOL_ERROR, "no connection preface in time")
 
     def data_received(self, data: bytes) -> None:
@@ -222,9 +238,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self._preface_timer is not None:
-            self._preface_timer.cancel()
-            self._preface_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._can_send.set()  # senders find the connection gone
         streams, self.streams = self.streams, {}
         for stream in streams.values():
@@ -261,7 +277,13 @@ class Connection(asyncio.Protocol):
                 if not length and not flags & END_STREAM:
                     self._flood("empty DATA")
                 self._data_stream, self._data_left, self._data_flags = stream, length, flags
-                self._received += length
+                # PERF: the windows' fast path inline (one dict read and write a frame).
+                window = self._recv_windows.get(stream, -1)
+                if length <= window and length <= self._recv_window:
+                    self._recv_window -= length
+                    self._recv_windows[stream] = window - length
+                elif length:
+                    self._take_window(stream, length)  # past it, reset: the payload is skipped
                 pos = self._data(view, pos + HEADER_SIZE)
                 continue
             if end - pos - HEADER_SIZE < length:
@@ -269,10 +291,46 @@ class Connection(asyncio.Protocol):
             start = pos + HEADER_SIZE
             pos = start + length
             self._frame(kind, flags, stream, view[start:pos])
-        if self._received >= _CONNECTION_ACK:
-            self._write(window_update(0, self._received))
-            self._received = 0
         return pos
+
+    def _take_window(self, stream: int, length: int) -> bool:
+        """Count a DATA frame's ``length`` against the windows (RFC 9113, 6.9); False if
+        it went past its stream's (which is reset; its payload is dropped).
+
+        Raises ProtocolError (FLOW_CONTROL_ERROR) past the connection's window.
+        """
+        self._recv_window -= length
+        if self._recv_window < 0:
+            raise ProtocolError("DATA past the connection's window", ErrorCode.FLOW_CONTROL_ERROR)
+        window = self._recv_windows.get(stream)
+        if window is None:  # a closed stream (an idle one is refused by ``_data``)
+            self._give_back(length)
+            return True
+        if length > window:
+            self._give_back(length)
+            self._stream_error(stream, ErrorCode.FLOW_CONTROL_ERROR)
+            return False
+        self._recv_windows[stream] = window - length
+        return True
+
+    def _give_back(self, nbytes: int) -> None:
+        """``nbytes`` of the connection's window were taken or dropped: the peer may send
+        them again, given back once ``_CONNECTION_ACK`` are."""
+        self._credit += nbytes
+        if self._credit >= _CONNECTION_ACK:
+            self._recv_window += self._credit
+            self._write(window_update(0, self._credit))
+            self._credit = 0
+
+    def _forget(self, stream: int) -> Stream | None:
+        """Close ``stream`` on this side: what its call had not taken goes back to the
+        connection's window."""
+        call = self.streams.pop(stream, None)
+        if call is not None:
+            self._credit += STREAM_WINDOW - self._recv_windows.pop(stream, STREAM_WINDOW)
+            if self._credit >= _CONNECTION_ACK:
+                self._give_back(0)
+        return call
 
     def _data(self, view: memoryview, pos: int) -> int:
         """Stream the current DATA frame's payload in ``view[pos:]``; return where it ends."""
@@ -296,15 +354,7 @@ class Connection(asyncio.Protocol):
         if kind == Frame.HEADERS or kind == Frame.CONTINUATION:
             self._header_frame(kind, flags, stream, payload)
         elif kind == Frame.DATA:  # padded
-            self._received += len(payload)
-            padding = payload[0] if payload else 0
-            if padding >= len(payload):
-                raise ProtocolError("padding longer than the frame")
-            data = payload[1 : len(payload) - padding]
-            if not data and not flags & END_STREAM:
-                self._flood("empty DATA")
-            self._data_stream, self._data_left, self._data_flags = stream, len(data), flags
-            self._data(data, 0)
+            self._padded_data(flags, stream, payload)
         elif kind == Frame.SETTINGS:
             self._settings_frame(flags, stream, payload)
         elif kind == Frame.WINDOW_UPDATE:
@@ -325,6 +375,21 @@ class Connection(asyncio.Protocol):
         elif kind == Frame.PUSH_PROMISE:
             raise ProtocolError("a client may not push")
         # Unknown frame types are ignored (RFC 9113, 4.1, 5.5).
+
+    def _padded_data(self, flags: int, stream: int, payload: memoryview) -> None:
+        """A padded DATA frame, read whole: all of it counts against the windows
+        (RFC 9113, 6.9.1); the padding is given back at once."""
+        padding = payload[0] if payload else 0
+        if padding >= len(payload):
+            raise ProtocolError("padding longer than the frame")
+        data = payload[1 : len(payload) - padding]
+        if not data and not flags & END_STREAM:
+            self._flood("empty DATA")
+        if payload and not self._take_window(stream, len(payload)):
+            return
+        self._data_stream, self._data_left, self._data_flags = stream, len(data), flags
+        self._data(data, 0)
+        self.acknowledge(stream, 1 + padding)
 
     def _flood(self, what: str) -> None:
         """Count a frame that costs work and carries no request (RFC 9113, 10.5).
@@ -353,9 +418,9 @@ class Connection(asyncio.Protocol):
         self._settings(payload)
         if not self._settled:
             self._settled = True
-            if self._preface_timer is not None:
-                self._preface_timer.cancel()
-                self._preface_timer = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         self._write(frame(Frame.SETTINGS, ACK, 0))
 
     def _ping(self, flags: int, stream: int, payload: memoryview) -> None:
@@ -367,6 +432,8 @@ class Connection(asyncio.Protocol):
         if not flags & ACK:
             self._flood("PING")
             self._write(frame(Frame.PING, ACK, 0, bytes(payload)))
+        elif self.announcing and payload == _GOAWAY_PING:
+            self._last_goaway()
 
     def _rst_stream(self, stream: int, payload: memoryview) -> None:
         """RFC 9113, 6.4 and 5.1: 4 bytes, on a stream that is not idle; the call ends."""
@@ -376,7 +443,7 @@ class Connection(asyncio.Protocol):
             raise ProtocolError("RST_STREAM on stream 0")
         if stream > self._last_stream:
             raise ProtocolError(f"RST_STREAM on idle stream {stream}")
-        call = self.streams.pop(stream, None)
+        call = self._forget(stream)
         if call is not None:
             # NOTE: only a reset that cancels a live call is counted (rapid reset); one
             #   that follows our own end of the stream is routine for some clients.
@@ -398,7 +465,7 @@ class Connection(asyncio.Protocol):
         """RFC 9113, 5.4.2: a RST_STREAM with ``code``; the stream's call, if any, ends
         and gives back what it holds."""
         self._write(rst_stream(stream, code))
-        call = self.streams.pop(stream, None)
+        call = self._forget(stream)
         if call is not None:
             call.reset()
             self._maybe_close()
@@ -459,6 +526,7 @@ class Connection(asyncio.Protocol):
         call = self._new_stream(self, stream)
         call.send_window = self._peer_stream_window
         self.streams[stream] = call
+        self._recv_windows[stream] = STREAM_WINDOW
         call.headers_received(headers, end_stream)
 
     def _not_new(self, stream: int, end_stream: bool) -> None:
@@ -543,16 +611,38 @@ class Connection(asyncio.Protocol):
     # ---- what calls use -------------------------------------------------------------
 
     def acknowledge(self, stream: int, nbytes: int) -> None:
-        """The call took ``nbytes`` of its stream: the peer may send that much more."""
-        if nbytes and stream in self.streams:
+        """The call took ``nbytes`` of its stream: the peer may send that much more on
+        it, and on the connection."""
+        window = self._recv_windows.get(stream)
+        if nbytes and window is not None:
+            self._recv_windows[stream] = window + nbytes
             self._write(window_update(stream, nbytes))
+            self._give_back(nbytes)
 
     def send_headers(self, stream: int, block: bytes, end_stream: bool = False) -> None:
-        """A header block (the server's are small: one frame)."""
-        flags = END_HEADERS | (END_STREAM if end_stream else 0)
-        self._write(frame_header(len(block), Frame.HEADERS, flags, stream) + block)
+        """A header block: one HEADERS frame, or HEADERS and CONTINUATION frames none
+        larger than the peer's SETTINGS_MAX_FRAME_SIZE (RFC 9113, 4.2, 6.10)."""
+        flags = END_STREAM if end_stream else 0
+        size = self._peer_max_frame
+        if len(block) <= size:
+            self._write(
+                frame_header(len(block), Frame.HEADERS, flags | END_HEADERS, stream) + block
+            )
+        else:
+            self._split_headers(stream, block, flags)
         if end_stream:
             self.finished(stream)
+
+    def _split_headers(self, stream: int, block: bytes, flags: int) -> None:
+        """A header block over the peer's frame size, written in one go (no frame of
+        another stream may come between, 6.10)."""
+        size = self._peer_max_frame
+        kind = Frame.HEADERS
+        for pos in range(0, len(block), size):
+            part = block[pos : pos + size]
+            last = END_HEADERS if pos + size >= len(block) else 0
+            self._write(frame_header(len(part), kind, flags | last, stream) + part)
+            kind, flags = Frame.CONTINUATION, 0
 
     def send_small(self, call: Stream, stream: int, data: bytes) -> bool:
         """Send ``data`` as one DATA frame now, if both windows and the frame size allow."""
@@ -604,13 +694,39 @@ class Connection(asyncio.Protocol):
         self.finished(stream)
 
     def finished(self, stream: int) -> None:
-        """The stream is done with on this side."""
+        """The stream is done with on this side (``_forget``, inline: every call ends here)."""
         if self.streams.pop(stream, None) is not None:
+            self._credit += STREAM_WINDOW - self._recv_windows.pop(stream, STREAM_WINDOW)
+            if self._credit >= _CONNECTION_ACK:
+                self._give_back(0)
             self._maybe_close()
 
     def go_away(self) -> None:
-        """No new streams (shutdown); the connection closes once its calls end."""
-        if not self.going_away:
+        """Shutdown, in two phases (RFC 9113, 6.8): a GOAWAY with the last stream 2^31-1
+        and a PING; after its answer (or ``GOAWAY_ROUND_TRIP``), a GOAWAY naming the last
+        stream taken. Streams opened meanwhile are served; the connection closes once its
+        calls end."""
+        if self.going_away or self.announcing or self.transport is None:
+            self._maybe_close()
+            return
+        if not self._settled:  # not open yet: nothing to announce
+            self._abort(ErrorCode.NO_ERROR, "shutting down")
+            return
+        self._write(goaway(MAX_WINDOW, ErrorCode.NO_ERROR))
+        self._write(frame(Frame.PING, 0, 0, _GOAWAY_PING))
+        self._timer = self._loop.call_later(GOAWAY_ROUND_TRIP, self._last_goaway)
+
+    @property
+    def announcing(self) -> bool:
+        """A shutdown's first GOAWAY went out and its second not yet."""
+        return self._settled and self._timer is not None and not self.going_away
+
+    def _last_goaway(self) -> None:
+        """The second GOAWAY of a shutdown: no stream past the last taken is served."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.going_away and not self.lost:
             self.going_away = True
             self._write(goaway(self._last_stream, ErrorCode.NO_ERROR))
         self._maybe_close()

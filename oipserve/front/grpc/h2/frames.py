@@ -24,6 +24,9 @@ DEFAULT_MAX_FRAME = 16_384
 DEFAULT_WINDOW = 65_535
 #: The largest a flow-control window may grow.
 MAX_WINDOW = 2**31 - 1
+#: The most of ``grpc-message`` (percent-encoded) a failure's trailers carry: a message
+#: may echo client input (an unknown method's path, up to a 64 KiB header list).
+MAX_STATUS_MESSAGE = 1024
 #: The 5-byte prefix of every gRPC message: compressed flag, length.
 MESSAGE_PREFIX = struct.Struct(">BI")
 
@@ -141,15 +144,24 @@ RESPONSE_HEADERS = (
 TRAILERS_OK = _never_indexed(b"grpc-status", b"0")
 
 
+def _percent(text: str) -> str:
+    return quote(text, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~", encoding="utf-8")
+
+
 def trailers(code: int, message: str) -> bytes:
     """The trailers of a call that ended with ``code`` (gRPC's status number).
 
     grpc-message is percent-encoded as the gRPC spec says: UTF-8, with every byte
-    outside printable ASCII, and ``%`` itself, escaped.
+    outside printable ASCII, and ``%`` itself, escaped; cut to
+    ``MAX_STATUS_MESSAGE`` bytes at a character's end.
     """
     block = _never_indexed(b"grpc-status", str(code).encode())
     if message:
-        encoded = quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~", encoding="utf-8")
+        text = message[:MAX_STATUS_MESSAGE]
+        encoded = _percent(text)
+        while len(encoded) > MAX_STATUS_MESSAGE:  # whole characters off (one: 12 at most)
+            text = text[: len(text) - 1 - (len(encoded) - MAX_STATUS_MESSAGE) // 12]
+            encoded = _percent(text)
         block += _never_indexed(b"grpc-message", encoded.encode("ascii"))
     return block
 

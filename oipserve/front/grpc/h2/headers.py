@@ -7,6 +7,11 @@ a call in Python; a block seen before is looked up instead, which is right only 
 the decoder's dynamic table is as it was. The table counts its changes (an entry
 added, its size changed) and the cache is keyed on that count: a block decoded again
 under the same count decodes to the same headers.
+
+The cache is bounded in decoded bytes too (``_CACHED_BYTES``), not only in blocks: a
+block of a few index bytes may stand for a 4 KB header, and 64 such blocks held ~4 MB
+per connection (issue 37). A gRPC call's header list is a few hundred bytes, so the
+bound costs the calls that the cache is for nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from oipserve.front.grpc.h2.frames import ErrorCode, ProtocolError
 
 #: Decoded blocks remembered per connection; past this, the cache starts again.
 _CACHED_BLOCKS = 64
+#: Decoded bytes (names and values) remembered per connection; past this, the cache
+#: starts again, and a header list larger than a quarter of it is never cached.
+_CACHED_BYTES = 32 * 1024
 #: The largest decoded header list a client may send (SETTINGS_MAX_HEADER_LIST_SIZE).
 MAX_HEADER_LIST = 64 * 1024
 
@@ -52,7 +60,7 @@ class _CountingTable(HeaderTable):
 class HeaderDecoder:
     """Decodes one connection's header blocks, in the order they arrive."""
 
-    __slots__ = ("_decoder", "_table", "_cache", "_cached_at")
+    __slots__ = ("_decoder", "_table", "_cache", "_cached_at", "_cached_bytes")
 
     def __init__(self) -> None:
         self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
@@ -62,11 +70,13 @@ class HeaderDecoder:
         self._decoder.header_table = self._table
         self._cache: dict[bytes, Headers] = {}
         self._cached_at = 0
+        self._cached_bytes = 0
 
     def decode(self, block: bytes) -> Headers:
         changes = self._table.changes
         if changes != self._cached_at:
             self._cache.clear()
+            self._cached_bytes = 0
             self._cached_at = changes
         headers = self._cache.get(block)
         if headers is not None:
@@ -77,7 +87,16 @@ class HeaderDecoder:
         except (HPACKError, UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"bad header block: {exc}", ErrorCode.COMPRESSION_ERROR) from None
         if self._table.changes == changes:
-            if len(self._cache) >= _CACHED_BLOCKS:
-                self._cache.clear()
-            self._cache[block] = headers
+            self._remember(block, headers)
         return headers
+
+    def _remember(self, block: bytes, headers: Headers) -> None:
+        """Cache ``headers`` within both bounds (a miss: its cost is the decode's)."""
+        size = sum(len(name) + len(value) for name, value in headers)
+        if size > _CACHED_BYTES // 4:
+            return
+        if len(self._cache) >= _CACHED_BLOCKS or self._cached_bytes + size > _CACHED_BYTES:
+            self._cache.clear()
+            self._cached_bytes = 0
+        self._cache[block] = headers
+        self._cached_bytes += size
