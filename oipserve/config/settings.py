@@ -94,7 +94,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     #: Seconds a response may wait for a client that reads none of it, beyond what
     #: ``min_transfer_rate`` buys it; past it the connection is dropped and the memory
-    #: the response held (a worker's output segment) returned.
+    #: the response held (a worker's output segment) returned. A gRPC reply is bounded
+    #: alike (its stream is reset: ``front.grpc.call``).
     send_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     #: Bytes per second of a body or response that extend its timeout by one second
     #: (Apache's mod_reqtimeout MinRate): a slow link still finishes, a trickle does not.

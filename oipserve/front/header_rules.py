@@ -11,8 +11,8 @@ differently: a header the primary took as it came was refused by h11 on the othe
 
 So every front applies these rules to what it receives, before any route, restriction or
 forward: ``HeadChecked`` wraps both fronts' HTTP apps (``http_server``), and
-``front.grpc.call`` reads every call's headers with ``is_metadata`` and ``grpc_timeout`` on
-both fronts. What passes them is exactly what the forwarding path can carry unchanged, and
+``front.grpc.call`` reads every call's headers with ``read_call_head`` and ``grpc_timeout``
+on both fronts. What passes them is exactly what the forwarding path can carry unchanged, and
 what the primary receives again from a forward passes them unchanged (they are idempotent).
 
 HTTP/1.1 request heads (every front parses with the same llhttp, through uvicorn):
@@ -42,14 +42,35 @@ Content-Length, Transfer-Encoding             the forward frames the body the fr
                                               parser delivered (``scaleout/forward.py``)
 ============================================  =========================================
 
-gRPC metadata (HTTP/2 header fields of a call):
+gRPC calls (HTTP/2 header fields of a request, ``read_call_head``): a malformed request
+(RFC 9113, 8.1.1) is a stream error, RST_STREAM PROTOCOL_ERROR, and no call starts (as
+grpc-go answers each of these; gRPC core answers a bad ``:method`` or ``te`` with a
+status instead, where the RFC is silent on the method):
+
+============================================  =========================================
+a name with upper case, a byte in 0x00-0x20   malformed (RFC 9113, 8.2.1): RST_STREAM
+or 0x7f-0xff, a ``:`` past its first byte,    PROTOCOL_ERROR; not dropped, unlike a bad
+or empty; a value with NUL, CR or LF, or      metadata value below
+starting or ending in SP or HTAB
+``connection``, ``keep-alive``,               malformed (8.2.2)
+``proxy-connection``, ``transfer-encoding``,
+``upgrade``; ``te`` other than ``trailers``
+a pseudo-header after a regular field, one    malformed (8.3, 8.3.1)
+repeated, an unknown one (``:status`` too),
+no ``:method``, ``:scheme`` or ``:path``, an
+empty ``:path``
+``:method`` other than POST                   RST_STREAM PROTOCOL_ERROR, as grpc-go
+a ``content-type`` not ``application/grpc``   HTTP 415, as gRPC servers answer
+
+gRPC metadata (the regular fields of a well-formed call):
 
 ============================================  =========================================
 pseudo-headers, ``TRANSPORT_KEYS``            the transport's: not the call's metadata
-a key that is not a gRPC key (upper case, a   not metadata: dropped on arrival, so no
-space, ``:``, empty) or an ASCII value with   handler, restriction or forward sees it
-a byte outside ``0x20-0x7e`` (a control       (gRPC's own clients cannot send either;
-byte, a tab, non-ASCII)                       grpc.aio refuses to forward them)
+a key that is not a gRPC key (a well-formed   not metadata: dropped on arrival, so no
+name with another token byte, say ``!``) or   handler, restriction or forward sees it
+an ASCII value with another byte outside      (gRPC's own clients cannot send either;
+``0x20-0x7e`` (a control byte, a tab inside,  grpc.aio refuses to forward them)
+non-ASCII)
 ``-bin`` keys and ``grpc-`` keys              metadata, but not forwarded (no RPC of the
                                               service reads either; ``grpc-`` is gRPC's)
 ``grpc-timeout``                              ``grpc_timeout``: 1-8 digits and a unit,
@@ -64,7 +85,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from oipserve.errors import InvalidInput, http_status
 
@@ -72,6 +93,8 @@ __all__ = [
     "App",
     "HOP_BY_HOP",
     "MAX_GRPC_TIMEOUT",
+    "CallHead",
+    "MalformedRequest",
     "NOT_FORWARDED",
     "TRANSPORT_KEYS",
     "HeadChecked",
@@ -79,6 +102,7 @@ __all__ = [
     "forwarded_metadata",
     "grpc_timeout",
     "is_metadata",
+    "read_call_head",
 ]
 
 Headers = list[tuple[bytes, bytes]]
@@ -221,3 +245,96 @@ def grpc_timeout(text: str) -> float | None:
         raise ValueError(f"malformed grpc-timeout {text!r}")
     seconds = int(match[1]) * _UNITS[match[2]]
     return None if seconds > MAX_GRPC_TIMEOUT else seconds
+
+
+# ---- HTTP/2 requests (RFC 9113, 8.1.1-8.3) ---------------------------------------------
+
+
+class MalformedRequest(ValueError):
+    """A malformed HTTP/2 request (RFC 9113, 8.1.1): answered with RST_STREAM
+    PROTOCOL_ERROR, and no call starts."""
+
+
+class CallHead(NamedTuple):
+    """What a well-formed call's header block says, read once (``read_call_head``)."""
+
+    method: str
+    path: str
+    content_type: str
+    encoding: str
+    timeout: str
+    metadata: tuple[tuple[str, str], ...]
+
+
+#: The pseudo-headers a request may carry (RFC 9113, 8.3.1), each at most once.
+_PSEUDO = frozenset({":method", ":scheme", ":authority", ":path"})
+#: Connection-specific fields (RFC 9113, 8.2.2): a request with any is malformed.
+_CONNECTION_SPECIFIC = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
+)
+#: A name no HTTP/2 request may carry (8.2.1): upper case, a byte in 0x00-0x20 or
+#: 0x7f-0xff, a colon; empty. Checked only when a name is not a gRPC key (rare).
+_BAD_NAME = re.compile(r"[\x00-\x20A-Z:\x7f-\U0010ffff]|^$")
+#: A value no HTTP/2 request may carry (8.2.1): NUL, CR, LF; SP or HTAB at either end.
+_BAD_VALUE = re.compile(r"[\x00\r\n]|^[ \t]|[ \t]$")
+#: Decoded header blocks (``h2.headers`` hands back the same tuple for a block it has
+#: cached) and what they read as: a client's every call after its first costs a lookup.
+_HEADS: dict[tuple[tuple[str, str], ...], CallHead] = {}
+_CACHED_HEADS = 64
+
+
+def read_call_head(headers: tuple[tuple[str, str], ...]) -> CallHead:
+    """A call's header block, checked as RFC 9113 asks of a request and read: its
+    pseudo-headers, the fields gRPC reads and its metadata (``is_metadata``; what is not
+    is dropped). MalformedRequest for a malformed request.
+
+    PERF: a block seen before (a client's every call after its first) is a dict lookup.
+    """
+    head = _HEADS.get(headers)
+    if head is not None:
+        return head
+    head = _read_call_head(headers)
+    if len(_HEADS) >= _CACHED_HEADS:
+        _HEADS.clear()
+    _HEADS[headers] = head
+    return head
+
+
+def _read_call_head(headers: tuple[tuple[str, str], ...]) -> CallHead:
+    pseudo: dict[str, str] = {}
+    fields: dict[str, str] = {}
+    metadata = []
+    regular = False
+    for name, value in headers:
+        if _BAD_VALUE.search(value) is not None:
+            raise MalformedRequest(f"a malformed value of {name!r} (RFC 9113, 8.2.1)")
+        if name[:1] == ":":
+            if regular or name not in _PSEUDO or name in pseudo:
+                raise MalformedRequest(f"a misplaced or unknown {name!r} (RFC 9113, 8.3)")
+            pseudo[name] = value
+            continue
+        regular = True
+        if _GRPC_KEY.fullmatch(name) is None and _BAD_NAME.search(name) is not None:
+            raise MalformedRequest(f"a malformed field name {name!r} (RFC 9113, 8.2.1)")
+        if name in _CONNECTION_SPECIFIC or (name == "te" and value != "trailers"):
+            raise MalformedRequest(f"a connection-specific field {name!r} (RFC 9113, 8.2.2)")
+        if name in _READ:
+            fields[name] = value
+        elif name not in TRANSPORT_KEYS and is_metadata(name, value):
+            metadata.append((name, value))
+    if ":method" not in pseudo or ":scheme" not in pseudo or not pseudo.get(":path"):
+        raise MalformedRequest("no :method, :scheme or :path (RFC 9113, 8.3.1)")
+    if pseudo.get(":method") != "POST":
+        raise MalformedRequest(f":method {pseudo.get(':method')!r}, not POST (as grpc-go)")
+    return CallHead(
+        "POST",
+        pseudo[":path"],
+        fields.get("content-type", ""),
+        fields.get("grpc-encoding", "identity"),
+        fields.get("grpc-timeout", ""),
+        tuple(metadata),
+    )
+
+
+#: The regular fields a call reads (besides its metadata).
+_READ = frozenset({"content-type", "grpc-encoding", "grpc-timeout"})

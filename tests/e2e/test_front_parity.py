@@ -7,7 +7,10 @@ byte failed INTERNAL with a traceback, ``grpc-timeout: 99999999H`` failed DEADLI
 at once, ``Connection: x-admin-key`` lost the admin header (403), two Host headers and
 whitespace at the end of a value were refused by h11 (400), where the primary answered
 OK / OK / 200 / 200 / 403. Every front now applies one table of rules
-(``oipserve/front/header_rules.py``) before it routes, checks or forwards.
+(``oipserve/front/header_rules.py``) before it routes, checks or forwards. Since issue #37,
+row 8, a malformed HTTP/2 request (an upper-case or otherwise bad field name, NUL in a value,
+a connection-specific field) is a stream error on every front (RST_STREAM PROTOCOL_ERROR,
+RFC 9113, 8.1.1) where it used to be answered with those fields dropped.
 
 Each case is sent, on a fresh connection, to each front (``socket_to_front`` opens
 connections until one lands on the front wanted) and the answers are compared: the same
@@ -36,6 +39,8 @@ FAILURES = ("Traceback", "unexpected error", "Task exception was never retrieved
 OK = grpc.StatusCode.OK.value[0]
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+#: HTTP/2's PROTOCOL_ERROR (RFC 9113, 7).
+PROTOCOL_ERROR = 1
 
 
 @pytest.fixture(scope="module")
@@ -206,15 +211,24 @@ def _status(sock: socket.socket) -> object:
         data += chunk
 
 
+#: A malformed HTTP/2 request (RFC 9113, 8.1.1: an upper-case or otherwise bad field name,
+#: NUL in a value, a connection-specific field): a stream error on every front, no call.
+MALFORMED = f"RST_STREAM {PROTOCOL_ERROR}"
+
 #: (case, method, metadata, the code expected). RepositoryIndex is restricted and
 #: ServerReady is not; the other front forwards both to the primary.
-GRPC_CASES: list[tuple[str, str, list[tuple[str, str]], int]] = [
+GRPC_CASES: list[tuple[str, str, list[tuple[str, str]], object]] = [
     ("the key", "RepositoryIndex", [ADMIN_KEY], OK),
     ("no key", "RepositoryIndex", [], DENIED),
-    ("an upper-case key", "RepositoryIndex", [ADMIN_KEY, ("X-Upper", "a")], OK),
-    ("the restriction's key in capitals", "RepositoryIndex", [(ADMIN_KEY[0].upper(), KEY)], DENIED),
+    ("an upper-case key", "RepositoryIndex", [ADMIN_KEY, ("X-Upper", "a")], MALFORMED),
+    (
+        "the restriction's key in capitals",
+        "RepositoryIndex",
+        [(ADMIN_KEY[0].upper(), KEY)],
+        MALFORMED,
+    ),
     ("a control byte", "RepositoryIndex", [ADMIN_KEY, ("x-odd", "a\x01b")], OK),
-    ("NUL", "ServerReady", [("x-odd", "a\x00b")], OK),
+    ("NUL", "ServerReady", [("x-odd", "a\x00b")], MALFORMED),
     ("DEL", "RepositoryIndex", [ADMIN_KEY, ("x-odd", "a\x7f")], OK),
     ("a tab", "RepositoryIndex", [ADMIN_KEY, ("x-odd", "a\tb")], OK),
     ("non-ASCII", "RepositoryIndex", [ADMIN_KEY, ("x-odd", "café")], OK),
@@ -224,12 +238,17 @@ GRPC_CASES: list[tuple[str, str, list[tuple[str, str]], int]] = [
         [(ADMIN_KEY[0], KEY + "\x01")],
         DENIED,
     ),
-    ("a space at the end of a key", "RepositoryIndex", [(ADMIN_KEY[0] + " ", KEY)], DENIED),
-    ("a colon in a key", "ServerReady", [("x:odd", "a")], OK),
-    ("an empty key", "ServerReady", [("", "a")], OK),
+    ("a space at the end of a key", "RepositoryIndex", [(ADMIN_KEY[0] + " ", KEY)], MALFORMED),
+    ("a colon in a key", "ServerReady", [("x:odd", "a")], MALFORMED),
+    ("an empty key", "ServerReady", [("", "a")], MALFORMED),
     ("binary metadata", "RepositoryIndex", [ADMIN_KEY, ("x-data-bin", "AAEC")], OK),
     ("a grpc- key", "ServerReady", [("grpc-odd", "a")], OK),
-    ("connection-specific fields", "ServerReady", [("connection", "close"), ("host", "h")], OK),
+    (
+        "connection-specific fields",
+        "ServerReady",
+        [("connection", "close"), ("host", "h")],
+        MALFORMED,
+    ),
     ("grpc-timeout 99999999H", "RepositoryIndex", [ADMIN_KEY, ("grpc-timeout", "99999999H")], OK),
     ("grpc-timeout 99999999M", "ServerReady", [("grpc-timeout", "99999999M")], OK),
     ("grpc-timeout 99999999S", "ServerReady", [("grpc-timeout", "99999999S")], OK),
@@ -243,7 +262,11 @@ GRPC_CASES: list[tuple[str, str, list[tuple[str, str]], int]] = [
     ids=[c[0] for c in GRPC_CASES],
 )
 def test_grpc_metadata_answered_alike(
-    server: ServerProcess, quiet: None, method: str, metadata: list[tuple[str, str]], expected: int
+    server: ServerProcess,
+    quiet: None,
+    method: str,
+    metadata: list[tuple[str, str]],
+    expected: object,
 ) -> None:
     codes = [grpc_code(server, pid, method, metadata) for pid in fronts(server)]
     assert codes[0] == codes[1], f"primary {codes[0]}, other front {codes[1]}"

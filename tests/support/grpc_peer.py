@@ -189,6 +189,7 @@ class GrpcPeer:
         block = self.encoder.encode(
             [
                 (":method", "POST"),
+                (":scheme", "http"),
                 (":path", f"/inference.GRPCInferenceService/{method}"),
                 ("content-type", "application/grpc"),
                 *extra,

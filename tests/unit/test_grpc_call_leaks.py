@@ -220,3 +220,29 @@ async def test_a_refused_stream_message_ends_its_task() -> None:
     await asyncio.sleep(0.01)
     assert _statuses(await peer.written(), 1) == ["8"]  # RESOURCE_EXHAUSTED
     assert len(asyncio.all_tasks()) == before and not peer.connection.streams
+
+
+async def test_a_streams_window_gets_its_message_prefixes_back() -> None:
+    """Each message's 5-byte prefix comes through the stream's and the connection's windows
+    like its bytes: giving back only the bytes shrank a long stream's window 5 bytes a
+    message, until the client could send nothing more (a stream of 1,000 empty messages
+    here got back none of its 5,000 bytes)."""
+    service = FakeService()
+    peer = GrpcPeer(service.table(Settings(model_repository=".")))
+    await peer.written()
+    peer.send(peer.headers(1, "ModelStreamInfer"))
+    sent = 0
+    for _ in range(50):
+        data = grpc_message(b"") * 20
+        peer.send(frame(Frame.DATA, 0, 1, data))
+        sent += len(data)
+        await asyncio.sleep(0)  # the stream's handler takes its messages
+    given = {0: 0, 1: 0}
+    for _ in range(200):  # until the handler has taken every message (or 2 s)
+        for kind, _, stream, payload in await peer.written():
+            if kind == Frame.WINDOW_UPDATE and stream in given:
+                given[stream] += int.from_bytes(payload, "big")
+        if given[1] >= sent:
+            break
+        await asyncio.sleep(0.01)
+    assert given[1] == sent, given

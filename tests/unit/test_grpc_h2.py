@@ -206,6 +206,8 @@ async def test_going_away_closes_once_the_last_stream_ends() -> None:
     peer.send(PREFACE + settings_frame({}) + peer.headers(1))
     peer.connection.go_away()
     assert not peer.transport.closed
+    pings = [f[3] for f in await peer.written() if f[0] == Frame.PING]
+    peer.send(frame(Frame.PING, ACK, 0, pings[0]))  # the second GOAWAY (two phases, 6.8)
     peer.send(peer.headers(3))  # a new stream after the GOAWAY is refused
     assert 3 not in peer.streams
     frames = await peer.written()
@@ -268,6 +270,7 @@ def _grpc_headers(peer: Peer, stream: int, method: str) -> bytes:
     block = peer.encoder.encode(
         [
             (":method", "POST"),
+            (":scheme", "http"),
             (":path", f"/inference.GRPCInferenceService/{method}"),
             ("content-type", "application/grpc"),
         ]

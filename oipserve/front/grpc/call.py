@@ -48,7 +48,7 @@ from oipserve.front.grpc.inflate import ENCODINGS, inflate
 from oipserve.front.grpc.rpcs import STREAM_RPC, Method, forget
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.streaming import ordered_responses
-from oipserve.front.header_rules import TRANSPORT_KEYS, grpc_timeout, is_metadata
+from oipserve.front.header_rules import MalformedRequest, grpc_timeout, read_call_head
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
 
@@ -65,6 +65,11 @@ MAPPED = 8 * 1024 * 1024
 _STREAM_ACK = 1024 * 1024
 #: A stream's messages read ahead of its handler before its window stops being given back.
 _QUEUED = 64
+#: The most messages a stream may have queued for its handler: past it, RST_STREAM
+#: ENHANCE_YOUR_CALM. Its bytes are bounded by its window (checked by the connection), but
+#: within one window of 4 MiB a client could queue 800,000 empty messages, ~100 bytes of
+#: the front's each; a client pipelining real requests (64 in flight) stays far below.
+MAX_QUEUED = 4096
 #: Replies up to this size are written at once, without waiting on windows.
 _SMALL_REPLY = 64 * 1024
 
@@ -128,28 +133,20 @@ class Call:
     # ---- headers --------------------------------------------------------------------
 
     def headers_received(self, headers: Headers, end_stream: bool) -> None:
-        path = method = content_type = timeout = ""
-        metadata = []
-        for name, value in headers:
-            if name[:1] == ":":
-                if name == ":path":
-                    path = value
-                elif name == ":method":
-                    method = value
-            elif name == "content-type":
-                content_type = value
-            elif name == "grpc-encoding":
-                self._encoding = value
-            elif name == "grpc-timeout":
-                timeout = value
-            elif name not in TRANSPORT_KEYS and is_metadata(name, value):
-                # NOTE: what is not metadata is dropped here, on every front alike
-                #   (``oipserve.front.header_rules``): the primary's answer and a forward's agree.
-                metadata.append((name, value))
-        self._metadata = tuple(metadata)
-        if method != "POST" or not content_type.startswith("application/grpc"):
+        try:
+            head = read_call_head(headers)
+        except MalformedRequest:
+            # A malformed request (RFC 9113, 8.1.1): a stream error, and no call starts.
+            self._done = self._ended = True
+            self._conn.reset_stream(self._stream, ErrorCode.PROTOCOL_ERROR)
+            return
+        path, timeout, self._encoding = head.path, head.timeout, head.encoding
+        # NOTE: what is not metadata was dropped there, on every front alike
+        #   (``oipserve.front.header_rules``): the primary's answer and a forward's agree.
+        self._metadata = head.metadata
+        if not head.content_type.startswith("application/grpc"):
             # Not gRPC at all: an HTTP answer, as gRPC servers give (PROTOCOL-HTTP2.md).
-            self._finish(b"\x08\x03" + (b"405" if method != "POST" else b"415"))
+            self._finish(b"\x08\x03415")  # :status 415
             return
         if timeout:
             self._deadline(timeout)
@@ -227,6 +224,9 @@ class Call:
             if self._left < 0:  # the prefix
                 need = 5 - len(self._prefix)
                 self._prefix += bytes(data[:need])
+                # NOTE: the prefix came through the stream's window too: given back with
+                #   the message's bytes, or a long stream's window shrinks 5 bytes a message.
+                self._unacked += min(need, len(data))
                 data = data[need:]
                 if len(self._prefix) < 5:
                     return
@@ -362,6 +362,11 @@ class Call:
         lease, self._lease = self._lease, None
         mapped, self._mapped = self._mapped, False
         if self._queue is not None:
+            if self._queue.qsize() >= MAX_QUEUED:
+                unmap_off_loop(message)
+                self.reset()
+                self._conn.reset_stream(self._stream, ErrorCode.ENHANCE_YOUR_CALM)
+                return
             self._queue.put_nowait((self._compressed, message))
             return
         self._messages.append((self._compressed, message, lease, mapped))
@@ -515,14 +520,36 @@ class Call:
             prefix = MESSAGE_PREFIX.pack(0, size)
             if size <= _SMALL_REPLY and conn.send_small(self, stream, b"".join([prefix, *parts])):
                 return
-            await conn.send_data(self, stream, memoryview(prefix))
-            for part in parts:
-                await conn.send_data(self, stream, memoryview(part))
-            if any(type(part) is memoryview for part in parts):
-                await conn.sent()  # the transport holds views of them until then
+            timer = self._send_timer(size)
+            try:
+                await conn.send_data(self, stream, memoryview(prefix))
+                for part in parts:
+                    await conn.send_data(self, stream, memoryview(part))
+                if any(type(part) is memoryview for part in parts):
+                    await conn.sent()  # the transport holds views of them until then
+            finally:
+                timer.cancel()
         finally:
             for part in parts:
                 unmap_off_loop(part)
+
+    def _send_timer(self, size: int) -> asyncio.TimerHandle:
+        """A reply waiting on windows is bounded in time, as a REST response is:
+        ``--send-timeout`` plus a second per ``--min-transfer-rate`` bytes of it. A client
+        that keeps its window closed would otherwise hold the reply (views of a worker's
+        output segment) for the life of its connection. Set only when a reply cannot
+        leave at once: a small one sent whole costs none."""
+        table = self._table
+        seconds = table.send_timeout + size / table.min_transfer_rate
+        return asyncio.get_running_loop().call_later(seconds, self._send_expired)
+
+    def _send_expired(self) -> None:
+        """The client took too long to read the reply: the stream is reset (CANCEL) and the
+        call's task cancelled, which lets go of the reply's memory (``_send``)."""
+        if self._done:
+            return
+        self.reset()
+        self._conn.reset_stream(self._stream, ErrorCode.CANCEL)
 
     def _finish(self, block: bytes) -> None:
         """The last header block (trailers), ending the stream from this side."""

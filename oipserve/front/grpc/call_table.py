@@ -66,6 +66,9 @@ class CallTable:
         # bytes still to come (``Call._upload_timer``): the REST body's rule.
         self.body_timeout = settings.body_timeout
         self.min_transfer_rate = settings.min_transfer_rate
+        # A reply the client does not take (its window kept closed) is dropped past this
+        # plus a second per ``min_transfer_rate`` bytes of it (``Call._send``).
+        self.send_timeout = settings.send_timeout
         table = by_api(settings.grpc_restricted_protocol)
         #: method name -> (its restriction, the refusal), for restricted methods only.
         self.restricted = {

@@ -1,0 +1,184 @@
+"""Malformed requests are stream errors (issue 37, row 8; RFC 9113, 8.1.1, 8.2, 8.3).
+
+Each header block below is what no well-formed HTTP/2 request carries: the stream is
+reset with PROTOCOL_ERROR, no call starts (no handler runs, nothing is counted as
+arriving), and the connection goes on serving. Driven with raw frames through a real
+connection (``tests.support.grpc_peer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import struct
+
+import hpack
+import pytest
+
+from oipserve.config.settings import Settings
+from oipserve.front.grpc.call import MAX_QUEUED
+from oipserve.front.grpc.h2.frames import (
+    END_HEADERS,
+    END_STREAM,
+    ErrorCode,
+    Frame,
+    Setting,
+    frame,
+    settings_frame,
+)
+from oipserve.front.header_rules import MalformedRequest, read_call_head
+from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message
+
+_PATH = "/inference.GRPCInferenceService/ModelInfer"
+_GOOD = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", _PATH),
+    (":authority", "a.test"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+def _without(name: str) -> list[tuple[str, str]]:
+    return [(key, value) for key, value in _GOOD if key != name]
+
+
+#: (case, the header block): each malformed.
+MALFORMED: list[tuple[str, list[tuple[str, str]]]] = [
+    ("an upper-case name", [*_GOOD, ("X-Upper", "a")]),
+    ("a space in a name", [*_GOOD, ("x-key ", "a")]),
+    ("a colon in a name", [*_GOOD, ("x:odd", "a")]),
+    ("an empty name", [*_GOOD, ("", "a")]),
+    ("NUL in a value", [*_GOOD, ("x-odd", "a\x00b")]),
+    ("LF in a value", [*_GOOD, ("x-odd", "a\nb")]),
+    ("a value ending in a space", [*_GOOD, ("x-odd", "a ")]),
+    ("connection", [*_GOOD, ("connection", "close")]),
+    ("keep-alive", [*_GOOD, ("keep-alive", "5")]),
+    ("proxy-connection", [*_GOOD, ("proxy-connection", "x")]),
+    ("transfer-encoding", [*_GOOD, ("transfer-encoding", "chunked")]),
+    ("upgrade", [*_GOOD, ("upgrade", "h2c")]),
+    ("te gzip", [*_without("te"), ("te", "gzip")]),
+    ("a pseudo-header after a field", [*_without(":authority"), (":authority", "a.test")]),
+    ("an unknown pseudo-header", [*_GOOD[:3], (":odd", "x"), *_GOOD[3:]]),
+    ("a response pseudo-header", [(":status", "200"), *_GOOD]),
+    ("a repeated pseudo-header", [*_GOOD[:3], (":path", _PATH), *_GOOD[3:]]),
+    ("no :method", _without(":method")),
+    ("no :scheme", _without(":scheme")),
+    ("no :path", _without(":path")),
+    ("an empty :path", [(k, "" if k == ":path" else v) for k, v in _GOOD]),
+    ("GET", [(k, "GET" if k == ":method" else v) for k, v in _GOOD]),
+]
+
+
+def _resets(frames: list[tuple[int, int, int, bytes]], stream: int) -> list[int]:
+    return [
+        struct.unpack(">I", f[3])[0] for f in frames if f[0] == Frame.RST_STREAM and f[2] == stream
+    ]
+
+
+@pytest.mark.parametrize("headers", [c[1] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
+async def test_a_malformed_request_is_a_stream_error(headers: list[tuple[str, str]]) -> None:
+    service = FakeService()
+    peer = GrpcPeer(service.table(Settings(model_repository=".")))
+    block = hpack.Encoder().encode(headers)
+    peer.send(frame(Frame.HEADERS, END_HEADERS, 1, block))
+    peer.send(frame(Frame.DATA, END_STREAM, 1, grpc_message(b"request")))
+    await asyncio.sleep(0.01)
+    frames = await peer.written()
+    assert _resets(frames, 1) == [ErrorCode.PROTOCOL_ERROR]
+    assert not [f for f in frames if f[0] == Frame.HEADERS and f[2] == 1]
+    assert not service.calls and not service.arriving
+    assert not peer.connection.streams
+    # The connection goes on: a well-formed call on it is answered.
+    peer.send(frame(Frame.HEADERS, END_HEADERS, 3, hpack.Encoder().encode(_GOOD)))
+    peer.send(frame(Frame.DATA, END_STREAM, 3, grpc_message(b"request")))
+    await asyncio.sleep(0.01)
+    assert service.calls == [("ModelInfer", b"request")]
+    assert not _resets(await peer.written(), 3)
+
+
+def test_what_gRPC_cannot_carry_as_metadata_is_dropped_not_refused() -> None:
+    """A well-formed field that is not gRPC metadata (a control byte or a tab inside a
+    value, non-ASCII, a name with another token byte) is dropped, as before."""
+    odd = [("x-ctl", "a\x01b"), ("x-tab", "a\tb"), ("x-utf", "café"), ("x!odd", "a")]
+    head = read_call_head((*_GOOD, *odd, ("x-kept", "v")))
+    assert head.metadata == (("x-kept", "v"),)
+    assert head.path == _PATH and head.content_type == "application/grpc"
+
+
+@pytest.mark.parametrize("headers", [c[1] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
+def test_the_header_rules_name_each_malformed_request(headers: list[tuple[str, str]]) -> None:
+    with pytest.raises(MalformedRequest):
+        read_call_head(tuple(headers))
+
+
+async def test_a_stream_cannot_queue_messages_past_its_bound() -> None:
+    """Issue 37, row 2 (the call's part): a ModelStreamInfer client floods messages its
+    handler has not taken (here: a handler that is slow). Within one window it could
+    queue ~800,000 empty ones; past ``MAX_QUEUED`` the stream is reset
+    ENHANCE_YOUR_CALM, its queue and task given back, and the connection goes on."""
+    service = FakeService(delay=30.0)
+    peer = GrpcPeer(service.table(Settings(model_repository=".")))
+    peer.send(peer.headers(1, "ModelStreamInfer"))
+    await asyncio.sleep(0.01)  # the stream's task takes its first messages as they come
+    flood = grpc_message(b"") * (MAX_QUEUED + 200)
+    for start in range(0, len(flood), 16384):
+        peer.send(frame(Frame.DATA, 0, 1, flood[start : start + 16384]))
+    await asyncio.sleep(0.01)
+    assert _resets(await peer.written(), 1) == [ErrorCode.ENHANCE_YOUR_CALM]
+    assert not peer.connection.streams
+    await asyncio.sleep(0.01)
+    assert service.running == 0  # its running answers were cancelled with it
+
+
+def _zero_window_peer(service: FakeService, stream_reply: object = None) -> GrpcPeer:
+    """A client whose streams' windows are 0 (SETTINGS_INITIAL_WINDOW_SIZE): it reads no
+    reply; ``--send-timeout`` 0.05 s, a second more per 1 GiB of reply."""
+    settings = Settings(model_repository=".", send_timeout=0.05, min_transfer_rate=1 << 30)
+    table = service.table(settings)
+    if stream_reply is not None:
+        table.stream_infer = stream_reply  # type: ignore[assignment]
+    peer = GrpcPeer(table)
+    peer.send(settings_frame({Setting.INITIAL_WINDOW_SIZE: 0}))
+    return peer
+
+
+async def test_a_reply_the_client_does_not_read_is_dropped_after_the_send_timeout() -> None:
+    """Probe row "zero window, 5 x 47 KB PNGs": the reply waited on the window for the life
+    of the connection. Past ``--send-timeout`` the stream is reset (CANCEL), the call ends
+    and the connection goes on."""
+    service = FakeService()
+    peer = _zero_window_peer(service)
+    peer.send(peer.headers(1, "ModelInfer"))
+    peer.send(frame(Frame.DATA, END_STREAM, 1, grpc_message(b"request")))
+    await asyncio.sleep(0.02)
+    assert 1 in peer.connection.streams  # waiting on the window
+    assert not _resets(await peer.written(), 1)
+    await asyncio.sleep(0.1)
+    assert _resets(await peer.written(), 1) == [ErrorCode.CANCEL]
+    assert not peer.connection.streams and not peer.connection.lost
+
+
+async def test_a_stream_reply_not_read_gives_its_memory_back() -> None:
+    """The same on ModelStreamInfer, the reply in memory of its own (as a worker's output
+    segment is viewed): reset past the timeout, and the memory released."""
+    replies: list[mmap.mmap] = []
+
+    async def reply(_request: object) -> memoryview:
+        replies.append(mmap.mmap(-1, 1 << 20))
+        return memoryview(replies[-1])
+
+    peer = _zero_window_peer(FakeService(), reply)
+    peer.send(peer.headers(1, "ModelStreamInfer"))
+    peer.send(frame(Frame.DATA, 0, 1, grpc_message(b"request")))
+    await asyncio.sleep(0.02)
+    assert len(replies) == 1 and not replies[0].closed and 1 in peer.connection.streams
+    await asyncio.sleep(0.1)
+    assert _resets(await peer.written(), 1) == [ErrorCode.CANCEL]
+    assert not peer.connection.streams
+    for _ in range(50):  # unmapped in a thread
+        if replies[0].closed:
+            break
+        await asyncio.sleep(0.01)
+    assert replies[0].closed
