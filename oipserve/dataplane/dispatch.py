@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from oipserve.dataplane.batch_io import SharedRelease, split
-from oipserve.errors import WorkerProtocolError, from_kind
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import InferResult, client_outputs
 from oipserve.runtime.off_loop import nothing_to_release
-from oipserve.wire.messages import Failed, Infer, InferDone, OutputTarget, TensorDesc
+from oipserve.wire.messages import Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
 
 __all__ = ["Dispatch"]
@@ -85,13 +84,7 @@ class Dispatch:
         except BaseException:
             inputs_free()  # never sent (the worker is gone): nothing will read the inputs
             raise
-        reply = await waiting
-        if isinstance(reply, Failed):
-            raise from_kind(reply.kind, reply.message)
-        if not isinstance(reply, InferDone):
-            raise WorkerProtocolError(
-                f"worker {worker.worker_id} answered {type(reply).__name__} to Infer"
-            )
+        reply = worker.inferred(await waiting)
         for name in reply.dropped:
             self.outputs.forget(name)
         return reply

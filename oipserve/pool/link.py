@@ -287,6 +287,11 @@ class WorkerLink:
         reply = await self.call(
             lambda rid: Infer(rid, key, inputs, outputs, into, texts), on_inputs_free, deadline
         )
+        return self.inferred(reply)
+
+    def inferred(self, reply: object) -> InferDone:
+        """The worker's reply to an ``Infer``: its ``InferDone``, or the error it answered
+        (raised with its kind); anything else is a broken worker."""
         if isinstance(reply, InferDone):
             return reply
         if isinstance(reply, Failed):
