@@ -51,18 +51,12 @@ def die_with_front(front_pid: int) -> None:
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             # NOTE: never seen; the heartbeat socket still ends an orphan.
             print(f"worker: prctl failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
-    if os.getppid() != front_pid and not _running(front_pid):
+    # NOTE: imported here, once the death signal is set: the wire contract brings asyncio
+    #   (tens of milliseconds) that must not come before it.
+    from oipserve.wire.shm import process_alive
+
+    if os.getppid() != front_pid and not process_alive(front_pid):
         os._exit(EXIT_ORPHANED)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _echo(sock: socket.socket) -> None:

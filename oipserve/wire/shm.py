@@ -295,13 +295,17 @@ def sweep_stale() -> list[str]:
         if not name.startswith(NAME_PREFIX):
             continue
         pid_text = name[len(NAME_PREFIX) :].split("-", 1)[0]
-        if pid_text.isdigit() and not _alive(int(pid_text)):
+        if pid_text.isdigit() and not process_alive(int(pid_text)):
             _unlink(name)
             removed.append(name)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts: it answers EPERM).
+
+    Stale segments are those of owners no longer alive; a worker also asks it of its front.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
