@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -48,3 +50,15 @@ def grpc_client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerCli
     client = grpcclient.InferenceServerClient(server.grpc_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def shm_object() -> Iterator[str]:
+    """A client's object of 4096 bytes; yields its key."""
+    name = f"oipserve-unit-{uuid.uuid4().hex[:10]}"
+    path = os.path.join("/dev/shm", name)
+    with open(path, "wb") as handle:
+        handle.truncate(4096)
+    yield "/" + name
+    if os.path.exists(path):
+        os.unlink(path)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -74,18 +72,6 @@ def test_region_parameters() -> None:
     ):
         with pytest.raises(InvalidInput, match=match):
             region_parameters("input 'a'", params)
-
-
-@pytest.fixture
-def shm_object() -> Iterator[str]:
-    """A client's object of 4096 bytes; yields its key."""
-    name = f"oipserve-unit-{uuid.uuid4().hex[:10]}"
-    path = os.path.join("/dev/shm", name)
-    with open(path, "wb") as handle:
-        handle.truncate(4096)
-    yield "/" + name
-    if os.path.exists(path):
-        os.unlink(path)
 
 
 async def test_registry_checks(shm_object: str) -> None:

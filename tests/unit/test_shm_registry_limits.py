@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,18 +13,6 @@ from oipserve.errors import InvalidInput, Unavailable, grpc_status, http_status
 from oipserve.request.client_regions import ClientRegions, RegionRequest
 from oipserve.wire.messages import ObjectRef, OutputTarget, TensorDesc
 from workers.regions import overlaps_an_input
-
-
-@pytest.fixture
-def shm_object() -> Iterator[str]:
-    """A client's object of 4096 bytes; yields its key."""
-    name = f"oipserve-unit-{uuid.uuid4().hex[:10]}"
-    path = os.path.join("/dev/shm", name)
-    with open(path, "wb") as handle:
-        handle.truncate(4096)
-    yield "/" + name
-    if os.path.exists(path):
-        os.unlink(path)
 
 
 def _open_descriptors() -> int:
