@@ -25,7 +25,15 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from tests.support.onnx_models import write_slow_model
-from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, cmdline, shm_entries, wait_for
+from tests.support.server import (
+    SAMPLE_REPOSITORY,
+    ServerProcess,
+    alive,
+    cmdline,
+    process_state,
+    shm_entries,
+    wait_for,
+)
 
 #: New worker processes killed in a row, as soon as each appears.
 KILLS = 5
@@ -47,28 +55,9 @@ def small_repository(root: Path, *names: str) -> Path:
     return root
 
 
-def process_state(pid: int) -> str:
-    """The state letter of ``pid`` (``Z``: a zombie, exited but not reaped), or "" if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
 def running_worker(pid: int) -> bool:
     """``pid`` is still a running worker program (not gone, not a zombie, not reused)."""
-    return process_state(pid) not in ("", "Z") and "-m workers" in cmdline(pid)
-
-
-def front_children(proc: ServerProcess) -> list[int]:
-    pids: list[int] = []
-    for task in Path(f"/proc/{proc.process.pid}/task").glob("*"):
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return pids
+    return alive(pid) and "-m workers" in cmdline(pid)
 
 
 def hardware_workers(proc: ServerProcess) -> list[dict[str, object]]:
@@ -150,7 +139,7 @@ def test_a_crash_loop_is_paced_and_the_slot_gets_its_models_back(tmp_path: Path)
         assert max(most, most_after[0]) <= 2  # never a second process of one slot
         assert len(proc.worker_pids()) == 2
         # Every dead process was reaped: the front has no zombie child.
-        assert [p for p in front_children(proc) if process_state(p) == "Z"] == []
+        assert [p for p in proc.children() if process_state(p) == "Z"] == []
     finally:
         client.close()
         code = proc.stop()

@@ -145,15 +145,19 @@ class ServerProcess:
         """PIDs of the server's other HTTP fronts (``--http-workers``)."""
         return self._children_running("oipserve.scaleout.process")
 
-    def _children_running(self, module: str) -> list[int]:
-        """The front's children running ``module``, whichever of its threads started them."""
+    def children(self) -> list[int]:
+        """The front's child processes, whichever of its threads started them."""
         pids: list[int] = []
         for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
             try:
                 pids += [int(p) for p in (task / "children").read_text().split()]
             except OSError:
                 continue
-        return sorted(p for p in pids if f"-m {module}" in cmdline(p))
+        return pids
+
+    def _children_running(self, module: str) -> list[int]:
+        """The front's children running ``module``."""
+        return sorted(p for p in self.children() if f"-m {module}" in cmdline(p))
 
 
 def cmdline(pid: int) -> str:
@@ -171,13 +175,18 @@ def shm_entries(pid: int) -> list[str]:
 ESTABLISHED = "01"
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie, waiting to be reaped, has exited)."""
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` (``Z``: a zombie, exited but not reaped), or "" if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, waiting to be reaped, has exited)."""
+    return process_state(pid) not in ("", "Z")
 
 
 def _socket_inodes(pid: int) -> set[str]:
