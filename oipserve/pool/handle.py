@@ -5,7 +5,8 @@ requests on that socket (ids, replies, deadlines) are ``oipserve.pool.link``'s; 
 adds the process: starting it, loading and unloading its models, noticing its death. A
 death is seen at once through its process sentinel (and the socket closing): its
 in-flight requests fail with 503 and its death listeners are told. A second socket pair
-carries heartbeats, which a worker answers from a thread of its own. With
+carries heartbeats, which a worker answers from a thread of its own (``check_heartbeat``
+says when silence means a hang, whatever the front's own loop was doing). With
 ``accepts_fronts`` the worker also listens for other fronts' connections
 (``--http-workers``). ``oipserve.pool.worker_pool`` keeps all the handles and replaces dead workers:
 one handle is one slot, whose processes follow one another, each reaped (``reaped``)
@@ -70,16 +71,22 @@ class WorkerHandle(WorkerLink):
         self._stopping = False
         #: Its end was logged and its death listeners told (once per process).
         self._reported = False
-        self._heartbeat: asyncio.Transport | None = None
+        #: Our end of the heartbeat socket pair (non-blocking, watched by the loop); closed
+        #: when the process is cut off, which tells the worker its front gave it up.
+        self._heartbeat: socket.socket | None = None
         #: Why the current process was cut off, once it was.
         self._cut_reason = ""
-        #: Loop time of the worker's last heartbeat echo (or of its start).
+        #: Loop time at which an echo of the worker was last heard (or it greeted).
         self.last_heartbeat = 0.0
+        #: Loop time of the first heartbeat sent since the last echo heard; None when every
+        #: heartbeat sent so far was answered by an echo heard since.
+        self._unanswered_since: float | None = None
 
     async def start(self, loop: asyncio.AbstractEventLoop, options: WorkerOptions) -> None:
         # NOTE: CUDA must number GPUs as NVML does, or device_id "N" would not be cuda:N
         #   of the inventory (see hardware.onnxruntime); workers inherit this.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        self._close_heartbeat()  # NOTE: an earlier process's, should its cut-off not have run
         ours, theirs = socket.socketpair()
         beat_ours, beat_theirs = socket.socketpair()
         listener = self._front_listener()
@@ -102,14 +109,16 @@ class WorkerHandle(WorkerLink):
         self._reported = False
         self._stopping = False
         self._hung = ""
+        self._unanswered_since = None
         self.ready = asyncio.Event()
         # NOTE: bound to this process: the sentinel of an earlier one must never end
         #   the process that follows it in this slot.
         loop.add_reader(process.sentinel, self._process_exited, process)
         transport, _ = await loop.connect_accepted_socket(lambda: MessageProtocol(self), ours)
         self.transport = transport
-        beat, _ = await loop.connect_accepted_socket(lambda: HeartbeatProtocol(self), beat_ours)
-        self._heartbeat = beat
+        beat_ours.setblocking(False)
+        self._heartbeat = beat_ours
+        loop.add_reader(beat_ours.fileno(), self._hear)
         try:
             await asyncio.wait_for(self.ready.wait(), START_TIMEOUT)
         except TimeoutError:
@@ -218,28 +227,73 @@ class WorkerHandle(WorkerLink):
         if not self.alive:
             return
         self._cut_reason = why
-        if self._heartbeat is not None:
-            self._heartbeat.abort()
+        self._close_heartbeat()
         super()._cut_off(why)
         # The dead process's output segments (every front's): nobody else will unlink them.
         sweep(self.segment_prefix)
 
     # ---- heartbeat -------------------------------------------------------------------
 
-    def answered_heartbeat(self) -> None:
-        self.last_heartbeat = self._loop.time()
-
     def check_heartbeat(self, now: float, timeout: float) -> None:
-        """Send the next heartbeat, or declare the worker hung if it stopped answering."""
+        """Send the next heartbeat, or declare the worker hung if it stopped answering.
+
+        Hung means: a heartbeat was sent more than ``timeout`` seconds ago and no echo has
+        come back since, with the socket read to its end just now. The verdict never
+        rests on the front's loop having been on time. A heartbeat reaches the worker as
+        it is written (a socket pair, not the loop), and its echo waits in the socket
+        until the front reads it; the socket is read here before judging, because after
+        a stall the loop runs its overdue timers (this check) before it polls the
+        sockets (uvloop, libuv). So a front stalled for any time (a CONTINUATION flood,
+        a SIGSTOP) finds the echo of its last heartbeat and carries on, while a stopped
+        or wedged worker, which sends none, is declared hung ``timeout`` s after the first
+        heartbeat it left unanswered: after ``timeout`` plus at most one interval of
+        its last answer. Cheap: one ``recv`` and one ``send`` per worker and interval.
+        """
         if not self.alive or not self.ready.is_set() or self._heartbeat is None:
             return
-        silent = now - self.last_heartbeat
-        if silent > timeout and not self.loading:
+        self._hear()
+        since = self._unanswered_since
+        if since is not None and now - since > timeout and not self.loading:
+            silent = now - self.last_heartbeat
             self._hung = f"it stopped answering its heartbeat for {silent:.1f}s (hung)"
             log.error("worker %d (pid %s): %s; killing it", self.worker_id, self.pid, self._hung)
             self.kill()  # its sentinel reports the exit: requests fail 503, it is replaced
             return
-        self._heartbeat.write(b".")
+        try:
+            self._heartbeat.send(b".")
+        except OSError:
+            pass  # NOTE: a full or broken socket: unanswered all the same, and judged so
+        if since is None:
+            self._unanswered_since = now
+
+    def _hear(self) -> None:
+        """Read every echo the heartbeat socket holds (the loop's reader, and the check)."""
+        beat = self._heartbeat
+        if beat is None:
+            return
+        heard = False
+        while True:
+            try:
+                data = beat.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:
+                # NOTE: the worker's end closed (it is exiting): stop watching a socket
+                #   that stays readable; its sentinel, or the check, ends it.
+                self._loop.remove_reader(beat.fileno())
+                break
+            heard = True
+        if heard:
+            self.last_heartbeat = self._loop.time()
+            self._unanswered_since = None
+
+    def _close_heartbeat(self) -> None:
+        beat, self._heartbeat = self._heartbeat, None
+        if beat is not None:
+            self._loop.remove_reader(beat.fileno())
+            beat.close()
 
     # ---- models and the process ------------------------------------------------------
 
@@ -351,15 +405,3 @@ def own_handle(worker: WorkerLink) -> WorkerHandle:
     if not isinstance(worker, WorkerHandle):
         raise InternalError(f"worker {worker.worker_id} is not one this front started")
     return worker
-
-
-class HeartbeatProtocol(asyncio.Protocol):
-    """The worker's echoes of our heartbeats: each one says it is still responsive."""
-
-    __slots__ = ("worker",)
-
-    def __init__(self, worker: WorkerHandle) -> None:
-        self.worker = worker
-
-    def data_received(self, data: bytes) -> None:
-        self.worker.answered_heartbeat()

@@ -106,7 +106,9 @@ class WorkerPool:
 
         A worker answers from a thread of its own (``workers.heartbeat``), so a long
         inference does not silence it; a stopped (SIGSTOP), deadlocked or wedged process
-        does.
+        does. A late ``beat`` (this front's loop stalled, or the front was stopped) costs
+        the workers nothing: each check reads the echoes waiting in its socket before it
+        judges (``WorkerHandle.check_heartbeat``).
         """
         loop = asyncio.get_running_loop()
 
