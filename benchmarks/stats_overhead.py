@@ -5,7 +5,10 @@ Times, best of several repeats, per call:
   lookup, three clock reads, the pending gauge, ``executed`` and
   ``request_succeeded``), against the same control flow without it;
 - encoding and decoding one ``InferDone`` with and without its four timing fields;
-- one ``time.monotonic_ns()`` (the worker adds three per request).
+- one ``time.monotonic_ns()`` (the worker adds three per request);
+- the same recording with ``--metrics-config histogram_latencies=true``, with
+  ``summary_latencies=true`` and with both, against it off: the variants are timed in
+  turn within each repeat (interleaved), so a noisy neighbour slows them alike.
 
     python benchmarks/stats_overhead.py
 
@@ -24,12 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec  # noqa: E402
 
+from oipserve.config.metrics_config import parse_metrics_config  # noqa: E402
 from oipserve.models.registry import ModelRegistry, ModelVersion  # noqa: E402
+from oipserve.telemetry.latency import LatencyMetrics  # noqa: E402
 from oipserve.telemetry.stats import StatsRegistry  # noqa: E402
 from oipserve.wire.messages import FromWorker, InferDone, TensorDesc  # noqa: E402
 
 CALLS = 1_000_000
 REPEATS = 7
+#: Rounds of the ``--metrics-config`` variants, each timed once per round (best kept).
+INTERLEAVED_REPEATS = 51
 
 
 class _Done:
@@ -96,6 +103,53 @@ def main() -> None:
         print(f"InferDone: {size} bytes, {cost:.0f} ns to encode and decode")
     print(f"InferDone timing fields: {costs[1] - costs[0]:.0f} ns")
     print(f"time.monotonic_ns(): {_best_ns(monotonic_ns):.0f} ns")
+    _latency_metrics(model, done, inputs)
+
+
+#: ``--metrics-config`` of each variant timed by ``_latency_metrics``.
+VARIANTS = {
+    "off": [],
+    "histograms": ["histogram_latencies=true"],
+    "summaries": ["summary_latencies=true"],
+    "both": ["histogram_latencies=true", "summary_latencies=true"],
+}
+
+
+def _latency_metrics(model: ModelVersion, done: _Done, inputs: list[_Input]) -> None:
+    """Per request, the recording with each ``VARIANTS`` entry; interleaved repeats."""
+    calls: dict[str, object] = {}
+    for name, items in VARIANTS.items():
+        stats_registry = StatsRegistry(model_registry(model))
+        stats_registry.latency = LatencyMetrics(parse_metrics_config(items))
+
+        def recorded(stats_registry: StatsRegistry = stats_registry) -> None:
+            stats = stats_registry.of(model)
+            start = monotonic_ns()
+            batch = inputs[0].shape[0] if model.max_batch_size > 0 and inputs[0].shape else 1
+            stats.pending += 1
+            sent = monotonic_ns()
+            try:
+                pass
+            finally:
+                stats.pending -= 1
+            stats.ran_alone(batch, start, sent, done)
+
+        calls[name] = recorded
+    best = dict.fromkeys(VARIANTS, float("inf"))
+    number = CALLS // 50
+    for _ in range(INTERLEAVED_REPEATS):
+        for name, call in calls.items():
+            took = timeit.timeit(call, number=number) / number * 1e9  # type: ignore[arg-type]
+            best[name] = min(best[name], took)
+    for name in VARIANTS:
+        extra = best[name] - best["off"]
+        print(f"front, per request, --metrics-config {name}: {best[name]:.0f} ns ({extra:+.0f} ns)")
+
+
+def model_registry(model: ModelVersion) -> ModelRegistry:
+    registry = ModelRegistry()
+    registry.models[model.name] = {model.version: model}
+    return registry
 
 
 if __name__ == "__main__":

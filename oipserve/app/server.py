@@ -254,6 +254,7 @@ class Server:
             settings.server_name,
             settings.busy_poll_us / 1e6,
         )
+        self.dataplane.stats.configure(settings)  # --metrics-config
         self.manager, self.management = self._model_control()
         self._cpu_lock = asyncio.Lock()
         self._serving = False

@@ -16,6 +16,7 @@ import msgspec
 
 import oipserve
 from oipserve.config.access import Restriction, RestrictionError, parse_restrictions
+from oipserve.config.metrics_config import MetricsConfigError, parse_metrics_config
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -40,6 +41,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8002
     #: Triton's flag: false serves no metrics port at all.
     allow_metrics: bool = True
+    #: Triton's flag, repeatable ``key=value`` items: latency histograms and summaries
+    #: (``oipserve.config.metrics_config``, docs/metrics.md); checked at start.
+    metrics_config: tuple[str, ...] = ()
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
@@ -241,6 +245,14 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
         help="least severe level logged (the ready/not-ready summary is always logged)",
+    )
+    serve.add_argument(
+        "--metrics-config",
+        metavar="KEY=VALUE",
+        action="append",
+        help="Triton's flag (repeatable): histogram_latencies=true, summary_latencies=true, "
+        "summary_quantiles=Q:E,..., summary_max_age=SECONDS, counter_latencies=false; the "
+        "environment separates items with ';'",
     )
     serve.add_argument(
         "--hardware-inventory",
@@ -459,6 +471,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     for name, grpc in (("http_restricted_api", False), ("grpc_restricted_protocol", True)):
         if name in values:
             values[name] = _restrictions(name, values[name], grpc)
+    if "metrics_config" in values:
+        values["metrics_config"] = _metrics_config(values["metrics_config"])
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     if values.get("grpc_processes") == "auto":
@@ -506,6 +520,18 @@ def _restrictions(name: str, given: str | list[str], grpc: bool) -> list[Restric
     except RestrictionError as exc:
         flag = "--" + name.replace("_", "-")
         raise SettingsError(f"invalid {flag} (or {ENV_PREFIX}{name.upper()}): {exc}") from None
+
+
+def _metrics_config(given: str | list[str]) -> list[str]:
+    """--metrics-config items (from the environment: separated by ``;``), checked now so that
+    a bad one stops start-up with the reason (exit 2)."""
+    items = [i.strip() for i in given.split(";") if i.strip()] if isinstance(given, str) else given
+    try:
+        parse_metrics_config(items)
+    except MetricsConfigError as exc:
+        flag = f"--metrics-config (or {ENV_PREFIX}METRICS_CONFIG)"
+        raise SettingsError(f"invalid {flag}: {exc}") from None
+    return items
 
 
 def _describe(message: str) -> str:

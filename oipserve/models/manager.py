@@ -320,12 +320,13 @@ class ModelManager:
             await self._fail_version(model, "internal error while loading (see the log)")
             return
         model.set_metadata(inputs, outputs)
+        model.load_seconds = asyncio.get_running_loop().time() - started
         model.state = "READY"
         log.info(
             "model '%s' version %s is READY: loaded in %.2fs on %s",
             model.name,
             model.version,
-            asyncio.get_running_loop().time() - started,
+            model.load_seconds,
             _placement(model.workers),
         )
 

@@ -70,6 +70,8 @@ class ModelVersion:
         self.parameters: dict[str, str] = dict(config.parameters) if config else {}
         self.state: State = "LOADING"
         self.reason = ""
+        #: Seconds its load took, once READY (``nv_model_load_duration_secs``).
+        self.load_seconds = 0.0
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.input_map: dict[str, TensorSpec] = {}

@@ -155,6 +155,7 @@ class Replica:
             settings.server_name,
             settings.busy_poll_us / 1e6,
         )
+        self.dataplane.stats.configure(settings)  # --metrics-config: histograms add up
         self.forwarder = Forwarder(start.forward_to)
         self.grpc_forwarder: GrpcForwarder | None = None
         self.router = Router(

@@ -30,9 +30,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from oipserve.config.metrics_config import parse_metrics_config
 from oipserve.errors import DeadlineExceeded, Unavailable
+from oipserve.telemetry.latency import Histograms, LatencyMetrics, SummaryWindow
 
 if TYPE_CHECKING:
+    from oipserve.config.settings import Settings
     from oipserve.models.registry import ModelRegistry, ModelVersion
     from oipserve.wire.messages import InferDone
 
@@ -97,11 +100,22 @@ class ModelStats:
         "execution_count",
         "batches",
         "pending",
+        "histograms",
+        "window",
     )
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        histograms: Histograms | None = None,
+        window: SummaryWindow | None = None,
+    ) -> None:
         self.name = name
         self.version = version
+        #: The latency histograms and summary window (``--metrics-config``); None when off.
+        self.histograms = histograms
+        self.window = window
         #: ``monotonic_ns()`` of the last success; 0 before the first.
         self.last_success_ns = 0
         self.success_count = 0
@@ -142,7 +156,12 @@ class ModelStats:
         self.inference_count += batch_size
         # PERF: the monotonic clock costs half of time.time_ns() // 10**6 per request;
         #   last_inference_ms converts once, when read.
-        self.last_success_ns = monotonic_ns()
+        self.last_success_ns = now = monotonic_ns()
+        # PERF: off (the default), two tests; on, see oipserve.telemetry.latency.
+        if self.histograms is not None:
+            self.histograms.observe(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+        if self.window is not None:
+            self.window.observe(now, total_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     @property
     def last_inference_ms(self) -> int:
@@ -203,6 +222,8 @@ class ModelStats:
             for i, value in enumerate(counts):
                 mine[i] += value
         self.pending += row.pending
+        if self.histograms is not None and row.histograms:
+            self.histograms.add(row.histograms)
         # NOTE: CLOCK_MONOTONIC is one clock for every process of the machine.
         self.last_success_ns = max(self.last_success_ns, row.last_success_ns)
 
@@ -224,6 +245,7 @@ class ModelStats:
             {size: list(counts) for size, counts in self.batches.items()},
             self.pending,
             self.last_success_ns,
+            self.histograms.snapshot() if self.histograms is not None else [],
         )
 
 
@@ -245,6 +267,8 @@ class StatsRow(msgspec.Struct, frozen=True, array_like=True):
     batches: dict[int, list[int]]
     pending: int
     last_success_ns: int
+    #: Per latency histogram family, the counts per bucket (empty when histograms are off).
+    histograms: list[list[int]] = msgspec.field(default_factory=list)
 
 
 class StatsRegistry:
@@ -262,6 +286,12 @@ class StatsRegistry:
         self.collect: Callable[[], Awaitable[list[StatsRow]]] | None = None
         #: The rows of the last ``refresh``, by version serial.
         self._others: dict[int, list[StatsRow]] = {}
+        #: Which latency histograms and summaries versions record (``configure``).
+        self.latency = LatencyMetrics()
+
+    def configure(self, settings: Settings) -> None:
+        """Record what ``--metrics-config`` asks for (before the first request)."""
+        self.latency = LatencyMetrics(parse_metrics_config(settings.metrics_config))
 
     async def refresh(self) -> None:
         """Before reading: the other fronts' counters as they are now."""
@@ -278,7 +308,9 @@ class StatsRegistry:
         rows = self._others.get(model.serial)
         if not rows:
             return mine
-        total = ModelStats(model.name, model.version)
+        # Bucket counts add up; the summaries' quantiles are this front's own window.
+        histograms = mine.histograms.empty() if mine.histograms is not None else None
+        total = ModelStats(model.name, model.version, histograms, mine.window)
         total.add(mine.row(model.serial))
         for row in rows:
             total.add(row)
@@ -289,7 +321,13 @@ class StatsRegistry:
         stats = self._stats.get(model)
         if stats is None:
             self.prune()
-            stats = self._stats[model] = ModelStats(model.name, model.version)
+            custom = model.config.histogram_buckets if model.config is not None else None
+            stats = self._stats[model] = ModelStats(
+                model.name,
+                model.version,
+                self.latency.histograms(custom),
+                self.latency.window(),
+            )
         return stats
 
     def rows(self) -> list[StatsRow]:

@@ -67,7 +67,7 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "model_transaction_policy": FieldRule(H, "decoupled: true is refused"),
         "model_repository_agents": FieldRule(R, "repository agents are not run"),
         "response_cache": FieldRule(W, "oipserve has no response cache"),
-        "model_metrics": FieldRule(W, "oipserve exports no per-model metrics"),
+        "model_metrics": FieldRule(H, "histogram buckets per family (docs/metrics.md)"),
     },
     "inference.ModelInput": {
         "name": FieldRule(H, "required"),

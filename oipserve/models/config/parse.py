@@ -33,6 +33,7 @@ from google.protobuf import json_format, text_format
 from oipserve.grpc_generated import model_config_pb2 as mc
 from oipserve.models.config.fields import Review, review
 from oipserve.models.config.json_form import message_json
+from oipserve.models.config.model_metrics import histogram_buckets
 from oipserve.scheduling.policy import BatchPolicy, BatchPolicyError, batch_policy
 from oipserve.wire.datatypes import BY_TRITON
 
@@ -130,6 +131,8 @@ class ModelConfig(msgspec.Struct, frozen=True):
     version_policy: VersionPolicy = VersionPolicy()
     #: Set by a ``dynamic_batching`` block: requests go through the dynamic batcher.
     dynamic_batching: BatchPolicy | None = None
+    #: ``model_metrics``: latency histogram family -> its upper bounds (microseconds).
+    histogram_buckets: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
     #: Given fields oipserve ignores (e.g. "dynamic_batching"); the loader warns about each.
     ignored: tuple[str, ...] = ()
     #: The configuration as given, in Triton's JSON form (integers as numbers).
@@ -287,6 +290,10 @@ def _typed(config: Any) -> ModelConfig:
             )
         except BatchPolicyError as exc:
             raise ModelConfigError(f"dynamic_batching: {exc}") from None
+    try:
+        buckets, unused_metrics = histogram_buckets(config.model_metrics)
+    except ValueError as exc:
+        raise ModelConfigError(str(exc)) from None
     return ModelConfig(
         name=config.name or None,
         platform=config.platform or None,
@@ -299,7 +306,8 @@ def _typed(config: Any) -> ModelConfig:
         default_model_filename=_model_filename(config.default_model_filename) or None,
         version_policy=_version_policy(config),
         dynamic_batching=batching,
-        ignored=tuple(reviewed.ignored),
+        histogram_buckets=buckets,
+        ignored=(*reviewed.ignored, *unused_metrics),
         document=message_json(config),
     )
 

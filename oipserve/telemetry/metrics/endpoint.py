@@ -22,7 +22,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from hardware import InventorySource
 from oipserve.telemetry.metrics.exposition import CONTENT_TYPE, Family, render
-from oipserve.telemetry.metrics.families import cpu_utilization, host_families, model_families
+from oipserve.telemetry.metrics.families import (
+    cpu_utilization,
+    histogram_families,
+    host_families,
+    load_duration_family,
+    model_families,
+    summary_families,
+)
 from oipserve.telemetry.stats import StatsRegistry
 
 log = logging.getLogger("oipserve.metrics")
@@ -56,7 +63,15 @@ class Scraper:
             else:
                 self._host = host_families(inventory, cpu_utilization())
         await self._stats.refresh()
-        models = model_families(stats for _, stats in self._stats.ready())
+        ready = list(self._stats.ready())
+        versions = [stats for _, stats in ready]
+        config = self._stats.latency.config
+        models = model_families(versions, config.counter_latencies)
+        if config.histogram_latencies:
+            models += histogram_families(versions)
+        if config.summary_latencies:
+            models += summary_families(versions, self._stats.latency, time.monotonic_ns())
+        models.append(load_duration_family(model for model, _ in ready))
         text = render([*models, *self._host])
         return text.encode() + generate_latest(self._process)
 

@@ -13,12 +13,17 @@ inventory that ``/v2/hardware`` shows (the fake one under ``--hardware-inventory
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import psutil
 
 from hardware import Inventory
-from oipserve.telemetry.metrics.exposition import Family, Labels, MetricType
+from oipserve.telemetry.latency import HISTOGRAM_FAMILIES, SUMMARY_FAMILIES, LatencyMetrics
+from oipserve.telemetry.metrics.exposition import Family, Labels, MetricType, format_bound
 from oipserve.telemetry.stats import FailureReason, ModelStats
+
+if TYPE_CHECKING:
+    from oipserve.models.registry import ModelVersion
 
 #: (name, type, help) of the per-model families, in the order they are rendered.
 _MODEL_FAMILIES: tuple[tuple[str, MetricType, str], ...] = (
@@ -76,8 +81,29 @@ _MODEL_FAMILIES: tuple[tuple[str, MetricType, str], ...] = (
 )
 
 
-def model_families(versions: Iterable[ModelStats]) -> list[Family]:
-    """Triton's per-model counters and pending gauge for every version given."""
+#: The five ``*_duration_us`` counters (``--metrics-config counter_latencies=false`` drops them).
+_DURATION_COUNTERS = frozenset(name for name, _, _ in _MODEL_FAMILIES if name.endswith("_us"))
+
+#: Help texts of the histograms (core PR #474's) and summaries (Triton's), by phase.
+_HISTOGRAM_HELP = (
+    "Histogram of end-to-end inference request duration in microseconds",
+    "Histogram of inference queuing duration in microseconds",
+    "Histogram of compute input duration in microseconds",
+    "Histogram of compute inference duration in microseconds",
+    "Histogram of compute output duration in microseconds",
+)
+_SUMMARY_HELP = (
+    "Summary of inference request duration in microseconds (includes cached requests)",
+    "Summary of inference queuing duration in microseconds (includes cached requests)",
+    "Summary of compute input duration in microseconds (does not include cached requests)",
+    "Summary of compute inference duration in microseconds (does not include cached requests)",
+    "Summary of compute output duration in microseconds (does not include cached requests)",
+)
+
+
+def model_families(versions: Iterable[ModelStats], counters: bool = True) -> list[Family]:
+    """Triton's per-model counters and pending gauge for every version given (without
+    the ``*_duration_us`` counters when ``counters`` is false)."""
     families = [Family(name, kind, text) for name, kind, text in _MODEL_FAMILIES]
     (
         success,
@@ -104,7 +130,68 @@ def model_families(versions: Iterable[ModelStats]) -> list[Family]:
         infer_us.add(labels, stats.infer_ns // 1000)
         output_us.add(labels, stats.output_ns // 1000)
         pending.add(labels, stats.pending)
+    if not counters:
+        return [f for f in families if f.name not in _DURATION_COUNTERS]
     return families
+
+
+def _sums(stats: ModelStats) -> tuple[int, ...]:
+    """Cumulative ns of the five phases, in ``HISTOGRAM_FAMILIES`` order."""
+    return (stats.success_ns, stats.queue_ns, stats.input_ns, stats.infer_ns, stats.output_ns)
+
+
+def histogram_families(versions: Iterable[ModelStats]) -> list[Family]:
+    """The five latency histograms of the versions that record them (cumulative buckets;
+    ``_sum`` and ``_count`` are the counters': every success is observed)."""
+    families = [
+        Family(name, "histogram", text)
+        for name, text in zip(HISTOGRAM_FAMILIES, _HISTOGRAM_HELP, strict=True)
+    ]
+    for stats in versions:
+        if stats.histograms is None:
+            continue
+        labels: Labels = (("model", stats.name), ("version", stats.version))
+        histograms = stats.histograms
+        for family, bounds, counts, total_ns in zip(
+            families, histograms.bounds, histograms.counts, _sums(stats), strict=True
+        ):
+            running = 0
+            for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+                running += count
+                family.add((*labels, ("le", format_bound(bound))), running, "_bucket")
+            family.add(labels, total_ns // 1000, "_sum")
+            family.add(labels, stats.success_count, "_count")
+    return families
+
+
+def summary_families(
+    versions: Iterable[ModelStats], latency: LatencyMetrics, now: int
+) -> list[Family]:
+    """The five latency summaries of the versions that record them: the configured
+    quantiles over the window ending at ``now`` (``monotonic_ns``), cumulative sum, count."""
+    families = [
+        Family(name, "summary", text)
+        for name, text in zip(SUMMARY_FAMILIES, _SUMMARY_HELP, strict=True)
+    ]
+    for stats in versions:
+        if stats.window is None:
+            continue
+        labels: Labels = (("model", stats.name), ("version", stats.version))
+        found = stats.window.quantiles(now, latency.quantiles)
+        for family, values, total_ns in zip(families, found, _sums(stats), strict=True):
+            for quantile, value in zip(latency.quantiles, values, strict=True):
+                family.add((*labels, ("quantile", format_bound(quantile))), value)
+            family.add(labels, total_ns // 1000, "_sum")
+            family.add(labels, stats.success_count, "_count")
+    return families
+
+
+def load_duration_family(models: Iterable[ModelVersion]) -> Family:
+    """``nv_model_load_duration_secs``: how long each version took to load (Triton's gauge)."""
+    family = Family("nv_model_load_duration_secs", "gauge", "Model load time in seconds")
+    for model in models:
+        family.add((("model", model.name), ("version", model.version)), model.load_seconds)
+    return family
 
 
 def host_families(inventory: Inventory, cpu_utilization: float) -> list[Family]:
