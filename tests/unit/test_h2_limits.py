@@ -26,6 +26,7 @@ from oipserve.front.grpc.h2.frames import (
     Frame,
     Setting,
     frame,
+    rst_stream,
     settings_frame,
     window_update,
 )
@@ -192,16 +193,97 @@ async def test_a_short_priority_is_a_stream_error_and_one_on_an_idle_stream_is_i
 
 
 async def test_headers_on_a_lower_stream_id_are_answered() -> None:
-    """A reused id is refused, never dropped in silence (the client waited forever)."""
+    """Never dropped in silence (the client waited forever), and as RFC 9113 says
+    (h2spec http2/5.1.1/2, 5.1/9, 5.1/12, 8.1/1): an id the client skipped, or one
+    reused without END_STREAM, ends the connection (PROTOCOL_ERROR); trailers after the
+    client's own reset are a stream error, after both sides ended the stream a connection
+    error (STREAM_CLOSED); a second request on an open stream's id is malformed."""
     peer = _opened(Peer())
     peer.send(peer.headers(3) + peer.headers(1, END_HEADERS | END_STREAM))
-    assert _resets(await peer.written()) == {1: ErrorCode.STREAM_CLOSED}
-    assert 1 not in peer.streams and not peer.transport.closed
-    peer.send(peer.headers(3))  # a second request on an open stream's id
     assert _goaway(peer) == ErrorCode.PROTOCOL_ERROR
     peer = _opened(Peer())
     peer.send(peer.headers(5) + peer.headers(3))
     assert _goaway(peer) == ErrorCode.PROTOCOL_ERROR
+    peer = _opened(Peer())
+    peer.send(peer.headers(1) + rst_stream(1, ErrorCode.CANCEL))
+    peer.send(peer.headers(1, END_HEADERS | END_STREAM))
+    assert _resets(await peer.written()) == {1: ErrorCode.STREAM_CLOSED}
+    peer.send(peer.headers(3))
+    peer.send(peer.headers(3))  # a second request on an open stream's id
+    assert _resets(await peer.written()) == {3: ErrorCode.PROTOCOL_ERROR}
+    assert peer.streams[3].was_reset and not peer.transport.closed
+    peer.send(peer.headers(5, END_HEADERS | END_STREAM))
+    peer.connection.send_headers(5, b"", end_stream=True)  # answered: closed both ways
+    await peer.written()
+    peer.send(peer.headers(5, END_HEADERS | END_STREAM))
+    assert _goaway(peer) == ErrorCode.STREAM_CLOSED
+
+
+async def test_data_on_a_closed_stream_is_stream_closed_unless_we_reset_it() -> None:
+    """RFC 9113, 5.1 (h2spec http2/5.1/5, 5.1/8, 5.1/11): DATA after the client ended or
+    reset a stream is a stream error, STREAM_CLOSED (it used to be dropped in silence);
+    DATA on a stream this side reset is ignored, as the client may have sent it before
+    it heard."""
+    peer = _opened(Peer())
+    peer.send(peer.headers(1, END_HEADERS | END_STREAM))
+    peer.connection.send_headers(1, b"", end_stream=True)
+    peer.send(peer.headers(3) + rst_stream(3, ErrorCode.CANCEL))
+    await peer.written()
+    peer.send(frame(Frame.DATA, END_STREAM, 1, b"late") + frame(Frame.DATA, 0, 3, b"late"))
+    assert _resets(await peer.written()) == {1: ErrorCode.STREAM_CLOSED, 3: ErrorCode.STREAM_CLOSED}
+    peer.send(peer.headers(5))
+    peer.connection.reset_stream(5, ErrorCode.CANCEL)
+    await peer.written()
+    peer.send(frame(Frame.DATA, 0, 5, b"in flight") + peer.headers(5, END_HEADERS | END_STREAM))
+    peer.send(frame(Frame.DATA, 0, 1, b"again"))  # answered once: ignored since
+    assert await peer.written() == [] and not peer.transport.closed
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["open", "idle"])
+async def test_a_stream_depending_on_itself_is_a_stream_error(idle: bool) -> None:
+    """RFC 9113, 5.3.1 (h2spec http2/5.3.1/1, 5.3.1/2): on HEADERS, no call starts; on
+    PRIORITY, the stream is reset, or the connection ends for an idle one (no RST_STREAM
+    on an idle stream, 6.4)."""
+    peer = _opened(Peer())
+    if idle:
+        peer.send(frame(Frame.PRIORITY, 0, 1, struct.pack(">IB", 1, 255)))
+        assert _goaway(peer) == ErrorCode.PROTOCOL_ERROR
+        return
+    block = peer.encoder.encode([(":method", "POST"), (":path", "/s/M")])
+    priority = struct.pack(">IB", 1, 255)
+    peer.send(frame(Frame.HEADERS, END_HEADERS | 0x20, 1, priority + block))
+    assert _resets(await peer.written()) == {1: ErrorCode.PROTOCOL_ERROR}
+    assert 1 not in peer.streams
+    peer.send(peer.headers(3) + frame(Frame.PRIORITY, 0, 3, struct.pack(">IB", 3, 255)))
+    assert _resets(await peer.written()) == {3: ErrorCode.PROTOCOL_ERROR}
+    assert peer.streams[3].was_reset and not peer.transport.closed
+
+
+@pytest.mark.parametrize(
+    ("declared", "data"),
+    [("1", [b"test"]), ("1", [b"test", b""]), ("8", [b"test"]), ("x", [b"test"])],
+    ids=["over", "over-in-two", "short", "no-number"],
+)
+async def test_data_other_than_the_declared_content_length_is_malformed(
+    declared: str, data: list[bytes]
+) -> None:
+    """RFC 9113, 8.1.1 (h2spec http2/8.1.2.6/1-2): a stream error, PROTOCOL_ERROR; the
+    call is reset. A length that matches goes through."""
+    peer = _opened(Peer())
+    block = peer.encoder.encode(
+        [(":method", "POST"), (":path", "/s/M"), ("content-length", declared)]
+    )
+    frames = [frame(Frame.DATA, 0, 1, part) for part in data[:-1]]
+    frames.append(frame(Frame.DATA, END_STREAM, 1, data[-1]))
+    peer.send(frame(Frame.HEADERS, END_HEADERS, 1, block) + b"".join(frames))
+    assert _resets(await peer.written()) == {1: ErrorCode.PROTOCOL_ERROR}
+    assert 1 not in peer.connection.streams and not peer.transport.closed
+    block = peer.encoder.encode([(":method", "POST"), (":path", "/s/M"), ("content-length", "4")])
+    peer.send(
+        frame(Frame.HEADERS, END_HEADERS, 3, block) + frame(Frame.DATA, END_STREAM, 3, b"test")
+    )
+    assert _resets(await peer.written()) == {}
+    assert peer.streams[3].data == b"test" and peer.streams[3].ended
 
 
 # ---- row 4: floods -----------------------------------------------------------------

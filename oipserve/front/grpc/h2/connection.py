@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -56,7 +57,7 @@ from oipserve.front.grpc.h2.frames import (
     settings_frame,
     window_update,
 )
-from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST, HeaderDecoder, Headers
+from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST, NO_LENGTH, HeaderDecoder, Headers
 from oipserve.runtime.http_io import CorkedTransport
 
 log = logging.getLogger("oipserve.grpc")
@@ -82,6 +83,16 @@ MAX_CONTINUATIONS = 16
 #: Entries one SETTINGS frame may carry: RFC 9113 defines 6 (extensions a few more),
 #: and a frame of 256 KiB could hold 43,690.
 MAX_SETTINGS_ENTRIES = 32
+#: Closed streams whose way of closing is remembered (``Connection._closed_streams``), newest
+#: kept: frames the client sent before it heard our RST_STREAM are ignored (RFC 9113,
+#: 5.1), frames after its own are a stream error. Older ones are judged as streams both
+#: sides ended; frames in flight are a round trip's worth, far fewer than this.
+_CLOSED_REMEMBERED = 256
+#: Runs of stream ids a client skipped (so never opened), newest kept: HEADERS on one
+#: is a connection error (5.1.1). Clients number streams one after another.
+_GAPS_REMEMBERED = 16
+#: A header block's flags, past the wire's byte: its PRIORITY names its own stream.
+_SELF_DEPENDENT = 0x100
 #: Frames that cost us work and carry no request (RST_STREAM, PING, SETTINGS, empty
 #: DATA or HEADERS) a client may send per ``FLOOD_INTERVAL`` before a GOAWAY ENHANCE_YOUR_CALM
 #: (RFC 9113, 10.5; rapid reset, CVE-2023-44487): nghttp2's stream-reset budget is a
@@ -165,6 +176,13 @@ class Connection(asyncio.Protocol):
         self._continued_frames = 0
         self._continued_bytes = 0
         self._last_stream = 0
+        #: Closed streams remembered: True where this side reset the stream (frames on it
+        #: are ignored), False where the client did (frames on it: STREAM_CLOSED).
+        self._closed_streams: OrderedDict[int, bool] = OrderedDict()
+        #: Stream ids skipped by the client, as (low, high): those between never opened.
+        self._gaps: list[tuple[int, int]] = []
+        #: Open streams whose request declared its content-length: the bytes still to come.
+        self._declared: dict[int, int] = {}
         #: Receiving: what the peer may still send on the connection, and per open stream
         #: (RFC 9113, 6.9.1); bytes taken or dropped not yet given back to the connection.
         self._recv_window = CONNECTION_WINDOW
@@ -330,6 +348,8 @@ class Connection(asyncio.Protocol):
             self._credit += STREAM_WINDOW - self._recv_windows.pop(stream, STREAM_WINDOW)
             if self._credit >= _CONNECTION_ACK:
                 self._give_back(0)
+            if self._declared:
+                self._declared.pop(stream, None)
         return call
 
     def _data(self, view: memoryview, pos: int) -> int:
@@ -343,12 +363,36 @@ class Connection(asyncio.Protocol):
         if call is None:
             if stream > self._last_stream:
                 raise ProtocolError(f"DATA on idle stream {stream}")
+            if not self._data_left:  # judged once a frame, at its end
+                self._closed_data(stream)
             return pos + take  # a stream already closed: only the connection's window counts
+        if self._declared and stream in self._declared and not self._counted(stream, take):
+            return pos + take
         if take:
             call.data_received(view[pos : pos + take])
         if not self._data_left and self._data_flags & END_STREAM:
             call.end_received()
         return pos + take
+
+    def _closed_data(self, stream: int) -> None:
+        """DATA on a closed stream (RFC 9113, 5.1): ignored where this side reset the
+        stream (the client may have sent it before it heard); else a stream error,
+        STREAM_CLOSED (the client had ended or reset the stream itself)."""
+        if self._closed_streams.get(stream):
+            return
+        self._flood("closed-stream DATA")
+        self._reset(stream, ErrorCode.STREAM_CLOSED)
+
+    def _counted(self, stream: int, take: int) -> bool:
+        """Count DATA against the content-length its request declared (RFC 9113, 8.1.1):
+        more, or less by the stream's end, makes the request malformed (a stream error,
+        and False)."""
+        left = self._declared[stream] - take
+        if left < 0 or (left and not self._data_left and self._data_flags & END_STREAM):
+            self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
+            return False
+        self._declared[stream] = left
+        return True
 
     def _frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
         if kind == Frame.HEADERS or kind == Frame.CONTINUATION:
@@ -443,6 +487,8 @@ class Connection(asyncio.Protocol):
             raise ProtocolError("RST_STREAM on stream 0")
         if stream > self._last_stream:
             raise ProtocolError(f"RST_STREAM on idle stream {stream}")
+        if stream not in self._closed_streams:
+            self._remember(stream, ours=False)
         call = self._forget(stream)
         if call is not None:
             # NOTE: only a reset that cancels a live call is counted (rapid reset); one
@@ -460,15 +506,33 @@ class Connection(asyncio.Protocol):
             if stream > self._last_stream:  # no RST_STREAM on an idle stream (6.4)
                 raise ProtocolError("a PRIORITY of other than 5 bytes", ErrorCode.FRAME_SIZE_ERROR)
             self._stream_error(stream, ErrorCode.FRAME_SIZE_ERROR)
+        elif _U32.unpack_from(payload)[0] & 0x7FFFFFFF == stream:
+            # 5.3.1: a stream cannot depend on itself; a stream error, but never a
+            # RST_STREAM on an idle stream (6.4).
+            if stream > self._last_stream:
+                raise ProtocolError(f"idle stream {stream} depends on itself")
+            self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
 
     def _stream_error(self, stream: int, code: ErrorCode) -> None:
         """RFC 9113, 5.4.2: a RST_STREAM with ``code``; the stream's call, if any, ends
         and gives back what it holds."""
-        self._write(rst_stream(stream, code))
+        self._reset(stream, code)
         call = self._forget(stream)
         if call is not None:
             call.reset()
             self._maybe_close()
+
+    def _reset(self, stream: int, code: ErrorCode) -> None:
+        """A RST_STREAM from this side; the stream is remembered as reset here, so what the
+        client sent before it heard is ignored (RFC 9113, 5.1)."""
+        self._write(rst_stream(stream, code))
+        self._remember(stream, ours=True)
+
+    def _remember(self, stream: int, ours: bool) -> None:
+        closed = self._closed_streams
+        closed[stream] = ours
+        if len(closed) > _CLOSED_REMEMBERED:
+            closed.popitem(last=False)
 
     def _header_frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
         if kind == Frame.CONTINUATION:
@@ -497,6 +561,8 @@ class Connection(asyncio.Protocol):
             if flags & PADDED:
                 start, stop = 1, stop - (payload[0] if stop else 0)
             if flags & PRIORITY_FLAG:
+                if stop - start >= 5 and _U32.unpack_from(payload, start)[0] & 0x7FFFFFFF == stream:
+                    flags |= _SELF_DEPENDENT  # judged once the block is decoded
                 start += 5
             if start > stop:
                 raise ProtocolError("a HEADERS frame shorter than its padding")
@@ -510,18 +576,23 @@ class Connection(asyncio.Protocol):
                 return
         headers = self._headers.decode(block)  # always: it updates the decoder's table
         end_stream = bool(flags & END_STREAM)
+        if flags & _SELF_DEPENDENT:
+            self._depends_on_itself(stream)
+            return
         call = self.streams.get(stream)
         if call is not None:  # trailers from the client
-            if not end_stream:
-                raise ProtocolError("a second header block that does not end the stream")
-            call.end_received()
+            self._trailers(stream, call, headers, end_stream)
             return
         if stream % 2 == 0 or stream <= self._last_stream:
             self._not_new(stream, end_stream)
             return
+        if stream - self._last_stream != 2:
+            self._skipped(stream)
         self._last_stream = stream
         if self.going_away or len(self.streams) >= MAX_STREAMS:
-            self._write(rst_stream(stream, ErrorCode.REFUSED_STREAM))
+            self._reset(stream, ErrorCode.REFUSED_STREAM)
+            return
+        if self._headers.content_length != NO_LENGTH and not self._declare(stream, end_stream):
             return
         call = self._new_stream(self, stream)
         call.send_window = self._peer_stream_window
@@ -530,19 +601,72 @@ class Connection(asyncio.Protocol):
         call.headers_received(headers, end_stream)
 
     def _not_new(self, stream: int, end_stream: bool) -> None:
-        """HEADERS on no open stream that open none (RFC 9113, 5.1.1, 5.1).
+        """HEADERS on no open stream that open none (RFC 9113, 5.1.1, 5.1): never
+        dropped in silence (a client waited forever).
 
-        An even id, or a lower one without END_STREAM (a reused id: trailers always end
-        the stream), ends the connection. Trailers on a stream closed already (say, one
-        we reset) get RST_STREAM STREAM_CLOSED: a client that reused the id hears so
-        instead of waiting forever.
+        An even id, or a lower one never opened (the client skipped it), ends the
+        connection (PROTOCOL_ERROR), as does one without END_STREAM (a reused id:
+        trailers always end the stream). On a stream this side reset the block is
+        ignored (sent before the client heard); after the client's own RST_STREAM it is
+        a stream error, STREAM_CLOSED; on a stream both sides ended (or closed long ago),
+        a connection error, STREAM_CLOSED.
         """
         if stream % 2 == 0:
             raise ProtocolError(f"a client stream with an even id ({stream})")
+        if any(low < stream < high for low, high in self._gaps):
+            raise ProtocolError(f"HEADERS on stream {stream}, below one already opened")
+        ours = self._closed_streams.get(stream)
+        if ours:
+            return
         if not end_stream:
             raise ProtocolError(f"HEADERS reusing stream id {stream}")
+        if ours is None:
+            raise ProtocolError(f"HEADERS on closed stream {stream}", ErrorCode.STREAM_CLOSED)
         self._flood("closed-stream HEADERS")
-        self._write(rst_stream(stream, ErrorCode.STREAM_CLOSED))
+        self._reset(stream, ErrorCode.STREAM_CLOSED)
+
+    def _skipped(self, stream: int) -> None:
+        """``stream`` opens past the next id: those between were never opened and are
+        closed now (RFC 9113, 5.1.1); remembered for ``_not_new``."""
+        if stream - self._last_stream != 2 and (self._last_stream or stream != 1):
+            self._gaps.append((self._last_stream, stream))
+            if len(self._gaps) > _GAPS_REMEMBERED:
+                del self._gaps[0]
+
+    def _depends_on_itself(self, stream: int) -> None:
+        """A header block whose priority names its own stream (RFC 9113, 5.3.1): a stream
+        error, PROTOCOL_ERROR; a new stream's id is used up and no call starts."""
+        if stream % 2 == 0:
+            raise ProtocolError(f"a client stream with an even id ({stream})")
+        if stream > self._last_stream:
+            self._skipped(stream)
+            self._last_stream = stream
+        self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
+
+    def _trailers(self, stream: int, call: Stream, headers: Headers, end_stream: bool) -> None:
+        """The client's trailers (RFC 9113, 8.1): they end the stream and carry no
+        pseudo-header, and the content-length declared (if any) came whole; else the
+        request is malformed, a stream error."""
+        if (
+            not end_stream
+            or any(name[:1] == ":" for name, _ in headers)
+            or self._declared.get(stream, 0)
+        ):
+            self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
+            return
+        call.end_received()
+
+    def _declare(self, stream: int, end_stream: bool) -> bool:
+        """A new stream's request declared its content-length (RFC 9113, 8.1.1): the DATA
+        to come is counted against it. A length that is no number, or one the stream
+        ended short of, is malformed: a stream error, no call, and False."""
+        length = self._headers.content_length
+        if length < 0 or (end_stream and length):
+            self._reset(stream, ErrorCode.PROTOCOL_ERROR)
+            return False
+        if not end_stream:
+            self._declared[stream] = length
+        return True
 
     def _settings(self, payload: memoryview) -> None:
         """Apply a SETTINGS frame's entries (RFC 9113, 6.5.2).
@@ -690,7 +814,7 @@ class Connection(asyncio.Protocol):
 
     def reset_stream(self, stream: int, code: ErrorCode) -> None:
         """End a stream from this side (the call, if any, is not told)."""
-        self._write(rst_stream(stream, code))
+        self._reset(stream, code)
         self.finished(stream)
 
     def finished(self, stream: int) -> None:
@@ -699,6 +823,8 @@ class Connection(asyncio.Protocol):
             self._credit += STREAM_WINDOW - self._recv_windows.pop(stream, STREAM_WINDOW)
             if self._credit >= _CONNECTION_ACK:
                 self._give_back(0)
+            if self._declared:
+                self._declared.pop(stream, None)
             self._maybe_close()
 
     def go_away(self) -> None:

@@ -12,6 +12,10 @@ The cache is bounded in decoded bytes too (``_CACHED_BYTES``), not only in block
 block of a few index bytes may stand for a 4 KB header, and 64 such blocks held ~4 MB
 per connection (issue 37). A gRPC call's header list is a few hundred bytes, so the
 bound costs the calls that the cache is for nothing.
+
+Each block's ``content-length`` (RFC 9113, 8.1.1), which gRPC clients never send, is
+read once, when the block is decoded, and cached with it: the connection checks DATA
+against it without reading a call's headers again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ _CACHED_BYTES = 32 * 1024
 MAX_HEADER_LIST = 64 * 1024
 
 Headers = tuple[tuple[str, str], ...]
+#: ``HeaderDecoder.content_length`` of a block without one, and of one whose value is no
+#: length (a malformed request).
+NO_LENGTH = -1
+BAD_LENGTH = -2
 
 #: hpack's ``maxsize`` property object, from the class's namespace: mypy does not type
 #: ``HeaderTable.maxsize`` (a property read from its class) as one.
@@ -60,7 +68,7 @@ class _CountingTable(HeaderTable):
 class HeaderDecoder:
     """Decodes one connection's header blocks, in the order they arrive."""
 
-    __slots__ = ("_decoder", "_table", "_cache", "_cached_at", "_cached_bytes")
+    __slots__ = ("_decoder", "_table", "_cache", "_cached_at", "_cached_bytes", "content_length")
 
     def __init__(self) -> None:
         self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
@@ -68,9 +76,11 @@ class HeaderDecoder:
         # NOTE: ``header_table`` is the attribute hpack's decoder reads and writes;
         #   tests/unit/test_grpc_h2.py fails if a new hpack renames it.
         self._decoder.header_table = self._table
-        self._cache: dict[bytes, Headers] = {}
+        self._cache: dict[bytes, tuple[Headers, int]] = {}
         self._cached_at = 0
         self._cached_bytes = 0
+        #: The last decoded block's content-length: ``NO_LENGTH``, ``BAD_LENGTH`` or bytes.
+        self.content_length = NO_LENGTH
 
     def decode(self, block: bytes) -> Headers:
         changes = self._table.changes
@@ -78,14 +88,16 @@ class HeaderDecoder:
             self._cache.clear()
             self._cached_bytes = 0
             self._cached_at = changes
-        headers = self._cache.get(block)
-        if headers is not None:
+        cached = self._cache.get(block)
+        if cached is not None:
+            headers, self.content_length = cached
             return headers
         try:
             # hpack types decode() as giving bytes pairs; without raw=True they are str.
             headers = tuple(self._decoder.decode(block))  # type: ignore[arg-type]
         except (HPACKError, UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"bad header block: {exc}", ErrorCode.COMPRESSION_ERROR) from None
+        self.content_length = _content_length(headers)
         if self._table.changes == changes:
             self._remember(block, headers)
         return headers
@@ -98,5 +110,19 @@ class HeaderDecoder:
         if len(self._cache) >= _CACHED_BLOCKS or self._cached_bytes + size > _CACHED_BYTES:
             self._cache.clear()
             self._cached_bytes = 0
-        self._cache[block] = headers
+        self._cache[block] = (headers, self.content_length)
         self._cached_bytes += size
+
+
+def _content_length(headers: Headers) -> int:
+    """A header list's content-length: ``NO_LENGTH`` without one; ``BAD_LENGTH`` if it is
+    no decimal number, or given twice with different values (RFC 9110, 8.6)."""
+    found = NO_LENGTH
+    for name, value in headers:
+        if name == "content-length":
+            if not value.isdigit() or not value.isascii():
+                return BAD_LENGTH
+            if found not in (NO_LENGTH, int(value)):
+                return BAD_LENGTH
+            found = int(value)
+    return found
