@@ -34,7 +34,7 @@ from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.models.config.parse import ConfigLimits
 from oipserve.models.manager import ModelManager
 from oipserve.models.registry import ModelRegistry
-from oipserve.models.repository import RepositoryError, check_repository, layout_warnings
+from oipserve.models.repository import Repository, RepositoryError
 from oipserve.pool.handle import WorkerHandle
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.request.client_regions import ClientRegions, cuda_refusal
@@ -133,14 +133,14 @@ def prepare(settings: Settings) -> tuple[Sites, StartupPlan]:
 
 
 def _read_plan(settings: Settings) -> StartupPlan:
-    root = Path(settings.model_repository)
-    check_repository(root)
+    repository = Repository(Path(settings.model_repository), settings.model_name)
+    repository.check()
     _check_ready_file(settings.ready_file)
     inventory_source = make_inventory_source(settings.hardware_inventory)
     inventory = inventory_source.read()
     devices = parse_devices(inventory, settings.devices)
-    models = startup_models(settings.model_control_mode, settings.load_model, root)
-    _check_layout(root, settings.exit_on_error)
+    models = startup_models(settings.model_control_mode, settings.load_model, repository)
+    _check_layout(repository, settings.exit_on_error)
     return StartupPlan(inventory_source, inventory, devices, models)
 
 
@@ -167,9 +167,12 @@ def _check_ready_file(path: str | None) -> None:
         raise StartupError(f"--ready-file {path}: its directory does not exist")
 
 
-def _check_layout(root: Path, exit_on_error: bool) -> None:
-    """Warn, loudly and whatever --log-level says, about a repository that serves nothing."""
-    warnings = layout_warnings(root)
+def _check_layout(repository: Repository, exit_on_error: bool) -> None:
+    """Warn, loudly and whatever --log-level says, about a repository that serves nothing
+    (and say how --model-name applies to it)."""
+    for note in repository.layout_notes():
+        status_log.warning("%s", note)
+    warnings = repository.layout_warnings()
     for warning in warnings:
         status_log.warning("%s", warning)
     if warnings and exit_on_error:
@@ -265,7 +268,7 @@ class Server:
         """The model manager (loads on workers) and the management APIs over it."""
         root = Path(self.settings.model_repository)
         manager = ModelManager(
-            root,
+            Repository(root, self.settings.model_name),
             self.pool,
             self.registry,
             self.plan.inventory.simulate_gpu_sessions,

@@ -34,6 +34,11 @@ GRPC_PROCESSES_DEPRECATED = (
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model_repository: str
+    #: A repository that is one model (a bare model.onnx, a model's own directory, or a
+    #: single model directory) is served under this name; KServe's runtime passes the
+    #: InferenceService's name (``oipserve.models.repository.Repository``, docs/deploy.md).
+    #: A name a model directory could have (``_check_model_name``).
+    model_name: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] | None = None
     host: str = "127.0.0.1"
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8001
@@ -209,6 +214,13 @@ def _parser() -> argparse.ArgumentParser:
         "--model-repository",
         metavar="DIR",
         help="the model repository, laid out as DIR/<model>/<version>/model.onnx (required)",
+    )
+    serve.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="serve a repository that is one model (DIR/model.onnx, DIR/<version>/model.onnx "
+        "or a single model directory) as model NAME; KServe passes {{.Name}}, the "
+        "InferenceService's name. A repository of several models is served as usual",
     )
     serve.add_argument("--host", help="address the HTTP, gRPC and metrics ports listen on")
     serve.add_argument("--http-port", metavar="PORT", help="HTTP/REST port; 0 picks a free port")
@@ -482,6 +494,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
     _check_load_model(settings)
+    _check_model_name(settings.model_name)
     if settings.http_workers > 1 and not settings.allow_http:
         raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
@@ -506,6 +519,15 @@ def _check_load_model(settings: Settings) -> None:
         )
     if "*" in settings.load_model and len(settings.load_model) > 1:
         raise SettingsError("--load-model '*' (all models) must be the only --load-model")
+
+
+def _check_model_name(name: str | None) -> None:
+    """--model-name is the name of a model: one the repository API could load (no path)."""
+    if name is not None and (name in (".", "..") or any(c in name for c in "/\\\0")):
+        raise SettingsError(
+            f"--model-name (or OIPSERVE_MODEL_NAME) {name!r} is not a model name: it must not "
+            "contain '/', '\\' or NUL, nor be '.' or '..'"
+        )
 
 
 def _restrictions(name: str, given: str | list[str], grpc: bool) -> list[Restriction]:

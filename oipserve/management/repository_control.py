@@ -17,7 +17,7 @@ from oipserve.errors import Unavailable
 from oipserve.management.load_override import LoadOverride, check_model_name, failed_to_load
 from oipserve.models.manager import ModelManager
 from oipserve.models.registry import ModelRegistry
-from oipserve.models.repository import RepositoryError, list_models, read_model
+from oipserve.models.repository import Repository, RepositoryError
 
 
 class RepositoryControl:
@@ -37,7 +37,7 @@ class RepositoryControl:
 
     def _names(self) -> list[str]:
         try:
-            return list_models(self.root)
+            return self.manager.repository.names()
         except RepositoryError as exc:
             raise Unavailable(str(exc)) from None
 
@@ -63,7 +63,7 @@ class RepositoryControl:
                 entries.append({"name": name})
                 continue
             why = failure or "unloaded"
-            source = read_model(self.root, name)
+            source = self.manager.repository.read(name)
             for version in list(source.versions) or [""]:
                 entries.append(
                     {"name": name, "version": version, "state": "UNAVAILABLE", "reason": why}
@@ -112,14 +112,16 @@ class RepositoryControl:
         )
 
 
-def startup_models(mode: str, load_model: tuple[str, ...], root: Path) -> list[str]:
+def startup_models(mode: str, load_model: tuple[str, ...], root: Path | Repository) -> list[str]:
     """Models to load at start: all in mode "none", the --load-model ones in "explicit"."""
-    names = list_models(root)
+    repository = root if isinstance(root, Repository) else Repository(root)
+    names = repository.names()
     if mode == "none" or "*" in load_model:
         return names
     missing = [n for n in load_model if n not in names]
     if missing:
         raise RepositoryError(
-            f"--load-model names {', '.join(missing)}, not in the model repository {root}"
+            f"--load-model names {', '.join(missing)}, not in the model repository "
+            f"{repository.root}"
         )
     return list(dict.fromkeys(load_model))

@@ -18,7 +18,7 @@ from oipserve.models.config.parse import ConfigLimits, ModelConfig, ModelConfigE
 from oipserve.models.config.session_options import session_options
 from oipserve.models.metadata import MetadataConflict, merge_metadata
 from oipserve.models.registry import ModelRegistry, ModelVersion
-from oipserve.models.repository import ModelSource, read_model
+from oipserve.models.repository import ModelSource, Repository, read_model
 from oipserve.models.uploads import UploadArea, UploadError, UploadFiles
 from oipserve.pool.handle import WorkerHandle, own_handle
 from oipserve.pool.link import WorkerLink
@@ -43,14 +43,16 @@ class ModelManager:
 
     def __init__(
         self,
-        root: Path,
+        root: Path | Repository,
         pool: WorkerPool,
         registry: ModelRegistry,
         simulate_devices: bool = False,
         start_cpu_workers: Callable[[], Awaitable[list[WorkerHandle]]] | None = None,
         config_limits: ConfigLimits | None = None,
     ) -> None:
-        self.root = root
+        #: The repository, and the names its models are served under (``--model-name``).
+        self.repository = root if isinstance(root, Repository) else Repository(root)
+        self.root = self.repository.root
         #: The operator's bounds on configuration numbers (``--max-priority-levels``).
         self.config_limits = config_limits or ConfigLimits()
         self.pool = pool
@@ -204,7 +206,10 @@ class ModelManager:
     ) -> str | None:
         self.registry.loading.add(name)
         try:
-            source = read_model(place or self.root, name, config)
+            if place is None:
+                source = self.repository.read(name, config)
+            else:
+                source = read_model(place, name, config)
             reason = await self._load_source(source, timeout)
         finally:
             self.registry.loading.discard(name)
@@ -268,7 +273,11 @@ class ModelManager:
         self.registry.unloaded.discard(name)
         await self._tell_changed()  # the other fronts get the new versions before the old go
         old_place = self.upload_of.pop(name, None)
-        if source.directory.parent != self.root:
+        # NOTE: by where the files are, not by "not in the repository": a model served
+        #   as --model-name is the repository itself (or one directory of it), whose parent
+        #   must never be removed as if it were an upload.
+        uploads = self.uploads.root
+        if uploads is not None and source.directory.is_relative_to(uploads):
             self.upload_of[name] = source.directory.parent
         # Shielded: once swapped, the old versions are unloaded even if this call is
         # cancelled (their sessions would otherwise stay in the workers).

@@ -9,8 +9,11 @@ liveness and startup probe paths and ports, and their metrics annotation, are th
 on the ports the server reports. The InferenceServices are checked against the runtime
 they name, and their declared ports probed on that runtime's running server. A manifest
 that drifts from the CLI (a renamed flag, a probe on the wrong port or path, a metrics
-port the server does not serve) fails here. deploy/place-worker.sh is run against a
-server with a fake two-GPU inventory.
+port the server does not serve) fails here. Each runtime's args also run on what KServe's
+storage initializer leaves at /mnt/models for a bucket of one model (a bare model.onnx,
+with and without config.pbtxt; a one-model Triton repository whose directory has another
+name), and the model is inferred as the InferenceService's name with tritonclient.
+deploy/place-worker.sh is run against a server with a fake two-GPU inventory.
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from oipserve.config.settings import Settings, load_settings
-from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
+from tests.support.deploy import (
+    KSERVE_TRITONSERVER_ARGS,
+    fingerprint,
+    infer_simple_grpc,
+    infer_simple_http,
+    read_only,
+    write_kserve_layout,
+)
 from tests.support.server import ROOT, SAMPLE_REPOSITORY, ServerProcess
 
 DEPLOY = ROOT / "deploy"
@@ -241,8 +251,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("mnt") / "models"
     for name in ("simple", "identity_fp32"):
         shutil.copytree(SAMPLE_REPOSITORY / name, root / name)
-    for path in [root, *root.rglob("*")]:
-        path.chmod(path.stat().st_mode & 0o555)
+    read_only(root)
     before = fingerprint(root)
     yield root
     assert fingerprint(root) == before, "a server wrote into the model repository"
@@ -269,6 +278,9 @@ def check_runtime_structure(runtime: dict[str, Any]) -> dict[str, Any]:
     assert "lifecycle" not in container, "Knative refuses lifecycle on the user container"
     for port in container.get("ports", []):
         only_known("port", port, PORT_FIELDS)
+    # The InferenceService's name, so a bucket of one model answers as it (KServe's
+    # ReplacePlaceholders fills {{.Name}} in args, as for its own sklearn and mlserver).
+    assert "--model-name={{.Name}}" in container["args"]
     assert container["readinessProbe"]["httpGet"]["path"] == HEALTH_READY
     assert container["livenessProbe"]["httpGet"]["path"] == HEALTH_LIVE
     startup = container["startupProbe"]
@@ -331,6 +343,33 @@ def test_runtime_args_start_the_server_its_probes_and_metrics_describe(
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{running.local(settings.grpc_port)}")
     assert client.is_server_ready() and client.is_model_ready("simple")
     client.close()
+
+
+@pytest.mark.parametrize("layout", ["bare", "bare-config", "single-dir"])
+@pytest.mark.parametrize("name", sorted(runtimes()))
+def test_runtime_args_serve_a_bucket_of_one_model_as_the_inference_service(
+    name: str, layout: str, tmp_path: Path
+) -> None:
+    root = write_kserve_layout(tmp_path / "mnt" / "models", layout, "unused")
+    read_only(root)
+    before = fingerprint(root)
+    container = check_runtime_structure(runtimes()[name])
+    args = [render(a, ISVC_META) for a in container["args"]]
+    env = {e["name"]: render(e["value"], ISVC_META) for e in container.get("env", [])}
+    running = start(localise(args, env, KSERVE_MODEL_DIR, root))
+    try:
+        isvc = ISVC_META["name"]
+        for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+            probe(running, container[kind], {})
+        # tritonclient posts to /v2/models/densenet-onnx/infer (and gRPC ModelInfer).
+        http_port = running.local(running.settings.http_port)
+        metadata = infer_simple_http(f"127.0.0.1:{http_port}", isvc)
+        assert metadata["versions"] == ["1"]
+        infer_simple_grpc(f"127.0.0.1:{running.local(running.settings.grpc_port)}", isvc)
+    finally:
+        assert running.srv.stop() == 0, running.srv.log
+        assert "Traceback" not in running.srv.log, running.srv.log
+    assert fingerprint(root) == before, "a server wrote into the model repository"
 
 
 # ---- InferenceServices -----------------------------------------------------------------
