@@ -6,6 +6,7 @@ import socket
 
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
+from oipserve.front.grpc.keepalive import ConnectionLimits
 from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
 from oipserve.front.grpc.service import InferenceService
@@ -28,7 +29,11 @@ async def start_grpc(
     """
     service = InferenceService(dataplane, management)
     # NOTE: a gRPC connection's preface has the HTTP port's time for a request head.
-    own = H2Server(in_front_table(settings, service, dataplane), settings.header_timeout)
+    own = H2Server(
+        in_front_table(settings, service, dataplane),
+        settings.header_timeout,
+        ConnectionLimits.of(settings),
+    )
     port = await own.serve(settings.host, settings.grpc_port, reuse_port=private is not None)
     if private is not None:
         await own.serve_unix(private)

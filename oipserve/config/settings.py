@@ -52,6 +52,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
+    #: Triton's flags, in milliseconds as Triton takes them: a gRPC connection the client
+    #: has sent nothing on for ``grpc_keepalive_time`` gets a PING, and is closed when nothing
+    #: comes back within ``grpc_keepalive_timeout`` (``front.grpc.keepalive``).
+    grpc_keepalive_time: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 7_200_000
+    grpc_keepalive_timeout: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 20_000
+    #: Milliseconds a gRPC connection may go without a call before it is sent GOAWAY
+    #: (NO_ERROR; clients reconnect when they next call) and closed; 0 never (grpc's default).
+    grpc_max_connection_idle: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] = 300_000
+    #: gRPC connections one front holds at once; past it a new one is closed at once (its
+    #: client's call fails UNAVAILABLE). 0: half the process's descriptor limit, at most 10,000.
+    grpc_max_connections: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
     #: Deprecated, does nothing (``GRPC_PROCESSES_DEPRECATED``); "auto" is read as 0. Still
     #: accepted, with its old bounds, for one release: remove it in the next one.
     grpc_processes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
@@ -232,7 +243,38 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-metrics", metavar="true|false", help="serve /metrics on --metrics-port"
     )
     serve.add_argument(
+        "--metrics-config",
+        metavar="KEY=VALUE",
+        action="append",
+        help="Triton's flag (repeatable): histogram_latencies=true, summary_latencies=true, "
+        "summary_quantiles=Q:E,..., summary_max_age=SECONDS, counter_latencies=false; the "
+        "environment separates items with ';'",
+    )
+    serve.add_argument(
         "--grpc-max-message-bytes", metavar="N", help="largest gRPC message, either way"
+    )
+    serve.add_argument(
+        "--grpc-keepalive-time",
+        metavar="MS",
+        help="Triton's flag: a gRPC connection silent this long (milliseconds) gets a PING",
+    )
+    serve.add_argument(
+        "--grpc-keepalive-timeout",
+        metavar="MS",
+        help="Triton's flag: a keepalive PING unanswered this long (milliseconds) closes "
+        "the connection",
+    )
+    serve.add_argument(
+        "--grpc-max-connection-idle",
+        metavar="MS",
+        help="a gRPC connection without a call this long (milliseconds) is sent GOAWAY and "
+        "closed; 0 never",
+    )
+    serve.add_argument(
+        "--grpc-max-connections",
+        metavar="N",
+        help="gRPC connections one front holds at once; past it new ones are refused; 0: "
+        "half the descriptor limit (RLIMIT_NOFILE), at most 10000",
     )
     serve.add_argument(
         "--grpc-processes",
@@ -257,14 +299,6 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
         help="least severe level logged (the ready/not-ready summary is always logged)",
-    )
-    serve.add_argument(
-        "--metrics-config",
-        metavar="KEY=VALUE",
-        action="append",
-        help="Triton's flag (repeatable): histogram_latencies=true, summary_latencies=true, "
-        "summary_quantiles=Q:E,..., summary_max_age=SECONDS, counter_latencies=false; the "
-        "environment separates items with ';'",
     )
     serve.add_argument(
         "--hardware-inventory",

@@ -35,6 +35,7 @@ import uvloop
 from oipserve.config.settings import Settings, configure_logging
 from oipserve.dataplane.plane import DataPlane
 from oipserve.errors import ServerError
+from oipserve.front.grpc.keepalive import ConnectionLimits
 from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
 from oipserve.front.grpc.service import InferenceService
@@ -299,7 +300,7 @@ class Replica:
         self.grpc_forwarder = GrpcForwarder(forward_to)
         service = InferenceService(self.dataplane)
         table = in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder)
-        own = H2Server(table, self.settings.header_timeout)
+        own = H2Server(table, self.settings.header_timeout, ConnectionLimits.of(self.settings))
         await own.serve(self.settings.host, port, reuse_port=True)
         return GrpcServer(own, service)
 

@@ -53,6 +53,9 @@ class FakeTransport:
     def close(self) -> None:
         self.closed = True
 
+    def abort(self) -> None:
+        self.closed = True
+
     def frames(self) -> list[tuple[int, int, int, bytes]]:
         """Everything written so far, as (type, flags, stream, payload); then forgotten."""
         out, pos, data = [], 0, bytes(self.written)
@@ -210,3 +213,15 @@ def grpc_message(payload: bytes) -> bytes:
 def grpc_prefix(length: int) -> bytes:
     """A message's prefix alone, declaring ``length`` bytes to come."""
     return struct.pack(">BI", 0, length)
+
+
+async def until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
+    """Whether ``predicate`` became true within ``timeout`` seconds, polled on the loop
+    (which keeps running the connection's timers meanwhile)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True

@@ -122,7 +122,9 @@ async def test_reset_streams_leave_no_task_or_queue_behind(ending: str) -> None:
     before = len(asyncio.all_tasks())
     streams = range(1, 1000, 2)
     for stream in streams:
+        # NOTE: a message each, which starts the stream's task (HEADERS alone start none).
         peer.send(peer.headers(stream, "ModelStreamInfer"))
+        peer.send(frame(Frame.DATA, 0, stream, grpc_message(b"request")))
     await asyncio.sleep(0.01)
     assert len(asyncio.all_tasks()) >= before + len(streams)  # each stream's, at least
     end = _ENDINGS.get(ending, _connection_lost)

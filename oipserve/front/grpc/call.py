@@ -72,6 +72,13 @@ _QUEUED = 64
 MAX_QUEUED = 4096
 #: Replies up to this size are written at once, without waiting on windows.
 _SMALL_REPLY = 64 * 1024
+#: A larger reply is handed to the connection in steps of this, each counted as taken by
+#: the client once it is sent: a client reading at ``--min-transfer-rate`` (64 KiB/s)
+#: shows progress every 4 s, well within ``--send-timeout``.
+_SEND_STEP = 256 * 1024
+#: Steps sent between two turns of the loop for others (1 MiB, as the connection's own
+#: ``_SEND_SLICE``: its count starts again with every step).
+_STEPS_A_TURN = 4
 
 _OK = grpc.StatusCode.OK.value[0]
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
@@ -87,7 +94,7 @@ class Call:
                  "_metadata", "_timer", "_upload", "_arrived_at", "_deadline_at", "_task",
                  "_done", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
-                 "_lease", "_waiting", "_unacked", "_messages", "_queue")  # fmt: skip
+                 "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -127,7 +134,10 @@ class Call:
         self._unacked = 0
         #: A unary call's whole message: (compressed, message, its lease, mapped).
         self._messages: list[tuple[bool, Any, Lease | None, bool]] = []
-        #: A stream's messages, for its handler to take (None: the client is done).
+        #: A ModelStreamInfer call (its messages go to ``_queue``, not ``_messages``).
+        self._streaming = False
+        #: A stream's messages, for its handler to take (None: the client is done); made,
+        #: and the handler's task started, with its first message (``_start_stream``).
         self._queue: asyncio.Queue[tuple[bool, Any] | None] | None = None
 
     # ---- headers --------------------------------------------------------------------
@@ -168,8 +178,9 @@ class Call:
             self._fail(_UNIMPLEMENTED, f"grpc-encoding {self._encoding!r} is not supported")
             return
         if self._name == STREAM_RPC:
-            self._queue = asyncio.Queue()
-            self._task = asyncio.ensure_future(self._run_stream())
+            # NOTE: no queue and no task until a message comes (``_start_stream``): a
+            #   stream opened and left silent costs its call alone (issue 37, row 4).
+            self._streaming = True
         elif self._name == "ModelInfer":
             self._arrived_at = time.monotonic()
             self._table.arriving.append(self._arrived_at)
@@ -252,22 +263,33 @@ class Call:
 
     def _upload_timer(self) -> None:
         """A message only partly in is bounded in time, as a REST body is: ``--body-timeout``
-        plus a second per ``--min-transfer-rate`` bytes still to come. A prefix declaring a
-        large size, then silence, would otherwise hold its memory until the connection
-        closed. Set only when a message spans reads: a small one arriving whole costs none."""
-        table = self._table
-        seconds = table.body_timeout + self._left / table.min_transfer_rate
-        self._upload = asyncio.get_running_loop().call_later(seconds, self._upload_expired)
+        plus a second per ``--min-transfer-rate`` bytes received meanwhile. A prefix
+        declaring a large size, then silence, would otherwise hold its memory until the
+        connection closed; what is only declared buys no time (a second per 64 KiB still
+        to come gave a 256 MiB prefix 68 minutes). Set only when a message spans reads: a
+        small one arriving whole costs none."""
+        loop = asyncio.get_running_loop()
+        self._upload = loop.call_later(
+            self._table.body_timeout, self._upload_expired, loop.time(), self._left
+        )
 
-    def _upload_expired(self) -> None:
-        """The message did not arrive in time: what it holds goes back, the call ends."""
+    def _upload_expired(self, since: float, left: int) -> None:
+        """The message did not arrive in time (``since``: the timer's start, ``left``: its
+        bytes to come then): what it holds goes back, the call ends."""
         self._upload = None
         if self._done:
             return
         if self._queue is not None and self._queue.qsize() >= _QUEUED:
             self._upload_timer()  # held back by us (its window not given back), not the client
             return
-        if self._task is None:  # unary, not running yet: answered
+        # NOTE: the bytes received are counted here, at the deadline, not per read: a
+        #   message that keeps arriving re-arms its one timer, never one a chunk.
+        table, loop = self._table, asyncio.get_running_loop()
+        until = since + table.body_timeout + (left - max(self._left, 0)) / table.min_transfer_rate
+        if loop.time() < until:
+            self._upload = loop.call_later(until - loop.time(), self._upload_expired, since, left)
+            return
+        if not self._streaming:  # unary, not running yet: answered
             self._release()
             self._fail(_DEADLINE, "the request message did not arrive in time")
         else:  # a stream, its responses perhaps begun: reset (``reset`` releases)
@@ -333,11 +355,11 @@ class Call:
         self._unacked += len(chunk)
         if self._unacked < _STREAM_ACK:
             return
-        if self._queue is None:
+        if not self._streaming:
             # A unary call takes its one message as it arrives; no more comes after it.
             if self._left > len(chunk):
                 self._acknowledge()
-        elif self._queue.qsize() < _QUEUED:
+        elif self._queue is None or self._queue.qsize() < _QUEUED:
             self._acknowledge()  # else once the stream's handler takes its messages
 
     def _acknowledge(self) -> None:
@@ -361,13 +383,14 @@ class Call:
         self._parts = []
         lease, self._lease = self._lease, None
         mapped, self._mapped = self._mapped, False
-        if self._queue is not None:
-            if self._queue.qsize() >= MAX_QUEUED:
+        if self._streaming:
+            queue = self._queue or self._start_stream()
+            if queue.qsize() >= MAX_QUEUED:
                 unmap_off_loop(message)
                 self.reset()
                 self._conn.reset_stream(self._stream, ErrorCode.ENHANCE_YOUR_CALM)
                 return
-            self._queue.put_nowait((self._compressed, message))
+            queue.put_nowait((self._compressed, message))
             return
         self._messages.append((self._compressed, message, lease, mapped))
         if len(self._messages) > 1:
@@ -380,10 +403,24 @@ class Call:
         self._ended = True
         if self._done:
             return
-        if self._queue is not None:
-            self._queue.put_nowait(None)
+        if self._streaming:
+            (self._queue or self._start_stream()).put_nowait(None)
         else:
             self._run_when_whole()
+
+    def _start_stream(self) -> asyncio.Queue[tuple[bool, Any] | None]:
+        """A stream's first message (or its end) came: its queue, and its handler's task."""
+        queue: asyncio.Queue[tuple[bool, Any] | None] = asyncio.Queue()
+        self._queue = queue
+        self._task = asyncio.ensure_future(self._run_stream())
+        return queue
+
+    def shutting_down(self) -> None:
+        """The server stops: a stream whose handler never started (no message came) ends
+        now with OK, as a started one does once ``closing`` is set and it has answered
+        what it read (``streaming.ordered_responses``)."""
+        if self._streaming and self._task is None and not self._done:
+            self._end(_OK, "", False)
 
     def _run_when_whole(self) -> None:
         """Run a unary call whose client is done sending, once its message is whole."""
@@ -520,33 +557,53 @@ class Call:
             prefix = MESSAGE_PREFIX.pack(0, size)
             if size <= _SMALL_REPLY and conn.send_small(self, stream, b"".join([prefix, *parts])):
                 return
-            timer = self._send_timer(size)
+            progress = self._send_timer()
             try:
                 await conn.send_data(self, stream, memoryview(prefix))
                 for part in parts:
-                    await conn.send_data(self, stream, memoryview(part))
+                    await self._send_part(memoryview(part), progress)
                 if any(type(part) is memoryview for part in parts):
                     await conn.sent()  # the transport holds views of them until then
             finally:
-                timer.cancel()
+                progress.timer.cancel()
         finally:
             for part in parts:
                 unmap_off_loop(part)
 
-    def _send_timer(self, size: int) -> asyncio.TimerHandle:
-        """A reply waiting on windows is bounded in time, as a REST response is:
-        ``--send-timeout`` plus a second per ``--min-transfer-rate`` bytes of it. A client
-        that keeps its window closed would otherwise hold the reply (views of a worker's
-        output segment) for the life of its connection. Set only when a reply cannot
-        leave at once: a small one sent whole costs none."""
-        table = self._table
-        seconds = table.send_timeout + size / table.min_transfer_rate
-        return asyncio.get_running_loop().call_later(seconds, self._send_expired)
+    async def _send_part(self, view: memoryview, progress: _Sending) -> None:
+        """One part of a large reply, in steps whose bytes count as taken by the client.
 
-    def _send_expired(self) -> None:
+        NOTE: a coroutine of its own, so that no view of the part outlives it in ``_send``'s
+        frame: ``unmap_off_loop`` there unmaps it in a thread only once nothing views it.
+        """
+        conn, stream = self._conn, self._stream
+        for step, pos in enumerate(range(0, len(view), _SEND_STEP), 1):
+            await conn.send_data(self, stream, view[pos : pos + _SEND_STEP])
+            progress.sent += min(_SEND_STEP, len(view) - pos)
+            if step % _STEPS_A_TURN == 0:
+                await asyncio.sleep(0)
+
+    def _send_timer(self) -> _Sending:
+        """A reply waiting on windows is bounded in time, as a REST response is:
+        ``--send-timeout`` plus a second per ``--min-transfer-rate`` bytes the client has
+        taken of it. A client that keeps its window closed would otherwise hold the reply
+        (views of a worker's output segment) for the life of its connection; its size
+        buys no time (a second per 64 KiB of it held a 200 MB image reply for an hour).
+        Set only when a reply cannot leave at once: a small one sent whole costs none."""
+        loop = asyncio.get_running_loop()
+        progress = _Sending(loop.time())
+        progress.timer = loop.call_later(self._table.send_timeout, self._send_expired, progress)
+        return progress
+
+    def _send_expired(self, progress: _Sending) -> None:
         """The client took too long to read the reply: the stream is reset (CANCEL) and the
         call's task cancelled, which lets go of the reply's memory (``_send``)."""
         if self._done:
+            return
+        table, loop = self._table, asyncio.get_running_loop()
+        until = progress.since + table.send_timeout + progress.sent / table.min_transfer_rate
+        if loop.time() < until:  # it took enough meanwhile: the deadline moves on
+            progress.timer = loop.call_later(until - loop.time(), self._send_expired, progress)
             return
         self.reset()
         self._conn.reset_stream(self._stream, ErrorCode.CANCEL)
@@ -652,3 +709,15 @@ class Call:
             lease.release()
         elif mapped:
             unmap_off_loop(message)
+
+
+class _Sending:
+    """A large reply's progress: when its send began, the bytes the client has taken, and
+    the timer that ends it (``Call._send_timer``)."""
+
+    __slots__ = ("since", "sent", "timer")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.sent = 0
+        self.timer: asyncio.TimerHandle  # set by ``Call._send_timer``, which makes it

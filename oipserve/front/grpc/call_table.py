@@ -63,11 +63,11 @@ class CallTable:
         # NOTE: a compressed message is bounded by this once inflated too, like an HTTP body.
         self.receive_limit = min(settings.grpc_max_message_bytes, settings.max_request_bytes)
         # A message partly in is dropped past this plus a second per ``min_transfer_rate``
-        # bytes still to come (``Call._upload_timer``): the REST body's rule.
+        # bytes received meanwhile (``Call._upload_timer``): the REST body's rule.
         self.body_timeout = settings.body_timeout
         self.min_transfer_rate = settings.min_transfer_rate
         # A reply the client does not take (its window kept closed) is dropped past this
-        # plus a second per ``min_transfer_rate`` bytes of it (``Call._send``).
+        # plus a second per ``min_transfer_rate`` bytes the client took of it (``Call._send``).
         self.send_timeout = settings.send_timeout
         table = by_api(settings.grpc_restricted_protocol)
         #: method name -> (its restriction, the refusal), for restricted methods only.

@@ -6,6 +6,12 @@
 9113, 6.8: clients open new calls elsewhere, and calls sent before they heard it are
 still served), waits up to ``grace`` for those phases and the calls still running, and
 closes what is left.
+
+The public port's connections are bounded (``front.grpc.keepalive``): at most
+``max_connections`` at once (past it a new one is refused and closed at once, the open
+ones kept), and each is watched for idleness and silence by one timer of its own. The
+private socket's connections (the other fronts' forwarded calls) are neither counted
+nor watched.
 """
 
 from __future__ import annotations
@@ -16,24 +22,68 @@ import socket
 from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
+from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
 
 _POLL_SECONDS = 0.02
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past the cap: closed at once, nothing written and nothing read.
+
+    NOTE: no SETTINGS and GOAWAY first: grpc core, having read the server's SETTINGS,
+    takes the connection as made and retries the call on a new one for as long as its
+    deadline allows (a call without one hung); a connection closed before the server's
+    preface is a failed connect, answered UNAVAILABLE at once.
+    """
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class H2Server:
     """gRPC over this package's HTTP/2, on one listening socket."""
 
-    def __init__(self, table: CallTable, preface_timeout: float = PREFACE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        table: CallTable,
+        preface_timeout: float = PREFACE_TIMEOUT,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         self._table = table
         #: Seconds a client has to open (preface and SETTINGS) before it is closed.
         self._preface_timeout = preface_timeout
+        self._limits = limits or ConnectionLimits()
         self._connections: set[Connection] = set()
+        #: The public port's connections, each with its watch.
+        self._watched: dict[Connection, Watch] = {}
+        self._refusals = Refusals()
         self._listeners: list[asyncio.Server] = []
 
-    def _connection(self) -> Connection:
-        connection = Connection(self._call, self._connections.discard, self._preface_timeout)
+    @property
+    def connections(self) -> int:
+        """Connections open on the public port (what the cap counts)."""
+        return len(self._watched)
+
+    def _connection(self) -> asyncio.Protocol:
+        """A connection on the public port: counted against the cap, and watched."""
+        cap = self._limits.max_connections
+        if len(self._watched) >= cap:
+            self._refusals.refused(cap)
+            return _Refused()
+        connection = self._private()
+        self._watched[connection] = Watch(connection, self._limits)
+        return connection
+
+    def _private(self) -> Connection:
+        connection = Connection(self._call, self._closed, self._preface_timeout)
         self._connections.add(connection)
         return connection
+
+    def _closed(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+        watch = self._watched.pop(connection, None)
+        if watch is not None:
+            watch.stop()
 
     def _call(self, connection: Connection, stream: int) -> Call:
         return Call(connection, stream, self._table)
@@ -55,7 +105,7 @@ class H2Server:
     async def serve_unix(self, sock: socket.socket) -> None:
         """Also serve a listening Unix socket (the primary's, for the other fronts)."""
         loop = asyncio.get_running_loop()
-        self._listeners.append(await loop.create_unix_server(self._connection, sock=sock))
+        self._listeners.append(await loop.create_unix_server(self._private, sock=sock))
 
     async def stop(self, grace: float | None) -> None:
         loop = asyncio.get_running_loop()
@@ -63,6 +113,9 @@ class H2Server:
             listener.close()
         for connection in list(self._connections):
             connection.go_away()
+            for call in list(connection.streams.values()):
+                if isinstance(call, Call):
+                    call.shutting_down()
         deadline = loop.time() + (grace or 0.0)
         while any(c.streams or c.announcing for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(_POLL_SECONDS)

@@ -109,6 +109,8 @@ PREFACE_TIMEOUT = 10.0
 GOAWAY_ROUND_TRIP = 1.0
 #: The payload of that PING, to know its answer.
 _GOAWAY_PING = b"goaway\x00\x00"
+#: The payload of a keepalive PING (``front.grpc.keepalive``): any frame back answers it.
+_KEEPALIVE_PING = b"keepaliv"
 
 _SETTINGS = settings_frame(
     {
@@ -201,6 +203,9 @@ class Connection(asyncio.Protocol):
         #: A GOAWAY went out (or came in): no new streams; close when the last ends.
         self.going_away = False
         self.lost = False
+        #: Reads so far: the keepalive's sign of life (``front.grpc.keepalive``), one
+        #: integer a read rather than a clock per frame.
+        self.reads = 0
 
     # ---- asyncio.Protocol ---------------------------------------------------------
 
@@ -219,6 +224,7 @@ class Connection(asyncio.Protocol):
             self._abort(ErrorCode.PROTOCOL_ERROR, "no connection preface in time")
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
         if self._pending:
             data = self._pending + data
             self._pending = b""
@@ -841,6 +847,16 @@ class Connection(asyncio.Protocol):
         self._write(goaway(MAX_WINDOW, ErrorCode.NO_ERROR))
         self._write(frame(Frame.PING, 0, 0, _GOAWAY_PING))
         self._timer = self._loop.call_later(GOAWAY_ROUND_TRIP, self._last_goaway)
+
+    @property
+    def opened(self) -> int:
+        """The highest stream id the client opened: it grows with every call, so the
+        keepalive sees calls that began and ended between two of its looks."""
+        return self._last_stream
+
+    def ping(self) -> None:
+        """A keepalive PING (its ACK, like any frame, counts as the client's answer)."""
+        self._write(frame(Frame.PING, 0, 0, _KEEPALIVE_PING))
 
     @property
     def announcing(self) -> bool:
