@@ -521,29 +521,32 @@ def http1_request(port: int, stop: threading.Event) -> list[Attacker]:
 
 
 def stream_past_window(port: int, stop: threading.Event) -> list[Attacker]:
-    """Two ModelStreamInfer streams of 1 MiB requests, sent as fast as the socket takes
-    them with the server's windows never looked at, from a client that gives the server
-    no window for the responses (so the streams' handlers stop taking requests). 300 MiB
-    sent so grew the front 1:1 while the server kept sending WINDOW_UPDATEs."""
+    """ModelStreamInfer streams of 1 MiB requests, two at a time, sent as fast as the
+    socket takes them with the server's windows never looked at, from a client that
+    gives the server no window for the responses (so the streams' handlers stop taking
+    requests); each pair the server resets is followed by the next, until ``stop``.
+    300 MiB sent so grew the front 1:1 while the server kept sending WINDOW_UPDATEs; now
+    a pair is reset within a few MiB, so the attack sends at the socket's pace."""
     message = identity_request(MiB - 64)
     attacker = Attacker(port, {Setting.INITIAL_WINDOW_SIZE: 0})
-    streams = (1, 3)
-    attacker.send(b"".join(attacker.call(s, "ModelStreamInfer") for s in streams))
-    frames = {
-        s: b"".join(
-            frame(Frame.DATA, 0, s, message[pos : pos + 256 * 1024])
-            for pos in range(0, len(message), 256 * 1024)
-        )
-        for s in streams
-    }
-    sent = 0
-    while not stop.is_set() and sent < 300 * MiB:
-        for stream in streams:
-            if stream not in attacker.resets and not attacker.send(frames[stream]):
-                return [attacker]
-            sent += len(message)
-        if set(streams) <= set(attacker.resets):
-            break
+    first = 1
+    while not stop.is_set():
+        streams = (first, first + 2)
+        first += 4
+        attacker.send(b"".join(attacker.call(s, "ModelStreamInfer") for s in streams))
+        frames = {
+            s: b"".join(
+                frame(Frame.DATA, 0, s, message[pos : pos + 256 * 1024])
+                for pos in range(0, len(message), 256 * 1024)
+            )
+            for s in streams
+        }
+        while not stop.is_set():
+            for stream in streams:
+                if stream not in attacker.resets and not attacker.send(frames[stream]):
+                    return [attacker]
+            if set(streams) <= set(attacker.resets):
+                break
     return [attacker]
 
 

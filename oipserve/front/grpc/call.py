@@ -33,7 +33,7 @@ import grpc
 from oipserve.errors import PayloadTooLarge
 from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.codec import wire_bytes
-from oipserve.front.grpc.h2.connection import Connection
+from oipserve.front.grpc.h2.connection import STREAM_WINDOW, Connection
 from oipserve.front.grpc.h2.frames import (
     MESSAGE_PREFIX,
     RESPONSE_HEADERS,
@@ -65,6 +65,11 @@ MAPPED = 8 * 1024 * 1024
 _STREAM_ACK = 1024 * 1024
 #: A stream's messages read ahead of its handler before its window stops being given back.
 _QUEUED = 64
+#: A stream's bytes received and not yet answered (queued, or running) before its window
+#: stops being given back: with the window the client may still fill, a stream holds at
+#: most two windows of requests, whatever its messages' count (64 messages of 1 MiB each
+#: queued and 64 more running held ~150 MiB a stream whose client did not read).
+_BACKLOG = STREAM_WINDOW
 #: The most messages a stream may have queued for its handler: past it, RST_STREAM
 #: ENHANCE_YOUR_CALM. Its bytes are bounded by its window (checked by the connection), but
 #: within one window of 4 MiB a client could queue 800,000 empty messages, ~100 bytes of
@@ -94,7 +99,8 @@ class Call:
                  "_metadata", "_timer", "_upload", "_arrived_at", "_deadline_at", "_task",
                  "_done", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
-                 "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue")  # fmt: skip
+                 "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
+                 "_backlog", "_sizes")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -139,6 +145,10 @@ class Call:
         #: A stream's messages, for its handler to take (None: the client is done); made,
         #: and the handler's task started, with its first message (``_start_stream``).
         self._queue: asyncio.Queue[tuple[bool, Any] | None] | None = None
+        #: A stream's bytes received whole and not yet answered, and each message's size
+        #: in order (one response a message, in request order): ``_holding_back``.
+        self._backlog = 0
+        self._sizes: deque[int] = deque()
 
     # ---- headers --------------------------------------------------------------------
 
@@ -279,7 +289,7 @@ class Call:
         self._upload = None
         if self._done:
             return
-        if self._queue is not None and self._queue.qsize() >= _QUEUED:
+        if self._holding_back():
             self._upload_timer()  # held back by us (its window not given back), not the client
             return
         # NOTE: the bytes received are counted here, at the deadline, not per read: a
@@ -359,12 +369,26 @@ class Call:
             # A unary call takes its one message as it arrives; no more comes after it.
             if self._left > len(chunk):
                 self._acknowledge()
-        elif self._queue is None or self._queue.qsize() < _QUEUED:
-            self._acknowledge()  # else once the stream's handler takes its messages
+        elif not self._holding_back():
+            self._acknowledge()  # else once the stream's handler takes or answers messages
 
     def _acknowledge(self) -> None:
         self._conn.acknowledge(self._stream, self._unacked)
         self._unacked = 0
+
+    def _holding_back(self) -> bool:
+        """A stream's window is not given back while its handler is this far behind: too
+        many messages queued, or too many bytes received and not yet answered."""
+        queue = self._queue
+        return self._backlog >= _BACKLOG or (queue is not None and queue.qsize() >= _QUEUED)
+
+    def _answered(self) -> None:
+        """A stream's oldest message was answered: its bytes leave the backlog, and the
+        window held back for them is given back."""
+        if self._sizes:
+            self._backlog -= self._sizes.popleft()
+        if self._unacked and not self._holding_back():
+            self._acknowledge()
 
     def _message_done(self) -> None:
         if self._waiting is not None:
@@ -391,6 +415,9 @@ class Call:
                 self._conn.reset_stream(self._stream, ErrorCode.ENHANCE_YOUR_CALM)
                 return
             queue.put_nowait((self._compressed, message))
+            size = memoryview(message).nbytes
+            self._backlog += size
+            self._sizes.append(size)
             return
         self._messages.append((self._compressed, message, lease, mapped))
         if len(self._messages) > 1:
@@ -497,6 +524,7 @@ class Call:
                 finally:
                     if held:  # its request's message (responses come in request order)
                         unmap_off_loop(held.popleft())
+                    self._answered()
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -524,7 +552,7 @@ class Call:
                 return
             compressed, message = item
             item = None
-            if self._unacked and self._queue.qsize() < _QUEUED:
+            if self._unacked and not self._holding_back():
                 self._acknowledge()
             if compressed:
                 inflated = await self._inflated(message)

@@ -521,7 +521,9 @@ class Connection(asyncio.Protocol):
 
     def _stream_error(self, stream: int, code: ErrorCode) -> None:
         """RFC 9113, 5.4.2: a RST_STREAM with ``code``; the stream's call, if any, ends
-        and gives back what it holds."""
+        and gives back what it holds. Counted as a flood frame: a client that provokes
+        resets without end ("MadeYouReset", CVE-2025-8671) is sent GOAWAY."""
+        self._flood("provoked RST_STREAM")
         self._reset(stream, code)
         call = self._forget(stream)
         if call is not None:
@@ -819,9 +821,20 @@ class Connection(asyncio.Protocol):
         await self._out.sent()
 
     def reset_stream(self, stream: int, code: ErrorCode) -> None:
-        """End a stream from this side (the call, if any, is not told)."""
+        """End a stream from this side (the call, if any, is not told).
+
+        A reset the client provoked (a malformed request, a stream past its queue) counts
+        against the flood budget, as ``_stream_error``'s do ("MadeYouReset",
+        CVE-2025-8671); our own ends (CANCEL: a timeout; NO_ERROR) do not. Called from
+        calls and timers too, so past the budget the connection is ended here rather
+        than by raising."""
         self._reset(stream, code)
         self.finished(stream)
+        if code is not ErrorCode.CANCEL and code is not ErrorCode.NO_ERROR:
+            try:
+                self._flood("provoked RST_STREAM")
+            except ProtocolError as exc:
+                self._abort(exc.code, str(exc))
 
     def finished(self, stream: int) -> None:
         """The stream is done with on this side (``_forget``, inline: every call ends here)."""
