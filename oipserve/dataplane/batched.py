@@ -7,7 +7,9 @@ instance: one request alone goes as it is (its data where it lies, as without ba
 several are joined into one segment (``batch_io.assemble``, one copy of each request's
 bytes). The batch goes to the worker as any request does (``dispatch``), and the reply is
 cut back into one ``InferResult`` per request, each a view of the worker's output segment,
-which goes back to the worker once every request has released its part.
+which goes back to the worker once every request has released its part. Requests that
+asked for different outputs share a batch, as in Triton: it computes every output any of
+them asked for, and each result keeps its own request's (``_outputs``, ``_own_outputs``).
 """
 
 from __future__ import annotations
@@ -86,13 +88,39 @@ def batch_rows(model: ModelVersion, placements: list[Placement]) -> int:
     return rows.pop()
 
 
-def _signature(placements: list[Placement], outputs: list[str]) -> tuple[object, ...]:
-    """What requests must agree on to share a batch: all but each input's first dim."""
-    inputs = sorted(
-        (tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image)
-        for tensor, shape, _, _ in placements
+def _signature(placements: list[Placement]) -> tuple[object, ...]:
+    """What requests must agree on to share a batch: their inputs, all but each one's first
+    dim. Not the outputs they ask for: as in Triton, the batch computes every output any
+    of them asked for, and each gets its own (``_outputs``, ``_own_outputs``)."""
+    return tuple(
+        sorted(
+            (tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image)
+            for tensor, shape, _, _ in placements
+        )
     )
-    return (tuple(inputs), tuple(outputs))
+
+
+def _outputs(requests: list[_Queued]) -> list[str]:
+    """The outputs a batch computes: every one that some request asked for ([]: all)."""
+    first = requests[0].outputs
+    # PERF: a plain loop (no generator): this runs once a batch, in the hot path.
+    for request in requests:
+        if request.outputs != first:
+            break
+    else:
+        return first  # the usual case: every request asked for the same
+    if not all(r.outputs for r in requests):
+        return []
+    return list(dict.fromkeys(name for r in requests for name in r.outputs))
+
+
+def _own_outputs(requests: list[_Queued], computed: list[str], results: list[InferResult]) -> None:
+    """Each result cut down to the outputs its request asked for, in its order, where the
+    batch computed more (requests that asked for different outputs)."""
+    for request, result in zip(requests, results, strict=True):
+        if request.outputs and request.outputs != computed:
+            by_name = {tensor.name: tensor for tensor in result.outputs}
+            result.outputs = [by_name[name] for name in request.outputs]
 
 
 class BatchRunner:
@@ -126,7 +154,7 @@ class BatchRunner:
             queued = _Queued(placements, output_names, owned, rows, start, stats)
             batcher = self._batcher(model, policy, stats)
             future = batcher.submit(
-                queued, max(rows, 1), _signature(placements, output_names), priority, timeout_us
+                queued, max(rows, 1), _signature(placements), priority, timeout_us
             )
         except BaseException as exc:
             for held in owned:
@@ -215,8 +243,11 @@ class BatchRunner:
             raise
         if lease is not None:
             owned.append(lease)
-        done = await self.dispatch.send(worker, model, descs, owned, requests[0].outputs)
+        computed = _outputs(requests)
+        done = await self.dispatch.send(worker, model, descs, owned, computed)
         results = self.dispatch.results(worker, model, done, [r.rows for r in requests])
+        if computed is not requests[0].outputs:
+            _own_outputs(requests, computed, results)
         _record(requests, [entry.enqueued_ns for entry in entries], done)
         return results
 

@@ -5,9 +5,9 @@
 from 1, a ``QueuePolicy`` for each level). Defaults and load errors follow Triton's
 ``NormalizeModelConfig``/``ValidateModelConfig`` (see docs/scheduler.md):
 ``preferred_batch_size`` defaults to ``[max_batch_size]``; sizes must lie in
-``[1, max_batch_size]``; ``default_priority_level`` must lie in ``[1, priority_levels]``
-when there are levels; ``preserve_ordering`` cannot be combined with priority levels or
-with a DELAY timeout.
+``[1, max_batch_size]`` (none with max_batch_size 0); ``default_priority_level`` must lie
+in ``[1, priority_levels]`` when there are levels; ``preserve_ordering`` cannot be combined
+with more than one priority level or with a DELAY timeout (Triton's messages).
 
 Nothing here is sized by ``priority_levels``: it is a number (up to 2^64 in Triton's
 schema), and the levels without a ``priority_queue_policy`` entry of their own share the
@@ -75,10 +75,14 @@ class BatchPolicy(msgspec.Struct, frozen=True):
         return max(self.max_batch_size, 1)
 
     def level(self, priority: int) -> int:
-        """The queue level (1 = highest) of a request's ``priority`` parameter (0: default)."""
-        if priority == 0:
+        """The queue level (1 = highest) of a request's ``priority`` parameter.
+
+        Triton's ``InferenceRequest::SetPriority``: 0, or a priority past the last
+        level, means the default level (not the last one).
+        """
+        if priority == 0 or priority > self.priority_levels:
             return self.default_priority_level
-        return min(priority, self.priority_levels)
+        return priority
 
     def policy(self, level: int) -> QueuePolicy:
         """The queue policy of ``level`` (1 to ``priority_levels``)."""
@@ -95,13 +99,28 @@ def _queue_policy(message: Any) -> QueuePolicy:
     )
 
 
+def _check_preserve_ordering(message: Any, levels: int, model: str) -> None:
+    """Triton's checks (and words): one level only, and no policy with a DELAY timeout,
+    the default policy and every ``priority_queue_policy`` entry alike."""
+    if levels > 1:
+        raise BatchPolicyError(
+            f"Only one priority level is allowed when 'preserve_ordering' is true for {model}"
+        )
+    policies = [message.default_queue_policy, *message.priority_queue_policy.values()]
+    if any(p.timeout_action == 1 and p.default_timeout_microseconds for p in policies):
+        raise BatchPolicyError(
+            "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is "
+            f"true for {model}"
+        )
+
+
 def batch_policy(message: Any, max_batch_size: int, model: str) -> BatchPolicy:
     """The policy of a parsed ``ModelDynamicBatching``; BatchPolicyError as Triton's load."""
     preferred = sorted(set(int(s) for s in message.preferred_batch_size))
     for size in preferred:
         if size < 1:
             raise BatchPolicyError(f"dynamic batching preferred size must be positive for {model}")
-        if max_batch_size > 0 and size > max_batch_size:
+        if size > max_batch_size:  # with max_batch_size 0 every size is refused, as Triton
             raise BatchPolicyError(
                 f"dynamic batching preferred size must be <= max batch size for {model}"
             )
@@ -114,24 +133,15 @@ def batch_policy(message: Any, max_batch_size: int, model: str) -> BatchPolicy:
     default_policy = _queue_policy(message.default_queue_policy)
     by_level = {}
     for level, policy in message.priority_queue_policy.items():
-        if not 1 <= int(level) <= max(levels, 1) or not levels:
+        # NOTE: without levels Triton checks no entry's level, and no level uses one.
+        if levels and not 1 <= int(level) <= levels:
             raise BatchPolicyError(
                 f"priority queue policy must have priority level in range [1, {levels}] for {model}"
             )
-        by_level[int(level)] = _queue_policy(policy)
-    # NOTE: with fewer entries than levels, some level has the default policy.
-    policies = [*by_level.values()]
-    if len(by_level) < max(levels, 1):
-        policies.append(default_policy)
+        if levels:
+            by_level[int(level)] = _queue_policy(policy)
     if message.preserve_ordering:
-        if levels > 1:
-            raise BatchPolicyError(
-                f"preserve_ordering cannot be used with priority levels for {model}"
-            )
-        if any(p.timeout_action == "DELAY" and p.default_timeout_ns for p in policies):
-            raise BatchPolicyError(
-                f"preserve_ordering cannot be used with a DELAY timeout action for {model}"
-            )
+        _check_preserve_ordering(message, levels, model)
     return BatchPolicy(
         max_batch_size=max_batch_size,
         preferred_batch_sizes=tuple(preferred),

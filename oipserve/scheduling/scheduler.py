@@ -14,12 +14,15 @@ requests queued, never by the levels configured.
 Whenever an instance of the model is free, the batcher walks the queue in that order and
 gathers requests while they fit (batch elements ≤ max_batch_size) and agree with the
 first on their ``signature`` (every input's dims but the first, datatypes, the inputs
-present, the outputs asked for); it fires, as Triton's ``GetDynamicBatch`` does:
+present; not the outputs asked for, as in Triton); it fires, as Triton's
+``GetDynamicBatch`` does (``form``):
 
-- at once when the walk stopped at a request that does not fit (too large, or another
-  signature), or the largest preferred batch size was reached: all it gathered;
-- at the best preferred size reached, while the oldest request is within its delay;
-- when the oldest request has waited ``max_queue_delay`` (0: at once): all it gathered;
+- the best batch (the last preferred size reached, or what was gathered before the first
+  request that would pass the largest preferred size) while the oldest request is within
+  its delay, and always with a delay of 0;
+- otherwise all it gathered, when the walk stopped at a request that does not fit (too
+  large, or another signature), reached the largest preferred size, or the delay is 0
+  or over;
 - otherwise it sleeps until that delay runs out, or until a request arrives.
 
 A request whose queue timeout expires is answered at that moment (a timer per request,
@@ -333,34 +336,75 @@ class DynamicBatcher:
                     yield entry
 
     def form(self, now_ns: int) -> tuple[list[Entry], int | None]:
-        """The batch to run now (may be empty) and, if none, when to look again (ns)."""
+        """The batch to run now (may be empty) and, if none, when to look again (ns).
+
+        Triton's ``GetDynamicBatch``, rule for rule. The walk gathers requests while
+        they fit ``max_batch_size`` and share the first one's signature. ``best`` is
+        the batch a preferred size gave, or the batch gathered before the first request
+        that would take it past the largest preferred size: within the delay (and
+        always with a delay of 0) that is what fires, even when more were gathered. Past
+        the delay, or with no ``best``, everything gathered fires when the walk stopped
+        at a request that does not fit, reached the largest preferred size, or the delay
+        is 0 or over; otherwise the batcher waits for the oldest request's delay.
+        """
         limit = self.policy.largest_batch
+        largest_preferred = self._largest_preferred
+        preferred = self._preferred
         taken: list[Entry] = []
         total = 0
         best = 0
-        saturated = False
+        send_now = False
+        settled = False
         signature: Hashable = None
         for entry in self._walk():
             if not taken:
                 signature = entry.signature
-            elif entry.signature != signature or total + entry.batch > limit:
-                saturated = True
-                break
+            else:
+                grown = total + entry.batch
+                # NOTE: Triton marks the cap and walks on: past the delay, what was
+                #   gathered beyond it fires with the rest.
+                if grown > largest_preferred and not best:
+                    best = len(taken)
+                if grown > limit or entry.signature != signature:
+                    send_now = True
+                    break
             taken.append(entry)
             total += entry.batch
-            if total in self._preferred:
+            if total in preferred:
                 best = len(taken)
-            if total >= self._largest_preferred:
-                break
+            if best and total >= largest_preferred and not settled:
+                settled = True
+                if self._best_is_final(taken[0], now_ns):
+                    break
         if not taken:
             return [], None
-        oldest = min(e.enqueued_ns for e in taken)
-        deadline = oldest + self.policy.max_queue_delay_ns
-        if saturated or total >= self._largest_preferred or now_ns >= deadline:
-            return taken, None
-        if best:
+        delay = self.policy.max_queue_delay_ns
+        deadline = min(e.enqueued_ns for e in taken) + delay
+        exceeded = delay != 0 and now_ns >= deadline
+        if best and not exceeded:
             return taken[:best], None
+        if send_now or total >= largest_preferred or exceeded or not delay:
+            return taken, None
         return [], deadline
+
+    def _best_is_final(self, first: Entry, now_ns: int) -> bool:
+        """Whether the rest of the walk can no longer change what ``form`` fires, once the
+        best batch is known and the rows reached the largest preferred size.
+
+        PERF: Triton walks on up to ``max_batch_size``, and so did this, but what lies
+        past the largest preferred size fires only past the delay: a large
+        max_batch_size with small preferred sizes made every batch walk hundreds of
+        requests to fire a few. The walk stops when the delay cannot be over: it is 0, or
+        the requests come in arrival order (one level, none DELAYed: later ones are
+        younger) and the first is within it. With levels or DELAYed requests an older
+        one may follow, and the walk goes on, as Triton's.
+        """
+        delay = self.policy.max_queue_delay_ns
+        if not delay:
+            return True
+        if len(self._order) != 1 or self._levels[self._order[0]].delayed:
+            return False
+        return now_ns - first.enqueued_ns < delay
 
     # ---- the loop --------------------------------------------------------------------
 

@@ -52,12 +52,18 @@ def test_keys_are_read_with_their_units() -> None:
         ),
         (
             "preserve_ordering: true priority_levels: 2 default_priority_level: 1",
-            "preserve_ordering cannot be used with priority levels",
+            "Only one priority level is allowed when 'preserve_ordering' is true for m",
         ),
         (
             "preserve_ordering: true default_queue_policy "
             "{ timeout_action: DELAY default_timeout_microseconds: 5 }",
-            "preserve_ordering cannot be used with a DELAY",
+            "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true",
+        ),
+        (  # the default policy counts even when the one level has a policy of its own
+            "preserve_ordering: true priority_levels: 1 default_priority_level: 1 "
+            "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5 } "
+            "priority_queue_policy { key: 1 value { } }",
+            "Queue policy can not have DELAY",
         ),
     ],
 )
@@ -69,3 +75,20 @@ def test_what_triton_refuses_is_refused(text: str, message: str) -> None:
 def test_without_max_batch_size_each_request_runs_alone() -> None:
     policy = _policy("", max_batch_size=0)
     assert policy.preferred_batch_sizes == () and policy.largest_batch == 1
+
+
+def test_a_priority_past_the_last_level_gets_the_default_level() -> None:
+    """Triton's InferenceRequest::SetPriority: not the last level, the default one."""
+    policy = _policy("priority_levels: 3 default_priority_level: 2")
+    assert [policy.level(p) for p in (0, 1, 3, 4, 2**64 - 1)] == [2, 1, 3, 2, 2]
+
+
+def test_without_max_batch_size_a_preferred_size_is_refused() -> None:
+    with pytest.raises(BatchPolicyError, match="preferred size must be <= max batch size"):
+        _policy("preferred_batch_size: [1]", max_batch_size=0)
+
+
+def test_without_levels_a_priority_queue_policy_is_ignored() -> None:
+    """Triton checks an entry's level only when there are levels; none uses it."""
+    policy = _policy("priority_queue_policy { key: 5 value { max_queue_size: 1 } }")
+    assert policy.level_policies == {} and policy.policy(1) == QueuePolicy()

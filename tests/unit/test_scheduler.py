@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -142,6 +143,71 @@ async def test_largest_preferred_size_fires_at_once() -> None:
     assert h.executed()[0] == ["a", "b", "c", "d"]
     h.batcher.close()
     await asyncio.gather(*futures[:4])
+
+
+async def _queued_behind_a_busy_instance(h: Harness, sizes: list[int]) -> None:
+    """Queue one request of each size while the only instance runs another (of 2: a
+    preferred size in these tests, so it does not wait for the delay)."""
+    h.instances[0].hold = True
+    h.submit("running", 2)
+    await settle()
+    for n, size in enumerate(sizes):
+        h.submit(f"r{n}", size)
+    await settle()
+
+
+async def test_with_no_delay_the_best_preferred_size_is_cut() -> None:
+    """Triton's test_preferred_batch_only_unaligned: preferred [4, 6], delay 0, five
+    requests of 1 queued: 4 run, then 1 (not all 5 at once)."""
+    h = Harness(policy(preferred_batch_sizes=(4, 6)))
+    await _queued_behind_a_busy_instance(h, [1] * 5)
+    batch, again = h.batcher.form(time.monotonic_ns())
+    assert [e.request for e in batch] == ["r0", "r1", "r2", "r3"] and again is None
+    h.batcher.close()
+
+
+async def test_the_largest_preferred_size_caps_a_batch_within_the_delay_only() -> None:
+    """Triton's test_multi_batch_sum_gt_max_preferred: preferred [2, 6], 3 then 4 queued:
+    3 + 4 passes 6, so within the delay the 3 fire alone; past it, all 7 (max 16)."""
+    delay = 10_000_000_000
+    h = Harness(policy(max_batch_size=16, preferred_batch_sizes=(2, 6), max_queue_delay_ns=delay))
+    await _queued_behind_a_busy_instance(h, [3, 4])
+    now = time.monotonic_ns()
+    assert [e.request for e in h.batcher.form(now)[0]] == ["r0"]
+    assert [e.request for e in h.batcher.form(now + delay)[0]] == ["r0", "r1"]
+    h.batcher.close()
+
+
+async def test_a_preferred_size_reached_before_the_cap_wins() -> None:
+    """1, 1, 3, 4 queued, preferred [2, 6]: 2 is preferred; 5 + 4 would pass 6, but the
+    cap does not replace a preferred size already found."""
+    h = Harness(policy(preferred_batch_sizes=(2, 6), max_queue_delay_ns=10_000_000_000))
+    await _queued_behind_a_busy_instance(h, [1, 1, 3, 4])
+    assert [e.request for e in h.batcher.form(time.monotonic_ns())[0]] == ["r0", "r1"]
+    h.batcher.close()
+
+
+async def test_the_walk_stops_once_nothing_past_the_largest_preferred_size_can_fire() -> None:
+    """max_batch_size 1000, preferred [4]: within the delay the 4 fire, so the walk need
+    not visit the 996 behind them (Triton's walks on); past the delay it visits them all."""
+    delay = 10_000_000_000
+    h = Harness(policy(max_batch_size=1000, preferred_batch_sizes=(2, 4), max_queue_delay_ns=delay))
+    await _queued_behind_a_busy_instance(h, [1] * 1000)
+    walk = h.batcher._walk
+    visited = 0
+
+    def counted() -> Iterator[Entry]:
+        nonlocal visited
+        for entry in walk():
+            visited += 1
+            yield entry
+
+    h.batcher._walk = counted  # type: ignore[method-assign]
+    now = time.monotonic_ns()
+    assert len(h.batcher.form(now)[0]) == 4 and visited <= 5
+    visited = 0
+    assert len(h.batcher.form(now + delay)[0]) == 1000 and visited == 1000
+    h.batcher.close()
 
 
 async def test_full_queue_is_rejected_at_once() -> None:
