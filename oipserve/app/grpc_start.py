@@ -19,8 +19,9 @@ async def start_grpc(
     dataplane: DataPlane,
     management: Management | None = None,
     private: socket.socket | None = None,
-) -> tuple[GrpcServer, int]:
-    """Serve the service on ``host:grpc_port``; return what stops it and the port.
+) -> tuple[GrpcServer, int, H2Server]:
+    """Serve the service on ``host:grpc_port``; return what stops it, the port, and the
+    listener (which also adopts the HTTP port's HTTP/2 connections: ``H2Server.adopt``).
 
     With ``private`` (``--http-workers``) the port is bound with ``SO_REUSEPORT``, shared
     with the other fronts, and the service is also served on that Unix socket: the other
@@ -37,4 +38,4 @@ async def start_grpc(
     port = await own.serve(settings.host, settings.grpc_port, reuse_port=private is not None)
     if private is not None:
         await own.serve_unix(private)
-    return GrpcServer(own, service), port
+    return GrpcServer(own, service), port, own

@@ -26,6 +26,7 @@ from oipserve.app.startup_report import (
 )
 from oipserve.config.settings import Settings, deprecation_warnings
 from oipserve.dataplane.plane import DataPlane
+from oipserve.front.http.protocol import refuse_h2c
 from oipserve.front.http.server import http_server
 from oipserve.front.http.server import metrics_server as metrics_server_for
 from oipserve.front.rest import create_app
@@ -402,7 +403,10 @@ class Server:
         if self.sites.http is not None:
             app = create_app(self.settings, self.dataplane)
             add_admin_routes(app, self.management)
-            self.sites.http.start(http_server(self.settings, app))
+            # gRPC on the HTTP port too (h2c): the gRPC port's listener takes those.
+            grpc = self.sites.grpc
+            h2c = grpc.h2c if grpc is not None else refuse_h2c
+            self.sites.http.start(http_server(self.settings, app, h2c))
         if self.sites.metrics is not None:
             scraper = Scraper(self.dataplane.stats, self.plan.inventory_source)
             self.sites.metrics.start(metrics_server_for(self.settings, MetricsApp(scraper)))

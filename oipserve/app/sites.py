@@ -25,7 +25,9 @@ import socket
 from oipserve.app.grpc_start import start_grpc
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
+from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
+from oipserve.front.http.protocol import refuse_h2c
 from oipserve.front.http.server import UvicornServer
 from oipserve.management import Management
 from oipserve.runtime.listeners import tcp_listener, unix_listener
@@ -120,6 +122,9 @@ class GrpcSite:
     of ours that ``start`` closes just before the listener binds it (``--grpc-port 0`` has
     nothing to hold). ``drain`` begins the gRPC stop in a task (``GrpcServer.stop``: new
     calls refused, running ones given ``--shutdown-timeout``); ``stopped`` waits for it.
+
+    The HTTP port's HTTP/2 connections (h2c with prior knowledge) are served by the same
+    listener (``h2c``): REST and gRPC on one port, for Knative's single port (issue #39).
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -127,6 +132,7 @@ class GrpcSite:
         self._held: socket.socket | None = None
         self._private: socket.socket | None = None
         self._server: GrpcServer | None = None
+        self._h2: H2Server | None = None
         self._stopping: asyncio.Task[None] | None = None
         #: The port served, once started (``--grpc-port 0`` picks a free one).
         self.port: int | None = None
@@ -145,7 +151,17 @@ class GrpcSite:
         private = None
         if private_address is not None:
             private = self._private = unix_listener(private_address, PRIVATE_BACKLOG)
-        self._server, self.port = await start_grpc(self._settings, dataplane, management, private)
+        self._server, self.port, self._h2 = await start_grpc(
+            self._settings, dataplane, management, private
+        )
+
+    def h2c(self, transport: asyncio.Transport, data: bytes, since: float) -> None:
+        """An HTTP/2 connection (prior knowledge) that came to the HTTP port: served as
+        one of this port's (``H2Server.adopt``), or closed if gRPC never started."""
+        if self._h2 is None:
+            refuse_h2c(transport, data, since)
+        else:
+            self._h2.adopt(transport, data, since)
 
     def drain(self) -> None:
         if self._stopping is None and self._server is not None:

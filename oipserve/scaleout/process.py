@@ -40,6 +40,7 @@ from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
 from oipserve.front.grpc.service import InferenceService
 from oipserve.front.grpc.tables import in_front_table
+from oipserve.front.http.protocol import refuse_h2c
 from oipserve.front.http.server import http_server
 from oipserve.front.rest import create_app
 from oipserve.models.registry import ModelRegistry, ModelVersion
@@ -294,15 +295,16 @@ class Replica:
             await self.dataplane.regions.unregister(message.name)
         return Done(message.seq)
 
-    async def serve_grpc(self, port: int, forward_to: str) -> GrpcServer:
-        """Serve gRPC on ``port`` too (the primary shares it): inference and liveness here,
-        the rest forwarded to the primary at ``forward_to``."""
+    def grpc_server(self, forward_to: str) -> tuple[H2Server, GrpcServer]:
+        """This front's gRPC (not yet listening): inference and liveness here, the rest
+        forwarded to the primary at ``forward_to``. Its listener serves the gRPC port
+        (shared with the primary) and adopts this front's HTTP/2 connections on the HTTP
+        port (h2c), so each front serves its own."""
         self.grpc_forwarder = GrpcForwarder(forward_to)
         service = InferenceService(self.dataplane)
         table = in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder)
         own = H2Server(table, self.settings.header_timeout, ConnectionLimits.of(self.settings))
-        await own.serve(self.settings.host, port, reuse_port=True)
-        return GrpcServer(own, service)
+        return own, GrpcServer(own, service)
 
     def close(self) -> None:
         """After serving: the links, the segments and the regions of this front."""
@@ -376,17 +378,20 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
     except OSError as exc:
         replica.control.send(Refused(start.seq, f"cannot listen on port {start.port}: {exc}"))
         return 3
-    server = http_server(settings, replica.router)
+    h2: H2Server | None = None
+    grpc: GrpcServer | None = None
+    if start.grpc_port:
+        h2, grpc = replica.grpc_server(start.grpc_forward_to)
+    server = http_server(settings, replica.router, refuse_h2c if h2 is None else h2.adopt)
     serving = loop.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.005)
     if serving.done():
         replica.control.send(Refused(start.seq, "the HTTP server did not start"))
         return 3
-    grpc: GrpcServer | None = None
-    if start.grpc_port:
+    if h2 is not None:
         try:
-            grpc = await replica.serve_grpc(start.grpc_port, start.grpc_forward_to)
+            await h2.serve(settings.host, start.grpc_port, reuse_port=True)
         except RuntimeError as exc:
             replica.control.send(Refused(start.seq, str(exc)))
             server.should_exit = True

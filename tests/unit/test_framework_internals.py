@@ -67,6 +67,7 @@ PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "headers": list,  # on_header: the head's fields (the scope's list)
     "expect_100_continue": bool,  # on_header: set for ``Expect: 100-continue``
     "client": object,  # the peer's address, in a dropped connection's log line
+    "connections": set,  # the server's; left at an h2c handover (as its websocket upgrade)
 }
 #: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
 CYCLE_ATTRIBUTES: dict[str, type] = {

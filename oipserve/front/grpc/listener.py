@@ -12,6 +12,11 @@ The public port's connections are bounded (``front.grpc.keepalive``): at most
 ones kept), and each is watched for idleness and silence by one timer of its own. The
 private socket's connections (the other fronts' forwarded calls) are neither counted
 nor watched.
+
+``adopt`` takes the HTTP/2 connections that came to the HTTP port (h2c with prior
+knowledge, ``front.http.protocol``): they are this listener's in every way (the cap, the
+watch, the preface's time counted from their connect, the call table and so its
+restrictions, and ``stop``'s GOAWAYs).
 """
 
 from __future__ import annotations
@@ -58,26 +63,41 @@ class H2Server:
         self._watched: dict[Connection, Watch] = {}
         self._refusals = Refusals()
         self._listeners: list[asyncio.Server] = []
+        #: ``stop`` began: connections handed over by ``adopt`` are refused.
+        self._stopping = False
 
     @property
     def connections(self) -> int:
         """Connections open on the public port (what the cap counts)."""
         return len(self._watched)
 
-    def _connection(self) -> asyncio.Protocol:
+    def _connection(self, preface_timeout: float | None = None) -> asyncio.Protocol:
         """A connection on the public port: counted against the cap, and watched."""
         cap = self._limits.max_connections
         if len(self._watched) >= cap:
             self._refusals.refused(cap)
             return _Refused()
-        connection = self._private()
+        connection = self._private(preface_timeout)
         self._watched[connection] = Watch(connection, self._limits)
         return connection
 
-    def _private(self) -> Connection:
-        connection = Connection(self._call, self._closed, self._preface_timeout)
+    def _private(self, preface_timeout: float | None = None) -> Connection:
+        if preface_timeout is None:
+            preface_timeout = self._preface_timeout
+        connection = Connection(self._call, self._closed, preface_timeout)
         self._connections.add(connection)
         return connection
+
+    def adopt(self, transport: asyncio.Transport, data: bytes, since: float) -> None:
+        """Serve an HTTP/2 connection accepted elsewhere (the HTTP port's h2c) as one of
+        the public port's: ``data`` is what was read from it (the preface first), ``since``
+        the loop time it was made. Refused (closed) past the cap, or once ``stop`` began."""
+        left = self._preface_timeout - (asyncio.get_running_loop().time() - since)
+        protocol = _Refused() if self._stopping else self._connection(max(0.0, left))
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if isinstance(protocol, Connection):
+            protocol.data_received(data)
 
     def _closed(self, connection: Connection) -> None:
         self._connections.discard(connection)
@@ -109,6 +129,7 @@ class H2Server:
 
     async def stop(self, grace: float | None) -> None:
         loop = asyncio.get_running_loop()
+        self._stopping = True
         for listener in self._listeners:
             listener.close()
         for connection in list(self._connections):

@@ -47,6 +47,14 @@
    dropped unread: nothing after the head may act as a header (a restricted API's
    key sent as a trailer opened it).
 
+6. HTTP/2 with prior knowledge (h2c, RFC 9113 3.3) on the same port: a connection
+   whose first bytes are the client preface ``PRI * HTTP/2.0...`` is handed over, with
+   the bytes read so far, to ``h2c`` (the front's gRPC listener adopts it: issue #39,
+   REST and gRPC on one port; without gRPC it is closed). Only a connection's first
+   read is looked at (``_sniff``): a keep-alive request after it costs one attribute
+   check. The preface is never a valid HTTP/1.1 request, so nothing served before is
+   taken for one.
+
 All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
@@ -56,7 +64,8 @@ httptools) at the minor series this was written against: the hooks
 the protocol's ``transport`` (handed on to each cycle, so our ``CorkedTransport``
 sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``headers``,
 ``expect_100_continue``,
-``pipeline`` and ``server_state.default_headers``; and the cycle's ``scope``,
+``pipeline``, ``connections`` (left at an h2c handover, as uvicorn's websocket upgrade
+does) and ``server_state.default_headers``; and the cycle's ``scope``,
 ``body``, ``more_body``, ``disconnected``, ``message_event``,
 ``waiting_for_100_continue``, ``response_started``, ``response_complete`` and
 ``on_response``. ``tests/unit/test_framework_internals.py`` checks each by
@@ -101,6 +110,23 @@ HEADER_TIMEOUT = 10.0
 #: ``--max-header-bytes`` and ``--max-header-fields``' defaults.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADER_FIELDS = 256
+#: The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, 3.4).
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: Takes over a connection that opened with ``H2_PREFACE``: its transport (the protocol
+#: is switched there), the bytes read so far (the preface first), and the loop time the
+#: connection was made (its preface's time counts from then).
+H2Handover = Callable[[asyncio.Transport, bytes, float], None]
+
+
+def refuse_h2c(transport: asyncio.Transport, data: bytes, since: float) -> None:
+    """HTTP/2 on a port that serves no gRPC (``--allow-grpc false``): closed at once.
+
+    NOTE: nothing written first, as for a gRPC connection past the cap
+    (``front.grpc.listener._Refused``): a gRPC client fails the call UNAVAILABLE at once,
+    where a SETTINGS and GOAWAY would have it retry until its deadline.
+    """
+    log.debug("an HTTP/2 (h2c) connection refused: gRPC is not served (--allow-grpc false)")
+    transport.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +224,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     limits: ConnectionLimits = ConnectionLimits()
     #: Chunked bodies declaring more bytes than this are refused (None: not followed).
     max_body: int | None = None
+    #: Who takes a connection that opens with the HTTP/2 preface (None: not looked for;
+    #: the preface is then a bad request, as it always was).
+    h2c: H2Handover | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -228,16 +257,33 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: A response the client is not reading: since when, and the bytes it had read then.
         self._unsent_since: float | None = None
         self._unsent_sent = 0
+        #: Until the first read shows what the connection speaks: whether it may be
+        #: HTTP/2 (``h2c``), the bytes of a preface begun, and the raw transport.
+        self._sniffing = self.h2c is not None
+        self._held = b""
+        self._raw: asyncio.Transport
 
     @classmethod
     def configured(
-        cls, limits: ConnectionLimits, max_body: int | None = None
+        cls,
+        limits: ConnectionLimits,
+        max_body: int | None = None,
+        h2c: H2Handover | None = None,
     ) -> type[CorkedHttpToolsProtocol]:
         """This protocol with its settings (uvicorn instantiates a class)."""
-        settings = {"limits": limits, "max_body": max_body}
+        # NOTE: staticmethod, or the class attribute would bind as a method.
+        settings = {
+            "limits": limits,
+            "max_body": max_body,
+            "h2c": staticmethod(h2c) if h2c else None,
+        }
         return type(cls.__name__, (cls,), settings)
 
     def data_received(self, data: bytes) -> None:
+        if self._sniffing:
+            data = self._sniff(data)
+            if not data:
+                return
         chunks = self._chunks
         if chunks is not None:
             verdict = chunks.feed(data)
@@ -255,6 +301,34 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self._count_head(data)
         if self._chunk_events is not None:
             self._follow_chunks(data)
+
+    def _sniff(self, data: bytes) -> bytes:
+        """The connection's first bytes: HTTP/2's preface is handed over to ``h2c``.
+
+        Returns what HTTP/1.1 parses (b"" when nothing: handed over, or a preface begun
+        and held until the rest of it comes; the head timer still runs meanwhile).
+        """
+        seen = self._held + data if self._held else data
+        size = len(H2_PREFACE)
+        if not H2_PREFACE.startswith(seen[:size]):
+            self._sniffing = False
+            self._held = b""
+            return seen
+        if len(seen) < size:
+            self._held = seen
+            return b""
+        self._sniffing = False
+        self._held = b""
+        started = self._head_started
+        self._stop_head_timer()
+        # NOTE: as uvicorn's own websocket upgrade: out of its connections, so that its
+        #   shutdown neither closes nor waits for what is now a gRPC connection (the gRPC
+        #   listener's stop drains it).
+        self.connections.discard(self)
+        handover = self.h2c
+        if handover is not None:
+            handover(self._raw, seen, self._loop.time() if started is None else started)
+        return b""
 
     def _count_head(self, data: bytes) -> None:
         """A head is still arriving after this read: count its bytes, 431 past the limit.
@@ -307,7 +381,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         loop = self._loop = asyncio.get_running_loop()
         # NOTE: a stream protocol's transport is a Transport (asyncio types the hook for all
         #   protocols); uvicorn gets the proxy, which stands in for it (it forwards the rest).
-        corked = self._corked = CorkedTransport(cast(asyncio.Transport, transport), loop)
+        self._raw = cast(asyncio.Transport, transport)
+        corked = self._corked = CorkedTransport(self._raw, loop)
         super().connection_made(cast(asyncio.Transport, corked))
         self._head_started = loop.time()
         self._head_timer = loop.call_later(self.limits.tick, self._check_deadlines)

@@ -15,7 +15,7 @@ import uvicorn
 
 from oipserve.config.settings import Settings
 from oipserve.front.header_rules import App, HeadChecked
-from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol
+from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol, H2Handover
 
 log = logging.getLogger("oipserve")
 
@@ -96,17 +96,19 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 METRICS_MAX_BODY = 64 * 1024
 
 
-def http_server(settings: Settings, app: App) -> UvicornServer:
+def http_server(settings: Settings, app: App, h2c: H2Handover) -> UvicornServer:
     """The OIP REST front's ``app`` on uvicorn, with our HTTP protocol.
 
     Every front's app is put behind the request-head rules they share
     (``oipserve.front.header_rules``), so that no front can answer a head differently.
+    A connection that opens with HTTP/2's preface goes to ``h2c`` (the front's gRPC
+    listener, or ``refuse_h2c`` without gRPC): gRPC on the HTTP port.
     """
     config = uvicorn.Config(
         HeadChecked(app),
         interface="asgi3",  # HeadChecked returns the app's coroutine: not detectable
         http=CorkedHttpToolsProtocol.configured(
-            connection_limits(settings), settings.max_request_bytes
+            connection_limits(settings), settings.max_request_bytes, h2c
         ),
         loop="none",
         lifespan="off",
