@@ -149,7 +149,10 @@ def parse_restriction(spec: str, *, grpc: bool) -> Restriction:
     for api in apis:
         if api not in API_GROUPS:
             name = repr(api) if api else "an empty name"
-            raise RestrictionError(f"{shown} names {name}; the APIs are {', '.join(API_GROUPS)}")
+            raise RestrictionError(  # Triton's words first: scripts grep its log for them
+                f"unknown restricted api {api!r}: {shown} names {name}; "
+                f"the APIs are {', '.join(API_GROUPS)}"
+            )
     if len(set(apis)) != len(apis):
         raise RestrictionError(f"{shown} names an API twice")
     key = key.strip().lower()
@@ -178,6 +181,7 @@ def by_api(restrictions: Iterable[Restriction]) -> dict[str, Restriction]:
         for api in restriction.apis:
             if api in table:
                 raise RestrictionError(
+                    f"api '{api}' can not be specified in multiple config groups: "
                     f"the {api} API is restricted twice; each API may be in one restriction only"
                 )
             table[api] = restriction

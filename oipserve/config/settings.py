@@ -120,8 +120,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Bytes per second of a body or response that extend its timeout by one second
     #: (Apache's mod_reqtimeout MinRate): a slow link still finishes, a trickle does not.
     min_transfer_rate: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024
-    #: Triton's flag: "none" loads every repository model at start; "explicit" loads only
-    #: --load-model ones. Repository load/unload requests are allowed in both.
+    #: Triton's flag: "none" loads every repository model at start and refuses repository
+    #: load/unload requests (503, Triton's words: a lock); "explicit" loads only --load-model
+    #: ones and allows them. Triton's "poll" is refused at start (``_check_model_control``).
     model_control_mode: Literal["none", "explicit"] = "none"
     #: Models loaded at start in explicit mode ("*" = all); repeatable or comma-separated.
     load_model: tuple[str, ...] = ()
@@ -371,8 +372,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--model-control-mode",
-        choices=["none", "explicit"],
-        help="none: load every model at start; explicit: only the --load-model ones",
+        choices=["none", "explicit", "poll"],
+        help="none: load every model at start, refuse repository load/unload; explicit: "
+        "only the --load-model ones, load/unload allowed (poll: not implemented)",
     )
     serve.add_argument(
         "--load-model",
@@ -521,6 +523,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         values["metrics_config"] = _metrics_config(values["metrics_config"])
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
+    _check_model_control(values.get("model_control_mode"))
     if values.get("grpc_processes") == "auto":
         del values["grpc_processes"]  # Settings' default, 0
     try:
@@ -537,6 +540,16 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
 def deprecation_warnings(settings: Settings) -> list[str]:
     """What start-up warns about (one WARNING each): flags still accepted that do nothing."""
     return [GRPC_PROCESSES_DEPRECATED] if settings.grpc_processes else []
+
+
+def _check_model_control(mode: object) -> None:
+    """Triton's "poll" named, with a reason, rather than a bare "invalid choice"."""
+    if mode == "poll":
+        raise SettingsError(
+            "--model-control-mode poll (Triton's repository polling, --repository-poll-secs) "
+            "is not implemented: use explicit, and load and unload models through the "
+            "repository API, or none to serve the repository's models as found at start"
+        )
 
 
 def _check_load_model(settings: Settings) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hardware import InventorySource
-from oipserve.errors import InvalidInput
+from oipserve.errors import InvalidInput, Unavailable
 from oipserve.management.endpoint_sessions import DeathListener
 from oipserve.management.hardware_view import HardwareView
 from oipserve.management.load_limits import LoadLimits
@@ -110,6 +110,7 @@ class Management:
         ``parameters`` may carry ``config`` and ``file:`` overrides (file contents base64
         over HTTP, bytes over gRPC: ``files_in_base64``).
         """
+        self._check_repository_control()
         override = parse_load_parameters(
             name, parameters, files_in_base64, self.limits.max_upload_files
         )
@@ -125,6 +126,7 @@ class Management:
 
     async def repository_unload(self, name: str, version: str | None) -> None:
         """Unload a model (or one version), or one instance of an endpoint; no-op if unknown."""
+        self._check_repository_control()
         if await self.endpoints.unload_instance(name):
             return
         await self.repository.unload(name, version)
@@ -132,3 +134,22 @@ class Management:
     def served(self) -> list[str]:
         """Names of everything that can infer now (models and endpoints)."""
         return self.repository.served()
+
+    def _check_repository_control(self) -> None:
+        """503 for a repository load or unload unless ``--model-control-mode explicit``.
+
+        Triton's words and status (UNAVAILABLE), which clients and Triton's tests match;
+        mode none is how operators lock a server's models (mode poll is refused at start).
+        Worker endpoints (``/v2/workers``) are ours, not Triton's: not locked.
+        """
+        if not self.limits.repository_control:
+            raise Unavailable(REPOSITORY_LOCKED)
+
+
+#: Triton's refusal of a repository load / unload outside explicit mode (its text says
+#: "polling" for mode none too), then ours.
+REPOSITORY_LOCKED = (
+    "explicit model load / unload is not allowed if polling is enabled: the server runs "
+    "with --model-control-mode none, so its models are fixed at start (use "
+    "--model-control-mode explicit to load and unload through the repository API)"
+)

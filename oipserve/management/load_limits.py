@@ -37,6 +37,9 @@ class LoadLimits:
     load_timeout: float = 180.0
     #: Most ``file:`` parameters of one repository load.
     max_upload_files: int = 1000
+    #: Whether the repository API may load and unload models: False with
+    #: ``--model-control-mode none``, which operators use as a lock (Triton's rule).
+    repository_control: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoadLimits:
@@ -47,6 +50,7 @@ class LoadLimits:
             max_endpoint_batch_size=settings.max_endpoint_batch_size,
             load_timeout=settings.load_timeout,
             max_upload_files=settings.max_upload_files,
+            repository_control=settings.model_control_mode == "explicit",
         )
 
 

@@ -204,7 +204,8 @@ class ModelRegistry:
             model = versions.get(version)
             if model is None:
                 raise NotFound(
-                    f"model '{name}' has no version '{version}' (versions: {', '.join(versions)})"
+                    f"Request for unknown model: '{name}' version {version} is not found "
+                    f"(versions: {', '.join(versions)})"
                 )
         else:
             ready = [v for v in versions.values() if v.state == "READY"]
@@ -238,7 +239,7 @@ class ModelRegistry:
         check_version(version)
         model = versions.get(version)
         if model is None:
-            raise NotFound(f"model '{name}' has no version '{version}'")
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return model.ready
 
     def all_ready(self) -> bool:

@@ -84,13 +84,13 @@ def check_request(
                 f"(its outputs: {', '.join(model.output_map)})"
             )
         if name in wanted:
-            raise InvalidInput(f"output '{name}' is requested more than once")
+            raise InvalidInput(f"output '{name}' already exists in request: it is requested twice")
         wanted.add(name)
     return [
         (
             tensor,
             shape,
-            *(payload(tensor) if tensor.image is None else image_payload_of(tensor)),
+            *(payload(tensor, model.name) if tensor.image is None else image_payload_of(tensor)),
         )
         for tensor, shape in checked
     ]

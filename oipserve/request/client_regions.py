@@ -4,8 +4,10 @@ A client creates a POSIX shared-memory object, registers a region of it under a 
 (``key``, ``offset``, ``byte_size``), and then names the region in inference requests
 instead of sending tensor bytes. This module holds what the front knows of those
 regions: it checks a key (one POSIX name, never one of the server's own segments),
-records the object's identity (``st_dev``/``st_ino``), counts the requests that use
-each region, and makes an unregister wait for them. Workers map the objects themselves
+records the object's identity (``st_dev``/``st_ino``) and counts the requests that use
+each region. An unregister of a region in use is deferred, as Triton does it (2.53 on):
+the call returns at once, the region stays listed (and usable) until the last request
+that uses it ends, then it is dropped. Workers map the objects themselves
 (``workers.regions``); the front touches a region's bytes only with ``pread``/``pwrite``
 (dynamic batching), which a client that truncates its object cannot turn into a SIGBUS.
 
@@ -22,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound, Unavailable
@@ -33,6 +36,8 @@ from oipserve.wire.shm import SHM_DIR
 
 if TYPE_CHECKING:
     from hardware import Inventory
+
+log = logging.getLogger("oipserve.shm")
 
 __all__ = [
     "DEFAULT_MAX_REGIONS",
@@ -59,7 +64,7 @@ DEFAULT_MAX_REGIONS = 1024
 NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 FLAG_MESSAGE = (
-    "client shared memory is disabled on this server; start it with --allow-client-shm true "
+    "Client shared memory is disabled on this server; start it with --allow-client-shm true "
     "(or OIPSERVE_ALLOW_CLIENT_SHM=true) to let clients register their own shared memory"
 )
 
@@ -168,7 +173,7 @@ class RegionStatus(TypedDict):
 class ClientRegion:
     """One registered region: its object's identity, its place in it, the requests using it."""
 
-    __slots__ = ("name", "key", "offset", "byte_size", "ref", "uses", "_idle")
+    __slots__ = ("name", "key", "offset", "byte_size", "ref", "uses", "on_idle", "_idle")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int, ref: ObjectRef) -> None:
         self.name = name
@@ -176,9 +181,18 @@ class ClientRegion:
         self.offset = offset
         self.byte_size = byte_size
         self.ref = ref
-        #: Requests in flight that read or write this region.
+        #: Requests in flight that read or write this region (on a primary with
+        #: ``--http-workers``, plus one while another front may still use it).
         self.uses = 0
+        #: Set once the region is unregistered (``pending``): called when ``uses`` drops
+        #: to 0, to drop it from the table (Triton's ``awaiting_unregister``).
+        self.on_idle: Callable[[ClientRegion], None] | None = None
         self._idle: asyncio.Event | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Unregistered, kept until the requests that use it end."""
+        return self.on_idle is not None
 
     def status(self) -> RegionStatus:
         return {
@@ -190,12 +204,19 @@ class ClientRegion:
 
     def done_with(self) -> None:
         self.uses -= 1
-        if self.uses == 0 and self._idle is not None:
-            self._idle.set()
+        if self.uses == 0:
+            # NOTE: synchronously, before the request's response is written: a client
+            #   that asks for the status once its answer arrived finds the region gone.
+            if self.on_idle is not None:
+                self.on_idle(self)
+            if self._idle is not None:
+                self._idle.set()
 
     async def idle(self) -> None:
+        """Return once no request uses the region (at once when none does)."""
         if self.uses:
-            self._idle = asyncio.Event()
+            if self._idle is None:
+                self._idle = asyncio.Event()  # one event: several may wait
             await self._idle.wait()
 
 
@@ -287,7 +308,14 @@ class RegionMirror(Protocol):
 
     async def added(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
 
-    async def removed(self, name: str | None) -> None: ...
+    async def removed(self, name: str | None) -> set[str]:
+        """Every other front unregisters ``name`` (all when None) as ``unregister`` does;
+        the names that requests on some front still use."""
+        ...
+
+    async def idle(self, names: list[str]) -> None:
+        """Return once no other front uses any of ``names`` any more."""
+        ...
 
 
 class ClientRegions:
@@ -312,6 +340,8 @@ class ClientRegions:
         self.cuda_refusal = cuda_refusal
         #: The other HTTP fronts, told of each registration and unregistration.
         self.mirror: RegionMirror | None = None
+        #: Waits for other fronts to finish with unregistered regions (``_wait_elsewhere``).
+        self._waits: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -348,6 +378,13 @@ class ClientRegions:
         for what, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
                 raise InvalidInput(f"'{what}' must be a non-negative integer, got {value!r}")
+        try:
+            object_name(key)
+        except InvalidInput as exc:  # Triton's words first (its QA tests match them)
+            raise InvalidInput(
+                f"cannot register shared memory region '{name}' - invalid shm key '{key}': "
+                f"{exc.message}"
+            ) from None
         fd = open_object(key)
         try:
             info = os.fstat(fd)
@@ -361,8 +398,9 @@ class ClientRegions:
                 )
             if offset + byte_size > info.st_size:
                 raise InvalidInput(
-                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"is past the end of object '{key}' ({info.st_size} bytes)"
+                    f"failed to register shared memory region '{name}': invalid args: offset "
+                    f"{offset} + byte_size {byte_size} is past the end of object '{key}' "
+                    f"({info.st_size} bytes)"
                 )
         finally:
             # NOTE: not kept open: a descriptor per registration is what let one client
@@ -402,28 +440,91 @@ class ClientRegions:
             raise NotFound(f"Unable to find system shared memory region: '{name}'")
         return [region.status()]
 
-    async def unregister(self, name: str | None) -> None:
-        """Forget one region (all when ``name`` is None) once no request uses it.
+    async def unregister(self, name: str | None) -> list[str]:
+        """Unregister one region (all when ``name`` is None); the names of those that
+        requests still use, whose removal is deferred.
 
-        An unknown name is not an error (Triton's rule). New requests cannot use the
-        region from the call on; the call returns when those in flight are done.
+        Triton's rule (2.53 on): the call does not wait. A region that no request uses is
+        dropped at once; one in use is marked and stays in the table, listed by status,
+        usable by new requests and its name taken, until the last request that uses it
+        ends (``ClientRegion.done_with``). An unknown name is not an error. With
+        ``--http-workers`` the other fronts mark theirs too, and this front keeps the
+        region until their requests end as well.
         """
-        if name is None:
-            regions = list(self._regions.values())
-            self._regions.clear()
+        regions = self._matching(name)
+        fresh = [region for region in regions if not region.pending]
+        for region in fresh:
+            region.on_idle = self._forget_one
+        if self.mirror is not None and fresh:
+            await self._unregister_elsewhere(name, fresh)
         else:
-            region = self._regions.pop(name, None)
-            regions = [] if region is None else [region]
-        for region in regions:
-            await region.idle()
-        if regions and self.mirror is not None:
-            await self.mirror.removed(name)  # the other fronts' requests are done too
-        if regions and self.on_closed is not None:
-            self.on_closed([region.ref for region in regions])
+            self._forget([region for region in fresh if region.uses == 0])
+        return [region.name for region in regions if region.uses]
+
+    def _matching(self, name: str | None) -> list[ClientRegion]:
+        if name is None:
+            return list(self._regions.values())
+        region = self._regions.get(name)
+        return [] if region is None else [region]
+
+    async def _unregister_elsewhere(self, name: str | None, fresh: list[ClientRegion]) -> None:
+        """The other fronts unregister it too; each of ``fresh`` that one of them still
+        uses is held here (one use) until none does, so that status lists it meanwhile."""
+        if self.mirror is None:
+            return
+        for region in fresh:
+            region.uses += 1  # the other fronts' hold, while they answer
+        busy: set[str] = set()
+        try:
+            busy = await self.mirror.removed(name)
+        finally:
+            # NOTE: not done_with(): the idle ones are forgotten together (one message
+            #   to each worker for an unregister-all).
+            for region in fresh:
+                if region.name not in busy:
+                    region.uses -= 1
+            self._forget([region for region in fresh if region.uses == 0])
+            elsewhere = [region for region in fresh if region.name in busy]
+            if elsewhere:
+                task = asyncio.ensure_future(self._wait_elsewhere(elsewhere))
+                self._waits.add(task)
+                task.add_done_callback(self._waits.discard)
+
+    async def _wait_elsewhere(self, regions: list[ClientRegion]) -> None:
+        if self.mirror is None:
+            return
+        try:
+            await self.mirror.idle([region.name for region in regions])
+        except Exception:
+            log.exception("shared memory: waiting for the other fronts' requests failed")
+        finally:
+            for region in regions:
+                region.done_with()
+
+    async def idle(self, names: Iterable[str]) -> None:
+        """Return once none of the unregistered regions ``names`` is used here any more
+        (what a primary asks of the other HTTP fronts with ``--http-workers``)."""
+        for name in names:
+            region = self._regions.get(name)
+            if region is not None and region.pending:
+                await region.idle()
+
+    def _forget_one(self, region: ClientRegion) -> None:
+        self._forget([region])
+
+    def _forget(self, regions: list[ClientRegion]) -> None:
+        """Drop unregistered regions no request uses; the workers unmap their objects."""
+        gone = [region for region in regions if self._regions.get(region.name) is region]
+        for region in gone:
+            del self._regions[region.name]
+        if gone and self.on_closed is not None:
+            self.on_closed([region.ref for region in gone])
 
     def close(self) -> None:
         """At shutdown: forget every region (no request runs any more; nothing is open)."""
         self._regions.clear()
+        for task in list(self._waits):
+            task.cancel()
 
     # ---- inference ----------------------------------------------------------------
 
@@ -433,9 +534,16 @@ class ClientRegions:
         if region is None:
             raise InvalidInput(f"{where}: Unable to find shared memory region: '{request.region}'")
         if request.offset + request.byte_size > region.byte_size:
+            # Triton's three phrases (its clients and QA tests match them), then the numbers.
+            end = request.offset + request.byte_size
+            if request.offset >= region.byte_size:
+                what = "Invalid offset for shared memory region"
+            elif end >= 1 << 64:
+                what = "Integer overflow detected: byte_size + offset passes 2**64 in region"
+            else:
+                what = "Invalid offset + byte size for shared memory region"
             raise InvalidInput(
-                f"{where}: Invalid offset + byte size for shared memory region: "
-                f"'{request.region}' (offset {request.offset} + byte size "
+                f"{where}: {what}: '{request.region}' (offset {request.offset} + byte size "
                 f"{request.byte_size} > region size {region.byte_size})"
             )
         return RegionUse(region, request.offset, request.byte_size)

@@ -167,8 +167,9 @@ def _check_most(tensor: InputTensor, values: Deferred, count: int) -> None:
         )
 
 
-def payload(tensor: InputTensor) -> tuple[int, Payload]:
-    """Byte size of an input and its host-side data (None when already in shared memory)."""
+def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
+    """Byte size of an input and its host-side data (None when already in shared memory);
+    ``model`` names the model in Triton's words for a region of the wrong size."""
     count = element_count(tensor.shape)
     datatype = tensor.datatype
     if tensor.values is not None:
@@ -196,9 +197,10 @@ def payload(tensor: InputTensor) -> tuple[int, Payload]:
             expected = ELEMENT_SIZES[datatype] * count
             if nbytes != expected:
                 raise InvalidInput(
-                    f"input '{tensor.name}' should have {expected} bytes of data for shape "
-                    f"{tensor.shape} and datatype {datatype}, but its shared_memory_byte_size "
-                    f"is {nbytes}"
+                    f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+                    f"Expected {expected}, got {nbytes}: input '{tensor.name}' should have "
+                    f"{expected} bytes of data for shape {tensor.shape} and datatype "
+                    f"{datatype}, but its shared_memory_byte_size is {nbytes}"
                 )
         return nbytes, None
     if tensor.raw is not None:

@@ -16,7 +16,8 @@ import numpy as np
 from oipserve.errors import InvalidInput
 from oipserve.wire import json_values as shared
 from oipserve.wire.datatypes import NUMPY_DTYPES, bf16_to_float32, split_bytes_elements
-from oipserve.wire.json_values import DataError, bytes_as_text, flatten
+from oipserve.wire.json_numbers import MAX_JSON_DEPTH
+from oipserve.wire.json_values import DataError, bytes_as_text, flatten, nesting_error
 from oipserve.wire.shm import Lease
 
 __all__ = [
@@ -56,12 +57,17 @@ class Deferred:
         self.text = text
 
 
-def _flatten_strings(name: str, values: list[object], out: list[bytes]) -> None:
+def _flatten_strings(name: str, values: list[object], out: list[bytes], depth: int = 1) -> None:
+    """Append the BYTES elements of nested ``values`` (its elements at ``depth``) to ``out``."""
+    # NOTE: Triton's nesting limit, checked here as it walks: nothing to walk for it
+    #   on a normal request (numbers are checked by numpy's 64-dimension limit).
+    if depth >= MAX_JSON_DEPTH and values:
+        raise InvalidInput(str(nesting_error(name)))
     for value in values:
         if isinstance(value, str):
             out.append(value.encode("utf-8"))
         elif isinstance(value, list):
-            _flatten_strings(name, value, out)
+            _flatten_strings(name, value, out, depth + 1)
         elif isinstance(value, bytes):  # gRPC bytes_contents
             out.append(value)
         else:

@@ -104,10 +104,19 @@ class RegionAdded(msgspec.Struct, frozen=True, tag=True, array_like=True):
 
 
 class RegionsRemoved(msgspec.Struct, frozen=True, tag=True, array_like=True):
-    """Unregister ``name`` (every region when None); ``Done`` once no request uses it."""
+    """Unregister ``name`` (every region when None) as the primary does (deferred while
+    requests use it); answered at once with ``RegionsBusy``."""
 
     seq: int
     name: str | None
+
+
+class RegionsIdle(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """``Done`` once no request here uses any of the unregistered regions ``names``
+    (answered whenever that is: the replica goes on following meanwhile)."""
+
+    seq: int
+    names: list[str]
 
 
 class Drain(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -117,7 +126,9 @@ class Drain(msgspec.Struct, frozen=True, tag=True, array_like=True):
     timeout: float
 
 
-ToReplica = Start | Snapshot | Retire | CollectStats | RegionAdded | RegionsRemoved | Drain
+ToReplica = (
+    Start | Snapshot | Retire | CollectStats | RegionAdded | RegionsRemoved | RegionsIdle | Drain
+)
 
 # ---- what a replica answers ------------------------------------------------------------
 
@@ -136,6 +147,13 @@ class StatsRows(msgspec.Struct, frozen=True, tag=True, array_like=True):
     rows: list[StatsRow]
 
 
+class RegionsBusy(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """The answer to ``RegionsRemoved``: the unregistered regions requests here still use."""
+
+    seq: int
+    names: list[str]
+
+
 class Refused(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """The request could not be carried out: ``message`` says why, ``kind`` is the error's
     (``oipserve.errors``) when it was the client's or the server's on purpose."""
@@ -145,7 +163,7 @@ class Refused(msgspec.Struct, frozen=True, tag=True, array_like=True):
     kind: ErrorKind = ErrorKind.INTERNAL
 
 
-FromReplica = Listening | Done | StatsRows | Refused
+FromReplica = Listening | Done | StatsRows | RegionsBusy | Refused
 
 _ENCODER = msgspec.msgpack.Encoder()
 

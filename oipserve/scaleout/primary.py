@@ -43,6 +43,8 @@ from oipserve.scaleout.control import (
     Listening,
     Refused,
     RegionAdded,
+    RegionsBusy,
+    RegionsIdle,
     RegionsRemoved,
     Retire,
     Snapshot,
@@ -281,11 +283,12 @@ class Replicas:
         return rows
 
     async def ask_all(
-        self, make: Callable[[int], ToReplica], patience: float = ANSWER_TIMEOUT
+        self, make: Callable[[int], ToReplica], patience: float | None = ANSWER_TIMEOUT
     ) -> list[tuple[Replica, FromReplica]]:
         """Send every replica a request made by ``make(seq)``; their answers. A replica
         that died is left out; one silent for ``patience`` seconds is killed (and
-        replaced); a refusal is an answer (``Refused``), for the caller to judge."""
+        replaced; None: no limit); a refusal is an answer (``Refused``), for the caller
+        to judge."""
         # NOTE: not a draining replica: it has stopped following, and a load or unload
         #   that runs into a shutdown would wait ``patience`` for it, then kill it.
         asked = [
@@ -371,8 +374,18 @@ class RegionsOfReplicas:
             if isinstance(reply, Refused):
                 raise from_kind(reply.kind, reply.message)
 
-    async def removed(self, name: str | None) -> None:
-        await self._replicas.ask_all(lambda seq: RegionsRemoved(seq, name))
+    async def removed(self, name: str | None) -> set[str]:
+        """Every replica unregisters it too (at once); the names requests there still use."""
+        busy: set[str] = set()
+        for _, reply in await self._replicas.ask_all(lambda seq: RegionsRemoved(seq, name)):
+            if isinstance(reply, RegionsBusy):
+                busy.update(reply.names)
+        return busy
+
+    async def idle(self, names: list[str]) -> None:
+        """Once no replica uses any of ``names``: as long as their requests run (no
+        patience limit: a replica that dies answers by closing its socket)."""
+        await self._replicas.ask_all(lambda seq: RegionsIdle(seq, names), None)
 
 
 def forward_address(prefix: str) -> str:

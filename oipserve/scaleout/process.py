@@ -57,6 +57,8 @@ from oipserve.scaleout.control import (
     Listening,
     Refused,
     RegionAdded,
+    RegionsBusy,
+    RegionsIdle,
     RegionsRemoved,
     Retire,
     Snapshot,
@@ -168,6 +170,8 @@ class Replica:
         self._addresses: dict[int, str] = {}
         #: The versions answered here, by serial (kept across snapshots with their counters).
         self.versions: dict[int, ModelVersion] = {}
+        #: Answers to ``RegionsIdle`` not given yet (kept referenced until they are).
+        self._idle_waits: set[asyncio.Task[None]] = set()
         #: Versions the primary no longer lists, until their Retire: a reload lists the
         #: new versions first, and the old ones finish what they hold here meanwhile.
         self.leaving: dict[int, ModelVersion] = {}
@@ -272,7 +276,10 @@ class Replica:
                 return None
             if isinstance(message, Drain):
                 return message
-            reply: Done | Refused
+            if isinstance(message, RegionsIdle):
+                self._answer_when_idle(message)  # may be long: the next message goes on
+                continue
+            reply: Done | RegionsBusy | Refused
             try:
                 reply = await self._carry_out(message)
             except ServerError as exc:
@@ -282,7 +289,18 @@ class Replica:
                 reply = Refused(message.seq, f"{type(exc).__name__}: {exc}")
             self.control.send(reply)
 
-    async def _carry_out(self, message: ToReplica) -> Done:
+    def _answer_when_idle(self, message: RegionsIdle) -> None:
+        """``Done`` once no request here uses the unregistered regions ``message.names``."""
+
+        async def answer() -> None:
+            await self.dataplane.regions.idle(message.names)
+            self.control.send(Done(message.seq))
+
+        task = asyncio.ensure_future(answer())
+        self._idle_waits.add(task)
+        task.add_done_callback(self._idle_waits.discard)
+
+    async def _carry_out(self, message: ToReplica) -> Done | RegionsBusy:
         if isinstance(message, Snapshot):
             await self.apply(message)
         elif isinstance(message, Retire):
@@ -292,7 +310,8 @@ class Replica:
                 message.name, message.key, message.offset, message.byte_size
             )
         elif isinstance(message, RegionsRemoved):
-            await self.dataplane.regions.unregister(message.name)
+            busy = await self.dataplane.regions.unregister(message.name)
+            return RegionsBusy(message.seq, busy)
         return Done(message.seq)
 
     def grpc_server(self, forward_to: str) -> tuple[H2Server, GrpcServer]:

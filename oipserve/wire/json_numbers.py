@@ -33,6 +33,12 @@ import simdjson
 
 from oipserve.wire.datatypes import DATATYPES
 
+#: Triton's limit on the nesting of a JSON ``data`` array (HTTP_MAX_JSON_NESTING_DEPTH): it
+#: counts the outermost array as depth 0 and refuses any array or value at depth 100, so
+#: a value inside 100 nested arrays is refused and one inside 99 is not
+#: (``json_values.nesting_error``).
+MAX_JSON_DEPTH = 100
+
 #: ``data`` texts shorter than this go to msgspec directly: below it the two-step
 #: decode (simdjson, then msgspec.convert) costs more than it saves (measured:
 #: 1,024 FP32 numbers, 20 KB, 61 us with msgspec and 53 us here; 256, 5 KB, 17 vs 23 us).
@@ -113,6 +119,8 @@ def _number_array(data: Any, kind: str) -> tuple[np.ndarray, int]:
     node = data
     while dims[-1] and isinstance(node := node[0], simdjson.Array):
         dims.append(len(node))
+    if len(dims) >= MAX_JSON_DEPTH:
+        raise _NotFast  # the standard decoder refuses it, in Triton's words
     # A regular array has prod(dims[:i]) arrays at depth i; bound the walk before it starts.
     arrays = sum(math.prod(dims[:depth]) for depth in range(len(dims)))
     if arrays > MAX_NESTED_ARRAYS:

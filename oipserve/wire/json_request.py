@@ -66,7 +66,10 @@ def decode_request(body: bytes | memoryview) -> InferRequest:
     except msgspec.DecodeError as exc:
         raise ValueError(f"malformed JSON: {syntax_error(exc, body)}") from None
     except RecursionError:
-        raise ValueError("malformed JSON: nested too deeply") from None
+        raise ValueError(
+            "JSON nesting depth exceeds maximum allowed limit (100): malformed JSON, nested "
+            "too deeply"
+        ) from None
 
 
 #: A JSON escape: ``\\uXXXX`` (group 1: the code unit) or a backslash and any one byte.

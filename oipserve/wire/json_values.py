@@ -25,14 +25,47 @@ from oipserve.wire.datatypes import (
     bf16_to_float32,
     float32_to_bf16,
 )
-from oipserve.wire.json_numbers import MIN_BODY, NumberArrayDecoder
+from oipserve.wire.json_numbers import MAX_JSON_DEPTH, MIN_BODY, NumberArrayDecoder
 from oipserve.wire.json_request import syntax_error
 
-__all__ = ["DataError", "array_from_values", "bytes_as_text", "decode_data", "flatten"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "DataError",
+    "array_from_values",
+    "bytes_as_text",
+    "decode_data",
+    "flatten",
+    "nesting_error",
+    "too_deep",
+]
 
 
 class DataError(ValueError):
     """The ``data`` of an input is not what its datatype and shape say; the text is for clients."""
+
+
+def nesting_error(name: str) -> DataError:
+    """Triton's words for ``data`` nested past ``MAX_JSON_DEPTH``, then ours."""
+    return DataError(
+        f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH}): 'data' of "
+        f"input '{name}' has a value inside {MAX_JSON_DEPTH} or more nested arrays"
+    )
+
+
+def too_deep(values: object) -> bool:
+    """Whether decoded ``data`` nests past ``MAX_JSON_DEPTH`` (as Triton counts it).
+
+    Only on error paths: numpy refuses more than 64 dimensions, so nesting that deep
+    never becomes an array and normal requests never pay for this walk.
+    """
+    # (each entry: an array and the depth of its elements)
+    stack: list[tuple[list[object], int]] = [(values, 1)] if isinstance(values, list) else []
+    while stack:
+        items, depth = stack.pop()
+        if items and depth >= MAX_JSON_DEPTH:
+            return True
+        stack.extend((item, depth + 1) for item in items if isinstance(item, list))
+    return False
 
 
 DATA_DECODER = msgspec.json.Decoder()
@@ -63,7 +96,7 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> Any:
             f"malformed JSON in 'data' of input '{name}': {syntax_error(exc, raw)}"
         ) from None
     except RecursionError:
-        raise DataError(f"malformed JSON: 'data' of input '{name}' is nested too deeply") from None
+        raise nesting_error(name) from None
     # NOTE: checked after decoding, not before: a look at the first byte costs every
     #   request a view, and what is decoded here is bounded by the body's size anyway.
     if not isinstance(values, list):
@@ -164,6 +197,8 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
     try:
         source = np.asarray(values)
     except (ValueError, OverflowError):
+        if too_deep(values):
+            raise nesting_error(name) from None
         raise DataError(
             f"'data' of input '{name}' is ragged or holds values of mixed types: "
             "nested arrays must all have the same length"

@@ -44,6 +44,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         json.dumps({"gpus": [{"name": "NVIDIA H100 80GB HBM3"}], "gpu_sessions": "real"})
     )
     args = ["--devices", "auto", "--hardware-inventory", str(inventory)]
+    args += ["--model-control-mode", "explicit", "--load-model", "*"]  # loads allowed
     proc = ServerProcess(root, args).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log

@@ -227,7 +227,7 @@ def test_versions(client: grpcclient.InferenceServerClient) -> None:
     _fail(
         lambda: client.infer("versioned", [inp], model_version="7"),
         grpc.StatusCode.NOT_FOUND,
-        "no version '7'",
+        "Request for unknown model: 'versioned' version 7 is not found",
     )
 
 
@@ -592,7 +592,8 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
 def test_repository_rpcs(tmp_path: Path) -> None:
     root = tmp_path_repo(tmp_path)
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", root / "versioned")
-    proc = ServerProcess(root).wait_ready()
+    proc = ServerProcess(root, ["--model-control-mode", "explicit", "--load-model", "*"])
+    proc.wait_ready()
     try:
         with grpcclient.InferenceServerClient(proc.grpc_url) as own:
             index = own.get_model_repository_index(as_json=True)["models"]

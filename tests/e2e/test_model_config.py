@@ -84,7 +84,7 @@ def test_metadata_and_config_show_what_clients_send(
 
 def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "latest")
-    (tmp_path / "latest" / "config.pbtxt").write_text("response_cache { enable: true }\n")
+    (tmp_path / "latest" / "config.pbtxt").write_text('model_warmup { name: "w" }\n')
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "stateful")
     (tmp_path / "stateful" / "config.pbtxt").write_text("sequence_batching { }\n")
     shutil.copytree(SAMPLE_REPOSITORY / "reshape_optional", tmp_path / "required")
@@ -102,7 +102,10 @@ def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
             # Triton's default version policy: the latest version only.
             assert client.get_model_metadata("latest")["versions"] == ["2"]
             assert not client.is_model_ready("latest", "1")
-            with pytest.raises(InferenceServerException, match="no version '1'"):
+            with pytest.raises(
+                InferenceServerException,
+                match="Request for unknown model: 'latest' version 1 is not found",
+            ):
                 client.get_model_metadata("latest", "1")
             index = {entry["name"]: entry for entry in client.get_model_repository_index()}
             assert index["stateful"]["state"] == "UNAVAILABLE"
@@ -112,7 +115,7 @@ def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
     finally:
         assert proc.stop() == 0
     assert (
-        "model 'latest': config.pbtxt field 'response_cache' is not supported by oipserve "
+        "model 'latest': config.pbtxt field 'model_warmup' is not supported by oipserve "
         "and is ignored" in proc.log
     )
     assert "model 'stateful' is UNAVAILABLE: config.pbtxt:" in proc.log

@@ -138,9 +138,15 @@ def test_float_overflow_in_fp16(server: ServerProcess) -> None:
     ("path", "fragment"),
     [
         ("/v2/models/nope/infer", "Request for unknown model: 'nope' is not found"),
-        ("/v2/models/simple/versions/7/infer", "no version '7'"),
+        (
+            "/v2/models/simple/versions/7/infer",
+            "Request for unknown model: 'simple' version 7 is not found",
+        ),
         ("/v2/models/nope", "unknown model"),
-        ("/v2/models/versioned/versions/3", "no version '3'"),
+        (
+            "/v2/models/versioned/versions/3",
+            "Request for unknown model: 'versioned' version 3 is not found",
+        ),
     ],
 )
 def test_unknown_model_or_version_is_404(server: ServerProcess, path: str, fragment: str) -> None:

@@ -303,7 +303,10 @@ def test_fenced_control_plane_leaves_inference_open(fenced: ServerProcess) -> No
     ("args", "fragment"),
     [
         (["--http-restricted-api", "inference:x-key"], "is not of the form"),
-        (["--grpc-restricted-protocol", "everything:key=hunter2"], "names 'everything'"),
+        (
+            ["--grpc-restricted-protocol", "everything:key=hunter2"],
+            "unknown restricted api 'everything'",
+        ),
         (
             [
                 "--http-restricted-api",
@@ -311,7 +314,7 @@ def test_fenced_control_plane_leaves_inference_open(fenced: ServerProcess) -> No
                 "--http-restricted-api",
                 "health:b=2",
             ],
-            "the health API is restricted twice",
+            "api 'health' can not be specified in multiple config groups",
         ),
         (
             [
@@ -320,7 +323,7 @@ def test_fenced_control_plane_leaves_inference_open(fenced: ServerProcess) -> No
                 "--grpc-restricted-protocol",
                 "statistics,model-repository:a=1",
             ],
-            "the model-repository API is restricted twice",
+            "api 'model-repository' can not be specified in multiple config groups",
         ),
     ],
 )

@@ -25,7 +25,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.support.http import post
-from tests.support.server import ServerProcess, pending, shm_entries, stays, steadily, wait_for
+from tests.support.server import ServerProcess, pending, shm_entries, steadily, wait_for
 
 SHM = "/dev/shm"
 
@@ -437,16 +437,20 @@ def test_flag_off_refuses_registration_only(server: ServerProcess, regions: list
     http = httpclient.InferenceServerClient(server.host_port)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        _http_fail(
-            lambda: http.register_system_shared_memory(region.name, region.key, 64),
-            403,
-            "--allow-client-shm",
-        )
-        _grpc_fail(
-            lambda: client.register_system_shared_memory(region.name, region.key, 64),
-            grpc.StatusCode.PERMISSION_DENIED,
-            "--allow-client-shm",
-        )
+        # Triton's phrase first (its QA tests match it), then how to turn the flag on.
+        for message in (
+            _http_fail(
+                lambda: http.register_system_shared_memory(region.name, region.key, 64),
+                403,
+                "--allow-client-shm",
+            ),
+            _grpc_fail(
+                lambda: client.register_system_shared_memory(region.name, region.key, 64),
+                grpc.StatusCode.PERMISSION_DENIED,
+                "--allow-client-shm",
+            ),
+        ):
+            assert message.startswith("Client shared memory is disabled"), message
         assert http.get_system_shared_memory_status() == []
         assert not client.get_system_shared_memory_status().regions
         http.unregister_system_shared_memory()
@@ -662,7 +666,7 @@ def _open_files(pid: int) -> list[str]:
     return out
 
 
-def test_unregister_waits_for_requests_in_flight_and_unmaps(
+def test_unregister_during_a_request_is_deferred_then_unmaps(
     shm_server: ServerProcess, http: httpclient.InferenceServerClient, regions: list[Region]
 ) -> None:
     region = _region(regions, 4096)
@@ -683,7 +687,6 @@ def test_unregister_waits_for_requests_in_flight_and_unmaps(
             outcome["infer"] = result.as_numpy("OUTPUT0")
         except Exception as exc:  # noqa: BLE001 (reported by the assertion below)
             outcome["infer"] = exc
-        outcome["infer_done"] = time.monotonic()
         client.close()
 
     def unregister() -> None:
@@ -700,16 +703,17 @@ def test_unregister_waits_for_requests_in_flight_and_unmaps(
         assert wait_for(lambda: pending(shm_server, "identity_int32") == 1, 10)
         second = threading.Thread(target=unregister)
         second.start()
-        # The region is forgotten as the call comes; the call returns once it is idle.
-        assert wait_for(lambda: not _listed(http, region.name), 10)
-        assert stays(lambda: "unregistered" not in outcome and "infer" not in outcome, 1.0)
+        # Triton's rule (2.53 on): the call answers at once; the region stays listed until
+        # the request that uses it ends (tests/e2e/test_shm_deferred_unregister.py).
+        second.join(10)
+        assert "unregistered" in outcome and "infer" not in outcome, outcome
+        assert _listed(http, region.name)
     finally:
         os.kill(worker, signal.SIGCONT)
     first.join(30)
-    second.join(30)
     answer = outcome["infer"]
     assert isinstance(answer, np.ndarray) and (answer == np.arange(1024)).all(), answer
-    assert outcome["unregistered"] >= outcome["infer_done"] - 0.2  # type: ignore[operator]
+    assert not _listed(http, region.name)
     # Nothing of the region is left: not mapped by the worker, not open in the front.
     assert wait_for(lambda: region.path not in _maps(worker), 10), _maps(worker)
     assert region.path not in _open_files(front)

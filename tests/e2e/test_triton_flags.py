@@ -98,6 +98,8 @@ def test_allow_http_false_serves_grpc_only_and_writes_nothing(repository: Path) 
             "--metrics-port=0",
             "--allow-http=false",
             "--allow-grpc=true",
+            "--model-control-mode=explicit",  # repository control below
+            "--load-model=*",
         ]
     ).wait_ready()
     try:

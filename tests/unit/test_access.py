@@ -49,7 +49,7 @@ def test_grpc_key_gets_tritons_prefix() -> None:
         ("inference:k=", False, "printable ASCII"),
         ("inference:k= v", False, "printable ASCII"),
         ("inference:k=caf\u00e9", False, "printable ASCII"),
-        ("infer:k=v", False, "names 'infer'"),
+        ("infer:k=v", False, "unknown restricted api 'infer': .* names 'infer'"),
         ("inference,,health:k=v", False, "names an empty name"),
         ("health,health:k=v", False, "names an API twice"),
     ],
@@ -60,7 +60,11 @@ def test_malformed_restrictions(spec: str, grpc: bool, fragment: str) -> None:
 
 
 def test_an_api_restricted_twice_is_refused() -> None:
-    with pytest.raises(RestrictionError, match="the health API is restricted twice"):
+    with pytest.raises(
+        RestrictionError,
+        match="api 'health' can not be specified in multiple config groups: "
+        "the health API is restricted twice",
+    ):
         parse_restrictions(["health,metadata:a=1", "inference,health:b=2"], grpc=False)
 
 

@@ -106,26 +106,57 @@ async def test_own_segments_are_refused(shm_object: str) -> None:
         await own.register("r", shm_object, 0, 8)
 
 
-def test_unregister_waits_for_uses(shm_object: str) -> None:
-    async def scenario() -> list[str]:
+def test_unregister_of_a_region_in_use_is_deferred(shm_object: str) -> None:
+    """Triton's rule (2.53 on): the call returns at once; the region stays listed, usable
+    and its name taken until the last request that uses it ends, then it is dropped."""
+
+    async def scenario() -> None:
         regions = ClientRegions(True, "oipserve-own-")
         closed: list[ObjectRef] = []
         regions.on_closed = closed.extend
         await regions.register("r", shm_object, 0, 64)
-        use = regions.use(RegionRequest("r", 8, 0), "input 'a'")
-        events = []
-        task = asyncio.ensure_future(regions.unregister("r"))
-        await asyncio.sleep(0.05)
-        events.append("waiting" if not task.done() else "returned early")
-        assert regions.status(None) == []  # gone for new requests at once
-        use.release()
-        use.release()  # twice is harmless
-        await task
-        events.append(f"closed {len(closed)}")
-        await regions.unregister("never-there")
-        return events
+        first = regions.use(RegionRequest("r", 8, 0), "input 'a'")
+        # At once: nothing awaited (before, the call waited for the requests: a timeout).
+        assert await asyncio.wait_for(regions.unregister("r"), 5) == ["r"]
+        assert [entry["name"] for entry in regions.status(None)] == ["r"]
+        with pytest.raises(AlreadyExists, match="shared memory region 'r' already in manager"):
+            await regions.register("r", shm_object, 0, 64)
+        second = regions.use(RegionRequest("r", 8, 8), "input 'b'")  # still usable (Triton)
+        assert await regions.unregister("r") == ["r"]  # again: still deferred, harmless
+        first.release()
+        first.release()  # twice is harmless
+        assert regions.status("r") and closed == []  # the second request still uses it
+        waiter = asyncio.ensure_future(regions.idle(["r", "never-there"]))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        second.release()  # the last use: dropped now, before the response is written
+        assert regions.status(None) == [] and len(closed) == 1
+        await asyncio.wait_for(waiter, 5)
+        with pytest.raises(NotFound, match="Unable to find system shared memory region: 'r'"):
+            regions.status("r")
+        with pytest.raises(InvalidInput, match="Unable to find shared memory region: 'r'"):
+            regions.use(RegionRequest("r", 8, 0), "input 'a'")
+        await regions.register("r", shm_object, 0, 64)  # the name is free again
+        assert await regions.unregister("never-there") == []
 
-    assert asyncio.run(scenario()) == ["waiting", "closed 1"]
+    asyncio.run(scenario())
+
+
+def test_unregister_all_drops_idle_regions_and_defers_the_rest(shm_object: str) -> None:
+    async def scenario() -> None:
+        regions = ClientRegions(True, "oipserve-own-")
+        closed: list[ObjectRef] = []
+        regions.on_closed = closed.extend
+        for name in ("idle-1", "busy", "idle-2"):
+            await regions.register(name, shm_object, 0, 64)
+        use = regions.use(RegionRequest("busy", 8, 0), "output 'y'")
+        assert await asyncio.wait_for(regions.unregister(None), 5) == ["busy"]
+        assert [entry["name"] for entry in regions.status(None)] == ["busy"]
+        assert len(closed) == 2  # the idle ones, unmapped in one message
+        use.release()
+        assert regions.status(None) == [] and len(closed) == 3
+
+    asyncio.run(scenario())
 
 
 def _ref(key: str) -> ObjectRef:

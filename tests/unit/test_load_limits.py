@@ -19,7 +19,10 @@ def test_flags_and_environment_become_the_limits() -> None:
     argv = ["serve", "--model-repository", "r", "--max-threads-per-session", "4"]
     env = {"OIPSERVE_LOAD_TIMEOUT": "2.5", "OIPSERVE_MAX_INSTANCES_PER_ENDPOINT": "3"}
     limits = LoadLimits.from_settings(load_settings(argv, env)[1])
-    assert limits == LoadLimits(3, 4, 65536, 2.5)
+    # (mode none, the default, locks the repository API)
+    assert limits == LoadLimits(3, 4, 65536, 2.5, repository_control=False)
+    explicit = load_settings([*argv, "--model-control-mode", "explicit"], env)[1]
+    assert LoadLimits.from_settings(explicit).repository_control
 
 
 @pytest.mark.parametrize(

@@ -79,5 +79,5 @@ def test_model_control_settings() -> None:
     assert settings.load_model == ("x", "y")
     with pytest.raises(SettingsError, match="only applies with --model-control-mode explicit"):
         load_settings(base, {"OIPSERVE_LOAD_MODEL": "x, y"})
-    with pytest.raises(SystemExit):
+    with pytest.raises(SettingsError, match="poll .* is not implemented"):
         load_settings([*base, "--model-control-mode", "poll"], {})

@@ -193,7 +193,10 @@ class InferenceService:
                 wanted = region_request(where, output.parameters)
                 if wanted is not None:
                     if output.name in into_regions:
-                        raise InvalidInput(f"output '{output.name}' is requested more than once")
+                        raise InvalidInput(
+                            f"output '{output.name}' already exists in request: "
+                            "it is requested twice"
+                        )
                     into_regions[output.name] = regions.use(wanted, where)
                 outputs.append(output.name)
                 count = class_count(output)

@@ -38,10 +38,12 @@ def parse_header_length(text: str | None, body_size: int) -> int | None:
         raise InvalidInput(
             f"Inference-Header-Content-Length must be a non-negative integer, got {text!r}"
         )
-    length = int(value)
+    # NOTE: int() refuses more than 4,300 digits (a 500); 19 are past any body already.
+    length = int(value) if len(value) <= 19 else body_size + 1
     if length > body_size:
         raise InvalidInput(
-            f"Inference-Header-Content-Length is {length} but the body has only {body_size} bytes"
+            f"Inference-Header-Content-Length is {value[:24]}{'...' * (len(value) > 24)} but "
+            f"the body has only {body_size} bytes"
         )
     return length
 
@@ -146,26 +148,32 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
 def raw_input_shape(
     name: str, datatype: str, model_shape: tuple[int, ...], batched: bool, nbytes: int
 ) -> list[int]:
-    """Deduce the shape of a raw binary request (Inference-Header-Content-Length: 0)."""
-    if datatype == "BYTES":
-        if [d if d != -1 else 1 for d in model_shape] != [1] * len(model_shape) or len(
-            model_shape
-        ) != 1:
-            raise InvalidInput(
-                f"a raw binary request needs a BYTES input of shape [1]; input '{name}' has "
-                f"{list(model_shape)}"
-            )
-        return [1]
+    """Deduce the shape of a raw binary request (Inference-Header-Content-Length: 0).
+
+    As Triton normalises it: a batch of 1 in front when the model batches
+    (``model_shape`` then starts with the batch dimension, -1), then the config's dims,
+    a variable one deduced from ``nbytes``. A BYTES input takes the whole body as its
+    one element, so its dims must hold exactly one (no variable dimension).
+    """
     shape = list(model_shape)
     if batched and shape and shape[0] == -1:
         shape[0] = 1
+    if datatype == "BYTES":
+        dims = model_shape[1:] if batched else model_shape
+        if -1 in dims or element_count(list(dims)) != 1:
+            raise InvalidInput(
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]: "
+                f"a raw request's body is one BYTES element, and the model's dims are "
+                f"{list(dims)}"
+            )
+        return shape
     unknown = [i for i, d in enumerate(shape) if d == -1]
     item = ELEMENT_SIZES[datatype]
     known = element_count([d for d in shape if d != -1]) * item
     if len(unknown) > 1:
         raise InvalidInput(
-            f"the shape of raw input '{name}' cannot be deduced: model shape "
-            f"{list(model_shape)} has more than one variable dimension"
+            f"The shape of the raw input '{name}' can not be deduced because there are more "
+            f"than one variable-sized dimension: model shape {list(model_shape)}"
         )
     if unknown:
         if known == 0 or nbytes % known:

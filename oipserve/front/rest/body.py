@@ -119,7 +119,14 @@ async def read_body(
     # NOTE: place the body so the first binary chunk starts on a 64-byte boundary;
     #   numpy and ONNX Runtime then read it in place instead of copying.
     text = header_length.strip()
-    pad = (-int(text)) % ALIGNMENT if text.isascii() and text.isdigit() else 0
+    # NOTE: at most 18 digits: int() refuses more than 4,300 (a 500); a longer value is
+    #   refused by binary.parse_header_length.
+    header = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+    pad = 0 if header is None else (-header) % ALIGNMENT
+    if header == 0:
+        # NOTE: a raw request (no JSON header): room before the data for the 4-byte length
+        #   a BYTES input gets (resources._raw_input), the data still on a boundary.
+        pad = ALIGNMENT
     if length is None or encoding != "identity":
         return await _into_lease(pool, await _read_whole(req, encoding, limit), pad)
     return await _receive_leased(req, pool, length, pad)

@@ -31,6 +31,7 @@ from oipserve.request.inference import Inference, InputTensor
 from oipserve.request.parameters import schedule_parameters, unsigned
 from oipserve.request.tensors import Deferred, check_datatype, decode_data
 from oipserve.telemetry.stats_report import model_statistics
+from oipserve.wire.datatypes import LENGTH_PREFIX
 from oipserve.wire.json_request import RequestInput, RequestOutput
 from oipserve.wire.shm import Lease
 
@@ -195,7 +196,9 @@ class ModelResource:
         if output.parameters and output.parameters.get("binary_data") is True:
             raise InvalidInput(f"{where} cannot be both in shared memory and binary_data")
         if output.name in into_regions:
-            raise InvalidInput(f"output '{output.name}' is requested more than once")
+            raise InvalidInput(
+                f"output '{output.name}' already exists in request: it is requested twice"
+            )
         into_regions[output.name] = self.dataplane.regions.use(wanted, where)
         return False
 
@@ -203,18 +206,25 @@ class ModelResource:
         """The whole body as the model's one input (``Inference-Header-Content-Length: 0``)."""
         if len(target.inputs) != 1:
             raise InvalidInput(
-                f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
-                f"exactly one input; model '{target.name}' has {len(target.inputs)}: "
-                + ", ".join(f"'{spec.name}'" for spec in target.inputs)
+                f"Raw request must only have 1 input (found 1) to be deduced but got "
+                f"{len(target.inputs)} inputs in '{target.name}' model configuration: "
+                "a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
+                "exactly one input; it has " + ", ".join(f"'{spec.name}'" for spec in target.inputs)
             )
         spec = target.inputs[0]
-        nbytes = len(body.data)
+        lease, start, nbytes = _lease_of(body), body.start, len(body.data)
         shape = binary.raw_input_shape(
             spec.name, spec.datatype, spec.shape, target.max_batch_size > 0, nbytes
         )
-        return InputTensor(
-            spec.name, spec.datatype, shape, located=(_lease_of(body), body.start, nbytes)
-        )
+        if spec.datatype == "BYTES":
+            # NOTE: the body is the one element; its length goes in the room read_body
+            #   left before it (Triton prepends it too), so the bytes are not copied.
+            if start < LENGTH_PREFIX.size:
+                raise InternalError("a raw request body has no room for a BYTES length")
+            start -= LENGTH_PREFIX.size
+            LENGTH_PREFIX.pack_into(lease.buf, start, nbytes)
+            nbytes += LENGTH_PREFIX.size
+        return InputTensor(spec.name, spec.datatype, shape, located=(lease, start, nbytes))
 
     def _inputs(
         self,

@@ -1,0 +1,170 @@
+"""Refusals that Triton words differently: ours lead with (or contain) Triton's exact phrase.
+
+Triton's clients and its QA tests (qa/L0_http, qa/L0_shared_memory, qa/L0_infer; run by
+scripts/triton_qa.py) match these phrases; our own detail follows them. The table is in
+docs/protocol.md ("Error texts").
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.support.server import ServerProcess
+
+IN = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+
+@pytest.fixture
+def clients(
+    shm_server: ServerProcess,
+) -> Iterator[tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient]]:
+    http = httpclient.InferenceServerClient(shm_server.host_port)
+    rpc = grpcclient.InferenceServerClient(shm_server.grpc_url)
+    yield http, rpc
+    http.unregister_system_shared_memory()
+    http.close()
+    rpc.close()
+
+
+@pytest.fixture
+def region() -> Iterator[tuple[str, str]]:
+    """A client's 64-byte object: (region name, key)."""
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-words-{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(name, key, 64)
+    yield name, key
+    shm.destroy_shared_memory_region(handle)
+
+
+def _message(call: Callable[[], object], status: str) -> str:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    assert info.value.status() == status, info.value
+    return str(info.value.message())
+
+
+def _inputs(module: object) -> list:
+    ins = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]  # type: ignore[attr-defined]
+    for tensor in ins:
+        tensor.set_data_from_numpy(IN)
+    return ins
+
+
+def test_unknown_version(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+) -> None:
+    http, rpc = clients
+    phrase = "Request for unknown model: 'simple' version 7 is not found"
+    text = _message(lambda: http.infer("simple", _inputs(httpclient), model_version="7"), "404")
+    assert text.startswith(phrase), text
+    code = str(grpc.StatusCode.NOT_FOUND)
+    text = _message(lambda: rpc.infer("simple", _inputs(grpcclient), model_version="7"), code)
+    assert text.startswith(phrase), text
+
+
+def test_output_requested_twice(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+    region: tuple[str, str],
+) -> None:
+    """Both ways to ask twice: by name (the common check) and into shared memory (each
+    front's own check of the regions it holds)."""
+    http, rpc = clients
+    name, key = region
+    http.register_system_shared_memory(name, key, 64)
+    phrase = "output 'OUTPUT0' already exists in request"
+    bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+    for into_shm in (False, True):
+        for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+            outs = [module.InferRequestedOutput("OUTPUT0") for _ in range(2)]
+            if into_shm:
+                for out in outs:
+                    out.set_shared_memory(name, 64)
+            text = _message(
+                lambda client=client, module=module, outs=outs: client.infer(
+                    "simple", _inputs(module), outputs=outs
+                ),
+                status,
+            )
+            assert text.startswith(phrase) or f": {phrase}" in text, text
+
+
+def test_region_offsets(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+    region: tuple[str, str],
+) -> None:
+    """An offset past the region, an offset + size past it, and a sum past 2**64 (HTTP
+    only: gRPC's int64 parameters cannot carry it): Triton's three phrases."""
+    http, _ = clients
+    name, key = region
+    http.register_system_shared_memory(name, key, 64)
+    cases = [
+        (64, 64, "Invalid offset for shared memory region: "),
+        (32, 64, "Invalid offset + byte size for shared memory region: "),
+        (32, 2**64 - 32, "Integer overflow detected: byte_size "),
+    ]
+    for offset, size, phrase in cases:
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(name, size, offset=offset)
+        text = _message(
+            lambda out=out: http.infer("simple", _inputs(httpclient), outputs=[out]), "400"
+        )
+        assert f"output 'OUTPUT0': {phrase}" in text, text
+
+
+def test_register_past_the_end(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+    region: tuple[str, str],
+) -> None:
+    http, rpc = clients
+    name, key = region
+    phrase = f"failed to register shared memory region '{name}': invalid args"
+    text = _message(lambda: http.register_system_shared_memory(name, key, 65), "400")
+    assert text.startswith(phrase) and "past the end" in text, text
+    bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+    text = _message(lambda: rpc.register_system_shared_memory(name, key, 1, offset=64), bad)
+    assert text.startswith(phrase) and "past the end" in text, text
+
+
+def test_input_region_of_the_wrong_size(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+) -> None:
+    http, rpc = clients
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-words-{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(name, key, 128)
+    try:
+        http.register_system_shared_memory(name, key, 128)
+        phrase = (
+            "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 128"
+        )
+        bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+        for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+            ins = _inputs(module)
+            ins[1].set_shared_memory(name, 128)
+            text = _message(lambda client=client, ins=ins: client.infer("simple", ins), status)
+            assert phrase in text and "shared_memory_byte_size is 128" in text, text
+    finally:
+        http.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_register_an_invalid_key(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+) -> None:
+    http, rpc = clients
+    bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+    for key in ("/", "///", "/a/b"):
+        phrase = f"cannot register shared memory region 'r' - invalid shm key '{key}'"
+        for client, status in ((http, "400"), (rpc, bad)):
+            text = _message(
+                lambda client=client, key=key: client.register_system_shared_memory("r", key, 8),
+                status,
+            )
+            assert text.startswith(phrase) and "not a POSIX shared-memory name" in text, text
