@@ -259,6 +259,7 @@ class Server:
             settings.busy_poll_us / 1e6,
         )
         self.dataplane.stats.configure(settings)  # --metrics-config
+        self.dataplane.configure_cache(settings)  # --cache-config
         self.manager, self.management = self._model_control()
         self._cpu_lock = asyncio.Lock()
         self._serving = False

@@ -16,6 +16,7 @@ import msgspec
 
 import oipserve
 from oipserve.config.access import Restriction, RestrictionError, parse_restrictions
+from oipserve.config.cache_config import CacheConfigError, cache_bytes
 from oipserve.config.metrics_config import MetricsConfigError, parse_metrics_config
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -49,6 +50,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Triton's flag, repeatable ``key=value`` items: latency histograms and summaries
     #: (``oipserve.config.metrics_config``, docs/metrics.md); checked at start.
     metrics_config: tuple[str, ...] = ()
+    #: Triton's flag, repeatable: ``local,size=BYTES`` gives the response cache its size
+    #: (``oipserve.config.cache_config``, docs/cache.md); none: no cache.
+    cache_config: tuple[str, ...] = ()
     #: Largest gRPC message either way; 512 MiB fits a 256 MiB tensor with room to spare
     #: (gRPC's own 4 MiB default is the classic complaint). gRPC caps it below 2 GiB.
     grpc_max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 512 * 1024 * 1024
@@ -250,6 +254,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Triton's flag (repeatable): histogram_latencies=true, summary_latencies=true, "
         "summary_quantiles=Q:E,..., summary_max_age=SECONDS, counter_latencies=false; the "
         "environment separates items with ';'",
+    )
+    serve.add_argument(
+        "--cache-config",
+        metavar="local,size=BYTES",
+        action="append",
+        help="Triton's flag: the response cache for models with response_cache { enable: true } "
+        "(one per HTTP front); the environment separates items with ';'",
     )
     serve.add_argument(
         "--grpc-max-message-bytes", metavar="N", help="largest gRPC message, either way"
@@ -521,6 +532,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
             values[name] = _restrictions(name, values[name], grpc)
     if "metrics_config" in values:
         values["metrics_config"] = _metrics_config(values["metrics_config"])
+    if "cache_config" in values:
+        values["cache_config"] = _cache_config(values["cache_config"])
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     _check_model_control(values.get("model_control_mode"))
@@ -599,6 +612,17 @@ def _metrics_config(given: str | list[str]) -> list[str]:
         parse_metrics_config(items)
     except MetricsConfigError as exc:
         flag = f"--metrics-config (or {ENV_PREFIX}METRICS_CONFIG)"
+        raise SettingsError(f"invalid {flag}: {exc}") from None
+    return items
+
+
+def _cache_config(given: str | list[str]) -> list[str]:
+    """--cache-config items (from the environment: separated by ``;``), checked now."""
+    items = [i.strip() for i in given.split(";") if i.strip()] if isinstance(given, str) else given
+    try:
+        cache_bytes(items)
+    except CacheConfigError as exc:
+        flag = f"--cache-config (or {ENV_PREFIX}CACHE_CONFIG)"
         raise SettingsError(f"invalid {flag}: {exc}") from None
     return items
 

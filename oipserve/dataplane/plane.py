@@ -28,12 +28,14 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from time import monotonic_ns
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import oipserve
+from oipserve.config.cache_config import cache_bytes
 from oipserve.dataplane.batched import BatchRunner
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.intake import Intake
+from oipserve.dataplane.response_cache import ResponseCache
 from oipserve.dataplane.strategies import Batched, Strategy, Unbatched, answer_in_front
 from oipserve.models.config_response import model_config_document
 from oipserve.models.registry import ModelRegistry, ModelVersion
@@ -47,6 +49,9 @@ from oipserve.telemetry.stats import StatsRegistry, refusal_reason
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+
+if TYPE_CHECKING:
+    from oipserve.config.settings import Settings
 
 log = logging.getLogger("oipserve.dataplane")
 
@@ -94,6 +99,9 @@ class DataPlane:
         dispatch = Dispatch(self.outputs, max_queue)
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
+        self._dispatch = dispatch
+        #: The response cache (``--cache-config``); None without one (the default).
+        self.cache: ResponseCache | None = None
         self._unbatched: Strategy = Unbatched(self._intake, dispatch).run
         #: Each model version's strategy, chosen at its first request (``_choose``).
         self._strategies: dict[ModelVersion, Strategy] = {}
@@ -101,6 +109,12 @@ class DataPlane:
         #: Clients' registered shared-memory regions (off unless --allow-client-shm).
         self.regions = regions if regions is not None else ClientRegions(False, pool.prefix)
         self.regions.on_closed = self._forget_regions
+
+    def configure_cache(self, settings: Settings) -> None:
+        """The response cache ``--cache-config`` asks for (before the first request)."""
+        size = cache_bytes(settings.cache_config)
+        self.cache = ResponseCache(size) if size else None
+        self.stats.cache_on = self.cache is not None
 
     def _forget_regions(self, objects: list[ObjectRef]) -> None:
         for worker in self.pool.workers:
@@ -190,11 +204,14 @@ class DataPlane:
         the registry (a reload makes a new version, which chooses again)."""
         self._forget_gone()
         policy = model.config.dynamic_batching if model.config is not None else None
+        cache = self.cache if model.config is not None and model.config.response_cache else None
         strategy: Strategy
         if model.echo:
             strategy = answer_in_front
         elif policy is not None:
-            strategy = Batched(self._intake, self._batches, policy).run
+            strategy = Batched(self._intake, self._batches, policy, cache).run
+        elif cache is not None:
+            strategy = Unbatched(self._intake, self._dispatch, cache).run
         else:
             strategy = self._unbatched
         self._strategies[model] = strategy
@@ -206,6 +223,8 @@ class DataPlane:
         gone = [m for m in self._strategies if models.get(m.name, {}).get(m.version) is not m]
         for model in gone:
             del self._strategies[model]
+        if gone and self.cache is not None:
+            self.cache.forget({model.serial for model in gone})
 
     async def parse_json(
         self, model: ModelVersion, lease: Lease, start: int, body: memoryview

@@ -24,6 +24,7 @@ from time import monotonic_ns
 from oipserve.dataplane.batched import BatchRunner
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.intake import Intake, has_deferred
+from oipserve.dataplane.response_cache import Entry, Probe, ResponseCache, answer
 from oipserve.errors import InvalidInput
 from oipserve.request.checks import output_targets
 from oipserve.request.classification import check_classification
@@ -70,21 +71,33 @@ def _checked_echo(inference: Inference) -> InferResult:
 
 
 class Unbatched:
-    """Each request on its own: check, place, send to the least busy worker, its result."""
+    """Each request on its own: check, place, send to the least busy worker, its result.
 
-    __slots__ = ("intake", "dispatch")
+    With ``cache`` (the version's ``response_cache``), a checked request is looked up
+    before it is placed: a hit answers at once, a miss's answer is stored.
+    """
 
-    def __init__(self, intake: Intake, dispatch: Dispatch) -> None:
+    __slots__ = ("intake", "dispatch", "cache")
+
+    def __init__(
+        self, intake: Intake, dispatch: Dispatch, cache: ResponseCache | None = None
+    ) -> None:
         self.intake = intake
         self.dispatch = dispatch
+        self.cache = cache
 
     async def run(self, inference: Inference, stats: ModelStats, start: int) -> InferResult:
         model, owned, into = inference.model, inference.owned, inference.into_regions
         intake, dispatch = self.intake, self.dispatch
         deadline = intake.deadline(inference)
         lease: Lease | None = None
+        probe: Probe | None = None
         try:
             placements = intake.check(inference)
+            if self.cache is not None:
+                probe = self.cache.lookup(inference, placements, stats)
+                if probe is not None and probe.entry is not None:
+                    return _answered(probe.entry, inference, stats, start)
             if has_deferred(placements):
                 placements = await intake.decode_in_worker(model, placements, owned, deadline)
             targets = output_targets(model, inference.inputs, into) if into else None
@@ -115,6 +128,8 @@ class Unbatched:
             stats.pending -= 1
         shape = inference.inputs[0].shape
         stats.ran_alone(shape[0] if model.max_batch_size > 0 and shape else 1, start, sent, done)
+        if probe is not None and self.cache is not None:
+            self.cache.store(probe, result, stats)
         return result
 
 
@@ -122,20 +137,33 @@ class Batched:
     """A version with ``dynamic_batching``: each request checked, then queued in its batcher
     to run in a batch (``batched.BatchRunner``)."""
 
-    __slots__ = ("intake", "runner", "policy")
+    __slots__ = ("intake", "runner", "policy", "cache")
 
-    def __init__(self, intake: Intake, runner: BatchRunner, policy: BatchPolicy) -> None:
+    def __init__(
+        self,
+        intake: Intake,
+        runner: BatchRunner,
+        policy: BatchPolicy,
+        cache: ResponseCache | None = None,
+    ) -> None:
         self.intake = intake
         self.runner = runner
         #: The version's ``dynamic_batching`` settings.
         self.policy = policy
+        #: The response cache, as ``Unbatched``'s.
+        self.cache = cache
 
     async def run(self, inference: Inference, stats: ModelStats, start: int) -> InferResult:
         model, owned, into = inference.model, inference.owned, inference.into_regions
         intake = self.intake
         deadline = intake.deadline(inference)
+        probe: Probe | None = None
         try:
             placements = intake.check(inference)
+            if self.cache is not None:
+                probe = self.cache.lookup(inference, placements, stats)
+                if probe is not None and probe.entry is not None:
+                    return _answered(probe.entry, inference, stats, start)
             if has_deferred(placements):
                 placements = await intake.decode_in_worker(model, placements, owned, deadline)
             if into:  # NOTE: checked only: the front writes a batched request's outputs there
@@ -146,7 +174,18 @@ class Batched:
             _release(owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
-        return await self.runner.infer(inference, self.policy, stats, start, placements, deadline)
+        result = await self.runner.infer(inference, self.policy, stats, start, placements, deadline)
+        if probe is not None and self.cache is not None:
+            self.cache.store(probe, result, stats)
+        return result
+
+
+def _answered(entry: Entry, inference: Inference, stats: ModelStats, start: int) -> InferResult:
+    """A cache hit's answer; the request's inputs released (no worker reads them)."""
+    _release(inference.owned)
+    result = answer(entry, inference)
+    stats.answered_from_cache(monotonic_ns() - start)
+    return result
 
 
 def _release(owned: list[Lease | RegionUse]) -> None:

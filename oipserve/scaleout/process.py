@@ -160,6 +160,7 @@ class Replica:
             settings.busy_poll_us / 1e6,
         )
         self.dataplane.stats.configure(settings)  # --metrics-config: histograms add up
+        self.dataplane.configure_cache(settings)  # --cache-config
         self.forwarder = Forwarder(start.forward_to)
         self.grpc_forwarder: GrpcForwarder | None = None
         self.router = Router(

@@ -79,8 +79,8 @@ class ModelStats:
     counts and their end-to-end ns, queue ns, each request's share of its
     execution's compute ns, and inferences (the request's batch size). Per
     execution (``executed``): the execution count and, per batch size, the
-    compute ns of those executions. Without a response cache, the counts of
-    queue and the compute phases equal the success count, as in Triton.
+    compute ns of those executions. The counts of queue and the compute phases are the
+    success count less the response cache's hits (``answered_from_cache``), as in Triton.
     """
 
     __slots__ = (
@@ -102,6 +102,11 @@ class ModelStats:
         "pending",
         "histograms",
         "window",
+        "cached",
+        "cache_hit_count",
+        "cache_hit_ns",
+        "cache_miss_count",
+        "cache_miss_ns",
     )
 
     def __init__(
@@ -136,6 +141,14 @@ class ModelStats:
         self.batches: dict[int, list[int]] = {}
         #: Requests accepted and not yet executing (a gauge; the caller adds and subtracts).
         self.pending = 0
+        #: Whether the version's requests go through the response cache (its metrics shown).
+        self.cached = False
+        #: Response cache lookups that hit (ns: the lookups) and that missed (ns: the
+        #: lookups and the stores of their answers), as Triton counts them.
+        self.cache_hit_count = 0
+        self.cache_hit_ns = 0
+        self.cache_miss_count = 0
+        self.cache_miss_ns = 0
 
     def request_succeeded(
         self,
@@ -162,6 +175,18 @@ class ModelStats:
             self.histograms.observe(total_ns, queue_ns, input_ns, infer_ns, output_ns)
         if self.window is not None:
             self.window.observe(now, total_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def answered_from_cache(self, total_ns: int) -> None:
+        """A request the response cache answered: a success, neither an inference nor an
+        execution (Triton's counts); observed in the latency families with no queue or
+        compute time, so their ``_count`` stays the success count."""
+        self.success_count += 1
+        self.success_ns += total_ns
+        self.last_success_ns = now = monotonic_ns()
+        if self.histograms is not None:
+            self.histograms.observe(total_ns, 0, 0, 0, 0)
+        if self.window is not None:
+            self.window.observe(now, total_ns, 0, 0, 0, 0)
 
     @property
     def last_inference_ms(self) -> int:
@@ -222,6 +247,10 @@ class ModelStats:
             for i, value in enumerate(counts):
                 mine[i] += value
         self.pending += row.pending
+        self.cache_hit_count += row.cache[0]
+        self.cache_hit_ns += row.cache[1]
+        self.cache_miss_count += row.cache[2]
+        self.cache_miss_ns += row.cache[3]
         if self.histograms is not None and row.histograms:
             self.histograms.add(row.histograms)
         # NOTE: CLOCK_MONOTONIC is one clock for every process of the machine.
@@ -246,6 +275,7 @@ class ModelStats:
             self.pending,
             self.last_success_ns,
             self.histograms.snapshot() if self.histograms is not None else [],
+            [self.cache_hit_count, self.cache_hit_ns, self.cache_miss_count, self.cache_miss_ns],
         )
 
 
@@ -269,6 +299,8 @@ class StatsRow(msgspec.Struct, frozen=True, array_like=True):
     last_success_ns: int
     #: Per latency histogram family, the counts per bucket (empty when histograms are off).
     histograms: list[list[int]] = msgspec.field(default_factory=list)
+    #: Response cache hits, their ns, misses, their ns.
+    cache: list[int] = msgspec.field(default_factory=lambda: [0, 0, 0, 0])
 
 
 class StatsRegistry:
@@ -288,6 +320,9 @@ class StatsRegistry:
         self._others: dict[int, list[StatsRow]] = {}
         #: Which latency histograms and summaries versions record (``configure``).
         self.latency = LatencyMetrics()
+        #: Whether the server has a response cache (``--cache-config``): the versions whose
+        #: config enables it then report its counters.
+        self.cache_on = False
 
     def configure(self, settings: Settings) -> None:
         """Record what ``--metrics-config`` asks for (before the first request)."""
@@ -311,6 +346,7 @@ class StatsRegistry:
         # Bucket counts add up; the summaries' quantiles are this front's own window.
         histograms = mine.histograms.empty() if mine.histograms is not None else None
         total = ModelStats(model.name, model.version, histograms, mine.window)
+        total.cached = mine.cached
         total.add(mine.row(model.serial))
         for row in rows:
             total.add(row)
@@ -328,6 +364,8 @@ class StatsRegistry:
                 self.latency.histograms(custom),
                 self.latency.window(),
             )
+            config = model.config
+            stats.cached = self.cache_on and config is not None and config.response_cache
         return stats
 
     def rows(self) -> list[StatsRow]:

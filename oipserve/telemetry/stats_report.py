@@ -54,12 +54,12 @@ def _duration(count: int, ns: int) -> dict[str, int]:
     return {"count": count, "ns": ns}
 
 
-_ZERO = {"count": 0, "ns": 0}
-
-
 def model_stat(stats: ModelStats) -> dict[str, object]:
     """One version's entry, with every key Triton sends, in Triton's order."""
     done = stats.success_count
+    # NOTE: a cache hit is a success whose queue counts (0 ns) and that has no compute
+    #   phases (Triton's grpc_service.proto: queue includes cache hits, compute_* do not).
+    ran = done - stats.cache_hit_count
     return {
         "name": stats.name,
         "version": stats.version,
@@ -70,12 +70,12 @@ def model_stat(stats: ModelStats) -> dict[str, object]:
             "success": _duration(done, stats.success_ns),
             "fail": _duration(stats.fail_count, stats.fail_ns),
             "queue": _duration(done, stats.queue_ns),
-            "compute_input": _duration(done, stats.input_ns),
-            "compute_infer": _duration(done, stats.infer_ns),
-            "compute_output": _duration(done, stats.output_ns),
-            # No response cache: Triton reports zeros when its cache is unused.
-            "cache_hit": dict(_ZERO),
-            "cache_miss": dict(_ZERO),
+            "compute_input": _duration(ran, stats.input_ns),
+            "compute_infer": _duration(ran, stats.infer_ns),
+            "compute_output": _duration(ran, stats.output_ns),
+            # Zeros when the version's cache is off, as Triton reports them.
+            "cache_hit": _duration(stats.cache_hit_count, stats.cache_hit_ns),
+            "cache_miss": _duration(stats.cache_miss_count, stats.cache_miss_ns),
         },
         # Empty for models that are not decoupled, which is every model here.
         "response_stats": {},

@@ -238,13 +238,13 @@ def test_ignored_fields_are_listed_by_path() -> None:
     )
     assert set(config.ignored) == {
         "optimization",
-        "response_cache",
         "model_warmup",
         "metric_tags",
         "input['x'].allow_ragged_batch",
         "instance_group[0].host_policy",
     }
     assert config.outputs[0].label_filename == "labels.txt"  # honoured: read at load
+    assert config.response_cache  # honoured: the response cache (docs/cache.md)
     # Defaults do not count as given: a false flag is not an ignored field.
     assert parse_model_config("instance_group { passive: false }").ignored == ()
 

@@ -65,14 +65,16 @@ def test_specific_versions_missing(tmp_path: Path, caplog: pytest.LogCaptureFixt
 def test_ignored_fields_are_logged_as_warnings(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root = _model(tmp_path, ["1"], 'model_warmup { name: "w" }\nresponse_cache { enable: true }\n')
+    root = _model(
+        tmp_path, ["1"], 'model_warmup { name: "w" }\nmetric_tags { key: "a" value: "b" }\n'
+    )
     with caplog.at_level(logging.WARNING, "oipserve.repository"):
         assert read_model(root, "m").error is None
     assert (
         "model 'm': config.pbtxt field 'model_warmup' is not supported by oipserve "
         "and is ignored" in caplog.text
     )
-    assert "field 'response_cache'" in caplog.text
+    assert "field 'metric_tags'" in caplog.text
 
 
 def test_refused_config_makes_the_model_unavailable(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "model_operations": FieldRule(W, "custom operator libraries are not loaded"),
         "model_transaction_policy": FieldRule(H, "decoupled: true is refused"),
         "model_repository_agents": FieldRule(R, "repository agents are not run"),
-        "response_cache": FieldRule(W, "oipserve has no response cache"),
+        "response_cache": FieldRule(H, "enable: true caches answers under --cache-config"),
         "model_metrics": FieldRule(H, "histogram buckets per family (docs/metrics.md)"),
     },
     "inference.ModelInput": {

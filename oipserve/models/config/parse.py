@@ -133,6 +133,9 @@ class ModelConfig(msgspec.Struct, frozen=True):
     dynamic_batching: BatchPolicy | None = None
     #: ``model_metrics``: latency histogram family -> its upper bounds (microseconds).
     histogram_buckets: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
+    #: ``response_cache { enable: true }``: answers cached when the server has a cache
+    #: (``--cache-config``, docs/cache.md).
+    response_cache: bool = False
     #: Given fields oipserve ignores (e.g. "dynamic_batching"); the loader warns about each.
     ignored: tuple[str, ...] = ()
     #: The configuration as given, in Triton's JSON form (integers as numbers).
@@ -307,6 +310,7 @@ def _typed(config: Any) -> ModelConfig:
         version_policy=_version_policy(config),
         dynamic_batching=batching,
         histogram_buckets=buckets,
+        response_cache=config.response_cache.enable,
         ignored=(*reviewed.ignored, *unused_metrics),
         document=message_json(config),
     )

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from hardware import InventorySource
 from oipserve.telemetry.metrics.exposition import CONTENT_TYPE, Family, render
 from oipserve.telemetry.metrics.families import (
+    cache_families,
     cpu_utilization,
     histogram_families,
     host_families,
@@ -71,6 +72,7 @@ class Scraper:
             models += histogram_families(versions)
         if config.summary_latencies:
             models += summary_families(versions, self._stats.latency, time.monotonic_ns())
+        models += cache_families(versions)
         models.append(load_duration_family(model for model, _ in ready))
         text = render([*models, *self._host])
         return text.encode() + generate_latest(self._process)

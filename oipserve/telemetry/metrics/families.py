@@ -135,6 +135,36 @@ def model_families(versions: Iterable[ModelStats], counters: bool = True) -> lis
     return families
 
 
+#: Triton's response cache counters (name, help), in the order they are rendered.
+_CACHE_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+    ),
+)
+
+
+def cache_families(versions: Iterable[ModelStats]) -> list[Family]:
+    """Triton's four response cache counters of the versions whose cache is on; no family
+    when none is (Triton shows them only with a cache configured)."""
+    cached = [stats for stats in versions if stats.cached]
+    if not cached:
+        return []
+    hits, misses, hit_us, miss_us = (
+        Family(name, "counter", text) for name, text in _CACHE_FAMILIES
+    )
+    for stats in cached:
+        labels: Labels = (("model", stats.name), ("version", stats.version))
+        hits.add(labels, stats.cache_hit_count)
+        misses.add(labels, stats.cache_miss_count)
+        hit_us.add(labels, stats.cache_hit_ns // 1000)
+        miss_us.add(labels, stats.cache_miss_ns // 1000)
+    return [hits, misses, hit_us, miss_us]
+
+
 def _sums(stats: ModelStats) -> tuple[int, ...]:
     """Cumulative ns of the five phases, in ``HISTOGRAM_FAMILIES`` order."""
     return (stats.success_ns, stats.queue_ns, stats.input_ns, stats.infer_ns, stats.output_ns)

@@ -1,0 +1,286 @@
+"""The response cache: Triton's ``response_cache { enable: true }`` per model, sized by
+``--cache-config local,size=BYTES`` (docs/cache.md).
+
+A version whose config enables it, on a server started with a cache, looks each request up
+once its inputs are checked (``strategies``), before any input is placed or any worker
+picked. A hit answers from here: no shared memory, no worker, no execution counted.
+A miss runs as usual and its answer is stored, copied out of the worker's output segment
+(which goes back to the worker as for any request): what is stored is the outputs a worker
+gives the front (name, datatype, shape, bytes), so every front encodes a hit exactly as it
+encodes a worker's answer (REST JSON or binary, gRPC).
+
+The key (``_key``): the version (its ``serial``: a reload starts afresh), the requested
+outputs, those the client gets as JSON (``binary_data: false``, which decides what a worker
+returns) and the classification asked for, then each input's name, datatype, shape and
+bytes, as the model gets them (JSON values converted: a JSON request and a binary one with
+the same values share the key's input part). Inputs of up to ``WHOLE`` bytes enter the key
+whole; a larger one enters it as ``SAMPLES`` slices spread over it, and the entry keeps its
+whole bytes, compared (memcmp) on every hit. Why not a digest of the bytes: hashing costs
+1.4 ms a MiB with blake2b on the benchmark machine (xxhash is not a dependency), comparing
+24 µs; and a full key never answers one request with another's outputs.
+
+Never cached: inputs or outputs in clients' shared-memory regions, failed requests, echo
+models (answered in the front anyway). Sequence models, decoupled models and ensembles
+are refused at load, so none reaches here.
+
+Bounded by bytes (the key's and the entry's tensor bytes, plus ``ENTRY_OVERHEAD`` an
+entry and ``TENSOR_OVERHEAD`` a tensor: what Python's objects take besides), least recently
+used first out. A request whose inputs take more than ``ADMIT_AT`` bytes is stored at its
+second miss among the last ``SEEN`` such misses: storing it copies its inputs at the lookup
+(their segments go back to the pool before the answer comes) and its outputs after, so a
+one-off 1 MiB request would cost two 1 MiB copies and push useful entries out (measured:
+benchmarks/results/2026-11-28-response-cache.md).
+
+One cache per front process: with ``--http-workers N`` each front has its own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from time import monotonic_ns
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from oipserve.request.inference import InferResult, OutputTensor
+from oipserve.request.tensors import Deferred
+from oipserve.runtime.off_loop import nothing_to_release
+
+if TYPE_CHECKING:
+    from oipserve.request.inference import Inference, InputTensor
+    from oipserve.request.placement import Payload, Placement
+    from oipserve.telemetry.stats import ModelStats
+
+__all__ = [
+    "ADMIT_AT",
+    "ENTRY_OVERHEAD",
+    "TENSOR_OVERHEAD",
+    "Entry",
+    "Probe",
+    "ResponseCache",
+    "answer",
+]
+
+#: Inputs of up to this many bytes enter the key whole.
+WHOLE = 4096
+#: A larger input enters the key as this many slices of ``SLICE`` bytes, spread over it.
+SAMPLES = 32
+SLICE = 64
+#: Bytes an entry is counted for besides its tensors' bytes: the Python objects that hold
+#: them, measured with tracemalloc (an entry of ``simple``, 2 inputs and 2 outputs of 64
+#: bytes, takes 1,230 bytes: counted 256 + 4 x 192 + 256 = 1,280).
+ENTRY_OVERHEAD = 256
+#: And for each of its inputs and outputs.
+TENSOR_OVERHEAD = 192
+#: A request whose inputs' key and whole bytes pass this is stored at its second miss only.
+ADMIT_AT = 64 * 1024
+#: Large misses remembered for that (their keys' hashes).
+SEEN = 4096
+
+
+#: A stored output, as a worker gave it, in the front's memory: (name, datatype, shape,
+#: bytes, whether the bytes are JSON text). PERF: plain tuples of str, bytes and int, as
+#: entries are: the collector stops tracking them, so a cache of a million entries adds
+#: nothing to its full collections (a class per entry would).
+Stored = tuple[str, str, tuple[int, ...], bytes, bool]
+#: A stored answer: (version serial, whole bytes of the key's sampled inputs, outputs, bytes
+#: it counts for).
+Entry = tuple[int, tuple[bytes, ...], tuple[Stored, ...], int]
+
+
+def answer(entry: Entry, inference: Inference) -> InferResult:
+    """A hit's result, as a worker's would be (fresh tensors: fronts set attributes on them)."""
+    return InferResult(
+        inference.model,
+        [
+            OutputTensor(name, datatype, list(shape), memoryview(data), text)
+            for name, datatype, shape, data, text in entry[2]
+        ],
+        nothing_to_release,
+    )
+
+
+class Probe:
+    """A lookup: its hit (``entry``), or what its answer is stored under once it succeeds.
+
+    ``whole`` holds copies of the inputs that entered the key sampled, made at the lookup
+    (the segments they lie in go back to the pool once the worker read them, before the
+    answer is stored); None when the answer is not to be stored (``ADMIT_AT``).
+    """
+
+    __slots__ = ("entry", "key", "key_bytes", "whole", "serial")
+
+    def __init__(
+        self,
+        entry: Entry | None,
+        key: tuple[object, ...],
+        key_bytes: int,
+        whole: tuple[bytes, ...] | None,
+        serial: int,
+    ) -> None:
+        self.entry = entry
+        self.key = key
+        self.key_bytes = key_bytes
+        self.whole = whole
+        self.serial = serial
+
+
+class ResponseCache:
+    """Answers by key, at most ``capacity`` bytes of them, least recently used out first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        #: Bytes the entries count for (each entry's last item).
+        self.used = 0
+        self._entries: OrderedDict[tuple[object, ...], Entry] = OrderedDict()
+        #: Hashes of the keys of recent large misses (``ADMIT_AT``).
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(
+        self, inference: Inference, placements: list[Placement], stats: ModelStats
+    ) -> Probe | None:
+        """The request's ``Probe`` (``entry`` set on a hit), counted in ``stats`` as a hit
+        or a miss; None when it is not cacheable (it uses clients' regions)."""
+        began = monotonic_ns()
+        if inference.into_regions:
+            return None
+        found = _key(inference, placements)
+        if found is None:
+            return None
+        key, key_bytes, views = found
+        serial = inference.model.serial
+        entry = self._entries.get(key)
+        if entry is not None and _same(entry[1], views):
+            self._entries.move_to_end(key)
+            stats.cache_hit_count += 1
+            stats.cache_hit_ns += monotonic_ns() - began
+            return Probe(entry, key, key_bytes, None, serial)
+        whole: tuple[bytes, ...] | None = ()
+        if views:
+            large = key_bytes + sum(len(view) for view in views) > ADMIT_AT
+            whole = tuple(bytes(v) for v in views) if not large or self._seen_before(key) else None
+        stats.cache_miss_count += 1
+        stats.cache_miss_ns += monotonic_ns() - began
+        return Probe(None, key, key_bytes, whole, serial)
+
+    def store(self, probe: Probe, result: InferResult, stats: ModelStats) -> None:
+        """Keep a successful answer (its time counted in the miss's)."""
+        if probe.whole is None:
+            return
+        began = monotonic_ns()
+        self._insert(probe, probe.whole, result)
+        stats.cache_miss_ns += monotonic_ns() - began
+
+    def _insert(self, probe: Probe, whole: tuple[bytes, ...], result: InferResult) -> None:
+        # PERF: plain loops: a generator expression costs more than the work here.
+        size = ENTRY_OVERHEAD + probe.key_bytes
+        for data in whole:
+            size += len(data)
+        stored = []
+        for t in result.outputs:
+            if t.region is not None:
+                return
+            size += len(t.data) + TENSOR_OVERHEAD
+            stored.append((t.name, t.datatype, tuple(t.shape), bytes(t.data), t.text))
+        if size > self.capacity:
+            return
+        entries = self._entries
+        old = entries.pop(probe.key, None)
+        if old is not None:
+            self.used -= old[3]
+        while entries and self.used + size > self.capacity:
+            self.used -= entries.popitem(last=False)[1][3]
+        entries[probe.key] = (probe.serial, whole, tuple(stored), size)
+        self.used += size
+
+    def _seen_before(self, key: tuple[object, ...]) -> bool:
+        """Whether a large request's key missed recently; remembered now if not."""
+        mark = hash(key)
+        if mark in self._seen:
+            del self._seen[mark]
+            return True
+        self._seen[mark] = None
+        if len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
+        return False
+
+    def forget(self, serials: set[int]) -> None:
+        """Drop the entries of versions no longer served (unloaded, reloaded)."""
+        gone = [key for key, entry in self._entries.items() if entry[0] in serials]
+        for key in gone:
+            self.used -= self._entries.pop(key)[3]
+
+
+def _same(whole: tuple[bytes, ...], views: list[memoryview]) -> bool:
+    """Whether the sampled inputs are the stored ones, byte for byte (memcmp; their
+    lengths are in the key)."""
+    return all(mine.startswith(theirs) for mine, theirs in zip(whole, views, strict=True))
+
+
+def _key(
+    inference: Inference, placements: list[Placement]
+) -> tuple[tuple[object, ...], int, list[memoryview]] | None:
+    """(key, its bytes, the inputs that entered it sampled); None if not cacheable."""
+    classes = inference.classification
+    text = inference.text_outputs
+    parts: list[object] = [
+        inference.model.serial,
+        tuple(inference.output_names),
+        tuple(text) if text else (),
+        tuple(sorted(classes.items())) if classes else (),
+    ]
+    whole: list[memoryview] = []
+    size = 0
+    for tensor, _, _, data in placements:
+        # PERF: inputs in a segment (REST binary, large gRPC) or in the body (gRPC) inline.
+        located = tensor.located
+        if data is None and located is not None:
+            kind, view = "b", located[0].buf[located[1] : located[1] + located[2]]
+        elif type(data) is memoryview and data.format == "B" and data.ndim == 1:
+            kind, view = "b", data
+        else:
+            found = _bytes_of(tensor, data)
+            if found is None:
+                return None
+            kind, view = found
+        nbytes = len(view)
+        if nbytes <= WHOLE:
+            sample = bytes(view)
+        else:
+            sample = _sample(view)
+            whole.append(view)
+        size += len(sample) + TENSOR_OVERHEAD
+        parts += (tensor.name, tensor.datatype, tuple(tensor.shape), kind, nbytes, sample)
+    return tuple(parts), size, whole
+
+
+def _bytes_of(tensor: InputTensor, data: Payload) -> tuple[str, memoryview] | None:
+    """An input's bytes, tagged: "b" as the model gets them, "j" JSON text a worker
+    decodes (json_offload); None for a client's region (never cached)."""
+    if tensor.region is not None:
+        return None
+    if data is None:
+        if tensor.located is None:
+            return None
+        held, start, size = tensor.located
+        return "b", held.buf[start : start + size]
+    if isinstance(data, Deferred):
+        if data.text is None:
+            return None
+        held, start, size = data.text
+        return "j", held.buf[start : start + size]
+    if isinstance(data, np.ndarray):
+        return "b", np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    view = memoryview(data)
+    return "b", view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _sample(view: memoryview) -> bytes:
+    """``SAMPLES`` slices of ``SLICE`` bytes spread over a large input, its last bytes too."""
+    step = (len(view) - SLICE) // (SAMPLES - 1)
+    slices = [view[i * step : i * step + SLICE] for i in range(SAMPLES)]
+    slices.append(view[-SLICE:])
+    return b"".join(slices)
