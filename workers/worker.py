@@ -49,6 +49,7 @@ from oipserve.wire.messages import (
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling
 from workers.fronts import FrontConnection, accept_front
+from workers.heap import return_free_heap
 from workers.images import decode_batch, quiet_opencv
 from workers.outputs import bound_outputs, write_outputs
 from workers.regions import RegionCache, RegionError
@@ -203,6 +204,7 @@ class Worker:
             self.load(message)
         elif isinstance(message, UnloadModel):
             self.sessions.pop(message.key, None)
+            return_free_heap()  # the session's blocks, freed just now
             self.reply(connection, Unloaded(message.rid, message.key))
         return True
 
@@ -212,6 +214,7 @@ class Worker:
                 message.path, message.intra_op_threads, message.providers, message.session_options
             )
         except runtime.LOAD_ERRORS as exc:  # the model file or its options: say why
+            return_free_heap()  # what the session had built before it failed
             self.fail(self.starter, message.rid, ErrorKind.INVALID_INPUT, str(exc))
             return
         except Exception:

@@ -225,9 +225,16 @@ def start_oipserve(
 
 
 def start_triton(
-    venv: Path, cases: dict[str, ModelCase], work: Path, tuning: Tuning, timeout_s: float = 120.0
+    venv: Path,
+    cases: dict[str, ModelCase],
+    work: Path,
+    tuning: Tuning,
+    timeout_s: float = 120.0,
+    extra_args: Sequence[str] = (),
 ) -> Server:
-    """tritonserver from the nvidia-pytriton wheel, python-backend models calling ORT."""
+    """tritonserver from the nvidia-pytriton wheel, python-backend models calling ORT.
+
+    `extra_args` go after the harness's own flags (e.g. `--model-control-mode explicit`)."""
     site = next((venv / "lib").glob("python3.*/site-packages"))
     dist = site / "pytriton" / "tritonserver"
     backends = work / "triton-backends"
@@ -280,6 +287,7 @@ def start_triton(
         "--disable-auto-complete-config",
         "--log-verbose",
         "0",
+        *extra_args,
     ]
     server = Server(
         key="triton",

@@ -35,3 +35,33 @@ def write_slow_model(path: Path, nodes: int) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, path)
+
+
+def write_weighty_model(path: Path, layers: int, width: int = 1024) -> None:
+    """An FP32 chain of ``layers`` MatMuls by ``width``x``width`` weights (4 MiB each at 1024):
+    a session whose heap is large, for the tests of the memory an unload gives back.
+
+    The weights are random: ONNX Runtime folds nothing, and every session holds them all.
+    """
+    rng = np.random.default_rng(39)
+    graph_nodes = []
+    initializers = []
+    previous = "INPUT0"
+    for i in range(layers):
+        weight = f"w{i}"
+        initializers.append(
+            numpy_helper.from_array(rng.standard_normal((width, width), np.float32), weight)
+        )
+        output = "OUTPUT0" if i == layers - 1 else f"t{i}"
+        graph_nodes.append(helper.make_node("MatMul", [previous, weight], [output]))
+        previous = output
+    graph = helper.make_graph(
+        graph_nodes,
+        "weighty",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1, width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1, width])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
