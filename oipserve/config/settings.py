@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -531,9 +531,13 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         if name in values:
             values[name] = _restrictions(name, values[name], grpc)
     if "metrics_config" in values:
-        values["metrics_config"] = _metrics_config(values["metrics_config"])
+        values["metrics_config"] = _items_checked(
+            "metrics_config", values["metrics_config"], parse_metrics_config, MetricsConfigError
+        )
     if "cache_config" in values:
-        values["cache_config"] = _cache_config(values["cache_config"])
+        values["cache_config"] = _items_checked(
+            "cache_config", values["cache_config"], cache_bytes, CacheConfigError
+        )
     if "model_repository" not in values:
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     _check_model_control(values.get("model_control_mode"))
@@ -604,25 +608,20 @@ def _restrictions(name: str, given: str | list[str], grpc: bool) -> list[Restric
         raise SettingsError(f"invalid {flag} (or {ENV_PREFIX}{name.upper()}): {exc}") from None
 
 
-def _metrics_config(given: str | list[str]) -> list[str]:
-    """--metrics-config items (from the environment: separated by ``;``), checked now so that
-    a bad one stops start-up with the reason (exit 2)."""
+def _items_checked(
+    name: str,
+    given: str | list[str],
+    check: Callable[[list[str]], object],
+    error: type[Exception],
+) -> list[str]:
+    """A repeatable flag's items (from the environment: separated by ``;``), checked now by
+    ``check`` so that a bad one stops start-up with the reason (exit 2):
+    ``--metrics-config`` (``metrics_config``), ``--cache-config`` (``cache_config``)."""
     items = [i.strip() for i in given.split(";") if i.strip()] if isinstance(given, str) else given
     try:
-        parse_metrics_config(items)
-    except MetricsConfigError as exc:
-        flag = f"--metrics-config (or {ENV_PREFIX}METRICS_CONFIG)"
-        raise SettingsError(f"invalid {flag}: {exc}") from None
-    return items
-
-
-def _cache_config(given: str | list[str]) -> list[str]:
-    """--cache-config items (from the environment: separated by ``;``), checked now."""
-    items = [i.strip() for i in given.split(";") if i.strip()] if isinstance(given, str) else given
-    try:
-        cache_bytes(items)
-    except CacheConfigError as exc:
-        flag = f"--cache-config (or {ENV_PREFIX}CACHE_CONFIG)"
+        check(items)
+    except error as exc:
+        flag = f"--{name.replace('_', '-')} (or {ENV_PREFIX}{name.upper()})"
         raise SettingsError(f"invalid {flag}: {exc}") from None
     return items
 

@@ -9,25 +9,18 @@ makes no call (GOAWAY ``NO_ERROR``).
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 from collections.abc import Iterator
 
-import hpack
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from oipserve.front.grpc.h2.frames import (
-    END_HEADERS,
-    PREFACE,
     ErrorCode,
-    Frame,
-    frame,
-    settings_frame,
 )
 from tests.support.grpc_peer import FakeTransport
+from tests.support.h2_raw import frames_until_closed, goaway_codes, open_h2c
 from tests.support.http import get
 from tests.support.server import ServerProcess
 
@@ -45,55 +38,14 @@ def server() -> Iterator[ServerProcess]:
     assert "Traceback" not in proc.log, proc.log
 
 
-def _connect(server: ServerProcess, stream_open: bool) -> socket.socket:
-    """A client past its preface; with ``stream_open``, a ModelStreamInfer call left open
-    (HEADERS only), so the connection is in use, not idle."""
-    sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10)
-    data = PREFACE + settings_frame({})
-    if stream_open:
-        block = hpack.Encoder().encode(
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
-                ("content-type", "application/grpc"),
-            ]
-        )
-        data += frame(Frame.HEADERS, END_HEADERS, 1, block)
-    sock.sendall(data)
-    return sock
-
-
-def _until_closed(sock: socket.socket, within: float) -> list[tuple[int, int, int, bytes]]:
-    """The frames the server sent before it closed ``sock``; fails if it stays open."""
-    sock.settimeout(within)
-    got = FakeTransport()
-    try:
-        while chunk := sock.recv(65536):
-            got.written += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server kept the connection open for {within} s")
-    return got.frames()
-
-
-def _goaway_codes(frames: list[tuple[int, int, int, bytes]]) -> list[ErrorCode]:
-    return [
-        ErrorCode(struct.unpack(">II", payload[:8])[1])
-        for kind, _flags, _stream, payload in frames
-        if kind == Frame.GOAWAY
-    ]
-
-
 def test_connections_past_the_cap_are_refused_and_rest_still_served(
     server: ServerProcess,
 ) -> None:
-    held = [_connect(server, stream_open=True) for _ in range(MAX_CONNECTIONS)]
+    held = [open_h2c(server.grpc_port, stream_open=True) for _ in range(MAX_CONNECTIONS)]
     try:
         for _ in range(3):
-            with _connect(server, stream_open=False) as extra:
-                assert _until_closed(extra, 10) == []  # before the server's preface
+            with open_h2c(server.grpc_port, stream_open=False) as extra:
+                assert frames_until_closed(extra, 10) == []  # before the server's preface
         # A gRPC client's call fails at once (no retrying until its deadline).
         started = time.monotonic()
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -127,10 +79,10 @@ def test_a_connection_without_calls_is_closed_after_the_idle_time(
     server: ServerProcess,
 ) -> None:
     started = time.monotonic()
-    with _connect(server, stream_open=False) as idle:
-        frames = _until_closed(idle, 15)
+    with open_h2c(server.grpc_port, stream_open=False) as idle:
+        frames = frames_until_closed(idle, 15)
     assert time.monotonic() - started >= IDLE_MS / 1000 * 0.9
-    assert set(_goaway_codes(frames)) == {ErrorCode.NO_ERROR}
+    assert set(goaway_codes(frames)) == {ErrorCode.NO_ERROR}
 
 
 def test_with_http_workers_each_front_holds_its_own_cap() -> None:
@@ -138,7 +90,7 @@ def test_with_http_workers_each_front_holds_its_own_cap() -> None:
     caps its own, so at most twice the cap stay open, and the rest are refused."""
     proc = ServerProcess(args=["--http-workers", "2", "--grpc-max-connections", "2"])
     proc.wait_ready()
-    socks = [_connect(proc, stream_open=True) for _ in range(8)]
+    socks = [open_h2c(proc.grpc_port, stream_open=True) for _ in range(8)]
     try:
         refused = 0
         for sock in socks:

@@ -28,7 +28,6 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from oipserve.front.grpc.h2.frames import (
-    END_HEADERS,
     END_STREAM,
     PREFACE,
     ErrorCode,
@@ -37,7 +36,13 @@ from oipserve.front.grpc.h2.frames import (
     settings_frame,
 )
 from tests.support.grpc_peer import FakeTransport
-from tests.support.h2_raw import H2Client, grpc_headers
+from tests.support.h2_raw import (
+    H2Client,
+    frames_until_closed,
+    goaway_codes,
+    grpc_headers,
+    open_h2c,
+)
 from tests.support.http import get
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, tcp_links, wait_for
 from tests.support.tensors import simple_inputs
@@ -93,47 +98,6 @@ def _stream(client: grpcclient.InferenceServerClient, count: int) -> list[object
         client.async_stream_infer("simple", simple_inputs(_ints(seed), _ints(seed)))
     client.stop_stream()
     return answers
-
-
-def _h2c(port: int, stream_open: bool = False) -> socket.socket:
-    """A raw HTTP/2 client past its preface on ``port``; with ``stream_open``, a
-    ModelStreamInfer call left open (HEADERS only), so the connection is in use."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    data = PREFACE + settings_frame({})
-    if stream_open:
-        block = hpack.Encoder().encode(
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
-                ("content-type", "application/grpc"),
-            ]
-        )
-        data += frame(Frame.HEADERS, END_HEADERS, 1, block)
-    sock.sendall(data)
-    return sock
-
-
-def _until_closed(sock: socket.socket, within: float) -> list[tuple[int, int, int, bytes]]:
-    """The frames the server sent before it closed ``sock``; fails if it stays open."""
-    sock.settimeout(within)
-    got = FakeTransport()
-    try:
-        while chunk := sock.recv(65536):
-            got.written += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server kept the connection open for {within} s")
-    return got.frames()
-
-
-def _goaway_codes(frames: list[tuple[int, int, int, bytes]]) -> list[ErrorCode]:
-    return [
-        ErrorCode(struct.unpack(">II", payload[:8])[1])
-        for kind, _flags, _stream, payload in frames
-        if kind == Frame.GOAWAY
-    ]
 
 
 def _status(call: Callable[[], object]) -> str:
@@ -243,15 +207,21 @@ def test_the_connection_cap_counts_both_ports(server: ServerProcess) -> None:
     --grpc-max-connections; past it an h2c connection is closed before any frame, and
     HTTP/1.1 on the port is not counted."""
     half = MAX_CONNECTIONS // 2
-    held = [_h2c(server.grpc_port, stream_open=True) for _ in range(half)]
-    held += [_h2c(server.port, stream_open=True) for _ in range(MAX_CONNECTIONS - half)]
+
+    def links_closed() -> bool:  # earlier tests' connections, gone from the server's side
+        ports = (server.port, server.grpc_port)
+        return not [near for near, _ in tcp_links(server.process.pid) if near in ports]
+
+    assert wait_for(links_closed, timeout=15)
+    held = [open_h2c(server.grpc_port, stream_open=True) for _ in range(half)]
+    held += [open_h2c(server.port, stream_open=True) for _ in range(MAX_CONNECTIONS - half)]
     try:
         for sock in held:  # each got the server's SETTINGS: adopted, not refused
             sock.settimeout(10)
             assert sock.recv(65536)
         for _ in range(3):
-            with _h2c(server.port) as extra:
-                assert _until_closed(extra, 10) == []
+            with open_h2c(server.port) as extra:
+                assert frames_until_closed(extra, 10) == []
         started = time.monotonic()
         with grpcclient.InferenceServerClient(server.host_port) as client:
             assert _status(lambda: client.get_server_metadata(client_timeout=20)) == (
@@ -272,10 +242,10 @@ def test_the_connection_cap_counts_both_ports(server: ServerProcess) -> None:
 
 def test_an_idle_h2c_connection_gets_goaway(server: ServerProcess) -> None:
     started = time.monotonic()
-    with _h2c(server.port) as idle:
-        frames = _until_closed(idle, 15)
+    with open_h2c(server.port) as idle:
+        frames = frames_until_closed(idle, 15)
     assert time.monotonic() - started >= IDLE_MS / 1000 * 0.9
-    assert set(_goaway_codes(frames)) == {ErrorCode.NO_ERROR}
+    assert set(goaway_codes(frames)) == {ErrorCode.NO_ERROR}
 
 
 def test_the_preface_time_counts_from_the_connect(server: ServerProcess) -> None:
@@ -285,15 +255,15 @@ def test_the_preface_time_counts_from_the_connect(server: ServerProcess) -> None
         started = time.monotonic()
         time.sleep(HEADER_TIMEOUT - 0.5)
         sock.sendall(PREFACE)  # and no SETTINGS
-        frames = _until_closed(sock, 15)
+        frames = frames_until_closed(sock, 15)
     elapsed = time.monotonic() - started
     assert HEADER_TIMEOUT * 0.9 <= elapsed < HEADER_TIMEOUT + 1.5, elapsed
-    assert _goaway_codes(frames) == [ErrorCode.PROTOCOL_ERROR]
+    assert goaway_codes(frames) == [ErrorCode.PROTOCOL_ERROR]
     # Half a preface is a request head that never completes: closed as one.
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         started = time.monotonic()
         sock.sendall(PREFACE[:10])
-        assert _until_closed(sock, 15) == []
+        assert frames_until_closed(sock, 15) == []
     assert time.monotonic() - started < HEADER_TIMEOUT + 1.5
 
 
@@ -413,8 +383,8 @@ def test_every_front_serves_grpc_on_the_http_port() -> None:
 def test_without_grpc_h2c_is_refused_and_rest_served() -> None:
     proc = ServerProcess(args=["--allow-grpc", "false", "--devices", "cpu"]).wait_ready()
     try:
-        with _h2c(proc.port) as sock:
-            assert _until_closed(sock, 10) == []  # closed before any frame
+        with open_h2c(proc.port) as sock:
+            assert frames_until_closed(sock, 10) == []  # closed before any frame
         started = time.monotonic()
         with grpcclient.InferenceServerClient(proc.host_port) as client:
             outcome = _status(lambda: client.is_server_live(client_timeout=20))

@@ -33,7 +33,9 @@ from oipserve.front.grpc.h2.frames import (
     Frame,
     Setting,
     frame,
+    settings_frame,
 )
+from tests.support.grpc_peer import FakeTransport
 
 #: Seconds an expected frame is waited for (h2spec waits 2; the CI box is noisy).
 TIMEOUT = 5.0
@@ -373,3 +375,45 @@ class H2Client:
 
 def _names(codes: Iterable[int]) -> str:
     return "/".join(ErrorCode(code).name for code in codes)
+
+
+def open_h2c(port: int, stream_open: bool = False) -> socket.socket:
+    """A raw HTTP/2 client past its preface on ``port``; with ``stream_open``, a
+    ModelStreamInfer call left open (HEADERS only), so the connection is in use, not idle."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    data = PREFACE + settings_frame({})
+    if stream_open:
+        block = hpack.Encoder().encode(
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                ("content-type", "application/grpc"),
+            ]
+        )
+        data += frame(Frame.HEADERS, END_HEADERS, 1, block)
+    sock.sendall(data)
+    return sock
+
+
+def frames_until_closed(sock: socket.socket, within: float) -> list[tuple[int, int, int, bytes]]:
+    """The frames the server sent before it closed ``sock``; fails if it stays open."""
+    sock.settimeout(within)
+    got = FakeTransport()
+    try:
+        while chunk := sock.recv(65536):
+            got.written += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open for {within} s") from None
+    return got.frames()
+
+
+def goaway_codes(frames: list[tuple[int, int, int, bytes]]) -> list[ErrorCode]:
+    """The error codes of the GOAWAY frames among ``frames``."""
+    return [
+        ErrorCode(struct.unpack(">II", payload[:8])[1])
+        for kind, _flags, _stream, payload in frames
+        if kind == Frame.GOAWAY
+    ]
