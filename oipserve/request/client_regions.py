@@ -68,6 +68,10 @@ FLAG_MESSAGE = (
     "(or OIPSERVE_ALLOW_CLIENT_SHM=true) to let clients register their own shared memory"
 )
 
+#: The prefix of the shared-memory keys Triton's Python backend creates; Triton refuses a
+#: client's key that starts with it (after any leading '/'), naming it, and so do we.
+RESERVED_PREFIX = "triton_python_backend_shm_region_"
+
 
 def cuda_refusal(inventory: Inventory) -> str:
     """What CUDA shared-memory requests are answered (400) on this machine."""
@@ -361,11 +365,21 @@ class ClientRegions:
             await self.unregister(name)
             raise
 
-    def _register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def check_allowed(self) -> None:
+        """403 unless ``--allow-client-shm``: register and unregister (system and CUDA)."""
         if not self.allowed:
             raise Forbidden(FLAG_MESSAGE)
+
+    def _register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.check_allowed()
         if not name:
             raise InvalidInput("a shared memory region needs a name")
+        if key.lstrip("/").startswith(RESERVED_PREFIX):
+            # Triton's words (L0_shared_memory test_register_reserved_names matches them).
+            raise InvalidInput(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key "
+                f"contains the reserved prefix '{RESERVED_PREFIX}'"
+            )
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
         if len(self._regions) >= self.limit:
@@ -450,7 +464,11 @@ class ClientRegions:
         ends (``ClientRegion.done_with``). An unknown name is not an error. With
         ``--http-workers`` the other fronts mark theirs too, and this front keeps the
         region until their requests end as well.
+
+        Refused (403, Triton's phrase first) while client shared memory is off, as Triton
+        refuses it: a deliberate change, an unregister used to succeed with the flag off.
         """
+        self.check_allowed()
         regions = self._matching(name)
         fresh = [region for region in regions if not region.pending]
         for region in fresh:

@@ -36,7 +36,9 @@ def _value(api: str) -> str:
 
 @pytest.fixture(scope="module")
 def each() -> Iterator[ServerProcess]:
+    # NOTE: --allow-client-shm: with it off, unregister answers 403 itself (Triton's rule).
     args = ["--devices", "cpu", "--model-control-mode", "explicit", "--load-model", "simple"]
+    args += ["--allow-client-shm", "true"]
     for api in API_GROUPS:
         args += ["--http-restricted-api", f"{api}:{_header(api)}={_value(api)}"]
         args += ["--grpc-restricted-protocol", f"{api}:{api}-key={_value(api)}"]
@@ -58,6 +60,8 @@ def fenced() -> Iterator[ServerProcess]:
         f"model-repository,workers,hardware:X-Admin-Key={ADMIN}",
         "--grpc-restricted-protocol",
         f"model-repository:admin-key={ADMIN}",
+        "--allow-client-shm",  # with it off, unregister answers 403 itself (Triton's rule)
+        "true",
     ]
     proc = ServerProcess(SAMPLE_REPOSITORY, args).wait_ready()
     yield proc

@@ -432,10 +432,17 @@ def test_the_servers_own_segments_are_refused_whatever_their_name(
     assert http.get_system_shared_memory_status() == []
 
 
-def test_flag_off_refuses_registration_only(server: ServerProcess, regions: list[Region]) -> None:
+def test_flag_off_refuses_register_and_unregister(
+    server: ServerProcess, regions: list[Region]
+) -> None:
+    """With the flag off, register AND unregister (one region, all, CUDA too) are refused,
+    as Triton refuses them (L0_shared_memory test_client_shm_disabled_by_default); status
+    still answers. A deliberate change: unregister used to succeed with the flag off.
+    Triton answers 501 / UNIMPLEMENTED; we keep 403 / PERMISSION_DENIED (docs/protocol.md)."""
     region = _region(regions, 64)
     http = httpclient.InferenceServerClient(server.host_port)
     client = grpcclient.InferenceServerClient(server.grpc_url)
+    denied = grpc.StatusCode.PERMISSION_DENIED
     try:
         # Triton's phrase first (its QA tests match it), then how to turn the flag on.
         for message in (
@@ -446,16 +453,19 @@ def test_flag_off_refuses_registration_only(server: ServerProcess, regions: list
             ),
             _grpc_fail(
                 lambda: client.register_system_shared_memory(region.name, region.key, 64),
-                grpc.StatusCode.PERMISSION_DENIED,
+                denied,
                 "--allow-client-shm",
             ),
+            _http_fail(http.unregister_system_shared_memory, 403, "--allow-client-shm"),
+            _http_fail(lambda: http.unregister_system_shared_memory("x"), 403, "--allow"),
+            _grpc_fail(client.unregister_system_shared_memory, denied, "--allow-client-shm"),
+            _grpc_fail(lambda: client.unregister_system_shared_memory("x"), denied, "--allow"),
+            _http_fail(http.unregister_cuda_shared_memory, 403, "--allow-client-shm"),
+            _grpc_fail(lambda: client.unregister_cuda_shared_memory("x"), denied, "--allow"),
         ):
             assert message.startswith("Client shared memory is disabled"), message
         assert http.get_system_shared_memory_status() == []
         assert not client.get_system_shared_memory_status().regions
-        http.unregister_system_shared_memory()
-        http.unregister_system_shared_memory("anything")
-        client.unregister_system_shared_memory("anything")
     finally:
         http.close()
         client.close()

@@ -7,8 +7,10 @@ docs/protocol.md ("Error texts").
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
+from http import client as http_client
 
 import grpc
 import numpy as np
@@ -168,3 +170,59 @@ def test_register_an_invalid_key(
                 status,
             )
             assert text.startswith(phrase) and "not a POSIX shared-memory name" in text, text
+
+
+def test_register_a_reserved_key(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+) -> None:
+    """Keys of Triton's Python backend (its prefix after any leading '/') are refused by
+    name before anything else is checked, as L0_shared_memory test_register_reserved_names
+    expects; the object need not exist."""
+    http, rpc = clients
+    prefix = "triton_python_backend_shm_region_"
+    bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+    for key in (f"{prefix}_k", f"/{prefix}_k", f"///{prefix}_k", f"/{prefix}"):
+        phrase = (
+            f"cannot register shared memory region 'r' with key '{key}' as the key contains "
+            f"the reserved prefix '{prefix}'"
+        )
+        for client, status in ((http, "400"), (rpc, bad)):
+            text = _message(
+                lambda client=client, key=key: client.register_system_shared_memory("r", key, 8),
+                status,
+            )
+            assert text == phrase, text
+    assert http.get_system_shared_memory_status() == []
+
+
+def _refusal_of(server: ServerProcess, path: str, headers: dict[str, str]) -> tuple[int, str]:
+    """The answer to a request whose head only is sent (the body is never written)."""
+    conn = http_client.HTTPConnection(server.host_port, timeout=10)
+    try:
+        conn.putrequest("POST", path)
+        for key, value in headers.items():
+            conn.putheader(key, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())["error"]
+    finally:
+        conn.close()
+
+
+def test_a_json_body_over_the_limit(shm_server: ServerProcess) -> None:
+    """Triton's phrase first for a JSON body (L0_http test_loading_large_invalid_model
+    matches it), then ours; the status stays 413 (Triton: 400; its test asks only for
+    not 200). A binary-extension body keeps our words alone: it is not all JSON."""
+    limit = 256 * 1024 * 1024  # the default --max-request-bytes
+    size = limit + 1
+    json_head = {"Content-Type": "application/json", "Content-Length": str(size)}
+    status, text = _refusal_of(shm_server, "/v2/repository/models/m/load", json_head)
+    assert status == 413, text
+    assert text.startswith(
+        f"request JSON size of {size} bytes exceeds the maximum allowed input size of "
+        f"{limit} bytes: the request body has {size} bytes, more than the limit of {limit}"
+    ), text
+    binary_head = {"Content-Length": str(size), "Inference-Header-Content-Length": "20"}
+    status, text = _refusal_of(shm_server, "/v2/models/simple/infer", binary_head)
+    assert status == 413, text
+    assert text == f"the request body has {size} bytes, more than the limit of {limit} bytes"

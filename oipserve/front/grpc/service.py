@@ -161,6 +161,7 @@ class InferenceService:
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.dataplane.regions.check_allowed()  # refused while the flag is off (Triton's rule)
         return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region is ever registered
 
     async def ModelInfer(self, call: InferCall) -> InferReply:

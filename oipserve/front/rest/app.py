@@ -122,17 +122,18 @@ class _App(falcon.asgi.App):
         self, scope: dict[str, Any], receive: Receive, send: Send
     ) -> None:
         if scope["type"] == "http":
-            direct = False
+            size = -1
+            binary = False  # the binary-data extension: a JSON header, then raw bytes
             for key, value in scope["headers"]:
                 if key == b"content-length":
                     if value.isdigit():
                         size = int(value)
-                        if size > self._limit:
-                            await _refuse_too_large(send, size, self._limit)
-                            return
-                        direct |= size >= DIRECT_BODY_MIN
                 elif key == b"inference-header-content-length":
-                    direct = True
+                    binary = True
+            if size > self._limit:
+                await _refuse_too_large(send, size, self._limit, json_body=not binary)
+                return
+            direct = binary or size >= DIRECT_BODY_MIN
             if direct and RECEIVE_INTO in scope.get("extensions", ()):
                 receive = _without_first_body(receive)
         await super().__call__(scope, receive, send)
@@ -155,10 +156,16 @@ def _without_first_body(receive: Receive) -> Receive:
     return deferred
 
 
-async def _refuse_too_large(send: Send, length: int, limit: int) -> None:
-    body = ENCODER.encode(
-        {"error": f"the request body has {length} bytes, more than the limit of {limit} bytes"}
-    )
+async def _refuse_too_large(send: Send, length: int, limit: int, *, json_body: bool) -> None:
+    detail = f"the request body has {length} bytes, more than the limit of {limit} bytes"
+    if json_body:
+        # Triton's phrase first for a body that is all JSON (its clients and QA tests,
+        # L0_http test_loading_large_invalid_model, match it); the status stays 413.
+        detail = (
+            f"request JSON size of {length} bytes exceeds the maximum allowed input size of "
+            f"{limit} bytes: {detail} (--max-request-bytes)"
+        )
+    body = ENCODER.encode({"error": detail})
     # NOTE: the body is left unread; uvicorn discards it as it arrives, so the
     #   connection stays usable and a client that sends it all still reads the 413.
     await send(

@@ -58,7 +58,8 @@ class SystemSharedMemoryResource:
 
 class CudaSharedMemoryResource:
     """CUDA shared memory: register answers 400 with the reason; nothing is ever registered,
-    so status lists nothing and unregister succeeds."""
+    so status lists nothing and unregister succeeds (403 while client shared memory is off,
+    as Triton refuses it)."""
 
     def __init__(self, regions: ClientRegions) -> None:
         self.regions = regions
@@ -76,6 +77,7 @@ class CudaSharedMemoryResource:
     async def on_post_unregister(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, region: str | None = None
     ) -> None:
+        self.regions.check_allowed()
         resp.data = b""
 
 
