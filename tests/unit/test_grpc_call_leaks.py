@@ -21,7 +21,7 @@ import uvloop
 from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2.frames import END_STREAM, ErrorCode, Frame, frame, window_update
 from oipserve.wire.shm import BufferPool
-from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message, grpc_prefix
+from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message, grpc_prefix, until
 
 #: Message sizes read into a lease: one made at once, one made in a thread.
 _LEASED_SIZES = [1024 * 1024, 8 * 1024 * 1024]
@@ -72,12 +72,10 @@ async def test_a_call_reset_mid_message_gives_its_lease_back(
         for stream in (1, 3, 5, 7):
             peer.send(peer.headers(stream, "ModelInfer"))
             peer.send(frame(Frame.DATA, 0, stream, grpc_prefix(size) + b"x" * 1000))
-        await asyncio.sleep(0.05)  # segments made in a thread are in
+        assert await until(lambda: pool.leased_count == 4)  # segments made in a thread too
         for stream in (1, 3, 5, 7):
             end(peer, stream)
-        await asyncio.sleep(0.05)
-        assert pool.leased_count == 0
-        assert not peer.connection.streams
+        assert await until(lambda p=peer: pool.leased_count == 0 and not p.connection.streams)
         sizes.append(pool.total_bytes)
     assert sizes[-1] == sizes[0]
     assert not service.arriving and not service.calls
@@ -89,12 +87,10 @@ async def test_a_reset_stops_the_inference_and_sends_nothing_more(ending: str) -
     peer = GrpcPeer(service.table(Settings(model_repository=".")))
     peer.send(peer.headers(1, "ModelInfer"))
     peer.send(frame(Frame.DATA, END_STREAM, 1, grpc_message(b"request")))
-    await asyncio.sleep(0.01)
-    assert service.running == 1
+    assert await until(lambda: service.running == 1)
     await peer.written()
     _ENDINGS[ending](peer, 1)
-    await asyncio.sleep(0.01)
-    assert service.running == 0  # cancelled, not left to run 30 s
+    assert await until(lambda: service.running == 0)  # cancelled, not left to run 30 s
     frames = await peer.written()
     assert not [f for f in frames if f[2] == 1 and f[0] in (Frame.HEADERS, Frame.DATA)]
     assert not peer.connection.streams
@@ -125,13 +121,12 @@ async def test_reset_streams_leave_no_task_or_queue_behind(ending: str) -> None:
         # NOTE: a message each, which starts the stream's task (HEADERS alone start none).
         peer.send(peer.headers(stream, "ModelStreamInfer"))
         peer.send(frame(Frame.DATA, 0, stream, grpc_message(b"request")))
-    await asyncio.sleep(0.01)
-    assert len(asyncio.all_tasks()) >= before + len(streams)  # each stream's, at least
+    # each stream's task, at least
+    assert await until(lambda: len(asyncio.all_tasks()) >= before + len(streams))
     end = _ENDINGS.get(ending, _connection_lost)
     for stream in streams:
         end(peer, stream)
-    await asyncio.sleep(0.01)
-    assert len(asyncio.all_tasks()) == before
+    assert await until(lambda: len(asyncio.all_tasks()) == before)
     assert not peer.connection.streams
 
 
@@ -142,8 +137,7 @@ async def _answer_to_the_smallest_deadline(method: str, timeout: str) -> list[st
         peer.headers(1, method, ("grpc-timeout", timeout))
         + frame(Frame.DATA, END_STREAM, 1, grpc_message(b"request"))
     )
-    await asyncio.sleep(0.05)
-    assert not peer.connection.streams and not service.arriving
+    assert await until(lambda: not peer.connection.streams and not service.arriving)
     return _statuses(await peer.written(), 1)
 
 
@@ -171,10 +165,8 @@ async def test_a_stalled_upload_gives_its_memory_back(pool: BufferPool) -> None:
     peer = GrpcPeer(service.table(settings, pool))
     peer.send(peer.headers(1, "ModelInfer"))
     peer.send(frame(Frame.DATA, 0, 1, grpc_prefix(1024 * 1024) + b"x" * 1000))
-    await asyncio.sleep(0.01)
-    assert pool.leased_count == 1
-    await asyncio.sleep(0.2)
-    assert pool.leased_count == 0
+    assert await until(lambda: pool.leased_count == 1)
+    assert await until(lambda: pool.leased_count == 0)  # the 0.05 s timeout, not the close
     frames = await peer.written()
     assert _statuses(frames, 1) == ["4"]
     assert any(f[0] == Frame.RST_STREAM and f[2] == 1 for f in frames)
