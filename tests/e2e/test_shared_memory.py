@@ -435,7 +435,8 @@ def test_the_servers_own_segments_are_refused_whatever_their_name(
 def test_flag_off_refuses_register_and_unregister(
     server: ServerProcess, regions: list[Region]
 ) -> None:
-    """With the flag off, register AND unregister (one region, all, CUDA too) are refused,
+    """With the flag off, register AND unregister (one region, all, CUDA too: the flag is
+    checked before CUDA's "no GPU") are refused,
     as Triton refuses them (L0_shared_memory test_client_shm_disabled_by_default); status
     still answers. A deliberate change: unregister used to succeed with the flag off.
     Triton answers 501 / UNIMPLEMENTED; we keep 403 / PERMISSION_DENIED (docs/protocol.md)."""
@@ -462,6 +463,13 @@ def test_flag_off_refuses_register_and_unregister(
             _grpc_fail(lambda: client.unregister_system_shared_memory("x"), denied, "--allow"),
             _http_fail(http.unregister_cuda_shared_memory, 403, "--allow-client-shm"),
             _grpc_fail(lambda: client.unregister_cuda_shared_memory("x"), denied, "--allow"),
+            # CUDA register too: the flag's refusal before "no GPU" (Triton's order).
+            _http_fail(
+                lambda: http.register_cuda_shared_memory("r", b"0" * 64, 0, 64), 403, "--allow"
+            ),
+            _grpc_fail(
+                lambda: client.register_cuda_shared_memory("r", b"0" * 64, 0, 64), denied, "--allow"
+            ),
         ):
             assert message.startswith("Client shared memory is disabled"), message
         assert http.get_system_shared_memory_status() == []

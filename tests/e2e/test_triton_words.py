@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.server import ServerProcess
@@ -226,3 +227,45 @@ def test_a_json_body_over_the_limit(shm_server: ServerProcess) -> None:
     status, text = _refusal_of(shm_server, "/v2/models/simple/infer", binary_head)
     assert status == 413, text
     assert text == f"the request body has {size} bytes, more than the limit of {limit} bytes"
+
+
+#: (model, datatype, shape, Triton's phrase): L0_http test_buffer_size_overflow's shapes.
+#: simple_identity batches (max_batch_size 8): the count is refused before the batch size.
+OVERFLOWS = [
+    ("simple_identity", "BYTES", [16, 2**60 + 2], "causes total element count to exceed"),
+    ("identity_fp32", "FP32", [16, 2**60 + 2], "causes total element count to exceed"),
+    ("identity_fp32", "FP32", [4, 2**60 + 2], "byte size overflow for input 'INPUT0'"),
+]
+
+
+@pytest.mark.parametrize(("model", "datatype", "shape", "phrase"), OVERFLOWS)
+def test_an_overflowing_shape(
+    shm_server: ServerProcess, model: str, datatype: str, shape: list[int], phrase: str
+) -> None:
+    """A shape whose element count (or byte size) passes int64 is refused in Triton's
+    words before any other check of the shape (batch size included), REST and gRPC."""
+    data: list[object] = ["a"] if datatype == "BYTES" else [1.0]
+    tensor = {"name": "INPUT0", "shape": shape, "datatype": datatype, "data": data}
+    body = json.dumps({"inputs": [tensor]})
+    conn = http_client.HTTPConnection(shm_server.host_port, timeout=10)
+    try:
+        conn.request(
+            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        status, text = resp.status, json.loads(resp.read())["error"]
+    finally:
+        conn.close()
+    assert status == 400, text
+    assert phrase in text, text
+    request = service_pb2.ModelInferRequest(model_name=model)
+    given = request.inputs.add(name="INPUT0", datatype=datatype, shape=shape)
+    if datatype == "BYTES":
+        given.contents.bytes_contents.append(b"a")
+    else:
+        given.contents.fp32_contents.append(1.0)
+    with grpc.insecure_channel(shm_server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert phrase in str(info.value.details()), info.value.details()

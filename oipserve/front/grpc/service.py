@@ -156,6 +156,7 @@ class InferenceService:
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: object) -> object:
+        self.dataplane.regions.check_allowed()  # the flag first, as Triton (and REST)
         raise InvalidInput(self.dataplane.regions.cuda_refusal)
 
     async def CudaSharedMemoryUnregister(

@@ -58,8 +58,8 @@ class SystemSharedMemoryResource:
 
 class CudaSharedMemoryResource:
     """CUDA shared memory: register answers 400 with the reason; nothing is ever registered,
-    so status lists nothing and unregister succeeds (403 while client shared memory is off,
-    as Triton refuses it)."""
+    so status lists nothing and unregister succeeds (register and unregister: 403 while
+    client shared memory is off, as Triton refuses them)."""
 
     def __init__(self, regions: ClientRegions) -> None:
         self.regions = regions
@@ -72,6 +72,9 @@ class CudaSharedMemoryResource:
     async def on_post_register(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, region: str
     ) -> None:
+        # NOTE: the flag first, as Triton checks it (L0_shared_memory
+        #   test_client_shm_disabled_by_default): a 403 says more than "no GPU".
+        self.regions.check_allowed()
         raise InvalidInput(self.regions.cuda_refusal)
 
     async def on_post_unregister(
