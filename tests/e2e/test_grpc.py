@@ -488,10 +488,12 @@ def test_values_onnxruntime_refuses_are_invalid_argument(
 
 
 def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
+    # NOTE: this server has client shared memory off, which Triton checks first (the no-GPU
+    #   answer with it on: test_shared_memory.py test_cuda_shared_memory_answers_no_gpu).
     _fail(
         lambda: client.register_cuda_shared_memory("r", b"0" * 64, 0, 64),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "CUDA shared memory is not available: no GPU",
+        grpc.StatusCode.PERMISSION_DENIED,
+        "Client shared memory is disabled",
     )
     _fail(lambda: client.get_trace_settings(), grpc.StatusCode.UNIMPLEMENTED)
     _fail(lambda: client.get_log_settings(), grpc.StatusCode.UNIMPLEMENTED)
