@@ -91,6 +91,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from oipserve.front.grpc.h2.frames import PREFACE
 from oipserve.front.http.chunk_sizes import MORE, OVER, ChunkSizes
 from oipserve.runtime.http_io import BodyReader, BodySink, CorkedTransport
 
@@ -110,8 +111,9 @@ HEADER_TIMEOUT = 10.0
 #: ``--max-header-bytes`` and ``--max-header-fields``' defaults.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADER_FIELDS = 256
-#: The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, 3.4).
-H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, 3.4): the
+#: HTTP/2 package's own constant.
+H2_PREFACE = PREFACE
 #: Takes over a connection that opened with ``H2_PREFACE``: its transport (the protocol
 #: is switched there), the bytes read so far (the preface first), and the loop time the
 #: connection was made (its preface's time counts from then).
