@@ -249,17 +249,7 @@ class Server:
             cuda_refusal(plan.inventory),
             limit=settings.max_shm_regions,
         )
-        self.dataplane = DataPlane(
-            self.registry,
-            self.pool,
-            settings.max_queue_per_worker,
-            settings.infer_timeout,
-            self.regions,
-            settings.server_name,
-            settings.busy_poll_us / 1e6,
-        )
-        self.dataplane.stats.configure(settings)  # --metrics-config
-        self.dataplane.configure_cache(settings)  # --cache-config
+        self.dataplane = DataPlane.of(settings, self.registry, self.pool, self.regions)
         self.manager, self.management = self._model_control()
         self._cpu_lock = asyncio.Lock()
         self._serving = False

@@ -110,6 +110,30 @@ class DataPlane:
         self.regions = regions if regions is not None else ClientRegions(False, pool.prefix)
         self.regions.on_closed = self._forget_regions
 
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        registry: ModelRegistry,
+        pool: Workers,
+        regions: ClientRegions,
+    ) -> DataPlane:
+        """A front's data plane as the flags set it, the same in the primary and in every
+        other front: queue and time limits, busy polling, ``--metrics-config`` (so that
+        the fronts' histograms add up) and ``--cache-config``."""
+        plane = cls(
+            registry,
+            pool,
+            settings.max_queue_per_worker,
+            settings.infer_timeout,
+            regions,
+            settings.server_name,
+            settings.busy_poll_us / 1e6,
+        )
+        plane.stats.configure(settings)
+        plane.configure_cache(settings)
+        return plane
+
     def configure_cache(self, settings: Settings) -> None:
         """The response cache ``--cache-config`` asks for (before the first request)."""
         size = cache_bytes(settings.cache_config)

@@ -150,17 +150,7 @@ class Replica:
         regions = ClientRegions(
             settings.allow_client_shm, start.server_prefix, limit=settings.max_shm_regions
         )
-        self.dataplane = DataPlane(
-            self.registry,
-            self.pool,
-            settings.max_queue_per_worker,
-            settings.infer_timeout,
-            regions,
-            settings.server_name,
-            settings.busy_poll_us / 1e6,
-        )
-        self.dataplane.stats.configure(settings)  # --metrics-config: histograms add up
-        self.dataplane.configure_cache(settings)  # --cache-config
+        self.dataplane = DataPlane.of(settings, self.registry, self.pool, regions)
         self.forwarder = Forwarder(start.forward_to)
         self.grpc_forwarder: GrpcForwarder | None = None
         self.router = Router(
