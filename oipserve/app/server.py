@@ -16,6 +16,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import falcon.asgi
+
 from hardware import Inventory, InventorySource, make_inventory_source, parse_devices
 from oipserve.app.sites import GrpcSite, OtherFronts, StartupError, UvicornSite
 from oipserve.app.startup_report import (
@@ -251,6 +253,12 @@ class Server:
         )
         self.dataplane = DataPlane.of(settings, self.registry, self.pool, self.regions)
         self.manager, self.management = self._model_control()
+        #: The REST app (with --allow-http): the HTTP port's, and the gRPC listener's for
+        #: the HTTP/2 streams that are not gRPC (REST over h2c, issue #39).
+        self.rest_app: falcon.asgi.App | None = None
+        if settings.allow_http:
+            self.rest_app = create_app(settings, self.dataplane)
+            add_admin_routes(self.rest_app, self.management)
         self._cpu_lock = asyncio.Lock()
         self._serving = False
         self._stop_requested = asyncio.Event()
@@ -311,7 +319,7 @@ class Server:
         scaled_out = http is not None and self.settings.http_workers > 1
         if self.sites.grpc is not None:
             private = grpc_forward_address(self.pool.prefix) if scaled_out else None
-            await self.sites.grpc.start(self.dataplane, self.management, private)
+            await self.sites.grpc.start(self.dataplane, self.management, private, self.rest_app)
         if http is not None and scaled_out:
             await self._start_other_fronts(http)
 
@@ -391,13 +399,11 @@ class Server:
             announcer.cancel()
 
     def _start_http_sites(self) -> None:
-        if self.sites.http is not None:
-            app = create_app(self.settings, self.dataplane)
-            add_admin_routes(app, self.management)
+        if self.sites.http is not None and self.rest_app is not None:
             # gRPC on the HTTP port too (h2c): the gRPC port's listener takes those.
             grpc = self.sites.grpc
             h2c = grpc.h2c if grpc is not None else refuse_h2c
-            self.sites.http.start(http_server(self.settings, app, h2c))
+            self.sites.http.start(http_server(self.settings, self.rest_app, h2c))
         if self.sites.metrics is not None:
             scraper = Scraper(self.dataplane.stats, self.plan.inventory_source)
             self.sites.metrics.start(metrics_server_for(self.settings, MetricsApp(scraper)))

@@ -27,6 +27,7 @@ from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
 from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
+from oipserve.front.header_rules import App
 from oipserve.front.http.protocol import refuse_h2c
 from oipserve.front.http.server import UvicornServer
 from oipserve.management import Management
@@ -142,17 +143,22 @@ class GrpcSite:
             self._held = bind_socket(self._settings.host, self._settings.grpc_port, "--grpc-port")
 
     async def start(
-        self, dataplane: DataPlane, management: Management, private_address: str | None
+        self,
+        dataplane: DataPlane,
+        management: Management,
+        private_address: str | None,
+        rest: App | None = None,
     ) -> None:
         """Serve gRPC on the port; with ``private_address`` (``--http-workers``) also on
-        that Unix socket, where the other fronts forward the calls they do not answer."""
+        that Unix socket, where the other fronts forward the calls they do not answer;
+        with ``rest`` (the HTTP port's app) also OIP REST on the streams that are not gRPC."""
         if self._held is not None:
             self._held.close()
         private = None
         if private_address is not None:
             private = self._private = unix_listener(private_address, PRIVATE_BACKLOG)
         self._server, self.port, self._h2 = await start_grpc(
-            self._settings, dataplane, management, private
+            self._settings, dataplane, management, private, rest
         )
 
     def h2c(self, transport: asyncio.Transport, data: bytes, since: float) -> None:

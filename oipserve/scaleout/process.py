@@ -314,6 +314,7 @@ class Replica:
         service = InferenceService(self.dataplane)
         table = in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder)
         own = H2Server(table, self.settings.header_timeout, ConnectionLimits.of(self.settings))
+        own.serve_rest(self.router, self.settings)  # REST over HTTP/2, as the primary's (#39)
         return own, GrpcServer(own, service)
 
     def close(self) -> None:

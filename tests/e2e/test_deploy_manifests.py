@@ -41,6 +41,7 @@ from tests.support.deploy import (
     infer_simple_grpc,
     infer_simple_http,
     read_only,
+    rest_over_h2c,
     write_kserve_layout,
 )
 from tests.support.server import ROOT, SAMPLE_REPOSITORY, ServerProcess
@@ -402,14 +403,24 @@ def test_inference_service_fits_its_runtime_and_its_ports_answer(
         assert len(ports) <= 1, "Knative routes exactly one container port"
         if model["protocolVersion"] == "grpc-v2":
             assert ports and ports[0]["name"] == "h2c", "Knative speaks HTTP/2 only to h2c"
+        if ports:
+            # The one routed port is the HTTP port: REST (HTTP/1.1 and HTTP/2) and gRPC
+            # (h2c) on it, and the runtime's probes on the routed port.
+            assert ports[0]["containerPort"] == running.settings.http_port
     served = [p["containerPort"] for p in ports] or [KSERVE_DEFAULT_PORT]
+    h2c = {p["containerPort"] for p in ports if p.get("name") == "h2c"}
     grpc_port = running.settings.grpc_port
     # Raw mode: the first port is the Service's port 80, so it must be the HTTP port.
     if mode == "RawDeployment":
         assert served[0] == running.settings.http_port
     for number in served:
         local = running.local(number)
-        if number == grpc_port:
+        if number in h2c:
+            # Knative's queue-proxy speaks HTTP/2 with prior knowledge to an h2c port, for
+            # REST requests as for gRPC calls: both are served there.
+            rest_over_h2c(local, "simple")
+            infer_simple_grpc(f"127.0.0.1:{local}", "simple")
+        elif number == grpc_port:
             client = grpcclient.InferenceServerClient(f"127.0.0.1:{local}")
             assert client.is_server_ready()
             client.close()

@@ -2,8 +2,9 @@
 gRPC port, from outside: raw frames over a socket, judged as h2spec judges them
 (``tests.support.h2_raw``). Issue 37, item 3.
 
-Applicable: 145 of 147 cases; passed: 145 of 145. The 2 left out are in ``NOT_APPLICABLE``
-with the reason each does not apply to a gRPC-only server. Before 2026-11-28, 10 failed:
+Applicable: 147 of 147 cases; passed: 147 of 147 (until REST over HTTP/2 streams came, issue
+39, generic/4/1 and 4/2, a GET and a HEAD, did not apply to a gRPC-only port: they are now
+answered by the REST app). Before 2026-11-28, 10 failed:
 http2/5.1/5, 5.1/8, 5.1/11, 6.1/2 (DATA on a closed stream dropped in silence), 5.1/12
 (HEADERS on a stream both sides ended: a stream error, not a connection error), 5.1.1/2
 (HEADERS on a skipped lower id: the same), 5.3.1/1-2 (a stream depending on itself not
@@ -12,11 +13,12 @@ checked), 8.1.2.6/1-2 (content-length not checked against the DATA).
 What each case sends and expects is h2spec's, with these differences:
 
 - h2spec's request is a GET (its ``CommonHeaders``); here it is a well-formed gRPC call
-  (POST, ``content-type: application/grpc``, ``te: trailers``, ServerLive), since the
-  server refuses anything else as malformed. Where h2spec needs an answer with a body (the
-  flow-control cases), the call carries its (empty) message and ServerLive's answer is the
-  body. Where a case asks only that a frame be accepted (the generic section), the call is
-  a whole one and its answer must be grpc-status 0, not just any HEADERS frame.
+  (POST, ``content-type: application/grpc``, ``te: trailers``, ServerLive), so that each
+  case checks the gRPC call path (generic/4/1-2 send h2spec's GET and HEAD). Where h2spec
+  needs an answer with a body (the flow-control cases), the call carries its (empty)
+  message and ServerLive's answer is the body. Where a case asks only that a frame be
+  accepted (the generic section), the call is a whole one and its answer must be
+  grpc-status 0, not just any HEADERS frame.
 - A GOAWAY (or a RST_STREAM on the stream in question) with a code other than the expected
   ones fails at once; h2spec waits on and passes if the connection then closes.
 - http2/4.2/1 sends DATA of 2^14 bytes, as its title says (h2spec sends the server's
@@ -66,11 +68,7 @@ H2SPEC = b"h2spec\x00\x00"
 DUMMY = 4000
 
 #: h2spec cases that do not apply to a gRPC-only server, and why.
-NOT_APPLICABLE: dict[str, str] = {
-    "generic/4/1": "a GET request: gRPC is POST only; the server refuses GET as a malformed "
-    "request (RST_STREAM PROTOCOL_ERROR, as grpc-go does), so there is no response to check",
-    "generic/4/2": "a HEAD request: as generic/4/1",
-}
+NOT_APPLICABLE: dict[str, str] = {}
 
 Case = Callable[[H2Client], None]
 CASES: dict[str, tuple[Case, bool]] = {}
@@ -1051,6 +1049,25 @@ def _continuations_split(c: H2Client) -> None:
         + c.data_frame(1, EMPTY_MESSAGE, end_stream=True)
     )
     c.expect_ok(1)
+
+
+def _request_of(c: H2Client, method: str) -> bytes:
+    """h2spec's ``CommonHeaders`` request with ``method``: not gRPC, so the REST app
+    answers it (OIP REST over HTTP/2, ``front.http.h2_asgi``)."""
+    fields = [(":method", method), (":scheme", "http"), (":path", "/"), (":authority", c.authority)]
+    return c.headers_frame(1, c.block(fields), end_stream=True)
+
+
+@case("generic/4/1")
+def _get(c: H2Client) -> None:
+    c.send(_request_of(c, "GET"))
+    c.expect_headers(1)
+
+
+@case("generic/4/2")
+def _head(c: H2Client) -> None:
+    c.send(_request_of(c, "HEAD"))
+    c.expect_headers(1)
 
 
 @case("generic/4/3")

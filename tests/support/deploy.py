@@ -18,6 +18,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.support.h2_rest import H2c
 from tests.support.http import request
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 from tests.support.tensors import simple_inputs
@@ -113,6 +114,31 @@ def infer_simple_grpc(url: str, model: str) -> None:
         assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
     finally:
         client.close()
+
+
+def rest_over_h2c(port: int, model: str) -> None:
+    """REST as Knative's queue-proxy sends it to a port named ``h2c``: HTTP/2 with prior
+    knowledge, every request a stream (the health probe's path, then an inference of the
+    sample ``simple`` served as ``model``), on one connection."""
+    a = list(range(16))
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": a},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [3] * 16},
+        ]
+    }
+    with H2c("127.0.0.1", port) as h2:
+        ready = h2.request("GET", "/v2/health/ready")
+        assert ready.status == 200, ready
+        answer = h2.request(
+            "POST",
+            f"/v2/models/{model}/infer",
+            [("content-type", "application/json")],
+            json.dumps(body).encode(),
+        )
+        assert answer.status == 200, answer
+        outputs = {o["name"]: o["data"] for o in json.loads(answer.body)["outputs"]}
+        assert outputs["OUTPUT0"] == [x + 3 for x in a]
 
 
 def free_port() -> int:

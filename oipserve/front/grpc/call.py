@@ -49,6 +49,7 @@ from oipserve.front.grpc.rpcs import STREAM_RPC, Method, forget
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.streaming import ordered_responses
 from oipserve.front.header_rules import MalformedRequest, grpc_timeout, read_call_head
+from oipserve.front.http.h2_asgi import is_grpc
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
 
@@ -156,6 +157,9 @@ class Call:
         try:
             head = read_call_head(headers)
         except MalformedRequest:
+            if self._table.rest is not None and not is_grpc(headers):
+                self._to_rest(headers, end_stream)  # a GET, say: REST judges it (h2_asgi)
+                return
             # A malformed request (RFC 9113, 8.1.1): a stream error, and no call starts.
             self._done = self._ended = True
             self._conn.reset_stream(self._stream, ErrorCode.PROTOCOL_ERROR)
@@ -165,6 +169,9 @@ class Call:
         #   (``oipserve.front.header_rules``): the primary's answer and a forward's agree.
         self._metadata = head.metadata
         if not head.content_type.startswith("application/grpc"):
+            if self._table.rest is not None:
+                self._to_rest(headers, end_stream)
+                return
             # Not gRPC at all: an HTTP answer, as gRPC servers give (PROTOCOL-HTTP2.md).
             self._finish(b"\x08\x03415")  # :status 415
             return
@@ -196,6 +203,14 @@ class Call:
             self._table.arriving.append(self._arrived_at)
         if end_stream:
             self.end_received()
+
+    def _to_rest(self, headers: Headers, end_stream: bool) -> None:
+        """Not a gRPC request: the REST app serves the stream (``front.http.h2_asgi``),
+        whose ``RestStream`` takes this call's place on the connection."""
+        rest = self._table.rest
+        if rest is not None:
+            self._done = self._ended = True
+            rest.serve(self._conn, self._stream, headers, end_stream, self.send_window)
 
     def _deadline(self, text: str) -> None:
         try:

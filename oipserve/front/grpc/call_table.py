@@ -17,6 +17,7 @@ from oipserve.config.access import GRPC_METHODS, allows, by_api, denial
 from oipserve.config.settings import Settings
 from oipserve.errors import Forbidden
 from oipserve.front.grpc.rpcs import RPCS, SERVICE, STREAM_RPC, Method
+from oipserve.front.http.h2_asgi import RestOverH2
 from oipserve.wire.shm import BufferPool
 
 __all__ = ["CallTable", "Forward"]
@@ -69,6 +70,9 @@ class CallTable:
         # A reply the client does not take (its window kept closed) is dropped past this
         # plus a second per ``min_transfer_rate`` bytes the client took of it (``Call._send``).
         self.send_timeout = settings.send_timeout
+        #: The REST app for the streams that are not gRPC (``listener.H2Server.serve_rest``);
+        #: None: they are answered 415 (a GET: RST_STREAM PROTOCOL_ERROR), as before.
+        self.rest: RestOverH2 | None = None
         table = by_api(settings.grpc_restricted_protocol)
         #: method name -> (its restriction, the refusal), for restricted methods only.
         self.restricted = {

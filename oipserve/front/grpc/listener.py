@@ -17,6 +17,10 @@ nor watched.
 knowledge, ``front.http.protocol``): they are this listener's in every way (the cap, the
 watch, the preface's time counted from their connect, the call table and so its
 restrictions, and ``stop``'s GOAWAYs).
+
+``serve_rest`` hands it the REST app: then a stream whose request is not gRPC, on any of
+its connections, is served by that app (``front.http.h2_asgi``: OIP REST over HTTP/2,
+for Knative's single ``h2c`` port); without it such a stream is answered 415 as before.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from oipserve.config.settings import Settings
 from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
 from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
+from oipserve.front.header_rules import App
+from oipserve.front.http.h2_asgi import Http2Connection, RestLimits, RestOverH2
 
 _POLL_SECONDS = 0.02
 
@@ -84,9 +91,14 @@ class H2Server:
     def _private(self, preface_timeout: float | None = None) -> Connection:
         if preface_timeout is None:
             preface_timeout = self._preface_timeout
-        connection = Connection(self._call, self._closed, preface_timeout)
+        connection = Http2Connection(self._call, self._closed, preface_timeout)
         self._connections.add(connection)
         return connection
+
+    def serve_rest(self, app: App, settings: Settings) -> None:
+        """Serve the streams that are not gRPC with the REST ``app`` (the one HTTP/1.1
+        serves), under the HTTP port's limits (``settings``)."""
+        self._table.rest = RestOverH2(app, RestLimits.of(settings))
 
     def adopt(self, transport: asyncio.Transport, data: bytes, since: float) -> None:
         """Serve an HTTP/2 connection accepted elsewhere (the HTTP port's h2c) as one of
