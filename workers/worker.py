@@ -26,6 +26,7 @@ from oipserve.wire.datatypes import element_count, split_bytes_elements
 from oipserve.wire.images import ImageError
 from oipserve.wire.messages import (
     DecodeJson,
+    EndSequences,
     ErrorKind,
     Failed,
     Forget,
@@ -52,7 +53,9 @@ from workers.fronts import FrontConnection, accept_front
 from workers.heap import return_free_heap
 from workers.images import decode_batch, quiet_opencv
 from workers.outputs import bound_outputs, write_outputs
+from workers.peer_segments import CheckedSegments, server_prefix
 from workers.regions import RegionCache, RegionError
+from workers.sequence_state import SequenceStates
 
 log = logging.getLogger("oipserve.worker")
 
@@ -71,8 +74,12 @@ class Worker:
         self.sessions: dict[str, runtime.ModelSession] = {}
         #: Clients' shared-memory objects (system shared-memory extension).
         self.regions = RegionCache()
+        #: Implicit state of the sequences this worker owns (``workers.sequence_state``).
+        self.sequences = SequenceStates()
         self.segment_prefix = segment_prefix
         self.starter = FrontConnection(sock, segment_prefix, starter=True)
+        # Ensembles: inputs may lie in workers' output segments (workers.peer_segments).
+        self.starter.inputs = CheckedSegments(server_prefix(segment_prefix))
         #: Every front's connection, the starter's first.
         self.connections: list[FrontConnection] = [self.starter]
         #: Where other fronts connect (``--http-workers``), or None.
@@ -154,6 +161,7 @@ class Worker:
         sock, pid = accepted
         self._accepted += 1
         connection = FrontConnection(sock, f"{self.segment_prefix}c{self._accepted}-", False)
+        connection.inputs = CheckedSegments(server_prefix(self.segment_prefix))
         self.connections.append(connection)
         selector.register(sock, selectors.EVENT_READ, connection)
         self.reply(connection, self.greeting)
@@ -191,6 +199,8 @@ class Worker:
                 connection.inputs.forget(name)
         elif isinstance(message, ForgetRegions):
             self.regions.forget(message.objects)
+        elif isinstance(message, EndSequences):
+            self.sequences.end(message.key, message.handles)
         elif isinstance(message, Stop):
             return False
         elif not connection.starter:  # NOTE: only the starting front manages sessions
@@ -204,6 +214,7 @@ class Worker:
             self.load(message)
         elif isinstance(message, UnloadModel):
             self.sessions.pop(message.key, None)
+            self.sequences.drop_model(message.key)
             return_free_heap()  # the session's blocks, freed just now
             self.reply(connection, Unloaded(message.rid, message.key))
         return True
@@ -295,6 +306,8 @@ class Worker:
                     feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
                 del buf
             names = message.outputs or [m.name for m in session.outputs]
+            if message.sequence is not None:  # a sequence model: its implicit state
+                names = self.sequences.feed(message.key, message.sequence, feeds, names)
             fed = monotonic_ns()
             bound = bound_outputs(self.regions, session, names, feeds, targets, message.inputs)
             values = None
@@ -318,6 +331,8 @@ class Worker:
                     )
             else:
                 values = session.run(names, feeds)
+            if message.sequence is not None and values is not None:  # (never bound outputs)
+                names, values = self.sequences.keep(message.key, message.sequence, names, values)
             del feeds
             ran = monotonic_ns()
         except (runtime.RequestError, ImageError, RegionError) as exc:

@@ -8,4 +8,8 @@
 - ``batched``: requests of models with ``dynamic_batching``, through their batcher
   (``scheduling``).
 - ``batch_io``: a batch's inputs joined once, its outputs split as views.
+- ``sequenced``: requests of models with ``sequence_batching`` (stateful sequences), through
+  their sequence batcher (``scheduling.sequence``; docs/sequences.md).
+- ``ensemble``: requests of ensembles: each step a request of its composing model, the
+  tensors between steps left in the workers' segments (docs/ensembles.md).
 """

@@ -34,10 +34,13 @@ import oipserve
 from oipserve.config.cache_config import cache_bytes
 from oipserve.dataplane.batched import BatchRunner
 from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.ensemble import EnsembleRunner
 from oipserve.dataplane.intake import Intake
 from oipserve.dataplane.response_cache import ResponseCache
+from oipserve.dataplane.sequenced import Sequenced
 from oipserve.dataplane.strategies import Batched, Strategy, Unbatched, answer_in_front
 from oipserve.models.config_response import model_config_document
+from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request import json_offload
@@ -105,6 +108,7 @@ class DataPlane:
         self._unbatched: Strategy = Unbatched(self._intake, dispatch).run
         #: Each model version's strategy, chosen at its first request (``_choose``).
         self._strategies: dict[ModelVersion, Strategy] = {}
+        self._ensemble_runner: EnsembleRunner | None = None
         self.shutting_down = False
         #: Clients' registered shared-memory regions (off unless --allow-client-shm).
         self.regions = regions if regions is not None else ClientRegions(False, pool.prefix)
@@ -230,8 +234,13 @@ class DataPlane:
         policy = model.config.dynamic_batching if model.config is not None else None
         cache = self.cache if model.config is not None and model.config.response_cache else None
         strategy: Strategy
+        sequence = model.config.sequence_batching if model.config is not None else None
         if model.echo:
             strategy = answer_in_front
+        elif isinstance(model, EnsembleVersion):  # its steps run from here (dataplane.ensemble)
+            strategy = self._ensembles().run
+        elif sequence is not None:  # a stateful model: the sequence batcher
+            strategy = Sequenced(self._intake, self._dispatch, model, sequence).run
         elif policy is not None:
             strategy = Batched(self._intake, self._batches, policy, cache).run
         elif cache is not None:
@@ -240,6 +249,18 @@ class DataPlane:
             strategy = self._unbatched
         self._strategies[model] = strategy
         return strategy
+
+    def _ensembles(self) -> EnsembleRunner:
+        """The strategy of ensembles, made at the first ensemble request."""
+        if self._ensemble_runner is None:
+            self._ensemble_runner = EnsembleRunner(
+                self._intake, self._dispatch, self._strategy_of, self.stats.of, self._unbatched
+            )
+        return self._ensemble_runner
+
+    def _strategy_of(self, model: ModelVersion) -> Strategy:
+        strategy = self._strategies.get(model)
+        return strategy if strategy is not None else self._choose(model)
 
     def _forget_gone(self) -> None:
         """Forget the strategies of versions that left the registry (unloaded, reloaded)."""

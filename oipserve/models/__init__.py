@@ -7,4 +7,6 @@
 - ``metadata``: tensor metadata; ``labels``: an output's label files; ``config_response``:
   the config extension's answer.
 - ``config/``: ``config.pbtxt`` parsed against Triton's proto.
+- ``ensemble``: an ensemble's version (ready while its steps' models are) and its load-time
+  checks against them (docs/ensembles.md).
 """

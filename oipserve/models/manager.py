@@ -16,6 +16,8 @@ from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, ServerError, Unavailable
 from oipserve.models.config.parse import ConfigLimits, ModelConfig, ModelConfigError, check_limits
 from oipserve.models.config.session_options import session_options
+from oipserve.models.ensemble import CANNOT_LOAD as ENSEMBLE_CANNOT_LOAD
+from oipserve.models.ensemble import EnsembleVersion, composing_names, validate
 from oipserve.models.metadata import MetadataConflict, merge_metadata
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import ModelSource, Repository, read_model
@@ -78,6 +80,9 @@ class ModelManager:
         #: unloaded (``retiring``: they stop answering it and finish what they sent).
         self.changed: Callable[[], Awaitable[None]] | None = None
         self.retiring: Callable[[ModelVersion, str], Awaitable[None]] | None = None
+        #: Set (and replaced) at each end of a load or unload: an ensemble's load waits on
+        #: it for the composing models the start loads anyway (``_load_composing``).
+        self._settled = asyncio.Event()
         pool.on_replaced(self._reloaded)
 
     def providers_for(
@@ -186,6 +191,8 @@ class ModelManager:
             except ModelConfigError as exc:
                 return f"invalid config override: {exc}"
         place: Path | None = None
+        if not files:
+            await self._load_composing(name, config)
         if files:
             try:
                 place = await self.uploads.write(name, files)
@@ -213,6 +220,7 @@ class ModelManager:
             reason = await self._load_source(source, timeout)
         finally:
             self.registry.loading.discard(name)
+            self._settle()
             await self._tell_changed()
         if reason is not None and place is not None and self.upload_of.get(name) != place:
             self.uploads.remove(place)
@@ -234,9 +242,7 @@ class ModelManager:
             if name not in self.registry.models:
                 self.registry.failed[name] = source.error
             return source.error
-        versions = {
-            v: ModelVersion(name, v, path, source.config) for v, path in source.versions.items()
-        }
+        versions = {v: self._version(source, v, path) for v, path in source.versions.items()}
         for model in versions.values():
             model.repository = True
         try:
@@ -291,7 +297,78 @@ class ModelManager:
         if place is not None and place not in self.upload_of.values():
             self.uploads.remove(place)
 
+    def _version(self, source: ModelSource, version: str, path: str) -> ModelVersion:
+        """A new version of ``source``: an ensemble's runs on no worker."""
+        config = source.config
+        if config is not None and config.ensemble is not None:
+            return EnsembleVersion(
+                source.name, version, path, config, config.ensemble, self.registry
+            )
+        return ModelVersion(source.name, version, path, config)
+
+    # ---- ensembles ------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Wake the ensemble loads waiting for a composing model's load to end."""
+        self._settled.set()
+        self._settled = asyncio.Event()
+
+    async def _load_composing(self, name: str, config: ModelConfig | None) -> None:
+        """Before an ensemble loads, its composing models (as Triton loads them with it).
+
+        One the start loads anyway (``registry.required``) is waited for, not loaded twice;
+        one not loaded, and in the repository, is loaded now (an ensemble is never loaded
+        this way: oipserve runs no ensemble as a step). What is still missing afterwards
+        fails the ensemble's validation with Triton's message.
+        """
+        source = self.repository.read(name, config)
+        if source.error is not None or source.config is None or source.config.ensemble is None:
+            return
+        known = set(self.repository.names())
+        for dep in composing_names(source.config):
+            if dep == name:
+                continue
+            while self._load_pending(dep):
+                await self._settled.wait()
+            if dep in self.registry.models or dep not in known:
+                continue
+            dep_source = self.repository.read(dep)
+            if dep_source.config is not None and dep_source.config.ensemble is not None:
+                continue
+            log.info("model '%s': loading its composing model '%s'", name, dep)
+            await self.load(dep)
+
+    def _load_pending(self, name: str) -> bool:
+        """The start will load ``name`` (or is loading it) and has not yet."""
+        registry = self.registry
+        if name in registry.loading:
+            return True
+        return (
+            name in registry.required
+            and name not in registry.models
+            and (name not in registry.failed)
+        )
+
+    async def _ready_ensemble(self, model: EnsembleVersion) -> None:
+        """An ensemble version is ready once checked against its composing models."""
+        started = asyncio.get_running_loop().time()
+        try:
+            inputs, outputs = validate(model)
+        except ENSEMBLE_CANNOT_LOAD as exc:
+            await self._fail_version(model, str(exc))
+            return
+        model.set_metadata(inputs, outputs)
+        model.load_seconds = asyncio.get_running_loop().time() - started
+        model.state = "READY"
+        steps = ", ".join(step.model_name for step in model.plan.steps)
+        log.info(
+            "model '%s' version %s is READY: an ensemble of %s", model.name, model.version, steps
+        )
+
     async def _load_version(self, model: ModelVersion) -> None:
+        if isinstance(model, EnsembleVersion):
+            await self._ready_ensemble(model)
+            return
         # NOTE: a reload gives the new sessions a fresh key so the old ones can
         #   finish their in-flight requests under the old key.
         model.key = f"{model.name}/{model.version}#{id(model)}"
@@ -432,6 +509,7 @@ class ModelManager:
                 await self._unload_version(model)
             if not remaining:
                 self.uploads.remove(self.upload_of.pop(name, None))
+            self._settle()
             await self._tell_changed()
             log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
             return True

@@ -13,6 +13,7 @@ import math
 import msgspec
 
 from oipserve.models.config.parse import ModelConfig, TensorConfig
+from oipserve.models.config.sequence import graph_problem as sequence_graph_problem
 from oipserve.wire.messages import Loaded, TensorMeta
 
 __all__ = ["MetadataConflict", "TensorSpec", "merge_metadata", "reshaped"]
@@ -63,9 +64,10 @@ def _refine(
     declared: tuple[TensorConfig, ...],
     batched: bool,
     defaults: dict[str, TensorSpec] | None = None,
+    filled: frozenset[str] = frozenset(),
 ) -> tuple[TensorSpec, ...]:
     if not declared:
-        return tuple(graph)
+        return tuple(t for t in graph if t.name not in filled)
     by_name = {t.name: t for t in graph}
     batch = (-1,) if batched else ()
     refined = []
@@ -106,7 +108,8 @@ def _refine(
             TensorSpec(entry.name, entry.data_type, shape, model_shape, optional, entry.labels)
         )
     if kind == "input":
-        missing = sorted(set(by_name) - {t.name for t in refined})
+        # NOTE: the inputs a sequence batcher fills (controls, states) are the server's.
+        missing = sorted(set(by_name) - {t.name for t in refined} - filled)
         if missing:
             raise MetadataConflict(f"config.pbtxt leaves out graph inputs {missing}")
     return tuple(refined)
@@ -150,6 +153,15 @@ def merge_metadata(
     if config is None:
         return tuple(graph_inputs), tuple(graph_outputs)
     batched = config.max_batch_size > 0
+    sequence = config.sequence_batching
+    if sequence is not None:
+        problem = sequence_graph_problem(
+            sequence,
+            {m.name: m.datatype for m in loaded.inputs},
+            {m.name: m.datatype for m in loaded.outputs},
+        )
+        if problem is not None:
+            raise MetadataConflict(problem)
     return (
         _refine(
             "input",
@@ -157,6 +169,13 @@ def merge_metadata(
             config.inputs,
             batched,
             {m.name: _spec(m) for m in loaded.optional_inputs},
+            sequence.input_names if sequence is not None else frozenset(),
         ),
-        _refine("output", graph_outputs, config.outputs, batched),
+        _refine(
+            "output",
+            graph_outputs,
+            config.outputs,
+            batched,
+            filled=sequence.output_names if sequence is not None else frozenset(),
+        ),
     )

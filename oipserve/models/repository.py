@@ -26,6 +26,7 @@ from oipserve.models.config.parse import (
     VersionPolicy,
     read_model_config,
 )
+from oipserve.models.config.sequence import read_initial_states
 from oipserve.models.labels import LABELS_MAX_BYTES, read_labels
 
 log = logging.getLogger("oipserve.repository")
@@ -105,6 +106,9 @@ def read_directory(
             )
         try:
             config = with_labels(config, directory, what)
+            if config.sequence_batching is not None:  # initial_state data files (Triton's)
+                states = read_initial_states(config.sequence_batching, directory)
+                config = msgspec.structs.replace(config, sequence_batching=states)
         except ValueError as exc:
             return ModelSource(name, directory, config, error=str(exc))
     filename = (config.default_model_filename if config else None) or DEFAULT_MODEL_FILENAME
@@ -118,6 +122,10 @@ def read_directory(
         model_file = directory / entry / filename
         if number is not None and model_file.is_file():
             found[number] = str(model_file)
+        elif number is not None and config is not None and config.ensemble is not None:
+            # NOTE: an ensemble's version directories hold no model file (Triton's layout).
+            if (directory / entry).is_dir():
+                found[number] = str(directory / entry)
     if not found and renamed and (directory / filename).is_file():
         found[1] = str(directory / filename)
     if not found:

@@ -7,4 +7,6 @@
 - ``placement``: checked inputs into shared memory; ``client_regions``: clients' registered
   regions; ``json_offload``: large JSON bodies parsed by a worker; ``echo``: models the front
   answers itself.
+- ``sequence_params``: ``sequence_id``, ``sequence_start``, ``sequence_end`` of a sequence
+  model's request.
 """

@@ -20,6 +20,7 @@ from oipserve.wire.shm import Lease
 if TYPE_CHECKING:
     from oipserve.models.registry import ModelVersion
     from oipserve.request.client_regions import RegionUse
+    from oipserve.request.sequence_params import SequenceTag
 
 #: Registers a callback to run when the client goes away (REST: the connection closed);
 #: what the callback returns is ignored (``Future.cancel``'s bool, for one).
@@ -95,6 +96,7 @@ class Inference:
         "into_regions",
         "text_outputs",
         "classification",
+        "sequence",
     )
 
     def __init__(
@@ -121,6 +123,8 @@ class Inference:
         self.into_regions: dict[str, RegionUse] = into_regions or {}
         self.text_outputs = text_outputs
         self.classification: dict[str, int] = classification or {}
+        #: A sequence model's request: its sequence (set by the front, None otherwise).
+        self.sequence: SequenceTag | None = None
 
 
 class OutputTensor:

@@ -117,6 +117,35 @@ class UnloadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):
     key: str
 
 
+class SequenceState(msgspec.Struct, frozen=True, array_like=True):
+    """One implicit state of a sequence model (config.pbtxt ``sequence_batching.state``)."""
+
+    input_name: str
+    output_name: str
+    datatype: str
+    #: The state's shape at a sequence's start, without the batch dimension.
+    shape: list[int]
+    #: Its data at a sequence's start (``initial_state`` data_file); empty: zeros.
+    initial: bytes = b""
+
+
+class SequenceRows(msgspec.Struct, frozen=True, array_like=True):
+    """The sequences of a sequence model's batch, one per row (``Infer.sequence``).
+
+    The worker keeps each sequence's implicit state (``workers.sequence_state``): fed
+    to the row's state inputs, replaced by its state outputs, reset on ``starts``,
+    freed on ``ends`` (``EndSequences`` frees those that went idle).
+    """
+
+    states: list[SequenceState]
+    #: Per row: the front's handle of its sequence; 0 for an empty slot (READY false).
+    handles: list[int]
+    starts: list[bool]
+    ends: list[bool]
+    #: The model has a batch dimension (a state is [1, *shape] per row).
+    batched: bool = True
+
+
 class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     rid: int
     key: str
@@ -128,6 +157,8 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     #: Outputs the client gets as JSON: the worker prints those of ``TEXT_OUTPUT_MIN``
     #: bytes or more as JSON text (``TensorDesc.text``), so the front does not.
     text_outputs: list[str] = []
+    #: A sequence model's batch: the sequences of its rows (implicit state).
+    sequence: SequenceRows | None = None
 
 
 class ParseJson(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -184,6 +215,14 @@ class ForgetRegions(msgspec.Struct, frozen=True, tag=True, array_like=True):
     objects: list[ObjectRef]
 
 
+class EndSequences(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """These sequences of model ``key`` ended without an END request (idle, restarted):
+    the worker frees their implicit state."""
+
+    key: str
+    handles: list[int]
+
+
 class Stop(msgspec.Struct, frozen=True, tag=True, array_like=True):
     pass
 
@@ -197,6 +236,7 @@ ToWorker = (
     | Release
     | Forget
     | ForgetRegions
+    | EndSequences
     | Stop
 )
 

@@ -86,7 +86,9 @@ def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "latest")
     (tmp_path / "latest" / "config.pbtxt").write_text('model_warmup { name: "w" }\n')
     shutil.copytree(SAMPLE_REPOSITORY / "versioned", tmp_path / "stateful")
-    (tmp_path / "stateful" / "config.pbtxt").write_text("sequence_batching { }\n")
+    (tmp_path / "stateful" / "config.pbtxt").write_text(
+        "sequence_batching { iterative_sequence: true }\n"
+    )
     shutil.copytree(SAMPLE_REPOSITORY / "reshape_optional", tmp_path / "required")
     config = (tmp_path / "required" / "config.pbtxt").read_text()
     config = config.replace('name: "reshape_optional"', "").replace(

@@ -208,6 +208,8 @@ def test_disposition_table_covers_every_field_of_the_schema() -> None:
         mc.ModelInstanceGroup,
         mc.ModelDynamicBatching,
         mc.ModelQueuePolicy,
+        mc.ModelEnsembling,
+        mc.ModelEnsembling.Step,
     )
     for message in messages:
         descriptor = message.DESCRIPTOR
@@ -220,6 +222,8 @@ def test_disposition_table_covers_every_field_of_the_schema() -> None:
         "inference.ModelInstanceGroup",
         "inference.ModelDynamicBatching",
         "inference.ModelQueuePolicy",
+        "inference.ModelEnsembling",
+        "inference.ModelEnsembling.Step",
     }
 
 
@@ -276,8 +280,11 @@ def test_every_warned_field_is_reported_and_every_refused_one_refused() -> None:
 REFUSED = [
     ('platform: "tensorflow_graphdef"', "only ONNX models"),
     ('backend: "python"', "backend='python'"),
-    ("sequence_batching { }", "sequence_batching: stateful sequence models are not supported"),
-    ("ensemble_scheduling { }", "ensemble_scheduling: ensembles are not supported"),
+    (
+        "sequence_batching { iterative_sequence: true }",
+        "sequence_batching.iterative_sequence: not supported by oipserve",
+    ),
+    ("ensemble_scheduling { }", "ensemble scheduling cannot be set for model"),
     (
         'input { name: "s" data_type: TYPE_INT32 dims: [1] is_shape_tensor: true }',
         "input['s'].is_shape_tensor: shape tensors are TensorRT-only",

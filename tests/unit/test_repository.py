@@ -78,6 +78,8 @@ def test_ignored_fields_are_logged_as_warnings(
 
 
 def test_refused_config_makes_the_model_unavailable(tmp_path: Path) -> None:
-    source = read_model(_model(tmp_path, ["1"], "sequence_batching { }"), "m")
+    source = read_model(
+        _model(tmp_path, ["1"], "sequence_batching { iterative_sequence: true }"), "m"
+    )
     assert source.error is not None
-    assert "sequence_batching: stateful sequence models are not supported" in source.error
+    assert "sequence_batching.iterative_sequence: not supported by oipserve" in source.error

@@ -27,6 +27,7 @@ from oipserve.front.grpc.convert import (
     schedule_parameters,
 )
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.request import sequence_params
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference
 from oipserve.telemetry.stats_report import model_statistics
@@ -205,6 +206,12 @@ class InferenceService:
                 if count:
                     classes[output.name] = count
             priority, timeout_us = schedule_parameters(message.parameters)
+            config = model.config
+            sequence = (
+                sequence_params.from_grpc(message.parameters)
+                if config is not None and config.sequence_batching is not None
+                else None
+            )
         except Exception as exc:
             for held in [*owned, *into_regions.values()]:
                 held.release()
@@ -216,5 +223,6 @@ class InferenceService:
             model, inputs, outputs, owned, priority=priority, timeout_us=timeout_us,
             into_regions=into_regions, classification=classes,
         )  # fmt: skip
+        inference.sequence = sequence
         result = await self.dataplane.infer(inference)
         return InferReply(result, message.id)

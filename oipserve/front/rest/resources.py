@@ -26,9 +26,11 @@ from oipserve.front.rest.encode import ENCODER
 from oipserve.front.rest.media import HEADER_LENGTH
 from oipserve.front.rest.render import outputs_to_print, print_in_steps, render_infer
 from oipserve.models.registry import ModelVersion
+from oipserve.request import sequence_params
 from oipserve.request.client_regions import RegionUse, region_parameters
 from oipserve.request.inference import Inference, InputTensor
 from oipserve.request.parameters import schedule_parameters, unsigned
+from oipserve.request.sequence_params import SequenceTag
 from oipserve.request.tensors import Deferred, check_datatype, decode_data
 from oipserve.telemetry.stats_report import model_statistics
 from oipserve.wire.datatypes import LENGTH_PREFIX
@@ -127,6 +129,7 @@ class ModelResource:
             header_length = binary.parse_header_length(header_text, len(body.data))
             target = self.dataplane.resolve(model, version)
             priority = timeout_us = 0
+            sequence: SequenceTag | None = None  # a sequence model's (docs/sequences.md)
             text_outputs: list[str] = []  # the outputs rendered as JSON
             classes: dict[str, int] = {}  # outputs wanted as their top-k classes: k
             request_id: str | None = None
@@ -168,6 +171,8 @@ class ModelResource:
                     text_outputs = list(target.output_map)
                 request_id = request.id
                 priority, timeout_us = schedule_parameters(request.parameters)
+                if target.config is not None and target.config.sequence_batching is not None:
+                    sequence = sequence_params.from_json(request.parameters)
         except BaseException as exc:
             for held in [*owned, *into_regions.values()]:
                 held.release()
@@ -179,6 +184,7 @@ class ModelResource:
             target, inputs, names, owned, priority=priority, timeout_us=timeout_us, watch=watch,
             into_regions=into_regions, text_outputs=text_outputs, classification=classes,
         )  # fmt: skip
+        inference.sequence = sequence
         result = await self.dataplane.infer(inference)
         printing = outputs_to_print(result, flags, all_binary)
         if printing:

@@ -55,8 +55,10 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "batch_output": FieldRule(R, "ragged batching is not supported"),
         "optimization": FieldRule(W, "ONNX Runtime's defaults are used"),
         "dynamic_batching": FieldRule(H, "the dynamic batcher, see its fields"),
-        "sequence_batching": FieldRule(R, "stateful sequence models are not supported"),
-        "ensemble_scheduling": FieldRule(R, "ensembles are not supported"),
+        "sequence_batching": FieldRule(
+            H, "direct and oldest strategies, control inputs, implicit state (docs/sequences.md)"
+        ),
+        "ensemble_scheduling": FieldRule(H, "platform ensemble, steps (docs/ensembles.md)"),
         "instance_group": FieldRule(H, "see the instance_group fields"),
         "default_model_filename": FieldRule(H, "the model file in each version directory"),
         "cc_model_filenames": FieldRule(W, "TensorRT-specific"),
@@ -108,6 +110,17 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "allow_timeout_override": FieldRule(H, "a request's timeout may shorten it"),
         "max_queue_size": FieldRule(H, "more waiting requests are refused (503)"),
     },
+    "inference.ModelEnsembling": {
+        "step": FieldRule(H, "the composing models and their tensor maps"),
+        "max_inflight_requests": FieldRule(H, "requests in flight at each step at once"),
+    },
+    "inference.ModelEnsembling.Step": {
+        "model_name": FieldRule(H, "a model of the repository, loaded with the ensemble"),
+        "model_version": FieldRule(H, "-1: the latest ready version"),
+        "input_map": FieldRule(H, "model input -> ensemble tensor"),
+        "output_map": FieldRule(H, "model output -> ensemble tensor"),
+        "model_namespace": FieldRule(R, "oipserve serves one repository namespace"),
+    },
     "inference.ModelInstanceGroup": {
         "name": FieldRule(H, "shown in the config response"),
         "kind": FieldRule(H, "KIND_CPU, KIND_GPU, KIND_AUTO, KIND_MODEL"),
@@ -153,6 +166,11 @@ def review(config: mc.ModelConfig) -> Review:
         for index, entry in enumerate(getattr(config, field_name)):
             label = repr(getattr(entry, key)) if key else str(index)
             _review_fields(entry, f"{field_name}[{label}]", out)
+    if config.HasField("ensemble_scheduling"):
+        scheduling = config.ensemble_scheduling
+        _review_fields(scheduling, "ensemble_scheduling", out)
+        for index, step in enumerate(scheduling.step):
+            _review_fields(step, f"ensemble_scheduling.step[{index}]", out)
     if config.HasField("dynamic_batching"):
         batching = config.dynamic_batching
         _review_fields(batching, "dynamic_batching", out)

@@ -31,9 +31,16 @@ import msgspec
 from google.protobuf import json_format, text_format
 
 from oipserve.grpc_generated import model_config_pb2 as mc
+from oipserve.models.config.ensemble import (
+    ENSEMBLE_PLATFORM,
+    EnsembleConfig,
+    EnsembleError,
+    ensemble_scheduling,
+)
 from oipserve.models.config.fields import Review, review
 from oipserve.models.config.json_form import message_json
 from oipserve.models.config.model_metrics import histogram_buckets
+from oipserve.models.config.sequence import SequenceConfigError, SequencePolicy, sequence_policy
 from oipserve.scheduling.policy import BatchPolicy, BatchPolicyError, batch_policy
 from oipserve.wire.datatypes import BY_TRITON
 
@@ -140,6 +147,10 @@ class ModelConfig(msgspec.Struct, frozen=True):
     ignored: tuple[str, ...] = ()
     #: The configuration as given, in Triton's JSON form (integers as numbers).
     document: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: Set by a ``sequence_batching`` block: a stateful model (docs/sequences.md).
+    sequence_batching: SequencePolicy | None = None
+    #: ``platform: "ensemble"``: its steps (oipserve.models.config.ensemble); no model file.
+    ensemble: EnsembleConfig | None = None
 
 
 class ConfigLimits(msgspec.Struct, frozen=True):
@@ -255,9 +266,11 @@ def _version_policy(config: Any) -> VersionPolicy:
 
 def _served_by_us(config: Any) -> Review:
     """Refuse what oipserve cannot serve: other runtimes, refused fields, decoupled."""
-    if config.platform not in PLATFORMS or config.backend not in BACKENDS:
+    platform_ok = config.platform in PLATFORMS or config.platform == ENSEMBLE_PLATFORM
+    if not platform_ok or config.backend not in BACKENDS:
         raise ModelConfigError(
-            "only ONNX models (platform onnxruntime_onnx, backend onnxruntime) are served; "
+            "only ONNX models (platform onnxruntime_onnx, backend onnxruntime) and ensembles "
+            "(platform ensemble) are served; "
             f"config.pbtxt says platform={config.platform!r} backend={config.backend!r}"
         )
     if config.model_transaction_policy.decoupled:
@@ -284,6 +297,10 @@ def _typed(config: Any) -> ModelConfig:
     groups = tuple(
         _instance_group(g, f"instance_group[{i}]") for i, g in enumerate(config.instance_group)
     )
+    try:
+        ensemble = ensemble_scheduling(config)
+    except EnsembleError as exc:
+        raise ModelConfigError(str(exc)) from None
     reviewed = _served_by_us(config)
     batching = None
     if config.HasField("dynamic_batching"):
@@ -293,6 +310,12 @@ def _typed(config: Any) -> ModelConfig:
             )
         except BatchPolicyError as exc:
             raise ModelConfigError(f"dynamic_batching: {exc}") from None
+    sequence = None
+    if config.HasField("sequence_batching"):
+        try:
+            sequence = sequence_policy(config)
+        except SequenceConfigError as exc:
+            raise ModelConfigError(str(exc)) from None
     try:
         buckets, unused_metrics = histogram_buckets(config.model_metrics)
     except ValueError as exc:
@@ -313,6 +336,8 @@ def _typed(config: Any) -> ModelConfig:
         response_cache=config.response_cache.enable,
         ignored=(*reviewed.ignored, *unused_metrics),
         document=message_json(config),
+        sequence_batching=sequence,
+        ensemble=ensemble,
     )
 
 

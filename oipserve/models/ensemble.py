@@ -1,0 +1,176 @@
+"""An ensemble version in the registry: no worker holds it, its steps' models run it.
+
+``EnsembleVersion`` is a ``ModelVersion`` whose readiness is its steps': it is READY once
+loaded and ready while every composing model (the step's version, or any ready version
+for ``model_version: -1``) is ready. A composing model unloaded or not ready makes the
+ensemble answer 503 with the step named (``ModelRegistry.resolve`` shows ``reason``).
+
+``validate`` is the load-time half of Triton's checks (``oipserve.models.config.ensemble``
+has the half that needs only the ensemble's own configuration): each step's model known
+and loaded, batch sizes, tensor maps, datatypes and shapes agreeing between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from oipserve.errors import NotFound, ServerError, Unavailable
+from oipserve.models.config.ensemble import (
+    ENSEMBLE_PLATFORM,
+    EnsembleConfig,
+    EnsembleError,
+    EnsembleStep,
+    StepModel,
+    check_against,
+)
+from oipserve.models.config.parse import ModelConfig
+from oipserve.models.metadata import TensorSpec
+from oipserve.models.registry import ModelRegistry, ModelVersion
+
+__all__ = ["EnsembleVersion", "composing_names", "validate"]
+
+
+class EnsembleVersion(ModelVersion):
+    """One version of an ensemble: orchestrated by the front (``dataplane.ensemble``)."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        path: str,
+        config: ModelConfig,
+        plan: EnsembleConfig,
+        registry: ModelRegistry,
+    ) -> None:
+        super().__init__(name, version, path, config)
+        self.platform = ENSEMBLE_PLATFORM
+        #: The steps, in dependency order, and who reads whose outputs.
+        self.plan = plan
+        self.registry = registry
+        limit = plan.max_inflight_requests
+        #: ``max_inflight_requests``: one semaphore per step, shared by the ensemble's
+        #: requests (none without a limit: no cost at all).
+        self.step_slots: tuple[asyncio.Semaphore, ...] | None = (
+            tuple(asyncio.Semaphore(limit) for _ in plan.steps) if limit else None
+        )
+
+    def step_model(self, index: int) -> ModelVersion:
+        """The version that runs step ``index`` now; 503 naming the step when it has none."""
+        step = self.plan.steps[index]
+        version = None if step.model_version < 0 else str(step.model_version)
+        try:
+            return self.registry.resolve(step.model_name, version)
+        except (NotFound, Unavailable) as exc:
+            raise Unavailable(
+                f"ensemble '{self.name}' cannot run: step {index} (model '{step.model_name}') "
+                f"is not available: {exc.message}",
+                retry_after=1,
+            ) from None
+
+    def _missing_step(self) -> str | None:
+        """Why a step cannot run now, or None when every step's model is ready."""
+        models = self.registry.models
+        for index, step in enumerate(self.plan.steps):
+            versions = models.get(step.model_name, {})
+            if step.model_version < 0:
+                ready = any(v.ready for v in versions.values())
+            else:
+                found = versions.get(str(step.model_version))
+                ready = found is not None and found.ready
+            if not ready:
+                return (
+                    f"step {index} (composing model '{step.model_name}'"
+                    + ("" if step.model_version < 0 else f" version {step.model_version}")
+                    + ") is not ready"
+                    + (" (it was unloaded)" if step.model_name in self.registry.unloaded else "")
+                )
+        return None
+
+    @property
+    def ready(self) -> bool:
+        if self.state != "READY":
+            return False
+        missing = self._missing_step()
+        self.reason = missing or ""
+        return missing is None
+
+    def check_serving(self) -> None:
+        """503 once out of service or while a step's model is not ready."""
+        if self.state != "READY":
+            raise self.gone_while("in flight")
+        missing = self._missing_step()
+        if missing is not None:
+            raise Unavailable(f"ensemble '{self.name}': {missing}", retry_after=1)
+
+
+def composing_names(config: ModelConfig) -> list[str]:
+    """The models an ensemble's steps name, each once, in step order."""
+    plan = config.ensemble
+    return list(dict.fromkeys(step.model_name for step in plan.steps)) if plan else []
+
+
+def _spec_dims(spec: TensorSpec) -> tuple[str, tuple[int, ...]]:
+    return spec.datatype, spec.shape
+
+
+def _step_model(registry: ModelRegistry, ensemble: str, step: EnsembleStep) -> StepModel:
+    """What ``check_against`` needs of a step's model; EnsembleError in Triton's words when
+    it has no loaded version (or not the one the step asks for)."""
+    versions = registry.models.get(step.model_name)
+    loaded = {v: m for v, m in (versions or {}).items() if m.state == "READY"}
+    if not loaded:
+        why = registry.failed.get(step.model_name)
+        if why is None and versions is None and step.model_name not in registry.unloaded:
+            raise EnsembleError(
+                f"ensemble '{ensemble}' depends on '{step.model_name}', which is not a model "
+                "of the repository (unknown composing model)"
+            )
+        raise EnsembleError(
+            f"ensemble '{ensemble}' depends on '{step.model_name}' which has no loaded version."
+            + (f" Model '{step.model_name}' loading failed with error: {why}" if why else "")
+        )
+    if step.model_version >= 0:
+        model = loaded.get(str(step.model_version))
+        if model is None:
+            raise EnsembleError(
+                f"ensemble '{ensemble}' depends on '{step.model_name}' whose required version "
+                f"{step.model_version} is not loaded."
+            )
+    else:
+        model = loaded[max(loaded, key=int)]
+    return StepModel(
+        model.name,
+        model.max_batch_size,
+        {t.name: _spec_dims(t) for t in model.inputs},
+        {t.name: _spec_dims(t) for t in model.outputs},
+        model.platform,
+    )
+
+
+def validate(model: EnsembleVersion) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Check the ensemble against its composing models as loaded now; its metadata (the
+    ensemble's own inputs and outputs as clients see them). EnsembleError otherwise."""
+    config = model.config
+    if config is None:  # an EnsembleVersion is made from a configuration only
+        raise EnsembleError(f"ensemble '{model.name}' has no configuration")
+    batch = (-1,) if config.max_batch_size > 0 else ()
+    inputs = tuple(
+        TensorSpec(t.name, t.data_type, (*batch, *t.dims), None, t.optional) for t in config.inputs
+    )
+    outputs = tuple(
+        TensorSpec(t.name, t.data_type, (*batch, *t.dims), None, False, t.labels)
+        for t in config.outputs
+    )
+    check_against(
+        model.name,
+        config.max_batch_size,
+        [(t.name, t.datatype, t.shape) for t in inputs],
+        [(t.name, t.datatype, t.shape) for t in outputs],
+        model.plan,
+        lambda step: _step_model(model.registry, model.name, step),
+    )
+    return inputs, outputs
+
+
+#: What means "this ensemble cannot load" besides a bad configuration.
+CANNOT_LOAD = (EnsembleError, ServerError)

@@ -1,0 +1,327 @@
+"""Ensembles (``platform: "ensemble"``) through a real server, with tritonclient HTTP and gRPC.
+
+One server for the module, in explicit model-control mode with two workers: the ensembles
+are loaded at start (their composing models with them, as Triton does), the bad ones by
+each test, and the last test unloads a composing model under load.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import cv2
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support.ensemble_models import (
+    ensemble_config,
+    mapped_output_prefixes,
+    write_ensemble,
+    write_repository,
+)
+from tests.support.metrics import scrape
+from tests.support.server import ServerProcess, wait_for
+
+X = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32)
+
+_IN = [("X", "TYPE_FP32", "[ -1 ]")]
+_OUT = [("Y", "TYPE_FP32", "[ -1 ]")]
+
+#: Ensembles Triton refuses, and a piece of the message each load failure gives.
+BAD = {
+    "bad_unknown": (
+        ensemble_config("bad_unknown", [("nope", {"IN": "X"}, {"OUT": "Y"})], _IN, _OUT),
+        "depends on 'nope', which is not a model of the repository",
+    ),
+    "bad_cycle": (
+        ensemble_config(
+            "bad_cycle",
+            [
+                ("plus", {"A": "X", "B": "c"}, {"OUT": "a"}),
+                ("add_one", {"IN": "a"}, {"OUT": "b"}),
+                ("double", {"IN": "b"}, {"OUT": "c"}),
+            ],
+            _IN,
+            [("b", "TYPE_FP32", "[ -1 ]")],
+        ),
+        "circular dependency in ensemble 'bad_cycle': step 0 (plus) -> step 1 (add_one) -> "
+        "step 2 (double) -> step 0 (plus)",
+    ),
+    "bad_twice": (
+        ensemble_config(
+            "bad_twice",
+            [("add_one", {"IN": "X"}, {"OUT": "Y"}), ("double", {"IN": "X"}, {"OUT": "Y"})],
+            _IN,
+            _OUT,
+        ),
+        "ensemble tensor 'Y' is written by step 0 (model 'add_one') and by step 1 (model "
+        "'double'): a tensor is mapped twice",
+    ),
+    "bad_dtype": (
+        ensemble_config(
+            "bad_dtype",
+            [("add_one", {"IN": "X"}, {"OUT": "Y"})],
+            [("X", "TYPE_INT32", "[ -1 ]")],
+            _OUT,
+        ),
+        "ensemble tensor X: inconsistent data type: TYPE_INT32 is inferred from model bad_dtype "
+        "while TYPE_FP32 is inferred from model add_one",
+    ),
+    "bad_shape": (
+        ensemble_config(
+            "bad_shape",
+            [("add_one", {"IN": "X"}, {"OUT": "Y"})],
+            [("X", "TYPE_FP32", "[ 3, 2 ]")],
+            _OUT,
+        ),
+        "ensemble tensor X: inconsistent shape: [-1, 3, 2] is inferred from model bad_shape "
+        "while [-1, -1] is inferred from model add_one",
+    ),
+    "bad_batch": (
+        ensemble_config(
+            "bad_batch", [("add_one", {"IN": "X"}, {"OUT": "Y"})], _IN, _OUT, max_batch_size=16
+        ),
+        "ensemble bad_batch allows maximum batch size 16, but it contains model add_one which "
+        "only allows maximum batch size to be 8",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = write_repository(tmp_path_factory.mktemp("ensembles"), slow_nodes=3000)
+    for name, (config, _) in BAD.items():
+        write_ensemble(root, name, config)
+    args = ["--model-control-mode", "explicit", "--instances-per-device", "2"]
+    for name in ("chain", "diamond", "image_mean", "slow_chain", "limited_chain", "batched_chain"):
+        args += ["--load-model", name]
+    proc = ServerProcess(root, args).wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(server.host_port, concurrency=4)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def grpc(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()
+
+
+def _http_x(values: np.ndarray = X, binary: bool = True) -> list[httpclient.InferInput]:
+    given = httpclient.InferInput("X", list(values.shape), "FP32")
+    given.set_data_from_numpy(values, binary_data=binary)
+    return [given]
+
+
+def _grpc_x(values: np.ndarray = X) -> list[grpcclient.InferInput]:
+    given = grpcclient.InferInput("X", list(values.shape), "FP32")
+    given.set_data_from_numpy(values)
+    return [given]
+
+
+def test_the_composing_models_load_with_the_ensembles(http: httpclient.InferenceServerClient):
+    for name in ("add_one", "double", "plus", "pixel_mean", "slow_add_one"):
+        assert http.is_model_ready(name), name
+    metadata = http.get_model_metadata("chain")
+    assert metadata["platform"] == "ensemble"
+    assert metadata["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, -1]}]
+    config = http.get_model_config("diamond")
+    assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == [
+        "plus",
+        "add_one",
+        "double",
+    ]
+
+
+def test_a_linear_chain_over_http_and_grpc(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    expected = (X + 1) * 2
+    np.testing.assert_array_equal(http.infer("chain", _http_x()).as_numpy("Y"), expected)
+    np.testing.assert_array_equal(grpc.infer("chain", _grpc_x()).as_numpy("Y"), expected)
+    wanted = [httpclient.InferRequestedOutput("Y", binary_data=False)]
+    as_json = http.infer("chain", _http_x(binary=False), outputs=wanted).as_numpy("Y")
+    np.testing.assert_array_equal(as_json, expected)
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for k in range(3):
+            grpc.async_stream_infer("chain", _grpc_x(X + k), request_id=str(k))
+        for _ in range(3):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            k = int(result.get_response().id)  # type: ignore[attr-defined]
+            np.testing.assert_array_equal(result.as_numpy("Y"), (X + k + 1) * 2)  # type: ignore[attr-defined]
+    finally:
+        grpc.stop_stream()
+
+
+def test_a_diamond_runs_its_branches_and_joins_them(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    expected = (X + 1) + 2 * X
+    np.testing.assert_array_equal(http.infer("diamond", _http_x()).as_numpy("Y"), expected)
+    np.testing.assert_array_equal(grpc.infer("diamond", _grpc_x()).as_numpy("Y"), expected)
+    # Many at once, from several clients: each answer is its own request's.
+    rows = [np.full((1, 5), float(i), np.float32) for i in range(24)]
+    pending = [http.async_infer("diamond", _http_x(row)) for row in rows]
+    for row, call in zip(rows, pending, strict=True):
+        np.testing.assert_array_equal(call.get_result().as_numpy("Y"), (row + 1) + 2 * row)
+
+
+def test_a_step_reads_another_workers_output_in_place(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    """The diamond's branches run on the two workers at once; the joining step then reads
+    the other worker's output segment where it lies: a worker maps it (docs/ensembles.md)."""
+    for _ in range(4):
+        http.infer("diamond", _http_x())
+    workers = server.worker_pids()
+    assert len(workers) == 2
+    assert any(len(mapped_output_prefixes(pid)) >= 2 for pid in workers)
+
+
+def test_an_image_decoding_first_step(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """PNG bytes in, decoded by the first step's worker (BGR), classes out of the next."""
+    image = np.zeros((4, 4, 3), np.uint8)
+    image[:] = (10, 20, 30)  # B, G, R
+    ok, png = cv2.imencode(".png", image)
+    assert ok
+    blobs = np.array([png.tobytes(), png.tobytes()], dtype=np.object_)
+    given = httpclient.InferInput("PNG", [2], "BYTES")
+    given.set_data_from_numpy(blobs)
+    expected = np.array([[20.0, 40.0, 60.0]] * 2, np.float32)
+    np.testing.assert_array_equal(http.infer("image_mean", [given]).as_numpy("SCORES"), expected)
+    given_grpc = grpcclient.InferInput("PNG", [2], "BYTES")
+    given_grpc.set_data_from_numpy(blobs)
+    result = grpc.infer("image_mean", [given_grpc]).as_numpy("SCORES")
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_requests_that_do_not_fit_the_ensemble_are_refused(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    before = scrape(server.metrics_url).value(
+        "nv_inference_request_failure", "chain", reason="OTHER"
+    )
+    wrong = httpclient.InferInput("X", [1, 3], "INT32")
+    wrong.set_data_from_numpy(np.ones((1, 3), np.int32))
+    with pytest.raises(InferenceServerException, match="expects FP32") as info:
+        http.infer("chain", [wrong])
+    assert info.value.status() == "400"
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 8"):
+        http.infer("chain", _http_x(np.ones((9, 2), np.float32)))
+    unknown = httpclient.InferInput("Z", [1, 3], "FP32")
+    unknown.set_data_from_numpy(np.ones((1, 3), np.float32))
+    with pytest.raises(InferenceServerException, match="unexpected input 'Z'"):
+        http.infer("chain", [unknown])
+    after = scrape(server.metrics_url).value(
+        "nv_inference_request_failure", "chain", reason="OTHER"
+    )
+    assert after == before + 3  # an ensemble failure's reason is OTHER, as in Triton
+
+
+def test_statistics_count_the_ensemble_and_each_step(http: httpclient.InferenceServerClient):
+    def successes(name: str) -> int:
+        stats = http.get_inference_statistics(name)["model_stats"][0]
+        return int(stats["inference_stats"]["success"]["count"])
+
+    before = {name: successes(name) for name in ("diamond", "plus", "add_one", "double")}
+    for _ in range(3):
+        http.infer("diamond", _http_x())
+    assert successes("diamond") == before["diamond"] + 3
+    for step in ("plus", "add_one", "double"):
+        assert successes(step) == before[step] + 3, step
+
+
+def test_a_batched_step_batches_steps_of_several_ensemble_requests(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """batched_double's own batcher joins the second steps of four ensemble requests."""
+    rows = [np.full((1, 3), float(i), np.float32) for i in range(4)]
+    pending = [http.async_infer("batched_chain", _http_x(row)) for row in rows]
+    for row, call in zip(rows, pending, strict=True):
+        np.testing.assert_array_equal(call.get_result().as_numpy("Y"), (row + 1) * 2)
+    stats = http.get_inference_statistics("batched_double")["model_stats"][0]
+    assert stats["inference_count"] == 4
+    assert stats["execution_count"] < 4  # (one batch of 4 unless the box is very slow)
+
+
+def test_max_inflight_requests_holds_requests_back_without_deadlock(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    rows = [np.full((1, 3), float(i), np.float32) for i in range(6)]
+    pending = [http.async_infer("limited_chain", _http_x(row)) for row in rows]
+    for row, call in zip(rows, pending, strict=True):
+        np.testing.assert_array_equal(call.get_result().as_numpy("Y"), (row + 1) * 2)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_an_ensemble_triton_refuses_does_not_load(
+    http: httpclient.InferenceServerClient, name: str
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        http.load_model(name)
+    assert BAD[name][1] in str(info.value)
+    assert not http.is_model_ready(name)
+
+
+def test_a_composing_model_unloaded_under_load(
+    server: ServerProcess,
+    http: httpclient.InferenceServerClient,
+    grpc: grpcclient.InferenceServerClient,
+) -> None:
+    """Requests in flight get their answer or a 503 naming what went; none hangs or 500s;
+    the ensemble is not ready until the step's model is back, and works again then."""
+    errors: list[str] = []
+    answers = [0]
+    stop = threading.Event()
+
+    def load() -> None:
+        client = httpclient.InferenceServerClient(server.host_port)
+        try:
+            while not stop.is_set():
+                try:
+                    result = client.infer("slow_chain", _http_x())
+                    np.testing.assert_array_equal(result.as_numpy("Y"), (X + 1) * 2)
+                    answers[0] += 1
+                except InferenceServerException as exc:
+                    errors.append(f"{exc.status()} {exc.message()}")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: answers[0] >= 3, timeout=30)
+        grpc.unload_model("double")
+        assert wait_for(lambda: not http.is_model_ready("slow_chain"), timeout=10)
+        assert wait_for(lambda: len(errors) >= 3, timeout=10)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert errors
+    assert all(e.startswith("503 ") for e in errors), errors
+    assert any("step 1" in e and "'double'" in e for e in errors), errors
+    with pytest.raises(InferenceServerException, match="composing model 'double'") as info:
+        http.infer("slow_chain", _http_x())
+    assert info.value.status() == "503"
+    grpc.load_model("double")
+    assert http.is_model_ready("slow_chain")
+    np.testing.assert_array_equal(http.infer("slow_chain", _http_x()).as_numpy("Y"), (X + 1) * 2)

@@ -1,0 +1,301 @@
+"""Sequence batching end to end, through tritonclient (HTTP, gRPC, gRPC streaming): the
+equivalents of Triton's example sequence models and clients, implicit state with both
+strategies, interleaved sequences, Triton's errors, idle expiry, the backlog, and a worker
+killed in the middle of a sequence.
+
+The models (tests/support/sequence_models.py): ``simple_sequence`` answers
+READY * (INPUT + START), ``simple_dyna_sequence`` READY * (INPUT + START + END * CORRID),
+``accumulate_*`` the running sum of a sequence's inputs, kept as implicit state by the
+worker; ``one_slot`` is an accumulator with a single slot, for the backlog.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support.sequence_models import write_repository
+from tests.support.server import ServerProcess, pending, steadily, wait_for
+
+#: ``max_sequence_idle_microseconds`` of the accumulators and the dyna model here.
+IDLE_S = 0.4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("sequences")
+    write_repository(root, idle_us=int(IDLE_S * 1e6))
+    proc = ServerProcess(root).wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+def _http_infer(
+    client: httpclient.InferenceServerClient, model: str, value: int, sequence_id: int | str,
+    start: bool = False, end: bool = False, **kwargs: object,
+) -> int:  # fmt: skip
+    tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    result = client.infer(
+        model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end,
+        **kwargs,
+    )  # fmt: skip
+    return int(result.as_numpy("OUTPUT")[0][0])
+
+
+def _grpc_input(value: int) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    return tensor
+
+
+def _grpc_infer(
+    client: grpcclient.InferenceServerClient, model: str, value: int, sequence_id: int | str,
+    start: bool = False, end: bool = False,
+) -> int:  # fmt: skip
+    result = client.infer(
+        model, [_grpc_input(value)], sequence_id=sequence_id, sequence_start=start,
+        sequence_end=end,
+    )  # fmt: skip
+    return int(result.as_numpy("OUTPUT")[0][0])
+
+
+def _grpc_once(
+    server: ServerProcess, model: str, value: int, sequence_id: int, start: bool = True,
+    end: bool = True,
+) -> int:  # fmt: skip
+    """One request (by default a whole sequence), from a client of its own (any thread)."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        return _grpc_infer(client, model, value, sequence_id, start=start, end=end)
+
+
+VALUES = [0, 11, 7, 5, 3, 2, 0, 1]
+
+
+def test_simple_sequence_as_tritons_sync_clients(server: ServerProcess) -> None:
+    """Triton's simple_{http,grpc}_sequence_sync_infer_client: two numeric sequences and a
+    string one, interleaved; the first answer is value + 1 (START), the others the value."""
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        ids: list[int | str] = [1000, 1001, str(uuid.uuid4())]
+        bases = [0, 100, 20]
+        got: list[list[int]] = [[], [], []]
+        for step, value in enumerate(VALUES):
+            for k, sequence_id in enumerate(ids):
+                sent = value if k == 0 else bases[k] - value if step else bases[k]
+                got[k].append(
+                    _http_infer(
+                        client,
+                        "simple_sequence",
+                        sent,
+                        sequence_id,
+                        start=step == 0,
+                        end=step == len(VALUES) - 1,
+                    )  # fmt: skip
+                )
+    assert got[0] == [1, *VALUES[1:]]
+    assert got[1] == [101, *[100 - v for v in VALUES[1:]]]
+    assert got[2] == [21, *[20 - v for v in VALUES[1:]]]
+
+
+def test_dyna_sequence_over_a_grpc_stream(server: ServerProcess) -> None:
+    """Triton's simple_grpc_sequence_stream_infer_client with --dyna: responses echo the
+    request ids; the END step adds the sequence id (CORRID); the string sequence "1002" runs
+    on an accumulator with implicit state and a TYPE_STRING CORRID."""
+    answers: queue.Queue[tuple[str, int] | InferenceServerException] = queue.Queue()
+
+    def callback(result: grpcclient.InferResult | None, error: object) -> None:
+        if error is not None:
+            answers.put(error)  # type: ignore[arg-type]
+        elif result is not None:
+            answers.put((result.get_response().id, int(result.as_numpy("OUTPUT")[0][0])))
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=callback)
+    try:
+        for step, value in enumerate(VALUES):
+            sends = [
+                ("simple_dyna_sequence", 2000, value),
+                ("simple_dyna_sequence", 2001, -value),
+                ("simple_string_dyna_sequence", "1002", -value if step else 20),
+            ]
+            for model, sequence_id, sent in sends:
+                client.async_stream_infer(
+                    model, [_grpc_input(sent)],
+                    request_id=f"{sequence_id}_{step}", sequence_id=sequence_id,
+                    sequence_start=step == 0, sequence_end=step == len(VALUES) - 1,
+                )  # fmt: skip
+        got: dict[str, int] = {}
+        for _ in range(3 * len(VALUES)):
+            answer = answers.get(timeout=30)
+            assert not isinstance(answer, InferenceServerException), answer
+            got[answer[0]] = answer[1]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert [got[f"2000_{i}"] for i in range(len(VALUES))] == [0 + 1, *VALUES[1:-1], 1 + 2000]
+    assert [got[f"2001_{i}"] for i in range(len(VALUES))] == [
+        1, *[-v for v in VALUES[1:-1]], -1 + 2001,
+    ]  # fmt: skip
+    sums = list(np.cumsum([20, *[-v for v in VALUES[1:]]]))
+    assert [got[f"1002_{i}"] for i in range(len(VALUES))] == [*sums[:-1], sums[-1] + 1002]
+
+
+@pytest.mark.parametrize("model", ["accumulate_direct", "accumulate_oldest"])
+def test_implicit_state_of_interleaved_sequences(server: ServerProcess, model: str) -> None:
+    """Each sequence's running sum, kept by the worker, while several run at once (their
+    requests share batches); statistics count every request."""
+    sequences = {3000 + k: [k + 1] * 6 for k in range(6)}  # sequence k adds k + 1 six times
+
+    def run(sequence_id: int, adds: list[int]) -> list[int]:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            return [
+                _grpc_infer(client, model, add, sequence_id, start=i == 0, end=i == len(adds) - 1)
+                for i, add in enumerate(adds)
+            ]
+
+    with httpclient.InferenceServerClient(server.host_port) as http:
+        before = http.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
+        with ThreadPoolExecutor(len(sequences)) as pool:
+            results = dict(
+                zip(sequences, pool.map(run, sequences, sequences.values()), strict=True)
+            )
+        after = http.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
+    for sequence_id, adds in sequences.items():
+        assert results[sequence_id] == list(np.cumsum(adds)), sequence_id
+    requests = sum(len(adds) for adds in sequences.values())
+    assert after["success"]["count"] - before["success"]["count"] == requests
+    assert after["queue"]["count"] - before["queue"]["count"] == requests
+
+
+def test_a_model_without_batching(server: ServerProcess) -> None:
+    """``max_batch_size: 0``: controls and state of shape [1], inputs as the client sends them."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        results = []
+        for i, value in enumerate([4, 5, 6]):
+            tensor = grpcclient.InferInput("INPUT", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            result = client.infer(
+                "unbatched", [tensor], sequence_id="u", sequence_start=i == 0,
+                sequence_end=i == 2,
+            )  # fmt: skip
+            results.append(int(result.as_numpy("OUTPUT")[0]))
+    assert results == [4, 9, 15]
+
+
+def test_tritons_errors(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        with pytest.raises(InferenceServerException) as info:
+            _http_infer(client, "simple_sequence", 1, 0)
+        assert info.value.status() == "400"
+        assert "inference request to model 'simple_sequence' must specify a non-zero or " \
+            "non-empty correlation ID" in str(info.value)  # fmt: skip
+        with pytest.raises(InferenceServerException) as info:
+            _http_infer(client, "simple_sequence", 1, 4242)
+        assert info.value.status() == "400"
+        assert "inference request for sequence 4242 to model 'simple_sequence' must specify " \
+            "the START flag on the first request of the sequence" in str(info.value)  # fmt: skip
+        tensor = httpclient.InferInput("INPUT", [2, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1], [2]], np.int32))
+        with pytest.raises(InferenceServerException, match="must specify batch-size 1 due to "):
+            client.infer("simple_sequence", [tensor], sequence_id=5, sequence_start=True)
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+        with pytest.raises(InferenceServerException) as info:
+            _grpc_infer(grpc, "simple_sequence", 1, "x" * 129, start=True)
+        assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "cannot be longer than 128 characters" in str(info.value)
+        with pytest.raises(InferenceServerException) as info:
+            _grpc_infer(grpc, "simple_sequence", 1, 77)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_an_idle_sequence_loses_its_slot_and_state(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, "accumulate_direct", 5, 4000, start=True) == 5
+        assert _http_infer(client, "accumulate_direct", 5, 4000) == 10
+        time.sleep(IDLE_S * 2.5)  # what is tested: nothing comes for longer than the idle time
+        with pytest.raises(InferenceServerException, match="must specify the START flag"):
+            _http_infer(client, "accumulate_direct", 5, 4000)
+        assert _http_infer(client, "accumulate_direct", 2, 4000, start=True) == 2  # fresh state
+        assert _http_infer(client, "accumulate_direct", 2, 4000, end=True) == 4
+
+
+def test_the_backlog_waits_for_a_slot_until_its_timeout(server: ServerProcess) -> None:
+    """``one_slot`` has one slot: a second sequence waits in the backlog; its request with
+    a timeout fails there with Triton's message (503), one without runs once the first ends;
+    its queue time counts its wait for the slot."""
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, "one_slot", 1, 5000, start=True) == 1
+        before = client.get_inference_statistics("one_slot")["model_stats"][0]["inference_stats"]
+        with pytest.raises(InferenceServerException) as info:
+            _http_infer(client, "one_slot", 1, 5001, start=True, timeout=300_000)
+        assert info.value.status() == "503"
+        assert "timeout of the corresponding sequence has been expired" in str(info.value)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_grpc_once, server, "one_slot", 7, 5002)
+            assert wait_for(lambda: pending(server, "one_slot") == 1), server.log
+            time.sleep(0.2)  # what is measured: a wait for the slot, in its queue time
+            assert not waiting.done(), waiting.exception()  # in the backlog
+            assert _http_infer(client, "one_slot", 2, 5000, end=True) == 3
+            assert waiting.result(timeout=30) == 7
+        after = client.get_inference_statistics("one_slot")["model_stats"][0]["inference_stats"]
+    assert after["success"]["count"] - before["success"]["count"] == 2
+    assert after["fail"]["count"] - before["fail"]["count"] == 1
+    assert after["queue"]["ns"] - before["queue"]["ns"] >= 0.2e9  # 5002 waited for the slot
+
+
+def test_sequence_models_need_no_client_side_control_inputs(server: ServerProcess) -> None:
+    """The metadata lists only the inputs a client sends: no control or state tensors."""
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        metadata = client.get_model_metadata("simple_dyna_sequence")
+        assert [t["name"] for t in metadata["inputs"]] == ["INPUT"]
+        assert [t["name"] for t in client.get_model_metadata("accumulate_direct")["outputs"]] == [
+            "OUTPUT"
+        ]
+        config = client.get_model_config("simple_dyna_sequence")
+        assert config["sequence_batching"]["oldest"]["max_candidate_sequences"] == 1024
+
+
+def test_a_killed_worker_fails_its_sequences_which_start_again(server: ServerProcess) -> None:
+    """The request running when the worker dies fails with 503, so does the next one of
+    its sequence; a START then runs on the replacement with fresh state."""
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, "one_slot", 5, 6000, start=True) == 5
+        old = set(server.worker_pids())
+        for pid in old:
+            os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(_grpc_once, server, "one_slot", 1, 6000, False, False)
+            assert wait_for(lambda: pending(server, "one_slot") == 1), server.log
+            for pid in old:
+                os.kill(pid, signal.SIGKILL)
+            with pytest.raises(InferenceServerException) as info:
+                running.result(timeout=30)
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+        assert "that held sequence 6000 stopped; the sequence must start again" in str(info.value)
+
+        def replaced() -> bool:
+            now = set(server.worker_pids())
+            return (
+                len(now) == len(old)
+                and not now & old
+                and all(client.is_model_ready(name) for name in ("one_slot", "simple_sequence"))
+            )
+
+        assert wait_for(steadily(replaced), timeout=60), server.log
+        with pytest.raises(InferenceServerException) as info:
+            _http_infer(client, "one_slot", 5, 6000)
+        assert info.value.status() == "503"
+        assert "the sequence must start again" in str(info.value)
+        assert _http_infer(client, "one_slot", 3, 6000, start=True) == 3
+        assert _http_infer(client, "one_slot", 3, 6000, end=True) == 6

@@ -1,0 +1,200 @@
+"""Sequence models for the tests: equivalents of Triton's example ``simple_sequence`` and
+``simple_dyna_sequence`` (the same graphs, rebuilt with onnx.helper), and an accumulator
+with implicit state.
+
+- ``simple_sequence``: OUTPUT = READY * (INPUT + START), direct strategy;
+- ``simple_dyna_sequence``: OUTPUT = READY * (INPUT + START + END * CORRID), oldest;
+- ``accumulate``: OUTPUT = ACC_IN + INPUT * READY, ACC_OUT = OUTPUT: the running sum of a
+  sequence's inputs, carried by the worker as implicit state (ACC_IN <- ACC_OUT).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+INT32 = TensorProto.INT32
+
+SIMPLE_SEQUENCE = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+sequence_batching {{
+  {extra}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""
+
+DYNA_SEQUENCE = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  oldest {{ max_candidate_sequences: 1024 max_queue_delay_microseconds: 10000 {extra} }}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }} ] }}
+  ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""
+
+STRING_DYNA_SEQUENCE = DYNA_SEQUENCE.replace("TYPE_UINT64", "TYPE_STRING").replace(
+    "  ]\n}}",
+    '  ]\n  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 '
+    "dims: [ 1 ] }} ]\n}}",
+)
+
+ACCUMULATE = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch}
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  {strategy}
+  control_input [
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""
+
+
+def _io(name: str, elem: int = INT32, batched: bool = True) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, ["batch", 1] if batched else [1])
+
+
+def _save(
+    path: Path,
+    nodes: list[onnx.NodeProto],
+    inputs: list[str],
+    outputs: list[str],
+    corrid: int = TensorProto.UINT64,
+    batched: bool = True,
+) -> None:
+    types = {"CORRID": corrid}
+    graph = helper.make_graph(
+        nodes,
+        path.parent.parent.name,
+        [_io(name, types.get(name, INT32), batched) for name in inputs],
+        [_io(name, batched=batched) for name in outputs],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+
+
+def write_simple_sequence(path: Path) -> None:
+    """OUTPUT = READY * (INPUT + START)."""
+    nodes = [
+        helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+        helper.make_node("Mul", ["READY", "sum"], ["OUTPUT"]),
+    ]
+    _save(path, nodes, ["INPUT", "START", "READY"], ["OUTPUT"])
+
+
+def write_dyna_sequence(path: Path) -> None:
+    """OUTPUT = READY * ((INPUT + START) + END * int32(CORRID))."""
+    nodes = [
+        helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+        helper.make_node("Cast", ["CORRID"], ["corrid"], to=INT32),
+        helper.make_node("Mul", ["END", "corrid"], ["ended"]),
+        helper.make_node("Add", ["sum", "ended"], ["total"]),
+        helper.make_node("Mul", ["READY", "total"], ["OUTPUT"]),
+    ]
+    _save(path, nodes, ["INPUT", "START", "END", "READY", "CORRID"], ["OUTPUT"])
+
+
+def write_string_dyna_sequence(path: Path) -> None:
+    """What Triton's example clients call ``simple_string_dyna_sequence`` with ``--dyna`` (in
+    Triton, a custom C++ backend of its QA): the running sum of a sequence's inputs, plus the
+    id (a TYPE_STRING CORRID, its text cast to int32) at its END; the sum is implicit state.
+    OUTPUT = READY * (ACC_IN + INPUT + END * int32(CORRID)); ACC_OUT = OUTPUT."""
+    nodes = [
+        helper.make_node("Add", ["ACC_IN", "INPUT"], ["sum"]),
+        helper.make_node("Cast", ["CORRID"], ["corrid"], to=INT32),
+        helper.make_node("Mul", ["END", "corrid"], ["ended"]),
+        helper.make_node("Add", ["sum", "ended"], ["total"]),
+        helper.make_node("Mul", ["READY", "total"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+    ]
+    _save(
+        path,
+        nodes,
+        ["INPUT", "START", "END", "READY", "CORRID", "ACC_IN"],
+        ["OUTPUT", "ACC_OUT"],
+        TensorProto.STRING,
+    )
+
+
+def write_accumulate(path: Path, batched: bool = True) -> None:
+    """OUTPUT = ACC_IN + INPUT * READY; ACC_OUT = OUTPUT (``batched``: a [batch, 1] graph)."""
+    nodes = [
+        helper.make_node("Mul", ["INPUT", "READY"], ["given"]),
+        helper.make_node("Add", ["ACC_IN", "given"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+    ]
+    _save(path, nodes, ["INPUT", "READY", "ACC_IN"], ["OUTPUT", "ACC_OUT"], batched=batched)
+
+
+def write_repository(root: Path, idle_us: int = 1_000_000, count: int = 1) -> None:
+    """The sequence models of the e2e tests under ``root``."""
+    models = {
+        "simple_sequence": (write_simple_sequence, SIMPLE_SEQUENCE, {"extra": ""}),
+        "simple_dyna_sequence": (
+            write_dyna_sequence,
+            DYNA_SEQUENCE,
+            {"extra": "", "idle_us": idle_us},
+        ),
+        "simple_string_dyna_sequence": (
+            write_string_dyna_sequence,
+            STRING_DYNA_SEQUENCE,
+            {"extra": "", "idle_us": idle_us},
+        ),
+        "accumulate_direct": (
+            write_accumulate,
+            ACCUMULATE,
+            {"strategy": "direct { }", "idle_us": idle_us, "max_batch": 8},
+        ),
+        "unbatched": (
+            partial(write_accumulate, batched=False),
+            ACCUMULATE,
+            {"strategy": "direct { }", "idle_us": idle_us, "max_batch": 0},
+        ),
+        "one_slot": (
+            write_accumulate,
+            ACCUMULATE,
+            {"strategy": "direct { }", "idle_us": 60_000_000, "max_batch": 1},
+        ),
+        "accumulate_oldest": (
+            write_accumulate,
+            ACCUMULATE,
+            {
+                "strategy": "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
+                "max_queue_delay_microseconds: 2000 preserve_ordering: true }",
+                "idle_us": idle_us,
+                "max_batch": 8,
+            },
+        ),
+    }
+    for name, (write, template, values) in models.items():
+        write(root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(template.format(name=name, count=count, **values))
