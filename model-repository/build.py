@@ -559,6 +559,106 @@ def build_matmul_relu(out: Path) -> str:
     return "matmul_relu"
 
 
+ENCODER_WIDTH = 64
+ENCODER_VOCAB = 100
+ENCODER_SEED = 20261128
+#: The encoder's padded batching (docs/scheduler.md, "Padded batching"): the client sends
+#: input_ids and attention_mask as a Hugging Face tokenizer makes them; both are padded
+#: with 0 along the sequence, and `hidden` is cut back to each request's length.
+ENCODER_PAD_BATCH = (
+    "input input_ids dim 1 pad 0; input attention_mask dim 1 pad 0; output hidden dim 1"
+)
+
+
+def encoder_config(name: str = "encoder", pad_batch: str | None = ENCODER_PAD_BATCH) -> str:
+    """The encoder's config.pbtxt; ``pad_batch=None``: batching as Triton does it."""
+    parameters = (
+        f'parameters {{ key: "pad_batch" value: {{ string_value: "{pad_batch}" }} }}\n'
+        if pad_batch
+        else ""
+    )
+    return (
+        f'name: "{name}"\n'
+        'platform: "onnxruntime_onnx"\n'
+        "max_batch_size: 16\n"
+        "input [\n"
+        '  { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] },\n'
+        '  { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1 ] }\n'
+        "]\n"
+        "output [\n"
+        f'  {{ name: "hidden" data_type: TYPE_FP32 dims: [ -1, {ENCODER_WIDTH} ] }},\n'
+        f'  {{ name: "pooled" data_type: TYPE_FP32 dims: [ {ENCODER_WIDTH} ] }}\n'
+        "]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n" + parameters
+    )
+
+
+def make_encoder() -> onnx.ModelProto:
+    """A small variable-length encoder with an attention mask, for padded batching.
+
+    Embeddings, one masked attention step and a projection, all with weights in {-1, 0, 1}
+    and clipped attention scores, so that every value is an integer well under 2^24: float
+    sums are then exact in any order, and a request's outputs in a padded batch are
+    bit-for-bit its outputs alone (the mask keeps padded keys out; ``pooled`` is a masked
+    max over the sequence).
+    """
+    rng = np.random.default_rng(ENCODER_SEED)
+    width = ENCODER_WIDTH
+
+    def weights(*shape: int) -> np.ndarray:
+        return rng.integers(-1, 2, shape).astype(np.float32)
+
+    node = helper.make_node
+    nodes = [
+        node("Gather", ["E", "input_ids"], ["x"], name="embed"),  # [B, L, W]
+        node("MatMul", ["x", "W1"], ["xw"], name="project"),
+        node("Relu", ["xw"], ["h"], name="relu1"),
+        node("Transpose", ["h"], ["ht"], name="keys", perm=[0, 2, 1]),
+        node("MatMul", ["h", "ht"], ["raw"], name="scores"),  # [B, L, L]
+        node("Clip", ["raw", "zero", "four"], ["clipped"], name="clip"),
+        node("Cast", ["attention_mask"], ["m"], name="mask", to=TensorProto.FLOAT),
+        node("Unsqueeze", ["m", "axis1"], ["mk"], name="mask_keys"),  # [B, 1, L]
+        node("Mul", ["clipped", "mk"], ["scored"], name="mask_scores"),
+        node("MatMul", ["scored", "h"], ["ctx"], name="attend"),
+        node("MatMul", ["ctx", "W2"], ["cw"], name="ffn"),
+        node("Relu", ["cw"], ["hidden"], name="relu2"),
+        node("Unsqueeze", ["m", "axis2"], ["mq"], name="mask_rows"),  # [B, L, 1]
+        node("Mul", ["hidden", "mq"], ["kept"], name="mask_rows_out"),
+        node("ReduceMax", ["kept"], ["pooled"], name="pool", axes=[1], keepdims=0),
+    ]
+    initializers = [
+        numpy_helper.from_array(weights(ENCODER_VOCAB, width), "E"),
+        numpy_helper.from_array(weights(width, width), "W1"),
+        numpy_helper.from_array(weights(width, width), "W2"),
+        numpy_helper.from_array(np.array(0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(4, np.float32), "four"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+    ]
+    return _model(
+        "encoder",
+        nodes,
+        [
+            _tensor("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            _tensor("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [
+            _tensor("hidden", TensorProto.FLOAT, ["batch", "seq", width]),
+            _tensor("pooled", TensorProto.FLOAT, ["batch", width]),
+        ],
+        initializers=initializers,
+        doc="hidden = Relu(masked clipped attention of Relu(E[ids] @ W1)) @ W2; pooled: masked max",
+    )
+
+
+def build_encoder(
+    out: Path, name: str = "encoder", pad_batch: str | None = ENCODER_PAD_BATCH
+) -> str:
+    """Write the encoder and its config.pbtxt (padded batching; on demand, not in build_all:
+    tests and benchmarks/padded_batching.py build it where they need it)."""
+    return _write_with_config(out, name, make_encoder(), encoder_config(name, pad_batch))
+
+
 def _builders() -> list[Callable[[Path], str]]:
     """Builders for every model of the committed sample repository, in output order."""
     builders: list[Callable[[Path], str]] = [build_simple]

@@ -222,13 +222,15 @@ class Workspace:
     def _stand_ins(self) -> None:
         """ONNX identities with the configs of three identities that Triton serves with
         other backends: simple_identity (a Python model.py; test.sh makes the int64 one by
-        sed) and custom_zero_1_float32 (Triton's "identity" backend)."""
+        sed) and custom_zero_1_float32 (Triton's "identity" backend). The last is used only
+        as L0_batcher's ragged model: its input comes flat, as a ragged input does to an
+        ONNX model, so its graph is one-dimensional (``repo_batcher_var`` scatters it)."""
         simple = self.triton / "docs/examples/model_repository/simple_identity/config.pbtxt"
         custom = self.qa / "custom_models/custom_zero_1_float32/config.pbtxt"
-        for name, src, dtype, onnx_type in (
-            ("simple_identity", simple, "TYPE_STRING", "STRING"),
-            ("simple_identity_int64", simple, "TYPE_INT64", "INT64"),
-            ("custom_zero_1_float32", custom, "TYPE_FP32", "FLOAT"),
+        for name, src, dtype, onnx_type, dims in (
+            ("simple_identity", simple, "TYPE_STRING", "STRING", "['b', 'n']"),
+            ("simple_identity_int64", simple, "TYPE_INT64", "INT64", "['b', 'n']"),
+            ("custom_zero_1_float32", custom, "TYPE_FP32", "FLOAT", "['n']"),
         ):
             config = re.sub(r"(?m)^backend:.*$", 'platform: "onnxruntime_onnx"', src.read_text())
             model = self.data / "stand_ins" / name
@@ -239,8 +241,8 @@ class Workspace:
                 "import onnx, sys; from onnx import helper as h, TensorProto as T\n"
                 f"t = T.{onnx_type}\n"
                 "g = h.make_graph([h.make_node('Identity', ['INPUT0'], ['OUTPUT0'])], 'id',"
-                " [h.make_tensor_value_info('INPUT0', t, ['b', 'n'])],"
-                " [h.make_tensor_value_info('OUTPUT0', t, ['b', 'n'])])\n"
+                f" [h.make_tensor_value_info('INPUT0', t, {dims})],"
+                f" [h.make_tensor_value_info('OUTPUT0', t, {dims})])\n"
                 "onnx.save(h.make_model(g, opset_imports=[h.make_opsetid('', 13)]), sys.argv[1])\n"
             )
             cmd = [self.gen_python, "-c", code, str(model / "1" / "model.onnx")]
@@ -398,7 +400,13 @@ def repo_batcher_var(ws: Workspace, gpu: bool) -> Path:
     _sed(config, r"dims:.*\[.*\]", "dims: [ -1 ]")
     _sed(config, r'name:.*"INPUT0"', 'name: "INPUT0"\nallow_ragged_batch: true', count=1)
     _sed(config, r"^version_policy:.*", "version_policy: { specific { versions: [1] }}")
-    _append(config, _BATCHING)
+    # NOTE: Triton's identity backend answers each request of a ragged batch with its own
+    #   input's shape; for the ONNX stand-in that is this batch_output (not in test.sh).
+    _append(
+        config,
+        'batch_output [{target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
+        'source_input: "INPUT0" }] ' + _BATCHING,
+    )
     return repo
 
 

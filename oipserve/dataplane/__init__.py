@@ -8,6 +8,10 @@
 - ``batched``: requests of models with ``dynamic_batching``, through their batcher
   (``scheduling``).
 - ``batch_io``: a batch's inputs joined once, its outputs split as views.
+- ``ragged``: the batches of models with Triton's ragged batching (ragged inputs flat,
+  ``batch_input`` tensors made, ``batch_output`` scattered by the input's shapes).
+- ``padding``: the batches of models with ``pad_batch`` (inputs padded, masks made, the
+  waste bound, outputs cut back).
 - ``sequenced``: requests of models with ``sequence_batching`` (stateful sequences), through
   their sequence batcher (``scheduling.sequence``; docs/sequences.md).
 - ``ensemble``: requests of ensembles: each step a request of its composing model, the

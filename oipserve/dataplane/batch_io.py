@@ -21,10 +21,11 @@ from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import Lease, align
 
-__all__ = ["SharedRelease", "assemble", "split"]
+__all__ = ["SharedRelease", "assemble", "join", "payload_bytes", "split", "split_rows"]
 
 
-def _bytes_of(placement: Placement) -> memoryview:
+def payload_bytes(placement: Placement) -> memoryview:
+    """The bytes of one placed input, wherever they lie."""
     tensor, _, nbytes, data = placement
     if data is None:
         if tensor.located is None:  # a client's region is read into a segment first
@@ -62,13 +63,7 @@ def assemble(requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
     offset = 0
     for tensor, shape, _, _ in first:
         start = offset
-        rows = 0
-        for request in by_name:
-            placement = request[tensor.name]
-            data = _bytes_of(placement)
-            target[offset : offset + len(data)] = data
-            offset += len(data)
-            rows += placement[1][0]
+        offset, rows = join(by_name, tensor.name, target, offset)
         descs.append(
             TensorDesc(
                 tensor.name,
@@ -84,30 +79,55 @@ def assemble(requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
     return descs
 
 
+def join(
+    by_name: list[dict[str, Placement]], name: str, target: memoryview, offset: int
+) -> tuple[int, int]:
+    """Input ``name`` of every request copied into ``target`` one after another from
+    ``offset``; where the copies end, and the rows (first dimensions) they hold."""
+    rows = 0
+    for request in by_name:
+        placement = request[name]
+        data = payload_bytes(placement)
+        target[offset : offset + len(data)] = data
+        offset += len(data)
+        rows += placement[1][0]
+    return offset, rows
+
+
 def split(
     outputs: list[TensorDesc], segment: memoryview, batches: list[int]
 ) -> list[list[tuple[TensorDesc, memoryview]]]:
     """Per request, each output's descriptor (its own shape) and a view of its rows."""
-    total = sum(batches)
     parts: list[list[tuple[TensorDesc, memoryview]]] = [[] for _ in batches]
     for desc in outputs:
-        if not desc.shape or desc.shape[0] != total:
-            raise InferenceFailed(
-                f"output '{desc.name}' has shape {desc.shape}, whose first dimension is not "
-                f"the batch size {total}: the model cannot be batched"
-            )
-        whole = segment[desc.offset : desc.offset + desc.nbytes]
-        bounds = _row_bounds(desc, whole, total)
-        row = 0
-        for index, batch in enumerate(batches):
-            start, end = bounds(row), bounds(row + batch)
-            shape = [batch, *desc.shape[1:]]
-            piece = TensorDesc(
-                desc.name, desc.datatype, shape, desc.segment, desc.offset + start, end - start
-            )
-            parts[index].append((piece, whole[start:end]))
-            row += batch
+        for part, piece in zip(parts, split_rows(desc, segment, batches), strict=True):
+            part.append(piece)
     return parts
+
+
+def split_rows(
+    desc: TensorDesc, segment: memoryview, batches: list[int]
+) -> list[tuple[TensorDesc, memoryview]]:
+    """One output cut into each request's rows (``batches``: its first dimensions)."""
+    total = sum(batches)
+    if not desc.shape or desc.shape[0] != total:
+        raise InferenceFailed(
+            f"output '{desc.name}' has shape {desc.shape}, whose first dimension is not "
+            f"the batch size {total}: the model cannot be batched"
+        )
+    whole = segment[desc.offset : desc.offset + desc.nbytes]
+    bounds = _row_bounds(desc, whole, total)
+    pieces = []
+    row = 0
+    for batch in batches:
+        start, end = bounds(row), bounds(row + batch)
+        shape = [batch, *desc.shape[1:]]
+        piece = TensorDesc(
+            desc.name, desc.datatype, shape, desc.segment, desc.offset + start, end - start
+        )
+        pieces.append((piece, whole[start:end]))
+        row += batch
+    return pieces
 
 
 def _row_bounds(desc: TensorDesc, whole: memoryview, rows: int) -> Callable[[int], int]:

@@ -10,6 +10,14 @@ cut back into one ``InferResult`` per request, each a view of the worker's outpu
 which goes back to the worker once every request has released its part. Requests that
 asked for different outputs share a batch, as in Triton: it computes every output any of
 them asked for, and each result keeps its own request's (``_outputs``, ``_own_outputs``).
+
+A model with ragged batching (``allow_ragged_batch``, ``batch_input``, ``batch_output``)
+gets a ``ragged.RaggedLayout`` with its batcher, one with padded batching (the ``pad_batch``
+parameter) a ``padding.PaddedLayout`` and its waste bound as the batcher's admission; both
+are chosen once, when the batcher is made: the model's requests are grouped by the
+layout's signature and its batches, even of one request, are laid out and cut by it
+(``_run_laid_out``). ``batching_policy`` gives such a model
+without ``dynamic_batching`` a batcher that runs one request per execution.
 """
 
 from __future__ import annotations
@@ -17,13 +25,16 @@ from __future__ import annotations
 import asyncio
 from time import monotonic_ns
 
-from oipserve.dataplane.batch_io import assemble, batch_size
+from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size
 from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.padding import PaddedLayout
+from oipserve.dataplane.ragged import RaggedLayout
 from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
+from oipserve.models.config.parse import ModelConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
-from oipserve.request.inference import Inference, InferResult
+from oipserve.request.inference import Inference, InferResult, client_outputs
 from oipserve.request.placement import Placement, place
 from oipserve.scheduling.policy import BatchPolicy
 from oipserve.scheduling.scheduler import DynamicBatcher, Entry, QueueRejected
@@ -31,10 +42,24 @@ from oipserve.telemetry.stats import FailureReason, ModelStats, failure_reason, 
 from oipserve.wire.messages import ErrorKind, InferDone
 from oipserve.wire.shm import BufferPool, Lease
 
-__all__ = ["BatchRunner", "Withdrawn"]
+__all__ = ["BatchRunner", "Withdrawn", "batching_policy"]
 
 #: Resolution of the loop's timers (libuv counts milliseconds).
 _TIMER_GRAIN = 0.001
+
+#: The batcher of a ragged-batching model without ``dynamic_batching``: one request per
+#: execution, at once (Triton's default scheduler), so that its batch inputs are made.
+_ONE_AT_A_TIME = BatchPolicy(max_batch_size=0)
+
+
+def batching_policy(config: ModelConfig | None) -> BatchPolicy | None:
+    """The batcher's policy of a model: its ``dynamic_batching``, or one request at a time
+    for a model with ragged batching (whose requests need the batch's layout), or None."""
+    if config is None:
+        return None
+    if config.dynamic_batching is None and config.batch_io is not None:
+        return _ONE_AT_A_TIME
+    return config.dynamic_batching
 
 
 class Withdrawn(ServerError):
@@ -153,9 +178,9 @@ class BatchRunner:
             rows = batch_rows(model, placements)
             queued = _Queued(placements, output_names, owned, rows, start, stats)
             batcher = self._batcher(model, policy, stats)
-            future = batcher.submit(
-                queued, max(rows, 1), _signature(placements), priority, timeout_us
-            )
+            layout = batcher.layout
+            signature = _signature(placements) if layout is None else layout.signature(placements)
+            future = batcher.submit(queued, max(rows, 1), signature, priority, timeout_us)
         except BaseException as exc:
             for held in owned:
                 held.release()
@@ -206,14 +231,34 @@ class BatchRunner:
     ) -> DynamicBatcher:
         batcher = model.batcher
         if batcher is None:
-            batcher = model.batcher = DynamicBatcher(
-                model.key,
-                policy,
-                model.instances,
-                lambda entries, worker: self._run_batch(model, entries, worker),
-                InferResult.release,
-                stats,
-            )
+            config = model.config
+            layout: RaggedLayout | PaddedLayout | None = None
+            if config is not None and config.batch_io is not None:
+                layout = RaggedLayout(config.batch_io)
+            elif config is not None and config.pad_batch is not None:
+                layout = PaddedLayout(config.pad_batch)
+            if layout is None:
+                batcher = DynamicBatcher(
+                    model.key,
+                    policy,
+                    model.instances,
+                    lambda entries, worker: self._run_batch(model, entries, worker),
+                    InferResult.release,
+                    stats,
+                )
+            else:
+                laid_out = layout
+                batcher = DynamicBatcher(
+                    model.key,
+                    policy,
+                    model.instances,
+                    lambda entries, worker: self._run_laid_out(model, laid_out, entries, worker),
+                    InferResult.release,
+                    stats,
+                    layout,
+                    layout.gate() if isinstance(layout, PaddedLayout) else None,
+                )
+            model.batcher = batcher
         return batcher
 
     async def _run_batch(
@@ -246,6 +291,52 @@ class BatchRunner:
         computed = _outputs(requests)
         done = await self.dispatch.send(worker, model, descs, owned, computed)
         results = self.dispatch.results(worker, model, done, [r.rows for r in requests])
+        if computed is not requests[0].outputs:
+            _own_outputs(requests, computed, results)
+        _record(requests, [entry.enqueued_ns for entry in entries], done)
+        return results
+
+    async def _run_laid_out(
+        self,
+        model: ModelVersion,
+        layout: RaggedLayout | PaddedLayout,
+        entries: list[Entry],
+        worker: WorkerLink,
+    ) -> list[InferResult]:
+        """A batch of a ragged or padded model: always laid out by ``layout`` (ragged inputs
+        flat and batch inputs made; padded inputs padded, masks made), even a batch of one,
+        and its outputs cut by it."""
+        requests: list[_Queued] = [entry.request for entry in entries]
+        placements = [r.placements for r in requests]
+        lease: Lease | None = None
+        try:
+            for request in requests:
+                request.taken = True
+            lease = await self.inputs.acquire_async(layout.size(placements))
+            descs = layout.assemble(placements, lease)
+            if isinstance(layout, PaddedLayout):
+                requests[0].stats.padded_batch(*layout.elements(placements))
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        finally:
+            for request in requests:  # their bytes are in the batch's segment now
+                request.release_inputs()
+        computed = _outputs(requests)
+        done = await self.dispatch.send(worker, model, descs, [lease], computed)
+        rows = [r.rows for r in requests]
+        segment = done.segment
+        shared = SharedRelease(len(rows), lambda: worker.release_outputs(segment))
+        try:
+            buf = self.dispatch.outputs.get(segment).buf
+            parts = layout.split(done.outputs, buf, placements, rows)
+            results = [
+                InferResult(model, client_outputs(model, part), shared.part()) for part in parts
+            ]
+        except BaseException:
+            worker.release_outputs(segment)
+            raise
         if computed is not requests[0].outputs:
             _own_outputs(requests, computed, results)
         _record(requests, [entry.enqueued_ns for entry in entries], done)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import oipserve
 from oipserve.config.cache_config import cache_bytes
-from oipserve.dataplane.batched import BatchRunner
+from oipserve.dataplane.batched import BatchRunner, batching_policy
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble import EnsembleRunner
 from oipserve.dataplane.intake import Intake
@@ -231,7 +231,7 @@ class DataPlane:
         """The strategy of a version, at its first request; kept while the version is in
         the registry (a reload makes a new version, which chooses again)."""
         self._forget_gone()
-        policy = model.config.dynamic_batching if model.config is not None else None
+        policy = batching_policy(model.config)  # ragged batching: a batcher even without one
         cache = self.cache if model.config is not None and model.config.response_cache else None
         strategy: Strategy
         sequence = model.config.sequence_batching if model.config is not None else None

@@ -12,6 +12,8 @@ import math
 
 import msgspec
 
+from oipserve.models.config import padding_config
+from oipserve.models.config.batch_io_config import graph_problem
 from oipserve.models.config.parse import ModelConfig, TensorConfig
 from oipserve.models.config.sequence import graph_problem as sequence_graph_problem
 from oipserve.wire.messages import Loaded, TensorMeta
@@ -65,6 +67,7 @@ def _refine(
     batched: bool,
     defaults: dict[str, TensorSpec] | None = None,
     filled: frozenset[str] = frozenset(),
+    flat: frozenset[str] = frozenset(),
 ) -> tuple[TensorSpec, ...]:
     if not declared:
         return tuple(t for t in graph if t.name not in filled)
@@ -102,7 +105,12 @@ def _refine(
                 f"config.pbtxt says {kind} '{entry.name}' is {entry.data_type} but the "
                 f"ONNX graph says {actual.datatype}"
             )
-        seen_by_model = _merge_dims(kind, entry.name, model_shape or dims, actual.shape)
+        # NOTE: ragged inputs and scattered outputs: the model sees them flat
+        #   (batch_io_config.graph_problem checks the graph's side).
+        if entry.name in flat:
+            seen_by_model = dims
+        else:
+            seen_by_model = _merge_dims(kind, entry.name, model_shape or dims, actual.shape)
         shape = dims if model_shape is not None else seen_by_model
         refined.append(
             TensorSpec(entry.name, entry.data_type, shape, model_shape, optional, entry.labels)
@@ -162,6 +170,21 @@ def merge_metadata(
         )
         if problem is not None:
             raise MetadataConflict(problem)
+    ragged = config.batch_io
+    if ragged is not None:
+        graph = {m.name: (m.datatype, tuple(m.shape)) for m in loaded.inputs}
+        problem = graph_problem(ragged, graph)
+        if problem is not None:
+            raise MetadataConflict(problem)
+    made = ragged.generated if ragged is not None else frozenset()
+    if config.pad_batch is not None:
+        graph = {m.name: (m.datatype, tuple(m.shape)) for m in loaded.inputs}
+        problem = padding_config.graph_problem(config.pad_batch, graph)
+        if problem is not None:
+            raise MetadataConflict(problem)
+        made = made | frozenset(config.pad_batch.generated)
+    flat_in = frozenset(ragged.ragged) if ragged is not None else frozenset()
+    flat_out = ragged.scattered if ragged is not None else frozenset()
     return (
         _refine(
             "input",
@@ -169,7 +192,8 @@ def merge_metadata(
             config.inputs,
             batched,
             {m.name: _spec(m) for m in loaded.optional_inputs},
-            sequence.input_names if sequence is not None else frozenset(),
+            (sequence.input_names if sequence is not None else frozenset()) | made,
+            flat_in,
         ),
         _refine(
             "output",
@@ -177,5 +201,6 @@ def merge_metadata(
             config.outputs,
             batched,
             filled=sequence.output_names if sequence is not None else frozenset(),
+            flat=flat_out,
         ),
     )

@@ -50,7 +50,7 @@ from oipserve.errors import Unavailable
 from oipserve.scheduling.policy import BatchPolicy
 from oipserve.scheduling.precise_timer import PreciseTimer
 
-__all__ = ["DynamicBatcher", "Entry", "PendingGauge", "QueueRejected"]
+__all__ = ["Admission", "DynamicBatcher", "Entry", "PendingGauge", "QueueRejected"]
 
 log = logging.getLogger("oipserve.scheduler")
 
@@ -69,6 +69,16 @@ class PendingGauge(Protocol):
 
 class _Count:
     pending = 0
+
+
+class Admission(Protocol):
+    """A model's own bound on what joins a batch, past the signature (padded batching's
+    waste bound): ``first`` starts a batch with a request, ``admit`` says whether the next
+    one may join it (and counts it in only then)."""
+
+    def first(self, request: Any) -> None: ...
+
+    def admit(self, request: Any) -> bool: ...
 
 
 class QueueRejected(Unavailable):
@@ -154,12 +164,19 @@ class DynamicBatcher:
         execute: Callable[[list[Entry], Any], Awaitable[list[Any]]],
         discard: Callable[[Any], None],
         gauge: PendingGauge | None = None,
+        layout: Any = None,
+        admission: Admission | None = None,
     ) -> None:
         """``instances()`` lists the instances that can run the model now; ``execute`` runs
         a batch on one and returns a result per entry; ``discard(result)`` frees a result
         whose caller went away; ``gauge.pending`` counts the queued requests (Triton's
-        pending request count: the statistics read it from there)."""
+        pending request count: the statistics read it from there). ``layout`` is opaque
+        here: what the caller keeps with the batcher of a model whose batches it lays out
+        its own way (ragged or padded batching); None for the ordinary layout.
+        ``admission``, when given, may refuse a request a batch (it then starts the next)."""
         self.name = name
+        self.layout = layout
+        self._admission = admission
         self.policy = policy
         self._instances = instances
         self._execute = execute
@@ -356,16 +373,23 @@ class DynamicBatcher:
         send_now = False
         settled = False
         signature: Hashable = None
+        gate = self._admission
         for entry in self._walk():
             if not taken:
                 signature = entry.signature
+                if gate is not None:
+                    gate.first(entry.request)
             else:
                 grown = total + entry.batch
                 # NOTE: Triton marks the cap and walks on: past the delay, what was
                 #   gathered beyond it fires with the rest.
                 if grown > largest_preferred and not best:
                     best = len(taken)
-                if grown > limit or entry.signature != signature:
+                if (
+                    grown > limit
+                    or entry.signature != signature
+                    or (gate is not None and not gate.admit(entry.request))
+                ):
                     send_now = True
                     break
             taken.append(entry)

@@ -107,6 +107,8 @@ class ModelStats:
         "cache_hit_ns",
         "cache_miss_count",
         "cache_miss_ns",
+        "padded",
+        "padded_real",
     )
 
     def __init__(
@@ -149,6 +151,10 @@ class ModelStats:
         self.cache_hit_ns = 0
         self.cache_miss_count = 0
         self.cache_miss_ns = 0
+        #: Padded batching (``pad_batch``): the padded inputs' elements its batches held,
+        #: padding included, and those the requests really had (waste: their ratio).
+        self.padded = 0
+        self.padded_real = 0
 
     def request_succeeded(
         self,
@@ -217,6 +223,11 @@ class ModelStats:
             done.output_ns,
         )
 
+    def padded_batch(self, elements: int, real: int) -> None:
+        """One padded batch's padded inputs: ``elements`` with the padding, ``real`` without."""
+        self.padded += elements
+        self.padded_real += real
+
     def executed(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One model execution (one batch of ``batch_size`` elements) finished."""
         self.execution_count += 1
@@ -251,6 +262,8 @@ class ModelStats:
         self.cache_hit_ns += row.cache[1]
         self.cache_miss_count += row.cache[2]
         self.cache_miss_ns += row.cache[3]
+        self.padded += row.padding[0]
+        self.padded_real += row.padding[1]
         if self.histograms is not None and row.histograms:
             self.histograms.add(row.histograms)
         # NOTE: CLOCK_MONOTONIC is one clock for every process of the machine.
@@ -276,6 +289,7 @@ class ModelStats:
             self.last_success_ns,
             self.histograms.snapshot() if self.histograms is not None else [],
             [self.cache_hit_count, self.cache_hit_ns, self.cache_miss_count, self.cache_miss_ns],
+            [self.padded, self.padded_real],
         )
 
 
@@ -301,6 +315,8 @@ class StatsRow(msgspec.Struct, frozen=True, array_like=True):
     histograms: list[list[int]] = msgspec.field(default_factory=list)
     #: Response cache hits, their ns, misses, their ns.
     cache: list[int] = msgspec.field(default_factory=lambda: [0, 0, 0, 0])
+    #: Padded batching's elements with the padding and without.
+    padding: list[int] = msgspec.field(default_factory=lambda: [0, 0])
 
 
 class StatsRegistry:

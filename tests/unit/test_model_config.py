@@ -244,7 +244,6 @@ def test_ignored_fields_are_listed_by_path() -> None:
         "optimization",
         "model_warmup",
         "metric_tags",
-        "input['x'].allow_ragged_batch",
         "instance_group[0].host_policy",
     }
     assert config.outputs[0].label_filename == "labels.txt"  # honoured: read at load

@@ -31,6 +31,7 @@ import msgspec
 from google.protobuf import json_format, text_format
 
 from oipserve.grpc_generated import model_config_pb2 as mc
+from oipserve.models.config.batch_io_config import BatchIO, BatchIOError, batch_io
 from oipserve.models.config.ensemble import (
     ENSEMBLE_PLATFORM,
     EnsembleConfig,
@@ -40,6 +41,7 @@ from oipserve.models.config.ensemble import (
 from oipserve.models.config.fields import Review, review
 from oipserve.models.config.json_form import message_json
 from oipserve.models.config.model_metrics import histogram_buckets
+from oipserve.models.config.padding_config import PadBatch, PadBatchError, pad_batch
 from oipserve.models.config.sequence import SequenceConfigError, SequencePolicy, sequence_policy
 from oipserve.scheduling.policy import BatchPolicy, BatchPolicyError, batch_policy
 from oipserve.wire.datatypes import BY_TRITON
@@ -151,6 +153,11 @@ class ModelConfig(msgspec.Struct, frozen=True):
     sequence_batching: SequencePolicy | None = None
     #: ``platform: "ensemble"``: its steps (oipserve.models.config.ensemble); no model file.
     ensemble: EnsembleConfig | None = None
+    #: Ragged batching (``allow_ragged_batch``, ``batch_input``, ``batch_output``); None
+    #: when the model uses none of it (batch_io_config.py).
+    batch_io: BatchIO | None = None
+    #: Padded batching (the ``pad_batch`` parameter); None without it (padding_config.py).
+    pad_batch: PadBatch | None = None
 
 
 class ConfigLimits(msgspec.Struct, frozen=True):
@@ -317,6 +324,14 @@ def _typed(config: Any) -> ModelConfig:
         except SequenceConfigError as exc:
             raise ModelConfigError(str(exc)) from None
     try:
+        ragged = batch_io(config)
+    except BatchIOError as exc:
+        raise ModelConfigError(f"{exc} for {config.name or 'this model'}") from None
+    try:
+        padding = pad_batch(config)
+    except PadBatchError as exc:
+        raise ModelConfigError(str(exc)) from None
+    try:
         buckets, unused_metrics = histogram_buckets(config.model_metrics)
     except ValueError as exc:
         raise ModelConfigError(str(exc)) from None
@@ -336,6 +351,8 @@ def _typed(config: Any) -> ModelConfig:
         response_cache=config.response_cache.enable,
         ignored=(*reviewed.ignored, *unused_metrics),
         document=message_json(config),
+        batch_io=ragged,
+        pad_batch=padding,
         sequence_batching=sequence,
         ensemble=ensemble,
     )

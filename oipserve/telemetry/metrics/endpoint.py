@@ -29,6 +29,7 @@ from oipserve.telemetry.metrics.families import (
     host_families,
     load_duration_family,
     model_families,
+    padding_families,
     summary_families,
 )
 from oipserve.telemetry.stats import StatsRegistry
@@ -73,6 +74,7 @@ class Scraper:
         if config.summary_latencies:
             models += summary_families(versions, self._stats.latency, time.monotonic_ns())
         models += cache_families(versions)
+        models += padding_families(versions)
         models.append(load_duration_family(model for model, _ in ready))
         text = render([*models, *self._host])
         return text.encode() + generate_latest(self._process)

@@ -165,6 +165,29 @@ def cache_families(versions: Iterable[ModelStats]) -> list[Family]:
     return [hits, misses, hit_us, miss_us]
 
 
+def padding_families(versions: Iterable[ModelStats]) -> list[Family]:
+    """Padded batching's elements (docs/scheduler.md, "Padded batching") of the versions
+    that ran padded batches: with the padding and without; their ratio is the waste."""
+    padded = [stats for stats in versions if stats.padded]
+    if not padded:
+        return []
+    with_pad = Family(
+        "oipserve_pad_batch_elements",
+        "counter",
+        "Elements of the padded inputs in padded batches, padding included",
+    )
+    real = Family(
+        "oipserve_pad_batch_real_elements",
+        "counter",
+        "Elements of the padded inputs the requests of padded batches really held",
+    )
+    for stats in padded:
+        labels: Labels = (("model", stats.name), ("version", stats.version))
+        with_pad.add(labels, stats.padded)
+        real.add(labels, stats.padded_real)
+    return [with_pad, real]
+
+
 def _sums(stats: ModelStats) -> tuple[int, ...]:
     """Cumulative ns of the five phases, in ``HISTOGRAM_FAMILIES`` order."""
     return (stats.success_ns, stats.queue_ns, stats.input_ns, stats.infer_ns, stats.output_ns)
