@@ -23,7 +23,10 @@ before the colon, an empty name, 8-bit bytes)
 a control byte other than HTAB in a value,    400, by the parser (RFC 9110, 5.5; RFC
 obs-fold, a bare CR                           9112, 5.2)
 Content-Length twice (equal or not), not      400, by the parser (RFC 9112, 6.3)
-digits, or beside Transfer-Encoding
+digits
+Content-Length beside Transfer-Encoding       the body read by Transfer-Encoding alone,
+                                              Content-Length dropped, the connection
+                                              closed after the answer (RFC 9112, 6.1)
 a target with a byte outside printable ASCII  400, by the parser
 Host more than once                           400 here (RFC 9112, 3.2)
 no Host (HTTP/1.1)                            accepted, as by Triton (the forward names

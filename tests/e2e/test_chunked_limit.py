@@ -213,3 +213,25 @@ def test_an_empty_chunked_body_is_a_400(server: ServerProcess, extra: bytes, wor
     assert status == 400, body
     assert words in json.loads(body)["error"]
     assert "Traceback" not in server.log
+
+
+@pytest.mark.parametrize("declared", [3, len(BODY), LIMIT * 10], ids=["short", "equal", "huge"])
+def test_content_length_beside_chunked_is_ignored_and_the_connection_closed(
+    server: ServerProcess, declared: int
+) -> None:
+    """RFC 9112 6.1: the body is read by its Transfer-Encoding alone, whatever the
+    Content-Length says (a short one, the body's, one past the limit: not a 413), and the
+    connection is closed after the answer, so that a request smuggled past a proxy that
+    read the Content-Length never runs (Triton's test_content_encoding_chunked_manually
+    sends both; before 2026-11-28 this was a 400)."""
+    head = HEAD.replace(b"\r\n\r\n", b"\r\ncontent-length: %d\r\n\r\n" % declared)
+    smuggled = b"GET /v2/health/live HTTP/1.1\r\nhost: t\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + chunked(BODY, 3) + smuggled)
+        status, fields, body = read_response(sock)
+        assert status == 200, body
+        assert fields["connection"] == "close"
+        assert closed_by_server(sock, within=5.0)  # the GET after it was never answered
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + chunked(BODY, 1))
+        assert_infers(sock)

@@ -81,3 +81,18 @@ def test_large_deep_numbers_are_refused_on_every_path(server: ServerProcess, cou
     status, answer = infer(server, "INT64", [1, count], nested(62, row))
     assert status == 200, answer
     assert answer["outputs"][0]["shape"] == [1, count]
+
+
+@pytest.mark.parametrize("value", [nested(250_000, "true"), "[true]", "1", '"yes"'])
+def test_repository_index_refuses_a_ready_that_is_not_a_boolean(
+    server: ServerProcess, value: str
+) -> None:
+    """Triton's ``test_repository_index_deeply_nested_json``: a 'ready' nested 250,000
+    deep is refused in Triton's words (the body is decoded against its type, so the value
+    is refused where it starts), and the server stays live."""
+    headers = {"Content-Type": "application/json"}
+    body = '{"ready":' + value + "}"
+    status, _, answer = request(server, "POST", "/v2/repository/index", body, headers)
+    assert status == 400, answer
+    assert "Invalid value for 'ready': expected a boolean" in json.loads(answer)["error"]
+    assert request(server, "GET", "/v2/health/live")[0] == 200

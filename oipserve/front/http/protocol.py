@@ -222,6 +222,26 @@ class _ChunkEvents:
 _HEAD_READ = _ChunkEvents()
 
 
+def _frame_by_transfer_encoding(parser: httptools.HttpRequestParser) -> None:
+    """A request with both Transfer-Encoding and Content-Length is read by its
+    Transfer-Encoding alone, as RFC 9112 6.1 allows (and Triton does: its QA's
+    ``test_content_encoding_chunked_manually``), instead of llhttp's 400; the connection
+    is closed after the answer (``on_headers_complete``), which is what closes the
+    request-smuggling path the 400 guarded against."""
+    parser.set_dangerous_leniencies(lenient_chunked_length=True)
+
+
+def _without_content_length(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Drop Content-Length from a Transfer-Encoding request's ``headers`` (in place: the
+    scope's list): the body is framed by Transfer-Encoding, and nothing after the parser
+    (the early 413, the body's lease) may take the other length for it. Whether one was
+    there."""
+    kept = [field for field in headers if field[0] != b"content-length"]
+    dropped = len(kept) != len(headers)
+    headers[:] = kept
+    return dropped
+
+
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
     limits: ConnectionLimits = ConnectionLimits()
     #: Chunked bodies declaring more bytes than this are refused (None: not followed).
@@ -232,6 +252,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        _frame_by_transfer_encoding(self.parser)
+        #: The current head has a Transfer-Encoding field.
+        self._transfer_encoded = False
         self._sinks: dict[RequestResponseCycle, BodySink] = {}
         self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
         self._head_timer: asyncio.TimerHandle | None = None
@@ -364,6 +387,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
+        elif name == b"transfer-encoding":
+            self._transfer_encoded = True
         self.headers.append((name, value))
 
     def send_400_response(self, msg: str) -> None:
@@ -395,6 +420,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self._head_started = self._loop.time()
         self._head_bytes = self._head_fields = self._head_pieces = 0
         self._head_began = True
+        self._transfer_encoded = False
 
     def _check_deadlines(self) -> None:
         """Close a connection whose head or body is overdue, or whose client reads nothing.
@@ -481,8 +507,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             raise _HeadTooLarge(self._head_refusal)
         self._body_started = self._loop.time()
         self.body_bytes = 0
+        both = self._transfer_encoded and _without_content_length(self.headers)
         super().on_headers_complete()
         cycle = self.cycle
+        if both and cycle is not None:
+            cycle.keep_alive = False  # RFC 9112, 6.1: close after answering it
         if cycle is not None and cycle.scope is self.scope:
             # (uvicorn types extensions' values as dicts; ours are functions)
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
@@ -677,4 +706,5 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         except AttributeError:  # httptools < 0.6.3
             pass
+        _frame_by_transfer_encoding(self.parser)
         self.on_message_complete()
