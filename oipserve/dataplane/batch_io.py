@@ -11,17 +11,28 @@ simply consecutive.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from oipserve.errors import InferenceFailed, InternalError
+from oipserve.request.inference import InputTensor
 from oipserve.request.placement import Placement
 from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import Lease, align
 
-__all__ = ["SharedRelease", "assemble", "join", "payload_bytes", "split", "split_rows"]
+__all__ = [
+    "Made",
+    "Placer",
+    "SharedRelease",
+    "assemble",
+    "join",
+    "joined",
+    "payload_bytes",
+    "split",
+    "split_rows",
+]
 
 
 def payload_bytes(placement: Placement) -> memoryview:
@@ -48,27 +59,57 @@ def batch_size(requests: list[list[Placement]]) -> int:
     return max(total, 1)
 
 
-def assemble(requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
-    """Every input of the batch copied into ``lease`` (of ``batch_size`` bytes at least);
+#: Writes one input of every request of a batch into ``target`` from ``offset``: where
+#: the writes end and the batch's dims of that input (``joined``: one request after
+#: another along dimension 0; ragged and padded batches have their own).
+Placer = Callable[
+    [InputTensor, list[int], list[dict[str, Placement]], memoryview, int], tuple[int, list[int]]
+]
+
+#: A tensor the server makes for a batch (batch inputs, masks, lengths): the input names
+#: it is given as, its datatype, its values.
+Made = tuple[Sequence[str], str, np.ndarray]
+
+
+def joined(
+    tensor: InputTensor,
+    shape: list[int],
+    by_name: list[dict[str, Placement]],
+    target: memoryview,
+    offset: int,
+) -> tuple[int, list[int]]:
+    """The ordinary batch's input: the requests' rows one after another."""
+    end, rows = join(by_name, tensor.name, target, offset)
+    return end, [rows, *shape[1:]]
+
+
+def assemble(
+    requests: list[list[Placement]],
+    lease: Lease,
+    place: Placer = joined,
+    made: Sequence[Made] = (),
+) -> list[TensorDesc]:
+    """Every input of the batch copied into ``lease`` (of ``batch_size`` bytes at least,
+    or the layout's size), each by ``place``, then the tensors the server ``made``;
     descriptors with the batch's shapes.
 
     Each request's placements were checked against the model; requests of one batch
-    have the same inputs with the same dims past the first (their signature). The
-    caller may release the requests' own leases once this returns.
+    have the same inputs with the same dims past the first (their signature), but for
+    the dims a ragged or padded layout lets differ. The caller may release the
+    requests' own leases once this returns.
     """
-    first = requests[0]
     by_name = [{p[0].name: p for p in request} for request in requests]
     target = lease.buf
     descs = []
     offset = 0
-    for tensor, shape, _, _ in first:
+    for tensor, shape, _, _ in requests[0]:
         start = offset
-        offset, rows = join(by_name, tensor.name, target, offset)
+        offset, dims = place(tensor, shape, by_name, target, offset)
         descs.append(
             TensorDesc(
                 tensor.name,
                 tensor.datatype,
-                [rows, *shape[1:]],
+                dims,
                 lease.name,
                 start,
                 offset - start,
@@ -76,6 +117,14 @@ def assemble(requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
             )
         )
         offset = align(offset)
+    for names, datatype, values in made:
+        data = values.view(np.uint8).reshape(-1).data
+        target[offset : offset + len(data)] = data
+        for name in names:
+            descs.append(
+                TensorDesc(name, datatype, list(values.shape), lease.name, offset, len(data))
+            )
+        offset = align(offset + len(data))
     return descs
 
 

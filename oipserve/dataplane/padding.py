@@ -19,14 +19,16 @@ The layout decides:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable
 
 import numpy as np
 
-from oipserve.dataplane.batch_io import join, payload_bytes, split_rows
+from oipserve.dataplane.batch_io import Made, assemble, join, payload_bytes, split_rows
 from oipserve.errors import InferenceFailed
 from oipserve.models.config.padding_config import CutOutput, PadBatch, PaddedInput
+from oipserve.request.inference import InputTensor
 from oipserve.request.placement import Placement
 from oipserve.wire.datatypes import DATATYPES
 from oipserve.wire.messages import TensorDesc
@@ -131,9 +133,9 @@ class PaddedLayout:
             real += sum(math.prod(_shape(r, spec.name)) for r in requests)
         return padded, real
 
-    def _made(self, requests: list[list[Placement]]) -> list[tuple[str, str, np.ndarray]]:
-        """The masks and lengths: (target, datatype, values)."""
-        made = []
+    def _made(self, requests: list[list[Placement]]) -> list[Made]:
+        """The masks and lengths: ((target,), datatype, values)."""
+        made: list[Made] = []
         for spec in self.spec.inputs:
             if spec.mask is None and spec.lengths is None:
                 continue
@@ -143,12 +145,12 @@ class PaddedLayout:
             )
             if spec.lengths is not None:
                 dtype = DATATYPES[spec.lengths_type].numpy
-                made.append((spec.lengths, spec.lengths_type, lengths.astype(dtype)))
+                made.append(((spec.lengths,), spec.lengths_type, lengths.astype(dtype)))
             if spec.mask is not None:
                 longest = int(lengths.max()) if lengths.size else 0
                 mask = np.arange(longest)[None, :] < lengths[:, None]
                 dtype = DATATYPES[spec.mask_type].numpy
-                made.append((spec.mask, spec.mask_type, mask.astype(dtype)))
+                made.append(((spec.mask,), spec.mask_type, mask.astype(dtype)))
         return made
 
     def size(self, requests: list[list[Placement]]) -> int:
@@ -169,39 +171,26 @@ class PaddedLayout:
     def assemble(self, requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
         """Every input of the batch in ``lease`` (``size`` bytes at least), the padded ones
         at the batch's extent; then the masks and lengths. Their descriptors."""
-        by_name = [{p[0].name: p for p in request} for request in requests]
-        target = lease.buf
-        descs = []
-        offset = 0
-        for tensor, shape, _, _ in requests[0]:
-            spec = self.padded.get(tensor.name)
-            start = offset
-            if spec is None:
-                offset, rows = join(by_name, tensor.name, target, offset)
-                dims = [rows, *shape[1:]]
-            else:
-                dims = _padded_shape(requests, spec)
-                offset = _pad_into(target, offset, dims, spec, [r[tensor.name] for r in by_name])
-            descs.append(
-                TensorDesc(
-                    tensor.name,
-                    tensor.datatype,
-                    dims,
-                    lease.name,
-                    start,
-                    offset - start,
-                    tensor.image,
-                )
-            )
-            offset = align(offset)
-        for name, datatype, values in self._made(requests):
-            data = values.view(np.uint8).reshape(-1).data
-            target[offset : offset + len(data)] = data
-            descs.append(
-                TensorDesc(name, datatype, list(values.shape), lease.name, offset, len(data))
-            )
-            offset = align(offset + len(data))
-        return descs
+        return assemble(
+            requests, lease, functools.partial(self._place, requests), self._made(requests)
+        )
+
+    def _place(
+        self,
+        requests: list[list[Placement]],
+        tensor: InputTensor,
+        shape: list[int],
+        by_name: list[dict[str, Placement]],
+        target: memoryview,
+        offset: int,
+    ) -> tuple[int, list[int]]:
+        """A padded input at the batch's extent, the others joined."""
+        spec = self.padded.get(tensor.name)
+        if spec is None:
+            end, rows = join(by_name, tensor.name, target, offset)
+            return end, [rows, *shape[1:]]
+        dims = _padded_shape(requests, spec)
+        return _pad_into(target, offset, dims, spec, [r[tensor.name] for r in by_name]), dims
 
     def split(
         self,

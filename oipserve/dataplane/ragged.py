@@ -26,9 +26,10 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from oipserve.dataplane.batch_io import join, split_rows
+from oipserve.dataplane.batch_io import Made, assemble, join, split_rows
 from oipserve.errors import InferenceFailed
 from oipserve.models.config.batch_io_config import BatchInputSpec, BatchIO
+from oipserve.request.inference import InputTensor
 from oipserve.request.placement import Placement
 from oipserve.wire.datatypes import DATATYPES
 from oipserve.wire.messages import TensorDesc
@@ -90,11 +91,13 @@ class RaggedLayout:
             )
         )
 
-    def _made(self, requests: list[list[Placement]]) -> list[tuple[BatchInputSpec, np.ndarray]]:
-        made = []
+    def _made(self, requests: list[list[Placement]]) -> list[Made]:
+        """The batch inputs: (their targets, datatype, values)."""
+        made: list[Made] = []
         for spec in self.made:
             shapes = [_shape_of(request, spec.source) for request in requests]
-            made.append((spec, batch_input_values(spec.kind, spec.datatype, shapes)))
+            values = batch_input_values(spec.kind, spec.datatype, shapes)
+            made.append((spec.targets, spec.datatype, values))
         return made
 
     def size(self, requests: list[list[Placement]]) -> int:
@@ -102,47 +105,28 @@ class RaggedLayout:
         total = 0
         for tensor, _, _, _ in requests[0]:
             total = align(total + sum(_nbytes_of(r, tensor.name) for r in requests))
-        for _, values in self._made(requests):
+        for _, _, values in self._made(requests):
             total = align(total + values.nbytes)
         return max(total, 1)
 
     def assemble(self, requests: list[list[Placement]], lease: Lease) -> list[TensorDesc]:
         """Every input of the batch copied into ``lease`` (``size`` bytes at least), the
         ragged ones flat, then the batch inputs; their descriptors."""
-        by_name = [{p[0].name: p for p in request} for request in requests]
-        target = lease.buf
-        descs = []
-        offset = 0
-        for tensor, shape, _, _ in requests[0]:
-            start = offset
-            offset, rows = join(by_name, tensor.name, target, offset)
-            if tensor.name in self.ragged:
-                dims = [sum(math.prod(r[tensor.name][1]) for r in by_name)]
-            else:
-                dims = [rows, *shape[1:]]
-            descs.append(
-                TensorDesc(
-                    tensor.name,
-                    tensor.datatype,
-                    dims,
-                    lease.name,
-                    start,
-                    offset - start,
-                    tensor.image,
-                )
-            )
-            offset = align(offset)
-        for spec, values in self._made(requests):
-            data = values.view(np.uint8).reshape(-1).data
-            target[offset : offset + len(data)] = data
-            for name in spec.targets:
-                descs.append(
-                    TensorDesc(
-                        name, spec.datatype, list(values.shape), lease.name, offset, len(data)
-                    )
-                )
-            offset = align(offset + len(data))
-        return descs
+        return assemble(requests, lease, self._place, self._made(requests))
+
+    def _place(
+        self,
+        tensor: InputTensor,
+        shape: list[int],
+        by_name: list[dict[str, Placement]],
+        target: memoryview,
+        offset: int,
+    ) -> tuple[int, list[int]]:
+        """A ragged input flat (its requests' elements one after another), others joined."""
+        end, rows = join(by_name, tensor.name, target, offset)
+        if tensor.name in self.ragged:
+            return end, [sum(math.prod(r[tensor.name][1]) for r in by_name)]
+        return end, [rows, *shape[1:]]
 
     def split(
         self,

@@ -94,6 +94,7 @@ from oipserve.errors import InvalidInput, http_status
 
 __all__ = [
     "App",
+    "CONNECTION_SPECIFIC",
     "HOP_BY_HOP",
     "MAX_GRPC_TIMEOUT",
     "CallHead",
@@ -101,6 +102,7 @@ __all__ = [
     "NOT_FORWARDED",
     "TRANSPORT_KEYS",
     "HeadChecked",
+    "h2_pseudo_header",
     "check_http_head",
     "forwarded_metadata",
     "grpc_timeout",
@@ -271,8 +273,9 @@ class CallHead(NamedTuple):
 
 #: The pseudo-headers a request may carry (RFC 9113, 8.3.1), each at most once.
 _PSEUDO = frozenset({":method", ":scheme", ":authority", ":path"})
-#: Connection-specific fields (RFC 9113, 8.2.2): a request with any is malformed.
-_CONNECTION_SPECIFIC = frozenset(
+#: Connection-specific fields (RFC 9113, 8.2.2): a request with any is malformed, and a
+#: response never carries them.
+CONNECTION_SPECIFIC = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
 )
 #: A name no HTTP/2 request may carry (8.2.1): upper case, a byte in 0x00-0x20 or
@@ -303,24 +306,36 @@ def read_call_head(headers: tuple[tuple[str, str], ...]) -> CallHead:
     return head
 
 
+def h2_pseudo_header(name: str, value: str, pseudo: dict[str, str], regular: bool) -> bool:
+    """RFC 9113's rules for one field of an HTTP/2 request's header block, every front's
+    (gRPC calls here, REST streams in ``front.http.h2_asgi``): MalformedRequest for a
+    malformed value (8.2.1), a pseudo-header after a regular field, unknown or repeated
+    (8.3), a connection-specific field (8.2.2). True for a pseudo-header (put in
+    ``pseudo``); False for a regular field, whose name the caller checks as its protocol
+    reads names."""
+    if _BAD_VALUE.search(value) is not None:
+        raise MalformedRequest(f"a malformed value of {name!r} (RFC 9113, 8.2.1)")
+    if name[:1] == ":":
+        if regular or name not in _PSEUDO or name in pseudo:
+            raise MalformedRequest(f"a misplaced or unknown {name!r} (RFC 9113, 8.3)")
+        pseudo[name] = value
+        return True
+    if name in CONNECTION_SPECIFIC or (name == "te" and value != "trailers"):
+        raise MalformedRequest(f"a connection-specific field {name!r} (RFC 9113, 8.2.2)")
+    return False
+
+
 def _read_call_head(headers: tuple[tuple[str, str], ...]) -> CallHead:
     pseudo: dict[str, str] = {}
     fields: dict[str, str] = {}
     metadata = []
     regular = False
     for name, value in headers:
-        if _BAD_VALUE.search(value) is not None:
-            raise MalformedRequest(f"a malformed value of {name!r} (RFC 9113, 8.2.1)")
-        if name[:1] == ":":
-            if regular or name not in _PSEUDO or name in pseudo:
-                raise MalformedRequest(f"a misplaced or unknown {name!r} (RFC 9113, 8.3)")
-            pseudo[name] = value
+        if h2_pseudo_header(name, value, pseudo, regular):
             continue
         regular = True
         if _GRPC_KEY.fullmatch(name) is None and _BAD_NAME.search(name) is not None:
             raise MalformedRequest(f"a malformed field name {name!r} (RFC 9113, 8.2.1)")
-        if name in _CONNECTION_SPECIFIC or (name == "te" and value != "trailers"):
-            raise MalformedRequest(f"a connection-specific field {name!r} (RFC 9113, 8.2.2)")
         if name in _READ:
             fields[name] = value
         elif name not in TRANSPORT_KEYS and is_metadata(name, value):

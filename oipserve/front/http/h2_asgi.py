@@ -61,7 +61,13 @@ from oipserve.front.grpc.h2.frames import (
     frame_header,
 )
 from oipserve.front.grpc.h2.headers import Headers
-from oipserve.front.header_rules import App, HeadChecked, MalformedRequest
+from oipserve.front.header_rules import (
+    CONNECTION_SPECIFIC,
+    App,
+    HeadChecked,
+    MalformedRequest,
+    h2_pseudo_header,
+)
 from oipserve.front.http.protocol import (
     BODY_REFUSED,
     ON_DISCONNECT,
@@ -82,20 +88,12 @@ _SEND_STEP = 256 * 1024
 #: WINDOW_UPDATE for a tiny request), a large one's at once, so that bodies waiting on their
 #: answers do not hold the connection's window (16 MiB) from its other streams.
 _ACK_WHEN_ENDED = 64 * 1024
-#: The pseudo-headers a request may carry (RFC 9113, 8.3.1), each at most once.
-_PSEUDO = frozenset({":method", ":scheme", ":authority", ":path"})
-#: Connection-specific fields (RFC 9113, 8.2.2): a request with any is malformed, and a
-#: response never carries them.
-_CONNECTION_SPECIFIC = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
-)
-_NOT_IN_RESPONSES = frozenset(name.encode() for name in _CONNECTION_SPECIFIC)
+#: Connection-specific fields (RFC 9113, 8.2.2): a response never carries them.
+_NOT_IN_RESPONSES = frozenset(name.encode() for name in CONNECTION_SPECIFIC)
 #: A field name as HTTP/1.1's parser takes one (a token), lower case as HTTP/2 requires.
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 #: A method: a token (RFC 9110, 9.1).
 _METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: A value no HTTP/2 request may carry (RFC 9113, 8.2.1): NUL, CR, LF; SP or HTAB at an end.
-_MALFORMED_VALUE = re.compile(r"[\x00\r\n]|^[ \t]|[ \t]$")
 #: A control byte HTTP/1.1's parser refuses in a value (all but HTAB): a 400 there too.
 _CONTROL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: A request target HTTP/1.1's parser takes: printable ASCII.
@@ -212,18 +210,11 @@ class RestOverH2:
         host = False
         for name, value in headers:
             size += len(name) + len(value)
-            if _MALFORMED_VALUE.search(value) is not None:
-                raise MalformedRequest(f"a malformed value of {name!r} (RFC 9113, 8.2.1)")
-            if name[:1] == ":":
-                if regular or name not in _PSEUDO or name in pseudo:
-                    raise MalformedRequest(f"a misplaced or unknown {name!r} (RFC 9113, 8.3)")
-                pseudo[name] = value
+            if h2_pseudo_header(name, value, pseudo, regular):
                 continue
             regular = True
             if _NAME.fullmatch(name) is None:
                 raise MalformedRequest(f"a malformed field name {name!r} (RFC 9113, 8.2.1)")
-            if name in _CONNECTION_SPECIFIC or (name == "te" and value != "trailers"):
-                raise MalformedRequest(f"a connection-specific field {name!r} (RFC 9113, 8.2.2)")
             if _CONTROL.search(value) is not None:
                 raise _Refusal(400, f"a control character in the value of header {name!r}")
             host = host or name == "host"
