@@ -328,6 +328,9 @@ class _Run:
             priority=self.inference.priority,
             timeout_us=max(int(remaining * 1e6), 1),
         )
+        # NOTE: the request's sequence (read when a step is a sequence model) goes to every
+        #   step, as Triton passes the correlation id; other models' strategies ignore it.
+        request.sequence = self.inference.sequence
         dispatch: _StepDispatch | None = None
         strategy = runner.strategy_of(composing)
         if strategy == runner.unbatched:

@@ -172,6 +172,7 @@ class DataPlane:
                 "classification",
                 "model_configuration",
                 "model_repository",
+                "sequence",
                 "statistics",
                 "system_shared_memory",
             ],

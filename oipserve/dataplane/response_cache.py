@@ -20,8 +20,11 @@ whole bytes, compared (memcmp) on every hit. Why not a digest of the bytes: hash
 24 µs; and a full key never answers one request with another's outputs.
 
 Never cached: inputs or outputs in clients' shared-memory regions, failed requests, echo
-models (answered in the front anyway). Sequence models, decoupled models and ensembles
-are refused at load, so none reaches here.
+models (answered in the front anyway), sequence requests (a sequence model with the cache
+fails its load, in Triton's words: an answer depends on the sequence's earlier requests).
+An ensemble's own ``response_cache`` is not used (``DataPlane._choose`` gives ensembles
+no cache); each of its steps is a request of its composing model, looked up here when that
+model enables the cache. Decoupled models are refused at load.
 
 Bounded by bytes (the key's and the entry's tensor bytes, plus ``ENTRY_OVERHEAD`` an
 entry and ``TENSOR_OVERHEAD`` a tensor: what Python's objects take besides), least recently

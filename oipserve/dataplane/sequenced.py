@@ -153,6 +153,9 @@ class Sequenced:
             deque() if policy.strategy == "oldest" and policy.preserve_ordering else None
         )
         self._outcomes: dict[int, InferResult | BaseException] = {}
+        #: Set when the version leaves service (``close``): no batch starts any more.
+        self._closed = False
+        model.sequencer_close = self.close
 
     # ---- one request -----------------------------------------------------------
 
@@ -289,6 +292,27 @@ class Sequenced:
                 del self.sequences[sequence.sequence_id]
         step.expiry = self._loop.call_at(deadline, self._expire_step, sequence, step)
 
+    def close(self, error: Unavailable) -> None:
+        """The version leaves service (unloaded, replaced): every request still waiting,
+        in the backlog for a slot or on its lane for the next batch, is answered ``error``
+        (503) now rather than at its deadline, as the dynamic batcher answers its queue;
+        batches already running finish. Its sequences are forgotten: the workers drop the
+        version, and its state with it."""
+        self._closed = True
+        for timer in (*self._wakeups.values(), *self._idle.values()):
+            timer.cancel()
+        self._wakeups.clear()
+        self._idle.clear()
+        held = [s for lane in self.lanes.values() for s in lane.slots if s is not None]
+        for sequence in (*self.backlog, *held):
+            sequence.ending = True
+            for step in list(sequence.queue):
+                if not step.taken:
+                    self._finish(sequence, step, error)
+        self.backlog.clear()
+        self.sequences.clear()
+        self.lost.clear()
+
     # ---- lanes -------------------------------------------------------------------
 
     def _alive(self, lane: _Lane) -> bool:
@@ -360,7 +384,7 @@ class Sequenced:
 
     def _pump(self, lane: _Lane) -> None:
         """Start the lane's next batch when it is idle and one is due."""
-        if lane.busy or lane.dead:
+        if lane.busy or lane.dead or self._closed:
             return
         if not self._alive(lane):
             self._lane_lost(lane)

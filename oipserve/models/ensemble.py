@@ -27,7 +27,7 @@ from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import ModelRegistry, ModelVersion
 
-__all__ = ["EnsembleVersion", "composing_names", "validate"]
+__all__ = ["EnsembleVersion", "composing_names", "takes_sequence", "validate"]
 
 
 class EnsembleVersion(ModelVersion):
@@ -67,6 +67,18 @@ class EnsembleVersion(ModelVersion):
                 retry_after=1,
             ) from None
 
+    def has_sequence_step(self) -> bool:
+        """Whether a step's model has a version with ``sequence_batching``: the ensemble's
+        requests then carry the sequence parameters, which the runner passes to its steps,
+        as Triton passes the correlation id. (Dict lookups only: it runs per request.)"""
+        models = self.registry.models
+        for step in self.plan.steps:
+            for version in models.get(step.model_name, {}).values():
+                config = version.config
+                if config is not None and config.sequence_batching is not None:
+                    return True
+        return False
+
     def _missing_step(self) -> str | None:
         """Why a step cannot run now, or None when every step's model is ready."""
         models = self.registry.models
@@ -101,6 +113,18 @@ class EnsembleVersion(ModelVersion):
         missing = self._missing_step()
         if missing is not None:
             raise Unavailable(f"ensemble '{self.name}': {missing}", retry_after=1)
+
+
+def takes_sequence(model: ModelVersion) -> bool:
+    """Whether the fronts read a request's ``sequence_id`` / ``_start`` / ``_end`` for
+    ``model``: a sequence model, or an ensemble with one as a step (docs/sequences.md; an
+    ensemble is never a step, ``oipserve.models.config.ensemble`` refuses it)."""
+    config = model.config
+    if config is None:
+        return False
+    if config.sequence_batching is not None:
+        return True
+    return isinstance(model, EnsembleVersion) and model.has_sequence_step()
 
 
 def composing_names(config: ModelConfig) -> list[str]:

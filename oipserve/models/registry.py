@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from oipserve.errors import InvalidInput, NotFound, Unavailable
@@ -88,6 +89,9 @@ class ModelVersion:
         self.cuda_settings: dict[str, str] = {}
         #: Its dynamic batcher (config.pbtxt ``dynamic_batching``), made on first use.
         self.batcher: DynamicBatcher | None = None
+        #: Its sequence batcher's ``close`` (``sequence_batching``), set on first use: told
+        #: at ``stop_serving``, as the dynamic batcher is, to answer its waiting requests.
+        self.sequencer_close: Callable[[Unavailable], None] | None = None
         #: Requests in the data plane now (``DataPlane.infer``), queued or running.
         self.in_flight = 0
         #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
@@ -122,6 +126,8 @@ class ModelVersion:
         self.reason = why
         if self.batcher is not None:
             self.batcher.close(self.gone_while("queued"))
+        if self.sequencer_close is not None:
+            self.sequencer_close(self.gone_while("queued"))
 
     def gone_while(self, what: str) -> Unavailable:
         """The 503 of a request that found this version before it was taken out of service."""

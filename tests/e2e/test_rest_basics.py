@@ -41,6 +41,7 @@ def test_server_metadata(server: ServerProcess, client: httpclient.InferenceServ
         "classification",
         "model_configuration",
         "model_repository",
+        "sequence",
         "statistics",
         "system_shared_memory",
     ]

@@ -6,7 +6,9 @@ killed in the middle of a sequence.
 The models (tests/support/sequence_models.py): ``simple_sequence`` answers
 READY * (INPUT + START), ``simple_dyna_sequence`` READY * (INPUT + START + END * CORRID),
 ``accumulate_*`` the running sum of a sequence's inputs, kept as implicit state by the
-worker; ``one_slot`` is an accumulator with a single slot, for the backlog.
+worker; ``one_slot`` is an accumulator with a single slot, for the backlog
+(``unloaded_one_slot`` its twin, for an unload); ``accumulate_ensemble`` an ensemble over
+``accumulate_direct``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ IDLE_S = 0.4
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("sequences")
     write_repository(root, idle_us=int(IDLE_S * 1e6))
-    proc = ServerProcess(root).wait_ready()
+    # explicit: a test unloads a model (every one is loaded at start, as without it)
+    proc = ServerProcess(
+        root, args=["--model-control-mode", "explicit", "--load-model", "*"]
+    ).wait_ready()
     yield proc
     assert proc.stop() == 0
 
@@ -178,6 +183,28 @@ def test_implicit_state_of_interleaved_sequences(server: ServerProcess, model: s
     assert after["queue"]["count"] - before["queue"]["count"] == requests
 
 
+def test_an_ensemble_passes_its_sequence_to_a_sequence_step(server: ServerProcess) -> None:
+    """``accumulate_ensemble``'s one step is an accumulator with implicit state: the
+    ensemble request's sequence_id / start / end reach it (Triton passes the correlation
+    id to its steps), for two interleaved sequences, over HTTP and gRPC; without an id the
+    step refuses it in Triton's words."""
+    model = "accumulate_ensemble"
+    with (
+        httpclient.InferenceServerClient(server.host_port) as http,
+        grpcclient.InferenceServerClient(server.grpc_url) as grpc,
+    ):
+        got: dict[int | str, list[int]] = {7100: [], "ens-b": []}
+        for i in range(4):
+            first, last = i == 0, i == 3
+            got[7100].append(_http_infer(http, model, 1, 7100, start=first, end=last))
+            got["ens-b"].append(_grpc_infer(grpc, model, 10, "ens-b", start=first, end=last))
+        with pytest.raises(InferenceServerException) as info:
+            _http_infer(http, model, 1, 0)
+        assert info.value.status() == "400"
+        assert "must specify a non-zero or non-empty correlation ID" in str(info.value)
+    assert got == {7100: [1, 2, 3, 4], "ens-b": [10, 20, 30, 40]}
+
+
 def test_a_model_without_batching(server: ServerProcess) -> None:
     """``max_batch_size: 0``: controls and state of shape [1], inputs as the client sends them."""
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -252,6 +279,24 @@ def test_the_backlog_waits_for_a_slot_until_its_timeout(server: ServerProcess) -
     assert after["success"]["count"] - before["success"]["count"] == 2
     assert after["fail"]["count"] - before["fail"]["count"] == 1
     assert after["queue"]["ns"] - before["queue"]["ns"] >= 0.2e9  # 5002 waited for the slot
+
+
+def test_unloading_answers_the_backlog_at_once(server: ServerProcess) -> None:
+    """A START waiting in the backlog for a slot is answered 503 when its model is
+    unloaded, as the dynamic batcher answers its queue, not at its deadline (120 s)."""
+    model = "unloaded_one_slot"
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, model, 1, 5500, start=True) == 1  # holds the one slot
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_grpc_once, server, model, 7, 5501)
+            assert wait_for(lambda: pending(server, model) == 1), server.log
+            client.unload_model(model)
+            with pytest.raises(InferenceServerException) as info:
+                waiting.result(timeout=30)
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+        assert f"model '{model}' version 1 was unloaded while this request was queued" in str(
+            info.value
+        )
 
 
 def test_sequence_models_need_no_client_side_control_inputs(server: ServerProcess) -> None:

@@ -5,7 +5,9 @@ with implicit state.
 - ``simple_sequence``: OUTPUT = READY * (INPUT + START), direct strategy;
 - ``simple_dyna_sequence``: OUTPUT = READY * (INPUT + START + END * CORRID), oldest;
 - ``accumulate``: OUTPUT = ACC_IN + INPUT * READY, ACC_OUT = OUTPUT: the running sum of a
-  sequence's inputs, carried by the worker as implicit state (ACC_IN <- ACC_OUT).
+  sequence's inputs, carried by the worker as implicit state (ACC_IN <- ACC_OUT);
+- ``accumulate_ensemble``: an ensemble whose one step is ``accumulate_direct`` (its
+  requests' sequence parameters go to the step, as in Triton).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
+
+from tests.support.ensemble_models import ensemble_config, write_ensemble
 
 INT32 = TensorProto.INT32
 
@@ -184,6 +188,11 @@ def write_repository(root: Path, idle_us: int = 1_000_000, count: int = 1) -> No
             ACCUMULATE,
             {"strategy": "direct { }", "idle_us": 60_000_000, "max_batch": 1},
         ),
+        "unloaded_one_slot": (  # one_slot's twin, unloaded by a test
+            write_accumulate,
+            ACCUMULATE,
+            {"strategy": "direct { }", "idle_us": 60_000_000, "max_batch": 1},
+        ),
         "accumulate_oldest": (
             write_accumulate,
             ACCUMULATE,
@@ -198,3 +207,14 @@ def write_repository(root: Path, idle_us: int = 1_000_000, count: int = 1) -> No
     for name, (write, template, values) in models.items():
         write(root / name / "1" / "model.onnx")
         (root / name / "config.pbtxt").write_text(template.format(name=name, count=count, **values))
+    tensor = [("INPUT", "TYPE_INT32", "[ 1 ]")]
+    write_ensemble(
+        root,
+        "accumulate_ensemble",
+        ensemble_config(
+            "accumulate_ensemble",
+            [("accumulate_direct", {"INPUT": "INPUT"}, {"OUTPUT": "OUTPUT"})],
+            tensor,
+            [("OUTPUT", "TYPE_INT32", "[ 1 ]")],
+        ),
+    )

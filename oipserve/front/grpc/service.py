@@ -27,6 +27,7 @@ from oipserve.front.grpc.convert import (
     schedule_parameters,
 )
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.models.ensemble import takes_sequence
 from oipserve.request import sequence_params
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference
@@ -206,11 +207,9 @@ class InferenceService:
                 if count:
                     classes[output.name] = count
             priority, timeout_us = schedule_parameters(message.parameters)
-            config = model.config
+            # a sequence model, or an ensemble with one as a step
             sequence = (
-                sequence_params.from_grpc(message.parameters)
-                if config is not None and config.sequence_batching is not None
-                else None
+                sequence_params.from_grpc(message.parameters) if takes_sequence(model) else None
             )
         except Exception as exc:
             for held in [*owned, *into_regions.values()]:

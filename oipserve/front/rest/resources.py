@@ -25,6 +25,7 @@ from oipserve.front.rest.body import Body, read_body
 from oipserve.front.rest.encode import ENCODER
 from oipserve.front.rest.media import HEADER_LENGTH
 from oipserve.front.rest.render import outputs_to_print, print_in_steps, render_infer
+from oipserve.models.ensemble import takes_sequence
 from oipserve.models.registry import ModelVersion
 from oipserve.request import sequence_params
 from oipserve.request.client_regions import RegionUse, region_parameters
@@ -171,7 +172,7 @@ class ModelResource:
                     text_outputs = list(target.output_map)
                 request_id = request.id
                 priority, timeout_us = schedule_parameters(request.parameters)
-                if target.config is not None and target.config.sequence_batching is not None:
+                if takes_sequence(target):  # a sequence model, or an ensemble with one
                     sequence = sequence_params.from_json(request.parameters)
         except BaseException as exc:
             for held in [*owned, *into_regions.values()]:
