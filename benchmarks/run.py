@@ -80,6 +80,14 @@ def parse_args() -> argparse.Namespace:
         "rounds as 'oipserve-base': an A/B of two builds in one run",
     )
     p.add_argument(
+        "--http-workers",
+        default="auto",
+        metavar="N|auto|none",
+        help="OIPSERVE_HTTP_WORKERS for every oipserve started (the candidate and --baseline): "
+        "auto, as the README's command and the KServe runtimes run it (default); none leaves "
+        "it unset (a build before 2026-11-28 refuses auto: give it a number or none)",
+    )
+    p.add_argument(
         "--servers",
         default=",".join(DEFAULT_SERVERS),
         help=f"comma list from {','.join(ALL_SERVERS)}",
@@ -995,9 +1003,14 @@ def main() -> None:
         if ns.scenarios == "all"
         else [s for s in SCENARIOS if s.key in ns.scenarios.split(",")]
     )
+    if ns.http_workers != "none":
+        # NOTE: read by every oipserve the harness starts (servers.start_oipserve passes
+        #   its environment on); the flag is not given, so the variable decides.
+        os.environ["OIPSERVE_HTTP_WORKERS"] = ns.http_workers
     bench = Bench(ns)
     bench.machine = machine_info()
-    bench.versions["oipserve"] = f"git {git_rev()} (`{ns.oipserve}`)"
+    fronts = "" if ns.http_workers == "none" else f", OIPSERVE_HTTP_WORKERS={ns.http_workers}"
+    bench.versions["oipserve"] = f"git {git_rev()} (`{ns.oipserve}`{fronts})"
     if ns.baseline:
         bench.versions["oipserve (baseline)"] = f"`{ns.baseline}`"
     bench.versions["wrk"] = wrk_version()

@@ -35,6 +35,29 @@ def usable_cpus(
     return max(1, cpus)
 
 
+#: Most fronts ``--http-workers auto`` starts. Measured up to 2 (2 cores); beyond, each
+#: front adds an event loop, a connection to every worker and a batcher of its own
+#: (batches form per front), so the rule stays at 4 until the curve on a many-core node
+#: (``benchmarks/front_scaling.py``) says more pay (docs/scaling.md, "The default number
+#: of fronts").
+AUTO_MAX_FRONTS = 4
+#: Usable CPUs per front from 12 CPUs: fronts take at most a quarter of the node, the rest
+#: is the workers' (model runs, ONNX Runtime's threads, pre-processing).
+CPUS_PER_FRONT = 4
+
+
+def fronts_for(cpus: int) -> int:
+    """``--http-workers auto``: how many HTTP fronts to run on ``cpus`` usable CPUs.
+
+    1 on one CPU (a second front would only take turns with the first); 2 from 2 CPUs
+    (on 2 cores two fronts gave 1.05-1.29x one at c >= 4, and level at c = 1); from 12
+    CPUs one per ``CPUS_PER_FRONT``, at most ``AUTO_MAX_FRONTS``.
+    """
+    if cpus < 2:
+        return 1
+    return min(AUTO_MAX_FRONTS, max(2, cpus // CPUS_PER_FRONT))
+
+
 def cgroup_cpu_quota(cgroup_root: Path, own_cgroup: Path) -> float | None:
     """The CPU quota (in CPUs) of this process's cgroup, None where there is none."""
     v2_dirs, v1_dirs = _own_dirs(cgroup_root, _read(own_cgroup) or "")

@@ -33,6 +33,51 @@ def _ratio(a: float | None, b: float | None) -> float:
     return a / b
 
 
+def cpu_us(cell: dict[str, Any] | None) -> float:
+    """Server CPU µs per request of a cell; derived from its CPU % and req/s in results
+    saved before the harness kept the figure (2026-11-28)."""
+    if not cell:
+        return NAN
+    value = cell.get("server_cpu_us")
+    if value is not None and not (isinstance(value, float) and math.isnan(value)):
+        return float(value)
+    pct, rps = cell.get("server_cpu_pct"), cell.get("rps")
+    if pct is None or not rps or math.isnan(pct) or math.isnan(rps) or pct <= 0:
+        return NAN  # no CPU seen: the window missed the load (``cpu_us_per_request``)
+    return pct * 1e4 / rps
+
+
+#: Issue 40's row-by-row goals against Triton: (goal, oipserve's figure over Triton's, the
+#: bound, whether the ratio must stay at or below it, which rows count).
+_TRITON_ROW_GOALS: tuple[tuple[str, str, float, bool, str], ...] = (
+    ("default configuration: oipserve ≥ 1.0× Triton's req/s on every row", "rps", 1.0, False, ""),
+    ("p99 ≤ 1.5× Triton's on every row", "p99_ms", 1.5, True, ""),
+    ("server CPU per request ≤ 1.0× Triton's on every row", "cpu_us", 1.0, True, ""),
+    ("c=1: oipserve p50 ≤ Triton's", "p50_ms", 1.0, True, "-c1"),
+)
+
+
+def _figure(cell: dict[str, Any] | None, what: str) -> float:
+    if not cell:
+        return NAN
+    return cpu_us(cell) if what == "cpu_us" else float(cell.get(what, NAN))
+
+
+def triton_row_ratios(
+    summary: dict[str, Any], what: str, suffix: str = ""
+) -> list[tuple[str, float]]:
+    """oipserve's ``what`` over Triton's, per scenario both measured (ending in ``suffix``)."""
+    rows = []
+    for scen in summary["scenarios"]:
+        if not scen["key"].endswith(suffix):
+            continue
+        oip, tri = _cell(summary, "oipserve", scen["key"]), _cell(summary, "triton", scen["key"])
+        r = _ratio(_figure(oip, what), _figure(tri, what))
+        if not math.isnan(r):
+            rows.append((scen["key"], r))
+    return rows
+
+
 def bottleneck_text(summary: dict[str, Any], scenario: str) -> str:
     """What the CPU accounting and the profiler say about oipserve in `scenario`."""
     parts = []
@@ -74,7 +119,7 @@ def bottleneck_text(summary: dict[str, Any], scenario: str) -> str:
 
 
 def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The four goals of issue 7 (plus overload), each met / missed / not measured."""
+    """The goals of issues 7 and 40 (plus overload), each met / missed / not measured."""
     goals: list[dict[str, Any]] = []
 
     def add(
@@ -207,6 +252,24 @@ def evaluate_goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
         "oipserve or the floor has no result",
         ("oipserve", "floor"),
     )
+    for goal, what, bound, at_most, suffix in _TRITON_ROW_GOALS:
+        rows = triton_row_ratios(summary, what, suffix)
+        missed = [(k, r) for k, r in rows if (r > bound if at_most else r < bound)]
+        worst = max(rows, key=lambda kr: kr[1] if at_most else -kr[1]) if rows else None
+        measured = "—"
+        if worst:
+            measured = f"worst {worst[1]:.2f}× ({worst[0]}), {len(rows) - len(missed)} of "
+            measured += f"{len(rows)} rows within"
+            if missed:
+                measured += "; missed: " + ", ".join(f"{k} {r:.2f}×" for k, r in missed)
+        add(
+            goal,
+            measured,
+            None if not rows else not missed,
+            worst[0] if worst else "",
+            "oipserve or Triton has no result",
+            ("oipserve", "triton"),
+        )
     over = next((o for o in summary.get("overload", []) if o["server"] == "oipserve"), None)
     add(
         "overload (2× saturating rate"
@@ -266,7 +329,9 @@ def render(summary: dict[str, Any]) -> str:
         "req/s, p50 and p99 are medians over rounds; *range* is the min–max req/s over rounds; "
         "*client CPU* is the load generator's own CPU (% of one core) and *server CPU* the whole "
         "server process tree's, both over the measured window (2 cores = 200%); *other CPU* is "
-        "what the rest of the machine (other tenants of this shared box) used meanwhile. "
+        "what the rest of the machine (other tenants of this shared box) used meanwhile; "
+        "*CPU µs/req* is the server's CPU per request (server CPU over req/s, median over "
+        "rounds). "
         "‡ marks a figure measured while other tenants used more than 60% of a core (median "
         "over rounds): compare it with care. *vs oipserve* is "
         "oipserve's req/s divided by that server's (for the floor: the server's share of it). "
@@ -284,9 +349,9 @@ def render(summary: dict[str, Any]) -> str:
         w("")
         w(
             "| scenario | server | req/s | range | p50 ms | p99 ms | MB/s | errors | client CPU "
-            "| server CPU | other CPU | vs oipserve |"
+            "| server CPU | CPU µs/req | other CPU | vs oipserve |"
         )
-        w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         skipped: list[str] = []
         for scen in scens:
             oip = _cell(s, "oipserve", scen["key"])
@@ -309,7 +374,7 @@ def render(summary: dict[str, Any]) -> str:
                     f"{_num(c['p50_ms'], '{:.2f}')} | {_num(c['p99_ms'], '{:.2f}')} | "
                     f"{_num(c['mbps'], '{:,.0f}')} | {c['errors']} | "
                     f"{_num(c['client_cpu_pct'], '{:.0f}%')} | "
-                    f"{_num(c['server_cpu_pct'], '{:.0f}%')} | "
+                    f"{_num(c['server_cpu_pct'], '{:.0f}%')} | {_num(cpu_us(c))} | "
                     f"{_num(c.get('other_cpu_pct'), '{:.0f}%')} | {vs} |"
                 )
             for key, why in sorted(unsupported.items()):

@@ -106,6 +106,9 @@ class Cell:
     mbps: float | None = None
     client_cpu_pct: float = math.nan
     server_cpu_pct: float = math.nan
+    #: Server CPU per request (µs): the server tree's CPU over the window divided by the
+    #: requests answered in it, the median over rounds (of each round's own ratio).
+    server_cpu_us: float = math.nan
     other_cpu_pct: float = math.nan
     errors: int = 0
     note: str = ""
@@ -116,6 +119,17 @@ class Cell:
 def _median(values: list[float]) -> float:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(vals) if vals else math.nan
+
+
+def cpu_us_per_request(cpu_pct: float, rps: float) -> float:
+    """CPU µs one request cost: ``cpu_pct`` % of a core over a window at ``rps`` req/s.
+
+    None (NaN) where no CPU was seen: a server that answered used some, so the CPU window
+    missed the load (the gRPC client's window is estimated, and a loaded machine may
+    start the client late): better no figure than a CPU goal met by 0 µs."""
+    if not rps or math.isnan(rps) or cpu_pct is None or math.isnan(cpu_pct) or cpu_pct <= 0:
+        return math.nan
+    return cpu_pct * 1e4 / rps
 
 
 def aggregate(measurements: list[Measurement], server: str, scenario: str) -> Cell:
@@ -136,6 +150,7 @@ def aggregate(measurements: list[Measurement], server: str, scenario: str) -> Ce
         cell.mbps = _median([m.mbps for m in good if m.mbps is not None])
     cell.client_cpu_pct = _median([m.client_cpu_pct for m in good])
     cell.server_cpu_pct = _median([m.server_cpu_pct for m in good])
+    cell.server_cpu_us = _median([cpu_us_per_request(m.server_cpu_pct, m.rps) for m in good])
     cell.other_cpu_pct = _median([m.other_cpu_pct for m in good])
     cell.errors = sum(m.errors for m in runs)
     points = [p for p, _ in good[0].percentiles_ms]

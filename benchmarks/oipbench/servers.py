@@ -166,8 +166,9 @@ def start_oipserve(
             "inter-op 1, sequential, spinning off (oipserve's own rule; the config.pbtxt the "
             f"harness writes also says instance_group count {tuning.instances} and "
             f"intra_op_thread_count={tuning.intra_op_threads})",
-            "one front process (Falcon ASGI on uvicorn) handing tensors to the workers through "
-            "shared memory",
+            "front processes (Falcon ASGI on uvicorn, HTTP/2 for gRPC) handing tensors to the "
+            "workers through shared memory: OIPSERVE_HTTP_WORKERS="
+            f"{os.environ.get('OIPSERVE_HTTP_WORKERS', 'unset (one front)')}",
         ],
     )
     grpc_port = free_port()

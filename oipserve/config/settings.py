@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 import oipserve
+from hardware.cpus import fronts_for, usable_cpus
 from oipserve.config.access import Restriction, RestrictionError, parse_restrictions
 from oipserve.config.cache_config import CacheConfigError, cache_bytes
 from oipserve.config.metrics_config import MetricsConfigError, parse_metrics_config
@@ -73,7 +74,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
     #: more, each with its own event loop and its own connection to every worker; they
     #: answer inference of repository models themselves and hand this process
-    #: everything else (docs/scaling.md).
+    #: everything else (docs/scaling.md). ``auto``, the command line's default (flag or env
+    #: may name a number), is resolved at load from the usable CPUs
+    #: (``hardware.cpus.fronts_for``); 1 here is for settings built in code.
     http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     devices: str = "auto"
     instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
@@ -296,9 +299,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--http-workers",
-        metavar="N",
+        metavar="N|auto",
         help="serve HTTP from N processes that share the port, each with its own event loop "
-        "and connections to the workers (1: this process alone); see docs/scaling.md",
+        "and connections to the workers (1: this process alone); auto (the default): from "
+        "the CPUs this process may use (cgroup quota, affinity): 1 on one, 2 from 2, one "
+        "per 4 from 12, at most 4; see docs/scaling.md",
     )
     serve.add_argument(
         "--devices",
@@ -543,10 +548,15 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     _check_model_control(values.get("model_control_mode"))
     if values.get("grpc_processes") == "auto":
         del values["grpc_processes"]  # Settings' default, 0
+    auto_fronts = values.get("http_workers", "auto") == "auto"  # the default (issue #40)
+    if auto_fronts:
+        values["http_workers"] = fronts_for(usable_cpus())
     try:
         settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(_describe(str(exc))) from None
+    if auto_fronts and not settings.allow_http:
+        settings = msgspec.structs.replace(settings, http_workers=1)  # no port to share
     _check_load_model(settings)
     _check_model_name(settings.model_name)
     if settings.http_workers > 1 and not settings.allow_http:

@@ -24,7 +24,13 @@ def run_cli(
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={**os.environ, "OIPSERVE_METRICS_PORT": "0", **(env or {})},
+        # (one HTTP front, as tests/support/server.py: the default would start two here)
+        env={
+            **os.environ,
+            "OIPSERVE_METRICS_PORT": "0",
+            "OIPSERVE_HTTP_WORKERS": "1",
+            **(env or {}),
+        },
     )
 
 

@@ -55,7 +55,15 @@ class ServerProcess:
                 "0",
                 *args,
             ]
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # NOTE: one HTTP front unless a test asks for more (flag or env): the default,
+        #   --http-workers auto, would start two on this machine in every test's server
+        #   (tests/e2e/test_http_workers.py and others run several on purpose).
+        full_env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OIPSERVE_HTTP_WORKERS": "1",
+            **(env or {}),
+        }
         self.process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,
