@@ -5,9 +5,9 @@ The steps: ``preprocess`` (``(x - 0.5) / 0.25`` over ``[-1, 1024]`` FP32, a smal
 feeding ``matmul_relu`` (the harness's ``[n, 1024] x [1024, 1024]`` MatMul + Relu,
 model-repository/build.py). Three ways to get the same answer:
 
-- ``ensemble``: one request to oipserve's ``pre_matmul`` (``platform: "ensemble"``); the
-  intermediate tensor stays in the workers' shared memory (docs/ensembles.md: 1 copy of it,
-  by the first step's worker);
+- ``ensemble``: one request to oipserve's ``pre_matmul`` (``platform: "ensemble"``); its
+  two steps are a chain (docs/ensembles.md): one worker runs both from one message and feeds
+  the intermediate tensor from one to the other in its memory (0 copies of it);
 - ``client``: the client calls oipserve's ``preprocess``, gets the intermediate tensor back,
   and sends it to ``matmul_relu`` (two round trips; the intermediate crosses the socket
   twice);

@@ -23,7 +23,6 @@ from time import monotonic_ns
 import msgspec
 
 from oipserve.wire.datatypes import element_count, split_bytes_elements
-from oipserve.wire.images import ImageError
 from oipserve.wire.messages import (
     DecodeJson,
     EndSequences,
@@ -39,6 +38,7 @@ from oipserve.wire.messages import (
     LoadModel,
     ParseJson,
     Release,
+    StepTimes,
     Stop,
     TensorDesc,
     ToWorker,
@@ -49,6 +49,8 @@ from oipserve.wire.messages import (
 )
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling
+from workers.chains import run_chain
+from workers.failures import SEE_LOG, run_failure
 from workers.fronts import FrontConnection, accept_front
 from workers.heap import return_free_heap
 from workers.images import decode_batch, quiet_opencv
@@ -60,7 +62,8 @@ from workers.sequence_state import SequenceStates
 log = logging.getLogger("oipserve.worker")
 
 #: Ends the client's message for an unexpected failure; the traceback is logged.
-_SEE_LOG = " (an internal error; the server log has the details)"
+#: An InferDone's steps when it answers no ensemble chain (shared, never changed).
+_NO_STEPS: list[StepTimes] = []
 
 
 class Worker:
@@ -234,7 +237,7 @@ class Worker:
                 self.starter,
                 message.rid,
                 ErrorKind.INTERNAL,
-                f"loading '{message.key}' failed{_SEE_LOG}",
+                f"loading '{message.key}' failed{SEE_LOG}",
             )
             return
         self.sessions[message.key] = session
@@ -277,7 +280,7 @@ class Worker:
             return
         except Exception:
             log.exception("%s a JSON request body failed", doing)
-            self.fail(connection, rid, ErrorKind.INTERNAL, f"{doing} the request failed{_SEE_LOG}")
+            self.fail(connection, rid, ErrorKind.INTERNAL, f"{doing} the request failed{SEE_LOG}")
             return
         self.reply(connection, reply)
 
@@ -292,19 +295,12 @@ class Worker:
                 f"model '{message.key}' is not loaded here",
             )
             return
+        if message.chain:  # an ensemble's steps, one after another here
+            run_chain(self, message, connection, started)
+            return
         targets = {t.name: t for t in message.targets}
         try:
-            feeds: dict[str, object] = {}  # arrays, or OrtValues (BF16)
-            for t in message.inputs:
-                buf = self._input(t, connection)
-                if t.image is not None:  # encoded images: decode here, not in the front
-                    # NOTE: the front checked that the length prefixes tile the data.
-                    parts = split_bytes_elements(buf)
-                    feeds[t.name] = decode_batch(t.name, parts, t.image)
-                    del parts  # the views pin the segment's mapping
-                else:
-                    feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
-                del buf
+            feeds = self.feeds(message.inputs, session, connection)
             names = message.outputs or [m.name for m in session.outputs]
             if message.sequence is not None:  # a sequence model: its implicit state
                 names = self.sequences.feed(message.key, message.sequence, feeds, names)
@@ -335,20 +331,8 @@ class Worker:
                 names, values = self.sequences.keep(message.key, message.sequence, names, values)
             del feeds
             ran = monotonic_ns()
-        except (runtime.RequestError, ImageError, RegionError) as exc:
-            self.fail(connection, message.rid, ErrorKind.INVALID_INPUT, str(exc))
-            return
         except Exception as exc:  # report it and keep serving
-            if runtime.rejects_input(exc):
-                self.fail(connection, message.rid, ErrorKind.INVALID_INPUT, f"onnxruntime: {exc}")
-            else:
-                log.exception("model '%s' failed while running", message.key)
-                self.fail(
-                    connection,
-                    message.rid,
-                    ErrorKind.INTERNAL,
-                    f"model '{message.key}' failed{_SEE_LOG}",
-                )
+            self.fail(connection, message.rid, *run_failure(exc, message.key))
             return
         if bound is not None:
             descs = [
@@ -392,6 +376,23 @@ class Worker:
             return
         self._done(connection, message.rid, segment, descs, started, fed, ran)
 
+    def feeds(
+        self, inputs: list[TensorDesc], session: runtime.ModelSession, connection: FrontConnection
+    ) -> dict[str, object]:
+        """A request's inputs as ONNX Runtime takes them: arrays, or OrtValues (BF16)."""
+        feeds: dict[str, object] = {}
+        for t in inputs:
+            buf = self._input(t, connection)
+            if t.image is not None:  # encoded images: decode here, not in the front
+                # NOTE: the front checked that the length prefixes tile the data.
+                parts = split_bytes_elements(buf)
+                feeds[t.name] = decode_batch(t.name, parts, t.image)
+                del parts  # the views pin the segment's mapping
+            else:
+                feeds[t.name] = session.feed(t.name, t.datatype, t.shape, buf)
+            del buf
+        return feeds
+
     def _input(self, t: TensorDesc, connection: FrontConnection) -> memoryview:
         """An input's bytes: in a segment of the front's, or in a client's region."""
         if t.region is None:
@@ -421,16 +422,16 @@ class Worker:
         started: int,
         fed: int,
         ran: int,
+        steps: list[StepTimes] = _NO_STEPS,  # an ensemble chain's (workers.chains)
     ) -> None:
         dropped = connection.dropped[:]
         connection.dropped.clear()
         copied = monotonic_ns()
-        self.reply(
-            connection,
-            InferDone(
-                rid, segment, descs, dropped, started, fed - started, ran - fed, copied - ran
-            ),
+        input_ns, infer_ns, output_ns = fed - started, ran - fed, copied - ran
+        done = InferDone(
+            rid, segment, descs, dropped, started, input_ns, infer_ns, output_ns, steps
         )
+        self.reply(connection, done)
 
     def close(self) -> None:
         for connection in self.connections:

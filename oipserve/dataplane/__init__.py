@@ -16,4 +16,6 @@
   their sequence batcher (``scheduling.sequence``; docs/sequences.md).
 - ``ensemble``: requests of ensembles: each step a request of its composing model, the
   tensors between steps left in the workers' segments (docs/ensembles.md).
+- ``ensemble_chains``: consecutive steps of an ensemble sent as one request that one worker
+  runs (``workers.chains``), the tensors between them never leaving its memory.
 """

@@ -25,6 +25,11 @@ copy between shared-memory segments, docs/ensembles.md has the counts).
 its start until every step reading its outputs is done; past the limit, requests wait
 for a slot before the step, so a slow later step holds back the earlier ones.
 
+Consecutive steps that only ever run one right after the other, of models that run requests
+alone, go as ONE request of one worker that runs them all (``ensemble_chains``,
+``workers.chains``): the tensors between them stay in that worker's memory, not even in a
+segment.
+
 Statistics: each step counts in its composing model's statistics like any request; the
 ensemble counts each request once, a failure with reason OTHER (as Triton's ensembles).
 """
@@ -32,17 +37,19 @@ ensemble counts each request once, a failure with reason OTHER (as Triton's ense
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from time import monotonic_ns
 from typing import TYPE_CHECKING, cast
 
 from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.ensemble_chains import Chain, ChainPlan, plan_chains, run_chain
 from oipserve.dataplane.intake import Intake
 from oipserve.dataplane.strategies import Strategy, Unbatched
 from oipserve.errors import InferenceFailed, InvalidInput, Unavailable
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
+from oipserve.request.checks import check_output_names
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.telemetry.stats import FailureReason, ModelStats
@@ -53,6 +60,8 @@ if TYPE_CHECKING:
     from oipserve.wire.shm import SegmentCache
 
 __all__ = ["EnsembleRunner", "Held"]
+
+_NO_CHAINS: dict[int, Chain] = {}
 
 
 class Held:
@@ -207,11 +216,12 @@ class EnsembleRunner:
             model.check_serving()
             tensors = _client_tensors(model, inference, client)
             wanted = _wanted_outputs(model, inference.output_names)
+            chains = self._chains(model) if model.chain_runs else _NO_CHAINS
         except BaseException:
             client.release()
             stats.request_failed(FailureReason.OTHER, monotonic_ns() - start)
             raise
-        run = _Run(self, model, inference, tensors, client)
+        run = _Run(self, model, inference, tensors, client, chains)
         try:
             outputs = await run.execute(wanted)
         except BaseException:
@@ -221,6 +231,22 @@ class EnsembleRunner:
         stats.executed(batch, 0, 0, 0)  # NOTE: its steps' compute counts in their models
         stats.request_succeeded(batch, monotonic_ns() - start, 0, 0, 0, 0)
         return outputs
+
+    def _chains(self, model: EnsembleVersion) -> dict[int, Chain]:
+        """The ensemble's chains for the versions its steps resolve to now; planned again
+        only when one of those changed (a reload, a new version)."""
+        composing = tuple(model.step_model(i) for i in range(len(model.plan.steps)))
+        plan = model.chain_plan
+        if not isinstance(plan, ChainPlan) or plan.composing != composing:
+            plan = plan_chains(
+                model.plan,
+                model.chain_runs,
+                composing,
+                frozenset(model.output_map),
+                lambda version: self.strategy_of(version) == self.unbatched,
+            )
+            model.chain_plan = plan
+        return plan.heads
 
 
 class _Run:
@@ -233,6 +259,7 @@ class _Run:
         inference: Inference,
         tensors: dict[str, _Tensor],
         client: Held,
+        chains: dict[int, Chain],
     ) -> None:
         self.runner = runner
         self.model = model
@@ -250,6 +277,8 @@ class _Run:
         self.readers = [len(c) for c in model.plan.consumers]
         #: Per step: whether it holds a slot of ``max_inflight_requests``.
         self.slotted = [False] * len(steps)
+        #: A chain's first step -> the chain (``ensemble_chains``).
+        self.chains = chains
 
     async def execute(self, wanted: list[str]) -> InferResult:
         """Every step, in dependency order and in parallel where possible; the outputs.
@@ -263,17 +292,17 @@ class _Run:
             while ready or running:
                 if len(ready) == 1 and not running:
                     index = ready.pop()
-                    await self._step(index)
-                    ready = self._finished(index)
+                    await self._unit(index)
+                    ready = self._unit_finished(index)
                     continue
                 for index in ready:
-                    running[asyncio.ensure_future(self._step(index))] = index
+                    running[asyncio.ensure_future(self._unit(index))] = index
                 ready = []
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     index = running.pop(task)
                     task.result()  # a step's failure fails the request
-                    ready.extend(self._finished(index))
+                    ready.extend(self._unit_finished(index))
             return self._result(wanted)
         except BaseException:
             for task in running:
@@ -286,6 +315,21 @@ class _Run:
             raise
         finally:
             self._end()
+
+    def _unit(self, index: int) -> Awaitable[None]:
+        """Step ``index``, or the chain it starts (``ensemble_chains``)."""
+        chain = self.chains.get(index)
+        return self._step(index) if chain is None else self._chain(chain)
+
+    def _unit_finished(self, index: int) -> list[int]:
+        """``_finished`` of step ``index`` or of every step of the chain it starts."""
+        chain = self.chains.get(index)
+        if chain is None:
+            return self._finished(index)
+        ready: list[int] = []
+        for step in chain.steps:
+            ready.extend(i for i in self._finished(step) if i not in chain.members)
+        return ready
 
     def _finished(self, index: int) -> list[int]:
         """Steps whose last missing input step ``index`` wrote; slots it let go."""
@@ -313,12 +357,7 @@ class _Run:
             await slots[index].acquire()
             self.slotted[index] = True
         composing = model.step_model(index)
-        inputs = []
-        owned: list[Lease | RegionUse] = []
-        for model_input, name in step.input_map.items():
-            tensor = self.tensors[name]
-            inputs.append(tensor.as_input(model_input))
-            owned.append(cast(Lease, tensor.held.part()))  # (see _Tensor.as_input)
+        inputs, owned = self._step_inputs(index)
         remaining = max(self.deadline - runner.loop.time(), 1e-6)
         request = Inference(
             composing,
@@ -340,20 +379,99 @@ class _Run:
         try:
             result = await strategy(request, runner.stats_of(composing), monotonic_ns())
         except InferenceFailed:
-            # NOTE: the worker that wrote an input died and its segment went with it: the
-            #   step's worker could not map it. Retryable, not the model's fault.
-            for model_input, name in step.input_map.items():
-                worker = self.tensors[name].held.worker
-                if worker is not None and not worker.alive:
-                    raise Unavailable(
-                        f"ensemble '{model.name}': the worker that made input '{model_input}' "
-                        f"of step {index} (model '{step.model_name}') stopped; retry",
-                        retry_after=1,
-                    ) from None
+            self._check_inputs_alive(index)
             raise
         finally:
             composing.in_flight -= 1
         self._keep(index, result, dispatch)
+
+    def _check_inputs_alive(self, index: int) -> None:
+        """After step ``index`` failed: Unavailable when the worker that wrote one of its
+        inputs died (its segment went with it: the step's worker could not map it).
+        Retryable, not the model's fault."""
+        step = self.model.plan.steps[index]
+        for model_input, name in step.input_map.items():
+            worker = self.tensors[name].held.worker
+            if worker is not None and not worker.alive:
+                raise Unavailable(
+                    f"ensemble '{self.model.name}': the worker that made input '{model_input}' "
+                    f"of step {index} (model '{step.model_name}') stopped; retry",
+                    retry_after=1,
+                ) from None
+
+    async def _chain(self, chain: Chain) -> None:
+        """The steps of ``chain`` as one request of a worker that holds all their models
+        (``workers.chains``); one by one as usual when no worker holds them all."""
+        worker = self._chain_worker(chain)
+        if worker is None:
+            for index in chain.steps:
+                await self._step(index)
+            return
+        head = chain.steps[0]
+        inputs, owned = self._step_inputs(head)
+        first = chain.models[0]
+        request = Inference(first, inputs, chain.outputs, owned, priority=self.inference.priority)
+        for composing in chain.models:
+            composing.in_flight += 1
+        try:
+            runner = self.runner
+            done = await run_chain(
+                runner.intake, runner.stats_of, request, chain, worker, self.deadline
+            )
+        except InferenceFailed:
+            self._check_inputs_alive(head)
+            raise
+        finally:
+            for composing in chain.models:
+                composing.in_flight -= 1
+        self._keep_chain(worker, done)
+
+    def _chain_worker(self, chain: Chain) -> WorkerLink | None:
+        """The worker for ``chain``: this request's last one when idle and holding every
+        model of it, else the least busy one that does (503 when the first step's model
+        is overloaded); None when none holds them all."""
+        keys = chain.keys
+        pin = self.pin
+        if pin:
+            pinned = pin[0]
+            if pinned.alive and pinned.in_flight == 0 and all(k in pinned.models for k in keys):
+                return pinned
+        best = chain.models[0].pick(self.runner.dispatch.max_queue)
+        if not all(k in best.models for k in keys):
+            found = [w for w in chain.models[0].instances() if all(k in w.models for k in keys)]
+            if not found:
+                return None
+            best = min(found, key=_load)
+        if pin:
+            pin[0] = best
+        else:
+            pin.append(best)
+        return best
+
+    def _keep_chain(self, worker: WorkerLink, done: InferDone) -> None:
+        """A chain's tensors the front needs, where the worker wrote them."""
+        segment = done.segment
+        release = worker.release_outputs
+        if not segment:
+            return
+        buf = memoryview(self.runner.dispatch.outputs.get(segment).buf.obj)
+        held = Held(segment, buf, lambda: release(segment), worker)
+        self.held.append(held)
+        for desc in done.outputs:
+            data = buf[desc.offset : desc.offset + desc.nbytes]
+            self.tensors[desc.name] = _Tensor(
+                desc.name, desc.datatype, desc.shape, held, data=data, offset=desc.offset
+            )
+
+    def _step_inputs(self, index: int) -> tuple[list[InputTensor], list[Lease | RegionUse]]:
+        """Step ``index``'s inputs, where they lie, each with a hold on what it lies in."""
+        inputs = []
+        owned: list[Lease | RegionUse] = []
+        for model_input, name in self.model.plan.steps[index].input_map.items():
+            tensor = self.tensors[name]
+            inputs.append(tensor.as_input(model_input))
+            owned.append(cast(Lease, tensor.held.part()))  # (see _Tensor.as_input)
+        return inputs, owned
 
     def _keep(self, index: int, result: InferResult, dispatch: _StepDispatch | None) -> None:
         """A step's outputs as ensemble tensors, where they lie."""
@@ -401,6 +519,10 @@ class _Run:
             self._free_slot(index)
         for held in self.held:
             held.release()
+
+
+def _load(worker: WorkerLink) -> int:
+    return worker.in_flight + worker.away
 
 
 def _release(owned: list[Lease | RegionUse] | list[Held]) -> None:
@@ -459,16 +581,7 @@ def _wanted_outputs(model: EnsembleVersion, names: list[str]) -> list[str]:
     """The outputs the request asks for (all when it names none), each checked once."""
     if not names:
         return [t.name for t in model.outputs]
-    seen: set[str] = set()
-    for name in names:
-        if name not in model.output_map:
-            raise InvalidInput(
-                f"unexpected requested output '{name}' for model '{model.name}' "
-                f"(its outputs: {', '.join(model.output_map)})"
-            )
-        if name in seen:
-            raise InvalidInput(f"output '{name}' already exists in request: it is requested twice")
-        seen.add(name)
+    check_output_names(model, names)
     return list(names)
 
 

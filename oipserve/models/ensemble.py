@@ -27,7 +27,7 @@ from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import ModelRegistry, ModelVersion
 
-__all__ = ["EnsembleVersion", "composing_names", "takes_sequence", "validate"]
+__all__ = ["EnsembleVersion", "chain_runs", "composing_names", "takes_sequence", "validate"]
 
 
 class EnsembleVersion(ModelVersion):
@@ -53,6 +53,11 @@ class EnsembleVersion(ModelVersion):
         self.step_slots: tuple[asyncio.Semaphore, ...] | None = (
             tuple(asyncio.Semaphore(limit) for _ in plan.steps) if limit else None
         )
+        #: Runs of steps that only ever run one right after the other: each may run as
+        #: one chain in one worker (``dataplane.ensemble_chains``); none with a limit.
+        self.chain_runs = () if limit else chain_runs(plan)
+        #: The data plane's ``ChainPlan`` for the composing versions it was made for.
+        self.chain_plan: object = None
 
     def step_model(self, index: int) -> ModelVersion:
         """The version that runs step ``index`` now; 503 naming the step when it has none."""
@@ -113,6 +118,29 @@ class EnsembleVersion(ModelVersion):
         missing = self._missing_step()
         if missing is not None:
             raise Unavailable(f"ensemble '{self.name}': {missing}", retry_after=1)
+
+
+def chain_runs(plan: EnsembleConfig) -> tuple[tuple[int, ...], ...]:
+    """The runs of two steps or more that only ever run one right after the other."""
+    producer = {
+        tensor: i for i, step in enumerate(plan.steps) for tensor in step.output_map.values()
+    }
+    claimed: set[int] = set()
+    runs = []
+    for first in range(len(plan.steps)):
+        if first in claimed:
+            continue
+        run = [first]
+        while len(plan.consumers[run[-1]]) == 1:
+            following = plan.consumers[run[-1]][0]
+            reads = plan.steps[following].input_map.values()
+            if following in claimed or any(producer.get(t, -1) not in run for t in reads):
+                break
+            run.append(following)
+        if len(run) > 1:
+            claimed.update(run)
+            runs.append(tuple(run))
+    return tuple(runs)
 
 
 def takes_sequence(model: ModelVersion) -> bool:

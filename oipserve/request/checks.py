@@ -28,7 +28,7 @@ from oipserve.wire.messages import OutputTarget
 if TYPE_CHECKING:
     from oipserve.request.client_regions import RegionUse
 
-__all__ = ["check_request", "output_targets"]
+__all__ = ["check_output_names", "check_request", "output_targets"]
 
 #: Triton's bound on an input's element count and byte size (int64_t).
 INT64_MAX = 2**63 - 1
@@ -81,6 +81,20 @@ def check_request(
             f"model '{model.name}' needs input(s) {', '.join(repr(m) for m in missing)}, "
             "which the request does not give"
         )
+    check_output_names(model, output_names)
+    return [
+        (
+            tensor,
+            shape,
+            *(payload(tensor, model.name) if tensor.image is None else image_payload_of(tensor)),
+        )
+        for tensor, shape in checked
+    ]
+
+
+def check_output_names(model: ModelVersion, output_names: list[str]) -> None:
+    """The requested outputs: each one of the model's, each once (InvalidInput otherwise).
+    Shared by every model's checks and an ensemble's (``dataplane.ensemble``)."""
     wanted: set[str] = set()
     for name in output_names:
         if name not in model.output_map:
@@ -91,14 +105,6 @@ def check_request(
         if name in wanted:
             raise InvalidInput(f"output '{name}' already exists in request: it is requested twice")
         wanted.add(name)
-    return [
-        (
-            tensor,
-            shape,
-            *(payload(tensor, model.name) if tensor.image is None else image_payload_of(tensor)),
-        )
-        for tensor, shape in checked
-    ]
 
 
 def output_targets(

@@ -146,6 +146,23 @@ class SequenceRows(msgspec.Struct, frozen=True, array_like=True):
     batched: bool = True
 
 
+class ChainStep(msgspec.Struct, frozen=True, array_like=True):
+    """One step of an ensemble chain the worker runs alone (``Infer.chain``, workers.chains).
+
+    Tensors are named by the ensemble's tensor names: the first step reads ``Infer.inputs``
+    (``inputs`` is empty for it), each later one reads outputs of earlier steps, kept
+    in the worker's memory.
+    """
+
+    key: str
+    #: Model input name -> ensemble tensor an earlier step of the chain made.
+    inputs: dict[str, str]
+    #: Model output name -> ensemble tensor, for every output the step computes.
+    outputs: dict[str, str]
+    #: Ensemble tensors of this step written into the output segment (the front needs them).
+    written: list[str]
+
+
 class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     rid: int
     key: str
@@ -159,6 +176,8 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     text_outputs: list[str] = []
     #: A sequence model's batch: the sequences of its rows (implicit state).
     sequence: SequenceRows | None = None
+    #: An ensemble chain (workers.chains): every step, the first one ``key``'s; empty: none.
+    chain: list[ChainStep] = []
 
 
 class ParseJson(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -265,6 +284,17 @@ class Unloaded(msgspec.Struct, frozen=True, tag=True, array_like=True):
     key: str
 
 
+class StepTimes(msgspec.Struct, frozen=True, array_like=True):
+    """One step of an ensemble chain as it ran in the worker (``InferDone.steps``)."""
+
+    started_ns: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+    #: The leading dim of its first input (its batch size when its model batches).
+    rows: int
+
+
 class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
     rid: int
     #: The output segment lent to the front until it sends Release.
@@ -280,6 +310,8 @@ class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    #: An ensemble chain's steps (``Infer.chain``), in order; empty otherwise.
+    steps: list[StepTimes] = []
 
 
 class JsonParsed(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -299,6 +331,8 @@ class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
     rid: int
     kind: ErrorKind
     message: str
+    #: An ensemble chain: the steps that ran before the one that failed (``Infer.chain``).
+    steps: list[StepTimes] = []
 
 
 FromWorker = WorkerReady | Loaded | Unloaded | InferDone | JsonParsed | JsonDecoded | Failed

@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.ensemble_models import (
+    ENSEMBLES,
     ensemble_config,
     mapped_output_prefixes,
     write_ensemble,
@@ -98,7 +99,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for name, (config, _) in BAD.items():
         write_ensemble(root, name, config)
     args = ["--model-control-mode", "explicit", "--instances-per-device", "2"]
-    for name in ("chain", "diamond", "image_mean", "slow_chain", "limited_chain", "batched_chain"):
+    for name in ENSEMBLES:
         args += ["--load-model", name]
     proc = ServerProcess(root, args).wait_ready()
     yield proc
@@ -235,6 +236,20 @@ def test_requests_that_do_not_fit_the_ensemble_are_refused(
     assert after == before + 3  # an ensemble failure's reason is OTHER, as in Triton
 
 
+def test_requested_outputs_are_checked_as_any_models(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """The ensemble's requested outputs go through the one check every model's do
+    (``request.checks.check_output_names``)."""
+    unknown = [httpclient.InferRequestedOutput("Z")]
+    with pytest.raises(InferenceServerException, match="unexpected requested output 'Z'"):
+        http.infer("chain", _http_x(), outputs=unknown)
+    twice = [httpclient.InferRequestedOutput("Y"), httpclient.InferRequestedOutput("Y")]
+    with pytest.raises(InferenceServerException, match="'Y' already exists in request") as info:
+        http.infer("chain", _http_x(), outputs=twice)
+    assert info.value.status() == "400"
+
+
 def test_statistics_count_the_ensemble_and_each_step(http: httpclient.InferenceServerClient):
     def successes(name: str) -> int:
         stats = http.get_inference_statistics(name)["model_stats"][0]
@@ -246,6 +261,74 @@ def test_statistics_count_the_ensemble_and_each_step(http: httpclient.InferenceS
     assert successes("diamond") == before["diamond"] + 3
     for step in ("plus", "add_one", "double"):
         assert successes(step) == before[step] + 3, step
+
+
+def _step_stats(http: httpclient.InferenceServerClient, name: str) -> tuple[int, int, int, int]:
+    """A composing model's successes, failures, executions and queue time (ns)."""
+    stats = http.get_inference_statistics(name)["model_stats"][0]
+    inference = stats["inference_stats"]
+    return (
+        int(inference["success"]["count"]),
+        int(inference["fail"]["count"]),
+        int(stats["execution_count"]),
+        int(inference["queue"]["ns"]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [("chain", ("add_one", "double")), ("chain3", ("add_one", "double", "preprocess"))],
+)
+def test_a_chain_runs_in_one_worker_and_answers_as_its_steps_do(
+    http: httpclient.InferenceServerClient,
+    grpc: grpcclient.InferenceServerClient,
+    name: str,
+    steps: tuple[str, ...],
+) -> None:
+    """The steps run in one worker (``workers.chains``): the same bits as the models called
+    one by one, each step counted in its model's statistics, and no Infer of its own for a
+    later step (it never waits in a worker's queue: its queue time stays 0)."""
+    x = np.random.default_rng(7).standard_normal((3, 5)).astype(np.float32)
+    expected = x
+    for step in steps:
+        given = httpclient.InferInput("IN", list(expected.shape), "FP32")
+        given.set_data_from_numpy(expected)
+        expected = http.infer(step, [given]).as_numpy("OUT")
+    before = {step: _step_stats(http, step) for step in steps}
+    np.testing.assert_array_equal(http.infer(name, _http_x(x)).as_numpy("Y"), expected)
+    np.testing.assert_array_equal(grpc.infer(name, _grpc_x(x)).as_numpy("Y"), expected)
+    after = {step: _step_stats(http, step) for step in steps}
+    for step in steps:
+        success, fail, executions, _ = after[step]
+        assert (success, fail, executions) == (
+            before[step][0] + 2,
+            before[step][1],
+            before[step][2] + 2,
+        ), step
+    for step in steps[1:]:
+        assert after[step][3] == before[step][3], step  # fed in the worker, never queued
+
+
+def test_a_failing_chain_step_fails_as_that_step_alone(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """six_wide (a Reshape to [1, 6]) fails on 4 values: the chain's answer is the one the
+    model gives alone for that input, the step counts a failure, the one before a success."""
+    x = np.ones((1, 4), np.float32)
+    given = httpclient.InferInput("IN", [1, 4], "FP32")
+    given.set_data_from_numpy(x + 1)
+    with pytest.raises(InferenceServerException) as alone:
+        http.infer("six_wide", [given])
+    before = {step: _step_stats(http, step) for step in ("add_one", "six_wide")}
+    with pytest.raises(InferenceServerException) as chained:
+        http.infer("failing_chain", _http_x(x))
+    assert chained.value.status() == alone.value.status() == "400"
+    assert chained.value.message() == alone.value.message()
+    after = {step: _step_stats(http, step) for step in ("add_one", "six_wide")}
+    assert after["add_one"][:2] == (before["add_one"][0] + 1, before["add_one"][1])
+    assert after["six_wide"][:2] == (before["six_wide"][0], before["six_wide"][1] + 1)
+    six = np.arange(6, dtype=np.float32).reshape(1, 6)
+    np.testing.assert_array_equal(http.infer("failing_chain", _http_x(six)).as_numpy("Y"), six + 1)
 
 
 def test_a_batched_step_batches_steps_of_several_ensemble_requests(

@@ -57,8 +57,18 @@ STEPS = (
     "pixel_mean",
     "preprocess",
     "batched_double",
+    "six_wide",
 )
-ENSEMBLES = ("chain", "diamond", "image_mean", "slow_chain", "limited_chain", "batched_chain")
+ENSEMBLES = (
+    "chain",
+    "diamond",
+    "image_mean",
+    "slow_chain",
+    "limited_chain",
+    "batched_chain",
+    "chain3",
+    "failing_chain",
+)
 
 
 def _save(path: Path, nodes: list, inputs: list, outputs: list, inits: list) -> None:
@@ -107,6 +117,10 @@ def write_step(root: Path, name: str, slow_nodes: int = 400) -> None:
             previous = f"t{i}"
         nodes.append(helper.make_node("Add", [previous, "one"], ["OUT"]))
         _save(path, nodes, [_vector("IN")], [_vector("OUT")], inits)
+    elif name == "six_wide":  # a Reshape to [1, 6]: fails at run time for other sizes
+        shape = numpy_helper.from_array(np.array([1, 6], np.int64), "shape")
+        nodes = [helper.make_node("Reshape", ["IN", "shape"], ["OUT"])]
+        _save(path, nodes, [_vector("IN")], [_vector("OUT")], [shape])
     elif name == "plus":
         config = _step_config(name, ["A", "B"], ["OUT"])
         nodes = [helper.make_node("Add", ["A", "B"], ["OUT"])]
@@ -206,6 +220,22 @@ CONFIGS = {
     "batched_chain": ensemble_config(
         "batched_chain",
         [("add_one", {"IN": "X"}, {"OUT": "x1"}), ("batched_double", {"IN": "x1"}, {"OUT": "Y"})],
+        _X,
+        _Y,
+    ),
+    "chain3": ensemble_config(
+        "chain3",
+        [
+            ("add_one", {"IN": "X"}, {"OUT": "x1"}),
+            ("double", {"IN": "x1"}, {"OUT": "x2"}),
+            ("preprocess", {"IN": "x2"}, {"OUT": "Y"}),
+        ],
+        _X,
+        _Y,
+    ),
+    "failing_chain": ensemble_config(
+        "failing_chain",
+        [("add_one", {"IN": "X"}, {"OUT": "x1"}), ("six_wide", {"IN": "x1"}, {"OUT": "Y"})],
         _X,
         _Y,
     ),

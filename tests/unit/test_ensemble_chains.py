@@ -1,0 +1,157 @@
+"""Ensemble chains: which steps the front sends as one Infer, and how a worker runs them."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from oipserve.dataplane.ensemble_chains import plan_chains
+from oipserve.models.config.ensemble import EnsembleConfig
+from oipserve.models.config.parse import parse_model_config
+from oipserve.models.ensemble import chain_runs
+from oipserve.models.metadata import TensorSpec
+from oipserve.models.registry import ModelVersion
+from oipserve.wire.messages import ChainStep, ErrorKind, Failed, FromWorker, Infer, InferDone
+from oipserve.wire.shm import SegmentCache
+from tests.support.ensemble_models import CONFIGS, ensemble_config, write_step
+from workers import runtime
+from workers.worker import Worker
+
+DECODER = msgspec.msgpack.Decoder(FromWorker)
+_X = [("X", "TYPE_FP32", "[ -1 ]")]
+_Y = [("Y", "TYPE_FP32", "[ -1 ]")]
+
+
+def _plan(text: str) -> EnsembleConfig:
+    config = parse_model_config(text)
+    if config.ensemble is None:
+        raise ValueError("not an ensemble")
+    return config.ensemble
+
+
+def _version(name: str) -> ModelVersion:
+    model = ModelVersion(name, "1", "", None)
+    spec = ("FP32", (-1, -1))
+    names = ("A", "B") if name == "plus" else ("IN",)
+    model.set_metadata(tuple(TensorSpec(n, *spec) for n in names), (TensorSpec("OUT", *spec),))
+    return model
+
+
+def _composing(plan: EnsembleConfig) -> tuple[ModelVersion, ...]:
+    versions: dict[str, ModelVersion] = {}
+    return tuple(versions.setdefault(s.model_name, _version(s.model_name)) for s in plan.steps)
+
+
+def test_a_linear_chain_is_one_run_and_a_diamond_none() -> None:
+    assert chain_runs(_plan(CONFIGS["chain"])) == ((0, 1),)
+    assert chain_runs(_plan(CONFIGS["chain3"])) == ((0, 1, 2),)
+    # The diamond's first steps have other readers / its join reads two steps: its
+    # branches keep running at once.
+    assert chain_runs(_plan(CONFIGS["diamond"])) == ()
+
+
+def test_only_the_tensors_the_front_needs_are_written() -> None:
+    """x1 only feeds the next step: kept in the worker; x2 is also an ensemble output."""
+    text = ensemble_config(
+        "e",
+        [
+            ("add_one", {"IN": "X"}, {"OUT": "x1"}),
+            ("double", {"IN": "x1"}, {"OUT": "x2"}),
+            ("preprocess", {"IN": "x2"}, {"OUT": "Y"}),
+        ],
+        _X,
+        [*_Y, ("x2", "TYPE_FP32", "[ -1 ]")],
+    )
+    plan = _plan(text)
+    chains = plan_chains(
+        plan, chain_runs(plan), _composing(plan), frozenset({"Y", "x2"}), lambda _: True
+    )
+    (chain,) = chains.heads.values()
+    assert chain.steps == (0, 1, 2)
+    assert [m.written for m in chain.messages] == [[], ["x2"], ["Y"]]
+    assert [m.inputs for m in chain.messages] == [{}, {"IN": "x1"}, {"IN": "x2"}]
+    assert chain.keys == ("add_one/1", "double/1", "preprocess/1")
+
+
+def test_a_model_that_does_not_run_alone_cuts_the_chain() -> None:
+    """A batched (or cached, or sequence) model is never chained: its own strategy runs
+    its step, so its batcher can join the steps of many requests."""
+    plan = _plan(CONFIGS["chain3"])
+    composing = _composing(plan)
+    middle = composing[1]
+    cut = plan_chains(
+        plan, chain_runs(plan), composing, frozenset({"Y"}), lambda m: m is not middle
+    )
+    assert cut.heads == {}
+    last = composing[2]
+    head = plan_chains(plan, chain_runs(plan), composing, frozenset({"Y"}), lambda m: m is not last)
+    assert [c.steps for c in head.heads.values()] == [(0, 1)]
+    assert head.heads[0].messages[1].written == ["x2"]  # read by the step outside the chain
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[Worker]:
+    ours, theirs = socket.socketpair()
+    worker = Worker(theirs, "oipserve-test-chains-")
+    for name in ("add_one", "double"):
+        write_step(tmp_path, name)
+        path = str(tmp_path / name / "1" / "model.onnx")
+        worker.sessions[f"{name}/1"] = runtime.ModelSession(path, 1, [])
+    yield worker
+    worker.close()
+    ours.close()
+    theirs.close()
+
+
+def _reply(worker: Worker) -> object:
+    (frame,) = worker.starter.replies
+    worker.starter.replies.clear()
+    return DECODER.decode(frame[4:])
+
+
+_CHAIN = [
+    ChainStep("add_one/1", {}, {"OUT": "x1"}, []),
+    ChainStep("double/1", {"IN": "x1"}, {"OUT": "Y"}, ["Y"]),
+]
+
+
+def test_a_worker_runs_a_chain_in_one_reply(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Infer, one InferDone: the intermediate never reaches the output segment, the
+    answer is the steps' bit for bit, and each step has its times."""
+    x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    monkeypatch.setattr(worker, "feeds", lambda inputs, session, connection: {"IN": x})
+    worker.handle(Infer(5, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
+    done = _reply(worker)
+    assert isinstance(done, InferDone) and done.rid == 5
+    assert [d.name for d in done.outputs] == ["Y"]
+    (desc,) = done.outputs
+    segments = SegmentCache()
+    data = segments.get(done.segment).buf[desc.offset : desc.offset + desc.nbytes]
+    y = np.frombuffer(data, np.float32).reshape(desc.shape).copy()
+    del data
+    segments.forget(done.segment)
+    np.testing.assert_array_equal(y, (x + np.float32(1)) * np.float32(2))
+    assert [s.rows for s in done.steps] == [4, 4]
+    assert all(s.infer_ns > 0 for s in done.steps)
+
+
+def test_a_failing_step_says_which_steps_ran(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        worker, "feeds", lambda inputs, session, connection: {"IN": np.ones((1, 2), np.float32)}
+    )
+    del worker.sessions["double/1"]
+    worker.handle(Infer(6, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
+    failed = _reply(worker)
+    assert isinstance(failed, Failed)
+    assert failed.kind is ErrorKind.UNAVAILABLE
+    assert failed.message == "model 'double/1' is not loaded here"
+    assert len(failed.steps) == 1  # the first step ran: the second is the one that failed
