@@ -49,7 +49,7 @@ from oipserve.errors import InferenceFailed, InvalidInput, Unavailable
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
-from oipserve.request.checks import check_output_names
+from oipserve.request.checks import check_datatype, check_output_names, input_spec
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.telemetry.stats import FailureReason, ModelStats
@@ -536,20 +536,10 @@ def _client_tensors(
     """The request's inputs as ensemble tensors, checked against the ensemble's inputs
     (names, datatypes, shapes; their data is checked by the steps that read them)."""
     tensors: dict[str, _Tensor] = {}
+    seen: set[str] = set()
     for tensor in inference.inputs:
-        spec = model.input_map.get(tensor.name)
-        if spec is None:
-            raise InvalidInput(
-                f"unexpected input '{tensor.name}' for model '{model.name}' "
-                f"(its inputs: {', '.join(model.input_map)})"
-            )
-        if tensor.name in tensors:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        if tensor.datatype != spec.datatype:
-            raise InvalidInput(
-                f"input '{tensor.name}' has datatype {tensor.datatype}, but model "
-                f"'{model.name}' expects {spec.datatype}"
-            )
+        spec = input_spec(model, tensor, seen)
+        check_datatype(model, tensor, spec)
         _check_shape(model, tensor.name, tensor.shape, spec.shape)
         tensors[tensor.name] = _Tensor(
             tensor.name, tensor.datatype, tensor.shape, client, client=tensor

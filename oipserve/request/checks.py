@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from oipserve.errors import InvalidInput
-from oipserve.models.metadata import reshaped
+from oipserve.models.metadata import TensorSpec, reshaped
 from oipserve.models.registry import ModelVersion
 from oipserve.request.images import image_target
 from oipserve.request.inference import InputTensor
@@ -36,6 +36,29 @@ INT64_MAX = 2**63 - 1
 OVERFLOW_BOUND = INT64_MAX // max(ELEMENT_SIZES.values())
 
 
+def input_spec(model: ModelVersion, tensor: InputTensor, seen: set[str]) -> TensorSpec:
+    """The model's spec of input ``tensor`` (added to ``seen``): InvalidInput for an input
+    the model does not have, or one the request gives twice."""
+    spec = model.input_map.get(tensor.name)
+    if spec is None:
+        raise InvalidInput(
+            f"unexpected input '{tensor.name}' for model '{model.name}' "
+            f"(its inputs: {', '.join(model.input_map)})"
+        )
+    if tensor.name in seen:
+        raise InvalidInput(f"input '{tensor.name}' is given more than once")
+    seen.add(tensor.name)
+    return spec
+
+
+def check_datatype(model: ModelVersion, tensor: InputTensor, spec: TensorSpec) -> None:
+    if tensor.datatype != spec.datatype:
+        raise InvalidInput(
+            f"input '{tensor.name}' has datatype {tensor.datatype}, but model "
+            f"'{model.name}' expects {spec.datatype}"
+        )
+
+
 def check_request(
     model: ModelVersion, inputs: list[InputTensor], output_names: list[str]
 ) -> list[Placement]:
@@ -49,24 +72,12 @@ def check_request(
     #   image_payload_of): what a request costs is decided before it is paid.
     checked: list[tuple[InputTensor, list[int]]] = []
     for tensor in inputs:
-        spec = model.input_map.get(tensor.name)
-        if spec is None:
-            raise InvalidInput(
-                f"unexpected input '{tensor.name}' for model '{model.name}' "
-                f"(its inputs: {', '.join(model.input_map)})"
-            )
-        if tensor.name in seen:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        seen.add(tensor.name)
+        spec = input_spec(model, tensor, seen)
         tensor.image = image_target(model, spec, tensor)
         if tensor.image is not None:
             checked.append((tensor, tensor.shape))
             continue
-        if tensor.datatype != spec.datatype:
-            raise InvalidInput(
-                f"input '{tensor.name}' has datatype {tensor.datatype}, but model "
-                f"'{model.name}' expects {spec.datatype}"
-            )
+        check_datatype(model, tensor, spec)
         _check_shape(model, tensor, spec.shape)
         shape = tensor.shape
         if spec.model_shape is not None:
