@@ -124,10 +124,23 @@ def main() -> None:
     parser.add_argument(
         "--in-process", action="store_true", help="only the cache's own CPU, in this process"
     )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="FILE",
+        help="--in-process: another response_cache.py (e.g. `git show HEAD:oipserve/dataplane/"
+        "response_cache.py`) timed against the tree's, in turn, --rounds times",
+    )
+    parser.add_argument(
+        "--front-gc",
+        action="store_true",
+        help="--in-process: the collector's settings a serving front uses "
+        "(oipserve.runtime.collector), not Python's defaults",
+    )
     ns = parser.parse_args()
     if ns.in_process:
         sys.path.insert(0, str(ROOT))
-        in_process()
+        _in_process_runs(ns)
         return
     rows = [row for row in ROWS if row.name in ns.rows]
     scratch = WORK / "scratch"
@@ -165,6 +178,34 @@ def _measure(
     looked = (hits - hits0) + (misses - misses0)
     hit_pct = 100 * (hits - hits0) / looked if looked else 0.0
     return requests / wall, front / requests * 1e6, workers / requests * 1e6, p99, hit_pct
+
+
+def _in_process_runs(ns: argparse.Namespace) -> None:
+    """``in_process`` once, or with ``--compare`` the tree's cache and another in turn
+    (the order reversed every other round), in one process: the same moment for both."""
+    if ns.front_gc:
+        from oipserve.runtime.collector import settle_garbage_collector
+
+        settle_garbage_collector()
+    if ns.compare is None:
+        in_process()
+        return
+    import importlib.util
+
+    import oipserve.dataplane.response_cache as tree
+
+    spec = importlib.util.spec_from_file_location("compared_response_cache", ns.compare)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{ns.compare}: not a Python file")
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    caches = {"tree": tree, str(ns.compare): other}
+    for rnd in range(ns.rounds):
+        for label in list(caches) if rnd % 2 == 0 else list(caches)[::-1]:
+            sys.modules["oipserve.dataplane.response_cache"] = caches[label]
+            print(f"round {rnd + 1}, {label}:", flush=True)
+            in_process()
+    sys.modules["oipserve.dataplane.response_cache"] = tree
 
 
 def in_process(requests: int = 20_000, repeats: int = 7) -> None:

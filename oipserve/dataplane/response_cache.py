@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from time import monotonic_ns
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,7 +71,8 @@ SAMPLES = 32
 SLICE = 64
 #: Bytes an entry is counted for besides its tensors' bytes: the Python objects that hold
 #: them, measured with tracemalloc (an entry of ``simple``, 2 inputs and 2 outputs of 64
-#: bytes, takes 1,230 bytes: counted 256 + 4 x 192 + 256 = 1,280).
+#: bytes, its names fresh strings and its share of the dict's table included, takes 1,109
+#: bytes, 1,453 before ``Entry`` was flat: counted 256 + 4 x 192 + 256 = 1,280).
 ENTRY_OVERHEAD = 256
 #: And for each of its inputs and outputs.
 TENSOR_OVERHEAD = 192
@@ -81,26 +82,36 @@ ADMIT_AT = 64 * 1024
 SEEN = 4096
 
 
-#: A stored output, as a worker gave it, in the front's memory: (name, datatype, shape,
-#: bytes, whether the bytes are JSON text). PERF: plain tuples of str, bytes and int, as
-#: entries are: the collector stops tracking them, so a cache of a million entries adds
-#: nothing to its full collections (a class per entry would).
-Stored = tuple[str, str, tuple[int, ...], bytes, bool]
-#: A stored answer: (version serial, whole bytes of the key's sampled inputs, outputs, bytes
-#: it counts for).
-Entry = tuple[int, tuple[bytes, ...], tuple[Stored, ...], int]
+#: A stored answer, one flat tuple: ``serial, whole, size`` (the version's serial, copies of
+#: the key's sampled inputs, the bytes the entry counts for), then per output ``name,
+#: datatype, text, data, ndim`` and its ``ndim`` dimensions (``data``: its bytes, copied out
+#: of the worker's segment). PERF: a miss while the cache filled cost 7 µs, 3 of them in the
+#: collector: a tuple is a container it tracks until a collection finds it holds none, and an
+#: entry and its key were 9 tuples (one per output and per shape); flat, they are 2. A class
+#: per entry would stay tracked for good (full collections walk each); bytes are not tracked
+#: (one allocation for all outputs' bytes measured no cheaper, and a hit then slices it).
+Entry = tuple[Any, ...]
+#: Where an entry's outputs start.
+_OUTPUTS = 3
 
 
 def answer(entry: Entry, inference: Inference) -> InferResult:
     """A hit's result, as a worker's would be (fresh tensors: fronts set attributes on them)."""
-    return InferResult(
-        inference.model,
-        [
-            OutputTensor(name, datatype, list(shape), memoryview(data), text)
-            for name, datatype, shape, data, text in entry[2]
-        ],
-        nothing_to_release,
-    )
+    outputs = []
+    i, stop = _OUTPUTS, len(entry)
+    while i < stop:
+        j = i + 5 + entry[i + 4]
+        outputs.append(
+            OutputTensor(
+                entry[i],
+                entry[i + 1],
+                list(entry[i + 5 : j]),
+                memoryview(entry[i + 3]),
+                entry[i + 2],
+            )
+        )
+        i = j
+    return InferResult(inference.model, outputs, nothing_to_release)
 
 
 class Probe:
@@ -182,21 +193,25 @@ class ResponseCache:
         size = ENTRY_OVERHEAD + probe.key_bytes
         for data in whole:
             size += len(data)
-        stored = []
+        entry: list[object] = [probe.serial, whole, 0]
         for t in result.outputs:
             if t.region is not None:
                 return
             size += len(t.data) + TENSOR_OVERHEAD
-            stored.append((t.name, t.datatype, tuple(t.shape), bytes(t.data), t.text))
         if size > self.capacity:
             return
+        entry[2] = size
+        for t in result.outputs:
+            shape = t.shape
+            entry += (t.name, t.datatype, t.text, bytes(t.data), len(shape))
+            entry += shape
         entries = self._entries
         old = entries.pop(probe.key, None)
         if old is not None:
-            self.used -= old[3]
+            self.used -= old[2]
         while entries and self.used + size > self.capacity:
-            self.used -= entries.popitem(last=False)[1][3]
-        entries[probe.key] = (probe.serial, whole, tuple(stored), size)
+            self.used -= entries.popitem(last=False)[1][2]
+        entries[probe.key] = tuple(entry)
         self.used += size
 
     def _seen_before(self, key: tuple[object, ...]) -> bool:
@@ -214,7 +229,7 @@ class ResponseCache:
         """Drop the entries of versions no longer served (unloaded, reloaded)."""
         gone = [key for key, entry in self._entries.items() if entry[0] in serials]
         for key in gone:
-            self.used -= self._entries.pop(key)[3]
+            self.used -= self._entries.pop(key)[2]
 
 
 def _same(whole: tuple[bytes, ...], views: list[memoryview]) -> bool:
@@ -226,15 +241,18 @@ def _same(whole: tuple[bytes, ...], views: list[memoryview]) -> bool:
 def _key(
     inference: Inference, placements: list[Placement]
 ) -> tuple[tuple[object, ...], int, list[memoryview]] | None:
-    """(key, its bytes, the inputs that entered it sampled); None if not cacheable."""
-    classes = inference.classification
-    text = inference.text_outputs
-    parts: list[object] = [
-        inference.model.serial,
-        tuple(inference.output_names),
-        tuple(text) if text else (),
-        tuple(sorted(classes.items())) if classes else (),
-    ]
+    """(key, its bytes, the inputs that entered it sampled); None if not cacheable.
+
+    One flat tuple (PERF: see ``Entry``), each list in it after its length, so two keys are
+    equal only when every part is: the version's serial, the requested outputs, those asked
+    as JSON text, the classes asked for, then each input's name, datatype, kind, byte count,
+    bytes (whole or sampled), rank and dimensions."""
+    names = inference.output_names
+    parts: list[object] = [inference.model.serial, len(names), *names]
+    if inference.text_outputs or inference.classification:
+        _asked(parts, inference)
+    else:
+        parts += _NOTHING_ASKED
     whole: list[memoryview] = []
     size = 0
     for tensor, _, _, data in placements:
@@ -256,8 +274,25 @@ def _key(
             sample = _sample(view)
             whole.append(view)
         size += len(sample) + TENSOR_OVERHEAD
-        parts += (tensor.name, tensor.datatype, tuple(tensor.shape), kind, nbytes, sample)
+        shape = tensor.shape
+        parts += (tensor.name, tensor.datatype, kind, nbytes, sample, len(shape))
+        parts += shape
     return tuple(parts), size, whole
+
+
+#: No outputs asked as JSON text, no classes.
+_NOTHING_ASKED = (0, 0)
+
+
+def _asked(parts: list[object], inference: Inference) -> None:
+    """The key's outputs asked as JSON text and classes asked for, each after its length."""
+    text = inference.text_outputs or ()
+    classes = sorted(inference.classification.items()) if inference.classification else []
+    parts.append(len(text))
+    parts += text
+    parts.append(len(classes))
+    for item in classes:
+        parts += item
 
 
 def _bytes_of(tensor: InputTensor, data: Payload) -> tuple[str, memoryview] | None:

@@ -3,6 +3,8 @@ its flag (``oipserve.config.cache_config``) and its statistics fields, without a
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,12 @@ def _result(inference: Inference, payload: bytes) -> InferResult:
     return InferResult(inference.model, [out], nothing_to_release)
 
 
+def _tracked(held: object) -> int:
+    """How many objects the collector tracks in ``held`` and the tuples it holds."""
+    inner = sum(_tracked(item) for item in held) if isinstance(held, tuple) else 0
+    return int(gc.is_tracked(held)) + inner
+
+
 def _run(cache: ResponseCache, data: bytes, stats: ModelStats, **kwargs: object) -> bool:
     """One request through the cache, as a strategy runs it; True for a hit."""
     inference, placements = _request(data, **kwargs)  # type: ignore[arg-type]
@@ -87,6 +95,65 @@ def test_a_hit_gives_back_the_stored_outputs_in_fresh_tensors() -> None:
     assert bytes(first.outputs[0].data) == b"cba" and first.outputs[0].shape == [3]
     assert first.outputs[0] is not second.outputs[0]
     assert (stats.cache_hit_count, stats.cache_miss_count) == (1, 1)
+
+
+def test_a_hit_gives_back_each_output_its_own_bytes_shape_and_kind() -> None:
+    """Several outputs stored end to end in one allocation come back apart."""
+    cache, stats = ResponseCache(1 << 20), ModelStats("m", "1")
+    inference, placements = _request(b"abc", outputs=["Y", "Z", "E"])
+    probe = cache.lookup(inference, placements, stats)
+    assert probe is not None and probe.entry is None
+    outputs = [
+        OutputTensor("Y", "UINT8", [3], memoryview(bytearray(b"cba"))),
+        OutputTensor("Z", "INT8", [2, 1, 2], memoryview(bytearray(b"wxyz")), text=True),
+        OutputTensor("E", "FP32", [0], memoryview(bytearray())),
+    ]
+    cache.store(probe, InferResult(inference.model, outputs, nothing_to_release), stats)
+    inference, placements = _request(b"abc", outputs=["Y", "Z", "E"])
+    probe = cache.lookup(inference, placements, stats)
+    assert probe is not None and probe.entry is not None
+    got = answer(probe.entry, inference).outputs
+    assert [(t.name, t.datatype, t.shape, bytes(t.data), t.text) for t in got] == [
+        ("Y", "UINT8", [3], b"cba", False),
+        ("Z", "INT8", [2, 1, 2], b"wxyz", True),
+        ("E", "FP32", [0], b"", False),
+    ]
+
+
+def test_a_stored_answer_leaves_the_collector_two_objects() -> None:
+    """PERF: a miss while the cache filled cost 7 µs, 3 of them in the collector walking
+    the 9 tuples an entry and its key kept (one per output, per shape...); now the key and
+    the entry are one flat tuple each (benchmarks/results/2026-11-28-response-cache.md)."""
+    cache, stats = ResponseCache(1 << 20), ModelStats("m", "1")
+    enabled = gc.isenabled()
+    gc.disable()  # NOTE: a collection would stop tracking the tuples it finds flat
+    try:
+        inference, placements = _request(b"abc", outputs=["Y", "Z"], shape=[1, 3])
+        probe = cache.lookup(inference, placements, stats)
+        assert probe is not None and probe.entry is None
+        outputs = [
+            OutputTensor(name, "UINT8", [1, 3], memoryview(bytearray(b"xyz"))) for name in "YZ"
+        ]
+        cache.store(probe, InferResult(inference.model, outputs, nothing_to_release), stats)
+        inference, placements = _request(b"abc", outputs=["Y", "Z"], shape=[1, 3])
+        hit = cache.lookup(inference, placements, stats)
+        assert hit is not None and hit.entry is not None
+        tracked = _tracked(hit.key) + _tracked(hit.entry)
+    finally:
+        if enabled:
+            gc.enable()
+    assert tracked == 2
+
+
+def test_the_flat_key_keeps_its_lists_apart() -> None:
+    """The key lists each part after its length: outputs ["Y", "Z"] asked as binary and
+    ["Y"] with "Z" asked as JSON text run the same words together, and must not match."""
+    cache, stats = ResponseCache(1 << 20), ModelStats("m", "1")
+    assert not _run(cache, b"abc", stats, outputs=["Y", "Z"])
+    assert not _run(cache, b"abc", stats, outputs=["Y"], text_outputs=["Z"])
+    assert not _run(cache, b"abc", stats, outputs=["Y"], classification={"Z": 1})
+    assert not _run(cache, b"abc", stats, shape=[1, 3], name="X")
+    assert _run(cache, b"abc", stats, outputs=["Y", "Z"])
 
 
 @pytest.mark.parametrize(
