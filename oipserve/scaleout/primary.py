@@ -88,7 +88,9 @@ def snapshot(seq: int, registry: ModelRegistry, pool: WorkerPool) -> Snapshot:
                 for w in model.workers
                 if w.worker_id in reachable and model.key in w.models
             }
-            if sessions:
+            # NOTE: an ensemble runs on no worker: every front runs its steps (on the
+            #   composing models' sessions, which are in the snapshot too).
+            if sessions or (model.config is not None and model.config.ensemble is not None):
                 versions.append(_copy(model, sessions))
     return Snapshot(seq, workers, versions)
 

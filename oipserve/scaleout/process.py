@@ -43,6 +43,7 @@ from oipserve.front.grpc.tables import in_front_table
 from oipserve.front.http.protocol import refuse_h2c
 from oipserve.front.http.server import http_server
 from oipserve.front.rest import create_app
+from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.link import WorkerLink, away
 from oipserve.request.client_regions import ClientRegions
@@ -174,6 +175,10 @@ class Replica:
         models: dict[str, dict[str, ModelVersion]] = {}
         keys = set()
         for copy in snapshot.versions:
+            if copy.config is not None and copy.config.ensemble is not None:
+                ensemble = self.versions.get(copy.serial) or _ensemble(copy, self.registry)
+                models.setdefault(copy.name, {})[copy.version] = ensemble
+                continue
             held = {i: load for i, load in copy.sessions.items() if i in self.links}
             if not held:
                 continue  # NOTE: no link to any of its workers: the primary answers it
@@ -329,8 +334,21 @@ class Replica:
         sweep(self.pool.prefix)
 
 
+def _ensemble(copy: VersionCopy, registry: ModelRegistry) -> ModelVersion:
+    """An ensemble's version as the primary checked it: this front runs its steps on the
+    composing versions of its own registry (those of the same snapshot)."""
+    config = copy.config
+    if config is None or config.ensemble is None:
+        raise ValueError(f"{copy.name} is not an ensemble")
+    model = EnsembleVersion(copy.name, copy.version, copy.path, config, config.ensemble, registry)
+    return _as_copied(model, copy)
+
+
 def _version(copy: VersionCopy) -> ModelVersion:
-    model = ModelVersion(copy.name, copy.version, copy.path, copy.config)
+    return _as_copied(ModelVersion(copy.name, copy.version, copy.path, copy.config), copy)
+
+
+def _as_copied(model: ModelVersion, copy: VersionCopy) -> ModelVersion:
     model.key = copy.key
     model.serial = copy.serial
     model.echo = copy.echo
