@@ -33,14 +33,12 @@ _SENT_POLL = 0.002
 class CorkedTransport:
     """A transport proxy that sends everything written in one loop iteration at once."""
 
-    __slots__ = ("_transport", "_pending", "_loop", "_ended", "written")
+    __slots__ = ("_transport", "_pending", "_loop", "written")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._pending: list[Any] = []
         self._loop = loop
-        #: Our side was ended (``write_eof``).
-        self._ended = False
         #: Bytes written so far (less the transport's buffer: what the client took).
         self.written = 0
 
@@ -56,7 +54,7 @@ class CorkedTransport:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
-        if pending and not self._transport.is_closing() and not self._ended:
+        if pending and not self._transport.is_closing():
             self._transport.writelines(pending)
 
     async def sent(self) -> None:
@@ -78,10 +76,8 @@ class CorkedTransport:
         self._transport.close()
 
     def write_eof(self) -> None:
-        """End our side; what is written after is dropped (the transport would raise)."""
         self.flush()
         self._transport.write_eof()
-        self._ended = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

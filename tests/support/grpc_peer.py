@@ -32,14 +32,10 @@ from oipserve.wire.shm import BufferPool, Lease
 class FakeTransport:
     """What the connection writes, kept to be read back as frames."""
 
-    def __init__(self, half_close: bool = False) -> None:
+    def __init__(self) -> None:
         self.written = bytearray()
         self.closed = False
         self.reading = True
-        #: Whether it can end our side alone (a TCP socket can: ``write_eof``); the
-        #: connection then lingers after a connection error (``Connection._abort``).
-        self.half_close = half_close
-        self.eof = False
 
     def writelines(self, parts: list[bytes]) -> None:
         for part in parts:
@@ -56,12 +52,6 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
-
-    def can_write_eof(self) -> bool:
-        return self.half_close
-
-    def write_eof(self) -> None:
-        self.eof = True
 
     def abort(self) -> None:
         self.closed = True
@@ -161,10 +151,10 @@ class RecordingStream:
 class Peer:
     """A connection under test, its transport, and the streams it made."""
 
-    def __init__(self, half_close: bool = False) -> None:
+    def __init__(self) -> None:
         self.streams: dict[int, RecordingStream] = {}
         self.connection = Connection(self._stream, lambda _: None)
-        self.transport = FakeTransport(half_close)
+        self.transport = FakeTransport()
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
         self.encoder = hpack.Encoder()
 

@@ -31,7 +31,7 @@ from oipserve.front.grpc.h2.frames import (
     window_update,
 )
 from oipserve.front.grpc.h2.headers import HeaderDecoder
-from tests.support.grpc_peer import FakeService, FakeTransport, GrpcPeer, Peer, until
+from tests.support.grpc_peer import FakeService, FakeTransport, GrpcPeer, Peer
 
 OPEN = PREFACE + settings_frame({})
 
@@ -77,29 +77,6 @@ async def test_a_continuation_flood_is_refused_after_the_cap_in_linear_work() ->
     assert _goaway(peer) == ErrorCode.ENHANCE_YOUR_CALM
     assert calls == 1 + MAX_CONTINUATIONS + 1
     assert 1 not in peer.streams
-
-
-async def test_after_a_connection_error_the_peer_is_read_and_dropped_then_closed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A socket closed with the peer's bytes unread is reset, and the reset can drop the
-    GOAWAY at the peer before it reads it (a flooding client never learnt why: seen as
-    a flaky test_grpc_abuse case). On a transport that can end our side alone, the
-    GOAWAY is followed by that end (FIN); the open streams are reset at once; what the
-    peer still sends is dropped unread; the socket closes after ``LINGER_SECONDS``."""
-    monkeypatch.setattr(h2, "LINGER_SECONDS", 0.05)
-    peer = _opened(Peer(half_close=True))
-    peer.send(peer.headers(1))
-    block = peer.encoder.encode([(":method", "POST"), (":path", "/s/M")])
-    peer.send(frame(Frame.HEADERS, 0, 3, block) + frame(Frame.CONTINUATION, 0, 3) * 100)
-    frames = await peer.written()
-    codes = [struct.unpack(">II", p[:8])[1] for k, _f, _s, p in frames if k == Frame.GOAWAY]
-    assert codes == [ErrorCode.ENHANCE_YOUR_CALM]
-    assert peer.transport.eof and not peer.transport.closed
-    assert peer.streams[1].was_reset
-    peer.send(frame(Frame.PING, 0, 0, b"12345678") * 100)  # dropped: no PING ACK
-    assert await peer.written() == []
-    assert await until(lambda: peer.transport.closed, 2.0)
 
 
 async def test_a_header_block_within_the_cap_is_read() -> None:

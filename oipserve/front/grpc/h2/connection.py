@@ -107,10 +107,7 @@ PREFACE_TIMEOUT = 10.0
 #: PING sent with it before the second names the real last stream (RFC 9113, 6.8): calls
 #: a client sent before it heard the first are still taken.
 GOAWAY_ROUND_TRIP = 1.0
-#: After a connection error's GOAWAY, how long the peer's bytes are read and dropped before
-#: the socket closes (``Connection._abort``): closed with them unread, it would be reset.
-LINGER_SECONDS = 1.0
-#: The payload of the shutdown's PING, to know its answer.
+#: The payload of that PING, to know its answer.
 _GOAWAY_PING = b"goaway\x00\x00"
 #: The payload of a keepalive PING (``front.grpc.keepalive``): any frame back answers it.
 _KEEPALIVE_PING = b"keepaliv"
@@ -206,9 +203,6 @@ class Connection(asyncio.Protocol):
         #: A GOAWAY went out (or came in): no new streams; close when the last ends.
         self.going_away = False
         self.lost = False
-        #: A connection error's GOAWAY went out: the peer's bytes are dropped until the
-        #: socket closes (``_abort``).
-        self._lingering = False
         #: Reads so far: the keepalive's sign of life (``front.grpc.keepalive``), one
         #: integer a read rather than a clock per frame.
         self.reads = 0
@@ -230,8 +224,6 @@ class Connection(asyncio.Protocol):
             self._abort(ErrorCode.PROTOCOL_ERROR, "no connection preface in time")
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
-            return  # after a connection error's GOAWAY: read and dropped (``_abort``)
         self.reads += 1
         if self._pending:
             data = self._pending + data
@@ -250,30 +242,8 @@ class Connection(asyncio.Protocol):
             self._pending = data[end:]
 
     def _abort(self, code: ErrorCode, message: str) -> None:
-        """A connection error: its GOAWAY, then the connection closed without losing it.
-
-        A socket closed with bytes of the peer's still unread is reset (TCP RST), and a
-        peer that receives the reset may drop the GOAWAY before reading it: a flooding
-        client, which never stops sending, would never learn why. So the GOAWAY is
-        followed by the end of our side (FIN), what the peer still sends is read and
-        dropped for ``LINGER_SECONDS`` at most (the socket is closed when the peer closes
-        its side, or then), and the streams are reset at once, as at a lost connection.
-        """
         self._write(goaway(self._last_stream, code, message))
-        if self.transport is None or self._lingering:
-            return
-        self._lingering = True
-        self.going_away = True
-        streams, self.streams = self.streams, {}
-        for stream in streams.values():
-            stream.reset()
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_later(LINGER_SECONDS, self.close)
-        if self.transport.can_write_eof():
-            self._out.write_eof()
-        else:
-            self.close()
+        self.close()
 
     def pause_writing(self) -> None:
         # NOTE: no reading while the client does not read: a client that sends calls and
