@@ -7,7 +7,8 @@ import asyncio
 
 import numpy as np
 
-from oipserve.dataplane.ensemble import Held, _Tensor
+from oipserve.dataplane.ensemble_tensors import EnsembleTensor as _Tensor
+from oipserve.dataplane.ensemble_tensors import Held
 from oipserve.errors import InferenceFailed
 from oipserve.request.inference import Inference, InputTensor
 from oipserve.request.placement import place

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oipserve.dataplane.sequenced import control_value
+from oipserve.dataplane.sequence_batches import control_value
 from oipserve.errors import InvalidInput, Unsupported
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.models.config.sequence import Control

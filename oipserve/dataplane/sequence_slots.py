@@ -1,0 +1,360 @@
+"""The places of a sequence model's sequences, their answers and their timers.
+
+``SequenceSlots`` is the state of a version's sequence batcher (``sequenced.Sequenced``
+derives from it, through ``sequence_batches.SequenceBatches``) and what happens to a
+sequence's place between its requests (docs/sequences.md): the live sequences by id, a lane
+per worker with its slots (``scheduling.sequence``), the backlog of started sequences
+waiting for a slot, the sequences lost with their worker; a request's answer, counted once
+and, for ``oldest`` with ``preserve_ordering``, in arrival order; the timers: a request's
+deadline, a sequence's idle expiry (``max_sequence_idle_microseconds``); and the version
+leaving service (``close``).
+
+NOTE: base classes rather than objects of their own, so that every method kept its body
+and its calls (``self._finish``, ``self._after``): no layer between a request and its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import Hashable
+from time import monotonic_ns
+from typing import TYPE_CHECKING
+
+from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.intake import Intake
+from oipserve.errors import DeadlineExceeded, Unavailable
+from oipserve.models.config.sequence import SequencePolicy
+from oipserve.pool.link import WorkerLink
+from oipserve.request.inference import Inference, InferResult
+from oipserve.request.placement import Placement
+from oipserve.scheduling.sequence import Lane, Sequence, Step
+from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
+from oipserve.wire.messages import EndSequences, SequenceState
+
+if TYPE_CHECKING:
+    from oipserve.models.registry import ModelVersion
+    from oipserve.request.sequence_params import SequenceTag
+
+__all__ = [
+    "BACKLOG_MAX",
+    "BACKLOG_TIMEOUT",
+    "LOST_MAX",
+    "Seq",
+    "SeqLane",
+    "SequenceSlots",
+    "SequenceStep",
+]
+
+#: The message of a request still waiting for a slot at its timeout (Triton's).
+BACKLOG_TIMEOUT = "timeout of the corresponding sequence has been expired"
+#: Started sequences that may wait for a slot at once, per model version: past it a START
+#: is refused (503) rather than kept without bound.
+BACKLOG_MAX = 10_000
+#: Sequences remembered as lost with their worker, so that their next request is told
+#: why (503) rather than "must specify the START flag"; the oldest are forgotten past it.
+LOST_MAX = 4096
+
+
+class SequenceStep(Step):
+    """A request of a sequence: what its batch needs, and its answer."""
+
+    __slots__ = (
+        "placements", "outputs", "owned", "tag", "start_ns", "stats", "future", "expiry",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        placements: list[Placement],
+        inference: Inference,
+        tag: SequenceTag,
+        start_ns: int,
+        stats: ModelStats,
+        future: asyncio.Future[InferResult],
+    ) -> None:
+        super().__init__(start_ns, _signature(placements))
+        self.placements = placements
+        self.outputs = inference.output_names
+        self.owned = inference.owned
+        self.tag = tag
+        self.start_ns = start_ns
+        self.stats = stats
+        self.future = future
+        self.expiry: asyncio.TimerHandle | None = None
+
+    def release_inputs(self) -> None:
+        owned, self.owned = self.owned, []
+        for held in owned:
+            held.release()
+
+
+#: A sequence and a lane of this batcher: its requests, on worker links.
+Seq = Sequence[SequenceStep, WorkerLink]
+SeqLane = Lane[SequenceStep, WorkerLink]
+
+
+class SequenceSlots:
+    """The sequences of one model version, their places on the lanes and their timers."""
+
+    def __init__(
+        self, intake: Intake, dispatch: Dispatch, model: ModelVersion, policy: SequencePolicy
+    ) -> None:
+        self.intake = intake
+        self.dispatch = dispatch
+        self.model = model
+        self.policy = policy
+        self._loop = asyncio.get_running_loop()
+        self.batched = model.max_batch_size > 0
+        #: Live sequences by id (an ended one leaves at its END request).
+        self.sequences: dict[int | str, Seq] = {}
+        #: Started sequences waiting for a place on a lane, in order.
+        self.backlog: deque[Seq] = deque()
+        self.lanes: dict[int, SeqLane] = {}
+        #: Ids of sequences whose worker stopped, until they START again.
+        self.lost: dict[int | str, str] = {}
+        # NOTE: handles name sequences in the workers' state, which every front of the
+        #   server (--http-workers) shares: each front numbers its own from its pid up.
+        self._handles = os.getpid() << 32
+        self._idle: dict[int, asyncio.TimerHandle] = {}
+        self._wakeups: dict[int, asyncio.TimerHandle] = {}
+        self._states = [
+            SequenceState(
+                s.input_name,
+                s.output_name,
+                s.datatype,
+                list(s.initial_dims or [1 if d == -1 else d for d in s.dims]),
+                s.initial_data,
+            )
+            for s in policy.states
+        ]
+        self._places = (
+            max(model.max_batch_size, 1)
+            if policy.strategy == "direct"
+            else max(policy.max_candidate_sequences, model.max_batch_size, 1)
+        )
+        #: Answers held back to leave in arrival order (oldest ``preserve_ordering``).
+        self._order: deque[SequenceStep] | None = (
+            deque() if policy.strategy == "oldest" and policy.preserve_ordering else None
+        )
+        self._outcomes: dict[int, InferResult | BaseException] = {}
+        #: Set when the version leaves service (``close``): no batch starts any more.
+        self._closed = False
+        model.sequencer_close = self.close
+
+    def close(self, error: Unavailable) -> None:
+        """The version leaves service (unloaded, replaced): every request still waiting,
+        in the backlog for a slot or on its lane for the next batch, is answered ``error``
+        (503) now rather than at its deadline, as the dynamic batcher answers its queue;
+        batches already running finish. Its sequences are forgotten: the workers drop the
+        version, and its state with it."""
+        self._closed = True
+        for timer in (*self._wakeups.values(), *self._idle.values()):
+            timer.cancel()
+        self._wakeups.clear()
+        self._idle.clear()
+        held = [s for lane in self.lanes.values() for s in lane.slots if s is not None]
+        for sequence in (*self.backlog, *held):
+            sequence.ending = True
+            for step in list(sequence.queue):
+                if not step.taken:
+                    self._finish(sequence, step, error)
+        self.backlog.clear()
+        self.sequences.clear()
+        self.lost.clear()
+
+    # ---- lanes, the backlog ------------------------------------------------------
+
+    def _alive(self, lane: SeqLane) -> bool:
+        worker = lane.worker
+        return (
+            not lane.dead
+            and worker.alive
+            and (worker.pid or 0) == lane.pid
+            and self.model.key in worker.models
+        )
+
+    def _free_lane(self) -> SeqLane | None:
+        """The running lane with a free place and the fewest sequences (lanes made for
+        the version's workers as they come, and for a restarted worker anew)."""
+        best: SeqLane | None = None
+        for worker in self.model.instances():
+            lane = self.lanes.get(id(worker))
+            if lane is None or lane.pid != (worker.pid or 0):
+                if lane is not None:
+                    self._lane_lost(lane)
+                lane = self.lanes[id(worker)] = Lane(worker, worker.pid or 0, self._places)
+            if not self._alive(lane) or lane.free_slot() < 0:
+                continue
+            if best is None or lane.used < best.used:
+                best = lane
+        return best
+
+    def _lane_lost(self, lane: SeqLane) -> None:
+        """The lane's worker stopped: its sequences fail (503) and are forgotten."""
+        if lane.dead:
+            return
+        lane.dead = True
+        if self.lanes.get(id(lane.worker)) is lane:
+            del self.lanes[id(lane.worker)]
+        for held in lane.slots:
+            if held is None:
+                continue
+            held.ending = True
+            message = self._lost_message(held)
+            if self.sequences.get(held.sequence_id) is held:
+                del self.sequences[held.sequence_id]
+                self.lost[held.sequence_id] = message
+            self._drop_idle(held)
+            for step in list(held.queue):
+                if not step.taken:
+                    self._finish(held, step, Unavailable(message, retry_after=1))
+            lane.release(held)
+        while len(self.lost) > LOST_MAX:
+            del self.lost[next(iter(self.lost))]
+        self._assign_backlog()
+
+    def _lost_message(self, sequence: Seq) -> str:
+        return (
+            f"the instance of model '{self.model.name}' that held sequence "
+            f"{sequence.sequence_id} stopped; the sequence must start again (sequence_start)"
+        )
+
+    def _assign_backlog(self) -> None:
+        while self.backlog:
+            lane = self._free_lane()
+            if lane is None:
+                return
+            sequence = self.backlog.popleft()
+            lane.take(sequence, lane.free_slot())
+
+    def _start(self, sequence_id: int | str) -> Seq:
+        self._handles += 1
+        sequence: Seq = Sequence(self._handles, sequence_id)
+        self.sequences[sequence_id] = sequence
+        lane = self._free_lane()
+        if lane is None:
+            if len(self.backlog) >= BACKLOG_MAX:
+                del self.sequences[sequence_id]
+                raise Unavailable(
+                    f"model '{self.model.name}': {BACKLOG_MAX} sequences already wait for a "
+                    "slot; retry",
+                    retry_after=1,
+                )
+            self.backlog.append(sequence)
+        else:
+            lane.take(sequence, lane.free_slot())
+        return sequence
+
+    def _pump_all(self) -> None:
+        """Start each lane's batch that is due (``sequence_batches.SequenceBatches``)."""
+        raise NotImplementedError
+
+    # ---- answers, expiry ---------------------------------------------------------
+
+    def _finish(
+        self,
+        sequence: Seq,
+        step: SequenceStep,
+        outcome: InferResult | BaseException,
+        ran: bool = False,
+    ) -> None:
+        """The step's answer (or failure), counted once, in arrival order if asked."""
+        if not step.taken:
+            try:
+                sequence.queue.remove(step)
+            except ValueError:
+                pass
+            step.release_inputs()
+        if step.expiry is not None:
+            step.expiry.cancel()
+        step.stats.pending -= 1
+        if isinstance(outcome, BaseException):
+            reason = failure_reason(outcome) if ran else refusal_reason(outcome)
+            step.stats.request_failed(reason, monotonic_ns() - step.start_ns)
+        if self._order is None:
+            _settle(step.future, outcome)
+            return
+        self._outcomes[id(step)] = outcome
+        order = self._order
+        while order and id(order[0]) in self._outcomes:
+            head = order.popleft()
+            _settle(head.future, self._outcomes.pop(id(head)))
+
+    def _expire_step(self, sequence: Seq, step: SequenceStep) -> None:
+        """The request's deadline: one still waiting leaves its sequence's queue."""
+        if step.taken or step.future.done():
+            if not step.future.done():  # running: its answer is released when it comes
+                step.future.set_exception(DeadlineExceeded())
+            return
+        exc: BaseException = (
+            Unavailable(BACKLOG_TIMEOUT) if sequence.lane is None else DeadlineExceeded()
+        )
+        self._finish(sequence, step, exc)
+        self._after(sequence)
+
+    def _after(self, sequence: Seq) -> None:
+        """A sequence with nothing left to run: ended, or idle until its expiry."""
+        if not sequence.idle:
+            return
+        if sequence.ending:
+            self._release(sequence, told=True)
+            return
+        if sequence.lane is None:  # in the backlog with nothing left: it never ran
+            if self.sequences.get(sequence.sequence_id) is sequence:
+                del self.sequences[sequence.sequence_id]
+            self._release(sequence, told=True)
+            return
+        self._drop_idle(sequence)
+        self._idle[sequence.handle] = self._loop.call_later(
+            self.policy.idle_ns / 1e9, self._expire_idle, sequence
+        )
+
+    def _drop_idle(self, sequence: Seq) -> None:
+        idle = self._idle.pop(sequence.handle, None)
+        if idle is not None:
+            idle.cancel()
+
+    def _expire_idle(self, sequence: Seq) -> None:
+        """Idle past ``max_sequence_idle_microseconds``: it loses its place and state."""
+        self._idle.pop(sequence.handle, None)
+        if not sequence.idle:
+            return
+        if self.sequences.get(sequence.sequence_id) is sequence:
+            del self.sequences[sequence.sequence_id]
+        self._release(sequence, told=False)
+
+    def _release(self, sequence: Seq, told: bool) -> None:
+        """The sequence is over: its place goes to the backlog; the worker frees its
+        state unless its END request already told it."""
+        self._drop_idle(sequence)
+        lane = sequence.lane
+        if lane is not None:
+            if not told and self._states and self._alive(lane):
+                lane.worker.send(EndSequences(self.model.key, [sequence.handle]))
+            lane.release(sequence)
+        elif sequence in self.backlog:
+            self.backlog.remove(sequence)
+        self._assign_backlog()
+        self._pump_all()
+
+
+# ---- helpers ------------------------------------------------------------------------
+
+
+def _signature(placements: list[Placement]) -> Hashable:
+    return tuple(
+        (tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image)
+        for tensor, shape, _, _ in placements
+    )
+
+
+def _settle(future: asyncio.Future[InferResult], outcome: InferResult | BaseException) -> None:
+    if future.done():
+        if isinstance(outcome, InferResult):
+            outcome.release()  # its client went away, or its deadline passed
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
