@@ -23,14 +23,14 @@ from collections.abc import Callable, Sequence
 from time import monotonic_ns
 
 from oipserve.dataplane.intake import Intake, has_deferred
+from oipserve.dataplane.strategies import refused, sending
 from oipserve.errors import WorkerProtocolError, from_kind
 from oipserve.models.config.ensemble import EnsembleConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
-from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference
 from oipserve.request.placement import place
-from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
+from oipserve.telemetry.stats import ModelStats, failure_reason
 from oipserve.wire.messages import ChainStep, Failed, Infer, InferDone, StepTimes, TensorDesc
 from oipserve.wire.shm import Lease
 
@@ -148,15 +148,9 @@ async def run_chain(
             placements = await intake.decode_in_worker(request.model, placements, owned, deadline)
         inputs, lease = await place(placements, intake.inputs)
     except BaseException as exc:
-        _release(owned)
-        if lease is not None:
-            lease.release()
-        first.request_failed(refusal_reason(exc), monotonic_ns() - start)
+        refused(exc, owned, lease, first, start)
         raise
-    if lease is not None:
-        owned.append(lease)
-    first.pending += 1
-    sent = monotonic_ns()
+    sent = sending(owned, lease, first)
     try:
         reply = await _send(worker, request, chain, inputs, deadline)
     except BaseException as exc:
@@ -233,8 +227,3 @@ def _count(
         stats.request_succeeded(
             batch, max(0, end - arrived), queue, times.input_ns, times.infer_ns, times.output_ns
         )
-
-
-def _release(owned: list[Lease | RegionUse]) -> None:
-    for held in owned:
-        held.release()

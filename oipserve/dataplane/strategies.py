@@ -13,7 +13,8 @@
 A strategy is called with the request, its version's statistics and ``monotonic_ns()`` at
 its arrival. It counts the request there once (a success with its phase times, or a failure
 with its reason), releases the request's ``owned`` once nothing reads it, and answers with
-the request's ``InferResult`` or raises.
+the request's ``InferResult`` or raises. ``refused`` and ``sending`` are the steps around
+placing that ``Unbatched`` shares with an ensemble's chain (``ensemble_chains.run_chain``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from oipserve.scheduling.policy import BatchPolicy
 from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
 from oipserve.wire.shm import Lease
 
-__all__ = ["Batched", "Strategy", "Unbatched", "answer_in_front"]
+__all__ = ["Batched", "Strategy", "Unbatched", "answer_in_front", "refused", "sending"]
 
 #: Serves one request: (the request, its version's statistics, its arrival) -> its result.
 Strategy = Callable[[Inference, ModelStats, int], Awaitable[InferResult]]
@@ -104,17 +105,9 @@ class Unbatched:
             inputs, lease = await place(placements, intake.inputs)
             worker = dispatch.pick(model)
         except BaseException as exc:
-            _release(owned)
-            if lease is not None:
-                lease.release()
-            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            refused(exc, owned, lease, stats, start)
             raise
-        if lease is not None:
-            owned.append(lease)
-        # NOTE: pending until the worker answers: the front cannot see when a pipelined
-        #   worker starts a request (docs/metrics.md).
-        stats.pending += 1
-        sent = monotonic_ns()
+        sent = sending(owned, lease, stats)
         try:
             done = await dispatch.send(
                 worker, model, inputs, owned, inference.output_names, deadline, targets,
@@ -186,6 +179,35 @@ def _answered(entry: Entry, inference: Inference, stats: ModelStats, start: int)
     result = answer(entry, inference)
     stats.answered_from_cache(monotonic_ns() - start)
     return result
+
+
+def refused(
+    exc: BaseException,
+    owned: list[Lease | RegionUse],
+    lease: Lease | None,
+    stats: ModelStats,
+    start: int,
+) -> None:
+    """A request sent alone (``Unbatched``, an ensemble's chain) that failed before it was
+    sent: what it holds let go, its failure counted once with its reason."""
+    _release(owned)
+    if lease is not None:
+        lease.release()
+    stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+
+
+def sending(owned: list[Lease | RegionUse], lease: Lease | None, stats: ModelStats) -> int:
+    """A request placed to be sent alone: its segment joins what it holds (released once
+    the worker has read it), pending until the worker answers; the time it is sent.
+
+    A plain function, not a coroutine: one more coroutine per request costs on this path.
+    """
+    if lease is not None:
+        owned.append(lease)
+    # NOTE: pending until the worker answers: the front cannot see when a pipelined
+    #   worker starts a request (docs/metrics.md).
+    stats.pending += 1
+    return monotonic_ns()
 
 
 def _release(owned: list[Lease | RegionUse]) -> None:
