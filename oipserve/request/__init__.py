@@ -5,7 +5,9 @@
 - ``parameters``, ``tensors``, ``images``, ``classification``: parameters, JSON values and
   BYTES, encoded images, Triton's classification extension.
 - ``placement``: checked inputs into shared memory; ``client_regions``: clients' registered
-  regions; ``json_offload``: large JSON bodies parsed by a worker; ``echo``: models the front
+  regions, over ``region_use`` (one region, a request's hold on it), ``region_parameters``
+  (a tensor's shared-memory parameters) and ``shm_objects`` (a key's object, opened);
+  ``json_offload``: large JSON bodies parsed by a worker; ``echo``: models the front
   answers itself.
 - ``sequence_params``: ``sequence_id``, ``sequence_start``, ``sequence_end`` of a sequence
   model's request.

@@ -18,19 +18,27 @@ front's descriptors by registering one object under thousands of names, after wh
 every other client's requests failed. ``--max-shm-regions`` bounds the table itself.
 
 Off unless ``--allow-client-shm`` (docs/shared-memory.md, docs/security.md).
+
+This module is the registry (register, status, unregister, ``use``); its parts, one job a
+module: ``shm_objects`` (a key as a POSIX name, its object opened), ``region_parameters``
+(a tensor's shared-memory parameters read), ``region_use`` (one region, and a request's
+hold on it: use counts, ``preadv``/``pwrite``). ``__all__`` keeps the names the rest of the
+front imports from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
-from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound, Unavailable
+from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
+from oipserve.request.region_parameters import RegionRequest, region_parameters
+from oipserve.request.region_use import ClientRegion, RegionStatus, RegionUse
+from oipserve.request.shm_objects import object_name, open_object
 from oipserve.wire.messages import ObjectRef
 from oipserve.wire.shm import SHM_DIR
 
@@ -51,17 +59,8 @@ __all__ = [
     "region_parameters",
 ]
 
-#: The tensor parameters of the extension (oip-spec.md §10.1).
-REGION = "shared_memory_region"
-BYTE_SIZE = "shared_memory_byte_size"
-OFFSET = "shared_memory_offset"
-PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
-
 #: Registered regions per server unless ``--max-shm-regions`` says otherwise.
 DEFAULT_MAX_REGIONS = 1024
-
-#: errno values that say this process (or the system) has no descriptor left.
-NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 FLAG_MESSAGE = (
     "Client shared memory is disabled on this server; start it with --allow-client-shm true "
@@ -81,230 +80,6 @@ def cuda_refusal(inventory: Inventory) -> str:
         "CUDA shared memory is not implemented yet in oipserve (docs/shared-memory.md has "
         "the design); use system shared memory"
     )
-
-
-def object_name(key: str) -> str:
-    """The name of ``key``'s object in /dev/shm; InvalidInput unless it is one POSIX name.
-
-    One leading ``/`` is allowed (``shm_open``'s form, what tritonclient sends); no other
-    ``/``, no ``..``, no NUL, not empty: a key can never name a file outside /dev/shm.
-    """
-    name = key[1:] if key.startswith("/") else key
-    if not name or "/" in name or ".." in name or "\0" in name or name == ".":
-        raise InvalidInput(
-            f"shared memory key {key!r} is not a POSIX shared-memory name: it must be one "
-            "name, optionally after a leading '/', without any other '/' and without '..'"
-        )
-    return name
-
-
-class RegionRequest:
-    """A tensor's shared-memory parameters as a request gives them (not looked up yet)."""
-
-    __slots__ = ("region", "byte_size", "offset")
-
-    def __init__(self, region: str, byte_size: int, offset: int) -> None:
-        self.region = region
-        self.byte_size = byte_size
-        self.offset = offset
-
-
-def region_parameters(where: str, params: Mapping[str, object] | None) -> RegionRequest | None:
-    """The shared-memory parameters of one input or output, checked; None when absent.
-
-    ``shared_memory_region`` and ``shared_memory_byte_size`` come together (Triton's
-    rule); ``shared_memory_offset`` is optional (0).
-    """
-    if not params or not any(key in params for key in PARAMETERS):
-        return None
-    region = params.get(REGION)
-    if region is None or BYTE_SIZE not in params:
-        raise InvalidInput(
-            f"{where} must give both '{REGION}' and '{BYTE_SIZE}' to use shared memory"
-        )
-    if not isinstance(region, str) or not region:
-        raise InvalidInput(f"'{REGION}' of {where} must be a region name (a string)")
-    numbers = []
-    for key in (BYTE_SIZE, OFFSET):
-        value = params.get(key, 0)
-        if type(value) is not int or value < 0:
-            raise InvalidInput(f"'{key}' of {where} must be a non-negative integer, got {value!r}")
-        numbers.append(value)
-    return RegionRequest(region, numbers[0], numbers[1])
-
-
-def open_object(key: str) -> int:
-    """A descriptor of ``key``'s object in /dev/shm, read/write; the caller closes it.
-
-    400 when there is no such object or it cannot be opened (a symbolic link is refused,
-    not followed); 503 when this process has no descriptor left (EMFILE, ENFILE): that
-    is the server's condition, not the client's mistake, and it may pass.
-    """
-    try:
-        return _open_name(object_name(key))
-    except FileNotFoundError:
-        raise InvalidInput(
-            f"Unable to open shared memory region: no shared-memory object with key '{key}'"
-        ) from None
-    except OSError as exc:
-        raise _open_failure(key, exc) from None
-
-
-def _open_name(name: str) -> int:
-    # NOTE: O_NOFOLLOW: a symbolic link in /dev/shm is refused, not followed.
-    return os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-
-
-def _open_failure(key: str, exc: OSError) -> InvalidInput | Unavailable:
-    if exc.errno in NO_DESCRIPTORS:
-        return Unavailable(
-            f"Unable to open shared memory region with key '{key}': the server has no file "
-            f"descriptor left ({exc.strerror}); try again later",
-            retry_after=1,
-        )
-    return InvalidInput(f"Unable to open shared memory region with key '{key}': {exc.strerror}")
-
-
-class RegionStatus(TypedDict):
-    """A registered region as the status calls report it (REST and gRPC: the same fields)."""
-
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-
-
-class ClientRegion:
-    """One registered region: its object's identity, its place in it, the requests using it."""
-
-    __slots__ = ("name", "key", "offset", "byte_size", "ref", "uses", "on_idle", "_idle")
-
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, ref: ObjectRef) -> None:
-        self.name = name
-        self.key = key
-        self.offset = offset
-        self.byte_size = byte_size
-        self.ref = ref
-        #: Requests in flight that read or write this region (on a primary with
-        #: ``--http-workers``, plus one while another front may still use it).
-        self.uses = 0
-        #: Set once the region is unregistered (``pending``): called when ``uses`` drops
-        #: to 0, to drop it from the table (Triton's ``awaiting_unregister``).
-        self.on_idle: Callable[[ClientRegion], None] | None = None
-        self._idle: asyncio.Event | None = None
-
-    @property
-    def pending(self) -> bool:
-        """Unregistered, kept until the requests that use it end."""
-        return self.on_idle is not None
-
-    def status(self) -> RegionStatus:
-        return {
-            "name": self.name,
-            "key": self.key,
-            "offset": self.offset,
-            "byte_size": self.byte_size,
-        }
-
-    def done_with(self) -> None:
-        self.uses -= 1
-        if self.uses == 0:
-            # NOTE: synchronously, before the request's response is written: a client
-            #   that asks for the status once its answer arrived finds the region gone.
-            if self.on_idle is not None:
-                self.on_idle(self)
-            if self._idle is not None:
-                self._idle.set()
-
-    async def idle(self) -> None:
-        """Return once no request uses the region (at once when none does)."""
-        if self.uses:
-            if self._idle is None:
-                self._idle = asyncio.Event()  # one event: several may wait
-            await self._idle.wait()
-
-
-class RegionUse:
-    """One request's hold on a region: where its tensor lies in the object.
-
-    Released once (``release``) when nothing of the request reads or writes it any
-    more; it goes in the request's ``owned`` list, next to its segment leases.
-    """
-
-    __slots__ = ("region", "offset", "nbytes", "relative", "_held")
-
-    def __init__(self, region: ClientRegion, relative: int, nbytes: int) -> None:
-        self.region = region
-        #: The tensor's offset in the region (what the client gave) and in the object.
-        self.relative = relative
-        self.offset = region.offset + relative
-        self.nbytes = nbytes
-        region.uses += 1
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self.region.done_with()
-
-    def read_into(self, target: memoryview) -> None:
-        """Copy the tensor's bytes into ``target`` with ``preadv`` (no mapping: no SIGBUS)."""
-        fd = self._open()
-        try:
-            got = os.preadv(fd, [target], self.offset)
-        finally:
-            os.close(fd)
-        if got != len(target):
-            raise InvalidInput(self.truncated(len(target)))
-
-    def write(self, data: memoryview) -> None:
-        """Write an output's bytes at the tensor's place with ``pwrite``."""
-        if len(data) > self.nbytes:
-            raise InvalidInput(self.too_small("an output", len(data)))
-        fd = self._open()
-        try:
-            if os.fstat(fd).st_size < self.offset + len(data):
-                raise InvalidInput(self.truncated(len(data)))
-            done = 0
-            while done < len(data):
-                done += os.pwrite(fd, data[done:], self.offset + done)
-        finally:
-            os.close(fd)
-
-    def _open(self) -> int:
-        """The region's object, opened by name for one read or write and checked to be the
-        object registered (the same rule as a worker's, ``workers.regions``)."""
-        region = self.region
-        try:
-            fd = _open_name(region.ref.name)
-        except FileNotFoundError:
-            raise InvalidInput(
-                f"shared memory object '{region.ref.name}' of region '{region.name}' no "
-                "longer exists (the client removed it after registering the region)"
-            ) from None
-        except OSError as exc:
-            raise _open_failure(region.key, exc) from None
-        info = os.fstat(fd)
-        if (info.st_dev, info.st_ino) != (region.ref.dev, region.ref.ino):
-            os.close(fd)
-            raise InvalidInput(
-                f"shared memory object '{region.ref.name}' of region '{region.name}' is not "
-                "the one registered (it was removed and created again); register the region "
-                "again"
-            )
-        return fd
-
-    def truncated(self, needed: int) -> str:
-        return (
-            f"shared memory region '{self.region.name}' (key '{self.region.key}') no longer "
-            f"holds {needed} bytes at offset {self.offset}: its object was truncated"
-        )
-
-    def too_small(self, what: str, needed: int) -> str:
-        return (
-            f"{what} needs {needed} bytes but its shared memory region "
-            f"'{self.region.name}' gives {self.nbytes} (shared_memory_byte_size)"
-        )
 
 
 class RegionMirror(Protocol):

@@ -16,7 +16,7 @@ import hpack
 import pytest
 
 from oipserve.config.settings import Settings
-from oipserve.front.grpc.call import MAX_QUEUED
+from oipserve.front.grpc.call_receive import MAX_QUEUED
 from oipserve.front.grpc.h2.frames import (
     END_HEADERS,
     END_STREAM,

@@ -16,7 +16,10 @@ workers happen once, in ``DataPlane``. One job per module:
 - ``rpcs``: the RPCs of the service and the drain (``GrpcServer``).
 - ``call``, ``call_table``, ``tables``, ``handler_context``, ``inflate``: one call on an
   HTTP/2 stream (limits, restrictions, deadlines, messages into segments), what every call
-  shares, a handler's view of its call, bounded inflation.
+  shares, a handler's view of its call, bounded inflation. ``Call`` is one class in
+  layers, a module each: ``call`` (headers, deadline) over ``call_receive`` (messages
+  read) over ``call_run`` (the method run) over ``call_send`` (the reply written) over
+  ``call_state`` (the call's state, its window, its end).
 - ``listener``: the port and its stop. ``h2/``: HTTP/2 itself.
 - ``oipserve.app.grpc_start`` starts the service in every HTTP front.
 

@@ -14,14 +14,9 @@ from typing import Any
 
 from oipserve.errors import InvalidInput
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.request.client_regions import (
-    PARAMETERS,
-    ClientRegions,
-    RegionRequest,
-    RegionUse,
-    region_parameters,
-)
+from oipserve.request.client_regions import ClientRegions, RegionUse
 from oipserve.request.inference import InputTensor
+from oipserve.request.region_parameters import PARAMETERS, RegionRequest, region_parameters
 from oipserve.request.tensors import Deferred, check_datatype
 from oipserve.wire.datatypes import DATATYPES
 from oipserve.wire.shm import Lease

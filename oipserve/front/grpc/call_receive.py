@@ -1,0 +1,263 @@
+"""A call's request messages read (``front.grpc.call``'s layers: ``call_state``).
+
+Messages (5-byte prefix, then the payload) are refused by their declared length before
+any memory is taken for them; a large ModelInfer message is read straight into a segment
+of the input pool, where the worker reads its tensors (as a REST body is), other large
+ones into anonymous memory that goes back to the system when freed, small ones joined on
+the heap. A message only partly in is bounded in time as a REST body is. A unary call
+runs once its one message is whole and the client is done; a stream's messages are
+queued for its handler (a bounded count), its window given back as the handler keeps up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+from typing import Any
+
+import grpc
+
+from oipserve.front.grpc.call_run import CallRunner
+from oipserve.front.grpc.h2.frames import MESSAGE_PREFIX, ErrorCode
+from oipserve.runtime.off_loop import unmap_off_loop
+from oipserve.wire.shm import CREATE_IN_THREAD, Lease
+
+#: ModelInfer messages from this size are read into an input segment; other messages from
+#: ``MAPPED`` into anonymous memory of their own.
+LEASED = 256 * 1024
+#: Messages from this size (not leased) are read into anonymous mmap of their own: its pages
+#: are zeroed by the kernel as they are first written, never all at once on the loop, and go
+#: back to the system when the message is freed. Smaller ones are joined from the received
+#: chunks on the heap (whose malloc takes blocks of this size from mmap anyway,
+#: ``memory_trim.LARGE_BLOCK``).
+MAPPED = 8 * 1024 * 1024
+#: A unary call's stream window is given back once this much of its message is in.
+_STREAM_ACK = 1024 * 1024
+#: The most messages a stream may have queued for its handler: past it, RST_STREAM
+#: ENHANCE_YOUR_CALM. Its bytes are bounded by its window (checked by the connection), but
+#: within one window of 4 MiB a client could queue 800,000 empty messages, ~100 bytes of
+#: the front's each; a client pipelining real requests (64 in flight) stays far below.
+MAX_QUEUED = 4096
+
+_OK = grpc.StatusCode.OK.value[0]
+_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
+
+class CallReceiver(CallRunner):
+    """A call's layer that reads its messages (the connection's ``data_received``,
+    ``end_received``)."""
+
+    __slots__ = ()
+
+    def data_received(self, data: memoryview) -> None:
+        if self._done:
+            return
+        if self._ended:
+            self._sent_after_end()
+            return
+        while data:
+            if self._left == 0:  # whole, its segment still being made: a second message
+                self._release()
+                self._fail(_INTERNAL, "more than one request message for a unary call")
+                return
+            if self._left < 0:  # the prefix
+                need = 5 - len(self._prefix)
+                self._prefix += bytes(data[:need])
+                # NOTE: the prefix came through the stream's window too: given back with
+                #   the message's bytes, or a long stream's window shrinks 5 bytes a message.
+                self._unacked += min(need, len(data))
+                data = data[need:]
+                if len(self._prefix) < 5:
+                    return
+                compressed, length = MESSAGE_PREFIX.unpack(self._prefix)
+                self._prefix = b""
+                if not self._begin(bool(compressed), length):
+                    return
+                if length == 0:
+                    self._message_done()
+                    if self._done:
+                        return
+                    continue
+            take = min(self._left, len(data))
+            self._fill(data[:take])
+            data = data[take:]
+            self._left -= take
+            if self._left == 0:
+                self._message_done()
+                if self._done:
+                    return
+        if self._left > 0 and self._upload is None:
+            self._upload_timer()
+
+    def _upload_timer(self) -> None:
+        """A message only partly in is bounded in time, as a REST body is: ``--body-timeout``
+        plus a second per ``--min-transfer-rate`` bytes received meanwhile. A prefix
+        declaring a large size, then silence, would otherwise hold its memory until the
+        connection closed; what is only declared buys no time (a second per 64 KiB still
+        to come gave a 256 MiB prefix 68 minutes). Set only when a message spans reads: a
+        small one arriving whole costs none."""
+        loop = asyncio.get_running_loop()
+        self._upload = loop.call_later(
+            self._table.body_timeout, self._upload_expired, loop.time(), self._left
+        )
+
+    def _upload_expired(self, since: float, left: int) -> None:
+        """The message did not arrive in time (``since``: the timer's start, ``left``: its
+        bytes to come then): what it holds goes back, the call ends."""
+        self._upload = None
+        if self._done:
+            return
+        if self._holding_back():
+            self._upload_timer()  # held back by us (its window not given back), not the client
+            return
+        # NOTE: the bytes received are counted here, at the deadline, not per read: a
+        #   message that keeps arriving re-arms its one timer, never one a chunk.
+        table, loop = self._table, asyncio.get_running_loop()
+        until = since + table.body_timeout + (left - max(self._left, 0)) / table.min_transfer_rate
+        if loop.time() < until:
+            self._upload = loop.call_later(until - loop.time(), self._upload_expired, since, left)
+            return
+        if not self._streaming:  # unary, not running yet: answered
+            self._release()
+            self._fail(_DEADLINE, "the request message did not arrive in time")
+        else:  # a stream, its responses perhaps begun: reset (``reset`` releases)
+            self.reset()
+            self._conn.reset_stream(self._stream, ErrorCode.CANCEL)
+
+    def _begin(self, compressed: bool, length: int) -> bool:
+        limit = self._table.receive_limit
+        if length > limit:
+            self._fail(_EXHAUSTED, f"Received message larger than max ({length} vs. {limit})")
+            return False
+        if compressed and self._encoding == "identity":
+            self._fail(_INTERNAL, "a compressed message without a grpc-encoding")
+            return False
+        self._compressed = compressed
+        self._left = length
+        self._filled = 0
+        pool = self._table.pool
+        if not compressed and length >= LEASED and self._name == "ModelInfer" and pool:
+            if length < CREATE_IN_THREAD:
+                self._take_lease(pool.acquire(length), length)
+            else:
+                self._waiting = []
+                made = asyncio.ensure_future(pool.acquire_async(length))
+                made.add_done_callback(lambda done: self._leased(done, length))
+        elif length >= MAPPED:
+            self._memory = memoryview(mmap.mmap(-1, length))
+            self._mapped = True
+        return True
+
+    def _take_lease(self, lease: Lease, length: int) -> None:
+        self._lease = lease
+        self._memory = lease.buf[:length]
+
+    def _leased(self, made: asyncio.Future[Lease], length: int) -> None:
+        if made.cancelled():
+            return
+        failure = made.exception()
+        if failure is not None or self._done:
+            if failure is None:
+                made.result().release()  # the call ended meanwhile
+            elif not self._done:
+                self._fail_with(failure)
+            return
+        self._take_lease(made.result(), length)
+        waiting, self._waiting = self._waiting or [], None
+        for chunk in waiting:
+            self._fill(memoryview(chunk))
+        if self._left == 0:
+            self._message_done()
+        if self._ended and not self._done:
+            self._run_when_whole()
+
+    def _fill(self, chunk: memoryview) -> None:
+        if self._waiting is not None:
+            self._waiting.append(bytes(chunk))
+            return
+        if self._memory is not None:
+            self._memory[self._filled : self._filled + len(chunk)] = chunk
+            self._filled += len(chunk)
+        else:
+            self._parts.append(bytes(chunk))
+        self._unacked += len(chunk)
+        if self._unacked < _STREAM_ACK:
+            return
+        if not self._streaming:
+            # A unary call takes its one message as it arrives; no more comes after it.
+            if self._left > len(chunk):
+                self._acknowledge()
+        elif not self._holding_back():
+            self._acknowledge()  # else once the stream's handler takes or answers messages
+
+    def _message_done(self) -> None:
+        if self._waiting is not None:
+            return  # completed by ``_leased``
+        self._left = -1
+        if self._upload is not None:
+            self._upload.cancel()
+            self._upload = None
+        if self._memory is not None:
+            message: Any = self._memory
+            self._memory = None
+        elif len(self._parts) == 1:
+            message = self._parts[0]
+        else:
+            message = b"".join(self._parts)
+        self._parts = []
+        lease, self._lease = self._lease, None
+        mapped, self._mapped = self._mapped, False
+        if self._streaming:
+            queue = self._queue or self._start_stream()
+            if queue.qsize() >= MAX_QUEUED:
+                unmap_off_loop(message)
+                self.reset()
+                self._conn.reset_stream(self._stream, ErrorCode.ENHANCE_YOUR_CALM)
+                return
+            queue.put_nowait((self._compressed, message))
+            size = memoryview(message).nbytes
+            self._backlog += size
+            self._sizes.append(size)
+            return
+        self._messages.append((self._compressed, message, lease, mapped))
+        if len(self._messages) > 1:
+            self._fail(_INTERNAL, "more than one request message for a unary call")
+
+    def end_received(self) -> None:
+        if self._ended and not self._done:
+            self._sent_after_end()
+            return
+        self._ended = True
+        if self._done:
+            return
+        if self._streaming:
+            (self._queue or self._start_stream()).put_nowait(None)
+        else:
+            self._run_when_whole()
+
+    def _start_stream(self) -> asyncio.Queue[tuple[bool, Any] | None]:
+        """A stream's first message (or its end) came: its queue, and its handler's task."""
+        queue: asyncio.Queue[tuple[bool, Any] | None] = asyncio.Queue()
+        self._queue = queue
+        self._task = asyncio.ensure_future(self._run_stream())
+        return queue
+
+    def shutting_down(self) -> None:
+        """The server stops: a stream whose handler never started (no message came) ends
+        now with OK, as a started one does once ``closing`` is set and it has answered
+        what it read (``streaming.ordered_responses``)."""
+        if self._streaming and self._task is None and not self._done:
+            self._end(_OK, "", False)
+
+    def _run_when_whole(self) -> None:
+        """Run a unary call whose client is done sending, once its message is whole."""
+        if self._waiting is not None:
+            return  # ``_leased`` comes back here
+        if self._left >= 0 or self._prefix:
+            self._fail(_INTERNAL, "the request ended inside a message")
+        elif not self._messages:
+            self._fail(_INTERNAL, "no request message for a unary call")
+        else:
+            self._task = asyncio.ensure_future(self._run_unary())

@@ -1,0 +1,137 @@
+"""A call's method run (``front.grpc.call``'s layers: ``call_state``).
+
+A unary call runs once its one message is whole: inflated if compressed, parsed, its
+lease handed to the service, answered, or forwarded to the primary front. A stream's
+handler takes its messages from the queue the messages were read into, and its responses
+are written in request order (``streaming.ordered_responses``); each request message
+received into memory of its own is unmapped in a thread once its response is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import grpc
+
+from oipserve.front.grpc.call_send import CallSender
+from oipserve.front.grpc.codec import wire_bytes
+from oipserve.front.grpc.h2.frames import TRAILERS_OK
+from oipserve.front.grpc.handler_context import Aborted, Context
+from oipserve.front.grpc.inflate import inflate
+from oipserve.front.grpc.rpcs import STREAM_RPC
+from oipserve.front.grpc.status import log_failure, status_of
+from oipserve.front.grpc.streaming import ordered_responses
+from oipserve.runtime.off_loop import unmap_off_loop
+
+_OK = grpc.StatusCode.OK.value[0]
+
+
+class CallRunner(CallSender):
+    """A call's layer that runs its method: ``_run_unary``, ``_run_stream``."""
+
+    __slots__ = ()
+
+    async def _run_unary(self) -> None:
+        method = self._method
+        compressed, message, lease, mapped = self._messages.pop()
+        payload: Any = None
+        try:
+            payload = await self._inflated(message) if compressed else message
+            if method is None:  # answered by another front
+                data: bytes | memoryview = await self._forwarded(bytes(payload))
+            else:
+                self._arrived_at = None  # parsing takes it off ``arriving`` (``rpcs.arrived``)
+                request = method.deserialize(payload)
+                if lease is not None:
+                    request.lease, lease = lease, None  # the service owns it now
+                data = await wire_bytes(await method.call(request), method.serialize)
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except Exception as exc:
+            self._fail_with(exc)
+            return
+        finally:
+            self._release_message(message, lease, mapped)
+            if compressed and payload is not None:
+                unmap_off_loop(payload)
+        try:
+            await self._send([data], first=True)
+        except (asyncio.CancelledError, ConnectionError):
+            self._cancelled()
+            return
+        except Exception as exc:  # too large to send: nothing was sent
+            self._fail_with(exc)
+            return
+        self._finish(TRAILERS_OK)
+
+    def _forwarded(self, request: bytes) -> Awaitable[bytes]:
+        forward = self._table.forward
+        if forward is None:
+            raise RuntimeError(f"{self._name} is to be forwarded by a table that cannot forward")
+        left = None
+        if self._deadline_at is not None:
+            left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
+        return forward(self._name, request, self._metadata, left)
+
+    async def _run_stream(self) -> None:
+        started = False
+        #: The request messages, in order, until their responses are sent: then one
+        #: received into memory of its own (``MAPPED``) is unmapped in a thread, not by
+        #: its last reference's release on the loop (64 MiB: tens of ms).
+        held: deque[Any] = deque()
+        try:
+            context = Context(self._metadata)
+            table = self._table
+            responses = ordered_responses(
+                self._requests(held), table.stream_infer, table.closing, context
+            )
+            async for parts in responses:
+                try:
+                    await self._send(parts, first=not started)
+                    started = True
+                finally:
+                    if held:  # its request's message (responses come in request order)
+                        unmap_off_loop(held.popleft())
+                    self._answered()
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except ConnectionError:
+            return
+        except Aborted as exc:
+            self._end(exc.code.value[0], exc.message, started)
+            return
+        except Exception as exc:
+            code, message = status_of(exc)
+            log_failure(STREAM_RPC, code, message, exc)
+            self._end(code.value[0], message, started)
+            return
+        finally:
+            while held:
+                unmap_off_loop(held.popleft())
+        self._end(_OK, "", started)
+
+    async def _requests(self, held: deque[Any]) -> AsyncIterator[Any]:
+        if self._queue is None:
+            raise RuntimeError(f"the request stream of {self._name} has no queue")
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            compressed, message = item
+            item = None
+            if self._unacked and not self._holding_back():
+                self._acknowledge()
+            if compressed:
+                inflated = await self._inflated(message)
+                unmap_off_loop(message)
+                message = inflated
+            held.append(message)
+            yield message
+
+    def _inflated(self, message: bytes | memoryview) -> Awaitable[bytes | memoryview]:
+        return inflate(message, self._encoding, self._table.receive_limit)

@@ -1,0 +1,235 @@
+"""What one gRPC call holds, and how it ends: the base of ``front.grpc.call.Call``.
+
+``Call`` is one class built in layers, one job a module, each a subclass of the one below
+it, so that a reader of one job reads one module; no layer wraps another (a call does
+the work it did as one class, and every layer adds no slot of its own): ``call`` (the
+headers and the deadline) over ``call_receive`` (the request's messages read) over
+``call_run`` (the method run) over ``call_send`` (the reply written) over this module:
+the call's state (``__slots__``, all set in ``__init__``), the stream's window given back
+as its handler keeps up, and every way a call ends: the status or trailers that answer
+it, a reset from either side, and what it gives back (its message's lease or memory, its
+task and queued messages, its ``arriving`` entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from oipserve.front.grpc.call_table import CallTable
+from oipserve.front.grpc.h2.connection import STREAM_WINDOW, Connection
+from oipserve.front.grpc.h2.frames import ErrorCode, trailers, trailers_only
+from oipserve.front.grpc.handler_context import Aborted
+from oipserve.front.grpc.rpcs import Method, forget
+from oipserve.front.grpc.status import log_failure, status_of
+from oipserve.runtime.off_loop import unmap_off_loop
+from oipserve.wire.shm import Lease
+
+if TYPE_CHECKING:
+    from oipserve.front.grpc.h2.headers import Headers
+
+#: A stream's messages read ahead of its handler before its window stops being given back.
+_QUEUED = 64
+#: A stream's bytes received and not yet answered (queued, or running) before its window
+#: stops being given back: with the window the client may still fill, a stream holds at
+#: most two windows of requests, whatever its messages' count (64 messages of 1 MiB each
+#: queued and 64 more running held ~150 MiB a stream whose client did not read).
+_BACKLOG = STREAM_WINDOW
+
+_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+
+
+class CallState:
+    """A call's state, its stream's window, and its end (the layers above run it)."""
+
+    __slots__ = ("send_window", "_conn", "_stream", "_table", "_name", "_method", "_encoding",
+                 "_metadata", "_timer", "_upload", "_arrived_at", "_deadline_at", "_task",
+                 "_done", "_ended", "_expired",
+                 "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
+                 "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
+                 "_backlog", "_sizes")  # fmt: skip
+
+    def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
+        self.send_window = 0
+        self._conn = conn
+        self._stream = stream
+        self._table = table
+        self._name = ""
+        self._method: Method | None = None
+        self._encoding = "identity"
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        self._timer: asyncio.TimerHandle | None = None
+        #: Set while a message is partly in: past it the call is dropped (``_upload_expired``).
+        self._upload: asyncio.TimerHandle | None = None
+        #: This ModelInfer call's entry in the table's ``arriving``, until its message is
+        #: parsed (``rpcs.arrived`` takes it off then) or the call ends without (``_release``).
+        self._arrived_at: float | None = None
+        #: The loop's time at the call's deadline (``grpc-timeout``), if it has one.
+        self._deadline_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: Answered (or reset): nothing more is read or written.
+        self._done = False
+        #: The client has sent its last message (END_STREAM).
+        self._ended = False
+        self._expired = False
+        # The message being read: its prefix so far, payload bytes left, where they go.
+        self._prefix = b""
+        self._left = -1
+        self._compressed = False
+        self._parts: list[bytes] = []
+        self._memory: memoryview | None = None
+        #: ``_memory`` is anonymous memory of this call's (not a lease).
+        self._mapped = False
+        self._filled = 0
+        self._lease: Lease | None = None
+        #: Chunks that came while a large message's segment was being made.
+        self._waiting: list[bytes] | None = None
+        self._unacked = 0
+        #: A unary call's whole message: (compressed, message, its lease, mapped).
+        self._messages: list[tuple[bool, Any, Lease | None, bool]] = []
+        #: A ModelStreamInfer call (its messages go to ``_queue``, not ``_messages``).
+        self._streaming = False
+        #: A stream's messages, for its handler to take (None: the client is done); made,
+        #: and the handler's task started, with its first message (``_start_stream``).
+        self._queue: asyncio.Queue[tuple[bool, Any] | None] | None = None
+        #: A stream's bytes received whole and not yet answered, and each message's size
+        #: in order (one response a message, in request order): ``_holding_back``.
+        self._backlog = 0
+        self._sizes: deque[int] = deque()
+
+    if TYPE_CHECKING:
+        # What the connection drives (``h2.connection.Stream``), defined by the layers
+        # above: declared here so that each layer may hand ``self`` to the connection.
+
+        def headers_received(self, headers: Headers, end_stream: bool) -> None: ...
+
+        def data_received(self, data: memoryview) -> None: ...
+
+        def end_received(self) -> None: ...
+
+    # ---- the stream's window ----------------------------------------------------------
+
+    def _acknowledge(self) -> None:
+        self._conn.acknowledge(self._stream, self._unacked)
+        self._unacked = 0
+
+    def _holding_back(self) -> bool:
+        """A stream's window is not given back while its handler is this far behind: too
+        many messages queued, or too many bytes received and not yet answered."""
+        queue = self._queue
+        return self._backlog >= _BACKLOG or (queue is not None and queue.qsize() >= _QUEUED)
+
+    def _answered(self) -> None:
+        """A stream's oldest message was answered: its bytes leave the backlog, and the
+        window held back for them is given back."""
+        if self._sizes:
+            self._backlog -= self._sizes.popleft()
+        if self._unacked and not self._holding_back():
+            self._acknowledge()
+
+    # ---- ending ---------------------------------------------------------------------
+
+    def _finish(self, block: bytes) -> None:
+        """The last header block (trailers), ending the stream from this side."""
+        if self._done:
+            return
+        self._done = True
+        self._stop_timer()
+        self._conn.send_headers(self._stream, block, end_stream=True)
+        self._close_stream()
+        if self._queue is not None:
+            self._stop_stream()
+
+    def _stop_stream(self) -> None:
+        """A stream answered from outside its task (a message refused by its length, its
+        upload or deadline past): the task would wait on its queue for good; it is
+        cancelled, and the messages queued for it are given back."""
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            if not task.cancelling():  # ``reset`` may have cancelled it already
+                task.cancel()
+        queue = self._queue
+        while queue is not None and not queue.empty():
+            item = queue.get_nowait()
+            if item is not None:
+                unmap_off_loop(item[1])
+
+    def _end(self, code: int, message: str, started: bool) -> None:
+        self._finish(trailers(code, message) if started else trailers_only(code, message))
+
+    def _fail(self, code: int, message: str) -> None:
+        """Answer with a status alone (nothing was sent yet)."""
+        self._finish(trailers_only(code, message))
+
+    def _fail_with(self, exc: BaseException) -> None:
+        if isinstance(exc, Aborted):
+            self._fail(exc.code.value[0], exc.message)
+            return
+        code, message = status_of(exc)
+        log_failure(self._name or "gRPC call", code, message, exc)
+        self._fail(code.value[0], message)
+
+    def _cancelled(self) -> None:
+        if self._expired:
+            self._fail(_DEADLINE, "Deadline Exceeded")
+        else:
+            self._done = True
+            self._stop_timer()
+
+    def _close_stream(self) -> None:
+        """Done before the client was: it is told to stop sending (RST_STREAM NO_ERROR)."""
+        if not self._ended:
+            self._conn.reset_stream(self._stream, ErrorCode.NO_ERROR)
+        self._release()
+
+    def _sent_after_end(self) -> None:
+        """DATA, or a second END_STREAM, after the client ended its side: a stream error,
+        STREAM_CLOSED (RFC 9113, 5.1). The call ends as if the client had reset it: a
+        run already started is cancelled, and what its messages hold is given back."""
+        self.reset()
+        self._conn.reset_stream(self._stream, ErrorCode.STREAM_CLOSED)
+
+    def reset(self) -> None:
+        """The client reset the stream, or the connection went."""
+        self._ended = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._done = True
+        self._stop_timer()
+        self._release()
+        if self._queue is not None:
+            self._stop_stream()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._upload is not None:
+            self._upload.cancel()
+            self._upload = None
+
+    def _release(self) -> None:
+        """Give back what a message being read holds (a finished call holds nothing), and
+        the call's ``arriving`` entry if its message was never parsed (refused, reset,
+        expired): else it would be kept for the life of the process."""
+        if self._arrived_at is not None:
+            forget(self._table.arriving, self._arrived_at)
+            self._arrived_at = None
+        self._waiting = None
+        lease, self._lease = self._lease, None
+        memory, self._memory = self._memory, None
+        mapped, self._mapped = self._mapped, False
+        self._release_message(memory, lease, mapped)
+        for _, message, held, in_map in self._messages:
+            self._release_message(message, held, in_map)
+        self._messages.clear()
+
+    @staticmethod
+    def _release_message(message: Any, lease: Lease | None, mapped: bool) -> None:
+        if lease is not None:
+            lease.release()
+        elif mapped:
+            unmap_off_loop(message)

@@ -1,0 +1,54 @@
+"""A tensor's shared-memory parameters as a request gives them (``client_regions``).
+
+``shared_memory_region``, ``shared_memory_byte_size`` and ``shared_memory_offset`` on an
+input or an output (REST and gRPC alike), read with one set of checks into a
+``RegionRequest``: what the request names, before the registry looks the region up
+(``ClientRegions.use``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from oipserve.errors import InvalidInput
+
+#: The tensor parameters of the extension (oip-spec.md §10.1).
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
+
+
+class RegionRequest:
+    """A tensor's shared-memory parameters as a request gives them (not looked up yet)."""
+
+    __slots__ = ("region", "byte_size", "offset")
+
+    def __init__(self, region: str, byte_size: int, offset: int) -> None:
+        self.region = region
+        self.byte_size = byte_size
+        self.offset = offset
+
+
+def region_parameters(where: str, params: Mapping[str, object] | None) -> RegionRequest | None:
+    """The shared-memory parameters of one input or output, checked; None when absent.
+
+    ``shared_memory_region`` and ``shared_memory_byte_size`` come together (Triton's
+    rule); ``shared_memory_offset`` is optional (0).
+    """
+    if not params or not any(key in params for key in PARAMETERS):
+        return None
+    region = params.get(REGION)
+    if region is None or BYTE_SIZE not in params:
+        raise InvalidInput(
+            f"{where} must give both '{REGION}' and '{BYTE_SIZE}' to use shared memory"
+        )
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"'{REGION}' of {where} must be a region name (a string)")
+    numbers = []
+    for key in (BYTE_SIZE, OFFSET):
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise InvalidInput(f"'{key}' of {where} must be a non-negative integer, got {value!r}")
+        numbers.append(value)
+    return RegionRequest(region, numbers[0], numbers[1])
