@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from oipserve.front.grpc.h2.frames import ErrorCode, Setting
+from oipserve.front.grpc.h2.frames import HEADER_SIZE, ErrorCode, Frame, Setting, frame
 from tests.support import h2_attacks
 from tests.support.h2_attacks import Attack, Attacker, Outcome
 from tests.support.memory import MiB
@@ -212,6 +212,38 @@ def test_attack_leaves_others_served(server: ServerProcess, name: str) -> None:
         assert not problems, "\n".join([summary, *problems])
     finally:
         h2_attacks.close_all(outcome.attackers)
+
+
+#: What ends the connection of ``read_late``, what it sends after, never read, and the
+#: GOAWAY's code.
+LATE_READERS = {
+    "continuation-flood": (
+        lambda a: frame(Frame.HEADERS, 0, 1, a.call(1, "ModelInfer")[HEADER_SIZE:]),
+        frame(Frame.CONTINUATION, 0, 1) * 4096,
+        ErrorCode.ENHANCE_YOUR_CALM,
+    ),
+    "frame-error": (
+        lambda a: frame(Frame.PING, 0, 1, b"12345678"),  # a PING on a stream
+        frame(Frame.PING, 0, 0, b"12345678") * 1000,
+        ErrorCode.PROTOCOL_ERROR,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", LATE_READERS)
+def test_a_flooder_that_reads_late_still_gets_its_goaway(server: ServerProcess, name: str) -> None:
+    """The continuation-flood case failed now and then with no GOAWAY seen: the front
+    closed its socket with the flood unread, the kernel reset it, and the reset dropped
+    the GOAWAY still in the front's send queue (a client that had not read its window
+    empty). Now the socket lingers, FIN after the GOAWAY, not read, for a moment
+    (``front.grpc.linger``): a client that reads only once its sends stall gets both."""
+    ending, flood, code = LATE_READERS[name]
+    attacker = h2_attacks.read_late(server.grpc_port, ending, flood, MARGIN)
+    try:
+        assert attacker.closed.is_set()
+        assert attacker.goaway == [code]
+    finally:
+        attacker.close()
 
 
 def test_a_slow_reader_above_the_rate_keeps_its_reply(server: ServerProcess) -> None:

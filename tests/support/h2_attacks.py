@@ -72,8 +72,9 @@ class Attacker:
         settings: dict[Setting, int] | None = None,
         preface: bool = True,
         read: bool = True,
+        rcvbuf: int | None = None,
     ) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock = _connect(port, rcvbuf)
         self.encoder = hpack.Encoder()
         #: Error codes of the GOAWAYs the server sent.
         self.goaway: list[int] = []
@@ -192,12 +193,24 @@ class Attacker:
             self._reader.join(5)
 
 
+def _connect(port: int, rcvbuf: int | None) -> socket.socket:
+    """A connection to ``port``; ``rcvbuf``: its receive buffer, set before the connect
+    (the window the kernel offers follows from it)."""
+    if rcvbuf is None:
+        return socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
 def disconnected(attackers: list[Attacker], codes: Collection[int], within: float) -> list[str]:
     """What is wrong with how the server ended ``attackers``, within ``within`` seconds
     (all together): each connection closed, any GOAWAY on it one of ``codes``, and at
-    least one GOAWAY seen. (A flood's GOAWAY may never be read: the server closes with
-    the attacker's frames unread, so its kernel answers with a reset, and the attacker's
-    kernel drops what it had received and not yet read.)"""
+    least one GOAWAY seen. (The server lingers after a flood's GOAWAY so that a reader
+    gets it, ``front.grpc.linger``; a connection past its bound of lingering sockets, or
+    one whose reader comes later than the linger, may still see only a reset.)"""
     deadline = time.monotonic() + within
     wrong = []
     for index, attacker in enumerate(attackers):
@@ -302,6 +315,43 @@ def _after(event: threading.Event, seconds: float) -> threading.Event:
 
     threading.Thread(target=wait, daemon=True).start()
     return later
+
+
+#: Seconds a send of ``read_late`` may block before it takes the server to have stopped
+#: reading (well under ``front.grpc.linger.LINGER_SECONDS``: it reads after).
+STALL = 0.05
+#: ``read_late``'s receive buffer: a few KB of the server's answers fill its window. (The
+#: kernel's least, 1, is too small: it drops segments, and the retransmission timer's
+#: 200 ms then delays everything after.)
+LATE_RCVBUF = 4096
+#: PINGs ``read_late`` sends first: their ACKs (14 KB) fill its window; under the flood
+#: budget (``h2.connection.FLOOD_BUDGET``).
+LATE_PINGS = 800
+
+
+def read_late(
+    port: int, ending: Callable[[Attacker], bytes], flood: bytes, within: float
+) -> Attacker:
+    """A client that fills its window with PING ACKs and sends ``ending`` (made for its
+    connection: what makes the server end it), then ``flood`` again and again, reading
+    nothing until a send fails (the server closed) or stalls ``STALL`` seconds (the
+    server stopped reading); then it reads all until the server closes or ``within``
+    seconds pass. Whatever the server writes last (its GOAWAY) still waits in the
+    server's send queue when it decides to close: closed then with the flood unread, the
+    socket would be reset, and the reset drops that queue (the GOAWAY never arrives)."""
+    attacker = Attacker(port, read=False, rcvbuf=LATE_RCVBUF)
+    attacker.sock.settimeout(STALL)
+    pings = frame(Frame.PING, 0, 0, b"12345678") * LATE_PINGS
+    sent = attacker.send(pings + ending(attacker))
+    while sent:
+        try:
+            attacker.sock.sendall(flood)
+        except TimeoutError:
+            break  # stalled: the server reads no more
+        except OSError:
+            sent = False
+    attacker.drain(within)
+    return attacker
 
 
 def _until_closed(attacker: Attacker, stop: threading.Event, chunk: Callable[[], bytes]) -> None:

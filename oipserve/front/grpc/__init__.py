@@ -20,7 +20,8 @@ workers happen once, in ``DataPlane``. One job per module:
   layers, a module each: ``call`` (headers, deadline) over ``call_receive`` (messages
   read) over ``call_run`` (the method run) over ``call_send`` (the reply written) over
   ``call_state`` (the call's state, its window, its end).
-- ``listener``: the port and its stop. ``h2/``: HTTP/2 itself.
+- ``listener``: the port and its stop; ``linger``: a connection error's socket closed
+  without losing its GOAWAY (briefly, a bounded number). ``h2/``: HTTP/2 itself.
 - ``oipserve.app.grpc_start`` starts the service in every HTTP front.
 
 (Absolute imports keep ``oipserve.front.grpc`` apart from grpcio's top-level ``grpc``,

@@ -11,7 +11,9 @@ The public port's connections are bounded (``front.grpc.keepalive``): at most
 ``max_connections`` at once (past it a new one is refused and closed at once, the open
 ones kept), and each is watched for idleness and silence by one timer of its own. The
 private socket's connections (the other fronts' forwarded calls) are neither counted
-nor watched.
+nor watched. A connection ended by a connection error frees its slot at once; its
+socket lingers briefly, bounded, so that its GOAWAY is not lost (``front.grpc.linger``),
+and ``stop`` aborts those still lingering.
 
 ``adopt`` takes the HTTP/2 connections that came to the HTTP port (h2c with prior
 knowledge, ``front.http.protocol``): they are this listener's in every way (the cap, the
@@ -33,6 +35,7 @@ from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
 from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
+from oipserve.front.grpc.linger import Lingering
 from oipserve.front.header_rules import App
 from oipserve.front.http.h2_asgi import Http2Connection, RestLimits, RestOverH2
 
@@ -72,11 +75,18 @@ class H2Server:
         self._listeners: list[asyncio.Server] = []
         #: ``stop`` began: connections handed over by ``adopt`` are refused.
         self._stopping = False
+        #: Sockets closing after a connection error's GOAWAY (not counted by the cap).
+        self._lingering = Lingering()
 
     @property
     def connections(self) -> int:
         """Connections open on the public port (what the cap counts)."""
         return len(self._watched)
+
+    @property
+    def lingering(self) -> int:
+        """Sockets lingering after a connection error's GOAWAY (``front.grpc.linger``)."""
+        return len(self._lingering)
 
     def _connection(self, preface_timeout: float | None = None) -> asyncio.Protocol:
         """A connection on the public port: counted against the cap, and watched."""
@@ -91,7 +101,9 @@ class H2Server:
     def _private(self, preface_timeout: float | None = None) -> Connection:
         if preface_timeout is None:
             preface_timeout = self._preface_timeout
-        connection = Http2Connection(self._call, self._closed, preface_timeout)
+        connection = Http2Connection(
+            self._call, self._closed, preface_timeout, linger=self._lingering.take
+        )
         self._connections.add(connection)
         return connection
 
@@ -156,5 +168,6 @@ class H2Server:
             for call in list(connection.streams.values()):
                 call.reset()
             connection.close()
+        self._lingering.close()
         for listener in self._listeners:
             await listener.wait_closed()

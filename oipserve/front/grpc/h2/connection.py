@@ -140,6 +140,19 @@ class Stream(Protocol):
         """The stream ended without an answer (RST_STREAM, or the connection went)."""
 
 
+class _HandedOver(asyncio.Transport):
+    """Where a connection writes once its socket was handed to the linger: nowhere."""
+
+    def is_closing(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+_HANDED_OVER = _HandedOver()
+
+
 class Connection(asyncio.Protocol):
     """The HTTP/2 server side of one client connection."""
 
@@ -148,9 +161,13 @@ class Connection(asyncio.Protocol):
         new_stream: Callable[[Connection, int], Stream],
         closed: Callable[[Connection], None],
         preface_timeout: float = PREFACE_TIMEOUT,
+        linger: Callable[[asyncio.Transport], bool] | None = None,
     ) -> None:
         self._new_stream = new_stream
         self._closed = closed
+        #: Takes the socket after a connection error's GOAWAY, to close it without losing
+        #: the GOAWAY (``front.grpc.linger``); False, or None: it is closed at once.
+        self._linger = linger
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
@@ -242,8 +259,29 @@ class Connection(asyncio.Protocol):
             self._pending = data[end:]
 
     def _abort(self, code: ErrorCode, message: str) -> None:
+        """A connection error: its GOAWAY, then the socket closed.
+
+        Closed with the peer's frames unread (a flood's always are), the socket is reset,
+        and the reset drops the GOAWAY wherever the peer has not read it yet. So where the
+        ``linger`` takes the socket (its FIN follows the GOAWAY, it reads nothing, it is
+        closed shortly), this connection lets go of it and ends now, as at a lost
+        connection: its streams are reset and its slot freed (``closed``).
+        """
         self._write(goaway(self._last_stream, code, message))
-        self.close()
+        transport = self.transport
+        if self._linger is None or transport is None or self.lost:
+            self.close()
+            return
+        self._out.flush()
+        if not self._linger(transport):
+            self.close()
+            return
+        # What is still written goes nowhere (the transport would raise after its
+        # write_eof); the end comes next turn, as a close's does (what is left of the
+        # frames being read may still open streams: they are reset with the others).
+        self._out = CorkedTransport(_HANDED_OVER, self._loop)
+        self.transport = None
+        self._loop.call_soon(self.connection_lost, None)
 
     def pause_writing(self) -> None:
         # NOTE: no reading while the client does not read: a client that sends calls and

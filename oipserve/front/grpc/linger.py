@@ -1,0 +1,135 @@
+"""A connection error's lingering close: its GOAWAY reaches the peer, briefly and boundedly.
+
+A socket closed while the peer's bytes are still unread in the kernel is reset (TCP RST),
+and the reset throws away what the kernel had not sent yet. A flooding peer always has
+frames unread, and one that reads slowly (or only once its sends stall) has a full window:
+the GOAWAY that says why it was cut (RFC 9113, 5.4.1) died in our send queue, and the peer
+saw only a reset (test_grpc_abuse's continuation-flood case, now and then; a client that
+reads only once its sends stall got no GOAWAY in 30 tries of 30, and every one with this).
+
+So ``Lingering.take`` ends our side (``write_eof``: the GOAWAY, then a FIN, leave as the
+peer reads), stops reading (nothing more of the peer's is parsed or buffered here), and
+aborts the socket once the peer has closed too, or ``LINGER_SECONDS`` later at most; the
+connection meanwhile releases everything it held at once, its ``--grpc-max-connections``
+slot included (``h2.connection``'s ``_abort``). At most ``MAX_LINGERING`` sockets of a
+front linger at once; past that, and for a transport that cannot end one side, a
+connection error closes at once, as before: lingering is never a resource a hostile peer
+can grow. ``close`` (the listener's stop) aborts those left, so a shutdown waits on none.
+
+NOTE: with reading stopped, the peer's FIN waits behind its unread frames: its close is
+seen in the socket's TCP state instead (``TCP_INFO``, one look at every lingering socket
+each ``_LOOK`` seconds, by one timer while any lingers). Once the peer has closed and
+taken all we sent, a reset loses nothing (a kernel keeps what it received). A socket
+without that state (a Unix one) lingers the whole time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+#: Seconds at most a socket lingers after a connection error's GOAWAY and FIN, the peer
+#: not having closed: time for a peer that reads at all to read the GOAWAY, on a loaded
+#: box too (a test client reading only once its sends stalled missed a 250 ms linger
+#: under a load of 10 on 2 cores); a peer that closes ends it sooner. Short enough that
+#: the ``MAX_LINGERING`` sockets of a front hold descriptors and kernel buffers briefly.
+#: (bcf517e lingered 1 s too, but kept reading and kept its cap slot: reconnecting
+#: flooders starved other clients.)
+LINGER_SECONDS = 1.0
+#: Sockets one front lets linger at once; past it a connection error closes at once.
+MAX_LINGERING = 64
+#: Seconds between two looks at the lingering sockets' TCP state.
+_LOOK = 0.05
+#: TCP states (``tcp_states.h``) in which the peer has closed and acknowledged all we
+#: sent, FIN included (TIME_WAIT, CLOSE: also after a reset).
+_PEER_DONE = frozenset({6, 7})
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+
+
+def _peer_done(transport: asyncio.Transport) -> bool:
+    """Whether the peer closed its side and took all of ours (False where unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or _TCP_INFO is None:
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0] in _PEER_DONE
+    except OSError:  # not TCP
+        return False
+
+
+class _Lingering(asyncio.Protocol):
+    """A lingering socket's protocol: reads nothing (reading is paused), forgets it when
+    it goes."""
+
+    def __init__(self, owner: Lingering, transport: asyncio.Transport) -> None:
+        self._owner = owner
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        """Dropped: only what was in flight when reading paused can come."""
+
+    def eof_received(self) -> bool:
+        return False  # the peer ended its side: the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner.forget(self._transport)
+
+
+class Lingering:
+    """The sockets of one front that linger after a connection error's GOAWAY."""
+
+    def __init__(self) -> None:
+        # NOTE: the module's values read here, not as defaults: a test may lower them.
+        self._seconds = LINGER_SECONDS
+        self._bound = MAX_LINGERING
+        #: Lingering transport -> the loop time it is aborted at the latest.
+        self._held: dict[asyncio.Transport, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def take(self, transport: asyncio.Transport) -> bool:
+        """Linger ``transport`` (what was written to it goes first, then a FIN), its
+        protocol replaced; False, nothing done, where it is not lingered (the bound is
+        reached, it is closing, or it cannot end one side): the caller closes it."""
+        if len(self._held) >= self._bound or transport.is_closing():
+            return False
+        if not transport.can_write_eof():
+            return False
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            return False
+        transport.pause_reading()
+        transport.set_protocol(_Lingering(self, transport))
+        loop = asyncio.get_running_loop()
+        self._held[transport] = loop.time() + self._seconds
+        if self._timer is None:
+            self._timer = loop.call_later(_LOOK, self._look, loop)
+        return True
+
+    def _look(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Abort the sockets whose peer is done or whose time is up: aborted, not closed
+        (a close waits, unbounded, for what the peer has not read)."""
+        self._timer = None
+        now = loop.time()
+        for transport, until in list(self._held.items()):
+            if now >= until or _peer_done(transport):
+                del self._held[transport]
+                transport.abort()
+        if self._held:
+            self._timer = loop.call_later(_LOOK, self._look, loop)
+
+    def forget(self, transport: asyncio.Transport) -> None:
+        """``transport`` went (an error, or the stop): no longer counted."""
+        self._held.pop(transport, None)
+
+    def close(self) -> None:
+        """Abort every lingering socket now (a stop waits for none)."""
+        held, self._held = self._held, {}
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for transport in held:
+            transport.abort()
