@@ -71,7 +71,18 @@ class Withdrawn(ServerError):
 class _Queued:
     """What a batch needs from one queued request."""
 
-    __slots__ = ("placements", "outputs", "owned", "rows", "taken", "start", "stats")
+    __slots__ = (
+        "placements",
+        "outputs",
+        "owned",
+        "rows",
+        "taken",
+        "start",
+        "stats",
+        "future",
+        "deadline",
+        "queue_due",
+    )
 
     def __init__(
         self,
@@ -92,6 +103,12 @@ class _Queued:
         #: ``monotonic_ns()`` when the data plane got it; its statistics.
         self.start = start
         self.stats = stats
+        #: Where its answer goes, and when (loop time) it fails wherever it is.
+        self.future: asyncio.Future[InferResult] | None = None
+        self.deadline = 0.0
+        #: Its queue timeout (REJECT) falls due with its deadline: the deadline's failure
+        #: is the queue's (``_expire``).
+        self.queue_due = False
 
     def release_inputs(self) -> None:
         owned, self.owned = self.owned, []
@@ -117,6 +134,9 @@ def _signature(placements: list[Placement]) -> tuple[object, ...]:
     """What requests must agree on to share a batch: their inputs, all but each one's first
     dim. Not the outputs they ask for: as in Triton, the batch computes every output any
     of them asked for, and each gets its own (``_outputs``, ``_own_outputs``)."""
+    if len(placements) == 1:  # PERF: the usual case; the same value, nothing to sort
+        tensor, shape, _, _ = placements[0]
+        return ((tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image),)
     return tuple(
         sorted(
             (tensor.name, tensor.datatype, tuple(shape[1:]), tensor.image)
@@ -148,6 +168,71 @@ def _own_outputs(requests: list[_Queued], computed: list[str], results: list[Inf
             result.outputs = [by_name[name] for name in request.outputs]
 
 
+def _queue_due_first(policy: BatchPolicy, entry: Entry, start: int, remaining: float) -> bool:
+    """Whether a request's REJECT queue timeout falls due no later than its deadline
+    (``remaining`` seconds away; the queue timeout counts from when it was queued, the
+    deadline from its arrival at ``start``), give or take the loop timers' grain."""
+    if policy.policy(entry.level).timeout_action != "REJECT":
+        return False
+    queue_timeout = (entry.due_ns - entry.enqueued_ns) / 1e9
+    waited = (monotonic_ns() - start) / 1e9
+    return queue_timeout <= remaining + waited + _TIMER_GRAIN
+
+
+class _Deadlines:
+    """Fails each request of a ``BatchRunner`` at its deadline, queued or running, with
+    one loop timer for all the requests whose deadlines come in arrival order.
+
+    PERF: a timer per request (``call_at`` and its ``cancel``) cost ~4 µs of the front's
+    CPU per request (uvloop makes a libuv timer for each). The deadlines are nearly always
+    the server's ``--infer-timeout`` from arrival, so they come in the order the requests
+    do: those wait here in that order (a dict: removed in O(1) when answered), and one
+    timer is set for the oldest. A deadline earlier than one already here (a request's own
+    shorter ``timeout``) gets a timer of its own, as before. Either way a request fails
+    when the loop's timer for its deadline would have fired it.
+    """
+
+    __slots__ = ("_loop", "_due", "_latest", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        #: In deadline order (insertion order: a deadline goes in only if none is later).
+        self._due: dict[_Queued, None] = {}
+        self._latest = float("-inf")
+        #: Set for the oldest's deadline (or earlier: one answered since), or None.
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, queued: _Queued) -> asyncio.TimerHandle | None:
+        """Fail ``queued`` at its deadline unless ``forget`` comes first; a request with a
+        timer of its own gets it back (the caller cancels it instead)."""
+        deadline = queued.deadline
+        if deadline < self._latest:
+            return self._loop.call_at(deadline, _expire_queued, queued)
+        self._latest = deadline
+        self._due[queued] = None
+        if self._timer is None:
+            self._timer = self._loop.call_at(deadline, self._fire)
+        return None
+
+    def forget(self, queued: _Queued) -> None:
+        """``queued`` is answered (or failed): its deadline no longer matters."""
+        self._due.pop(queued, None)
+
+    def _fire(self) -> None:
+        self._timer = None
+        due = self._due
+        # NOTE: libuv rounds a timer's delay to the millisecond, so a request's own timer
+        #   fired up to half of one early; the oldest's deadline is judged the same way.
+        horizon = self._loop.time() + _TIMER_GRAIN / 2
+        while due:
+            queued = next(iter(due))
+            if queued.deadline > horizon:
+                self._timer = self._loop.call_at(queued.deadline, self._fire)
+                return
+            del due[queued]
+            _expire_queued(queued)
+
+
 class BatchRunner:
     """Puts requests into their model version's batcher and runs the batches it forms."""
 
@@ -156,6 +241,7 @@ class BatchRunner:
         self.dispatch = dispatch
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
+        self._deadlines = _Deadlines(self._loop)
 
     async def infer(
         self,
@@ -180,31 +266,29 @@ class BatchRunner:
             batcher = self._batcher(model, policy, stats)
             layout = batcher.layout
             signature = _signature(placements) if layout is None else layout.signature(placements)
-            future = batcher.submit(queued, max(rows, 1), signature, priority, timeout_us)
+            entry = batcher.enqueue(queued, max(rows, 1), signature, priority, timeout_us)
         except BaseException as exc:
             for held in owned:
                 held.release()
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
+        future = entry.future
         if watch is not None:
             watch(future.cancel)
+        queued.future = future
+        queued.deadline = deadline
         # NOTE: past the deadline the request fails, wherever it is: a queued one leaves
         #   the queue, a running one's part of the answer is released when it arrives.
         #   A request's own `timeout` is often both its queue timeout and its deadline;
         #   libuv's millisecond timers then fire the two in either order, and a request
         #   still queued must fail as the queue policy says (Triton's message).
-        queue_policy = policy.policy(policy.level(priority))
-        queue_timeout = queue_policy.timeout_ns(timeout_us) / 1e9
-        # The deadline counts from the request's arrival, the queue timeout from now.
-        waited = (monotonic_ns() - start) / 1e9
-        queue_due_first = (
-            queue_policy.timeout_action == "REJECT"
-            and 0 < queue_timeout <= deadline - self._loop.time() + waited + _TIMER_GRAIN
-        )
-        expiry = self._loop.call_at(deadline, _expire, future, queued if queue_due_first else None)
+        if entry.due_ns:
+            queued.queue_due = _queue_due_first(policy, entry, start, deadline - self._loop.time())
+        expiry = self._deadlines.watch(queued)
         try:
             return await future
         except BaseException as exc:
+            batcher.withdraw(entry)
             failed: BaseException = exc
             task = asyncio.current_task()
             if (
@@ -224,7 +308,10 @@ class BatchRunner:
                 raise
             raise failed from None
         finally:
-            expiry.cancel()
+            if expiry is None:
+                self._deadlines.forget(queued)
+            else:
+                expiry.cancel()
 
     def _batcher(
         self, model: ModelVersion, policy: BatchPolicy, stats: ModelStats
@@ -264,9 +351,11 @@ class BatchRunner:
     async def _run_batch(
         self, model: ModelVersion, entries: list[Entry], worker: WorkerLink
     ) -> list[InferResult]:
-        requests: list[_Queued] = [entry.request for entry in entries]
-        for request in requests:
+        requests: list[_Queued] = []
+        for entry in entries:
+            request = entry.request
             request.taken = True
+            requests.append(request)
         owned: list[Lease | RegionUse] = []
         lease: Lease | None = None
         try:
@@ -293,7 +382,7 @@ class BatchRunner:
         results = self.dispatch.results(worker, model, done, [r.rows for r in requests])
         if computed is not requests[0].outputs:
             _own_outputs(requests, computed, results)
-        _record(requests, [entry.enqueued_ns for entry in entries], done)
+        _record(requests, entries, done)
         return results
 
     async def _run_laid_out(
@@ -339,26 +428,64 @@ class BatchRunner:
             raise
         if computed is not requests[0].outputs:
             _own_outputs(requests, computed, results)
-        _record(requests, [entry.enqueued_ns for entry in entries], done)
+        _record(requests, entries, done)
         return results
 
 
-def _record(requests: list[_Queued], enqueued: list[int], done: InferDone) -> None:
+def _record(requests: list[_Queued], entries: list[Entry], done: InferDone) -> None:
     """Statistics of one execution and of each request in it (its share of the phases)."""
     stats = requests[0].stats
-    rows = sum(r.rows for r in requests) or 1
-    stats.executed(rows, done.input_ns, done.infer_ns, done.output_ns)
+    rows = 0
+    one_row_each = True
+    for request in requests:
+        rows += request.rows
+        one_row_each = one_row_each and request.rows == 1
+    rows = rows or 1
+    input_ns, infer_ns, output_ns = done.input_ns, done.infer_ns, done.output_ns
+    stats.executed(rows, input_ns, infer_ns, output_ns)
+    if stats.per_request or not one_row_each:
+        _record_each(requests, entries, done, rows)
+        return
+    # PERF: the usual batch, of one-row requests with neither histograms nor a summary
+    #   window: counted in at once (one request's share of a phase is the same for all),
+    #   the same sums as request by request.
     now = monotonic_ns()
-    for request, queued_at in zip(requests, enqueued, strict=True):
+    started_ns = done.started_ns
+    total_ns = queue_ns = 0
+    for request, entry in zip(requests, entries, strict=True):
+        total_ns += now - request.start
+        queue_ns += max(0, started_ns - entry.enqueued_ns)
+    share = 1 / rows
+    stats.requests_succeeded(
+        rows,
+        rows,
+        total_ns,
+        queue_ns,
+        int(input_ns * share) * rows,
+        int(infer_ns * share) * rows,
+        int(output_ns * share) * rows,
+    )
+
+
+def _record_each(requests: list[_Queued], entries: list[Entry], done: InferDone, rows: int) -> None:
+    """Each request's statistics on its own: its share of the execution's phases."""
+    now = monotonic_ns()
+    for request, entry in zip(requests, entries, strict=True):
         share = request.rows / rows
         request.stats.request_succeeded(
             request.rows,
             now - request.start,
-            max(0, done.started_ns - queued_at),
+            max(0, done.started_ns - entry.enqueued_ns),
             int(done.input_ns * share),
             int(done.infer_ns * share),
             int(done.output_ns * share),
         )
+
+
+def _expire_queued(queued: _Queued) -> None:
+    """``queued``'s deadline has come (``_Deadlines``)."""
+    if queued.future is not None:
+        _expire(queued.future, queued if queued.queue_due else None)
 
 
 def _expire(future: asyncio.Future[InferResult], queue_due: _Queued | None) -> None:

@@ -182,6 +182,35 @@ class ModelStats:
         if self.window is not None:
             self.window.observe(now, total_ns, queue_ns, input_ns, infer_ns, output_ns)
 
+    @property
+    def per_request(self) -> bool:
+        """Whether each success must be observed on its own (``request_succeeded``):
+        latency histograms or a summary window are on; otherwise a batch's successes
+        may be counted in at once (``requests_succeeded``)."""
+        return self.histograms is not None or self.window is not None
+
+    def requests_succeeded(
+        self,
+        count: int,
+        batch_size: int,
+        total_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """``count`` requests of one execution answered, the ns summed over them: the same
+        counters as ``count`` calls of ``request_succeeded``, when not ``per_request``.
+        PERF: one call a batch, not one a request (dynamic batching)."""
+        self.success_count += count
+        self.success_ns += total_ns
+        self.queue_ns += queue_ns
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+        self.inference_count += batch_size
+        self.last_success_ns = monotonic_ns()
+
     def answered_from_cache(self, total_ns: int) -> None:
         """A request the response cache answered: a success, neither an inference nor an
         execution (Triton's counts); observed in the latency families with no queue or

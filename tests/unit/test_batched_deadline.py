@@ -4,6 +4,9 @@ A request's own ``timeout`` parameter is both its queue timeout (when the queue 
 allows overriding) and its deadline. The two timers then fire in either order (libuv counts
 milliseconds), so the deadline's handler decides: still queued, the request fails as the
 queue policy says, with Triton's message; already running, it fails on its deadline.
+
+The deadlines of a front's batched requests share one loop timer while they come in
+arrival order (``_Deadlines``); each request still fails at its own.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 
 import pytest
 
-from oipserve.dataplane.batched import _expire, _Queued
+from oipserve.dataplane.batched import _Deadlines, _expire, _Queued
 from oipserve.errors import DeadlineExceeded
 from oipserve.scheduling.scheduler import QueueRejected
 
@@ -54,3 +57,44 @@ def test_an_answered_request_is_left_alone() -> None:
         assert future.result() == "answer"
     finally:
         loop.close()
+
+
+def _waiting(loop: asyncio.AbstractEventLoop, deadline: float) -> _Queued:
+    queued = _queued(taken=True)
+    queued.future = loop.create_future()
+    queued.deadline = deadline
+    return queued
+
+
+async def _failed_by(queued: _Queued) -> float:
+    """Loop time when ``queued``'s deadline failed it."""
+    assert queued.future is not None
+    with pytest.raises(DeadlineExceeded):
+        await asyncio.wait_for(asyncio.shield(queued.future), 5)
+    return asyncio.get_running_loop().time()
+
+
+async def test_deadlines_in_arrival_order_share_one_timer_and_each_fails_at_its_own() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = _Deadlines(loop)
+    now = loop.time()
+    first, answered, last = (_waiting(loop, now + d) for d in (0.05, 0.1, 0.15))
+    assert [deadlines.watch(q) for q in (first, answered, last)] == [None, None, None]
+    deadlines.forget(answered)
+    assert await _failed_by(first) >= first.deadline - 0.0005
+    assert not last.future.done()  # type: ignore[union-attr]
+    assert await _failed_by(last) >= last.deadline - 0.0005
+    assert not answered.future.done()  # type: ignore[union-attr]
+
+
+async def test_an_earlier_deadline_than_one_watched_gets_a_timer_of_its_own() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = _Deadlines(loop)
+    now = loop.time()
+    late, early = _waiting(loop, now + 5), _waiting(loop, now + 0.05)
+    assert deadlines.watch(late) is None
+    own = deadlines.watch(early)  # a request's own shorter timeout
+    assert own is not None
+    assert await _failed_by(early) >= early.deadline - 0.0005
+    assert not late.future.done()  # type: ignore[union-attr]
+    deadlines.forget(late)

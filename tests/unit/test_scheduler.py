@@ -282,6 +282,27 @@ async def test_a_caller_gone_during_execution_gets_its_result_discarded() -> Non
     assert h.discarded == ["done a"]
 
 
+async def test_an_enqueued_request_withdrawn_while_queued_never_runs_nor_holds_answers() -> None:
+    # enqueue: no done callback on the future; the caller withdraws the request itself.
+    h = Harness(policy(preserve_ordering=True))
+    h.instances[0].hold = True
+    running = h.batcher.enqueue("running", 1, "s", 0, 0)
+    await settle()
+    gone = h.batcher.enqueue("gone", 1, "s", 0, 0)
+    kept = h.batcher.enqueue("kept", 1, "s", 0, 0)
+    gone.future.cancel()
+    h.batcher.withdraw(gone)
+    assert h.batcher.queued == 1
+    h.batcher.withdraw(running)  # already in a batch: nothing happens to it
+    h.instances[0].gates[0].set()
+    await settle()
+    assert h.executed() == [["running"], ["kept"]]
+    h.instances[0].gates[1].set()
+    # preserve_ordering: the withdrawn request holds back no later answer
+    assert await running.future == "done running"
+    assert await kept.future == "done kept"
+
+
 async def test_priority_levels_serve_level_one_first() -> None:
     h = Harness(policy(max_batch_size=1, priority_levels=2, default_priority_level=2))
     h.instances[0].hold = True
