@@ -58,6 +58,40 @@ def fronts_for(cpus: int) -> int:
     return min(AUTO_MAX_FRONTS, max(2, cpus // CPUS_PER_FRONT))
 
 
+#: Most CPU worker processes ``--instances-per-device auto`` starts. Each one holds a
+#: session of every model without ``instance_group``, so the models' memory is paid once
+#: per instance: 2 at most doubles it, as Triton's default of 2 CPU instances for an ONNX
+#: Runtime model does. More take ``--instances-per-device N`` or ``instance_group``.
+AUTO_MAX_CPU_INSTANCES = 2
+#: Fronts from which one worker can no longer keep up with them (docs/scaling.md, "Worker
+#: instances by default"): a front sends up to ~8,000 tiny requests a second, a worker
+#: runs ~20,000, so 3 fronts (24,000) outrun one worker.
+FRONTS_PER_CPU_INSTANCE = 3
+
+
+def cpu_instances_for(cpus: int) -> int:
+    """``--instances-per-device auto`` on the CPU: worker processes for ``cpus`` usable CPUs.
+
+    1 while ``fronts_for(cpus)`` is at most 2 (below 12 CPUs): on 2 cores a second
+    instance did not pay in four interleaved A/B runs (issue #40; it costs a process, the
+    models' memory again and its own polling), and one worker runs ~20,000 tiny requests
+    a second, more than two fronts send. From 12 CPUs (3 fronts and more) 2, the cap: one
+    worker runs one request at a time whatever its intra-op threads, so the third front's
+    requests would queue behind it. Not yet measured above 2 cores. A GPU gets 1 worker
+    per device, as in Triton (``instances_for``).
+    """
+    if fronts_for(cpus) < FRONTS_PER_CPU_INSTANCE:
+        return 1
+    return AUTO_MAX_CPU_INSTANCES
+
+
+def instances_for(device: str, cpus: int) -> int:
+    """``--instances-per-device auto`` on ``device``: ``cpu_instances_for`` on the CPU,
+    1 on a GPU (a second process per GPU holds every model in device memory again and
+    shares the one device; Triton's default is 1 instance per GPU too)."""
+    return cpu_instances_for(cpus) if device == "cpu" else 1
+
+
 def cgroup_cpu_quota(cgroup_root: Path, own_cgroup: Path) -> float | None:
     """The CPU quota (in CPUs) of this process's cgroup, None where there is none."""
     v2_dirs, v1_dirs = _own_dirs(cgroup_root, _read(own_cgroup) or "")

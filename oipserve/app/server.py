@@ -19,6 +19,7 @@ from pathlib import Path
 import falcon.asgi
 
 from hardware import Inventory, InventorySource, make_inventory_source, parse_devices
+from hardware.cpus import instances_for
 from oipserve.app.sites import GrpcSite, OtherFronts, StartupError, UvicornSite
 from oipserve.app.startup_report import (
     StartupReport,
@@ -324,11 +325,16 @@ class Server:
             await self._start_other_fronts(http)
 
     async def _start_workers(self, device: str) -> list[WorkerHandle]:
-        threads = _threads_per_worker(
-            device, self.plan.inventory.cpu.usable_cores, self.settings.instances_per_device
-        )
+        usable = self.plan.inventory.cpu.usable_cores
+        count = self.settings.instances_per_device
+        if count is None:  # --instances-per-device auto, the default (issue #40)
+            count = instances_for(device, usable)
+            log.info(
+                "--instances-per-device auto: %d on %s (%d usable CPUs)", count, device, usable
+            )
+        threads = _threads_per_worker(device, usable, count)
         started = []
-        for _ in range(self.settings.instances_per_device):
+        for _ in range(count):
             worker = await self.pool.add_worker(device, threads)
             worker.add_death_listener(self.dataplane.worker_gone)
             started.append(worker)
@@ -342,7 +348,8 @@ class Server:
                 return running
             log.info(
                 "starting %d CPU worker(s) for KIND_CPU instance groups (--devices %s runs none)",
-                self.settings.instances_per_device,
+                self.settings.instances_per_device
+                or instances_for("cpu", self.plan.inventory.cpu.usable_cores),
                 self.settings.devices,
             )
             return await self._start_workers("cpu")

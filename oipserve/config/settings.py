@@ -79,7 +79,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: (``hardware.cpus.fronts_for``); 1 here is for settings built in code.
     http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     devices: str = "auto"
-    instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    #: Worker processes per device. None is ``auto``, the command line's default (flag or
+    #: env may name a number), resolved per device when the workers start
+    #: (``hardware.cpus.instances_for``: 1 per GPU, 1 on the CPU below 12 usable CPUs and 2
+    #: from 12; docs/scaling.md, "Worker instances by default"); 1 here is for settings
+    #: built in code.
+    instances_per_device: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = 1
     #: Triton's default is 64 MB; ours is 256 MiB so a 64 MiB FP32 tensor fits in JSON too.
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024 * 1024
     log_level: LogLevel = "info"
@@ -310,7 +315,13 @@ def _parser() -> argparse.ArgumentParser:
         help="where workers run: auto (every GPU, else the CPU), cpu, or a list such as "
         "cpu,cuda:0,cuda:1",
     )
-    serve.add_argument("--instances-per-device", metavar="N", help="worker processes per device")
+    serve.add_argument(
+        "--instances-per-device",
+        metavar="N|auto",
+        help="worker processes per device, each with a session of every model without "
+        "instance_group; auto (the default): 1 per GPU, and on the CPU from the CPUs this "
+        "process may use: 1 below 12, 2 from 12; see docs/scaling.md",
+    )
     serve.add_argument("--max-request-bytes", metavar="N", help="largest HTTP request body")
     serve.add_argument(
         "--log-level",
@@ -551,6 +562,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     auto_fronts = values.get("http_workers", "auto") == "auto"  # the default (issue #40)
     if auto_fronts:
         values["http_workers"] = fronts_for(usable_cpus())
+    _instances_auto(values)
     try:
         settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -562,6 +574,19 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     if settings.http_workers > 1 and not settings.allow_http:
         raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
+
+
+def _instances_auto(values: dict[str, Any]) -> None:
+    """``--instances-per-device auto`` (the default, issue #40) is None: each device's
+    count is chosen when its workers start (``hardware.cpus.instances_for``)."""
+    given = values.get("instances_per_device", "auto")
+    if given == "auto":
+        values["instances_per_device"] = None
+    elif not str(given).strip().isdigit():  # ("null" would read as None: auto, unasked)
+        raise SettingsError(
+            f"invalid value for --instances-per-device (or {ENV_PREFIX}INSTANCES_PER_DEVICE):"
+            f" {given!r} is neither a number nor auto"
+        )
 
 
 def deprecation_warnings(settings: Settings) -> list[str]:

@@ -34,6 +34,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
+from hardware.cpus import instances_for, usable_cpus
 from oipserve.config.settings import Settings, load_settings
 from tests.support.deploy import (
     KSERVE_TRITONSERVER_ARGS,
@@ -344,6 +345,24 @@ def test_runtime_args_start_the_server_its_probes_and_metrics_describe(
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{running.local(settings.grpc_port)}")
     assert client.is_server_ready() and client.is_model_ready("simple")
     client.close()
+
+
+@pytest.mark.parametrize("name", sorted(runtimes()))
+def test_runtime_worker_instances_follow_the_auto_rule(
+    name: str, running_runtimes: dict[str, Running]
+) -> None:
+    """Issue #40: the runtimes name --instances-per-device=auto, and the server starts what
+    ``hardware.cpus.instances_for`` gives for the CPUs it may use, and says so."""
+    running = running_runtimes[name]
+    assert running.settings.instances_per_device is None  # auto
+    count = instances_for("cpu", usable_cpus())  # this machine runs no GPU: both use the CPU
+    assert f"--instances-per-device auto: {count} on cpu (" in running.srv.log
+    status, body = get(running.local(running.settings.http_port), "/v2/hardware")
+    assert status == 200
+    sessions = [
+        i for i in json.loads(body)["devices"]["cpu"]["instances"] if i["model"] == "simple"
+    ]
+    assert len(sessions) == count, sessions
 
 
 @pytest.mark.parametrize("layout", ["bare", "bare-config", "single-dir"])

@@ -24,11 +24,12 @@ def run_cli(
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        # (one HTTP front, as tests/support/server.py: the default would start two here)
+        # (one HTTP front and one worker a device, as tests/support/server.py)
         env={
             **os.environ,
             "OIPSERVE_METRICS_PORT": "0",
             "OIPSERVE_HTTP_WORKERS": "1",
+            "OIPSERVE_INSTANCES_PER_DEVICE": "1",
             **(env or {}),
         },
     )

@@ -57,11 +57,14 @@ class ServerProcess:
             ]
         # NOTE: one HTTP front unless a test asks for more (flag or env): the default,
         #   --http-workers auto, would start two on this machine in every test's server
-        #   (tests/e2e/test_http_workers.py and others run several on purpose).
+        #   (tests/e2e/test_http_workers.py and others run several on purpose). One worker
+        #   a device too: --instances-per-device auto gives 1 below 12 CPUs, 2 from 12, and
+        #   the suite's process count should not depend on the machine it runs on.
         full_env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "OIPSERVE_HTTP_WORKERS": "1",
+            "OIPSERVE_INSTANCES_PER_DEVICE": "1",
             **(env or {}),
         }
         self.process = subprocess.Popen(
