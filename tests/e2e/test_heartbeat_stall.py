@@ -23,11 +23,11 @@ from tests.support.server import ServerProcess, process_state, stays, wait_for
 
 INTERVAL = 0.2
 TIMEOUT = 1.0
-#: Seconds the front is held stopped: several heartbeat timeouts.
-STALL = 3 * TIMEOUT
+#: Seconds the front is held stopped: two heartbeat timeouts (ten intervals).
+STALL = 2 * TIMEOUT
 #: Seconds after the front resumes within which a replacement would have shown (the
-#: overdue check runs at once); watched for that long, with a wide margin.
-WATCH = 5 * TIMEOUT
+#: overdue check runs at once); watched for that long, with a wide margin (ten intervals).
+WATCH = 2 * TIMEOUT
 
 
 @pytest.fixture

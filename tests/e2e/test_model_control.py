@@ -420,7 +420,11 @@ def test_reloads_and_unloads_under_concurrent_inference(srv: ServerProcess) -> N
 # ---- the load timeout ---------------------------------------------------------------------
 
 
-LOAD_TIMEOUT = 2.0
+LOAD_TIMEOUT = 1.5
+#: Nodes of the slow model: its session takes ~7 s on an idle core of the 2-core test box,
+#: ~3 s on a fast one (session creation grows faster than linearly: 4,000 took ~10 s),
+#: twice the load timeout or more; the test waits for two of them.
+SLOW_NODES = 3500
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +432,7 @@ def slow_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
     root = tmp_path_factory.mktemp("slowrepo")
     shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", root / "identity_fp32")
     (root / "slow" / "1").mkdir(parents=True)
-    write_slow_model(root / "slow" / "1" / "model.onnx", 4000)
+    write_slow_model(root / "slow" / "1" / "model.onnx", SLOW_NODES)
     args = ["--devices", "cpu", "--model-control-mode", "explicit"]
     args += ["--load-model", "identity_fp32", "--load-timeout", str(LOAD_TIMEOUT)]
     proc = ServerProcess(root, args).wait_ready()

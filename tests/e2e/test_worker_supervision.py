@@ -38,7 +38,7 @@ from tests.support.server import (
 #: New worker processes killed in a row, as soon as each appears.
 KILLS = 5
 #: ``--worker-replacement-max-pause`` of the crash-loop test: reached within KILLS.
-MAX_PAUSE = 2.0
+MAX_PAUSE = 1.0
 PAUSED = re.compile(
     r"worker (\d+): (\d+) failed starts? in a row; the next replacement starts in ([\d.]+)s"
 )
