@@ -166,21 +166,14 @@ class ModelStats:
         output_ns: int,
     ) -> None:
         """One request answered; compute ns are its share of the execution it was part of."""
-        self.success_count += 1
-        self.success_ns += total_ns
-        self.queue_ns += queue_ns
-        self.input_ns += input_ns
-        self.infer_ns += infer_ns
-        self.output_ns += output_ns
-        self.inference_count += batch_size
-        # PERF: the monotonic clock costs half of time.time_ns() // 10**6 per request;
-        #   last_inference_ms converts once, when read.
-        self.last_success_ns = now = monotonic_ns()
+        self.requests_succeeded(1, batch_size, total_ns, queue_ns, input_ns, infer_ns, output_ns)
         # PERF: off (the default), two tests; on, see oipserve.telemetry.latency.
         if self.histograms is not None:
             self.histograms.observe(total_ns, queue_ns, input_ns, infer_ns, output_ns)
         if self.window is not None:
-            self.window.observe(now, total_ns, queue_ns, input_ns, infer_ns, output_ns)
+            self.window.observe(
+                self.last_success_ns, total_ns, queue_ns, input_ns, infer_ns, output_ns
+            )
 
     @property
     def per_request(self) -> bool:
@@ -209,6 +202,8 @@ class ModelStats:
         self.infer_ns += infer_ns
         self.output_ns += output_ns
         self.inference_count += batch_size
+        # PERF: the monotonic clock costs half of time.time_ns() // 10**6 per request;
+        #   last_inference_ms converts once, when read.
         self.last_success_ns = monotonic_ns()
 
     def answered_from_cache(self, total_ns: int) -> None:
