@@ -46,7 +46,6 @@ from oipserve.runtime.collector import settle_garbage_collector
 from oipserve.runtime.listeners import unix_listener
 from oipserve.runtime.memory_trim import MemoryTrimmer, return_large_blocks_to_os
 from oipserve.runtime.workerproc import WorkerOptions
-from oipserve.scaleout.balance import Balancer, LoadTable, install
 from oipserve.scaleout.primary import (
     Replicas,
     follow_the_primary,
@@ -240,8 +239,6 @@ class Server:
         self.sites = sites
         self.plan = plan
         self.other_fronts: OtherFronts | None = None
-        #: ``--http-workers N``: this front's side of evening connections across the fronts.
-        self.balancer: Balancer | None = None
         self.pool = WorkerPool(
             os.getpid(),
             WorkerOptions(settings.log_level, settings.worker_busy_poll_us),
@@ -379,9 +376,7 @@ class Server:
         shared_grpc = None
         if grpc is not None and grpc.port is not None:
             shared_grpc = (grpc.port, grpc_forward_address(self.pool.prefix))
-        table = LoadTable.create(self.settings.http_workers)
-        self.balancer = Balancer(table, 0, self.pool.prefix, http.port)
-        replicas = Replicas(self.settings, self.registry, self.pool, address, shared_grpc, table)
+        replicas = Replicas(self.settings, self.registry, self.pool, address, shared_grpc)
         follow_the_primary(replicas, self.manager, self.pool, self.regions, self.dataplane)
         self.other_fronts = OtherFronts(replicas, self.settings.shutdown_timeout)
         await self.other_fronts.start(http.port)
@@ -415,10 +410,7 @@ class Server:
             # gRPC on the HTTP port too (h2c): the gRPC port's listener takes those.
             grpc = self.sites.grpc
             h2c = grpc.h2c if grpc is not None else refuse_h2c
-            server = http_server(self.settings, self.rest_app, h2c)
-            if self.balancer is not None:
-                install(server, self.balancer)
-            self.sites.http.start(server)
+            self.sites.http.start(http_server(self.settings, self.rest_app, h2c))
         if self.sites.metrics is not None:
             scraper = Scraper(self.dataplane.stats, self.plan.inventory_source)
             self.sites.metrics.start(metrics_server_for(self.settings, MetricsApp(scraper)))
@@ -474,8 +466,6 @@ class Server:
             if self._startup is not None:
                 self._startup.cancel()
             return
-        if self.balancer is not None:
-            self.balancer.stop_taking()
         for site in (self.sites.http, self.sites.metrics):
             if site is not None:
                 site.drain()
@@ -497,9 +487,6 @@ class Server:
         self.dataplane.outputs.close()
         self.regions.close()
         sweep(self.pool.prefix)
-        if self.balancer is not None:
-            self.balancer.close()
-            self.balancer.table.close()
         self.sites.close()
         remove_ready_file(self.settings.ready_file)
         loop = asyncio.get_running_loop()

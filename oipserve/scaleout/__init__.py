@@ -5,5 +5,4 @@
 - ``control``: the messages between them; ``forward`` / ``grpc_forward``: a request or call
   a front does not answer itself, handed to the primary unchanged.
 - ``supervision``: child processes watched and replaced with a growing pause.
-- ``balance``: new HTTP connections evened out across the fronts (a socket handed over).
 """

@@ -35,7 +35,6 @@ from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.request.client_regions import ClientRegions
 from oipserve.runtime.workerproc import ChildProcess, exit_status
-from oipserve.scaleout.balance import LoadTable
 from oipserve.scaleout.control import (
     CollectStats,
     ControlProtocol,
@@ -169,18 +168,15 @@ class Replicas:
         pool: WorkerPool,
         forward_to: str,
         grpc: tuple[int, str] | None = None,
-        table: LoadTable | None = None,
     ) -> None:
         """``grpc``: the gRPC port the other fronts serve too, and the address of the
-        primary's private gRPC socket; None: they serve no gRPC. ``table``: the fronts'
-        connections (``oipserve.scaleout.balance``), handed to each front started."""
+        primary's private gRPC socket; None: they serve no gRPC."""
         self._settings = settings
         self._encoded_settings = msgspec.json.encode(settings)
         self._registry = registry
         self._pool = pool
         self._forward_to = forward_to
         self._grpc = grpc or (0, "")
-        self._table = table
         self._count = settings.http_workers - 1
         self._port = 0
         self._seq = itertools.count(1)
@@ -210,12 +206,12 @@ class Replicas:
     async def _start_one(self, index: int) -> Replica:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args, fds = ["--control-fd", str(theirs.fileno())], [theirs.fileno()]
-        if self._table is not None:
-            args += ["--balance-fd", str(self._table.fd)]
-            fds.append(self._table.fd)
         try:
-            process = ChildProcess("oipserve.scaleout.process", args, tuple(fds))
+            process = ChildProcess(
+                "oipserve.scaleout.process",
+                ["--control-fd", str(theirs.fileno())],
+                (theirs.fileno(),),
+            )
         except BaseException:
             ours.close()
             raise
@@ -337,8 +333,6 @@ class Replicas:
 
     def _cleanup(self, gone: Replica) -> None:
         """A replica exited: its link closed, its segments swept, its last rows kept."""
-        if self._table is not None:
-            self._table.leave(gone.index)  # NOTE: no connection is handed to it any more
         if gone.control is not None and gone.control.transport is not None:
             gone.control.transport.close()
         sweep(gone.segment_prefix)
@@ -358,8 +352,6 @@ class Replicas:
             if replica.control is None:
                 raise InternalError(f"replica {replica.index} is running without a control link")
             replica.draining = True
-            if self._table is not None:
-                self._table.leave(replica.index)
             replica.control.send(Drain(next(self._seq), timeout))
 
         await self._children.stop(timeout, drain)

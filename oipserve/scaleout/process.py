@@ -4,9 +4,7 @@ The primary starts it with one end of a control socket (``oipserve.scaleout.cont
 ``Start`` brings the settings, the port, where to forward, and the first snapshot:
 the workers it connects to (``WorkerLink``, a socket of its own to each) and the
 model versions it answers itself. It then binds the HTTP port with ``SO_REUSEPORT``,
-so the kernel spreads new connections across all the fronts (and ``balance`` evens them
-out: a front holding more hands a new connection to the least-loaded), and says
-``Listening``.
+so the kernel spreads new connections across all the fronts, and says ``Listening``.
 
 Per request (``Router``): inference of a version it was given runs here, through the
 same REST app and data plane as in the primary, straight to a worker (a batched
@@ -52,7 +50,6 @@ from oipserve.request.client_regions import ClientRegions
 from oipserve.runtime.collector import settle_garbage_collector
 from oipserve.runtime.listeners import tcp_listener
 from oipserve.runtime.memory_trim import return_large_blocks_to_os
-from oipserve.scaleout.balance import Balancer, LoadTable, install
 from oipserve.scaleout.control import (
     CollectStats,
     ControlProtocol,
@@ -170,8 +167,6 @@ class Replica:
         #: Versions the primary no longer lists, until their Retire: a reload lists the
         #: new versions first, and the old ones finish what they hold here meanwhile.
         self.leaving: dict[int, ModelVersion] = {}
-        #: Evens connections across the fronts (``oipserve.scaleout.balance``).
-        self.balancer: Balancer | None = None
 
     # ---- snapshots --------------------------------------------------------------------
 
@@ -329,8 +324,6 @@ class Replica:
 
     def close(self) -> None:
         """After serving: the links, the segments and the regions of this front."""
-        if self.balancer is not None:
-            self.balancer.close()
         self.forwarder.close()
         for link in self.links.values():
             if link.transport is not None:
@@ -384,7 +377,7 @@ class Inbox:
         self.queue.put_nowait(None)
 
 
-async def serve(control_fd: int, balance_fd: int | None = None) -> int:
+async def serve(control_fd: int) -> int:
     loop = asyncio.get_running_loop()
     inbox = Inbox()
     control = ControlProtocol(to_replica_decoder(), inbox.received, inbox.closed)
@@ -399,9 +392,6 @@ async def serve(control_fd: int, balance_fd: int | None = None) -> int:
     configure_logging(settings)
     return_large_blocks_to_os()
     replica = inbox.replica = Replica(settings, start, control)
-    if balance_fd is not None:
-        table = LoadTable(balance_fd, settings.http_workers)
-        replica.balancer = Balancer(table, start.index, start.server_prefix, start.port)
     try:
         return await _serve(replica, start, inbox.queue)
     finally:
@@ -422,8 +412,6 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
     if start.grpc_port:
         h2, grpc = replica.grpc_server(start.grpc_forward_to)
     server = http_server(settings, replica.router, refuse_h2c if h2 is None else h2.adopt)
-    if replica.balancer is not None:
-        install(server, replica.balancer)
     serving = loop.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.005)
@@ -449,8 +437,6 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
         server.force_exit = True
     elif drain.timeout != OWN_TIMEOUT:  # the primary's drain: its timeout
         server.config.timeout_graceful_shutdown = int(drain.timeout) or None
-    if replica.balancer is not None:
-        replica.balancer.stop_taking()
     server.should_exit = True
     if grpc is None:
         await serving
@@ -468,10 +454,9 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oipserve.scaleout.process")
     parser.add_argument("--control-fd", type=int, required=True, help="socket to the primary")
-    parser.add_argument("--balance-fd", type=int, help="the fronts' connection table (memfd)")
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(args.control_fd, args.balance_fd))
+        return runner.run(serve(args.control_fd))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -34,18 +34,9 @@ class UvicornServer(uvicorn.Server):
     clients at SIGTERM). Those connections are accepted and served first, then closed.
     """
 
-    #: Called once the server serves, before anything that waits for ``started`` can see
-    #: it (``oipserve.scaleout.balance``: the front takes connections from the others).
-    on_started: Callable[[], None] | None = None
-
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.on_started is not None:
-            self.on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._serve_backlog()
