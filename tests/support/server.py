@@ -348,16 +348,21 @@ with grpc.insecure_channel(sys.argv[1], options=limit) as channel:
 """
 
 
-def worst_probe_during_large_grpc_calls(server: ServerProcess, stream: bool = False) -> float:
-    """``worst_live_probe`` while two clients each make two 64 MiB identity calls (unary,
-    or two requests on one ModelStreamInfer stream)."""
+def worst_probe_during_large_grpc_calls(
+    server: ServerProcess,
+    stream: bool = False,
+    probe: Callable[[ServerProcess, Callable[[], bool]], float] = worst_live_probe,
+) -> float:
+    """``probe`` (the worst ``/v2/health/live`` in wall time, or a measure of its own such
+    as ``loop_checks.most_loop_cpu_per_probe``) while two clients each make two 64 MiB
+    identity calls (unary, or two requests on one ModelStreamInfer stream)."""
     how = "stream" if stream else "unary"
     senders = [
         subprocess.Popen([sys.executable, "-c", _SEND_LARGE_GRPC, server.grpc_url, how])
         for _ in range(2)
     ]
     try:
-        worst = worst_live_probe(server, lambda: any(s.poll() is None for s in senders))
+        worst = probe(server, lambda: any(s.poll() is None for s in senders))
     finally:
         for sender in senders:
             sender.wait(120)
