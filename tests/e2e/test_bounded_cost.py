@@ -7,7 +7,6 @@ zero-element tensors hit an assertion (500); non-UTF-8 BYTES gave Python's codec
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -125,7 +124,7 @@ def test_the_front_gives_back_the_heap_of_a_large_request(own_server: ServerProc
     oversized = _oversized_batch(200_000)
 
     def large_json() -> None:
-        status, answer = _post_orjson(own_server, "identity_fp32", body)
+        status, answer = post_json(own_server, "identity_fp32", body)
         assert status == 200, answer
         (output,) = answer["outputs"]
         assert output["shape"] == list(values.shape)
@@ -138,19 +137,6 @@ def test_the_front_gives_back_the_heap_of_a_large_request(own_server: ServerProc
         status, _ = post_json(own_server, "simple", oversized)
         assert status == 400
     assert proc_status(pid, "RssAnon") <= idle * 1.10, (idle, proc_status(pid, "RssAnon"))
-
-
-def _post_orjson(server: ServerProcess, model: str, body: bytes) -> tuple[int, dict]:
-    """``post_json``, the answer parsed with orjson (json took ~0.7 s for 2 M floats)."""
-    connection = http.client.HTTPConnection(server.host_port, timeout=120)
-    try:
-        connection.request(
-            "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
-        )
-        response = connection.getresponse()
-        return response.status, orjson.loads(response.read())
-    finally:
-        connection.close()
 
 
 def _most_loop_run_per_probe(server: ServerProcess, busy: Callable[[], bool]) -> float:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 from typing import TYPE_CHECKING
+
+import orjson
 
 if TYPE_CHECKING:
     from tests.support.server import ServerProcess
@@ -75,13 +76,14 @@ def json_infer(model: str, body: bytes) -> bytes:
 def post_json(
     server: ServerProcess, model: str, body: bytes, timeout: float = 120
 ) -> tuple[int, dict[str, object]]:
-    """POST a JSON inference body as it is; the status and the decoded answer."""
+    """POST a JSON inference body as it is; the status and the decoded answer (orjson:
+    json took ~0.7 s for an answer of 2 M floats)."""
     connection = http.client.HTTPConnection(server.host_port, timeout=timeout)
     try:
         connection.request(
             "POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
         )
         response = connection.getresponse()
-        return response.status, json.loads(response.read())
+        return response.status, orjson.loads(response.read())
     finally:
         connection.close()
