@@ -13,7 +13,8 @@ batcher (``batched.BatchRunner``) go through here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
 
 from oipserve.dataplane.batch_io import SharedRelease, split
 from oipserve.models.registry import ModelVersion
@@ -24,7 +25,7 @@ from oipserve.runtime.off_loop import nothing_to_release
 from oipserve.wire.messages import Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
 
-__all__ = ["Dispatch"]
+__all__ = ["Dispatch", "drop_reply"]
 
 _EMPTY = memoryview(b"")
 # NOTE: shared, never changed: only encoded into Infer messages (no list per request).
@@ -84,7 +85,12 @@ class Dispatch:
         except BaseException:
             inputs_free()  # never sent (the worker is gone): nothing will read the inputs
             raise
-        reply = worker.inferred(await waiting)
+        try:
+            answer = await waiting
+        except asyncio.CancelledError:
+            drop_reply(worker, waiting, self.outputs)
+            raise
+        reply = worker.inferred(answer)
         for name in reply.dropped:
             self.outputs.forget(name)
         return reply
@@ -138,3 +144,24 @@ class Dispatch:
         except BaseException:
             worker.release_outputs(segment)
             raise
+
+
+def drop_reply(worker: WorkerLink, waiting: Awaitable[object], mapped: SegmentCache) -> None:
+    """A request cancelled after its reply came: hand its output segment back (every
+    ``await`` of a ``WorkerLink.call`` calls this on CancelledError).
+
+    The reply and the cancel can land in one loop iteration (a stream reset while its
+    worker answers): the reply is then in ``waiting`` but the task wakes to
+    CancelledError, and the link, seeing a future already done, released nothing; each
+    such reply kept a worker's output segment leased for good (a flow-control reset
+    attack grew /dev/shm ~20 MiB a second, for ever).
+    """
+    if not isinstance(waiting, asyncio.Future) or not waiting.done() or waiting.cancelled():
+        return  # still waiting: the link releases the outputs when the reply comes
+    if waiting.exception() is None:
+        reply = waiting.result()
+        if isinstance(reply, InferDone):
+            for name in reply.dropped:  # unlinked by the worker: let go of their mappings
+                mapped.forget(name)
+            if reply.segment:
+                worker.release_outputs(reply.segment)

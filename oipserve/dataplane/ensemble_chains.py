@@ -19,9 +19,11 @@ while those versions stay the ones the steps resolve to. An ensemble with
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from time import monotonic_ns
 
+from oipserve.dataplane.dispatch import drop_reply
 from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.strategies import refused, sending
 from oipserve.errors import WorkerProtocolError, from_kind
@@ -32,7 +34,7 @@ from oipserve.request.inference import Inference
 from oipserve.request.placement import place
 from oipserve.telemetry.stats import ModelStats, failure_reason
 from oipserve.wire.messages import ChainStep, Failed, Infer, InferDone, StepTimes, TensorDesc
-from oipserve.wire.shm import Lease
+from oipserve.wire.shm import Lease, SegmentCache
 
 __all__ = ["Chain", "ChainPlan", "plan_chains", "run_chain"]
 
@@ -152,7 +154,7 @@ async def run_chain(
         raise
     sent = sending(owned, lease, first)
     try:
-        reply = await _send(worker, request, chain, inputs, deadline)
+        reply = await _send(worker, request, chain, inputs, deadline, intake.dispatch.outputs)
     except BaseException as exc:
         first.request_failed(failure_reason(exc), monotonic_ns() - start)
         raise
@@ -176,8 +178,10 @@ async def _send(
     chain: Chain,
     inputs: list[TensorDesc],
     deadline: float,
+    outputs: SegmentCache,
 ) -> InferDone | Failed:
-    """The chain's ``Infer`` and the worker's answer (a step's ``Failed`` included)."""
+    """The chain's ``Infer`` and the worker's answer (a step's ``Failed`` included);
+    ``outputs``: the front's mappings of the workers' output segments."""
     owned = request.owned
     key = request.model.key
 
@@ -194,7 +198,11 @@ async def _send(
     except BaseException:
         inputs_free()  # never sent (the worker is gone): nothing will read the inputs
         raise
-    reply = await waiting
+    try:
+        reply = await waiting
+    except asyncio.CancelledError:
+        drop_reply(worker, waiting, outputs)
+        raise
     if isinstance(reply, Failed):
         if len(reply.steps) >= len(chain.steps):  # a worker that broke the protocol
             raise WorkerProtocolError(f"worker {worker.worker_id} failed a step of no chain")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from oipserve.dataplane.batch_io import assemble, batch_size
+from oipserve.dataplane.dispatch import drop_reply
 from oipserve.dataplane.sequence_slots import Seq, SeqLane, SequenceSlots, SequenceStep
 from oipserve.errors import Unavailable
 from oipserve.models.config.sequence import Control
@@ -176,7 +177,12 @@ class SequenceBatches(SequenceSlots):
         except BaseException:
             held.release()
             raise
-        done = worker.inferred(await waiting)
+        try:
+            answer = await waiting
+        except asyncio.CancelledError:
+            drop_reply(worker, waiting, self.dispatch.outputs)
+            raise
+        done = worker.inferred(answer)
         for name in done.dropped:
             self.dispatch.outputs.forget(name)
         results = self.dispatch.results(worker, model, done, [1] * len(rows))

@@ -118,8 +118,11 @@ CASES = {
     #   backlog, short of their window, their messages stall and time out. /dev/shm: a
     #   stream holds at most two windows of requests (call.py _BACKLOG) and the replies of
     #   those running; a reset pair's inferences finish in the workers while the next pair
-    #   fills, and the pools keep their high-water mark: 90-110 MiB whether the attack
-    #   runs 1.5 s or 6 s (it grew with what was sent before: 300 MiB of RSS 1:1).
+    #   fills, and the front's and the worker's pools keep their high-water mark: 64-68
+    #   MiB (1 MiB segments, half inputs, half outputs) whether the attack runs 1.5 s or
+    #   10 s, +0 for a second attack on the same front (it grew with what was sent before:
+    #   300 MiB of RSS 1:1; then ~20 MiB a second of leaked outputs, 178-336 MiB under
+    #   load: tests/unit/test_dispatch_cancel.py).
     "stream-past-window": Case(
         h2_attacks.stream_past_window,
         (),
