@@ -2,7 +2,7 @@
 
 ```
  REST ─┐                    ┌─ level 1: [r7 r9 ...] (+ DELAYed)          ┌─▶ instance A
-       ├─▶ submit() ─▶ queue┤                             ─▶ form batch ─┤   (a worker)
+       ├─▶ enqueue() ─▶ queue┤                            ─▶ form batch ─┤   (a worker)
  gRPC ─┘   (full: 503)      └─ level N: [r3 ...]                         └─▶ instance B
                               timeouts: a timer per request                 (a batch each)
 ```
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import functools
 import logging
 import time
 from collections import deque
@@ -219,24 +218,14 @@ class DynamicBatcher:
 
     # ---- the callers' side ---------------------------------------------------------
 
-    def submit(
-        self, request: Any, batch: int, signature: Hashable, priority: int, timeout_us: int
-    ) -> asyncio.Future[Any]:
-        """Queue a request; the future resolves to its result (cancel it to withdraw it).
-
-        Raises QueueRejected at once when its level's queue is full.
-        """
-        entry = self.enqueue(request, batch, signature, priority, timeout_us)
-        entry.future.add_done_callback(functools.partial(self._withdrawn, entry))
-        return entry.future
-
     def enqueue(
         self, request: Any, batch: int, signature: Hashable, priority: int, timeout_us: int
     ) -> Entry:
-        """``submit`` for a caller that awaits ``entry.future`` itself and calls
-        ``withdraw(entry)`` whenever that await ends in an error (cancelled, or failed by
-        the caller's deadline): the request then leaves the queue at once, as a cancelled
-        ``submit`` future's does.
+        """Queue a request; ``entry.future`` resolves to its result. The caller awaits it
+        and calls ``withdraw(entry)`` whenever that await ends in an error (cancelled, or
+        failed by the caller's deadline): the request then leaves the queue at once.
+
+        Raises QueueRejected at once when its level's queue is full.
 
         PERF: no done callback on the future: it cost every request a partial, a callback
         scheduled when its answer is set and a loop step to run it, to catch the rare one
@@ -296,10 +285,6 @@ class DynamicBatcher:
         if entry.timer is not None:
             entry.timer.cancel()
             entry.timer = None
-
-    def _withdrawn(self, entry: Entry, future: asyncio.Future[Any]) -> None:
-        """The caller gave up on the request (cancelled it, or its deadline passed)."""
-        self.withdraw(entry)
 
     def withdraw(self, entry: Entry) -> None:
         """The caller gave up on an ``enqueue``d request: it leaves the queue if it is still

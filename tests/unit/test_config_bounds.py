@@ -34,6 +34,7 @@ from oipserve.models.repository import with_labels
 from oipserve.scheduling.policy import BatchPolicy, QueuePolicy, batch_policy
 from oipserve.scheduling.scheduler import DynamicBatcher, Entry
 from oipserve.wire.images import ImageError, ImageSpec
+from tests.support.batcher_calls import submit
 from workers.images import decode_batch
 
 #: Levels many enough that one object per level would show (the eager batcher took
@@ -81,11 +82,11 @@ async def _serve_levels() -> tuple[list[list[str]], int, int]:
 
     policy = BatchPolicy(max_batch_size=1, priority_levels=LEVELS, default_priority_level=LEVELS)
     batcher, made = _allocated(lambda: DynamicBatcher("m", policy, lambda: [instance], execute, id))
-    first = batcher.submit("busy", 1, "s", 0, 0)
+    first = submit(batcher, "busy", 1, "s", 0, 0)
     for _ in range(5):
         await asyncio.sleep(0)
     # Queued behind the busy instance, each at a level of its own, the highest last.
-    futures = [batcher.submit(name, 1, "s", level, 0) for name, level in
+    futures = [submit(batcher, name, 1, "s", level, 0) for name, level in
                (("low", 0), ("mid", LEVELS // 2), ("top", 1), ("mid2", LEVELS // 2))]  # fmt: skip
     held = len(batcher._levels)
     for _ in range(len(futures) + 1):

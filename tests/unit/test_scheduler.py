@@ -13,6 +13,7 @@ import uvloop
 from oipserve.errors import Unavailable
 from oipserve.scheduling.policy import BatchPolicy, QueuePolicy
 from oipserve.scheduling.scheduler import SPIN_WINDOW, DynamicBatcher, Entry, QueueRejected
+from tests.support.batcher_calls import submit
 
 
 class Instance:
@@ -49,7 +50,7 @@ class Harness:
     def submit(
         self, name: str, batch: int = 1, sig: str = "s", priority: int = 0, timeout_us: int = 0
     ) -> asyncio.Future[Any]:
-        return self.batcher.submit(name, batch, sig, priority, timeout_us)
+        return submit(self.batcher, name, batch, sig, priority, timeout_us)
 
     def executed(self) -> list[list[Any]]:
         return [b for i in self.instances for b in i.batches]
@@ -246,7 +247,7 @@ async def test_delay_timeout_moves_the_request_behind_its_level() -> None:
     await settle()
     old = h.submit("old")
     await asyncio.sleep(0.04)  # old's timeout expired: DELAYed
-    fresh = h.batcher.submit("fresh", 1, "s", 0, 0)
+    fresh = submit(h.batcher, "fresh", 1, "s", 0, 0)
     for _ in range(3):
         h.instances[0].gates[-1].set()
         await settle()
