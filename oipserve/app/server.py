@@ -310,7 +310,7 @@ class Server:
     async def start(self) -> None:
         """Start-up step 2: workers, models, then gRPC and the other HTTP fronts."""
         for device in self.plan.devices:
-            await self._start_workers(device)
+            await self._start_workers(device, self._instances(device))
         self.pool.start_heartbeats(
             self.settings.worker_heartbeat_interval, self.settings.worker_heartbeat_timeout
         )
@@ -324,15 +324,20 @@ class Server:
         if http is not None and scaled_out:
             await self._start_other_fronts(http)
 
-    async def _start_workers(self, device: str) -> list[WorkerHandle]:
-        usable = self.plan.inventory.cpu.usable_cores
+    def _instances(self, device: str) -> int:
+        """Worker processes for ``device``: ``--instances-per-device``, or what ``auto`` (the
+        default, issue #40) gives for it, logged."""
         count = self.settings.instances_per_device
-        if count is None:  # --instances-per-device auto, the default (issue #40)
+        if count is None:
+            usable = self.plan.inventory.cpu.usable_cores
             count = instances_for(device, usable)
             log.info(
                 "--instances-per-device auto: %d on %s (%d usable CPUs)", count, device, usable
             )
-        threads = _threads_per_worker(device, usable, count)
+        return count
+
+    async def _start_workers(self, device: str, count: int) -> list[WorkerHandle]:
+        threads = _threads_per_worker(device, self.plan.inventory.cpu.usable_cores, count)
         started = []
         for _ in range(count):
             worker = await self.pool.add_worker(device, threads)
@@ -346,13 +351,13 @@ class Server:
             running = [w for w in self.pool.workers if w.device == "cpu" and not w.dedicated]
             if running:
                 return running
+            count = self._instances("cpu")
             log.info(
                 "starting %d CPU worker(s) for KIND_CPU instance groups (--devices %s runs none)",
-                self.settings.instances_per_device
-                or instances_for("cpu", self.plan.inventory.cpu.usable_cores),
+                count,
                 self.settings.devices,
             )
-            return await self._start_workers("cpu")
+            return await self._start_workers("cpu", count)
 
     async def _load_models(self) -> None:
         """Load the models of the start; with --exit-on-error one that fails stops it."""
