@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import http.client
 import os
 import re
 import signal
@@ -302,32 +300,6 @@ def pending(proc: ServerProcess, model: str = "batched") -> int:
     return int(float(line.split()[-1]))
 
 
-def worst_live_probe(server: ServerProcess, busy: Callable[[], bool]) -> float:
-    """The longest ``/v2/health/live`` took while ``busy()`` held (seconds).
-
-    The front answers it on its event loop, so this is the loop's worst stall as a client
-    sees it. This process's cyclic garbage collector is paused meanwhile: late in the
-    suite one full pass here took 36-40 ms (measured with gc callbacks), a stall of the
-    test's own that would count as the server's.
-    """
-    probe = http.client.HTTPConnection(server.host_port, timeout=30)
-    worst = 0.0
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        while busy():
-            start = time.perf_counter()
-            probe.request("GET", "/v2/health/live")
-            probe.getresponse().read()
-            worst = max(worst, time.perf_counter() - start)
-            time.sleep(0.002)
-    finally:
-        if collecting:
-            gc.enable()
-        probe.close()
-    return worst
-
-
 #: Two identity calls of 64 MiB each way, sent from a process of its own: grpc's Python
 #: layer holds the GIL while it copies a message, which would stall this process's probe.
 _SEND_LARGE_GRPC = """
@@ -351,11 +323,12 @@ with grpc.insecure_channel(sys.argv[1], options=limit) as channel:
 def worst_probe_during_large_grpc_calls(
     server: ServerProcess,
     stream: bool = False,
-    probe: Callable[[ServerProcess, Callable[[], bool]], float] = worst_live_probe,
+    *,
+    probe: Callable[[ServerProcess, Callable[[], bool]], float],
 ) -> float:
-    """``probe`` (the worst ``/v2/health/live`` in wall time, or a measure of its own such
-    as ``loop_checks.most_loop_cpu_per_probe``) while two clients each make two 64 MiB
-    identity calls (unary, or two requests on one ModelStreamInfer stream)."""
+    """``probe`` (e.g. ``loop_checks.most_loop_cpu_per_probe``: what the front's loop did
+    while a ``/v2/health/live`` waited) while two clients each make two 64 MiB identity
+    calls (unary, or two requests on one ModelStreamInfer stream)."""
     how = "stream" if stream else "unary"
     senders = [
         subprocess.Popen([sys.executable, "-c", _SEND_LARGE_GRPC, server.grpc_url, how])
