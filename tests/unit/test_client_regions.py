@@ -7,7 +7,6 @@ import os
 import socket
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 
@@ -21,13 +20,13 @@ from oipserve.request.client_regions import (
 from oipserve.wire.messages import (
     ErrorKind,
     Failed,
-    FromWorker,
     Infer,
     InferDone,
     ObjectRef,
     OutputTarget,
     TensorDesc,
 )
+from tests.support.worker_replies import only_reply
 from workers.regions import RegionCache, RegionError
 from workers.runtime import ModelSession
 from workers.worker import Worker
@@ -216,8 +215,7 @@ def test_worker_reads_in_place_and_onnxruntime_writes_into_the_region(shm_object
             OutputTarget("OUTPUT1", ref, 192, 64, [1, 16]),
         ]
         worker.handle(Infer(1, "simple/1", inputs, ["OUTPUT0", "OUTPUT1"], targets), worker.starter)
-        (frame,) = worker.starter.replies
-        reply = msgspec.msgpack.decode(frame[4:], type=FromWorker)
+        reply = only_reply(worker)
         assert isinstance(reply, InferDone), reply
         assert reply.segment == "" and worker.starter.outputs.leased_count == 0
         assert [(d.name, d.offset, d.nbytes, d.region) for d in reply.outputs] == [
@@ -267,9 +265,7 @@ class _Spied:
         self.calls.clear()
         names = [t.name for t in targets]
         self.worker.handle(Infer(1, self.key, inputs, names, targets), self.worker.starter)
-        (frame,) = self.worker.starter.replies
-        self.worker.starter.replies.clear()
-        return msgspec.msgpack.decode(frame[4:], type=FromWorker)
+        return only_reply(self.worker)
 
     def close(self) -> None:
         self.worker.close()

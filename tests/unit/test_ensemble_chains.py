@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 
@@ -16,13 +14,13 @@ from oipserve.models.config.parse import parse_model_config
 from oipserve.models.ensemble import chain_runs
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import ModelVersion
-from oipserve.wire.messages import ChainStep, ErrorKind, Failed, FromWorker, Infer, InferDone
+from oipserve.wire.messages import ChainStep, ErrorKind, Failed, Infer, InferDone
 from oipserve.wire.shm import SegmentCache
 from tests.support.ensemble_models import CONFIGS, ensemble_config, write_step
+from tests.support.worker_replies import only_reply, paired_worker
 from workers import runtime
 from workers.worker import Worker
 
-DECODER = msgspec.msgpack.Decoder(FromWorker)
 _X = [("X", "TYPE_FP32", "[ -1 ]")]
 _Y = [("Y", "TYPE_FP32", "[ -1 ]")]
 
@@ -96,22 +94,12 @@ def test_a_model_that_does_not_run_alone_cuts_the_chain() -> None:
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[Worker]:
-    ours, theirs = socket.socketpair()
-    worker = Worker(theirs, "oipserve-test-chains-")
-    for name in ("add_one", "double"):
-        write_step(tmp_path, name)
-        path = str(tmp_path / name / "1" / "model.onnx")
-        worker.sessions[f"{name}/1"] = runtime.ModelSession(path, 1, [])
-    yield worker
-    worker.close()
-    ours.close()
-    theirs.close()
-
-
-def _reply(worker: Worker) -> object:
-    (frame,) = worker.starter.replies
-    worker.starter.replies.clear()
-    return DECODER.decode(frame[4:])
+    with paired_worker("oipserve-test-chains-") as worker:
+        for name in ("add_one", "double"):
+            write_step(tmp_path, name)
+            path = str(tmp_path / name / "1" / "model.onnx")
+            worker.sessions[f"{name}/1"] = runtime.ModelSession(path, 1, [])
+        yield worker
 
 
 _CHAIN = [
@@ -128,7 +116,7 @@ def test_a_worker_runs_a_chain_in_one_reply(
     x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
     monkeypatch.setattr(worker, "feeds", lambda inputs, session, connection: {"IN": x})
     worker.handle(Infer(5, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
-    done = _reply(worker)
+    done = only_reply(worker)
     assert isinstance(done, InferDone) and done.rid == 5
     assert [d.name for d in done.outputs] == ["Y"]
     (desc,) = done.outputs
@@ -150,7 +138,7 @@ def test_a_failing_step_says_which_steps_ran(
     )
     del worker.sessions["double/1"]
     worker.handle(Infer(6, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
-    failed = _reply(worker)
+    failed = only_reply(worker)
     assert isinstance(failed, Failed)
     assert failed.kind is ErrorKind.UNAVAILABLE
     assert failed.message == "model 'double/1' is not loaded here"

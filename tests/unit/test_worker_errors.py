@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgspec
 import pytest
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-from oipserve.wire.messages import ErrorKind, Failed, FromWorker, Infer, LoadModel
+from oipserve.wire.messages import ErrorKind, Failed, Infer, LoadModel
+from tests.support.worker_replies import only_reply, paired_worker
 from workers.worker import Worker
-
-DECODER = msgspec.msgpack.Decoder(FromWorker)
 
 
 class _Session:
@@ -31,18 +28,12 @@ class _Session:
 
 @pytest.fixture
 def worker() -> Iterator[Worker]:
-    ours, theirs = socket.socketpair()
-    worker = Worker(theirs, "oipserve-test-errors-")
-    yield worker
-    worker.close()
-    ours.close()
-    theirs.close()
+    with paired_worker("oipserve-test-errors-") as worker:
+        yield worker
 
 
 def _only_reply(worker: Worker) -> Failed:
-    (frame,) = worker.starter.replies
-    worker.starter.replies.clear()
-    reply = DECODER.decode(frame[4:])
+    reply = only_reply(worker)
     assert isinstance(reply, Failed)
     return reply
 
