@@ -32,6 +32,9 @@ class MemoryTransport(asyncio.Transport):
         for data in lines:
             self.write(data)
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write is taken at once
+
     def pause_reading(self) -> None:
         pass
 

@@ -52,8 +52,18 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "on_headers_complete": (),
     "on_body": ("body",),
     "on_message_complete": (),
-    "on_response_complete": (),
+    "on_response_complete": (),  # replaced, not extended: UVICORN_RESPONSE_COMPLETE_NAMES
+    "_start_asgi_task": ("cycle", "app"),  # a pipelined request's turn
+    "timeout_keep_alive_handler": (),  # closes an idle keep-alive connection
 }
+#: Every name uvicorn's ``on_response_complete`` uses. ``CorkedHttpToolsProtocol`` does its
+#: steps itself, all but arming a keep-alive timer (protocol.py's docstring, 7.): when
+#: uvicorn's changes, re-read it and bring ours in line.
+UVICORN_RESPONSE_COMPLETE_NAMES = {
+    "_start_asgi_task", "_unset_keepalive_if_required", "call_later", "flow", "is_closing",
+    "loop", "pipeline", "pop", "resume_reading", "server_state", "timeout_keep_alive",
+    "timeout_keep_alive_handler", "timeout_keep_alive_task", "total_requests", "transport",
+}  # fmt: skip
 #: HttpToolsProtocol instance state that CorkedHttpToolsProtocol reads or replaces.
 PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "transport": object,  # set to what connection_made got: the CorkedTransport
@@ -68,6 +78,7 @@ PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "expect_100_continue": bool,  # on_header: set for ``Expect: 100-continue``
     "client": object,  # the peer's address, in a dropped connection's log line
     "connections": set,  # the server's; left at an h2c handover (as its websocket upgrade)
+    "timeout_keep_alive": object,  # seconds (a number): kept by our deadline timer
 }
 #: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
 CYCLE_ATTRIBUTES: dict[str, type] = {
@@ -84,6 +95,7 @@ CYCLE_ATTRIBUTES: dict[str, type] = {
 }
 #: Names CorkedHttpToolsProtocol adds: uvicorn must not use them for anything of its own.
 OUR_PROTOCOL_NAMES = (
+    "_idle_since",
     "_sinks",
     "_watchers",
     "_receive_into",
@@ -198,6 +210,16 @@ def _report(problems: list[str], module: str) -> str:
 def test_protocol_methods_oipserve_overrides_or_calls_keep_their_shape() -> None:
     problems = _shape_problems(HttpToolsProtocol, PROTOCOL_METHODS)
     assert not problems, _report(problems, "oipserve/front/http/protocol.py")
+
+
+def test_uvicorns_response_completion_does_what_ours_replaces() -> None:
+    used = set(HttpToolsProtocol.on_response_complete.__code__.co_names)
+    assert used == UVICORN_RESPONSE_COMPLETE_NAMES, (
+        "uvicorn's HttpToolsProtocol.on_response_complete changed (names added: "
+        f"{sorted(used - UVICORN_RESPONSE_COMPLETE_NAMES)}, gone: "
+        f"{sorted(UVICORN_RESPONSE_COMPLETE_NAMES - used)}): CorkedHttpToolsProtocol."
+        "on_response_complete in oipserve/front/http/protocol.py does its steps itself"
+    )
 
 
 def test_protocol_and_cycle_state_oipserve_uses_is_where_it_was() -> None:

@@ -55,6 +55,14 @@
    check. The preface is never a valid HTTP/1.1 request, so nothing served before is
    taken for one.
 
+7. The keep-alive timeout (uvicorn's ``timeout_keep_alive``: an idle connection is closed
+   that long after its last response) is kept by the same per-connection timer as the
+   limits (``_check_deadlines``), from the loop time the last response completed.
+   uvicorn arms a timer for it at every response and cancels it at the next request's
+   first bytes: a timer made and unmade per request, for a deadline that almost never
+   comes. The timer looks at least once a ``timeout_keep_alive``, and when a connection
+   is idle it is re-armed for the exact moment, so the connection closes on time.
+
 All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
@@ -65,7 +73,8 @@ the protocol's ``transport`` (handed on to each cycle, so our ``CorkedTransport`
 sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``headers``,
 ``expect_100_continue``,
 ``pipeline``, ``connections`` (left at an h2c handover, as uvicorn's websocket upgrade
-does) and ``server_state.default_headers``; and the cycle's ``scope``,
+does), ``timeout_keep_alive``, ``timeout_keep_alive_handler``, ``_start_asgi_task``,
+``server_state.total_requests`` and ``server_state.default_headers``; and the cycle's ``scope``,
 ``body``, ``more_body``, ``disconnected``, ``message_event``,
 ``waiting_for_100_continue``, ``response_started``, ``response_complete`` and
 ``on_response``. ``tests/unit/test_framework_internals.py`` checks each by
@@ -279,6 +288,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: The body being received: loop time it began (None: none), bytes so far.
         self._body_started: float | None = None
         self.body_bytes = 0
+        #: Loop time the last response completed with no request after it (None: a
+        #: request is under way or due): the keep-alive timeout counts from it.
+        self._idle_since: float | None = None
         #: A response the client is not reading: since when, and the bytes it had read then.
         self._unsent_since: float | None = None
         self._unsent_sent = 0
@@ -305,6 +317,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         return type(cls.__name__, (cls,), settings)
 
     def data_received(self, data: bytes) -> None:
+        self._idle_since = None
         if self._sniffing:
             data = self._sniff(data)
             if not data:
@@ -412,7 +425,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         corked = self._corked = CorkedTransport(self._raw, loop)
         super().connection_made(cast(asyncio.Transport, corked))
         self._head_started = loop.time()
-        self._head_timer = loop.call_later(self.limits.tick, self._check_deadlines)
+        first = min(self.limits.tick, self.timeout_keep_alive)
+        self._head_timer = loop.call_later(first, self._check_deadlines)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -434,7 +448,15 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         loop = self._loop
         now = loop.time()
         limits = self.limits
-        wait = limits.tick
+        wait = min(limits.tick, self.timeout_keep_alive)
+        idle = self._idle_since
+        if idle is not None:
+            left = idle + self.timeout_keep_alive - now
+            if left <= 0:
+                self._head_timer = None
+                self.timeout_keep_alive_handler()
+                return
+            wait = min(wait, left)
         started = self._head_started
         if started is not None:
             left = started + limits.header_timeout - now
@@ -547,7 +569,16 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         self._watchers.pop(cycle, None)
         _forget_extensions(cycle)
-        super().on_response_complete()
+        # uvicorn's own steps, but for its keep-alive timer (see 7. above).
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            waiting, app = self.pipeline.pop()
+            self._start_asgi_task(waiting, app)
+        else:
+            self._idle_since = self._loop.time()
 
     def on_body(self, body: bytes) -> None:
         events = self._chunk_events
