@@ -7,6 +7,8 @@ batcher (``batched.BatchRunner``) go through here:
 - ``send``: an ``Infer`` descriptor to that worker, and its reply awaited until the deadline.
   What holds the inputs (segment leases, uses of clients' regions) is released once the
   worker is done reading them, on every path: its reply, its death, or no send at all;
+  ``infer_on`` is that send-and-await, for every ``Infer`` (ensemble chains and sequence
+  batches too);
 - ``result`` / ``results``: the reply's outputs as clients see them, views of the worker's
   output segment that go back to it once every result is released (on any error, at once).
 """
@@ -14,7 +16,7 @@ batcher (``batched.BatchRunner``) go through here:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from oipserve.dataplane.batch_io import SharedRelease, split
 from oipserve.models.registry import ModelVersion
@@ -25,7 +27,7 @@ from oipserve.runtime.off_loop import nothing_to_release
 from oipserve.wire.messages import Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
 
-__all__ = ["Dispatch", "drop_reply"]
+__all__ = ["Dispatch", "drop_reply", "infer_on"]
 
 _EMPTY = memoryview(b"")
 # NOTE: shared, never changed: only encoded into Infer messages (no list per request).
@@ -76,20 +78,13 @@ class Dispatch:
             for held in owned:
                 held.release()
 
-        try:
-            waiting = worker.call(
-                lambda rid: Infer(rid, key, inputs, output_names, into, texts),
-                inputs_free,
-                deadline,
-            )
-        except BaseException:
-            inputs_free()  # never sent (the worker is gone): nothing will read the inputs
-            raise
-        try:
-            answer = await waiting
-        except asyncio.CancelledError:
-            drop_reply(worker, waiting, self.outputs)
-            raise
+        answer = await infer_on(
+            worker,
+            lambda rid: Infer(rid, key, inputs, output_names, into, texts),
+            inputs_free,
+            self.outputs,
+            deadline,
+        )
         reply = worker.inferred(answer)
         for name in reply.dropped:
             self.outputs.forget(name)
@@ -146,9 +141,35 @@ class Dispatch:
             raise
 
 
+async def infer_on(
+    worker: WorkerLink,
+    make: Callable[[int], Infer],
+    inputs_free: Callable[[], None],
+    mapped: SegmentCache,
+    deadline: float | None = None,
+) -> object:
+    """The worker's answer to the ``Infer`` that ``make`` builds (given the request id).
+
+    ``inputs_free`` lets go of what holds the inputs: when the worker is done reading them
+    (the link calls it at the reply or the worker's death), or here at once when the
+    request cannot be sent. A caller cancelled once the reply has come gives its outputs
+    back (``drop_reply``; ``mapped``: the front's mappings of the output segments).
+    """
+    try:
+        waiting = worker.call(make, inputs_free, deadline)
+    except BaseException:
+        inputs_free()  # never sent (the worker is gone): nothing will read the inputs
+        raise
+    try:
+        return await waiting
+    except asyncio.CancelledError:
+        drop_reply(worker, waiting, mapped)
+        raise
+
+
 def drop_reply(worker: WorkerLink, waiting: Awaitable[object], mapped: SegmentCache) -> None:
-    """A request cancelled after its reply came: hand its output segment back (every
-    ``await`` of a ``WorkerLink.call`` calls this on CancelledError).
+    """A request cancelled after its reply came: hand its output segment back (``infer_on``
+    calls this on CancelledError).
 
     The reply and the cancel can land in one loop iteration (a stream reset while its
     worker answers): the reply is then in ``waiting`` but the task wakes to

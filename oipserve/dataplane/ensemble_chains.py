@@ -19,11 +19,10 @@ while those versions stay the ones the steps resolve to. An ensemble with
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from time import monotonic_ns
 
-from oipserve.dataplane.dispatch import drop_reply
+from oipserve.dataplane.dispatch import infer_on
 from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.strategies import refused, sending
 from oipserve.errors import WorkerProtocolError, from_kind
@@ -189,20 +188,13 @@ async def _send(
         for held in owned:
             held.release()
 
-    try:
-        waiting = worker.call(
-            lambda rid: Infer(rid, key, inputs, chain.outputs, chain=chain.messages),
-            inputs_free,
-            deadline,
-        )
-    except BaseException:
-        inputs_free()  # never sent (the worker is gone): nothing will read the inputs
-        raise
-    try:
-        reply = await waiting
-    except asyncio.CancelledError:
-        drop_reply(worker, waiting, outputs)
-        raise
+    reply = await infer_on(
+        worker,
+        lambda rid: Infer(rid, key, inputs, chain.outputs, chain=chain.messages),
+        inputs_free,
+        outputs,
+        deadline,
+    )
     if isinstance(reply, Failed):
         if len(reply.steps) >= len(chain.steps):  # a worker that broke the protocol
             raise WorkerProtocolError(f"worker {worker.worker_id} failed a step of no chain")

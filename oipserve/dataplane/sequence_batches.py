@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from oipserve.dataplane.batch_io import assemble, batch_size
-from oipserve.dataplane.dispatch import drop_reply
+from oipserve.dataplane.dispatch import infer_on
 from oipserve.dataplane.sequence_slots import Seq, SeqLane, SequenceSlots, SequenceStep
 from oipserve.errors import Unavailable
 from oipserve.models.config.sequence import Control
@@ -170,18 +170,12 @@ class SequenceBatches(SequenceSlots):
         )
         held = lease
         key = model.key
-        try:
-            waiting = worker.call(
-                lambda rid: Infer(rid, key, descs, computed, [], [], sequence), held.release
-            )
-        except BaseException:
-            held.release()
-            raise
-        try:
-            answer = await waiting
-        except asyncio.CancelledError:
-            drop_reply(worker, waiting, self.dispatch.outputs)
-            raise
+        answer = await infer_on(
+            worker,
+            lambda rid: Infer(rid, key, descs, computed, [], [], sequence),
+            held.release,
+            self.dispatch.outputs,
+        )
         done = worker.inferred(answer)
         for name in done.dropped:
             self.dispatch.outputs.forget(name)

@@ -23,14 +23,11 @@ from oipserve.wire.messages import (
     ForgetRegions,
     FrameSplitter,
     FromWorker,
-    Infer,
     InferDone,
     LoadModel,
     ObjectRef,
-    OutputTarget,
     Release,
     Reply,
-    TensorDesc,
     WorkerReady,
     frame,
 )
@@ -271,23 +268,6 @@ class WorkerLink:
                 future.set_exception(DeadlineExceeded())
         if self._deadlines:
             self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)
-
-    async def infer(
-        self,
-        key: str,
-        inputs: list[TensorDesc],
-        outputs: list[str],
-        on_inputs_free: Callable[[], None],
-        deadline: float | None = None,
-        targets: list[OutputTarget] | None = None,
-        text_outputs: list[str] | None = None,
-    ) -> InferDone:
-        into = targets or []
-        texts = text_outputs or []
-        reply = await self.call(
-            lambda rid: Infer(rid, key, inputs, outputs, into, texts), on_inputs_free, deadline
-        )
-        return self.inferred(reply)
 
     def inferred(self, reply: object) -> InferDone:
         """The worker's reply to an ``Infer``: its ``InferDone``, or the error it answered

@@ -21,7 +21,7 @@ from oipserve.pool.handle import WorkerHandle
 from oipserve.pool.link import WorkerDied, WorkerLink
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.runtime.workerproc import WorkerOptions
-from oipserve.wire.messages import ErrorKind, Failed, LoadModel, TensorDesc
+from oipserve.wire.messages import ErrorKind, Failed, Infer, LoadModel, TensorDesc
 from oipserve.wire.shm import BufferPool, SegmentCache
 from tests.support.server import SAMPLE_REPOSITORY, shm_entries, wait_for
 
@@ -62,7 +62,12 @@ async def _add(
         TensorDesc("INPUT0", "INT32", [1, 16], lease.name, 0, 64),
         TensorDesc("INPUT1", "INT32", [1, 16], lease.name, 64, 64),
     ]
-    done = await link.infer("simple/1", descs, ["OUTPUT0", "OUTPUT1"], lease.release)
+    done = link.inferred(
+        await link.call(
+            lambda rid: Infer(rid, "simple/1", descs, ["OUTPUT0", "OUTPUT1"], [], []),
+            lease.release,
+        )
+    )
     buf = outputs.get(done.segment).buf
     got = [
         np.frombuffer(buf[d.offset : d.offset + d.nbytes], dtype=np.int32).copy()
@@ -174,7 +179,7 @@ async def test_the_workers_death_cuts_off_every_front_and_the_replacement_listen
     await asyncio.wait_for(replaced.wait(), 60)
     assert gone == [link] and not link.alive
     with pytest.raises(WorkerDied):
-        await link.infer("simple/1", [], ["OUTPUT0"], lambda: None)
+        link.call(lambda rid: Infer(rid, "simple/1", [], ["OUTPUT0"], [], []))
     assert worker.front_address != first_address and worker.pid != first_pid
     again = await _other_front(worker)
     inputs = BufferPool(f"{pool.prefix}front2-in-")
