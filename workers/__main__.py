@@ -26,6 +26,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--fronts-fd", type=int, default=None)
     # Microseconds to poll for the next request after a reply (workers.busy_poll; 0: never).
     parser.add_argument("--busy-poll-us", type=int, default=0)
+    # At low load, run on the front's CPU (workers.colocation).
+    parser.add_argument("--colocate", action="store_true")
     return parser.parse_args()
 
 
@@ -46,4 +48,5 @@ if __name__ == "__main__":
         args.log_level,
         fronts,
         args.busy_poll_us,
+        args.front_pid if args.colocate else 0,
     )

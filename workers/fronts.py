@@ -34,6 +34,8 @@ class FrontConnection:
         self.sock = sock
         #: The front that started this worker (its end of the socket pair).
         self.starter = starter
+        #: The front's pid (for ``workers.colocation``); 0 when not known or not wanted.
+        self.pid = 0
         self.splitter = FrameSplitter()
         #: This front's input segments, mapped by name (names are unique to one front; a
         #: front that leaves takes its mappings with it).

@@ -50,6 +50,7 @@ from oipserve.wire.messages import (
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling
 from workers.chains import run_chain
+from workers.colocation import Colocation
 from workers.failures import SEE_LOG, run_failure
 from workers.fronts import FrontConnection, accept_front
 from workers.heap import return_free_heap
@@ -73,6 +74,7 @@ class Worker:
         segment_prefix: str,
         fronts: socket.socket | None = None,
         busy_poll_us: int = 0,
+        colocate_with: int = 0,
     ) -> None:
         self.sessions: dict[str, runtime.ModelSession] = {}
         #: Clients' shared-memory objects (system shared-memory extension).
@@ -81,6 +83,7 @@ class Worker:
         self.sequences = SequenceStates()
         self.segment_prefix = segment_prefix
         self.starter = FrontConnection(sock, segment_prefix, starter=True)
+        self.starter.pid = colocate_with
         # Ensembles: inputs may lie in workers' output segments (workers.peer_segments).
         self.starter.inputs = CheckedSegments(server_prefix(segment_prefix))
         #: Every front's connection, the starter's first.
@@ -94,6 +97,13 @@ class Worker:
         self.encoder = msgspec.msgpack.Encoder()
         #: When to poll for the next request instead of sleeping (``workers.busy_poll``).
         self.polling = NextRequestPoll(busy_poll_us * 1000)
+        #: Whether this worker runs on its front's CPU (``workers.colocation``).
+        self.colocation = Colocation(colocate_with != 0)
+        #: This turn of the loop: its Infer messages, and their front's pid (0: several).
+        self._infers = 0
+        self._infers_from = -1
+        #: The last Infer's front had no other request in flight (``Infer.light``).
+        self._light = False
 
     def serve(self) -> None:
         """Read frames until the starter's Stop or EOF, or SIGTERM; answer each in order."""
@@ -132,12 +142,21 @@ class Worker:
                         if key.data is self.starter:
                             return  # the starting front is gone, or said Stop
                         self.disconnect(key.data, selector)
+                self._judge_turn()
                 until = self.polling.idle(monotonic_ns())
         finally:
             selector.close()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
+
+    def _judge_turn(self) -> None:
+        """Tell the co-location what this turn carried (``workers.colocation``)."""
+        if self._infers:
+            light = self._infers == 1 and self._light
+            self.colocation.turn(max(self._infers_from, 0), self._infers, light)
+            self._infers = 0
+            self._infers_from = -1
 
     def receive(self, connection: FrontConnection, flags: int) -> bool:
         """Handle what arrived on one connection; False once it ended (EOF, Stop, a front
@@ -164,6 +183,7 @@ class Worker:
         sock, pid = accepted
         self._accepted += 1
         connection = FrontConnection(sock, f"{self.segment_prefix}c{self._accepted}-", False)
+        connection.pid = pid
         connection.inputs = CheckedSegments(server_prefix(self.segment_prefix))
         self.connections.append(connection)
         selector.register(sock, selectors.EVENT_READ, connection)
@@ -189,6 +209,10 @@ class Worker:
         """Handle one message from one front; False ends that connection (and, from the
         starter, the worker)."""
         if isinstance(message, Infer):
+            self._infers += 1
+            self._light = message.light
+            if self._infers_from != connection.pid:
+                self._infers_from = connection.pid if self._infers_from == -1 else 0
             self.infer(message, connection)
         elif isinstance(message, ParseJson):
             self.parse_json(message, connection)
@@ -428,9 +452,12 @@ class Worker:
         connection.dropped.clear()
         copied = monotonic_ns()
         input_ns, infer_ns, output_ns = fed - started, ran - fed, copied - ran
+        colocation = self.colocation
+        colocation.ran(infer_ns)
         done = InferDone(
-            rid, segment, descs, dropped, started, input_ns, infer_ns, output_ns, steps
-        )
+            rid, segment, descs, dropped, started, input_ns, infer_ns, output_ns, steps,
+            -1 if colocation.pinned_to is None else colocation.pinned_to,
+        )  # fmt: skip
         self.reply(connection, done)
 
     def close(self) -> None:
@@ -449,8 +476,11 @@ def main(
     log_level: str,
     fronts: socket.socket | None = None,
     busy_poll_us: int = 0,
+    colocate_with: int = 0,
 ) -> None:
-    """Process entry (spawned): serve until told to stop, then free shared memory."""
+    """Process entry (spawned): serve until told to stop, then free shared memory.
+    ``colocate_with``: the starting front's pid, to run on its CPU at low load
+    (``workers.colocation``); 0 never."""
     # NOTE: our own process group: Ctrl-C in a terminal, or a supervisor that
     #   signals the front's group, reaches only the front, which drains HTTP first
     #   and then stops the workers. A SIGTERM sent to this pid still drains and exits.
@@ -461,7 +491,7 @@ def main(
     quiet_opencv()
     import onnxruntime
 
-    worker = Worker(sock, segment_prefix, fronts, busy_poll_us)
+    worker = Worker(sock, segment_prefix, fronts, busy_poll_us, colocate_with)
     worker.greeting = WorkerReady(os.getpid(), onnxruntime.__version__)
     worker.reply(worker.starter, worker.greeting)
     worker.starter.flush()

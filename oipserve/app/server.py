@@ -241,7 +241,9 @@ class Server:
         self.other_fronts: OtherFronts | None = None
         self.pool = WorkerPool(
             os.getpid(),
-            WorkerOptions(settings.log_level, settings.worker_busy_poll_us),
+            WorkerOptions(
+                settings.log_level, settings.worker_busy_poll_us, settings.low_load_colocation
+            ),
             settings.http_workers,
             settings.worker_replacement_max_pause,
         )

@@ -105,6 +105,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: while at least a quarter of its recent requests came that soon (``workers.busy_poll``).
     #: 0 never polls.
     worker_busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 250
+    #: At low load (one short request at a time from one front) a CPU worker and that
+    #: front's loop run on one CPU (``workers.colocation``): less CPU a request, some
+    #: latency given back. Off by default.
+    low_load_colocation: bool = False
     #: Seconds between heartbeats to each worker; one that has not answered for
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
     worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -359,6 +363,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="US",
         help="how long a worker polls for its next request after a reply, while its "
         "requests come that close together, instead of sleeping; 0 never polls",
+    )
+    serve.add_argument(
+        "--low-load-colocation",
+        metavar="true|false",
+        help="at low load (one short request at a time), run a CPU worker and its front on "
+        "one CPU: ~0.7x the CPU a request at c=1, ~0.9x the rate (default false)",
     )
     serve.add_argument(
         "--worker-heartbeat-interval", metavar="SECONDS", help="time between worker heartbeats"

@@ -23,6 +23,8 @@ from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import InferResult, client_outputs
+from oipserve.runtime.busy_poll import BusyPoll
+from oipserve.runtime.colocation import FrontAffinity
 from oipserve.runtime.off_loop import nothing_to_release
 from oipserve.wire.messages import Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
@@ -39,13 +41,18 @@ _NO_REGIONS: dict[str, RegionUse] = {}
 class Dispatch:
     """Sends checked, placed requests to workers and maps their replies back."""
 
-    __slots__ = ("outputs", "max_queue")
+    __slots__ = ("outputs", "max_queue", "busy_poll", "affinity")
 
     def __init__(self, outputs: SegmentCache, max_queue: int) -> None:
         #: The workers' output segments, mapped once each.
         self.outputs = outputs
         #: Requests in flight on one worker past which its model answers 503 (overloaded).
         self.max_queue = max_queue
+        #: The front's busy polling: its requests in flight say whether an Infer goes out at
+        #: light load (``Infer.light``; None: never).
+        self.busy_poll: BusyPoll | None = None
+        #: Where this front's loop runs: beside a worker pinned for it (``affinity.follow``).
+        self.affinity: FrontAffinity | None = None
 
     def pick(self, model: ModelVersion) -> WorkerLink:
         """The worker with the fewest requests in flight that holds ``model``, or 503."""
@@ -73,6 +80,8 @@ class Dispatch:
         key = model.key
         into = targets or _NO_TARGETS
         texts = text_outputs or _NO_NAMES
+        polling = self.busy_poll
+        light = polling is not None and polling.in_flight <= 1
 
         def inputs_free() -> None:
             for held in owned:
@@ -80,7 +89,7 @@ class Dispatch:
 
         answer = await infer_on(
             worker,
-            lambda rid: Infer(rid, key, inputs, output_names, into, texts),
+            lambda rid: Infer(rid, key, inputs, output_names, into, texts, light=light),
             inputs_free,
             self.outputs,
             deadline,
@@ -88,6 +97,8 @@ class Dispatch:
         reply = worker.inferred(answer)
         for name in reply.dropped:
             self.outputs.forget(name)
+        if self.affinity is not None:
+            self.affinity.follow(reply.colocated_cpu)
         return reply
 
     def result(

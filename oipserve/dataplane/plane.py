@@ -48,6 +48,7 @@ from oipserve.request.classification import classify
 from oipserve.request.client_regions import ClientRegions, RegionUse
 from oipserve.request.inference import Inference, InferResult
 from oipserve.runtime.busy_poll import BusyPoll
+from oipserve.runtime.colocation import FrontAffinity
 from oipserve.telemetry.stats import StatsRegistry, refusal_reason
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef
@@ -95,11 +96,15 @@ class DataPlane:
         self._loop = asyncio.get_running_loop()
         #: Told of each request's start and end: polls at low load (``--busy-poll-us``).
         self.busy_poll = BusyPoll(self._loop, busy_poll_window)
+        #: Where the loop runs: beside its worker at light load (``runtime.colocation``).
+        self.affinity = FrontAffinity()
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
         #: Per model version: what the statistics extension and /metrics report.
         self.stats = StatsRegistry(registry)
         dispatch = Dispatch(self.outputs, max_queue)
+        dispatch.busy_poll = self.busy_poll
+        dispatch.affinity = self.affinity
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
         self._dispatch = dispatch

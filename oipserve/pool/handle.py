@@ -90,6 +90,9 @@ class WorkerHandle(WorkerLink):
         ours, theirs = socket.socketpair()
         beat_ours, beat_theirs = socket.socketpair()
         listener = self._front_listener()
+        if options.colocate and self.device != "cpu":
+            # NOTE: measured on CPU workers only (a GPU worker's driver threads, unmeasured).
+            options = options._replace(colocate=False)
         try:
             process = WorkerProcess(theirs, beat_theirs, self.segment_prefix, options, listener)
         except BaseException:

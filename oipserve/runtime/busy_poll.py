@@ -25,6 +25,10 @@ took CPU the workers needed (0.79x on that MatMul).
 Like Linux's ``SO_BUSY_POLL`` or ONNX Runtime's spinning thread pool, it spends an idle
 core to answer sooner: a front at low load shows more CPU busy than it serves.
 ``--busy-poll-us 0`` turns it off.
+
+With ``--low-load-colocation true`` a worker at light load runs on this front's CPU, and the
+loop with it (``workers.colocation``, ``runtime.colocation``): both still poll, each
+``sched_yield`` handing the one core to the other.
 """
 
 from __future__ import annotations

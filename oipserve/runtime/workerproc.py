@@ -68,6 +68,9 @@ class WorkerOptions(NamedTuple):
     #: Microseconds a worker polls for its next request after a reply, instead of
     #: sleeping (``--worker-busy-poll-us``; ``workers.busy_poll``). 0 never polls.
     busy_poll_us: int = 0
+    #: At low load the worker runs on its front's CPU (``--low-load-colocation``;
+    #: ``workers.colocation``).
+    colocate: bool = False
 
 
 class WorkerProcess(ChildProcess):
@@ -94,6 +97,8 @@ class WorkerProcess(ChildProcess):
         args += ["--front-pid", str(os.getpid())]
         args += ["--segment-prefix", segment_prefix, "--log-level", options.log_level]
         args += ["--busy-poll-us", str(options.busy_poll_us)]
+        if options.colocate:
+            args.append("--colocate")
         fds = [fd, beat_fd]
         if fronts is not None:
             args += ["--fronts-fd", str(fronts.fileno())]

@@ -178,6 +178,9 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     sequence: SequenceRows | None = None
     #: An ensemble chain (workers.chains): every step, the first one ``key``'s; empty: none.
     chain: list[ChainStep] = []
+    #: The front had no other request in flight when it sent this one: light load, when
+    #: the worker may run on the front's CPU (``workers.colocation``).
+    light: bool = False
 
 
 class ParseJson(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -312,6 +315,10 @@ class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
     output_ns: int = 0
     #: An ensemble chain's steps (``Infer.chain``), in order; empty otherwise.
     steps: list[StepTimes] = []
+    #: The CPU the worker runs on, pinned there beside its front at light load
+    #: (``workers.colocation``); -1 when not pinned. The front's loop then pins itself
+    #: there too and does not poll for replies (``oipserve.runtime.colocation``).
+    colocated_cpu: int = -1
 
 
 class JsonParsed(msgspec.Struct, frozen=True, tag=True, array_like=True):

@@ -46,6 +46,14 @@ def test_busy_polling_is_on_by_default_and_off_with_zero(
     assert getattr(settings, field) == 0
 
 
+def test_low_load_colocation_is_off_by_default_and_on_by_flag_or_variable() -> None:
+    argv = ["serve", "--model-repository", "x"]
+    assert not load_settings(argv, {})[1].low_load_colocation
+    assert load_settings([*argv, "--low-load-colocation", "true"], {})[1].low_load_colocation
+    on = {"OIPSERVE_LOW_LOAD_COLOCATION": "true"}
+    assert load_settings(argv, on)[1].low_load_colocation
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "fragment"),
     [
