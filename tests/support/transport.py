@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+P = TypeVar("P", bound=HttpToolsProtocol)
 
 
 class MemoryTransport(asyncio.Transport):
@@ -47,3 +54,24 @@ class MemoryTransport(asyncio.Transport):
     def get_protocol(self) -> asyncio.BaseProtocol:
         assert self.protocol is not None
         return self.protocol
+
+
+def connected(
+    protocol_class: type[P], app: Callable, **options: Any
+) -> tuple[P, ServerState, MemoryTransport]:
+    """A ``protocol_class`` serving ``app`` (uvicorn ``Config`` ``options`` on top of quiet
+    defaults), connected to a fresh ``MemoryTransport``."""
+    config = uvicorn.Config(
+        app,
+        http=protocol_class,
+        lifespan="off",
+        proxy_headers=False,
+        log_config=None,
+        access_log=False,
+        **options,
+    )
+    state = ServerState()
+    protocol = protocol_class(config=config, server_state=state, app_state={})
+    transport = MemoryTransport()
+    protocol.connection_made(transport)
+    return protocol, state, transport

@@ -12,11 +12,9 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from oipserve.front.http.protocol import BODY_REFUSED, ConnectionLimits, CorkedHttpToolsProtocol
-from tests.support.transport import MemoryTransport
+from tests.support.transport import MemoryTransport, connected
 
 LIMIT = 1000
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -43,13 +41,7 @@ def run(reads: list[bytes]) -> tuple[MemoryTransport, list[dict], dict]:
 
     async def main() -> MemoryTransport:
         protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT)
-        config = uvicorn.Config(
-            app, http=protocol_class, lifespan="off", log_config=None, access_log=False
-        )
-        state = ServerState()
-        protocol = protocol_class(config=config, server_state=state, app_state={})
-        transport = MemoryTransport()
-        protocol.connection_made(transport)
+        protocol, state, transport = connected(protocol_class, app)
         for data in reads:
             if not transport.closing:
                 protocol.data_received(data)

@@ -36,7 +36,7 @@ from oipserve.front.http.protocol import RECEIVE_INTO, CorkedHttpToolsProtocol
 from oipserve.front.rest.app import _App
 from oipserve.front.rest.media import JSON
 from oipserve.runtime.http_io import CorkedTransport
-from tests.support.transport import MemoryTransport
+from tests.support.transport import MemoryTransport, connected
 
 #: HttpToolsProtocol methods that CorkedHttpToolsProtocol overrides or calls, with
 #: their parameters after ``self``.
@@ -139,31 +139,12 @@ async def _never_answers(scope: dict, receive: Callable, send: Callable) -> None
     await asyncio.Event().wait()
 
 
-def _connected(
-    protocol_class: type[HttpToolsProtocol], app: Callable
-) -> tuple[HttpToolsProtocol, ServerState, MemoryTransport]:
-    """A ``protocol_class`` serving ``app``, connected to an in-memory transport."""
-    config = uvicorn.Config(
-        app,
-        http=protocol_class,
-        lifespan="off",
-        proxy_headers=False,
-        log_config=None,
-        access_log=False,
-    )
-    state = ServerState()
-    protocol = protocol_class(config=config, server_state=state, app_state={})
-    transport = MemoryTransport()
-    protocol.connection_made(transport)
-    return protocol, state, transport
-
-
 async def _mid_request(
     protocol_class: type[HttpToolsProtocol],
     check: Callable[[HttpToolsProtocol, MemoryTransport], None],
 ) -> None:
     """Feed ``protocol_class`` a request's head and 2 of its 6 body bytes, then ``check`` it."""
-    protocol, state, transport = _connected(protocol_class, _never_answers)
+    protocol, state, transport = connected(protocol_class, _never_answers)
     try:
         protocol.data_received(HEAD + b"ab")
         check(protocol, transport)
@@ -418,7 +399,7 @@ def test_a_finished_request_is_freed_by_reference_counting() -> None:
     """
 
     async def run() -> weakref.ref[RequestResponseCycle]:
-        protocol, state, transport = _connected(CorkedHttpToolsProtocol, _answers_ok)
+        protocol, state, transport = connected(CorkedHttpToolsProtocol, _answers_ok)
         request = b"GET / HTTP/1.1\r\nhost: t\r\n\r\n"
         protocol.data_received(request)
         first = weakref.ref(protocol.cycle)

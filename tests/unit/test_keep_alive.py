@@ -12,11 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import uvicorn
-from uvicorn.server import ServerState
-
 from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol
-from tests.support.transport import MemoryTransport
+from tests.support.transport import MemoryTransport, connected
 
 KEEP_ALIVE = 0.3
 GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
@@ -31,17 +28,7 @@ def _connection() -> tuple[CorkedHttpToolsProtocol, MemoryTransport]:
     """Our protocol on a memory transport, with its limits' timer ticking every 10 s (the
     default) and a keep-alive timeout of ``KEEP_ALIVE``."""
     protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits())
-    config = uvicorn.Config(
-        _app,
-        http=protocol_class,
-        lifespan="off",
-        log_config=None,
-        access_log=False,
-        timeout_keep_alive=KEEP_ALIVE,  # type: ignore[arg-type]
-    )
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
-    transport = MemoryTransport()
-    protocol.connection_made(transport)
+    protocol, _, transport = connected(protocol_class, _app, timeout_keep_alive=KEEP_ALIVE)
     return protocol, transport
 
 
