@@ -21,14 +21,14 @@ the other. Light means: ``ENTER_TURNS`` turns of the worker's loop in a row, eac
 idle its worker), and model runs that typically take at most ``MAX_RUN_NS`` (a model that
 ONNX Runtime runs faster on several cores keeps them). Anything else (two requests in one
 turn, another front, a long run) gives back every CPU the worker started with at once, and
-its next reply the front's.
+its next reply the front's. A CPU that another process of the server is already pinned to
+(another worker's pair) is not taken: two pairs on one core would halve both.
 
 Measured on this project's 2-core VM (``benchmarks/cpu_per_request.py``, tiny JSON c=1, two
 fronts, against the default in one interleaved run): 0.68x the server's CPU a request (435
 against 638 us) at 0.89x the requests a second; Triton in the same run 376 us at 1.07x our
 rate. Off by default: the default keeps c=1 latency at Triton's. Not measured on a GPU
-worker (only CPU workers co-locate), nor with two instances serving two fronts at light
-load, where two pairs could be pinned to one core.
+worker (only CPU workers co-locate).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-__all__ = ["ENTER_TURNS", "MAX_RUN_NS", "Colocation", "cpu_of", "pin_threads"]
+__all__ = ["ENTER_TURNS", "MAX_RUN_NS", "Colocation", "cpu_of", "pin_threads", "pinned_siblings"]
 
 #: Light turns in a row (one Infer each, from one front, to an idle worker) before pinning.
 ENTER_TURNS = 32
@@ -61,6 +61,34 @@ def cpu_of(pid: int) -> int | None:
     return int(fields[39 - 3]) if len(fields) > 39 - 3 else None
 
 
+def pinned_siblings(front_pid: int) -> set[int]:
+    """The CPUs that other processes of this server (the children of this worker's parent,
+    the primary front: the other workers and fronts) are each pinned to, ``front_pid``
+    (the front this worker would pin beside) left out."""
+    parent, me = os.getppid(), os.getpid()
+    taken: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return taken
+    for task in tasks:
+        try:
+            with open(f"/proc/{parent}/task/{task}/children") as children:
+                pids = [int(pid) for pid in children.read().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            if pid in (me, front_pid):
+                continue
+            try:
+                cpus = os.sched_getaffinity(pid)
+            except OSError:
+                continue  # gone meanwhile
+            if len(cpus) == 1:
+                taken |= cpus
+    return taken
+
+
 def pin_threads(cpus: set[int]) -> None:
     """Every thread of this process onto ``cpus`` (a thread that just ended is skipped)."""
     for task in os.listdir("/proc/self/task"):
@@ -74,7 +102,7 @@ class Colocation:
     """One worker's co-location: told about every turn of its loop that carried an Infer."""
 
     __slots__ = ("spread", "enabled", "pinned_to", "typical_run", "_front", "_streak",
-                 "_pin", "_cpu_of")  # fmt: skip
+                 "_pin", "_cpu_of", "_taken")  # fmt: skip
 
     def __init__(
         self,
@@ -82,6 +110,7 @@ class Colocation:
         spread: set[int] | None = None,
         pin: Callable[[set[int]], None] = pin_threads,
         where: Callable[[int], int | None] = cpu_of,
+        taken: Callable[[int], set[int]] = pinned_siblings,
     ) -> None:
         #: The CPUs the worker started with, given back when the load is no longer light.
         self.spread = set(os.sched_getaffinity(0)) if spread is None else spread
@@ -94,6 +123,7 @@ class Colocation:
         self._streak = 0
         self._pin = pin
         self._cpu_of = where
+        self._taken = taken
 
     def ran(self, run_ns: int) -> None:
         """A model run took ``run_ns``."""
@@ -113,15 +143,18 @@ class Colocation:
                 self.unpin()
             return
         self._streak += 1
-        if self.pinned_to is None:
-            if self._streak >= ENTER_TURNS:
-                self._pin_near(front_pid)
-        elif self._streak % LOOK_TURNS == 0:
+        # NOTE: first at ENTER_TURNS, then every LOOK_TURNS: whether the front moved, or
+        #   (not pinned yet) whether its CPU is free now.
+        if self._streak >= ENTER_TURNS and (self._streak - ENTER_TURNS) % LOOK_TURNS == 0:
             self._pin_near(front_pid)
 
     def _pin_near(self, front_pid: int) -> None:
         cpu = self._cpu_of(front_pid)
         if cpu is None or cpu not in self.spread or cpu == self.pinned_to:
+            return
+        if cpu in self._taken(front_pid):
+            # Another pair of this server is pinned there (two instances, two light
+            # fronts on one CPU): two pairs on one core would halve both. Stay as is.
             return
         self._pin({cpu})
         self.pinned_to = cpu

@@ -5,13 +5,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from oipserve.runtime.colocation import FrontAffinity
 from workers.colocation import ENTER_TURNS, LOOK_TURNS, MAX_RUN_NS, Colocation, cpu_of
 
+ROOT = Path(__file__).resolve().parents[2]
 FRONT = 4242
 OTHER_FRONT = 4343
 
@@ -22,10 +26,16 @@ class Affinity:
     def __init__(self) -> None:
         self.fronts = {FRONT: 1, OTHER_FRONT: 0}
         self.pinned: list[set[int]] = []
+        #: CPUs other processes of the server are pinned to.
+        self.taken: set[int] = set()
 
     def colocation(self, enabled: bool = True, spread: set[int] | None = None) -> Colocation:
         return Colocation(
-            enabled, {0, 1} if spread is None else spread, self.pinned.append, self.fronts.get
+            enabled,
+            {0, 1} if spread is None else spread,
+            self.pinned.append,
+            self.fronts.get,
+            lambda front: self.taken,
         )
 
 
@@ -117,6 +127,43 @@ def test_turns_without_an_infer_change_nothing() -> None:
 def test_cpu_of_reads_where_a_process_runs() -> None:
     assert cpu_of(os.getpid()) in os.sched_getaffinity(0)
     assert cpu_of(2**22 + 1) is None  # past pid_max: no such process
+
+
+def test_a_cpu_another_pair_is_pinned_to_is_left_alone_until_it_is_free() -> None:
+    fake = Affinity()
+    fake.taken = {1}  # another worker (or its front) is pinned where our front runs
+    colocation = fake.colocation()
+    light(colocation, ENTER_TURNS + LOOK_TURNS - 1)
+    assert colocation.pinned_to is None and not fake.pinned
+    fake.taken = set()
+    light(colocation, 1)  # looked at again only every LOOK_TURNS
+    assert colocation.pinned_to == 1 and fake.pinned == [{1}]
+
+
+def test_pinned_siblings_are_the_cpus_of_our_parents_other_children() -> None:
+    """This test process stands for the primary front: one child pinned to a CPU, one not,
+    and a third child asking."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two usable CPUs")
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        os.sched_setaffinity(sleepers[0].pid, {cpus[-1]})
+        ask = "from workers.colocation import pinned_siblings; print(sorted(pinned_siblings(0)))"
+        asked = subprocess.run(
+            [sys.executable, "-c", ask], capture_output=True, text=True, cwd=ROOT
+        )
+        assert asked.stdout.strip() == str([cpus[-1]]), asked.stderr
+        # The front it would pin beside is left out.
+        ask = ask.replace("pinned_siblings(0)", f"pinned_siblings({sleepers[0].pid})")
+        asked = subprocess.run(
+            [sys.executable, "-c", ask], capture_output=True, text=True, cwd=ROOT
+        )
+        assert asked.stdout.strip() == "[]", asked.stderr
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
 
 
 def test_the_front_follows_its_worker_and_comes_back() -> None:
