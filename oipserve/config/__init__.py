@@ -1,4 +1,4 @@
 """What the operator decided, read once: one frozen ``Settings`` from the flags and
-``OIPSERVE_*`` variables (``settings``), and the restricted-API groups with their flags'
-syntax (``access``).
+``OIPSERVE_*`` variables (``settings``; the command line's flags and help in ``flags``), and
+the restricted-API groups with their flags' syntax (``access``).
 """
