@@ -316,8 +316,8 @@ class InferDone(msgspec.Struct, frozen=True, tag=True, array_like=True):
     #: An ensemble chain's steps (``Infer.chain``), in order; empty otherwise.
     steps: list[StepTimes] = []
     #: The CPU the worker runs on, pinned there beside its front at light load
-    #: (``workers.colocation``); -1 when not pinned. The front's loop then pins itself
-    #: there too and does not poll for replies (``oipserve.runtime.colocation``).
+    #: (``workers.colocation``); -1 when not pinned. The front's loop thread then pins
+    #: itself there too (``oipserve.runtime.colocation``).
     colocated_cpu: int = -1
 
 
