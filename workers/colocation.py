@@ -131,8 +131,8 @@ class Colocation:
 
     def turn(self, front_pid: int, infers: int, light: bool) -> None:
         """A turn of the worker's loop handled ``infers`` Infer messages (none: nothing to
-        judge), all from the front ``front_pid`` (0: from several); ``light``: one Infer,
-        sent while its front had no other request in flight (``Infer.light``)."""
+        judge), all from the front ``front_pid`` (0: from several); ``light``: the last
+        was sent while its front had no other request in flight (``Infer.light``)."""
         if not self.enabled or not infers:
             return
         light = light and infers == 1 and front_pid != 0 and self.typical_run <= MAX_RUN_NS

@@ -153,8 +153,7 @@ class Worker:
     def _judge_turn(self) -> None:
         """Tell the co-location what this turn carried (``workers.colocation``)."""
         if self._infers:
-            light = self._infers == 1 and self._light
-            self.colocation.turn(max(self._infers_from, 0), self._infers, light)
+            self.colocation.turn(self._infers_from, self._infers, self._light)
             self._infers = 0
             self._infers_from = -1
 

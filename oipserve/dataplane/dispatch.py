@@ -48,10 +48,11 @@ class Dispatch:
         self.outputs = outputs
         #: Requests in flight on one worker past which its model answers 503 (overloaded).
         self.max_queue = max_queue
-        #: The front's busy polling: its requests in flight say whether an Infer goes out at
-        #: light load (``Infer.light``; None: never).
+        #: With ``--low-load-colocation`` (``DataPlane.colocate``; None without): the
+        #: front's busy polling, whose requests in flight say whether an Infer goes out at
+        #: light load (``Infer.light``), and where this front's loop runs, beside a worker
+        #: pinned for it (``affinity.follow``).
         self.busy_poll: BusyPoll | None = None
-        #: Where this front's loop runs: beside a worker pinned for it (``affinity.follow``).
         self.affinity: FrontAffinity | None = None
 
     def pick(self, model: ModelVersion) -> WorkerLink:

@@ -96,15 +96,11 @@ class DataPlane:
         self._loop = asyncio.get_running_loop()
         #: Told of each request's start and end: polls at low load (``--busy-poll-us``).
         self.busy_poll = BusyPoll(self._loop, busy_poll_window)
-        #: Where the loop runs: beside its worker at light load (``runtime.colocation``).
-        self.affinity = FrontAffinity()
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
         self.outputs = SegmentCache()
         #: Per model version: what the statistics extension and /metrics report.
         self.stats = StatsRegistry(registry)
         dispatch = Dispatch(self.outputs, max_queue)
-        dispatch.busy_poll = self.busy_poll
-        dispatch.affinity = self.affinity
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
         self._dispatch = dispatch
@@ -141,7 +137,16 @@ class DataPlane:
         )
         plane.stats.configure(settings)
         plane.configure_cache(settings)
+        if settings.low_load_colocation:
+            plane.colocate()
         return plane
+
+    def colocate(self) -> None:
+        """``--low-load-colocation``: each Infer says whether it goes out at light load, and
+        the loop follows the worker that pinned itself beside it (``runtime.colocation``).
+        Off (the default), the dispatch does neither."""
+        self._dispatch.busy_poll = self.busy_poll
+        self._dispatch.affinity = FrontAffinity()
 
     def configure_cache(self, settings: Settings) -> None:
         """The response cache ``--cache-config`` asks for (before the first request)."""
