@@ -109,7 +109,8 @@ def _serve_uvicorn(port: int, with_falcon: bool, stock: bool, build: Path) -> No
     sys.path.insert(0, str(build))
     import uvicorn
 
-    from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol
+    from oipserve.front.http.limits import ConnectionLimits
+    from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 
     async def bare(scope: dict, receive: Callable, send: Callable) -> None:  # type: ignore[type-arg]
         if scope["type"] != "http":

@@ -29,7 +29,7 @@ from oipserve.app.startup_report import (
 )
 from oipserve.config.settings import Settings, deprecation_warnings
 from oipserve.dataplane.plane import DataPlane
-from oipserve.front.http.protocol import refuse_h2c
+from oipserve.front.http.h2c import refuse_h2c
 from oipserve.front.http.server import http_server
 from oipserve.front.http.server import metrics_server as metrics_server_for
 from oipserve.front.rest import create_app

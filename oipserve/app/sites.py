@@ -28,7 +28,7 @@ from oipserve.dataplane.plane import DataPlane
 from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
 from oipserve.front.header_rules import App
-from oipserve.front.http.protocol import refuse_h2c
+from oipserve.front.http.h2c import refuse_h2c
 from oipserve.front.http.server import UvicornServer
 from oipserve.management import Management
 from oipserve.runtime.listeners import tcp_listener, unix_listener

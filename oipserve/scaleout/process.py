@@ -40,7 +40,7 @@ from oipserve.front.grpc.listener import H2Server
 from oipserve.front.grpc.rpcs import GrpcServer
 from oipserve.front.grpc.service import InferenceService
 from oipserve.front.grpc.tables import in_front_table
-from oipserve.front.http.protocol import refuse_h2c
+from oipserve.front.http.h2c import refuse_h2c
 from oipserve.front.http.server import http_server
 from oipserve.front.rest import create_app
 from oipserve.models.ensemble import EnsembleVersion

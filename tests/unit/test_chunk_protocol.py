@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from oipserve.front.http.protocol import BODY_REFUSED, ConnectionLimits, CorkedHttpToolsProtocol
+from oipserve.front.http.extensions import BODY_REFUSED
+from oipserve.front.http.limits import ConnectionLimits
+from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from tests.support.transport import MemoryTransport, connected
 
 LIMIT = 1000

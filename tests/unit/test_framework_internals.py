@@ -32,7 +32,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from oipserve.front.http.protocol import RECEIVE_INTO, CorkedHttpToolsProtocol
+from oipserve.front.http.extensions import RECEIVE_INTO
+from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from oipserve.front.rest.app import _App
 from oipserve.front.rest.media import JSON
 from oipserve.runtime.http_io import CorkedTransport

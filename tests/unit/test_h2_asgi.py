@@ -23,7 +23,7 @@ from oipserve.front.grpc.h2.frames import (
     rst_stream,
     window_update,
 )
-from oipserve.front.http.protocol import BODY_REFUSED, ON_DISCONNECT, RECEIVE_INTO
+from oipserve.front.http.extensions import BODY_REFUSED, ON_DISCONNECT, RECEIVE_INTO
 from tests.support.grpc_peer import until
 from tests.support.h2_rest import RestPeer
 

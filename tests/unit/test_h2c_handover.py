@@ -10,7 +10,9 @@ from collections.abc import Callable
 import uvicorn
 from uvicorn.server import ServerState
 
-from oipserve.front.http.protocol import H2_PREFACE, ConnectionLimits, CorkedHttpToolsProtocol
+from oipserve.front.http.h2c import H2_PREFACE
+from oipserve.front.http.limits import ConnectionLimits
+from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from tests.support.transport import MemoryTransport
 
 Handed = list[tuple[asyncio.Transport, bytes, float]]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol
+from oipserve.front.http.limits import ConnectionLimits
+from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from tests.support.transport import MemoryTransport, connected
 
 KEEP_ALIVE = 0.3

@@ -1,6 +1,10 @@
-"""HTTP/1.1 under the REST app: uvicorn's httptools protocol with coalesced writes, bodies
-received straight into shared memory and the connection limits (``protocol``), a chunked
-body's declared sizes (``chunk_sizes``), and the uvicorn servers of the HTTP and metrics
-ports (``server``); and the REST app on HTTP/2 streams that are not gRPC (``h2_asgi``:
-REST over h2c, for Knative's single port).
+"""HTTP/1.1 under the REST app, and the REST app on HTTP/2 streams.
+
+``protocol``: uvicorn's httptools protocol with coalesced writes, bodies received straight
+into shared memory and the connection's limits, beside what it judges with: ``limits``
+(the limits and deadlines of a connection), ``chunk_sizes`` (a chunked body's declared
+sizes) and ``h2c`` (HTTP/2's preface on the HTTP port). ``extensions``: what the HTTP
+fronts give the REST app beyond ASGI. ``server``: the uvicorn servers of the HTTP and
+metrics ports. ``h2_asgi``: the REST app on HTTP/2 streams that are not gRPC (REST over
+h2c, for Knative's single port).
 """

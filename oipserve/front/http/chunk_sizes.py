@@ -126,3 +126,37 @@ class ChunkSizes:
         if self._trailers > MAX_TRAILERS:
             return OVER
         return MORE if line.endswith(b"\r\n") and b":" in line else UNKNOWN
+
+
+class ChunkEvents:
+    """What the parser reported of a chunked body during the read that completed its head
+    (``on_chunk_header``, ``on_body``, ``on_chunk_complete``: httptools calls them for
+    chunked bodies only); ``size_line_start`` places the current size line from them."""
+
+    __slots__ = ("open", "since", "completed")
+
+    def __init__(self) -> None:
+        self.open = False  # a chunk's size line was parsed, its data not yet complete
+        self.since = 0  # body bytes since that size line
+        self.completed = 0  # body bytes of the chunks completed before it
+
+
+def size_line_start(data: bytes, events: ChunkEvents) -> int:
+    """Where in ``data``, the read in which a chunked request's head completed, the
+    current size line begins; 0 when this read cannot place it (the parser alone then
+    judges the framing), as in the last chunk's trailers.
+
+    It begins after the last LF before it: the head's last byte or the CRLF ending the
+    previous chunk's data, both in ``data``.
+    """
+    if not events.open:
+        return data.rfind(b"\n") + 1  # a size line is due, or part of it came
+    # In a chunk's data, or just past it with the CR of its CRLF (or in the last chunk's
+    #   trailers): its size line ends ``since`` bytes before the end, or one more. At
+    #   most one of the two ends in CRLF.
+    end = len(data) - events.since
+    if data[end - 2 : end] != b"\r\n":
+        end -= 1
+        if not data.endswith(b"\r") or data[end - 2 : end] != b"\r\n":
+            return 0  # in trailers: nothing more to follow
+    return data.rfind(b"\n", 0, end - 1) + 1

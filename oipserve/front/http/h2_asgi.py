@@ -68,7 +68,7 @@ from oipserve.front.header_rules import (
     MalformedRequest,
     h2_pseudo_header,
 )
-from oipserve.front.http.protocol import (
+from oipserve.front.http.extensions import (
     BODY_REFUSED,
     ON_DISCONNECT,
     RECEIVE_INTO,

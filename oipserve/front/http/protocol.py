@@ -1,4 +1,10 @@
-"""uvicorn's httptools protocol, with two changes for large tensors and small requests.
+"""uvicorn's httptools protocol, with the front's changes for large tensors, small
+requests and hostile clients.
+
+It is the hub of uvicorn's hooks; what each change judges lives beside it:
+``extensions`` (what the REST app is given beyond ASGI), ``limits`` (the connection's
+limits and deadlines), ``chunk_sizes`` (a chunked body's declared sizes) and ``h2c`` (the
+HTTP/2 preface on this port).
 
 1. Writes are coalesced. uvicorn writes a response's head and body with two
    ``transport.write`` calls, each a ``send`` system call that wakes the
@@ -43,7 +49,7 @@
    seconds plus one second per ``min_rate`` bytes received, and a response that the
    client leaves unread may wait ``send_timeout`` seconds plus one per ``min_rate``
    bytes it did read (past either the connection is dropped: the body's lease and
-   the response's segments are given back). Trailer fields of a chunked body are
+   the response's segments are given back; ``limits`` judges). Trailer fields of a chunked body are
    dropped unread: nothing after the head may act as a header (a restricted API's
    key sent as a trailer opened it).
 
@@ -51,8 +57,8 @@
    whose first bytes are the client preface ``PRI * HTTP/2.0...`` is handed over, with
    the bytes read so far, to ``h2c`` (the front's gRPC listener adopts it: issue #39,
    REST and gRPC on one port; without gRPC it is closed). Only a connection's first
-   read is looked at (``_sniff``): a keep-alive request after it costs one attribute
-   check. The preface is never a valid HTTP/1.1 request, so nothing served before is
+   read is looked at (``h2c.PrefaceSniffer``): a keep-alive request after it costs one
+   attribute check. The preface is never a valid HTTP/1.1 request, so nothing served before is
    taken for one.
 
 7. The keep-alive timeout (uvicorn's ``timeout_keep_alive``: an idle connection is closed
@@ -87,10 +93,7 @@ import asyncio
 import functools
 import json
 import logging
-import socket
-import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
@@ -100,75 +103,36 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from oipserve.front.grpc.h2.frames import PREFACE
-from oipserve.front.http.chunk_sizes import MORE, OVER, ChunkSizes
+from oipserve.front.http.chunk_sizes import MORE, OVER, ChunkEvents, ChunkSizes, size_line_start
+from oipserve.front.http.extensions import (
+    BODY_REFUSED,
+    ON_DISCONNECT,
+    RECEIVE_INTO,
+    TOO_LARGE,
+    ClientDisconnected,
+)
+from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
+from oipserve.front.http.limits import (
+    ConnectionLimits,
+    UnreadResponse,
+    body_overdue,
+    head_too_large,
+    reset,
+)
 from oipserve.runtime.http_io import BodyReader, BodySink, CorkedTransport
+
+__all__ = ["CorkedHttpToolsProtocol"]
 
 log = logging.getLogger("oipserve.http")
 
-RECEIVE_INTO = "oipserve.receive_into"
-#: ASGI extension: ``scope["extensions"][ON_DISCONNECT](callback)`` calls ``callback``
-#: if the client goes away before the response is complete (a queued request can be
-#: dropped before it runs); at once if it already has.
-ON_DISCONNECT = "oipserve.on_disconnect"
 #: Bodies with at least this many bytes still to come are read from the socket
 #: straight into their target; below it, switching protocols costs more than
 #: the parser's copies it saves.
 DIRECT_READ_MIN = 64 * 1024
-#: Seconds a request head may take to arrive (``--header-timeout``'s default).
-HEADER_TIMEOUT = 10.0
-#: ``--max-header-bytes`` and ``--max-header-fields``' defaults.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADER_FIELDS = 256
-#: The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, 3.4): the
-#: HTTP/2 package's own constant.
-H2_PREFACE = PREFACE
-#: Takes over a connection that opened with ``H2_PREFACE``: its transport (the protocol
-#: is switched there), the bytes read so far (the preface first), and the loop time the
-#: connection was made (its preface's time counts from then).
-H2Handover = Callable[[asyncio.Transport, bytes, float], None]
-
-
-def refuse_h2c(transport: asyncio.Transport, data: bytes, since: float) -> None:
-    """HTTP/2 on a port that serves no gRPC (``--allow-grpc false``): closed at once.
-
-    NOTE: nothing written first, as for a gRPC connection past the cap
-    (``front.grpc.listener._Refused``): a gRPC client fails the call UNAVAILABLE at once,
-    where a SETTINGS and GOAWAY would have it retry until its deadline.
-    """
-    log.debug("an HTTP/2 (h2c) connection refused: gRPC is not served (--allow-grpc false)")
-    transport.close()
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """What one HTTP connection may take of the server's time and memory."""
-
-    #: Seconds from connection (or a request's first byte) to its complete head.
-    header_timeout: float = HEADER_TIMEOUT
-    #: Bytes of a request head (request line and fields), and its field count.
-    max_head_bytes: int = MAX_HEAD_BYTES
-    max_header_fields: int = MAX_HEADER_FIELDS
-    #: Seconds a body may take, plus one per ``min_rate`` bytes received.
-    body_timeout: float = 30.0
-    #: Seconds an unread response may wait, plus one per ``min_rate`` bytes read.
-    send_timeout: float = 30.0
-    min_rate: int = 64 * 1024
-
-    @property
-    def tick(self) -> float:
-        """Seconds between two looks at a connection's deadlines."""
-        return min(self.header_timeout, self.body_timeout / 2, self.send_timeout / 2)
 
 
 class _HeadTooLarge(Exception):
     """Raised from a parser callback: the head passed a limit (the parser stops there)."""
-
-
-#: Scope key set, to the 413's message, when a chunked body was refused by its declared size.
-BODY_REFUSED = "oipserve.body_refused"
-#: The message of every 413 for a body past ``--max-request-bytes``.
-TOO_LARGE = "the request body is larger than the limit of {} bytes"
 
 
 def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
@@ -187,48 +151,12 @@ def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
             extensions.pop(ON_DISCONNECT, None)
 
 
-#: SO_LINGER on, with a timeout of 0: closing the socket resets the connection.
-_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
-
-
-def _reset(transport: asyncio.Transport) -> None:
-    """Drop a connection now: what the transport holds is released (views of segments
-    included), and the kernel resets the connection rather than keep an unread reply's
-    bytes for a peer that takes none (a FIN would wait behind them)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-        except OSError:
-            pass
-    transport.abort()
-
-
-def _head_too_large(limits: ConnectionLimits) -> str:
-    return f"the request head is larger than {limits.max_head_bytes} bytes"
-
-
 def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-class ClientDisconnected(Exception):
-    """The client went away before its request body was complete."""
-
-
-class _ChunkEvents:
-    """What the parser reported of a chunked body during the read that completed its head."""
-
-    __slots__ = ("open", "since", "completed")
-
-    def __init__(self) -> None:
-        self.open = False  # a chunk's size line was parsed, its data not yet complete
-        self.since = 0  # body bytes since that size line
-        self.completed = 0  # body bytes of the chunks completed before it
-
-
 #: ``_chunk_events`` of a request whose head completed in this read, before any chunk event.
-_HEAD_READ = _ChunkEvents()
+_HEAD_READ = ChunkEvents()
 
 
 def _frame_by_transfer_encoding(parser: httptools.HttpRequestParser) -> None:
@@ -276,7 +204,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: Follows the chunked body being received, from the read after its head's.
         self._chunks: ChunkSizes | None = None
         #: Set while the read in which a chunked request's head completed is parsed.
-        self._chunk_events: _ChunkEvents | None = None
+        self._chunk_events: ChunkEvents | None = None
         #: The current head: bytes counted so far, fields, the bytes of its complete
         #: pieces (line, fields) parsed in the current read, and whether it began there.
         self._head_bytes = 0
@@ -291,13 +219,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: Loop time the last response completed with no request after it (None: a
         #: request is under way or due): the keep-alive timeout counts from it.
         self._idle_since: float | None = None
-        #: A response the client is not reading: since when, and the bytes it had read then.
-        self._unsent_since: float | None = None
-        self._unsent_sent = 0
-        #: Until the first read shows what the connection speaks: whether it may be
-        #: HTTP/2 (``h2c``), the bytes of a preface begun, and the raw transport.
-        self._sniffing = self.h2c is not None
-        self._held = b""
+        #: A response the client is not reading.
+        self._unread = UnreadResponse(self.limits)
+        #: Until the first read shows what the connection speaks (None: it may not be
+        #: HTTP/2, or it is known), and the raw transport.
+        self._sniffer = PrefaceSniffer() if self.h2c is not None else None
         self._raw: asyncio.Transport
 
     @classmethod
@@ -318,8 +244,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._idle_since = None
-        if self._sniffing:
-            data = self._sniff(data)
+        sniffer = self._sniffer
+        if sniffer is not None:
+            data = self._sniff(sniffer, data)
             if not data:
                 return
         chunks = self._chunks
@@ -340,23 +267,18 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if self._chunk_events is not None:
             self._follow_chunks(data)
 
-    def _sniff(self, data: bytes) -> bytes:
+    def _sniff(self, sniffer: PrefaceSniffer, data: bytes) -> bytes:
         """The connection's first bytes: HTTP/2's preface is handed over to ``h2c``.
 
         Returns what HTTP/1.1 parses (b"" when nothing: handed over, or a preface begun
         and held until the rest of it comes; the head timer still runs meanwhile).
         """
-        seen = self._held + data if self._held else data
-        size = len(H2_PREFACE)
-        if not H2_PREFACE.startswith(seen[:size]):
-            self._sniffing = False
-            self._held = b""
-            return seen
-        if len(seen) < size:
-            self._held = seen
+        h2, seen = sniffer.feed(data)
+        if h2 is None:
             return b""
-        self._sniffing = False
-        self._held = b""
+        self._sniffer = None
+        if not h2:
+            return seen
         started = self._head_started
         self._stop_head_timer()
         # NOTE: as uvicorn's own websocket upgrade: out of its connections, so that its
@@ -377,7 +299,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         """
         self._head_bytes += self._head_pieces if self._head_began else len(data)
         if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
-            self._refuse_head(_head_too_large(self.limits))
+            self._refuse_head(head_too_large(self.limits))
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -466,11 +388,14 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                     self.transport.close()
                 return
             wait = min(wait, left)
-        why = self._overdue_body(now) or self._unread_response(now)
+        corked = self._corked
+        why = self._overdue_body(now) or self._unread.overdue(
+            now, corked.get_write_buffer_size(), corked.written
+        )
         if why:
             self._head_timer = None
             log.info("connection from %s dropped: %s", _peer(self.client), why)
-            _reset(self.transport)
+            reset(self.transport)
             return
         self._head_timer = loop.call_later(wait, self._check_deadlines)
 
@@ -484,36 +409,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self._body_started = now
             self.body_bytes = 0
             return ""
-        limits = self.limits
-        if now < started + limits.body_timeout + self.body_bytes / limits.min_rate:
-            return ""
-        return (
-            f"its request body was not complete {now - started:.0f}s after its head "
-            f"({self.body_bytes} bytes came; --body-timeout, --min-transfer-rate)"
-        )
-
-    def _unread_response(self, now: float) -> str:
-        """Why the response waiting for the client is overdue ('' while it is not).
-
-        A closing transport counts too: it still holds what it could not send.
-        """
-        transport = self._corked
-        size = transport.get_write_buffer_size()
-        if not size:
-            self._unsent_since = None
-            return ""
-        sent = transport.written - size
-        if self._unsent_since is None:
-            self._unsent_since, self._unsent_sent = now, sent
-            return ""
-        limits = self.limits
-        read = sent - self._unsent_sent
-        if now < self._unsent_since + limits.send_timeout + read / limits.min_rate:
-            return ""
-        return (
-            f"it left {size} bytes of its response unread for "
-            f"{now - self._unsent_since:.0f}s (--send-timeout, --min-transfer-rate)"
-        )
+        return body_overdue(self.limits, started, self.body_bytes, now)
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -523,9 +419,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_started = None
         if self._head_bytes + self._head_pieces > self.limits.max_head_bytes:
-            self._head_refusal = (
-                f"the request head is larger than {self.limits.max_head_bytes} bytes"
-            )
+            self._head_refusal = head_too_large(self.limits)
             raise _HeadTooLarge(self._head_refusal)
         self._body_started = self._loop.time()
         self.body_bytes = 0
@@ -548,7 +442,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         """httptools: a chunk-size line was parsed (chunked bodies only)."""
         events = self._chunk_events
         if events is _HEAD_READ:
-            events = self._chunk_events = _ChunkEvents()
+            events = self._chunk_events = ChunkEvents()
         if events is not None:
             events.open = True
             events.since = 0
@@ -657,11 +551,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         return False
 
     def _follow_chunks(self, data: bytes) -> None:
-        """The end of the read in which a chunked request's head completed: start following.
-
-        The current size line begins after the last LF before it: the head's
-        last byte or the CRLF ending the previous chunk's data, both in ``data``.
-        """
+        """The end of the read in which a chunked request's head completed: start following."""
         events = self._chunk_events
         self._chunk_events = None
         cycle = self.cycle
@@ -672,18 +562,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             return
         if events is _HEAD_READ and not self._chunked(cycle):
             return  # a Content-Length body, still to come
-        if events.open:
-            # In a chunk's data, or just past it with the CR of its CRLF (or in
-            #   the last chunk's trailers): its size line ends ``since`` bytes
-            #   before the end, or one more. At most one of the two ends in CRLF.
-            end = len(data) - events.since
-            if data[end - 2 : end] != b"\r\n":
-                end -= 1
-                if not data.endswith(b"\r") or data[end - 2 : end] != b"\r\n":
-                    return  # in trailers: nothing more to follow
-            start = data.rfind(b"\n", 0, end - 1) + 1
-        else:
-            start = data.rfind(b"\n") + 1  # a size line is due, or part of it came
+        start = size_line_start(data, events)
         if start == 0:
             return  # not where this read can place it: the parser alone decides
         chunks = ChunkSizes(limit, events.completed)

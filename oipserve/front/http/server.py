@@ -15,7 +15,9 @@ import uvicorn
 
 from oipserve.config.settings import Settings
 from oipserve.front.header_rules import App, HeadChecked
-from oipserve.front.http.protocol import ConnectionLimits, CorkedHttpToolsProtocol, H2Handover
+from oipserve.front.http.h2c import H2Handover
+from oipserve.front.http.limits import ConnectionLimits
+from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 
 log = logging.getLogger("oipserve")
 

@@ -23,7 +23,7 @@ from oipserve.config.access import HTTP_ROUTES, Restriction, by_api
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
 from oipserve.errors import ServerError
-from oipserve.front.http.protocol import RECEIVE_INTO
+from oipserve.front.http.extensions import RECEIVE_INTO
 from oipserve.front.rest.body import DIRECT_BODY_MIN
 from oipserve.front.rest.encode import ENCODER
 from oipserve.front.rest.error_handlers import (

@@ -15,7 +15,7 @@ from functools import partial
 import falcon.asgi
 
 from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
-from oipserve.front.http.protocol import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
+from oipserve.front.http.extensions import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
 from oipserve.front.rest.coding import Inflater, release_blocks
 from oipserve.request.json_offload import PARSE_MIN
 from oipserve.runtime.off_loop import copy_into, releasing_on_failure

@@ -19,7 +19,7 @@ import msgspec
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
 from oipserve.errors import InternalError, InvalidInput
-from oipserve.front.http.protocol import ON_DISCONNECT
+from oipserve.front.http.extensions import ON_DISCONNECT
 from oipserve.front.rest import binary
 from oipserve.front.rest.body import Body, read_body
 from oipserve.front.rest.encode import ENCODER
