@@ -39,7 +39,7 @@ from oipserve.front.grpc.h2.headers import Headers
 from oipserve.front.grpc.inflate import ENCODINGS
 from oipserve.front.grpc.rpcs import STREAM_RPC
 from oipserve.front.header_rules import MalformedRequest, grpc_timeout, read_call_head
-from oipserve.front.http.h2_asgi import is_grpc
+from oipserve.front.http.h2_head import is_grpc
 
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]

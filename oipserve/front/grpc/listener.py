@@ -37,7 +37,8 @@ from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
 from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
 from oipserve.front.grpc.linger import Lingering
 from oipserve.front.header_rules import App
-from oipserve.front.http.h2_asgi import Http2Connection, RestLimits, RestOverH2
+from oipserve.front.http.h2_asgi import Http2Connection, RestOverH2
+from oipserve.front.http.h2_head import RestLimits
 
 _POLL_SECONDS = 0.02
 

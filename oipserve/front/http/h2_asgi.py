@@ -17,7 +17,8 @@ What the app gets, and what holds on such a stream:
   connection-specific fields, misplaced or missing pseudo-headers) is a stream error,
   RST_STREAM PROTOCOL_ERROR, as for a gRPC call; a value with another control byte, or a
   path that is not printable ASCII, is a 400; more than ``--max-header-fields`` fields or
-  ``--max-header-bytes`` bytes a 431, as over HTTP/1.1 (all with ``{"error": ...}``).
+  ``--max-header-bytes`` bytes a 431, as over HTTP/1.1 (all with ``{"error": ...}``;
+  ``h2_head`` reads the head).
 - the body: DATA as it comes, each chunk's window given back once the app has taken it,
   so a stream holds at most its window (4 MiB) of body the app has not read, and a
   connection its window (16 MiB), as for gRPC. ``RECEIVE_INTO`` receives a body of
@@ -44,14 +45,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
-from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2.connection import Connection, Stream
 from oipserve.front.grpc.h2.frames import (
     DEFAULT_MAX_FRAME,
@@ -61,13 +58,7 @@ from oipserve.front.grpc.h2.frames import (
     frame_header,
 )
 from oipserve.front.grpc.h2.headers import Headers
-from oipserve.front.header_rules import (
-    CONNECTION_SPECIFIC,
-    App,
-    HeadChecked,
-    MalformedRequest,
-    h2_pseudo_header,
-)
+from oipserve.front.header_rules import App, HeadChecked, MalformedRequest
 from oipserve.front.http.extensions import (
     BODY_REFUSED,
     ON_DISCONNECT,
@@ -75,8 +66,15 @@ from oipserve.front.http.extensions import (
     TOO_LARGE,
     ClientDisconnected,
 )
+from oipserve.front.http.h2_head import (
+    JSON,
+    Refusal,
+    RestLimits,
+    request_scope,
+    response_block,
+)
 
-__all__ = ["Http2Connection", "RestLimits", "RestOverH2", "RestStream", "is_grpc"]
+__all__ = ["Http2Connection", "RestOverH2", "RestStream"]
 
 log = logging.getLogger("oipserve.http")
 
@@ -88,51 +86,6 @@ _SEND_STEP = 256 * 1024
 #: WINDOW_UPDATE for a tiny request), a large one's at once, so that bodies waiting on their
 #: answers do not hold the connection's window (16 MiB) from its other streams.
 _ACK_WHEN_ENDED = 64 * 1024
-#: Connection-specific fields (RFC 9113, 8.2.2): a response never carries them.
-_NOT_IN_RESPONSES = frozenset(name.encode() for name in CONNECTION_SPECIFIC)
-#: A field name as HTTP/1.1's parser takes one (a token), lower case as HTTP/2 requires.
-_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
-#: A method: a token (RFC 9110, 9.1).
-_METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: A control byte HTTP/1.1's parser refuses in a value (all but HTAB): a 400 there too.
-_CONTROL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
-#: A request target HTTP/1.1's parser takes: printable ASCII.
-_TARGET = re.compile(r"[\x21-\x7e]+")
-#: ``:status: 200``, static table entry 8 (RFC 7541, Appendix A).
-_STATUS_200 = b"\x88"
-_JSON = b"application/json"
-
-
-def is_grpc(headers: Headers) -> bool:
-    """Whether a header block is a gRPC call's (its content-type is gRPC's): read only for
-    a block ``header_rules.read_call_head`` found malformed, to tell whose it is."""
-    for name, value in headers:
-        if name == "content-type":
-            return value.startswith("application/grpc")
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class RestLimits:
-    """What a REST stream may take: the HTTP port's limits (its flags)."""
-
-    max_body: int
-    max_head_bytes: int
-    max_header_fields: int
-    body_timeout: float
-    send_timeout: float
-    min_rate: int
-
-    @classmethod
-    def of(cls, settings: Settings) -> RestLimits:
-        return cls(
-            max_body=settings.max_request_bytes,
-            max_head_bytes=settings.max_header_bytes,
-            max_header_fields=settings.max_header_fields,
-            body_timeout=settings.body_timeout,
-            send_timeout=settings.send_timeout,
-            min_rate=settings.min_transfer_rate,
-        )
 
 
 class Http2Connection(Connection):
@@ -172,15 +125,6 @@ class Http2Connection(Connection):
         return self._addresses
 
 
-class _Refusal(Exception):
-    """A request answered at once with ``status`` and ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 class RestOverH2:
     """The REST app, for the HTTP/2 streams of one listener whose requests are not gRPC."""
 
@@ -201,69 +145,8 @@ class RestOverH2:
         rest.headers_received(headers, end_stream)
 
     def scope(self, conn: Http2Connection, headers: Headers) -> dict[str, Any]:
-        """The ASGI scope of a request's header block. MalformedRequest (RFC 9113, 8.1.1)
-        or ``_Refusal`` (400, 405, 431) when it is not one to serve."""
-        pseudo: dict[str, str] = {}
-        fields: list[tuple[bytes, bytes]] = []
-        regular = False
-        size = 0
-        host = False
-        for name, value in headers:
-            size += len(name) + len(value)
-            if h2_pseudo_header(name, value, pseudo, regular):
-                continue
-            regular = True
-            if _NAME.fullmatch(name) is None:
-                raise MalformedRequest(f"a malformed field name {name!r} (RFC 9113, 8.2.1)")
-            if _CONTROL.search(value) is not None:
-                raise _Refusal(400, f"a control character in the value of header {name!r}")
-            host = host or name == "host"
-            fields.append((name.encode(), value.encode()))
-        method, path = _request_line(pseudo)
-        self._check_head(len(fields), size)
-        if not host and ":authority" in pseudo:
-            fields.insert(0, (b"host", pseudo[":authority"].encode()))
-        raw_path, _, query = path.partition("?")
-        client, server = conn.addresses()
-        return {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "2",
-            "method": method,
-            "scheme": pseudo[":scheme"],
-            "path": unquote(raw_path),
-            "raw_path": raw_path.encode(),
-            "query_string": query.encode(),
-            "root_path": "",
-            "headers": fields,
-            "client": client,
-            "server": server,
-        }
-
-    def _check_head(self, count: int, size: int) -> None:
-        """``--max-header-fields`` and ``--max-header-bytes``, as HTTP/1.1 applies them."""
-        limits = self.limits
-        if count > limits.max_header_fields:
-            raise _Refusal(
-                431, f"the request head has more than {limits.max_header_fields} header fields"
-            )
-        if size > limits.max_head_bytes:
-            raise _Refusal(431, f"the request head is larger than {limits.max_head_bytes} bytes")
-
-
-def _request_line(pseudo: dict[str, str]) -> tuple[str, str]:
-    """The method and path of a request's pseudo-headers (RFC 9113, 8.3.1)."""
-    method = pseudo.get(":method")
-    if method is None or _METHOD.fullmatch(method) is None:
-        raise MalformedRequest("no :method, or one that is no token (RFC 9113, 8.3.1)")
-    if method == "CONNECT":
-        raise _Refusal(405, "CONNECT is not served")
-    path = pseudo.get(":path")
-    if ":scheme" not in pseudo or not path:
-        raise MalformedRequest("no :scheme or :path (RFC 9113, 8.3.1)")
-    if _TARGET.fullmatch(path) is None or not (path[0] == "/" or path == "*"):
-        raise _Refusal(400, "the request target is not an absolute path of printable ASCII")
-    return method, path
+        """The ASGI scope of a request's header block (``h2_head.request_scope``)."""
+        return request_scope(headers, self.limits, conn.addresses())
 
 
 class RestStream:
@@ -329,7 +212,7 @@ class RestStream:
             self._gone = True
             self._conn.reset_stream(self._stream, ErrorCode.PROTOCOL_ERROR)
             return
-        except _Refusal as refusal:
+        except Refusal as refusal:
             self._scope = {"type": "http", "method": "GET", "headers": []}
             app = _answer(refusal.status, refusal.message)
         scope = self._scope
@@ -508,7 +391,7 @@ class RestStream:
             self._complete = True
         if not self._started:
             self._started = True
-            block = _header_block(self._status, self._head)
+            block = response_block(self._status, self._head)
             if not more and not body:
                 conn.send_headers(stream, block, end_stream=True)
                 self._finished()
@@ -655,37 +538,10 @@ class RestStream:
 def _answer(status: int, message: str) -> App:
     """An ASGI app answering every request with ``status`` and ``{"error": message}``."""
     body = json.dumps({"error": message}, separators=(",", ":")).encode()
-    head = [(b"content-type", _JSON), (b"content-length", b"%d" % len(body))]
+    head = [(b"content-type", JSON), (b"content-length", b"%d" % len(body))]
 
     async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     return answer
-
-
-def _length(value: int) -> bytes:
-    """An HPACK string length (RFC 7541, 5.1: a 7-bit prefix, no Huffman coding)."""
-    if value < 127:
-        return bytes([value])
-    out = bytearray([127])
-    value -= 127
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _header_block(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A response's header block: every field a literal without indexing (RFC 7541,
-    6.2.2), so no dynamic table is kept; connection-specific fields are left out."""
-    code = str(status).encode()
-    parts = [_STATUS_200 if status == 200 else b"\x08" + _length(len(code)) + code]
-    for name, value in headers:
-        name = bytes(name).lower()
-        if name in _NOT_IN_RESPONSES:
-            continue
-        value = bytes(value)
-        parts.append(b"\x00" + _length(len(name)) + name + _length(len(value)) + value)
-    return b"".join(parts)
