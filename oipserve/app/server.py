@@ -34,6 +34,7 @@ from oipserve.front.http.server import http_server
 from oipserve.front.http.server import metrics_server as metrics_server_for
 from oipserve.front.rest import create_app
 from oipserve.front.rest.admin import add_admin_routes
+from oipserve.front.rest.lane import infer_lane
 from oipserve.management import LoadLimits, Management, startup_models
 from oipserve.models.config.parse import ConfigLimits
 from oipserve.models.manager import ModelManager
@@ -417,7 +418,8 @@ class Server:
             # gRPC on the HTTP port too (h2c): the gRPC port's listener takes those.
             grpc = self.sites.grpc
             h2c = grpc.h2c if grpc is not None else refuse_h2c
-            self.sites.http.start(http_server(self.settings, self.rest_app, h2c))
+            lane = infer_lane(self.settings, self.dataplane)
+            self.sites.http.start(http_server(self.settings, self.rest_app, h2c, lane))
         if self.sites.metrics is not None:
             scraper = Scraper(self.dataplane.stats, self.plan.inventory_source)
             self.sites.metrics.start(metrics_server_for(self.settings, MetricsApp(scraper)))

@@ -43,6 +43,7 @@ from oipserve.front.grpc.tables import in_front_table
 from oipserve.front.http.h2c import refuse_h2c
 from oipserve.front.http.server import http_server
 from oipserve.front.rest import create_app
+from oipserve.front.rest.lane import infer_lane, infer_route
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.link import WorkerLink, away
@@ -113,14 +114,15 @@ class Router:
         path: str = scope["path"].rstrip("/")
         if scope["method"] != "POST":
             return path == "/v2/health/live"
-        if not path.endswith("/infer"):
-            return False
-        parts = path.split("/")
-        if len(parts) == 5 and parts[1] == "v2" and parts[2] == "models":
-            return parts[3] in self.versions
-        if len(parts) == 7 and parts[1] == "v2" and parts[2] == "models" and parts[4] == "versions":
-            return parts[5] in self.versions.get(parts[3], ())
-        return False
+        route = infer_route(path)
+        return route is not None and self.answers(*route)
+
+    def answers(self, model: str, version: str | None) -> bool:
+        """Whether this front answers inference of ``model`` (``version``, or its default)
+        itself: the primary gave it the model's versions."""
+        if version is None:
+            return model in self.versions
+        return version in self.versions.get(model, ())
 
     def _too_large(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:
@@ -411,7 +413,8 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
     grpc: GrpcServer | None = None
     if start.grpc_port:
         h2, grpc = replica.grpc_server(start.grpc_forward_to)
-    server = http_server(settings, replica.router, refuse_h2c if h2 is None else h2.adopt)
+    lane = infer_lane(settings, replica.dataplane, replica.router.answers)
+    server = http_server(settings, replica.router, refuse_h2c if h2 is None else h2.adopt, lane)
     serving = loop.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.005)

@@ -25,6 +25,7 @@ import falcon
 import falcon.asgi
 import httptools
 import uvicorn
+from falcon.constants import SINGLETON_HEADERS
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -80,6 +81,10 @@ PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "client": object,  # the peer's address, in a dropped connection's log line
     "connections": set,  # the server's; left at an h2c handover (as its websocket upgrade)
     "timeout_keep_alive": object,  # seconds (a number): kept by our deadline timer
+    "tasks": set,  # the server's request tasks (shutdown waits for them): the lane's too
+    "logger": object,  # the lane's cycle is made as uvicorn makes its own
+    "access_logger": object,
+    "access_log": bool,
 }
 #: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
 CYCLE_ATTRIBUTES: dict[str, type] = {
@@ -110,7 +115,6 @@ OUR_PROTOCOL_NAMES = (
     "_loop",
     "_check_deadlines",
     "_overdue_body",
-    "_unread_response",
     "_count_head",
     "_refuse_head",
     "_answer_and_close",
@@ -121,8 +125,16 @@ OUR_PROTOCOL_NAMES = (
     "_head_refusal",
     "_body_started",
     "body_bytes",
-    "_unsent_since",
-    "_unsent_sent",
+    "_unread",
+    "_sniffer",
+    "_sniff",
+    "_raw",
+    "_corked",
+    "_transfer_encoded",
+    "lane",
+    "_lane_request",
+    "_start_lane",
+    "_run_lane",
     "_stop_head_timer",
     "max_body",
     "_chunks",
@@ -293,6 +305,31 @@ def test_the_parser_reports_chunk_events_and_the_status_line_table_is_there() ->
     )
     state = ServerState()
     assert isinstance(state.default_headers, list), "ServerState.default_headers is gone"
+
+
+#: RequestResponseCycle's parameters, which the infer lane passes as uvicorn's
+#: on_headers_complete does (front/http/protocol.py, ``_start_lane``).
+CYCLE_PARAMETERS = (
+    "scope", "transport", "flow", "logger", "access_logger", "access_log", "default_headers",
+    "message_event", "expect_100_continue", "keep_alive", "on_response",
+)  # fmt: skip
+
+
+def test_the_cycle_the_lane_makes_is_made_as_uvicorn_makes_it() -> None:
+    """The lane makes uvicorn's cycle itself, reads its body with ``receive``, answers a
+    stream with ``send`` and what escapes with ``send_500_response`` (front/http/lane.py)."""
+    parameters = tuple(inspect.signature(RequestResponseCycle.__init__).parameters)[1:]
+    assert parameters == CYCLE_PARAMETERS, (
+        f"RequestResponseCycle's parameters changed to {parameters}: front/http/protocol.py "
+        "makes the lane's cycle with the old ones"
+    )
+    made = set(HttpToolsProtocol.on_headers_complete.__code__.co_names)
+    assert {"RequestResponseCycle", "_start_asgi_task", "should_keep_alive"} <= made, (
+        "uvicorn's on_headers_complete no longer makes its cycle as the lane does"
+    )
+    for name in ("receive", "send", "send_500_response"):
+        assert inspect.iscoroutinefunction(getattr(RequestResponseCycle, name, None)), name
+    assert SINGLETON_HEADERS >= {"content-length", "host"}, "falcon.constants changed"
 
 
 # ---- uvicorn.Server (oipserve/app/server.py) --------------------------------------------

@@ -69,6 +69,11 @@ HTTP/2 preface on this port).
    comes. The timer looks at least once a ``timeout_keep_alive``, and when a connection
    is idle it is re-armed for the exact moment, so the connection closes on time.
 
+8. A plain infer request is answered below the ASGI app, by the ``lane`` (``lane``: which
+   requests, and why): at its complete head the protocol makes uvicorn's cycle for it as
+   uvicorn would (its body, disconnect and keep-alive work unchanged) and runs the lane's
+   responder in a task of the server's, where uvicorn would have run the app.
+
 All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
@@ -80,7 +85,9 @@ sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``header
 ``expect_100_continue``,
 ``pipeline``, ``connections`` (left at an h2c handover, as uvicorn's websocket upgrade
 does), ``timeout_keep_alive``, ``timeout_keep_alive_handler``, ``_start_asgi_task``,
-``server_state.total_requests`` and ``server_state.default_headers``; and the cycle's ``scope``,
+``server_state.total_requests``, ``server_state.default_headers``, ``tasks``, ``logger``,
+``access_logger`` and ``access_log``; ``RequestResponseCycle``'s parameters; and the cycle's
+``receive``, ``send``, ``send_500_response``, ``default_headers``, ``keep_alive``, ``scope``,
 ``body``, ``more_body``, ``disconnected``, ``message_event``,
 ``waiting_for_100_continue``, ``response_started``, ``response_complete`` and
 ``on_response``. ``tests/unit/test_framework_internals.py`` checks each by
@@ -103,6 +110,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from oipserve.errors import InvalidInput
+from oipserve.front.header_rules import check_http_head
 from oipserve.front.http.chunk_sizes import MORE, OVER, ChunkEvents, ChunkSizes, size_line_start
 from oipserve.front.http.extensions import (
     BODY_REFUSED,
@@ -112,6 +121,14 @@ from oipserve.front.http.extensions import (
     ClientDisconnected,
 )
 from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
+from oipserve.front.http.lane import (
+    LANE_REFUSES,
+    InferLane,
+    LaneRequest,
+    LaneResponse,
+    request_headers,
+    respond,
+)
 from oipserve.front.http.limits import (
     ConnectionLimits,
     UnreadResponse,
@@ -186,6 +203,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     #: Who takes a connection that opens with the HTTP/2 preface (None: not looked for;
     #: the preface is then a bad request, as it always was).
     h2c: H2Handover | None = None
+    #: Who answers a plain infer request below the ASGI app (None: every request goes
+    #: to the app; ``front.http.lane``).
+    lane: InferLane | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -232,6 +252,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         limits: ConnectionLimits,
         max_body: int | None = None,
         h2c: H2Handover | None = None,
+        lane: InferLane | None = None,
     ) -> type[CorkedHttpToolsProtocol]:
         """This protocol with its settings (uvicorn instantiates a class)."""
         # NOTE: staticmethod, or the class attribute would bind as a method.
@@ -239,6 +260,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             "limits": limits,
             "max_body": max_body,
             "h2c": staticmethod(h2c) if h2c else None,
+            "lane": lane,
         }
         return type(cls.__name__, (cls,), settings)
 
@@ -424,6 +446,12 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._body_started = self._loop.time()
         self.body_bytes = 0
         both = self._transfer_encoded and _without_content_length(self.headers)
+        lane = self.lane
+        if lane is not None and not self._transfer_encoded:
+            taken = self._lane_request(lane)
+            if taken is not None:
+                self._start_lane(lane, *taken)
+                return
         super().on_headers_complete()
         cycle = self.cycle
         if both and cycle is not None:
@@ -437,6 +465,95 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                 # PERF: whether the body is chunked is looked at only if it is not
                 #   complete at the end of this read (``_follow_chunks``).
                 self._chunk_events = _HEAD_READ
+
+    def _lane_request(
+        self, lane: InferLane
+    ) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
+        """The path, headers, model and version when the lane takes this request (its
+        head is complete); None when it goes the ASGI way (``front.http.lane``)."""
+        parser = self.parser
+        if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
+            return None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return None  # pipelined behind a response under way: uvicorn queues it
+        url = self.url
+        if b"?" in url or b"%" in url or self.expect_100_continue:
+            return None
+        path = url.decode("ascii", "replace")
+        target = lane.target(path)
+        if target is None:
+            return None
+        scope = cast("dict[str, Any]", self.scope)
+        try:
+            check_http_head(scope)
+        except InvalidInput:
+            return None  # the header rules' 400, answered the ASGI way
+        headers = request_headers(scope["headers"])
+        if not LANE_REFUSES.isdisjoint(headers):
+            return None
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > lane.limit):
+            return None  # Falcon's 400, or the app's 413
+        scope["method"] = "POST"
+        scope["path"] = path
+        return path, headers, *target
+
+    def _start_lane(
+        self,
+        lane: InferLane,
+        path: str,
+        headers: dict[bytes, bytes],
+        model: str,
+        version: str | None,
+    ) -> None:
+        """Serve the request on the lane: a cycle of uvicorn's for its body and its
+        response, a task of the server's (shutdown waits for it) for the responder."""
+        cycle = self.cycle = RequestResponseCycle(
+            scope=self.scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=self.parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        scope = cast("dict[str, Any]", self.scope)
+        scope["extensions"] = {
+            RECEIVE_INTO: functools.partial(self._receive_into, cycle),
+            ON_DISCONNECT: functools.partial(self._on_disconnect, cycle),
+        }
+        request = LaneRequest(path, scope, headers, cycle.receive)
+        task = self._loop.create_task(self._run_lane(lane, cycle, request, model, version))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _run_lane(
+        self,
+        lane: InferLane,
+        cycle: RequestResponseCycle,
+        request: LaneRequest,
+        model: str,
+        version: str | None,
+    ) -> None:
+        """The lane's request, answered; what escapes the responder's own error handling
+        is answered as uvicorn answers what escapes an ASGI app (a 500, or a close)."""
+        response = LaneResponse()
+        try:
+            await lane.serve(request, response, model, version)
+            await respond(cycle, response)
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not cycle.response_started:
+                await cycle.send_500_response()
+            else:
+                self.transport.close()
+        finally:
+            cycle.on_response = lambda: None
 
     def on_chunk_header(self) -> None:
         """httptools: a chunk-size line was parsed (chunked bodies only)."""

@@ -16,6 +16,7 @@ import uvicorn
 from oipserve.config.settings import Settings
 from oipserve.front.header_rules import App, HeadChecked
 from oipserve.front.http.h2c import H2Handover
+from oipserve.front.http.lane import InferLane
 from oipserve.front.http.limits import ConnectionLimits
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 
@@ -98,19 +99,22 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 METRICS_MAX_BODY = 64 * 1024
 
 
-def http_server(settings: Settings, app: App, h2c: H2Handover) -> UvicornServer:
+def http_server(
+    settings: Settings, app: App, h2c: H2Handover, lane: InferLane | None = None
+) -> UvicornServer:
     """The OIP REST front's ``app`` on uvicorn, with our HTTP protocol.
 
     Every front's app is put behind the request-head rules they share
     (``oipserve.front.header_rules``), so that no front can answer a head differently.
     A connection that opens with HTTP/2's preface goes to ``h2c`` (the front's gRPC
-    listener, or ``refuse_h2c`` without gRPC): gRPC on the HTTP port.
+    listener, or ``refuse_h2c`` without gRPC): gRPC on the HTTP port. A plain infer
+    request goes to ``lane`` (the app's infer responder, below the app) when there is one.
     """
     config = uvicorn.Config(
         HeadChecked(app),
         interface="asgi3",  # HeadChecked returns the app's coroutine: not detectable
         http=CorkedHttpToolsProtocol.configured(
-            connection_limits(settings), settings.max_request_bytes, h2c
+            connection_limits(settings), settings.max_request_bytes, h2c, lane
         ),
         loop="none",
         lifespan="off",

@@ -1,0 +1,202 @@
+"""The inference route served below the ASGI app: the HTTP/1.1 side (issue #40).
+
+A plain ``POST /v2/models/{model}[/versions/{version}]/infer`` is the request a front
+serves most, and uvicorn's ASGI cycle and Falcon's app around it cost 26-64 us of the
+front's CPU a tiny request, a fifth to a third of it
+(``benchmarks/results/2026-11-28-framework-floor.md``). ``CorkedHttpToolsProtocol``
+hands such a request to an ``InferLane`` (the REST side: ``front.rest.lane``) instead:
+the lane's responder reads a ``LaneRequest`` and fills a ``LaneResponse``, the same
+names Falcon's request and response give it, and ``respond`` writes the response as
+uvicorn would have (``tests/e2e/test_infer_lane.py`` compares them byte for byte).
+
+Only a request that nothing but the responder would act on is taken (``LANE_REFUSES``
+and the protocol's ``_lane_target``): anything else (a query string, percent-encoding,
+a chunked, compressed or oversized body, ``Expect``, HTTP/1.0, a pipelined request,
+a head the header rules refuse or a restricted inference API) goes the ASGI way as
+before, where uvicorn, the header rules, Falcon and the REST app answer it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from falcon.constants import SINGLETON_HEADERS
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+__all__ = ["LANE_REFUSES", "InferLane", "LaneRequest", "LaneResponse", "respond"]
+
+#: Request headers that send a request the ASGI way: what only Falcon or the REST app's
+#: other layers answer (a compressed body; ``Expect``; framing the lane does not follow).
+LANE_REFUSES = frozenset({b"content-encoding", b"expect", b"transfer-encoding", b"upgrade"})
+
+#: Headers Falcon's request keeps one value of when a request repeats them (the last);
+#: any other repeated header reads as its values joined with ",".
+_SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS)
+
+
+class LaneRequest:
+    """What the infer responder reads of a request, by Falcon's request's names."""
+
+    __slots__ = ("method", "path", "scope", "_headers", "_receive")
+
+    def __init__(
+        self,
+        path: str,
+        scope: dict[str, Any],
+        headers: dict[bytes, bytes],
+        receive: Callable[[], Any],
+    ) -> None:
+        self.method = "POST"
+        self.path = path
+        self.scope = scope
+        self._headers = headers
+        self._receive = receive
+
+    def get_header(
+        self, name: str, required: bool = False, default: str | None = None
+    ) -> str | None:
+        value = self._headers.get(name.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
+
+    @property
+    def content_length(self) -> int | None:
+        value = self._headers.get(b"content-length")
+        return int(value) if value else None  # digits: ``_lane_target`` checked
+
+    @property
+    def stream(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (uvicorn's ``receive``), as Falcon's request stream reads it."""
+        return self._body()
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        # NOTE: as Falcon's stream, a client gone ends the body (what came is what there is).
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            if body:
+                yield body
+            if not message.get("more_body", False):
+                return
+
+
+def request_headers(fields: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """A request's fields by name, repeated ones joined as Falcon's request joins them."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in fields:
+        if name not in headers or name in _SINGLETONS:
+            headers[name] = value
+        else:
+            headers[name] += b"," + value
+    return headers
+
+
+class LaneResponse:
+    """What the infer responder and the error handlers set, by Falcon's response's names."""
+
+    __slots__ = ("status", "data", "stream", "_headers")
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.data: bytes | None = None
+        self.stream: AsyncIterator[bytes | memoryview] | None = None
+        #: Lower-case names in the order they were set, as Falcon keeps them.
+        self._headers: dict[str, str] = {}
+
+    @property
+    def status_code(self) -> int:
+        return self.status
+
+    @property
+    def content_type(self) -> str | None:
+        return self._headers.get("content-type")
+
+    @content_type.setter
+    def content_type(self, value: str) -> None:
+        self._headers["content-type"] = value
+
+    @property
+    def content_length(self) -> str | None:
+        return self._headers.get("content-length")
+
+    @content_length.setter
+    def content_length(self, value: int) -> None:
+        self._headers["content-length"] = str(value)
+
+    def set_header(self, name: str, value: str) -> None:
+        self._headers[name.lower()] = str(value)
+
+    def head(self) -> list[tuple[bytes, bytes]]:
+        """The headers as ASGI carries them."""
+        return [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in self._headers.items()
+        ]
+
+
+class InferLane(Protocol):
+    """The REST side of the lane (``front.rest.lane.RestInferLane``)."""
+
+    #: The most body a request on the lane may declare (``--max-request-bytes``); above
+    #: it the ASGI way answers 413.
+    limit: int
+
+    def target(self, path: str) -> tuple[str, str | None] | None:
+        """The model and version of an infer route this lane answers here; None otherwise."""
+
+    async def serve(
+        self, request: LaneRequest, response: LaneResponse, model: str, version: str | None
+    ) -> None:
+        """Run the infer responder, its errors answered as the app answers them."""
+
+
+async def respond(cycle: RequestResponseCycle, response: LaneResponse) -> None:
+    """Write ``response`` on ``cycle`` as Falcon's app and uvicorn's send would.
+
+    A body in bytes (every small response, every error) goes as one write of its head
+    and body, with the default headers and ``content-length`` as uvicorn and Falcon set
+    them; a stream (large outputs as views, compressed ones) through uvicorn's own
+    ``send``, which frames it (a length, or chunked) and waits for a slow client.
+    """
+    data = response.data
+    if data is None:
+        await _send_stream(cycle, response)
+        return
+    if cycle.disconnected:
+        return
+    response.content_length = len(data)
+    head = [STATUS_LINE[response.status]]
+    for name, value in cycle.default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    for name, value in response.head():
+        head += [name, b": ", value, b"\r\n"]
+    if not cycle.keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    transport = cycle.transport
+    transport.write(b"".join(head))
+    transport.write(data)
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        transport.close()
+    cycle.on_response()
+
+
+async def _send_stream(cycle: RequestResponseCycle, response: LaneResponse) -> None:
+    stream = response.stream
+    if stream is None:
+        response.content_length = 0
+    # (uvicorn types its events as typed dicts; a body that is a view goes as bytes do)
+    send: Callable[[dict[str, Any]], Awaitable[None]] = cycle.send  # type: ignore[assignment]
+    await send(
+        {"type": "http.response.start", "status": response.status, "headers": response.head()}
+    )
+    if stream is not None:
+        async for chunk in stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,88 @@
+"""The inference route served below the ASGI app: the REST side (issue #40).
+
+``front.http.lane`` says why and which requests; this is what answers them: the same
+``ModelResource.on_post_infer`` the app routes to, and the same error handlers the app
+registers (``error_handlers``), called as Falcon calls them. A front answers a route
+here only where its app would answer it itself (``answers``: another front's app
+forwards a model it does not hold), and none where inference is a restricted API (the
+guard is Falcon's: those requests go the ASGI way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import falcon.asgi
+
+from oipserve.config.access import by_api
+from oipserve.config.settings import Settings
+from oipserve.dataplane.plane import DataPlane
+from oipserve.errors import ServerError
+from oipserve.front.http.lane import LaneRequest, LaneResponse
+from oipserve.front.rest.error_handlers import handle_server_error, handle_unexpected
+from oipserve.front.rest.resources import ModelResource
+
+__all__ = ["RestInferLane", "infer_lane", "infer_route"]
+
+_PREFIX = "/v2/models/"
+_SUFFIX = "/infer"
+
+
+def infer_route(path: str) -> tuple[str, str | None] | None:
+    """The model and version that ``path`` names when it is an infer route
+    (``/v2/models/{model}[/versions/{version}]/infer``); None for any other path."""
+    if not path.startswith(_PREFIX) or not path.endswith(_SUFFIX):
+        return None
+    parts = path.split("/")
+    if len(parts) == 5 and parts[3]:
+        return parts[3], None
+    if len(parts) == 7 and parts[4] == "versions" and parts[3] and parts[5]:
+        return parts[3], parts[5]
+    return None
+
+
+class RestInferLane:
+    """``POST /v2/models/{model}[/versions/{version}]/infer``, answered by the infer responder."""
+
+    def __init__(
+        self,
+        resource: ModelResource,
+        limit: int,
+        answers: Callable[[str, str | None], bool] | None = None,
+    ) -> None:
+        self._resource = resource
+        self.limit = limit
+        self._answers = answers
+
+    def target(self, path: str) -> tuple[str, str | None] | None:
+        """The model and version of ``path`` when it is an infer route answered here."""
+        route = infer_route(path)
+        if route is None or (self._answers is not None and not self._answers(*route)):
+            return None
+        return route
+
+    async def serve(
+        self, request: LaneRequest, response: LaneResponse, model: str, version: str | None
+    ) -> None:
+        # NOTE: the lane's request and response carry the names the responder and the
+        #   handlers use of Falcon's (tests/e2e/test_infer_lane.py answers each way alike).
+        req = cast(falcon.asgi.Request, request)
+        resp = cast(falcon.asgi.Response, response)
+        try:
+            await self._resource.on_post_infer(req, resp, model, version)
+        except ServerError as exc:
+            await handle_server_error(req, resp, exc, {})
+        except Exception as exc:  # Falcon's handler for Exception is ours too
+            await handle_unexpected(req, resp, exc, {})
+
+
+def infer_lane(
+    settings: Settings,
+    dataplane: DataPlane,
+    answers: Callable[[str, str | None], bool] | None = None,
+) -> RestInferLane | None:
+    """The lane of a front's REST app; None where inference is a restricted API."""
+    if "inference" in by_api(settings.http_restricted_api):
+        return None
+    return RestInferLane(ModelResource(dataplane, settings), settings.max_request_bytes, answers)

@@ -1,0 +1,198 @@
+"""Which requests the HTTP/1.1 protocol hands to the infer lane, and what the lane answers.
+
+Driven in memory (``tests.support.transport``): the protocol with the REST side of the lane
+(``front.rest.lane.RestInferLane``) over a stand-in for the infer responder, and an ASGI
+app that answers every request it is given with 299. A request the lane takes is
+answered by the responder (200, or its error through the app's error handlers); any other
+goes to the app. The real responder on both ways, byte for byte, is
+``tests/e2e/test_infer_lane.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from oipserve.errors import InvalidInput
+from oipserve.front.http.lane import LaneRequest, LaneResponse, request_headers
+from oipserve.front.http.limits import ConnectionLimits
+from oipserve.front.http.protocol import CorkedHttpToolsProtocol
+from oipserve.front.rest.lane import RestInferLane
+from tests.support.transport import MemoryTransport, connected
+
+LIMIT = 1000
+
+
+class _Responder:
+    """Stands in for ``ModelResource.on_post_infer``: answers what it read of the request."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, bytes, str | None]] = []
+
+    async def on_post_infer(
+        self, req: LaneRequest, resp: LaneResponse, model: str, version: str | None = None
+    ) -> None:
+        body = b"".join([chunk async for chunk in req.stream])
+        self.seen.append((model, version, body, req.get_header("X-Many")))
+        if model == "bad":
+            raise InvalidInput("a bad request")
+        if model == "broken":
+            raise RuntimeError("a bug")
+        resp.content_type = "application/json"
+        resp.data = b'{"model":"%s"}' % model.encode()
+
+
+async def _app(scope: dict, receive: Callable, send: Callable) -> None:
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 299, "headers": []})
+    await send({"type": "http.response.body", "body": b"app"})
+
+
+def _serve(request: bytes, answers: Callable[[str, str | None], bool] | None = None) -> Any:
+    """Feed ``request`` to a fresh connection; (what was written, the responder's calls)."""
+    responder = _Responder()
+    lane = RestInferLane(responder, LIMIT, answers)  # type: ignore[arg-type]
+
+    async def main() -> tuple[bytes, list[Any], MemoryTransport]:
+        protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT, None, lane)
+        protocol, _, transport = connected(protocol_class, _app)
+        protocol.data_received(request)
+        for _ in range(200):
+            if b"\r\n\r\n" in b"".join(transport.written):
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
+        return b"".join(transport.written), responder.seen, transport
+
+    return asyncio.run(main())
+
+
+def _post(target: str, *fields: str, body: bytes = b"{}", version: str = "1.1") -> bytes:
+    head = [f"POST {target} HTTP/{version}", "host: t", *fields, f"content-length: {len(body)}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+@pytest.mark.parametrize(
+    ("target", "model", "version"),
+    [
+        ("/v2/models/m/infer", "m", None),
+        ("/v2/models/m/versions/2/infer", "m", "2"),
+        ("/v2/models/infer/infer", "infer", None),
+    ],
+)
+def test_a_plain_infer_request_takes_the_lane(target: str, model: str, version: str | None) -> None:
+    written, seen, _ = _serve(_post(target, body=b'{"inputs":[]}'))
+    assert seen == [(model, version, b'{"inputs":[]}', None)]
+    assert written.startswith(b"HTTP/1.1 200 OK\r\n")
+    answer = b'{"model":"%s"}' % model.encode()
+    assert written.endswith(
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer)
+    )
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        _post("/v2/models/m/infer?x=1"),
+        _post("/v2/models/m%20n/infer"),
+        _post("/v2/models/m/infer/"),
+        _post("/v2/models/m/versions//infer"),
+        _post("/v2/models//infer"),
+        _post("/v2/models/m/ready"),
+        _post("http://t/v2/models/m/infer"),
+        _post("/v2/models/m/infer", "content-encoding: gzip"),
+        _post("/v2/models/m/infer", "expect: 100-continue"),
+        _post("/v2/models/m/infer", "host: u"),  # two Host fields: the header rules' 400
+        _post("/v2/models/m/infer", version="1.0"),
+        _post("/v2/models/m/infer", body=b"x" * (LIMIT + 1)),
+        b"GET /v2/models/m/infer HTTP/1.1\r\nhost: t\r\n\r\n",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n",
+    ],
+    ids=lambda r: r.split(b"\r\n")[0].decode() + (" " + r.split(b"\r\n")[2].decode()),
+)
+def test_anything_else_goes_the_asgi_way(request_bytes: bytes) -> None:
+    written, seen, _ = _serve(request_bytes)
+    assert seen == []
+    assert not written.startswith(b"HTTP/1.1 200"), written
+
+
+def test_a_model_another_front_answers_goes_the_asgi_way() -> None:
+    here = {"m"}
+    written, seen, _ = _serve(_post("/v2/models/x/infer"), lambda m, v: m in here)
+    assert seen == [] and written.startswith(b"HTTP/1.1 299")
+    _, seen, _ = _serve(_post("/v2/models/m/infer"), lambda m, v: m in here)
+    assert [s[0] for s in seen] == ["m"]
+
+
+def test_errors_are_answered_by_the_apps_error_handlers() -> None:
+    written, _, _ = _serve(_post("/v2/models/bad/infer"))
+    assert written.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert written.endswith(b'{"error":"a bad request"}')
+    written, _, _ = _serve(_post("/v2/models/broken/infer"))
+    assert written.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert b'"error"' in written
+
+
+def test_repeated_headers_read_as_falcons_request_reads_them() -> None:
+    _, seen, _ = _serve(_post("/v2/models/m/infer", "x-many: a", "x-many: b"))
+    assert seen[0][3] == "a,b"
+    fields = [(b"x-many", b"a"), (b"user-agent", b"1"), (b"x-many", b"b"), (b"user-agent", b"2")]
+    assert request_headers(fields) == {b"x-many": b"a,b", b"user-agent": b"2"}
+
+
+def test_connection_close_is_kept() -> None:
+    written, seen, transport = _serve(_post("/v2/models/m/infer", "connection: close"))
+    assert len(seen) == 1
+    assert b"connection: close\r\n" in written
+    assert transport.closing
+
+
+def test_a_body_in_several_reads_and_a_keep_alive_request_after_it() -> None:
+    first = _post("/v2/models/m/infer", body=b'{"a":1}')
+    second = _post("/v2/models/n/versions/3/infer", body=b"{}")
+
+    async def main() -> tuple[bytes, list[Any]]:
+        responder = _Responder()
+        lane = RestInferLane(responder, LIMIT)  # type: ignore[arg-type]
+        protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT, None, lane)
+        protocol, _, transport = connected(protocol_class, _app)
+        protocol.data_received(first[:-4])
+        await asyncio.sleep(0.01)
+        protocol.data_received(first[-4:])
+        for _ in range(100):
+            if responder.seen:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
+        protocol.data_received(second)
+        for _ in range(100):
+            if len(responder.seen) == 2:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
+        return b"".join(transport.written), responder.seen
+
+    written, seen = asyncio.run(main())
+    assert [(m, v, b) for m, v, b, _ in seen] == [("m", None, b'{"a":1}'), ("n", "3", b"{}")]
+    assert written.count(b"HTTP/1.1 200 OK") == 2
+
+
+def test_a_front_has_a_lane_unless_inference_is_restricted() -> None:
+    from oipserve.config.settings import load_settings
+    from oipserve.front.http.server import http_server
+    from oipserve.front.rest.lane import infer_lane
+
+    _, settings = load_settings(["serve", "--model-repository", "."], {})
+    lane = infer_lane(settings, None)  # type: ignore[arg-type]
+    assert isinstance(lane, RestInferLane) and lane.limit == settings.max_request_bytes
+    server = http_server(settings, _app, lambda *_: None, lane)
+    assert server.config.http.lane is lane  # type: ignore[union-attr]
+    _, restricted = load_settings(
+        ["serve", "--model-repository", ".", "--http-restricted-api", "inference:x-key=v"], {}
+    )
+    assert infer_lane(restricted, None) is None  # type: ignore[arg-type]
