@@ -196,3 +196,24 @@ def test_a_front_has_a_lane_unless_inference_is_restricted() -> None:
         ["serve", "--model-repository", ".", "--http-restricted-api", "inference:x-key=v"], {}
     )
     assert infer_lane(restricted, None) is None  # type: ignore[arg-type]
+
+
+def test_an_answer_waits_while_the_client_reads_nothing() -> None:
+    """As uvicorn's ``send``: past the transport's high-water mark nothing more is written
+    (and no next request read) until the client takes what it was sent."""
+
+    async def main() -> tuple[bytes, bytes]:
+        lane = RestInferLane(_Responder(), LIMIT)  # type: ignore[arg-type]
+        protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT, None, lane)
+        protocol, _, transport = connected(protocol_class, _app)
+        protocol.flow.pause_writing()
+        protocol.data_received(_post("/v2/models/m/infer"))
+        await asyncio.sleep(0.05)
+        held = b"".join(transport.written)
+        protocol.flow.resume_writing()
+        await asyncio.sleep(0.05)
+        return held, b"".join(transport.written)
+
+    held, written = asyncio.run(main())
+    assert held == b""
+    assert written.startswith(b"HTTP/1.1 200 OK")

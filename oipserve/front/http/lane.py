@@ -157,13 +157,16 @@ async def respond(cycle: RequestResponseCycle, response: LaneResponse) -> None:
 
     A body in bytes (every small response, every error) goes as one write of its head
     and body, with the default headers and ``content-length`` as uvicorn and Falcon set
-    them; a stream (large outputs as views, compressed ones) through uvicorn's own
-    ``send``, which frames it (a length, or chunked) and waits for a slow client.
+    them, once the transport takes writes again (as uvicorn's ``send`` waits); a stream
+    (large outputs as views, compressed ones) through uvicorn's own ``send``, which
+    frames it (a length, or chunked) and waits for a slow client.
     """
     data = response.data
     if data is None:
         await _send_stream(cycle, response)
         return
+    if cycle.flow.write_paused and not cycle.disconnected:
+        await cycle.flow.drain()  # as uvicorn's send: no more for a client that reads none
     if cycle.disconnected:
         return
     response.content_length = len(data)
