@@ -10,7 +10,8 @@ differently: a header the primary took as it came was refused by h11 on the othe
 (400), or dropped there (403), or made grpc.aio fail the call (INTERNAL, with a traceback).
 
 So every front applies these rules to what it receives, before any route, restriction or
-forward: ``HeadChecked`` wraps both fronts' HTTP apps (``http_server``), and
+forward: ``HeadChecked`` wraps both fronts' HTTP apps (``http_server``; the infer lane,
+``front/http/lane.py``, takes only heads these rules leave as they are), and
 ``front.grpc.call`` reads every call's headers with ``read_call_head`` and ``grpc_timeout``
 on both fronts. What passes them is exactly what the forwarding path can carry unchanged, and
 what the primary receives again from a forward passes them unchanged (they are idempotent).

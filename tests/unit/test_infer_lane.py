@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.front.http.lane import LaneRequest, LaneResponse, request_headers
+from oipserve.front.http.lane import LaneRequest, LaneResponse, lane_headers
 from oipserve.front.http.limits import ConnectionLimits
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from oipserve.front.rest.lane import RestInferLane
@@ -142,7 +142,10 @@ def test_repeated_headers_read_as_falcons_request_reads_them() -> None:
     _, seen, _ = _serve(_post("/v2/models/m/infer", "x-many: a", "x-many: b"))
     assert seen[0][3] == "a,b"
     fields = [(b"x-many", b"a"), (b"user-agent", b"1"), (b"x-many", b"b"), (b"user-agent", b"2")]
-    assert request_headers(fields) == {b"x-many": b"a,b", b"user-agent": b"2"}
+    assert lane_headers(fields) == {b"x-many": b"a,b", b"user-agent": b"2"}
+    assert lane_headers([(b"host", b"a"), (b"host", b"a")]) is None  # the rules' 400
+    assert lane_headers([(b"x-many", b"a ")]) is None  # the rules strip it
+    assert lane_headers([(b"expect", b"100-continue")]) is None
 
 
 def test_connection_close_is_kept() -> None:

@@ -110,8 +110,6 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from oipserve.errors import InvalidInput
-from oipserve.front.header_rules import check_http_head
 from oipserve.front.http.chunk_sizes import MORE, OVER, ChunkEvents, ChunkSizes, size_line_start
 from oipserve.front.http.extensions import (
     BODY_REFUSED,
@@ -121,14 +119,7 @@ from oipserve.front.http.extensions import (
     ClientDisconnected,
 )
 from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
-from oipserve.front.http.lane import (
-    LANE_REFUSES,
-    InferLane,
-    LaneRequest,
-    LaneResponse,
-    request_headers,
-    respond,
-)
+from oipserve.front.http.lane import InferLane, LaneRequest, LaneResponse, lane_headers, respond
 from oipserve.front.http.limits import (
     ConnectionLimits,
     UnreadResponse,
@@ -485,12 +476,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if target is None:
             return None
         scope = cast("dict[str, Any]", self.scope)
-        try:
-            check_http_head(scope)
-        except InvalidInput:
-            return None  # the header rules' 400, answered the ASGI way
-        headers = request_headers(scope["headers"])
-        if not LANE_REFUSES.isdisjoint(headers):
+        headers = lane_headers(scope["headers"])
+        if headers is None:
             return None
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > lane.limit):
