@@ -18,14 +18,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, socket_to_front
-
-SIMPLE = {
-    "inputs": [
-        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
-        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
-    ]
-}
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, front_pid, socket_to_front
+from tests.support.tensors import SIMPLE_JSON as SIMPLE
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +34,7 @@ def server() -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module", params=["primary", "extra front"])
 def front(request: pytest.FixtureRequest, server: ServerProcess) -> int:
-    if request.param == "primary":
-        return server.process.pid
-    (pid,) = server.http_front_pids()
-    return pid
+    return front_pid(server, request.param)
 
 
 def _request(target: str, body: bytes, *fields: str) -> bytes:

@@ -20,6 +20,7 @@ from tests.support.cli import run_serve
 from tests.support.http import post
 from tests.support.metrics import Page, scrape
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, socket_to_front
+from tests.support.tensors import SIMPLE_JSON
 
 #: The counter each histogram's ``_sum`` must equal (same phase, same microseconds).
 COUNTERS = {
@@ -35,14 +36,7 @@ CUSTOM_BUCKETS = [50, 100, 250.5, 1000, 100000]
 QUANTILES = "0.5:0.05,0.9:0.01,0.99:0.001"
 N = 24
 
-SIMPLE_BODY = json.dumps(
-    {
-        "inputs": [
-            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
-            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
-        ]
-    }
-)
+SIMPLE_BODY = json.dumps(SIMPLE_JSON)
 
 
 def _copy_simple(root: Path, name: str, extra: str) -> None:

@@ -20,17 +20,13 @@ from tritonclient.grpc import service_pb2
 
 from tests.support.h2_rest import H2c, grpc_message
 from tests.support.server import ServerProcess, socket_to_front
+from tests.support.tensors import SIMPLE_JSON
 
 #: --max-request-bytes: a 6 MiB body passes (more than a stream's 4 MiB window), 9 MiB not.
 LIMIT = 8 * 1024 * 1024
 ADMIN_KEY = "r3st"
 JSON = ("content-type", "application/json")
-SIMPLE = {
-    "inputs": [
-        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
-        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
-    ]
-}
+SIMPLE = SIMPLE_JSON
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.raw_http import read_responses
-from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, socket_to_front
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, front_pid, socket_to_front
 
 #: REST API group -> (method, path, body) of one request in it.
 CALLS: dict[str, tuple[str, str, bytes]] = {
@@ -67,10 +67,7 @@ def server() -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module", params=["primary", "extra front"])
 def front(request: pytest.FixtureRequest, server: ServerProcess) -> int:
-    if request.param == "primary":
-        return server.process.pid
-    (pid,) = server.http_front_pids()
-    return pid
+    return front_pid(server, request.param)
 
 
 def chunked(api: str, head: dict[str, str], trailer: dict[str, str]) -> bytes:

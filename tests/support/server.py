@@ -227,6 +227,14 @@ def tcp_links(pid: int) -> list[tuple[int, int]]:
     return links
 
 
+def front_pid(proc: ServerProcess, which: str) -> int:
+    """The pid of a two-front server's ``"primary"`` front, or of its ``"extra front"``."""
+    if which == "primary":
+        return proc.process.pid
+    (pid,) = proc.http_front_pids()
+    return pid
+
+
 def socket_to_front(
     proc: ServerProcess, pid: int, tries: int = 64, port: int | None = None
 ) -> socket.socket:

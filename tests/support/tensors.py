@@ -30,6 +30,15 @@ ROUND_TRIP = {
 }
 
 
+#: A REST (JSON) request of the sample model ``simple``: 0..15 and sixteen 1s.
+SIMPLE_JSON: dict[str, object] = {
+    "inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
+    ]
+}
+
+
 def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
     """The sample model ``simple``'s two INT32 inputs, for tritonclient.grpc."""
     inputs = [
