@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.front.http.lane import LaneRequest, LaneResponse, lane_headers
+from oipserve.front.http.lane import LaneRequest, LaneResponse, lane_headers, lane_request
 from oipserve.front.http.limits import ConnectionLimits
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from oipserve.front.rest.lane import RestInferLane
@@ -220,3 +220,20 @@ def test_an_answer_waits_while_the_client_reads_nothing() -> None:
     held, written = asyncio.run(main())
     assert held == b""
     assert written.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_the_head_the_lane_takes() -> None:
+    """``lane_request`` alone: the decision the protocol asks of it at a complete head."""
+    lane = RestInferLane(_Responder(), LIMIT)  # type: ignore[arg-type]
+    fields = [(b"host", b"t"), (b"content-length", b"10")]
+    taken = lane_request(lane, b"POST", "1.1", b"/v2/models/m/versions/3/infer", fields)
+    assert taken == ("/v2/models/m/versions/3/infer", dict(fields), "m", "3")
+    url = b"/v2/models/m/infer"
+    assert lane_request(lane, b"PUT", "1.1", url, fields) is None
+    assert lane_request(lane, b"POST", "1.0", url, fields) is None
+    assert lane_request(lane, b"POST", "1.1", url + b"?a", fields) is None
+    assert lane_request(lane, b"POST", "1.1", url, [(b"content-length", b"1x")]) is None
+    assert (
+        lane_request(lane, b"POST", "1.1", url, [(b"content-length", b"%d" % (LIMIT + 1))]) is None
+    )
+    assert lane_request(lane, b"POST", "1.1", url, []) == ("/v2/models/m/infer", {}, "m", None)

@@ -18,13 +18,21 @@ before, where uvicorn, the header rules, Falcon and the REST app answer it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from falcon.constants import SINGLETON_HEADERS
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-__all__ = ["LANE_REFUSES", "InferLane", "LaneRequest", "LaneResponse", "lane_headers", "respond"]
+__all__ = [
+    "LANE_REFUSES",
+    "InferLane",
+    "LaneRequest",
+    "LaneResponse",
+    "lane_headers",
+    "lane_request",
+    "respond",
+]
 
 #: Request headers that send a request the ASGI way: what only Falcon or the REST app's
 #: other layers answer (a compressed body; ``Expect``; framing the lane does not follow).
@@ -85,7 +93,7 @@ class LaneRequest:
                 return
 
 
-def lane_headers(fields: list[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
+def lane_headers(fields: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
     """A request's fields by name, repeated ones joined as Falcon's request joins them;
     None when the request goes the ASGI way: a field of ``LANE_REFUSES``, or one the
     header rules act on (``header_rules.check_http_head``: a second Host, a value ending
@@ -105,6 +113,31 @@ def lane_headers(fields: list[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None
         else:
             headers[name] += b"," + value
     return headers
+
+
+def lane_request(
+    lane: InferLane,
+    method: bytes,
+    http_version: str,
+    url: bytes,
+    fields: Iterable[tuple[bytes, bytes]],
+) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
+    """The path, headers, model and version of a complete request head that the lane
+    takes; None when it goes the ASGI way (a request behind a response under way, or with
+    ``Expect``, the protocol keeps from the lane itself)."""
+    if method != b"POST" or http_version != "1.1" or b"?" in url or b"%" in url:
+        return None
+    path = url.decode("ascii", "replace")
+    target = lane.target(path)
+    if target is None:
+        return None
+    headers = lane_headers(fields)
+    if headers is None:
+        return None
+    length = headers.get(b"content-length")
+    if length is not None and (not length.isdigit() or int(length) > lane.limit):
+        return None  # Falcon's 400, or the app's 413
+    return path, headers, *target
 
 
 class LaneResponse:

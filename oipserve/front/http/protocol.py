@@ -119,7 +119,7 @@ from oipserve.front.http.extensions import (
     ClientDisconnected,
 )
 from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
-from oipserve.front.http.lane import InferLane, LaneRequest, LaneResponse, lane_headers, respond
+from oipserve.front.http.lane import InferLane, LaneRequest, LaneResponse, lane_request, respond
 from oipserve.front.http.limits import (
     ConnectionLimits,
     UnreadResponse,
@@ -462,29 +462,14 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     ) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
         """The path, headers, model and version when the lane takes this request (its
         head is complete); None when it goes the ASGI way (``front.http.lane``)."""
-        parser = self.parser
-        if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
-            return None
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             return None  # pipelined behind a response under way: uvicorn queues it
-        url = self.url
-        if b"?" in url or b"%" in url or self.expect_100_continue:
+        if self.expect_100_continue:
             return None
-        path = url.decode("ascii", "replace")
-        target = lane.target(path)
-        if target is None:
-            return None
-        scope = cast("dict[str, Any]", self.scope)
-        headers = lane_headers(scope["headers"])
-        if headers is None:
-            return None
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > lane.limit):
-            return None  # Falcon's 400, or the app's 413
-        scope["method"] = "POST"
-        scope["path"] = path
-        return path, headers, *target
+        parser = self.parser
+        head = (parser.get_method(), parser.get_http_version(), self.url, self.scope["headers"])
+        return lane_request(lane, *head)
 
     def _start_lane(
         self,
@@ -510,6 +495,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
         )
         scope = cast("dict[str, Any]", self.scope)
+        scope["method"] = "POST"
+        scope["path"] = path
         scope["extensions"] = {
             RECEIVE_INTO: functools.partial(self._receive_into, cycle),
             ON_DISCONNECT: functools.partial(self._on_disconnect, cycle),
