@@ -9,11 +9,12 @@ the lane's responder reads a ``LaneRequest`` and fills a ``LaneResponse``, the s
 names Falcon's request and response give it, and ``respond`` writes the response as
 uvicorn would have (``tests/e2e/test_infer_lane.py`` compares them byte for byte).
 
-Only a request that nothing but the responder would act on is taken (``LANE_REFUSES``
-and the protocol's ``_lane_target``): anything else (a query string, percent-encoding,
-a chunked, compressed or oversized body, ``Expect``, HTTP/1.0, a pipelined request,
-a head the header rules refuse or a restricted inference API) goes the ASGI way as
-before, where uvicorn, the header rules, Falcon and the REST app answer it.
+Only a request that nothing but the responder would act on is taken (``lane_request``,
+``lane_headers``): anything else (a query string, percent-encoding, a chunked,
+compressed or oversized body, ``Expect``, ``Upgrade``, HTTP/1.0, a request pipelined
+behind a response under way, a head the header rules act on, a model another front
+answers, or a restricted inference API) goes the ASGI way as before, where uvicorn, the
+header rules, Falcon and the REST app answer it.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class LaneRequest:
     @property
     def content_length(self) -> int | None:
         value = self._headers.get(b"content-length")
-        return int(value) if value else None  # digits: ``_lane_target`` checked
+        return int(value) if value else None  # digits: ``lane_request`` checked
 
     @property
     def stream(self) -> AsyncIterator[bytes]:
