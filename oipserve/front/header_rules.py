@@ -101,6 +101,7 @@ __all__ = [
     "CallHead",
     "MalformedRequest",
     "NOT_FORWARDED",
+    "OWS",
     "TRANSPORT_KEYS",
     "HeadChecked",
     "h2_pseudo_header",
@@ -140,7 +141,7 @@ HOP_BY_HOP = frozenset(
 NOT_FORWARDED = HOP_BY_HOP | {b"expect"}
 
 #: What a value may end in that is not part of it (RFC 9110, 5.6.3: OWS).
-_OWS = (b" ", b"\t")
+OWS = (b" ", b"\t")
 
 
 def check_http_head(scope: Message) -> None:
@@ -156,7 +157,7 @@ def check_http_head(scope: Message) -> None:
     for name, value in headers:
         if name == b"host":
             hosts += 1
-        if value.endswith(_OWS):
+        if value.endswith(OWS):
             padded = True
     if hosts > 1:
         raise InvalidInput(

@@ -38,7 +38,7 @@ from oipserve.front.grpc.h2.frames import (
 )
 from oipserve.front.header_rules import App
 from oipserve.front.http.h2_asgi import Http2Connection, RestOverH2
-from oipserve.front.http.h2_head import RestLimits
+from oipserve.front.http.limits import ConnectionLimits
 from tests.support.grpc_peer import FakeService, FakeTransport
 
 #: Seconds an answer is waited for.
@@ -233,7 +233,7 @@ class RestPeer:
         settings = settings or Settings(model_repository=".")
         self.service = FakeService()
         table = self.service.table(settings)
-        table.rest = RestOverH2(app, RestLimits.of(settings))
+        table.rest = RestOverH2(app, ConnectionLimits.of(settings), settings.max_request_bytes)
         self.transport = PeerTransport()
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()

@@ -132,6 +132,7 @@ OUR_PROTOCOL_NAMES = (
     "_corked",
     "_transfer_encoded",
     "lane",
+    "_extensions",
     "_lane_request",
     "_start_lane",
     "_run_lane",
@@ -301,7 +302,8 @@ def test_the_parser_reports_chunk_events_and_the_status_line_table_is_there() ->
         "oipserve/front/http/protocol.py cannot place chunk-size lines"
     )
     assert STATUS_LINE[413].startswith(b"HTTP/1.1 413 "), (
-        "uvicorn's STATUS_LINE table changed (front/http/protocol.py writes its 413 with it)"
+        "uvicorn's STATUS_LINE table changed (front/http/lane.py's response_head writes the "
+        "protocol's 413 and the lane's answers with it)"
     )
     state = ServerState()
     assert isinstance(state.default_headers, list), "ServerState.default_headers is gone"

@@ -37,8 +37,8 @@ from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
 from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
 from oipserve.front.grpc.linger import Lingering
 from oipserve.front.header_rules import App
+from oipserve.front.http import limits as http_limits
 from oipserve.front.http.h2_asgi import Http2Connection, RestOverH2
-from oipserve.front.http.h2_head import RestLimits
 
 _POLL_SECONDS = 0.02
 
@@ -111,7 +111,9 @@ class H2Server:
     def serve_rest(self, app: App, settings: Settings) -> None:
         """Serve the streams that are not gRPC with the REST ``app`` (the one HTTP/1.1
         serves), under the HTTP port's limits (``settings``)."""
-        self._table.rest = RestOverH2(app, RestLimits.of(settings))
+        self._table.rest = RestOverH2(
+            app, http_limits.ConnectionLimits.of(settings), settings.max_request_bytes
+        )
 
     def adopt(self, transport: asyncio.Transport, data: bytes, since: float) -> None:
         """Serve an HTTP/2 connection accepted elsewhere (the HTTP port's h2c) as one of

@@ -69,10 +69,10 @@ from oipserve.front.http.extensions import (
 from oipserve.front.http.h2_head import (
     JSON,
     Refusal,
-    RestLimits,
     request_scope,
     response_block,
 )
+from oipserve.front.http.limits import ConnectionLimits
 
 __all__ = ["Http2Connection", "RestOverH2", "RestStream"]
 
@@ -128,9 +128,11 @@ class Http2Connection(Connection):
 class RestOverH2:
     """The REST app, for the HTTP/2 streams of one listener whose requests are not gRPC."""
 
-    def __init__(self, app: App, limits: RestLimits) -> None:
+    def __init__(self, app: App, limits: ConnectionLimits, max_body: int) -> None:
         self.app: App = HeadChecked(app)
         self.limits = limits
+        #: ``--max-request-bytes``: a body past it is refused.
+        self.max_body = max_body
 
     def serve(
         self, conn: Connection, stream: int, headers: Headers, end_stream: bool, send_window: int
@@ -227,7 +229,7 @@ class RestStream:
             return  # dropped; its window comes back when the stream ends
         size = len(data)
         self._received += size
-        limit = self._server.limits.max_body
+        limit = self._server.max_body
         if self._received > limit:
             self._refuse_body(limit)
             return

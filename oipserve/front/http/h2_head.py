@@ -4,22 +4,22 @@ A request's header block becomes the ASGI scope HTTP/1.1 gives (``request_scope`
 pseudo-headers the request line (RFC 9113, 8.3.1), ``:authority`` the ``host`` when the
 request has none, what is malformed (8.1.1) a ``MalformedRequest`` (the stream is reset),
 what HTTP/1.1's parser would refuse a ``Refusal`` (400, 405, 431), with the HTTP port's
-limits (``RestLimits``). A response's head becomes its header block (``response_block``):
-HPACK literals, no dynamic table, connection-specific fields left out (8.2.2).
+limits (``limits.ConnectionLimits``). A response's head becomes its header block
+(``response_block``): HPACK literals, no dynamic table, connection-specific fields left
+out (8.2.2).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2.headers import Headers
 from oipserve.front.header_rules import CONNECTION_SPECIFIC, MalformedRequest, h2_pseudo_header
+from oipserve.front.http.limits import ConnectionLimits, head_too_large, too_many_fields
 
-__all__ = ["JSON", "Refusal", "RestLimits", "is_grpc", "request_scope", "response_block"]
+__all__ = ["JSON", "Refusal", "is_grpc", "request_scope", "response_block"]
 
 #: Connection-specific fields (RFC 9113, 8.2.2): a response never carries them.
 _NOT_IN_RESPONSES = frozenset(name.encode() for name in CONNECTION_SPECIFIC)
@@ -45,29 +45,6 @@ def is_grpc(headers: Headers) -> bool:
     return False
 
 
-@dataclass(frozen=True, slots=True)
-class RestLimits:
-    """What a REST stream may take: the HTTP port's limits (its flags)."""
-
-    max_body: int
-    max_head_bytes: int
-    max_header_fields: int
-    body_timeout: float
-    send_timeout: float
-    min_rate: int
-
-    @classmethod
-    def of(cls, settings: Settings) -> RestLimits:
-        return cls(
-            max_body=settings.max_request_bytes,
-            max_head_bytes=settings.max_header_bytes,
-            max_header_fields=settings.max_header_fields,
-            body_timeout=settings.body_timeout,
-            send_timeout=settings.send_timeout,
-            min_rate=settings.min_transfer_rate,
-        )
-
-
 class Refusal(Exception):
     """A request answered at once with ``status`` and ``{"error": message}``."""
 
@@ -78,7 +55,7 @@ class Refusal(Exception):
 
 
 def request_scope(
-    headers: Headers, limits: RestLimits, addresses: tuple[Any, Any]
+    headers: Headers, limits: ConnectionLimits, addresses: tuple[Any, Any]
 ) -> dict[str, Any]:
     """The ASGI scope of a request's header block, on a connection of (peer, own)
     ``addresses``. MalformedRequest (RFC 9113, 8.1.1) or ``Refusal`` (400, 405, 431) when
@@ -121,14 +98,12 @@ def request_scope(
     }
 
 
-def _check_head(limits: RestLimits, count: int, size: int) -> None:
+def _check_head(limits: ConnectionLimits, count: int, size: int) -> None:
     """``--max-header-fields`` and ``--max-header-bytes``, as HTTP/1.1 applies them."""
     if count > limits.max_header_fields:
-        raise Refusal(
-            431, f"the request head has more than {limits.max_header_fields} header fields"
-        )
+        raise Refusal(431, too_many_fields(limits))
     if size > limits.max_head_bytes:
-        raise Refusal(431, f"the request head is larger than {limits.max_head_bytes} bytes")
+        raise Refusal(431, head_too_large(limits))
 
 
 def _request_line(pseudo: dict[str, str]) -> tuple[str, str]:

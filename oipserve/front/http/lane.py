@@ -25,6 +25,8 @@ from typing import Any, Protocol
 from falcon.constants import SINGLETON_HEADERS
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
+from oipserve.front.header_rules import OWS
+
 __all__ = [
     "LANE_REFUSES",
     "InferLane",
@@ -33,6 +35,7 @@ __all__ = [
     "lane_headers",
     "lane_request",
     "respond",
+    "response_head",
 ]
 
 #: Request headers that send a request the ASGI way: what only Falcon or the REST app's
@@ -42,9 +45,6 @@ LANE_REFUSES = frozenset({b"content-encoding", b"expect", b"transfer-encoding", 
 #: Headers Falcon's request keeps one value of when a request repeats them (the last);
 #: any other repeated header reads as its values joined with ",".
 _SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS)
-#: What a value may end in that is not part of it (RFC 9110, 5.6.3: OWS), which the
-#: header rules strip.
-_OWS = (b" ", b"\t")
 
 
 class LaneRequest:
@@ -105,7 +105,7 @@ def lane_headers(fields: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | 
     """
     headers: dict[bytes, bytes] = {}
     for name, value in fields:
-        if name in LANE_REFUSES or value.endswith(_OWS):
+        if name in LANE_REFUSES or value.endswith(OWS):
             return None
         if name not in headers or name in _SINGLETONS:
             if name == b"host" and name in headers:
@@ -200,6 +200,25 @@ class InferLane(Protocol):
         """Run the infer responder, its errors answered as the app answers them."""
 
 
+def response_head(
+    status: int,
+    default_headers: list[tuple[bytes, bytes]],
+    fields: list[tuple[bytes, bytes]],
+    close: bool,
+) -> bytes:
+    """A response's status line and header section as uvicorn writes it: its default
+    headers (``server``, ``date``), then ``fields``, then ``connection: close`` if asked."""
+    head = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    for name, value in fields:
+        head += [name, b": ", value, b"\r\n"]
+    if close:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    return b"".join(head)
+
+
 async def respond(cycle: RequestResponseCycle, response: LaneResponse) -> None:
     """Write ``response`` on ``cycle`` as Falcon's app and uvicorn's send would.
 
@@ -218,18 +237,13 @@ async def respond(cycle: RequestResponseCycle, response: LaneResponse) -> None:
     if cycle.disconnected:
         return
     response.content_length = len(data)
-    head = [STATUS_LINE[response.status]]
-    for name, value in cycle.default_headers:
-        head += [name, b": ", value, b"\r\n"]
-    for name, value in response.head():
-        head += [name, b": ", value, b"\r\n"]
-    if not cycle.keep_alive:
-        head.append(b"connection: close\r\n")
-    head.append(b"\r\n")
+    head = response_head(
+        response.status, cycle.default_headers, response.head(), not cycle.keep_alive
+    )
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     transport = cycle.transport
-    transport.write(b"".join(head))
+    transport.write(head)
     transport.write(data)
     cycle.response_complete = True
     cycle.message_event.set()

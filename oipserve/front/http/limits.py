@@ -1,4 +1,7 @@
-"""What one HTTP/1.1 connection may take of the server's time and memory (issue #35).
+"""What one HTTP connection may take of the server's time and memory (issue #35).
+
+The flags give one ``ConnectionLimits`` (``ConnectionLimits.of``) for the HTTP/1.1 protocol
+and for the REST app's HTTP/2 streams (``h2_asgi``, ``h2_head``), which apply it alike.
 
 ``ConnectionLimits`` holds the limits; the protocol (``protocol``) counts a request head's
 bytes and fields as they are parsed, and one timer per connection judges the rest with
@@ -16,6 +19,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from oipserve.config.settings import Settings
+
 __all__ = [
     "HEADER_TIMEOUT",
     "MAX_HEADER_FIELDS",
@@ -24,6 +29,7 @@ __all__ = [
     "UnreadResponse",
     "body_overdue",
     "head_too_large",
+    "too_many_fields",
     "reset",
 ]
 
@@ -49,6 +55,18 @@ class ConnectionLimits:
     send_timeout: float = 30.0
     min_rate: int = 64 * 1024
 
+    @classmethod
+    def of(cls, settings: Settings) -> ConnectionLimits:
+        """The limits the flags give (every HTTP port, the metrics port's too)."""
+        return cls(
+            header_timeout=settings.header_timeout,
+            max_head_bytes=settings.max_header_bytes,
+            max_header_fields=settings.max_header_fields,
+            body_timeout=settings.body_timeout,
+            send_timeout=settings.send_timeout,
+            min_rate=settings.min_transfer_rate,
+        )
+
     @property
     def tick(self) -> float:
         """Seconds between two looks at a connection's deadlines."""
@@ -58,6 +76,11 @@ class ConnectionLimits:
 def head_too_large(limits: ConnectionLimits) -> str:
     """The 431's message for a head past ``max_head_bytes``."""
     return f"the request head is larger than {limits.max_head_bytes} bytes"
+
+
+def too_many_fields(limits: ConnectionLimits) -> str:
+    """The 431's message for a head past ``max_header_fields``."""
+    return f"the request head has more than {limits.max_header_fields} header fields"
 
 
 def body_overdue(limits: ConnectionLimits, started: float, received: int, now: float) -> str:

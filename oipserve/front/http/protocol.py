@@ -105,7 +105,6 @@ from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
     HttpToolsProtocol,
     RequestResponseCycle,
 )
@@ -119,13 +118,21 @@ from oipserve.front.http.extensions import (
     ClientDisconnected,
 )
 from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
-from oipserve.front.http.lane import InferLane, LaneRequest, LaneResponse, lane_request, respond
+from oipserve.front.http.lane import (
+    InferLane,
+    LaneRequest,
+    LaneResponse,
+    lane_request,
+    respond,
+    response_head,
+)
 from oipserve.front.http.limits import (
     ConnectionLimits,
     UnreadResponse,
     body_overdue,
     head_too_large,
     reset,
+    too_many_fields,
 )
 from oipserve.runtime.http_io import BodyReader, BodySink, CorkedTransport
 
@@ -328,9 +335,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_fields += 1
         self._head_pieces += len(name) + len(value)
         if self._head_fields > self.limits.max_header_fields:
-            self._head_refusal = (
-                f"the request head has more than {self.limits.max_header_fields} header fields"
-            )
+            self._head_refusal = too_many_fields(self.limits)
             raise _HeadTooLarge(self._head_refusal)
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
@@ -450,12 +455,19 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope is self.scope:
             # (uvicorn types extensions' values as dicts; ours are functions)
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-            extensions[RECEIVE_INTO] = functools.partial(self._receive_into, cycle)
-            extensions[ON_DISCONNECT] = functools.partial(self._on_disconnect, cycle)
+            extensions.update(self._extensions(cycle))
             if self.max_body is not None:
                 # PERF: whether the body is chunked is looked at only if it is not
                 #   complete at the end of this read (``_follow_chunks``).
                 self._chunk_events = _HEAD_READ
+
+    def _extensions(self, cycle: RequestResponseCycle) -> dict[str, Any]:
+        """What ``cycle``'s request is given beyond ASGI (``front.http.extensions``), on
+        either way; ``_forget_extensions`` drops them when its response is complete."""
+        return {
+            RECEIVE_INTO: functools.partial(self._receive_into, cycle),
+            ON_DISCONNECT: functools.partial(self._on_disconnect, cycle),
+        }
 
     def _lane_request(
         self, lane: InferLane
@@ -497,10 +509,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         scope = cast("dict[str, Any]", self.scope)
         scope["method"] = "POST"
         scope["path"] = path
-        scope["extensions"] = {
-            RECEIVE_INTO: functools.partial(self._receive_into, cycle),
-            ON_DISCONNECT: functools.partial(self._on_disconnect, cycle),
-        }
+        scope["extensions"] = self._extensions(cycle)
         request = LaneRequest(path, scope, headers, cycle.receive)
         task = self._loop.create_task(self._run_lane(lane, cycle, request, model, version))
         task.add_done_callback(self.tasks.discard)
@@ -687,14 +696,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         """Answer ``{"error": message}`` with ``status`` and close (as uvicorn's own 400s:
         what the client still sends is dropped)."""
         body = json.dumps({"error": message}, separators=(",", ":")).encode()
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head.append(
-            b"content-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n" % len(body)
-        )
-        self.transport.write(b"".join(head) + body)
+        fields = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        head = response_head(status, self.server_state.default_headers, fields, close=True)
+        self.transport.write(head + body)
         self.transport.close()
 
     def body_read(self) -> None:

@@ -83,18 +83,6 @@ class UvicornServer(uvicorn.Server):
         await asyncio.sleep(BACKLOG_HEAD_WAIT)
 
 
-def connection_limits(settings: Settings) -> ConnectionLimits:
-    """What one HTTP connection may take, from the flags (every HTTP port, metrics too)."""
-    return ConnectionLimits(
-        header_timeout=settings.header_timeout,
-        max_head_bytes=settings.max_header_bytes,
-        max_header_fields=settings.max_header_fields,
-        body_timeout=settings.body_timeout,
-        send_timeout=settings.send_timeout,
-        min_rate=settings.min_transfer_rate,
-    )
-
-
 #: The body a request to the metrics port may declare (it answers GET without reading one).
 METRICS_MAX_BODY = 64 * 1024
 
@@ -114,7 +102,7 @@ def http_server(
         HeadChecked(app),
         interface="asgi3",  # HeadChecked returns the app's coroutine: not detectable
         http=CorkedHttpToolsProtocol.configured(
-            connection_limits(settings), settings.max_request_bytes, h2c, lane
+            ConnectionLimits.of(settings), settings.max_request_bytes, h2c, lane
         ),
         loop="none",
         lifespan="off",
@@ -134,7 +122,7 @@ def metrics_server(settings: Settings, app: App) -> UvicornServer:
     and limits as the HTTP port (it had uvicorn's own: no head timeout, no head limit)."""
     config = uvicorn.Config(
         app,
-        http=CorkedHttpToolsProtocol.configured(connection_limits(settings), METRICS_MAX_BODY),
+        http=CorkedHttpToolsProtocol.configured(ConnectionLimits.of(settings), METRICS_MAX_BODY),
         loop="none",
         lifespan="off",
         access_log=False,
