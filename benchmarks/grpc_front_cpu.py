@@ -7,7 +7,9 @@ calls/s. (The calls/s curve over ``--http-workers N`` on a many-core node is
 
 One server (the benchmark repository) is driven ``--rounds`` times per scenario with the
 harness's gRPC client; CPU times come from /proc for the front and its workers
-separately; the medians over rounds are printed.
+separately; the medians over rounds are printed. It starts one front unless told
+``--http-workers N`` (then "front" is all N together: the server's own default, ``auto``,
+is two fronts on 2 cores, which until 2026-11-28 this counted as the front and a worker).
 
     python benchmarks/grpc_front_cpu.py --rounds 4                  # 2 cores
     python benchmarks/grpc_front_cpu.py --prepare --instances 4 \\
@@ -32,7 +34,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from oipbench.load import concurrency_specs, medians, run_grpc  # noqa: E402
-from oipbench.procs import CpuSnapshot, cpu_snapshot  # noqa: E402
+from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
 from oipbench.servers import SourceServer, serve_from  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -54,16 +56,6 @@ class Row:
     client_cpu_pct: float
 
 
-def _spent(before: CpuSnapshot, after: CpuSnapshot, front: int) -> tuple[float, float]:
-    """CPU seconds of the front and of its workers in between."""
-    spent = {
-        pid: seconds - before.per_pid.get(pid, ("", 0.0))[1]
-        for pid, (_, seconds) in after.per_pid.items()
-    }
-    workers = sum(s for pid, s in spent.items() if pid != front)
-    return spent.get(front, 0.0), workers
-
-
 def _prepare(instances: int) -> None:
     """Models, gRPC specs and the oipserve repository, as `benchmarks/run.py` writes them."""
     from oipbench.models import build_models, write_oipserve_repo
@@ -76,9 +68,10 @@ def _prepare(instances: int) -> None:
     write_oipserve_repo(cases, REPOSITORY, instances, Tuning(instances=instances).ort_params())
 
 
-def _start(instances: int) -> SourceServer:
+def _start(instances: int, http_workers: int) -> SourceServer:
     args = ["--model-repository", str(REPOSITORY), "--http-port", "0", "--grpc-port", "0",
-            "--devices", "cpu", "--instances-per-device", str(instances)]  # fmt: skip
+            "--devices", "cpu", "--instances-per-device", str(instances),
+            "--http-workers", str(http_workers)]  # fmt: skip
     return serve_from(BENCH.parent, args)
 
 
@@ -89,6 +82,9 @@ def main() -> None:
     parser.add_argument("--scenarios", default="tiny:16", help="<tiny|mib>:<concurrency>,...")
     parser.add_argument("--instances", type=int, default=2, help="ORT workers per model")
     parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument(
+        "--http-workers", type=int, default=1, help="fronts (their CPU is summed as the front's)"
+    )
     parser.add_argument("--prepare", action="store_true", help="build benchmarks/.work first")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     ns = parser.parse_args()
@@ -97,7 +93,7 @@ def main() -> None:
     scratch = WORK / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     scenarios = concurrency_specs(ns.scenarios, MODELS)
-    server = _start(ns.instances)
+    server = _start(ns.instances, ns.http_workers)
     proc, target = server.proc, server.grpc
     rows: list[Row] = []
     try:
@@ -109,7 +105,7 @@ def main() -> None:
                              target, PAYLOADS / f"{model}.grpc.json", concurrency, 0, ns.seconds,
                              scratch, proc.pid, payload_bytes,
                              client_processes=ns.client_processes)  # fmt: skip
-                front, workers = _spent(before, cpu_snapshot(proc.pid), proc.pid)
+                front, workers = front_and_workers(before, cpu_snapshot(proc.pid))
                 if not m.ok or not m.requests:
                     raise RuntimeError(f"{name}-c{concurrency}: {m.note}")
                 us = [x / m.requests * 1e6 for x in (front, workers)]
