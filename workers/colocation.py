@@ -21,8 +21,11 @@ the other. Light means: ``ENTER_TURNS`` turns of the worker's loop in a row, eac
 idle its worker), and model runs that typically take at most ``MAX_RUN_NS`` (a model that
 ONNX Runtime runs faster on several cores keeps them). Anything else (two requests in one
 turn, another front, a long run) gives back every CPU the worker started with at once, and
-its next reply the front's. A CPU that another process of the server is already pinned to
-(another worker's pair) is not taken: two pairs on one core would halve both.
+its next reply the front's. A CPU that another worker of the server is already pinned to
+(another pair) is not taken: two pairs on one core would halve both. A front pinned there
+does not count: a front whose client left stays pinned until its next reply, and with
+``--http-workers`` the next client often lands on another front (which then could never
+co-locate on that CPU: a third to a half of the harness's c=1 rounds, 2026-11-28).
 
 Measured on this project's 2-core VM (``benchmarks/cpu_per_request.py``, tiny JSON c=1, two
 fronts, against the default in one interleaved run): 0.68x the server's CPU a request (435
@@ -34,7 +37,7 @@ worker (only CPU workers co-locate).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 __all__ = ["ENTER_TURNS", "MAX_RUN_NS", "Colocation", "cpu_of", "pin_threads", "pinned_siblings"]
 
@@ -61,10 +64,10 @@ def cpu_of(pid: int) -> int | None:
     return int(fields[39 - 3]) if len(fields) > 39 - 3 else None
 
 
-def pinned_siblings(front_pid: int) -> set[int]:
-    """The CPUs that other processes of this server (the children of this worker's parent,
-    the primary front: the other workers and fronts) are each pinned to, ``front_pid``
-    (the front this worker would pin beside) left out."""
+def pinned_siblings(fronts: Collection[int]) -> set[int]:
+    """The CPUs that the other workers of this server are each pinned to: the children of
+    this worker's parent (the primary front) but this worker and the ``fronts`` it serves
+    (the other fronts: their pins say nothing of a pair, see the module's text)."""
     parent, me = os.getppid(), os.getpid()
     taken: set[int] = set()
     try:
@@ -78,7 +81,7 @@ def pinned_siblings(front_pid: int) -> set[int]:
         except OSError:
             continue
         for pid in pids:
-            if pid in (me, front_pid):
+            if pid == me or pid in fronts:
                 continue
             try:
                 cpus = os.sched_getaffinity(pid)
@@ -110,8 +113,11 @@ class Colocation:
         spread: set[int] | None = None,
         pin: Callable[[set[int]], None] = pin_threads,
         where: Callable[[int], int | None] = cpu_of,
-        taken: Callable[[int], set[int]] = pinned_siblings,
+        taken: Callable[[], set[int]] = set,
     ) -> None:
+        """``taken()``: the CPUs other pairs of the server hold (the worker's is
+        ``pinned_siblings`` of the fronts it serves); ``pin`` and ``where`` stand for the
+        system (faked in tests)."""
         #: The CPUs the worker started with, given back when the load is no longer light.
         self.spread = set(os.sched_getaffinity(0)) if spread is None else spread
         self.enabled = enabled and len(self.spread) > 1
@@ -152,7 +158,7 @@ class Colocation:
         cpu = self._cpu_of(front_pid)
         if cpu is None or cpu not in self.spread or cpu == self.pinned_to:
             return
-        if cpu in self._taken(front_pid):
+        if cpu in self._taken():
             # Another pair of this server is pinned there (two instances, two light
             # fronts on one CPU): two pairs on one core would halve both. Stay as is.
             return

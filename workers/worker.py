@@ -50,7 +50,7 @@ from oipserve.wire.messages import (
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling
 from workers.chains import run_chain
-from workers.colocation import Colocation
+from workers.colocation import Colocation, pinned_siblings
 from workers.failures import SEE_LOG, run_failure
 from workers.fronts import FrontConnection, accept_front
 from workers.heap import return_free_heap
@@ -98,7 +98,9 @@ class Worker:
         #: When to poll for the next request instead of sleeping (``workers.busy_poll``).
         self.polling = NextRequestPoll(busy_poll_us * 1000)
         #: Whether this worker runs on its front's CPU (``workers.colocation``).
-        self.colocation = Colocation(colocate_with != 0)
+        self.colocation = Colocation(
+            colocate_with != 0, taken=lambda: pinned_siblings(self.front_pids())
+        )
         #: This turn of the loop: its Infer messages, and their front's pid (0: several).
         self._infers = 0
         self._infers_from = -1
@@ -171,6 +173,10 @@ class Worker:
                 connection.flush()
                 return False
         return connection.flush()
+
+    def front_pids(self) -> set[int]:
+        """The pids of the fronts connected to this worker (known when co-locating)."""
+        return {connection.pid for connection in self.connections if connection.pid}
 
     def accept(self, selector: selectors.BaseSelector) -> None:
         """Another front of this server connects (``workers.fronts.accept_front``)."""
