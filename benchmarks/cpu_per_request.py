@@ -21,6 +21,13 @@ Besides the CPU per request, each row says how much of the machine the server tr
 kept busy (``busy``, % of one core): on 2 cores a server can lose to another that costs
 no more per request but keeps both cores busy.
 
+Each build gets one second of load, not measured, before its first round. ``--fresh``
+starts every oipserve build again for each round (Triton stays up): three copies of one
+tree read 5,290, 6,182 and 5,404 req/s on the MatMul batched row started once, and 6,348,
+6,598 and 6,153 started each round (2026-11-28, 6 rounds each): what one server instance
+draws (where its processes run, how wrk's connections fall on its fronts) then counts
+once a round, not in every round.
+
 The request bodies are written again as `benchmarks/run.py` writes them (the same bytes).
 Needs a prior `benchmarks/run.py` run (for benchmarks/.work/, and its Triton venv for
 ``--triton``) and wrk; it drives wrk and reads CPU times with the harness's own `run_wrk`
@@ -92,6 +99,39 @@ def _start_triton(cases: dict[str, ModelCase]) -> tuple[int, str, Callable[[], N
     return server.root_pid(), server.http_url.removeprefix("http://"), server.proc.stop
 
 
+#: One round's figures of one server: req/s, front and workers µs a request, busy %, rows a run.
+Row = tuple[float, float, float, float, float]
+Server = tuple[int, str, Callable[[], None]]
+
+
+def _measure(name: str, server: Server, model: str, body: HttpBody, ns: argparse.Namespace,
+             rnd: int) -> Row:  # fmt: skip
+    """One wrk run against ``server``, and what it cost the server."""
+    pid, url, _ = server
+    counted = _counts(url, model)
+    before = cpu_snapshot(pid)
+    m = run_wrk(name, f"{ns.request}-c{ns.concurrency}", rnd,
+                f"http://{url}/v2/models/{model}/infer", body, ns.concurrency,
+                ns.seconds, WORK / "scratch", pid)  # fmt: skip
+    front, workers = front_and_workers(before, cpu_snapshot(pid))
+    if not m.ok:
+        raise RuntimeError(f"{name}: {m.note}")
+    inferences, executions = (
+        now - then for now, then in zip(_counts(url, model), counted, strict=True)
+    )
+    per_request = 1e6 / m.requests
+    busy = (front + workers) / m.duration_s * 100
+    return (m.rps, front * per_request, workers * per_request, busy,
+            inferences / max(executions, 1))  # fmt: skip
+
+
+def _warm(name: str, server: Server, model: str, body: HttpBody) -> None:
+    """One second of load, not measured: a server's first requests fill its pools."""
+    pid, url, _ = server
+    run_wrk(name, "warm-up", 0, f"http://{url}/v2/models/{model}/infer", body, 4, 1,
+            WORK / "scratch", pid)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="+", type=Path, help="source trees to compare")
@@ -101,6 +141,10 @@ def main() -> None:
     parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
     parser.add_argument("--http-workers", type=int, default=1, help="oipserve's HTTP fronts")
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="start every oipserve build again for each round (see the module's text)",
+    )  # fmt: skip
     ns = parser.parse_args()
     # NOTE: servers and rows are keyed by the build's path: one named twice would start a
     #   second server whose handle replaced the first's, left running after the run.
@@ -108,43 +152,33 @@ def main() -> None:
         parser.error("a build is named twice; name each source tree once")
     cases = build_models(WORK / "models")
     model, body = request_body(ns.request, cases)
-    scratch = WORK / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    servers: dict[str, tuple[int, str, Callable[[], None]]] = {}
-    rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    (WORK / "scratch").mkdir(parents=True, exist_ok=True)
+    builds = {str(build): build.resolve() for build in ns.builds}
+    servers: dict[str, Server] = {}
+    names = [*builds, "triton"] if ns.triton else list(builds)
+    rows: dict[str, list[Row]] = {name: [] for name in names}
     try:
-        for build in ns.builds:
-            servers[str(build)] = _start(build.resolve(), ns.http_workers)
         if ns.triton:
             servers["triton"] = _start_triton(cases)
-        names = list(servers)
-        rows = {name: [] for name in names}
         for rnd in range(ns.rounds):
+            for name, build in builds.items():
+                if name not in servers:
+                    servers[name] = _start(build, ns.http_workers)
+                    _warm(name, servers[name], model, body)
             for name in names if rnd % 2 == 0 else names[::-1]:
-                pid, url, _ = servers[name]
-                counted = _counts(url, model)
-                before = cpu_snapshot(pid)
-                m = run_wrk(name, f"{ns.request}-c{ns.concurrency}", rnd,
-                            f"http://{url}/v2/models/{model}/infer", body, ns.concurrency,
-                            ns.seconds, scratch, pid)  # fmt: skip
-                front, workers = front_and_workers(before, cpu_snapshot(pid))
-                if not m.ok:
-                    raise RuntimeError(f"{name}: {m.note}")
-                inferences, executions = (
-                    now - then for now, then in zip(_counts(url, model), counted, strict=True)
-                )
-                per_request = 1e6 / m.requests
-                busy = (front + workers) / m.duration_s * 100
-                rows[name].append(
-                    (m.rps, front * per_request, workers * per_request, busy,
-                     inferences / max(executions, 1))
-                )  # fmt: skip
+                rows[name].append(_measure(name, servers[name], model, body, ns, rnd))
+                print(f"round {rnd} {name}: {rows[name][-1][0]:,.0f} req/s", flush=True)
+            if ns.fresh:
+                for name in builds:
+                    servers.pop(name)[2]()
     finally:
         for _, _, stop in servers.values():
             stop()
     fronts = f", {ns.http_workers} HTTP fronts" if ns.http_workers > 1 else ""
+    fresh = ", each build started again every round" if ns.fresh else ""
     print(
-        f"{ns.request}, c={ns.concurrency}{fronts}, {ns.rounds} rounds of {ns.seconds} s (medians):"
+        f"{ns.request}, c={ns.concurrency}{fronts}{fresh}, {ns.rounds} rounds of {ns.seconds} s "
+        "(medians):"
     )
     for name, measured in rows.items():
         rps, front, workers, busy, batch = (
