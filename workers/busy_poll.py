@@ -74,10 +74,11 @@ class NextRequestPoll:
 
 
 def select_polling(
-    selector: selectors.BaseSelector, until: int
+    selector: selectors.BaseSelector, until: int, sleep: float | None = None
 ) -> list[tuple[selectors.SelectorKey, int]]:
     """The selector's next events: polled for, yielding the CPU between polls, until
-    ``until`` (``monotonic_ns``; 0: not at all), then waited for asleep."""
+    ``until`` (``monotonic_ns``; 0: not at all), then waited for asleep, at most ``sleep``
+    seconds (None: for ever; no events when it ran out)."""
     while until:
         events = selector.select(0)
         if events:
@@ -85,4 +86,4 @@ def select_polling(
         if monotonic_ns() >= until:
             break
         os.sched_yield()
-    return selector.select()
+    return selector.select(sleep)

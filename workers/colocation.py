@@ -24,8 +24,12 @@ turn, another front, a long run) gives back every CPU the worker started with at
 its next reply the front's. A CPU that another worker of the server is already pinned to
 (another pair) is not taken: two pairs on one core would halve both. A front pinned there
 does not count: a front whose client left stays pinned until its next reply, and with
-``--http-workers`` the next client often lands on another front (which then could never
-co-locate on that CPU: a third to a half of the harness's c=1 rounds, 2026-11-28).
+``--http-workers`` the next client often lands on another front (which then could not
+co-locate on that CPU). A worker whose client left would stay pinned the same way, and
+with two instances the next client's requests may go to the other one, which then could
+not co-locate beside its front: so a pinned worker that has slept ``IDLE_UNPIN`` seconds
+with nothing to do takes back its CPUs (``idled``), and starts its count of light turns
+over.
 
 Measured on this project's 2-core VM (``benchmarks/cpu_per_request.py``, tiny JSON c=1, two
 fronts, against the default in one interleaved run): 0.68x the server's CPU a request (435
@@ -39,7 +43,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection
 
-__all__ = ["ENTER_TURNS", "MAX_RUN_NS", "Colocation", "cpu_of", "pin_threads", "pinned_siblings"]
+__all__ = [
+    "ENTER_TURNS",
+    "IDLE_UNPIN",
+    "MAX_RUN_NS",
+    "Colocation",
+    "cpu_of",
+    "pin_threads",
+    "pinned_siblings",
+]
 
 #: Light turns in a row (one Infer each, from one front, to an idle worker) before pinning.
 ENTER_TURNS = 32
@@ -47,6 +59,8 @@ ENTER_TURNS = 32
 LOOK_TURNS = 256
 #: Model runs typically longer than this keep every CPU: ONNX Runtime may use them.
 MAX_RUN_NS = 500_000
+#: Seconds a pinned worker sleeps with nothing to do before it takes back its CPUs.
+IDLE_UNPIN = 0.25
 #: Weight of the newest run in ``Colocation.typical_run``.
 _NEWEST = 1 / 8
 
@@ -169,3 +183,17 @@ class Colocation:
         """Back onto every CPU the worker started with."""
         self._pin(self.spread)
         self.pinned_to = None
+
+    def sleep_limit(self) -> float | None:
+        """How long the worker may sleep waiting for a request before ``idled``: None
+        (for ever) while it is not pinned."""
+        return IDLE_UNPIN if self.pinned_to is not None else None
+
+    def idled(self) -> None:
+        """The worker slept ``sleep_limit()`` with nothing to do: its client went away (or
+        its requests now go to another instance). Every CPU back, and the light turns
+        counted again from none."""
+        if self.pinned_to is not None:
+            self.unpin()
+        self._front = 0
+        self._streak = 0

@@ -128,7 +128,11 @@ class Worker:
         try:
             until = 0
             while True:
-                events = select_polling(selector, until)
+                events = select_polling(selector, until, self.colocation.sleep_limit())
+                if not events:  # asleep that long while pinned (workers.colocation)
+                    self.colocation.idled()
+                    until = 0
+                    continue
                 self.polling.woken(monotonic_ns())
                 if any(key.fd == wake_r for key, _ in events):
                     os.read(wake_r, 64)

@@ -4,7 +4,8 @@ under load they have every CPU again (``workers.colocation``, ``runtime.colocati
 One client sending one request at a time is low load: the worker pins itself to the CPU
 its front last ran on, and the front's loop follows. Eight clients at once give both back
 every CPU they started with. By default nothing is pinned. With two fronts, a front left
-pinned by a client that went away does not keep the next client's front from its worker.
+pinned by a client that went away does not keep the next client's front from its worker,
+and a worker whose client went away gives its CPU back.
 Needs two usable CPUs (skipped on one).
 """
 
@@ -23,7 +24,7 @@ import tritonclient.http as httpclient
 from tests.support.raw_http import json_infer, read_response
 from tests.support.server import ServerProcess, front_pid, socket_to_front, wait_for
 from tests.support.tensors import SIMPLE_JSON
-from workers.colocation import ENTER_TURNS
+from workers.colocation import ENTER_TURNS, IDLE_UNPIN
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="co-location needs two usable CPUs"
@@ -99,6 +100,23 @@ def test_one_client_at_a_time_puts_the_worker_on_its_fronts_cpu_and_load_spreads
         for thread in clients:
             thread.join(30)
     assert spread, "eight clients at once: the worker or its front stayed on one CPU"
+    send()  # and it still answers
+
+
+def test_a_worker_whose_client_went_away_gives_its_cpu_back(colocating: ServerProcess) -> None:
+    """Left pinned, an idle worker would keep its CPU from the next pair (another instance
+    beside another front): after IDLE_UNPIN asleep it takes back every CPU."""
+    every = _worker_cpus(colocating)
+    send = _requests(colocating.url)
+
+    def pinned() -> bool:
+        send()
+        return len(_worker_cpus(colocating)) == 1
+
+    assert wait_for(pinned, timeout=60, interval=0), "one client at a time: never pinned"
+    assert wait_for(lambda: _worker_cpus(colocating) == every, timeout=10 * IDLE_UNPIN), (
+        "the client stopped, and the worker stayed on one CPU"
+    )
     send()  # and it still answers
 
 

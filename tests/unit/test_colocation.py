@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from oipserve.runtime.colocation import FrontAffinity
-from workers.colocation import ENTER_TURNS, LOOK_TURNS, MAX_RUN_NS, Colocation, cpu_of
+from workers.colocation import (
+    ENTER_TURNS,
+    IDLE_UNPIN,
+    LOOK_TURNS,
+    MAX_RUN_NS,
+    Colocation,
+    cpu_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FRONT = 4242
@@ -113,6 +120,24 @@ def test_nothing_is_pinned_when_off_on_one_cpu_or_to_a_cpu_not_ours() -> None:
     colocation = fake.colocation()
     light(colocation, ENTER_TURNS * 2)
     assert colocation.pinned_to is None and not fake.pinned
+
+
+def test_a_pinned_worker_left_idle_gives_back_every_cpu_and_counts_again() -> None:
+    """Its client went away, or its requests go to another instance: a pinned worker sleeps
+    at most IDLE_UNPIN, then takes back its CPUs; pinning again takes a whole run of
+    light turns (not the next look, LOOK_TURNS on)."""
+    fake = Affinity()
+    colocation = fake.colocation()
+    assert colocation.sleep_limit() is None  # not pinned: it sleeps until a request
+    light(colocation, ENTER_TURNS)
+    assert colocation.pinned_to == 1 and colocation.sleep_limit() == IDLE_UNPIN
+    colocation.idled()
+    assert colocation.pinned_to is None and fake.pinned == [{1}, {0, 1}]
+    assert colocation.sleep_limit() is None
+    light(colocation, ENTER_TURNS - 1)
+    assert colocation.pinned_to is None
+    light(colocation, 1)
+    assert colocation.pinned_to == 1
 
 
 def test_turns_without_an_infer_change_nothing() -> None:

@@ -146,3 +146,17 @@ def test_with_no_window_the_worker_sleeps_at_once(
     assert [key.fileobj for key, _ in events] == [ours]
     assert (selector.polls, selector.waits) == (0, 1)
     selector.close()
+
+
+def test_a_bounded_sleep_ends_with_no_events_when_nothing_comes(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """A pinned worker sleeps at most so long (``workers.colocation.IDLE_UNPIN``)."""
+    ours, _ = pair
+    selector = _Selector()
+    selector.register(ours, selectors.EVENT_READ)
+    started = monotonic_ns()
+    assert select_polling(selector, 0, 0.05) == []
+    assert monotonic_ns() - started >= 40_000_000
+    assert (selector.polls, selector.waits) == (0, 1)
+    selector.close()
