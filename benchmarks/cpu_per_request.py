@@ -21,7 +21,7 @@ Besides the CPU per request, each row says how much of the machine the server tr
 kept busy (``busy``, % of one core): on 2 cores a server can lose to another that costs
 no more per request but keeps both cores busy.
 
-Each build gets one second of load, not measured, before its first round. ``--fresh``
+Each server (Triton too) gets one second of load, not measured, before its first round. ``--fresh``
 starts every oipserve build again for each round (Triton stays up): three copies of one
 tree read 5,290, 6,182 and 5,404 req/s on the MatMul batched row started once, and 6,348,
 6,598 and 6,153 started each round (2026-11-28, 6 rounds each): what one server instance
@@ -160,6 +160,7 @@ def main() -> None:
     try:
         if ns.triton:
             servers["triton"] = _start_triton(cases)
+            _warm("triton", servers["triton"], model, body)
         for rnd in range(ns.rounds):
             for name, build in builds.items():
                 if name not in servers:
