@@ -59,6 +59,18 @@ def _front_cpus(server: ServerProcess) -> set[int]:
     return os.sched_getaffinity(server.process.pid)
 
 
+def _pinned_by_one_client(server: ServerProcess) -> Callable[[], None]:
+    """One client's requests, one at a time, until the worker is pinned; its ``send``."""
+    send = _requests(server.url)
+
+    def pinned() -> bool:
+        send()
+        return len(_worker_cpus(server)) == 1
+
+    assert wait_for(pinned, timeout=60, interval=0), "one client at a time: never pinned"
+    return send
+
+
 @pytest.fixture(scope="module")
 def colocating() -> Iterator[ServerProcess]:
     proc = ServerProcess(args=["--low-load-colocation", "true"]).wait_ready()
@@ -71,13 +83,7 @@ def test_one_client_at_a_time_puts_the_worker_on_its_fronts_cpu_and_load_spreads
 ) -> None:
     every = _worker_cpus(colocating)
     assert len(every) >= 2
-    send = _requests(colocating.url)
-
-    def pinned() -> bool:
-        send()
-        return len(_worker_cpus(colocating)) == 1
-
-    assert wait_for(pinned, timeout=60, interval=0), "one client at a time: never pinned"
+    send = _pinned_by_one_client(colocating)
     send()  # the next reply tells the front where its worker is
     assert _front_cpus(colocating) == _worker_cpus(colocating)
 
@@ -107,13 +113,7 @@ def test_a_worker_whose_client_went_away_gives_its_cpu_back(colocating: ServerPr
     """Left pinned, an idle worker would keep its CPU from the next pair (another instance
     beside another front): after IDLE_UNPIN asleep it takes back every CPU."""
     every = _worker_cpus(colocating)
-    send = _requests(colocating.url)
-
-    def pinned() -> bool:
-        send()
-        return len(_worker_cpus(colocating)) == 1
-
-    assert wait_for(pinned, timeout=60, interval=0), "one client at a time: never pinned"
+    send = _pinned_by_one_client(colocating)
     assert wait_for(lambda: _worker_cpus(colocating) == every, timeout=10 * IDLE_UNPIN), (
         "the client stopped, and the worker stayed on one CPU"
     )
