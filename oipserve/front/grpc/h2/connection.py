@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -58,6 +57,7 @@ from oipserve.front.grpc.h2.frames import (
     window_update,
 )
 from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST, NO_LENGTH, HeaderDecoder, Headers
+from oipserve.front.grpc.h2.stream_ids import StreamIds
 from oipserve.runtime.http_io import CorkedTransport
 
 log = logging.getLogger("oipserve.grpc")
@@ -83,14 +83,6 @@ MAX_CONTINUATIONS = 16
 #: Entries one SETTINGS frame may carry: RFC 9113 defines 6 (extensions a few more),
 #: and a frame of 256 KiB could hold 43,690.
 MAX_SETTINGS_ENTRIES = 32
-#: Closed streams whose way of closing is remembered (``Connection._closed_streams``), newest
-#: kept: frames the client sent before it heard our RST_STREAM are ignored (RFC 9113,
-#: 5.1), frames after its own are a stream error. Older ones are judged as streams both
-#: sides ended; frames in flight are a round trip's worth, far fewer than this.
-_CLOSED_REMEMBERED = 256
-#: Runs of stream ids a client skipped (so never opened), newest kept: HEADERS on one
-#: is a connection error (5.1.1). Clients number streams one after another.
-_GAPS_REMEMBERED = 16
 #: A header block's flags, past the wire's byte: its PRIORITY names its own stream.
 _SELF_DEPENDENT = 0x100
 #: Frames that cost us work and carry no request (RST_STREAM, PING, SETTINGS, empty
@@ -194,12 +186,8 @@ class Connection(asyncio.Protocol):
         self._continued: tuple[int, list[bytes], int] | None = None
         self._continued_frames = 0
         self._continued_bytes = 0
-        self._last_stream = 0
-        #: Closed streams remembered: True where this side reset the stream (frames on it
-        #: are ignored), False where the client did (frames on it: STREAM_CLOSED).
-        self._closed_streams: OrderedDict[int, bool] = OrderedDict()
-        #: Stream ids skipped by the client, as (low, high): those between never opened.
-        self._gaps: list[tuple[int, int]] = []
+        #: The client's stream ids: the last opened, those skipped, those closed.
+        self._ids = StreamIds()
         #: Open streams whose request declared its content-length: the bytes still to come.
         self._declared: dict[int, int] = {}
         #: Receiving: what the peer may still send on the connection, and per open stream
@@ -267,7 +255,7 @@ class Connection(asyncio.Protocol):
         closed shortly), this connection lets go of it and ends now, as at a lost
         connection: its streams are reset and its slot freed (``closed``).
         """
-        self._write(goaway(self._last_stream, code, message))
+        self._write(goaway(self._ids.last, code, message))
         transport = self.transport
         if self._linger is None or transport is None or self.lost:
             self.close()
@@ -405,7 +393,7 @@ class Connection(asyncio.Protocol):
             raise ProtocolError("DATA on stream 0")
         call = self.streams.get(stream)
         if call is None:
-            if stream > self._last_stream:
+            if stream > self._ids.last:
                 raise ProtocolError(f"DATA on idle stream {stream}")
             if not self._data_left:  # judged once a frame, at its end
                 self._closed_data(stream)
@@ -422,7 +410,7 @@ class Connection(asyncio.Protocol):
         """DATA on a closed stream (RFC 9113, 5.1): ignored where this side reset the
         stream (the client may have sent it before it heard); else a stream error,
         STREAM_CLOSED (the client had ended or reset the stream itself)."""
-        if self._closed_streams.get(stream):
+        if self._ids.ignored(stream):
             return
         self._flood("closed-stream DATA")
         self._reset(stream, ErrorCode.STREAM_CLOSED)
@@ -529,10 +517,9 @@ class Connection(asyncio.Protocol):
             raise ProtocolError("a RST_STREAM of other than 4 bytes", ErrorCode.FRAME_SIZE_ERROR)
         if stream == 0:
             raise ProtocolError("RST_STREAM on stream 0")
-        if stream > self._last_stream:
+        if stream > self._ids.last:
             raise ProtocolError(f"RST_STREAM on idle stream {stream}")
-        if stream not in self._closed_streams:
-            self._remember(stream, ours=False)
+        self._ids.reset_by_client(stream)
         call = self._forget(stream)
         if call is not None:
             # NOTE: only a reset that cancels a live call is counted (rapid reset); one
@@ -547,13 +534,13 @@ class Connection(asyncio.Protocol):
         if stream == 0:
             raise ProtocolError("PRIORITY on stream 0")
         if len(payload) != 5:
-            if stream > self._last_stream:  # no RST_STREAM on an idle stream (6.4)
+            if stream > self._ids.last:  # no RST_STREAM on an idle stream (6.4)
                 raise ProtocolError("a PRIORITY of other than 5 bytes", ErrorCode.FRAME_SIZE_ERROR)
             self._stream_error(stream, ErrorCode.FRAME_SIZE_ERROR)
         elif _U32.unpack_from(payload)[0] & 0x7FFFFFFF == stream:
             # 5.3.1: a stream cannot depend on itself; a stream error, but never a
             # RST_STREAM on an idle stream (6.4).
-            if stream > self._last_stream:
+            if stream > self._ids.last:
                 raise ProtocolError(f"idle stream {stream} depends on itself")
             self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
 
@@ -572,13 +559,7 @@ class Connection(asyncio.Protocol):
         """A RST_STREAM from this side; the stream is remembered as reset here, so what the
         client sent before it heard is ignored (RFC 9113, 5.1)."""
         self._write(rst_stream(stream, code))
-        self._remember(stream, ours=True)
-
-    def _remember(self, stream: int, ours: bool) -> None:
-        closed = self._closed_streams
-        closed[stream] = ours
-        if len(closed) > _CLOSED_REMEMBERED:
-            closed.popitem(last=False)
+        self._ids.reset_here(stream)
 
     def _header_frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> None:
         if kind == Frame.CONTINUATION:
@@ -629,12 +610,13 @@ class Connection(asyncio.Protocol):
         if call is not None:  # trailers from the client
             self._trailers(stream, call, headers, end_stream)
             return
-        if stream % 2 == 0 or stream <= self._last_stream:
-            self._not_new(stream, end_stream)
+        if not self._ids.opens(stream):
+            # HEADERS that open nothing (``StreamIds.judge_closed_headers``).
+            if self._ids.judge_closed_headers(stream, end_stream):
+                self._flood("closed-stream HEADERS")
+                self._reset(stream, ErrorCode.STREAM_CLOSED)
             return
-        if stream - self._last_stream != 2:
-            self._skipped(stream)
-        self._last_stream = stream
+        self._ids.open(stream)
         if self.going_away or len(self.streams) >= MAX_STREAMS:
             self._reset(stream, ErrorCode.REFUSED_STREAM)
             return
@@ -646,47 +628,13 @@ class Connection(asyncio.Protocol):
         self._recv_windows[stream] = STREAM_WINDOW
         call.headers_received(headers, end_stream)
 
-    def _not_new(self, stream: int, end_stream: bool) -> None:
-        """HEADERS on no open stream that open none (RFC 9113, 5.1.1, 5.1): never
-        dropped in silence (a client waited forever).
-
-        An even id, or a lower one never opened (the client skipped it), ends the
-        connection (PROTOCOL_ERROR), as does one without END_STREAM (a reused id:
-        trailers always end the stream). On a stream this side reset the block is
-        ignored (sent before the client heard); after the client's own RST_STREAM it is
-        a stream error, STREAM_CLOSED; on a stream both sides ended (or closed long ago),
-        a connection error, STREAM_CLOSED.
-        """
-        if stream % 2 == 0:
-            raise ProtocolError(f"a client stream with an even id ({stream})")
-        if any(low < stream < high for low, high in self._gaps):
-            raise ProtocolError(f"HEADERS on stream {stream}, below one already opened")
-        ours = self._closed_streams.get(stream)
-        if ours:
-            return
-        if not end_stream:
-            raise ProtocolError(f"HEADERS reusing stream id {stream}")
-        if ours is None:
-            raise ProtocolError(f"HEADERS on closed stream {stream}", ErrorCode.STREAM_CLOSED)
-        self._flood("closed-stream HEADERS")
-        self._reset(stream, ErrorCode.STREAM_CLOSED)
-
-    def _skipped(self, stream: int) -> None:
-        """``stream`` opens past the next id: those between were never opened and are
-        closed now (RFC 9113, 5.1.1); remembered for ``_not_new``."""
-        if stream - self._last_stream != 2 and (self._last_stream or stream != 1):
-            self._gaps.append((self._last_stream, stream))
-            if len(self._gaps) > _GAPS_REMEMBERED:
-                del self._gaps[0]
-
     def _depends_on_itself(self, stream: int) -> None:
         """A header block whose priority names its own stream (RFC 9113, 5.3.1): a stream
         error, PROTOCOL_ERROR; a new stream's id is used up and no call starts."""
         if stream % 2 == 0:
             raise ProtocolError(f"a client stream with an even id ({stream})")
-        if stream > self._last_stream:
-            self._skipped(stream)
-            self._last_stream = stream
+        if stream > self._ids.last:
+            self._ids.open(stream)
         self._stream_error(stream, ErrorCode.PROTOCOL_ERROR)
 
     def _trailers(self, stream: int, call: Stream, headers: Headers, end_stream: bool) -> None:
@@ -764,7 +712,7 @@ class Connection(asyncio.Protocol):
             if self._send_window > MAX_WINDOW:
                 raise ProtocolError("the window over 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
         else:
-            if stream > self._last_stream:
+            if stream > self._ids.last:
                 raise ProtocolError(f"WINDOW_UPDATE on idle stream {stream}")
             call = self.streams.get(stream)
             if call is None:
@@ -903,7 +851,7 @@ class Connection(asyncio.Protocol):
     def opened(self) -> int:
         """The highest stream id the client opened: it grows with every call, so the
         keepalive sees calls that began and ended between two of its looks."""
-        return self._last_stream
+        return self._ids.last
 
     def ping(self) -> None:
         """A keepalive PING (its ACK, like any frame, counts as the client's answer)."""
@@ -921,7 +869,7 @@ class Connection(asyncio.Protocol):
             self._timer = None
         if not self.going_away and not self.lost:
             self.going_away = True
-            self._write(goaway(self._last_stream, ErrorCode.NO_ERROR))
+            self._write(goaway(self._ids.last, ErrorCode.NO_ERROR))
         self._maybe_close()
 
     def close(self) -> None:
