@@ -199,7 +199,11 @@ def _problems(server: ServerProcess, case: Case, outcome: Outcome) -> list[str]:
         problems += _unanswered(outcome.attackers)
     for index, attacker in enumerate(outcome.attackers if case.resets else ()):
         if not attacker.wait(lambda a=attacker: a.opened <= set(a.resets), LINGER):
-            problems.append(f"connection {index}: streams {sorted(attacker.opened)} not reset")
+            missing = sorted(attacker.opened - set(attacker.resets))
+            problems.append(
+                f"connection {index}: streams {missing} of {len(attacker.opened)} not reset "
+                f"(resets: {sorted(attacker.resets.items())[-4:]}, ended: {sorted(attacker.ended)})"
+            )
         elif set(attacker.resets.values()) - case.resets:
             problems.append(f"connection {index}: resets {attacker.resets}")
     return problems
