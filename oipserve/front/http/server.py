@@ -19,9 +19,14 @@ from oipserve.front.http.h2c import H2Handover
 from oipserve.front.http.lane import InferLane
 from oipserve.front.http.limits import ConnectionLimits
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
+from oipserve.front.http.syn_filter import drop_new_connections
 
 log = logging.getLogger("oipserve")
 
+
+#: How long handshakes already under way at shutdown get to complete (one round trip
+#: and then some) once the listener drops new SYNs (``syn_filter``).
+HANDSHAKE_WAIT = 0.1
 
 #: How long connections taken from the backlog at shutdown get for their request heads to
 #: arrive before uvicorn closes those still without one.
@@ -34,7 +39,9 @@ class UvicornServer(uvicorn.Server):
     At shutdown it also answers the connections the kernel had already accepted: uvicorn
     closes the listening socket, which resets every connection still in its backlog, so
     a client that had sent its request saw a reset and no answer (11 of 16 closed-loop
-    clients at SIGTERM). Those connections are accepted and served first, then closed.
+    clients at SIGTERM). Those connections are accepted and served first, then closed;
+    before that the listener stops taking new ones (``syn_filter``), so that none can
+    complete its handshake between the last accept and the close.
     """
 
     @contextlib.contextmanager
@@ -46,22 +53,25 @@ class UvicornServer(uvicorn.Server):
         await super().shutdown(sockets)
 
     async def _serve_backlog(self) -> None:
-        waiting: list[socket.socket] = []
-        # NOTE: no await from the first accept to close(): a connection that completes its
-        #   handshake after the last accept is reset, but the window is one loop step.
-        for server in self.servers:
-            for listener in server.sockets:
-                with socket.socket(fileno=os.dup(listener.fileno())) as dup:
-                    dup.setblocking(False)
-                    while True:
-                        try:
-                            connection, _ = dup.accept()
-                        except (BlockingIOError, InterruptedError):
-                            break
-                        except OSError:
-                            break  # EMFILE and the like: what is left is reset, as before
-                        waiting.append(connection)
-            server.close()
+        listeners = [
+            socket.socket(fileno=os.dup(listener.fileno()))
+            for server in self.servers
+            for listener in server.sockets
+        ]
+        try:
+            # New SYNs are dropped from here on; the handshakes already under way get
+            # HANDSHAKE_WAIT to complete, and the loop goes on accepting meanwhile.
+            dropping = [drop_new_connections(listener) for listener in listeners]
+            if any(dropping):
+                await asyncio.sleep(HANDSHAKE_WAIT)
+            # NOTE: no await from the first accept to close(): without the filter, a
+            #   connection that completes its handshake after the last accept is reset.
+            waiting = [c for listener in listeners for c in _accept_all(listener)]
+            for server in self.servers:
+                server.close()
+        finally:
+            for listener in listeners:
+                listener.close()
         if not waiting:
             return
         loop = asyncio.get_running_loop()
@@ -81,6 +91,19 @@ class UvicornServer(uvicorn.Server):
                 connection.close()
         log.info("answering %d connections accepted before shutdown", len(waiting))
         await asyncio.sleep(BACKLOG_HEAD_WAIT)
+
+
+def _accept_all(listener: socket.socket) -> list[socket.socket]:
+    """Every connection in ``listener``'s backlog, without waiting for more."""
+    accepted: list[socket.socket] = []
+    listener.setblocking(False)
+    while True:
+        try:
+            accepted.append(listener.accept()[0])
+        except (BlockingIOError, InterruptedError):
+            return accepted
+        except OSError:
+            return accepted  # EMFILE and the like: what is left is reset, as before
 
 
 #: The body a request to the metrics port may declare (it answers GET without reading one).
