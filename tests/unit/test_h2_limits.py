@@ -400,6 +400,31 @@ async def test_data_past_a_streams_window_resets_the_stream() -> None:
     assert not peer.transport.closed
 
 
+async def test_a_connection_reads_a_slice_a_loop_turn() -> None:
+    """libuv reads a socket up to 32 times a wake-up; a connection stops reading once it
+    took ``_READ_SLICE`` and reads on at the loop's next turn (others run in between),
+    but not while its own writes are held back (the client does not read)."""
+    peer = _opened(Peer())
+    await peer.written()
+    peer.send(peer.headers(1))
+    piece = _data_frames(1, h2._READ_SLICE // 4)
+    for _ in range(3):
+        peer.send(piece)
+    assert peer.transport.reading
+    peer.send(piece)
+    assert not peer.transport.reading
+    await asyncio.sleep(0)
+    assert peer.transport.reading
+    for _ in range(4):
+        peer.send(piece)
+    peer.connection.pause_writing()
+    await asyncio.sleep(0)
+    assert not peer.transport.reading  # the turn's end does not undo the writes' pause
+    peer.connection.resume_writing()
+    assert peer.transport.reading
+    assert not _resets(await peer.written()) and len(peer.streams[1].data) == 2 * h2._READ_SLICE
+
+
 async def test_padding_counts_against_the_window() -> None:
     peer = _opened(Peer())
     await peer.written()  # our SETTINGS and window
