@@ -20,7 +20,7 @@ import pytest
 from oipserve.config.settings import Settings
 from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
-from oipserve.front.grpc.h2.connection import STREAM_WINDOW, Connection
+from oipserve.front.grpc.h2.connection import Connection
 from oipserve.front.grpc.h2.frames import (
     ACK,
     END_HEADERS,
@@ -39,6 +39,7 @@ from oipserve.front.grpc.h2.frames import (
     window_update,
 )
 from oipserve.front.grpc.h2.headers import HeaderDecoder
+from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
 from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method, arrived
 from tests.support.grpc_peer import Peer
 

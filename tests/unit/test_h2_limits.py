@@ -16,6 +16,7 @@ import pytest
 
 from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2 import connection as h2
+from oipserve.front.grpc.h2 import receive_windows as windows
 from oipserve.front.grpc.h2.connection import MAX_CONTINUATIONS, Connection
 from oipserve.front.grpc.h2.frames import (
     ACK,
@@ -390,13 +391,13 @@ async def test_data_past_a_streams_window_resets_the_stream() -> None:
     peer = _opened(Peer())
     await peer.written()  # our SETTINGS and window
     peer.send(peer.headers(1))
-    peer.send(_data_frames(1, h2.STREAM_WINDOW))
+    peer.send(_data_frames(1, windows.STREAM_WINDOW))
     assert not _resets(await peer.written())
     peer.send(frame(Frame.DATA, 0, 1, b"x"))
     frames = await peer.written()
     assert _resets(frames) == {1: ErrorCode.FLOW_CONTROL_ERROR}
     assert peer.streams[1].was_reset
-    assert len(peer.streams[1].data) == h2.STREAM_WINDOW
+    assert len(peer.streams[1].data) == windows.STREAM_WINDOW
     assert not peer.transport.closed
 
 
@@ -429,7 +430,7 @@ async def test_padding_counts_against_the_window() -> None:
     peer = _opened(Peer())
     await peer.written()  # our SETTINGS and window
     peer.send(peer.headers(1))
-    peer.send(_data_frames(1, h2.STREAM_WINDOW - 100))
+    peer.send(_data_frames(1, windows.STREAM_WINDOW - 100))
     padded = frame(Frame.DATA, 0x8, 1, bytes([120]) + b"y" * 10 + bytes(120))
     peer.send(padded)
     assert _resets(await peer.written()) == {1: ErrorCode.FLOW_CONTROL_ERROR}
@@ -441,10 +442,10 @@ async def test_data_past_the_connections_window_ends_the_connection() -> None:
     once the streams' data not taken passes the connection's 16 MiB."""
     peer = _opened(Peer())
     await peer.written()  # our SETTINGS and window
-    streams = h2.CONNECTION_WINDOW // h2.STREAM_WINDOW
+    streams = windows.CONNECTION_WINDOW // windows.STREAM_WINDOW
     for n in range(streams):
         peer.send(peer.headers(2 * n + 1))
-        peer.send(_data_frames(2 * n + 1, h2.STREAM_WINDOW))
+        peer.send(_data_frames(2 * n + 1, windows.STREAM_WINDOW))
     frames = await peer.written()
     assert not _updates(frames)  # nothing was taken: nothing given back
     assert not peer.transport.closed
@@ -457,13 +458,13 @@ async def test_window_updates_give_back_only_what_was_taken_or_dropped() -> None
     peer = _opened(Peer())
     await peer.written()  # our SETTINGS and window
     peer.send(peer.headers(1))
-    peer.send(_data_frames(1, h2.STREAM_WINDOW))
+    peer.send(_data_frames(1, windows.STREAM_WINDOW))
     assert not _updates(await peer.written())
     peer.connection.acknowledge(1, 1000)
     assert _updates(await peer.written()) == [(1, 1000)]
     # The client resets the stream: what its call had not taken is the connection's again.
     peer.send(frame(Frame.RST_STREAM, 0, 1, struct.pack(">I", ErrorCode.CANCEL)))
-    assert _updates(await peer.written()) == [(0, h2.STREAM_WINDOW)]
+    assert _updates(await peer.written()) == [(0, windows.STREAM_WINDOW)]
 
 
 # ---- row 6: header blocks we send fit the peer's frame size (RFC 9113, 4.2) --------

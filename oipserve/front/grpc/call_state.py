@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from oipserve.front.grpc.call_table import CallTable
-from oipserve.front.grpc.h2.connection import STREAM_WINDOW, Connection
+from oipserve.front.grpc.h2.connection import Connection
 from oipserve.front.grpc.h2.frames import ErrorCode, trailers, trailers_only
+from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
 from oipserve.front.grpc.handler_context import Aborted
 from oipserve.front.grpc.rpcs import Method, forget
 from oipserve.front.grpc.status import log_failure, status_of

@@ -13,12 +13,10 @@ that. What it does per frame type:
 - PING, SETTINGS: acknowledged. RST_STREAM: the call is cancelled. GOAWAY: no new
   streams; the connection closes once its calls end.
 
-Receiving (RFC 9113, 6.9), both windows are checked: DATA past the connection's is a
-connection FLOW_CONTROL_ERROR, past a stream's a stream one (padding counts). A
-stream's window is given back as its call takes the data (``acknowledge``); the
-connection's only for what was taken, dropped (a closed stream, padding) or left
-behind by a stream that ended, in steps of ``_CONNECTION_ACK``. Sending, ``send_data``
-waits for both windows and for the transport to drain.
+Receiving (RFC 9113, 6.9), both windows are checked (``receive_windows``): DATA past
+the connection's is a connection FLOW_CONTROL_ERROR, past a stream's a stream one
+(padding counts). Sending, ``send_data`` waits for both windows and for the transport to
+drain.
 
 PERF: all frames written in one loop iteration leave in one write (``_out``, an
 ``http_io.CorkedTransport``, as for HTTP/1.1); a tiny call costs one header-block
@@ -57,6 +55,11 @@ from oipserve.front.grpc.h2.frames import (
     window_update,
 )
 from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST, NO_LENGTH, HeaderDecoder, Headers
+from oipserve.front.grpc.h2.receive_windows import (
+    CONNECTION_WINDOW,
+    STREAM_WINDOW,
+    ReceiveWindows,
+)
 from oipserve.front.grpc.h2.stream_ids import StreamIds
 from oipserve.runtime.http_io import CorkedTransport
 
@@ -64,15 +67,8 @@ log = logging.getLogger("oipserve.grpc")
 
 #: Calls one connection may run at once (clients queue the rest).
 MAX_STREAMS = 1024
-#: What a stream may send before the call takes it; a large message's upload runs at
-#: this window's pace over a slow link.
-STREAM_WINDOW = 4 * 1024 * 1024
-#: The connection's window: what all its streams may send before it is given back.
-CONNECTION_WINDOW = 16 * 1024 * 1024
 #: The largest frame clients may send; DATA frames are streamed, not buffered whole.
 MAX_FRAME = 256 * 1024
-#: A connection's taken bytes are given back once this many are.
-_CONNECTION_ACK = CONNECTION_WINDOW // 4
 #: Bytes of DATA frames written before a large send lets the loop run others.
 _SEND_SLICE = 1024 * 1024
 #: Bytes read before the connection lets the loop run others: libuv reads a socket up
@@ -194,11 +190,8 @@ class Connection(asyncio.Protocol):
         self._ids = StreamIds()
         #: Open streams whose request declared its content-length: the bytes still to come.
         self._declared: dict[int, int] = {}
-        #: Receiving: what the peer may still send on the connection, and per open stream
-        #: (RFC 9113, 6.9.1); bytes taken or dropped not yet given back to the connection.
-        self._recv_window = CONNECTION_WINDOW
-        self._recv_windows: dict[int, int] = {}
-        self._credit = 0
+        #: Receiving: what the peer may still send on the connection and each open stream.
+        self._windows = ReceiveWindows(self._write)
         #: The transport, writes gathered per loop turn (from ``connection_made`` on).
         self._out: CorkedTransport
         # The peer's side: its window for our DATA, its streams' initial window, its frames.
@@ -349,10 +342,11 @@ class Connection(asyncio.Protocol):
                     self._flood("empty DATA")
                 self._data_stream, self._data_left, self._data_flags = stream, length, flags
                 # PERF: the windows' fast path inline (one dict read and write a frame).
-                window = self._recv_windows.get(stream, -1)
-                if length <= window and length <= self._recv_window:
-                    self._recv_window -= length
-                    self._recv_windows[stream] = window - length
+                windows = self._windows
+                window = windows.streams.get(stream, -1)
+                if length <= window and length <= windows.connection:
+                    windows.connection -= length
+                    windows.streams[stream] = window - length
                 elif length:
                     self._take_window(stream, length)  # past it, reset: the payload is skipped
                 pos = self._data(view, pos + HEADER_SIZE)
@@ -370,37 +364,17 @@ class Connection(asyncio.Protocol):
 
         Raises ProtocolError (FLOW_CONTROL_ERROR) past the connection's window.
         """
-        self._recv_window -= length
-        if self._recv_window < 0:
-            raise ProtocolError("DATA past the connection's window", ErrorCode.FLOW_CONTROL_ERROR)
-        window = self._recv_windows.get(stream)
-        if window is None:  # a closed stream (an idle one is refused by ``_data``)
-            self._give_back(length)
+        if self._windows.take(stream, length):
             return True
-        if length > window:
-            self._give_back(length)
-            self._stream_error(stream, ErrorCode.FLOW_CONTROL_ERROR)
-            return False
-        self._recv_windows[stream] = window - length
-        return True
-
-    def _give_back(self, nbytes: int) -> None:
-        """``nbytes`` of the connection's window were taken or dropped: the peer may send
-        them again, given back once ``_CONNECTION_ACK`` are."""
-        self._credit += nbytes
-        if self._credit >= _CONNECTION_ACK:
-            self._recv_window += self._credit
-            self._write(window_update(0, self._credit))
-            self._credit = 0
+        self._stream_error(stream, ErrorCode.FLOW_CONTROL_ERROR)
+        return False
 
     def _forget(self, stream: int) -> Stream | None:
         """Close ``stream`` on this side: what its call had not taken goes back to the
         connection's window."""
         call = self.streams.pop(stream, None)
         if call is not None:
-            self._credit += STREAM_WINDOW - self._recv_windows.pop(stream, STREAM_WINDOW)
-            if self._credit >= _CONNECTION_ACK:
-                self._give_back(0)
+            self._windows.forget(stream)
             if self._declared:
                 self._declared.pop(stream, None)
         return call
@@ -646,7 +620,7 @@ class Connection(asyncio.Protocol):
         call = self._new_stream(self, stream)
         call.send_window = self._peer_stream_window
         self.streams[stream] = call
-        self._recv_windows[stream] = STREAM_WINDOW
+        self._windows.open(stream)
         call.headers_received(headers, end_stream)
 
     def _depends_on_itself(self, stream: int) -> None:
@@ -752,11 +726,7 @@ class Connection(asyncio.Protocol):
     def acknowledge(self, stream: int, nbytes: int) -> None:
         """The call took ``nbytes`` of its stream: the peer may send that much more on
         it, and on the connection."""
-        window = self._recv_windows.get(stream)
-        if nbytes and window is not None:
-            self._recv_windows[stream] = window + nbytes
-            self._write(window_update(stream, nbytes))
-            self._give_back(nbytes)
+        self._windows.acknowledge(stream, nbytes)
 
     def send_headers(self, stream: int, block: bytes, end_stream: bool = False) -> None:
         """A header block: one HEADERS frame, or HEADERS and CONTINUATION frames none
@@ -846,9 +816,7 @@ class Connection(asyncio.Protocol):
     def finished(self, stream: int) -> None:
         """The stream is done with on this side (``_forget``, inline: every call ends here)."""
         if self.streams.pop(stream, None) is not None:
-            self._credit += STREAM_WINDOW - self._recv_windows.pop(stream, STREAM_WINDOW)
-            if self._credit >= _CONNECTION_ACK:
-                self._give_back(0)
+            self._windows.forget(stream)
             if self._declared:
                 self._declared.pop(stream, None)
             self._maybe_close()
