@@ -24,9 +24,10 @@ from oipserve.front.http.syn_filter import drop_new_connections
 log = logging.getLogger("oipserve")
 
 
-#: How long handshakes already under way at shutdown get to complete (one round trip
-#: and then some) once the listener drops new SYNs (``syn_filter``).
-HANDSHAKE_WAIT = 0.1
+#: How long handshakes already under way at shutdown get to complete once the listener
+#: drops new SYNs (``syn_filter``): one round trip (a client in the same data centre,
+#: under a millisecond) and then plenty; every shutdown waits it once.
+HANDSHAKE_WAIT = 0.05
 
 #: How long connections taken from the backlog at shutdown get for their request heads to
 #: arrive before uvicorn closes those still without one.
