@@ -156,11 +156,11 @@ class Colocation:
         if not self.enabled or not infers:
             return
         light = light and infers == 1 and front_pid != 0 and self.typical_run <= MAX_RUN_NS
-        if not light or front_pid != self._front:
-            self._front = front_pid if light else 0
-            self._streak = 1 if light else 0
-            if self.pinned_to is not None:
-                self.unpin()
+        if not light:
+            self._start_over(0, 0)
+            return
+        if front_pid != self._front:
+            self._start_over(front_pid, 1)
             return
         self._streak += 1
         # NOTE: first at ENTER_TURNS, then every LOOK_TURNS: whether the front moved, or
@@ -193,7 +193,12 @@ class Colocation:
         """The worker slept ``sleep_limit()`` with nothing to do: its client went away (or
         its requests now go to another instance). Every CPU back, and the light turns
         counted again from none."""
+        self._start_over(0, 0)
+
+    def _start_over(self, front_pid: int, streak: int) -> None:
+        """The light turns counted again (``streak`` of them, all from ``front_pid``), on
+        every CPU: a pin lasts only while the same front's turns stay light."""
+        self._front = front_pid
+        self._streak = streak
         if self.pinned_to is not None:
             self.unpin()
-        self._front = 0
-        self._streak = 0
