@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+from collections.abc import Iterator
 from time import monotonic_ns
 
 import pytest
@@ -70,11 +71,11 @@ def test_one_idle_second_among_close_requests_does_not_stop_the_polling() -> Non
 
 class _Selector(selectors.DefaultSelector):
     """A real selector that counts its polls (timeout 0) and its waits (no timeout);
-    ``blind`` polls see nothing."""
+    once ``blind`` is set, its polls see nothing."""
 
-    def __init__(self, blind: bool = False) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.blind = blind
+        self.blind = False
         self.polls = 0
         self.waits = 0
 
@@ -91,19 +92,28 @@ class _Selector(selectors.DefaultSelector):
 
 
 @pytest.fixture
-def pair() -> tuple[socket.socket, socket.socket]:
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     ours, theirs = socket.socketpair()
     yield ours, theirs
     ours.close()
     theirs.close()
 
 
+@pytest.fixture
+def selector(pair: tuple[socket.socket, socket.socket]) -> Iterator[_Selector]:
+    """A counting selector watching the worker's end of ``pair`` (the first) for reads."""
+    watching = _Selector()
+    watching.register(pair[0], selectors.EVENT_READ)
+    yield watching
+    watching.close()
+
+
 def test_a_request_that_comes_while_polling_is_taken_without_sleeping(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket],
+    selector: _Selector,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ours, theirs = pair
-    selector = _Selector()
-    selector.register(ours, selectors.EVENT_READ)
     yields = [0]
 
     def sched_yield() -> None:  # the front writes during the worker's third poll
@@ -115,15 +125,15 @@ def test_a_request_that_comes_while_polling_is_taken_without_sleeping(
     events = select_polling(selector, monotonic_ns() + 1_000_000_000)
     assert [key.fileobj for key, _ in events] == [ours]
     assert (selector.polls, selector.waits, yields[0]) == (4, 0, 3)
-    selector.close()
 
 
 def test_past_the_window_the_worker_sleeps_until_a_request_comes(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket],
+    selector: _Selector,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ours, theirs = pair
-    selector = _Selector(blind=True)
-    selector.register(ours, selectors.EVENT_READ)
+    selector.blind = True
     monkeypatch.setattr(busy_poll.os, "sched_yield", lambda: None)
     theirs.send(b"x")
     started = monotonic_ns()
@@ -132,31 +142,21 @@ def test_past_the_window_the_worker_sleeps_until_a_request_comes(
     assert [key.fileobj for key, _ in events] == [ours]
     assert selector.polls > 1
     assert selector.waits == 1
-    selector.close()
 
 
 def test_with_no_window_the_worker_sleeps_at_once(
-    pair: tuple[socket.socket, socket.socket],
+    pair: tuple[socket.socket, socket.socket], selector: _Selector
 ) -> None:
     ours, theirs = pair
-    selector = _Selector()
-    selector.register(ours, selectors.EVENT_READ)
     theirs.send(b"x")
     events = select_polling(selector, 0)
     assert [key.fileobj for key, _ in events] == [ours]
     assert (selector.polls, selector.waits) == (0, 1)
-    selector.close()
 
 
-def test_a_bounded_sleep_ends_with_no_events_when_nothing_comes(
-    pair: tuple[socket.socket, socket.socket],
-) -> None:
+def test_a_bounded_sleep_ends_with_no_events_when_nothing_comes(selector: _Selector) -> None:
     """A pinned worker sleeps at most so long (``workers.colocation.IDLE_UNPIN``)."""
-    ours, _ = pair
-    selector = _Selector()
-    selector.register(ours, selectors.EVENT_READ)
     started = monotonic_ns()
     assert select_polling(selector, 0, 0.05) == []
     assert monotonic_ns() - started >= 40_000_000
     assert (selector.polls, selector.waits) == (0, 1)
-    selector.close()
