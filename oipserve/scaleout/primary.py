@@ -69,9 +69,9 @@ ANSWER_TIMEOUT = 30.0
 
 
 def snapshot(seq: int, registry: ModelRegistry, pool: WorkerPool) -> Snapshot:
-    """What replicas answer themselves: READY repository versions without dynamic
-    batching, on the workers that accept other fronts. Everything else (batched models,
-    worker endpoints, echo) they hand to the primary."""
+    """What replicas answer themselves: READY repository versions (batched ones with a
+    batcher of their own: docs/scaling.md), on the workers that accept other fronts.
+    Everything else (worker endpoints, echo) they hand to the primary."""
     workers = [
         WorkerCopy(w.worker_id, w.device, w.segment_prefix, w.front_address)
         for w in pool.workers
@@ -177,7 +177,7 @@ class Replicas:
         self._pool = pool
         self._forward_to = forward_to
         self._grpc = grpc or (0, "")
-        self._count = settings.http_workers - 1
+        self._count = settings.fronts - 1
         self._port = 0
         self._seq = itertools.count(1)
         self._started = itertools.count(1)

@@ -1,5 +1,6 @@
 """``--http-workers auto`` (issue #40): the number of HTTP fronts from the CPUs this process
-may use (``hardware.cpus.fronts_for``), resolved when the settings load."""
+may use (``hardware.cpus.fronts_for``), and one for a repository whose models batch,
+settled at start-up (``oipserve.app.fronts.settle_fronts``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from hardware.cpus import AUTO_MAX_FRONTS, fronts_for, usable_cpus
-from oipserve.config import settings as settings_module
+from oipserve.app import fronts as fronts_module
+from oipserve.app.fronts import settle_fronts
 from oipserve.config.settings import load_settings
+from oipserve.models.repository import Repository
 
 
 @pytest.mark.parametrize(
@@ -41,34 +44,101 @@ def test_a_pod_limited_to_two_cpus_on_a_big_node_gets_two_fronts(tmp_path: Path)
     assert fronts_for(cpus) == fronts_for(min(2, len(os.sched_getaffinity(0))))
 
 
-def _fronts(monkeypatch: pytest.MonkeyPatch, cpus: int, *argv: str, **env: str) -> int:
-    monkeypatch.setattr(settings_module, "usable_cpus", lambda: cpus)
+def _repository(root: Path, **configs: str) -> Path:
+    """A repository of models named by ``configs``, each with that config.pbtxt ("" none)."""
+    for name, config in configs.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.onnx").write_bytes(b"")
+        if config:
+            (root / name / "config.pbtxt").write_text(config)
+    return root
+
+
+PLAIN = "max_batch_size: 8\n"
+DYNAMIC = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 100 }\n"
+SEQUENCE = "max_batch_size: 4\nsequence_batching { }\n"
+
+
+def _fronts(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, *argv: str, repo: Path | None = None, **env: str
+) -> int:
+    """The fronts a server started with ``argv`` and ``env`` on ``repo`` settles on."""
+    monkeypatch.setattr(fronts_module, "usable_cpus", lambda: cpus)
     environ = {f"OIPSERVE_{k.upper()}": v for k, v in env.items()}
-    _, settings = load_settings(["serve", "--model-repository", "m", *argv], environ)
-    return settings.http_workers
+    root = str(repo) if repo is not None else "m"
+    _, settings = load_settings(["serve", "--model-repository", root, *argv], environ)
+    if repo is None:  # no repository to read: what load_settings left
+        return settings.fronts if settings.http_workers is not None else 0
+    model_name = settings.model_name
+    settled = settle_fronts(settings, Repository(repo, model_name))
+    assert settled.http_workers is not None
+    return settled.http_workers
 
 
 @pytest.mark.parametrize(("cpus", "fronts"), [(1, 1), (2, 2), (16, 4), (64, 4)])
 def test_auto_as_a_flag_or_in_the_environment(
-    monkeypatch: pytest.MonkeyPatch, cpus: int, fronts: int
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: int, fronts: int
 ) -> None:
-    assert _fronts(monkeypatch, cpus, "--http-workers", "auto") == fronts
-    assert _fronts(monkeypatch, cpus, http_workers="auto") == fronts
+    repo = _repository(tmp_path, plain=PLAIN, bare="")
+    assert _fronts(monkeypatch, cpus, "--http-workers", "auto", repo=repo) == fronts
+    assert _fronts(monkeypatch, cpus, http_workers="auto", repo=repo) == fronts
 
 
-def test_a_number_is_kept_whatever_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _fronts(monkeypatch, 64, "--http-workers", "1") == 1
-    assert _fronts(monkeypatch, 1, "--http-workers", "3") == 3
-    assert _fronts(monkeypatch, 64, http_workers="1") == 1
+def test_a_number_is_kept_whatever_the_cpus_and_the_models(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    repo = _repository(tmp_path, batched=DYNAMIC)
+    assert _fronts(monkeypatch, 64, "--http-workers", "1", repo=repo) == 1
+    assert _fronts(monkeypatch, 1, "--http-workers", "3", repo=repo) == 3
+    assert _fronts(monkeypatch, 64, http_workers="1", repo=repo) == 1
+    assert _fronts(monkeypatch, 2, http_workers="2", repo=repo) == 2
 
 
 @pytest.mark.parametrize(("cpus", "fronts"), [(1, 1), (2, 2), (16, 4)])
-def test_auto_is_the_default(monkeypatch: pytest.MonkeyPatch, cpus: int, fronts: int) -> None:
+def test_auto_is_the_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: int, fronts: int
+) -> None:
     """Issue #40: the configuration a user gets without the flag follows the rule."""
-    assert _fronts(monkeypatch, cpus) == fronts
+    repo = _repository(tmp_path, plain=PLAIN)
+    assert _fronts(monkeypatch, cpus, repo=repo) == fronts
     assert _fronts(monkeypatch, cpus, "--allow-http", "false") == 1
 
 
-def test_auto_without_http_is_one_front(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing to share without an HTTP port; a number there is refused, auto is not."""
-    assert _fronts(monkeypatch, 16, "--http-workers", "auto", "--allow-http", "false") == 1
+def test_auto_is_settled_at_start_up_not_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings leave ``auto`` to start-up, which has read the repository."""
+    assert _fronts(monkeypatch, 16) == 0
+
+
+@pytest.mark.parametrize("config", [DYNAMIC, SEQUENCE], ids=["dynamic", "sequence"])
+def test_auto_keeps_one_front_for_a_repository_with_a_batching_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str
+) -> None:
+    """Batches, queue policies and sequences form per front; Triton forms them over every
+    connection (its L0_batcher QA tests fail with two fronts), so ``auto`` keeps one."""
+    repo = _repository(tmp_path, plain=PLAIN, batching=config)
+    assert _fronts(monkeypatch, 2, repo=repo) == 1
+    assert _fronts(monkeypatch, 16, repo=repo) == 1
+
+
+def test_one_batching_model_served_under_its_name_keeps_one_front(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--model-name``: the repository is the model's own directory (KServe's bucket)."""
+    model = tmp_path / "bucket"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.onnx").write_bytes(b"")
+    (model / "config.pbtxt").write_text(DYNAMIC)
+    assert _fronts(monkeypatch, 2, "--model-name", "isvc", repo=model) == 1
+    (model / "config.pbtxt").write_text(PLAIN)
+    assert _fronts(monkeypatch, 2, "--model-name", "isvc", repo=model) == 2
+
+
+def test_a_config_that_cannot_be_read_does_not_decide(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Its model fails to load, with the parse error, as before; the others decide."""
+    repo = _repository(tmp_path, broken='max_batch_size: "x"\n', plain=PLAIN)
+    assert _fronts(monkeypatch, 2, repo=repo) == 2
+    assert Repository(repo).batching_models() == []
+    (repo / "plain" / "config.pbtxt").write_text(SEQUENCE)
+    assert Repository(repo).batching_models() == ["plain"]
