@@ -138,6 +138,10 @@ def _wait_ready(server: Server, timeout_s: float) -> None:
 READY_URL = re.compile(r"(https?://(?:127\.0\.0\.1|localhost|\[::1\]):\d+)")
 
 
+#: What an unset OIPSERVE_HTTP_WORKERS means (docs/scaling.md, "The default number of fronts").
+_AUTO_FRONTS = "unset (auto: from the CPUs, one for a repository with a batching model)"
+
+
 def start_oipserve(
     cmd: str,
     cases: dict[str, ModelCase],
@@ -168,7 +172,7 @@ def start_oipserve(
             f"intra_op_thread_count={tuning.intra_op_threads})",
             "front processes (Falcon ASGI on uvicorn, HTTP/2 for gRPC) handing tensors to the "
             "workers through shared memory: OIPSERVE_HTTP_WORKERS="
-            f"{os.environ.get('OIPSERVE_HTTP_WORKERS', 'unset (one front)')}",
+            f"{os.environ.get('OIPSERVE_HTTP_WORKERS', _AUTO_FRONTS)} (unless the command sets it)",
         ],
     )
     grpc_port = free_port()
