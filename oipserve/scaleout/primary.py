@@ -186,6 +186,8 @@ class Replicas:
         )
         #: Statistics rows of replicas that died: kept, so that counters never go back.
         self._rows_of_the_dead: list[StatsRow] = []
+        #: Versions that batch, already named in a warning (their serials).
+        self._warned: set[int] = set()
 
     @property
     def running(self) -> list[Replica]:
@@ -202,6 +204,7 @@ class Replicas:
         except BaseException:
             self._children.abandon()
             raise
+        self._warn_batching()
 
     async def _start_one(self, index: int) -> Replica:
         loop = asyncio.get_running_loop()
@@ -265,9 +268,31 @@ class Replicas:
         """Every replica gets the registry as it is now; returns once all applied it."""
         if not self.running:
             return
+        self._warn_batching()
         await self._keep_in_step(
             lambda seq: snapshot(seq, self._registry, self._pool), ANSWER_TIMEOUT
         )
+
+    def _warn_batching(self) -> None:
+        """Name once each version that batches: with several fronts its batches, queue
+        limits and sequences form per front (a number given for ``--http-workers``, or a
+        load's configuration; ``auto`` keeps one front for a repository that batches)."""
+        for versions in self._registry.models.values():
+            for model in versions.values():
+                config = model.config
+                if model.serial in self._warned or config is None:
+                    continue
+                if config.dynamic_batching is None and config.sequence_batching is None:
+                    continue
+                self._warned.add(model.serial)
+                log.warning(
+                    "model '%s' version %s batches per HTTP front (%d fronts): its batches, "
+                    "queue limits and sequences form over each front's connections, not over "
+                    "all as in Triton; start with --http-workers 1 to serve it from one front",
+                    model.name,
+                    model.version,
+                    self._count + 1,
+                )
 
     async def retire(self, model: ModelVersion, why: str) -> None:
         """Every replica stops answering ``model`` and finishes what it sent to it."""

@@ -83,3 +83,19 @@ def test_a_repository_without_batching_models_gets_the_cpus_fronts(tmp_path: Pat
         assert not any("one HTTP front" in line for line in server.lines)
     finally:
         assert server.stop() == 0, server.log
+
+
+def test_a_number_given_keeps_its_fronts_and_warns_of_each_batching_model(
+    tmp_path: Path,
+) -> None:
+    root = _batching_repository(tmp_path)
+    server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "2"}).wait_ready()
+    try:
+        assert any("HTTP front 1 (pid" in line for line in server.lines), server.log
+        warnings = [line for line in server.lines if " WARNING " in line]
+        assert any(
+            "model 'batched' version 1 batches per HTTP front (2 fronts)" in line
+            for line in warnings
+        ), warnings
+    finally:
+        assert server.stop() == 0, server.log
