@@ -313,13 +313,16 @@ class Replica:
         return Done(message.seq)
 
     def grpc_server(self, forward_to: str) -> tuple[H2Server, GrpcServer]:
-        """This front's gRPC (not yet listening): inference and liveness here, the rest
-        forwarded to the primary at ``forward_to``. Its listener serves the gRPC port
+        """This front's gRPC (not yet listening): inference of the models it was given and
+        liveness here, the rest (other models' inference too) forwarded to the primary at
+        ``forward_to``. Its listener serves the gRPC port
         (shared with the primary) and adopts this front's HTTP/2 connections on the HTTP
         port (h2c), so each front serves its own."""
         self.grpc_forwarder = GrpcForwarder(forward_to)
         service = InferenceService(self.dataplane)
-        table = in_front_table(self.settings, service, self.dataplane, self.grpc_forwarder)
+        table = in_front_table(
+            self.settings, service, self.dataplane, self.grpc_forwarder, self.router.answers
+        )
         own = H2Server(table, self.settings.header_timeout, ConnectionLimits.of(self.settings))
         own.serve_rest(self.router, self.settings)  # REST over HTTP/2, as the primary's (#39)
         return own, GrpcServer(own, service)

@@ -780,6 +780,51 @@ def test_grpc_streams_run_on_every_front(server: ServerProcess) -> None:
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)  # type: ignore[attr-defined]
 
 
+def test_grpc_inference_of_a_model_only_the_primary_serves_works_on_every_front(
+    server: ServerProcess,
+) -> None:
+    """An echo endpoint (the workers API) lives in the primary: another front forwards its
+    ModelInfer calls and its stream requests there, with their metadata; a model nobody
+    serves is NOT_FOUND on every front."""
+    assert post_text(server, "/v2/workers/echo/load") == (200, "echo")
+    try:
+        with grpc_fronts(server) as held:
+            (replica,) = server.http_front_pids()
+            assert held.on(replica) and held.on(server.process.pid), held.holder
+            for seed, client in enumerate(held.clients):
+                x = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+                values = np.full((1, 3), seed, dtype=np.float32)
+                x.set_data_from_numpy(values)
+                result = client.infer("echo", [x])
+                np.testing.assert_array_equal(result.as_numpy("INPUT0"), values)
+                answers: list[object] = []
+
+                def collect(result: object, error: object, answers: list[object] = answers) -> None:
+                    answers.append(error or result)
+
+                client.start_stream(callback=collect)
+                for _ in range(2):
+                    client.async_stream_infer("echo", [x])
+                client.async_stream_infer("no_such_model", [x])
+                client.stop_stream()
+                assert len(answers) == 3, answers
+                for answer in answers[:2]:
+                    np.testing.assert_array_equal(answer.as_numpy("INPUT0"), values)  # type: ignore[attr-defined]
+                assert "unknown model: 'no_such_model'" in str(answers[2]), answers[2]
+                with pytest.raises(InferenceServerException) as info:
+                    client.infer("no_such_model", [x])
+                assert info.value.status() == "StatusCode.NOT_FOUND", info.value
+    finally:
+        assert post_text(server, "/v2/workers/echo/unload")[0] == 200
+
+
+def post_text(proc: ServerProcess, path: str) -> tuple[int, str]:
+    """A workers-API POST with an empty JSON body; its status and its text answer."""
+    request = urllib.request.Request(proc.url + path, b"{}", {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, response.read().decode()
+
+
 def test_a_replica_answers_grpc_inference_while_the_primary_is_stopped(
     server: ServerProcess,
 ) -> None:

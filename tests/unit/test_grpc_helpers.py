@@ -19,7 +19,7 @@ from oipserve.errors import (
     Unavailable,
     Unsupported,
 )
-from oipserve.front.grpc.codec import SMALL_MESSAGE, InferReply, split_infer_request
+from oipserve.front.grpc.codec import SMALL_MESSAGE, InferReply, model_named, split_infer_request
 from oipserve.front.grpc.convert import input_tensors
 from oipserve.front.grpc.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
@@ -174,3 +174,20 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
     del reply
     gc.collect()
     assert released == [1, 2]
+
+
+def test_model_named_reads_the_first_fields_only() -> None:
+    """What a front reads of a stream's request to know whether it serves its model."""
+    message = pb.ModelInferRequest(model_name="echo", model_version="3", id="x")
+    message.raw_input_contents.append(b"\x00" * 64)
+    data = message.SerializeToString()
+    assert model_named(data) == ("echo", "3")
+    assert model_named(memoryview(data)) == ("echo", "3")
+    assert model_named(pb.ModelInferRequest(model_name="m").SerializeToString()) == ("m", "")
+    # Fields in another order than protobuf writes them: parsed whole.
+    reordered = pb.ModelInferRequest(id="x").SerializeToString() + data
+    assert model_named(reordered) == ("echo", "3")
+    # No model named, or not a message: nothing to forward (refused where it is).
+    assert model_named(pb.ModelInferRequest(id="x").SerializeToString()) == ("", "")
+    assert model_named(b"\x0a\x7fshort") == ("", "")
+    assert model_named(b"") == ("", "")

@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 
 from oipserve.front.grpc.call_send import CallSender
-from oipserve.front.grpc.codec import wire_bytes
+from oipserve.front.grpc.codec import model_named, wire_bytes
 from oipserve.front.grpc.h2.frames import TRAILERS_OK
 from oipserve.front.grpc.handler_context import Aborted, Context
 from oipserve.front.grpc.inflate import inflate
-from oipserve.front.grpc.rpcs import STREAM_RPC
+from oipserve.front.grpc.rpcs import INFER_RPC, STREAM_RPC
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.streaming import ordered_responses
 from oipserve.runtime.off_loop import unmap_off_loop
@@ -45,9 +45,17 @@ class CallRunner(CallSender):
             else:
                 self._arrived_at = None  # parsing takes it off ``arriving`` (``rpcs.arrived``)
                 request = method.deserialize(payload)
-                if lease is not None:
-                    request.lease, lease = lease, None  # the service owns it now
-                data = await wire_bytes(await method.call(request), method.serialize)
+                table = self._table
+                if (
+                    table.answers is not None
+                    and self._name == INFER_RPC
+                    and table.elsewhere(request.message.model_name, request.message.model_version)
+                ):  # a model another front serves: its lease stays ours, released below
+                    data = await self._forwarded(bytes(payload))
+                else:
+                    if lease is not None:
+                        request.lease, lease = lease, None  # the service owns it now
+                    data = await wire_bytes(await method.call(request), method.serialize)
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -68,14 +76,23 @@ class CallRunner(CallSender):
             return
         self._finish(TRAILERS_OK)
 
-    def _forwarded(self, request: bytes) -> Awaitable[bytes]:
+    def _forwarded(self, request: bytes, method: str | None = None) -> Awaitable[bytes]:
+        """``request`` answered by the primary front, as ``method`` (this call's own by
+        default), with this call's metadata and what is left of its deadline."""
         forward = self._table.forward
         if forward is None:
             raise RuntimeError(f"{self._name} is to be forwarded by a table that cannot forward")
         left = None
         if self._deadline_at is not None:
             left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
-        return forward(self._name, request, self._metadata, left)
+        return forward(method or self._name, request, self._metadata, left)
+
+    async def _stream_request(self, message: bytes | memoryview) -> bytes | memoryview:
+        """One request of a stream, answered here, or as a ModelInfer by the primary when
+        its model is not this front's (``CallTable.elsewhere``); in-band either way."""
+        if self._table.elsewhere(*model_named(message)):
+            return await self._forwarded(bytes(message), INFER_RPC)
+        return await self._table.stream_infer(message)
 
     async def _run_stream(self) -> None:
         started = False
@@ -86,9 +103,8 @@ class CallRunner(CallSender):
         try:
             context = Context(self._metadata)
             table = self._table
-            responses = ordered_responses(
-                self._requests(held), table.stream_infer, table.closing, context
-            )
+            infer = table.stream_infer if table.answers is None else self._stream_request
+            responses = ordered_responses(self._requests(held), infer, table.closing, context)
             async for parts in responses:
                 try:
                     await self._send(parts, first=not started)

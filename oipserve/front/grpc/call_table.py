@@ -20,19 +20,23 @@ from oipserve.front.grpc.rpcs import RPCS, SERVICE, STREAM_RPC, Method
 from oipserve.front.http.h2_asgi import RestOverH2
 from oipserve.wire.shm import BufferPool
 
-__all__ = ["CallTable", "Forward"]
+__all__ = ["Answers", "CallTable", "Forward"]
 
 
 #: Another front that answers what this one does not: (method, request, the call's
 #: metadata, seconds left or None) -> the response message.
 Forward = Callable[[str, bytes, tuple[tuple[str, str], ...], "float | None"], Awaitable[bytes]]
+#: Whether this front answers inference of (model, version or None) itself.
+Answers = Callable[[str, "str | None"], bool]
 
 
 class CallTable:
     """What every call of one server shares: the methods, the restrictions, the limits.
 
     ``methods`` are answered here; with ``forward``, every other unary RPC of the
-    service is handed to it as bytes (``--http-workers``: the primary answers them).
+    service is handed to it as bytes (``--http-workers``: the primary answers them), and
+    so is inference of a model this front does not serve (``answers``: worker endpoints'
+    models and echo endpoints live in the primary), unary or a stream's request.
     ``stream_infer`` answers one ModelStreamInfer request message as it came.
     """
 
@@ -45,12 +49,15 @@ class CallTable:
         closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,
+        answers: Answers | None = None,
     ) -> None:
         #: path -> (RPC name, its method; None: forwarded).
         self.methods: dict[str, tuple[str, Method | None]] = {
             f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()
         }
         self.forward = forward
+        #: None: every model's inference is answered here (the primary).
+        self.answers = answers if forward is not None else None
         if forward is not None:
             for name in RPCS:
                 if name != STREAM_RPC and name not in methods:
@@ -80,6 +87,11 @@ class CallTable:
             for method, api in GRPC_METHODS.items()
             if api in table
         }
+
+    def elsewhere(self, model: str, version: str) -> bool:
+        """Whether inference of ``model`` (``version``, "" its default) is another front's
+        to answer. A request naming no model is answered (refused) here."""
+        return self.answers is not None and bool(model) and not self.answers(model, version or None)
 
     def refusal(self, name: str, metadata: tuple[tuple[str, str], ...]) -> Forbidden | None:
         rule = self.restricted.get(name)

@@ -77,6 +77,40 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+#: ModelInferRequest.model_name (field 1) and model_version (field 2), length-delimited.
+_NAME_KEY = (1 << 3) | 2
+_VERSION_KEY = (2 << 3) | 2
+
+
+def model_named(data: bytes | memoryview) -> tuple[str, str]:
+    """The model_name and model_version of a serialized ModelInferRequest, without parsing
+    the rest: serializers write fields in number order, so they are its first fields. A
+    message that does not begin with the name is parsed whole; one that does not parse
+    names no model ("", "")."""
+    view = memoryview(data)
+    try:
+        key, pos = _varint(view, 0)
+        if key == _NAME_KEY:
+            name, pos = _string(view, pos)
+            version = ""
+            if pos < len(view):
+                key, after = _varint(view, pos)
+                if key == _VERSION_KEY:
+                    version, _ = _string(view, after)
+            return name, version
+        message = pb.ModelInferRequest.FromString(bytes(view))
+    except (DecodeError, UnicodeDecodeError):
+        return "", ""
+    return message.model_name, message.model_version
+
+
+def _string(view: memoryview, pos: int) -> tuple[str, int]:
+    length, pos = _varint(view, pos)
+    if pos + length > len(view):
+        raise DecodeError("truncated string")
+    return str(view[pos : pos + length], "utf-8"), pos + length
+
+
 #: Messages up to this size are parsed whole by protobuf: copying their raw entries
 #: costs less than walking the fields in Python (0.3 us against 3 us for two 64-byte inputs).
 SMALL_MESSAGE = 64 * 1024

@@ -25,6 +25,8 @@ RPCS: dict[str, tuple[Any, Any]] = {
 }
 #: The one streaming RPC.
 STREAM_RPC = "ModelStreamInfer"
+#: The unary inference RPC (also what a stream's request is forwarded as).
+INFER_RPC = "ModelInfer"
 
 #: How long a drain waits for a request message still uploading at shutdown.
 _UPLOAD_GRACE = 2.0

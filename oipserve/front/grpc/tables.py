@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
-from oipserve.front.grpc.call_table import CallTable, Forward
+from oipserve.front.grpc.call_table import Answers, CallTable, Forward
 from oipserve.front.grpc.handlers import counted_methods, stream_infer
 from oipserve.front.grpc.service import InferenceService
 
@@ -17,9 +17,11 @@ def in_front_table(
     service: InferenceService,
     dataplane: DataPlane,
     forward: Forward | None = None,
+    answers: Answers | None = None,
 ) -> CallTable:
     """The calls a front answers on its own HTTP/2: every RPC (the primary), or, with
-    ``forward``, ModelInfer, ModelStreamInfer and ServerLive (another HTTP front)."""
+    ``forward``, ModelInfer, ModelStreamInfer and ServerLive (another HTTP front) for the
+    models it ``answers``."""
     methods = counted_methods(service)
     if forward is not None:
         methods = {name: methods[name] for name in ANSWERED_BY_EVERY_FRONT}
@@ -31,4 +33,5 @@ def in_front_table(
         service.closing,
         dataplane.inputs,
         forward,
+        answers,
     )
