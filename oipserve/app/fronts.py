@@ -41,9 +41,10 @@ def settle_fronts(settings: Settings, repository: Repository) -> Settings:
         if batching:
             named = ", ".join(batching[:_NAMED]) + (", ..." if len(batching) > _NAMED else "")
             log.info(
-                "one HTTP front (--http-workers auto; %d from the CPUs): %d model(s) batch "
-                "requests across clients (%s), and batches, queues and sequences form per "
-                "front; --http-workers %d serves them per front",
+                "one HTTP front (--http-workers auto; the CPUs would give %d): %d model(s) "
+                "batch requests (%s), and with several fronts their batches, queue limits and "
+                "sequences would form per front, not over every connection as in Triton; "
+                "--http-workers %d serves them so",
                 fronts,
                 len(batching),
                 named,
