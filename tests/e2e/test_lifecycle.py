@@ -16,7 +16,13 @@ import tritonclient.http as httpclient
 
 from tests.support.cli import run_cli
 from tests.support.http import request
-from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, shm_entries, wait_for
+from tests.support.server import (
+    SAMPLE_REPOSITORY,
+    ServerProcess,
+    alive,
+    shm_entries,
+    wait_for,
+)
 
 
 def test_bad_flag_exits_non_zero_with_message() -> None:
@@ -273,13 +279,9 @@ def test_worker_sigterm_drains_and_frees_its_memory(signum: int) -> None:
         inp.set_data_from_numpy(x)
         client.infer("identity_fp32", [inp])
         os.kill(worker, signum)
-        assert wait_for(
-            lambda: (
-                not Path(f"/proc/{worker}").exists()
-                or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
-            ),
-            20,
-        )
+        # NOTE: ``alive`` reads the state once: a worker reaped between a look at
+        #   /proc/<pid> and a read of its stat file made this check raise (CI, 2026-11-29).
+        assert wait_for(lambda: not alive(worker), 20)
         assert wait_for(client.is_server_ready, 60)
         assert client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0").shape == x.shape
     finally:
