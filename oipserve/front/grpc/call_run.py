@@ -19,7 +19,7 @@ import grpc
 from oipserve.front.grpc.call_send import CallSender
 from oipserve.front.grpc.codec import model_named, wire_bytes
 from oipserve.front.grpc.h2.frames import TRAILERS_OK
-from oipserve.front.grpc.handler_context import Aborted, Context
+from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.inflate import inflate
 from oipserve.front.grpc.rpcs import INFER_RPC, STREAM_RPC
 from oipserve.front.grpc.status import log_failure, status_of
@@ -117,9 +117,6 @@ class CallRunner(CallSender):
             self._cancelled()
             return
         except ConnectionError:
-            return
-        except Aborted as exc:
-            self._end(exc.code.value[0], exc.message, started)
             return
         except Exception as exc:
             code, message = status_of(exc)

@@ -23,7 +23,6 @@ from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.h2.connection import Connection
 from oipserve.front.grpc.h2.frames import ErrorCode, trailers, trailers_only
 from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
-from oipserve.front.grpc.handler_context import Aborted
 from oipserve.front.grpc.rpcs import Method, forget
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.runtime.off_loop import unmap_off_loop
@@ -166,9 +165,6 @@ class CallState:
         self._finish(trailers_only(code, message))
 
     def _fail_with(self, exc: BaseException) -> None:
-        if isinstance(exc, Aborted):
-            self._fail(exc.code.value[0], exc.message)
-            return
         code, message = status_of(exc)
         log_failure(self._name or "gRPC call", code, message, exc)
         self._fail(code.value[0], message)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from oipserve.front.grpc.handler_context import Aborted, Context
+from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
@@ -98,11 +98,8 @@ async def ordered_responses(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if isinstance(exc, Aborted):  # the status another front answered
-                    code, message = exc.code, exc.message
-                else:
-                    code, message = status_of(exc)
-                    log_failure("ModelStreamInfer", code, message, exc)
+                code, message = status_of(exc)
+                log_failure("ModelStreamInfer", code, message, exc)
                 if strict:
                     await context.abort(code, message)
                 yield [error_response(message)]
