@@ -304,9 +304,7 @@ class Repository:
                 config = read_model_config(path) if path.is_file() else None
             except (ModelConfigError, OSError):
                 continue
-            if config is not None and (
-                config.dynamic_batching is not None or config.sequence_batching is not None
-            ):
+            if config is not None and config.batches_across_clients:
                 batching.append(name)
         return batching
 

@@ -280,9 +280,7 @@ class Replicas:
         for versions in self._registry.models.values():
             for model in versions.values():
                 config = model.config
-                if model.serial in self._warned or config is None:
-                    continue
-                if config.dynamic_batching is None and config.sequence_batching is None:
+                if model.serial in self._warned or not (config and config.batches_across_clients):
                     continue
                 self._warned.add(model.serial)
                 log.warning(

@@ -159,6 +159,12 @@ class ModelConfig(msgspec.Struct, frozen=True):
     #: Padded batching (the ``pad_batch`` parameter); None without it (padding_config.py).
     pad_batch: PadBatch | None = None
 
+    @property
+    def batches_across_clients(self) -> bool:
+        """A dynamic or sequence batcher gathers this model's requests from every
+        connection: with several HTTP fronts they would gather per front (docs/scaling.md)."""
+        return self.dynamic_batching is not None or self.sequence_batching is not None
+
 
 class ConfigLimits(msgspec.Struct, frozen=True):
     """The operator's bounds on the numbers of a model configuration (flags of serve).
