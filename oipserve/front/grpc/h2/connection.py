@@ -814,11 +814,8 @@ class Connection(asyncio.Protocol):
                 self._abort(exc.code, str(exc))
 
     def finished(self, stream: int) -> None:
-        """The stream is done with on this side (``_forget``, inline: every call ends here)."""
-        if self.streams.pop(stream, None) is not None:
-            self._windows.forget(stream)
-            if self._declared:
-                self._declared.pop(stream, None)
+        """The stream is done with on this side."""
+        if self._forget(stream) is not None:
             self._maybe_close()
 
     def go_away(self) -> None:
