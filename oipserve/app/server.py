@@ -388,7 +388,9 @@ class Server:
         shared_grpc = None
         if grpc is not None and grpc.port is not None:
             shared_grpc = (grpc.port, grpc_forward_address(self.pool.prefix))
-        replicas = Replicas(self.settings, self.registry, self.pool, address, shared_grpc)
+        replicas = Replicas(
+            self.settings, self.registry, self.pool, self.dataplane, address, shared_grpc
+        )
         follow_the_primary(replicas, self.manager, self.pool, self.regions, self.dataplane)
         self.other_fronts = OtherFronts(replicas, self.settings.shutdown_timeout)
         await self.other_fronts.start(http.port)

@@ -38,7 +38,14 @@ from oipserve.dataplane.ensemble import EnsembleRunner
 from oipserve.dataplane.intake import Intake
 from oipserve.dataplane.response_cache import ResponseCache
 from oipserve.dataplane.sequenced import Sequenced
-from oipserve.dataplane.strategies import Batched, Strategy, Unbatched, answer_in_front
+from oipserve.dataplane.strategies import (
+    Batched,
+    BatchQueue,
+    Strategy,
+    Unbatched,
+    answer_in_front,
+)
+from oipserve.errors import InternalError
 from oipserve.models.config_response import model_config_document
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelRegistry, ModelVersion
@@ -47,6 +54,7 @@ from oipserve.request import json_offload
 from oipserve.request.classification import classify
 from oipserve.request.client_regions import ClientRegions, RegionUse
 from oipserve.request.inference import Inference, InferResult
+from oipserve.request.placement import Placement
 from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
 from oipserve.telemetry.stats import StatsRegistry, refusal_reason
@@ -103,6 +111,9 @@ class DataPlane:
         dispatch = Dispatch(self.outputs, max_queue)
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
+        #: Where checked requests of batching versions go: this front's batchers, or in a
+        #: front other than the primary the primary's (``batch_elsewhere``).
+        self._batch_queue: BatchQueue = self._batches
         self._dispatch = dispatch
         #: The response cache (``--cache-config``); None without one (the default).
         self.cache: ResponseCache | None = None
@@ -153,6 +164,11 @@ class DataPlane:
         size = cache_bytes(settings.cache_config)
         self.cache = ResponseCache(size) if size else None
         self.stats.cache_on = self.cache is not None
+
+    def batch_elsewhere(self, queue: BatchQueue) -> None:
+        """Hand checked requests of batching versions to ``queue`` (before the first
+        request): a front other than the primary, whose batches form in the primary."""
+        self._batch_queue = queue
 
     def _forget_regions(self, objects: list[ObjectRef]) -> None:
         for worker in self.pool.workers:
@@ -253,13 +269,35 @@ class DataPlane:
         elif sequence is not None:  # a stateful model: the sequence batcher
             strategy = Sequenced(self._intake, self._dispatch, model, sequence).run
         elif policy is not None:
-            strategy = Batched(self._intake, self._batches, policy, cache).run
+            strategy = Batched(self._intake, self._batch_queue, policy, cache).run
         elif cache is not None:
             strategy = Unbatched(self._intake, self._dispatch, cache).run
         else:
             strategy = self._unbatched
         self._strategies[model] = strategy
         return strategy
+
+    async def batch_checked(
+        self, inference: Inference, placements: list[Placement], start: int, deadline: float
+    ) -> InferResult:
+        """A request another front checked, into this front's batcher of its version (the
+        primary's side of ``batch_elsewhere``): counted in this front's statistics from
+        ``start`` (its arrival there), answered by ``deadline`` (this loop's time)."""
+        model = inference.model
+        policy = batching_policy(model.config)
+        stats = self.stats.of(model)
+        try:
+            if policy is None:
+                raise InternalError(f"model '{model.name}' does not batch")
+            model.check_serving()
+        except BaseException as exc:
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        model.in_flight += 1
+        try:
+            return await self._batches.infer(inference, policy, stats, start, placements, deadline)
+        finally:
+            model.in_flight -= 1
 
     def _ensembles(self) -> EnsembleRunner:
         """The strategy of ensembles, made at the first ensemble request."""

@@ -8,7 +8,8 @@
   least busy worker that holds the version (``dispatch``);
 - ``Batched``: a version with ``dynamic_batching``: each request checked, then queued in
   the version's batcher; ``batched.BatchRunner`` places and sends the batches it forms
-  through the same ``dispatch``.
+  through the same ``dispatch``. In a front other than the primary the batcher is the
+  primary's (``BatchQueue``, ``scaleout.batch_link``): the checked request crosses there.
 
 A strategy is called with the request, its version's statistics and ``monotonic_ns()`` at
 its arrival. It counts the request there once (a success with its phase times, or a failure
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from time import monotonic_ns
+from typing import Protocol
 
-from oipserve.dataplane.batched import BatchRunner
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.response_cache import Entry, Probe, ResponseCache, answer
@@ -32,15 +33,41 @@ from oipserve.request.classification import check_classification
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.echo import answer_echo
 from oipserve.request.inference import Inference, InferResult
-from oipserve.request.placement import place
+from oipserve.request.placement import Placement, place
 from oipserve.scheduling.policy import BatchPolicy
 from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
 from oipserve.wire.shm import Lease
 
-__all__ = ["Batched", "Strategy", "Unbatched", "answer_in_front", "refused", "sending"]
+__all__ = [
+    "BatchQueue",
+    "Batched",
+    "Strategy",
+    "Unbatched",
+    "answer_in_front",
+    "refused",
+    "sending",
+]
 
 #: Serves one request: (the request, its version's statistics, its arrival) -> its result.
 Strategy = Callable[[Inference, ModelStats, int], Awaitable[InferResult]]
+
+
+class BatchQueue(Protocol):
+    """Where ``Batched`` hands a checked request: this front's batchers
+    (``batched.BatchRunner``), or the primary front's (``scaleout.batch_link``)."""
+
+    async def infer(
+        self,
+        inference: Inference,
+        policy: BatchPolicy,
+        stats: ModelStats,
+        start: int,
+        placements: list[Placement],
+        deadline: float,
+    ) -> InferResult:
+        """The request's own result; it counts the request in ``stats`` (or has it
+        counted where it runs) and releases its ``owned``, whatever happens."""
+        ...
 
 
 async def answer_in_front(inference: Inference, stats: ModelStats, start: int) -> InferResult:
@@ -135,7 +162,7 @@ class Batched:
     def __init__(
         self,
         intake: Intake,
-        runner: BatchRunner,
+        runner: BatchQueue,
         policy: BatchPolicy,
         cache: ResponseCache | None = None,
     ) -> None:

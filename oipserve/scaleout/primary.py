@@ -35,6 +35,7 @@ from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.request.client_regions import ClientRegions
 from oipserve.runtime.workerproc import ChildProcess, exit_status
+from oipserve.scaleout.batch_desk import BatchDesk
 from oipserve.scaleout.control import (
     CollectStats,
     ControlProtocol,
@@ -69,8 +70,8 @@ ANSWER_TIMEOUT = 30.0
 
 
 def snapshot(seq: int, registry: ModelRegistry, pool: WorkerPool) -> Snapshot:
-    """What replicas answer themselves: READY repository versions (batched ones with a
-    batcher of their own: docs/scaling.md), on the workers that accept other fronts.
+    """What replicas answer themselves: READY repository versions (batched ones checked
+    there, batched here: ``batch_desk``), on the workers that accept other fronts.
     Everything else (worker endpoints, echo) they hand to the primary."""
     workers = [
         WorkerCopy(w.worker_id, w.device, w.segment_prefix, w.front_address)
@@ -123,6 +124,8 @@ class Replica:
         self.process = process
         self.segment_prefix = segment_prefix
         self.control: ControlProtocol[FromReplica] | None = None
+        #: The primary's end of its batch socket (``batch_desk``).
+        self.batches: BatchDesk | None = None
         self.pending: dict[int, asyncio.Future[FromReplica]] = {}
         #: Its statistics rows as last collected (kept by the primary when it dies).
         self.last_rows: list[StatsRow] = []
@@ -166,12 +169,15 @@ class Replicas:
         settings: Settings,
         registry: ModelRegistry,
         pool: WorkerPool,
+        plane: DataPlane,
         forward_to: str,
         grpc: tuple[int, str] | None = None,
     ) -> None:
         """``grpc``: the gRPC port the other fronts serve too, and the address of the
-        primary's private gRPC socket; None: they serve no gRPC."""
+        primary's private gRPC socket; None: they serve no gRPC. ``plane``'s batchers take
+        the requests of batching versions the replicas check (``batch_desk``)."""
         self._settings = settings
+        self._plane = plane
         self._encoded_settings = msgspec.json.encode(settings)
         self._registry = registry
         self._pool = pool
@@ -186,7 +192,7 @@ class Replicas:
         )
         #: Statistics rows of replicas that died: kept, so that counters never go back.
         self._rows_of_the_dead: list[StatsRow] = []
-        #: Versions that batch, already named in a warning (their serials).
+        #: Versions with a sequence batcher, already named in a warning (their serials).
         self._warned: set[int] = set()
 
     @property
@@ -204,22 +210,25 @@ class Replicas:
         except BaseException:
             self._children.abandon()
             raise
-        self._warn_batching()
+        self._warn_sequences()
 
     async def _start_one(self, index: int) -> Replica:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        batches_ours, batches_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = ChildProcess(
                 "oipserve.scaleout.process",
-                ["--control-fd", str(theirs.fileno())],
-                (theirs.fileno(),),
+                ["--control-fd", str(theirs.fileno()), "--batch-fd", str(batches_theirs.fileno())],
+                (theirs.fileno(), batches_theirs.fileno()),
             )
         except BaseException:
             ours.close()
+            batches_ours.close()
             raise
         finally:
             theirs.close()
+            batches_theirs.close()
         # NOTE: a prefix of its own for every process started, never reused: a worker or a
         #   sweep must never take a replacement's segments for its predecessor's.
         segment_prefix = f"{self._pool.prefix}r{next(self._started)}-"
@@ -227,6 +236,8 @@ class Replicas:
         control = ControlProtocol(from_replica_decoder(), replica.on_message, replica.on_closed)
         await loop.connect_accepted_socket(lambda: control, ours)
         replica.control = control
+        desk = replica.batches = BatchDesk(self._plane, self._registry)
+        await desk.open(batches_ours)
         # NOTE: in ``running`` from its Start on, so that a ``sync`` meanwhile reaches it
         #   too (it handles its control messages in order).
         self.running.append(replica)
@@ -251,6 +262,7 @@ class Replicas:
                 )
         except BaseException as exc:
             self.running.remove(replica)
+            desk.close()
             process.kill()
             process.join(5)
             sweep(segment_prefix)
@@ -268,24 +280,25 @@ class Replicas:
         """Every replica gets the registry as it is now; returns once all applied it."""
         if not self.running:
             return
-        self._warn_batching()
+        self._warn_sequences()
         await self._keep_in_step(
             lambda seq: snapshot(seq, self._registry, self._pool), ANSWER_TIMEOUT
         )
 
-    def _warn_batching(self) -> None:
-        """Name once each version that batches: with several fronts its batches, queue
-        limits and sequences form per front (a number given for ``--http-workers``, or a
-        load's configuration; ``auto`` keeps one front for a repository that batches)."""
+    def _warn_sequences(self) -> None:
+        """Name once each version with a sequence batcher: with several fronts its
+        sequences form per front (a number given for ``--http-workers``, or a load's
+        configuration; ``auto`` keeps one front for a repository with such a model).
+        Dynamic batches need no warning: they form in this front (``batch_desk``)."""
         for versions in self._registry.models.values():
             for model in versions.values():
                 config = model.config
-                if model.serial in self._warned or not (config and config.batches_across_clients):
+                if model.serial in self._warned or not (config and config.sequences_per_front):
                     continue
                 self._warned.add(model.serial)
                 log.warning(
-                    "model '%s' version %s batches per HTTP front (%d fronts): its batches, "
-                    "queue limits and sequences form over each front's connections, not over "
+                    "model '%s' version %s batches sequences per HTTP front (%d fronts): its "
+                    "sequence slots and batches form over each front's connections, not over "
                     "all as in Triton; start with --http-workers 1 to serve it from one front",
                     model.name,
                     model.version,
@@ -358,6 +371,8 @@ class Replicas:
         """A replica exited: its link closed, its segments swept, its last rows kept."""
         if gone.control is not None and gone.control.transport is not None:
             gone.control.transport.close()
+        if gone.batches is not None:
+            gone.batches.close()
         sweep(gone.segment_prefix)
         if self._children.stopping:
             return

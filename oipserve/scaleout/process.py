@@ -7,8 +7,10 @@ model versions it answers itself. It then binds the HTTP port with ``SO_REUSEPOR
 so the kernel spreads new connections across all the fronts, and says ``Listening``.
 
 Per request (``Router``): inference of a version it was given runs here, through the
-same REST app and data plane as in the primary, straight to a worker (a batched
-model through this front's own dynamic batcher); liveness is answered here;
+same REST app and data plane as in the primary, straight to a worker; a batched
+model's request, once checked here, crosses to the primary's batcher on a socket of
+its own (``batch_link``), so that batches form over every front's clients; liveness is
+answered here;
 everything else (metadata, readiness, statistics, repository and worker-endpoint
 APIs, shared-memory registration) is forwarded to the primary over a private Unix
 socket (``Forwarder``), so there is one owner of each piece of state.
@@ -51,6 +53,7 @@ from oipserve.request.client_regions import ClientRegions
 from oipserve.runtime.collector import settle_garbage_collector
 from oipserve.runtime.listeners import tcp_listener
 from oipserve.runtime.memory_trim import return_large_blocks_to_os
+from oipserve.scaleout.batch_link import PrimaryBatches
 from oipserve.scaleout.control import (
     CollectStats,
     ControlProtocol,
@@ -382,7 +385,7 @@ class Inbox:
         self.queue.put_nowait(None)
 
 
-async def serve(control_fd: int) -> int:
+async def serve(control_fd: int, batch_fd: int) -> int:
     loop = asyncio.get_running_loop()
     inbox = Inbox()
     control = ControlProtocol(to_replica_decoder(), inbox.received, inbox.closed)
@@ -397,6 +400,9 @@ async def serve(control_fd: int) -> int:
     configure_logging(settings)
     return_large_blocks_to_os()
     replica = inbox.replica = Replica(settings, start, control)
+    batches = PrimaryBatches()
+    await batches.open(socket.socket(fileno=batch_fd))
+    replica.dataplane.batch_elsewhere(batches)  # batches form in the primary, over every front
     try:
         return await _serve(replica, start, inbox.queue)
     finally:
@@ -460,9 +466,12 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oipserve.scaleout.process")
     parser.add_argument("--control-fd", type=int, required=True, help="socket to the primary")
+    parser.add_argument(
+        "--batch-fd", type=int, required=True, help="socket to the primary's batchers"
+    )
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(args.control_fd))
+        return runner.run(serve(args.control_fd, args.batch_fd))
 
 
 if __name__ == "__main__":

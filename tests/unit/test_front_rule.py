@@ -1,5 +1,5 @@
 """``--http-workers auto`` (issue #40): the number of HTTP fronts from the CPUs this process
-may use (``hardware.cpus.fronts_for``), and one for a repository whose models batch,
+may use (``hardware.cpus.fronts_for``), and one for a repository with a sequence model,
 settled at start-up (``oipserve.app.fronts.settle_fronts``)."""
 
 from __future__ import annotations
@@ -109,27 +109,37 @@ def test_auto_is_settled_at_start_up_not_at_load(monkeypatch: pytest.MonkeyPatch
     assert _fronts(monkeypatch, 16) == 0
 
 
-@pytest.mark.parametrize("config", [DYNAMIC, SEQUENCE], ids=["dynamic", "sequence"])
-def test_auto_keeps_one_front_for_a_repository_with_a_batching_model(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str
+def test_auto_keeps_one_front_for_a_repository_with_a_sequence_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Batches, queue policies and sequences form per front; Triton forms them over every
-    connection (its L0_batcher QA tests fail with two fronts), so ``auto`` keeps one."""
-    repo = _repository(tmp_path, plain=PLAIN, batching=config)
+    """Sequences form per front; Triton forms them over every connection, so ``auto``
+    keeps one front."""
+    repo = _repository(tmp_path, plain=PLAIN, batching=SEQUENCE)
     assert _fronts(monkeypatch, 2, repo=repo) == 1
     assert _fronts(monkeypatch, 16, repo=repo) == 1
 
 
-def test_one_batching_model_served_under_its_name_keeps_one_front(
+def test_a_dynamic_batching_model_keeps_the_cpus_fronts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Dynamic batches form in the primary front whatever the number of fronts (until
+    2026-11-29 ``auto`` kept one front for them too: each front batched its own clients,
+    and Triton's L0_batcher QA tests failed)."""
+    repo = _repository(tmp_path, plain=PLAIN, batching=DYNAMIC)
+    assert _fronts(monkeypatch, 2, repo=repo) == 2
+    assert _fronts(monkeypatch, 16, repo=repo) == 4
+
+
+def test_one_sequence_model_served_under_its_name_keeps_one_front(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``--model-name``: the repository is the model's own directory (KServe's bucket)."""
     model = tmp_path / "bucket"
     (model / "1").mkdir(parents=True)
     (model / "1" / "model.onnx").write_bytes(b"")
-    (model / "config.pbtxt").write_text(DYNAMIC)
+    (model / "config.pbtxt").write_text(SEQUENCE)
     assert _fronts(monkeypatch, 2, "--model-name", "isvc", repo=model) == 1
-    (model / "config.pbtxt").write_text(PLAIN)
+    (model / "config.pbtxt").write_text(DYNAMIC)
     assert _fronts(monkeypatch, 2, "--model-name", "isvc", repo=model) == 2
 
 
@@ -139,6 +149,6 @@ def test_a_config_that_cannot_be_read_does_not_decide(
     """Its model fails to load, with the parse error, as before; the others decide."""
     repo = _repository(tmp_path, broken='max_batch_size: "x"\n', plain=PLAIN)
     assert _fronts(monkeypatch, 2, repo=repo) == 2
-    assert Repository(repo).batching_models() == []
+    assert Repository(repo).sequence_models() == []
     (repo / "plain" / "config.pbtxt").write_text(SEQUENCE)
-    assert Repository(repo).batching_models() == ["plain"]
+    assert Repository(repo).sequence_models() == ["plain"]

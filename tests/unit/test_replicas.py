@@ -156,6 +156,7 @@ def _one_silent_replica() -> tuple[Replicas, Replica, _SilentControl]:
         Settings(model_repository=".", http_workers=2),
         ModelRegistry(),
         None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
         "\0test",
     )
     replica = Replica(1, _Process(), "prefix")  # type: ignore[arg-type]

@@ -160,10 +160,11 @@ class ModelConfig(msgspec.Struct, frozen=True):
     pad_batch: PadBatch | None = None
 
     @property
-    def batches_across_clients(self) -> bool:
-        """A dynamic or sequence batcher gathers this model's requests from every
-        connection: with several HTTP fronts they would gather per front (docs/scaling.md)."""
-        return self.dynamic_batching is not None or self.sequence_batching is not None
+    def sequences_per_front(self) -> bool:
+        """A sequence batcher keeps each sequence's state, slots and batches in one front:
+        with several HTTP fronts they would form per front (docs/scaling.md). (Dynamic
+        batches form in the primary front whatever the number of fronts.)"""
+        return self.sequence_batching is not None
 
 
 class ConfigLimits(msgspec.Struct, frozen=True):

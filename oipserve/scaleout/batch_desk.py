@@ -1,0 +1,158 @@
+"""The primary's end of the batch sockets: other fronts' checked requests, into its batchers.
+
+One ``BatchDesk`` per replica (``batch_wire`` has the protocol). Each ``Enqueue`` becomes
+an ``Inference`` of the primary's own version of that model, its inputs' bytes the data
+of the message, and joins the version's batcher through ``DataPlane.batch_checked``, as a
+request of this front would: one queue, one queue policy, batches over every front's
+clients. It is counted here, once (the replica counts only what it refused before
+sending). Its outputs go back as bytes; the worker's segment is released as soon as they
+are copied into the answer.
+
+A ``Withdraw`` cancels the request as a client that leaves this front does (it leaves the
+queue, or its part of a running batch is dropped). A replica whose socket closes (it
+died, or stopped) withdraws everything it had sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+from oipserve.dataplane.plane import DataPlane
+from oipserve.errors import ServerError, Unavailable, kind_of
+from oipserve.models.registry import ModelRegistry, ModelVersion
+from oipserve.request.inference import Inference, InputTensor, OutputTensor
+from oipserve.request.placement import Placement
+from oipserve.scaleout.batch_wire import (
+    Answered,
+    CrossingOutput,
+    Enqueue,
+    Refusal,
+    ToPrimary,
+    to_primary_decoder,
+)
+from oipserve.scaleout.control import ControlProtocol
+
+__all__ = ["BatchDesk"]
+
+log = logging.getLogger("oipserve.replicas")
+
+
+class BatchDesk:
+    """The requests one replica sends to this front's batchers, and their answers."""
+
+    def __init__(self, plane: DataPlane, registry: ModelRegistry) -> None:
+        self._plane = plane
+        self._registry = registry
+        # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop = asyncio.get_running_loop()
+        self._protocol: ControlProtocol[ToPrimary] = ControlProtocol(
+            to_primary_decoder(), self._received, self._closed
+        )
+        #: Requests not answered yet: what withdraws each (its batcher's future's cancel).
+        self._withdraw: dict[int, Callable[[], object]] = {}
+        #: Requests withdrawn before they reached their batcher; all once the socket closed.
+        self._gone: set[int] = set()
+        self._open = True
+        #: Their tasks, kept referenced until they end.
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def open(self, sock: socket.socket) -> None:
+        """Serve the primary's end of a replica's batch socket."""
+        await self._loop.connect_accepted_socket(lambda: self._protocol, sock)
+
+    def close(self) -> None:
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.close()
+
+    def _received(self, message: ToPrimary) -> None:
+        if isinstance(message, Enqueue):
+            task = self._loop.create_task(self._run(message))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            return
+        withdraw = self._withdraw.pop(message.id, None)
+        if withdraw is not None:
+            withdraw()
+        else:  # its task has not queued it yet (or it is answered: then nothing happens)
+            self._gone.add(message.id)
+
+    def _closed(self) -> None:
+        self._open = False
+        withdraws = list(self._withdraw.values())
+        self._withdraw.clear()
+        for withdraw in withdraws:
+            withdraw()
+
+    def _watch(self, rid: int) -> Callable[[Callable[[], object]], None]:
+        """The request's ``watch``: its batcher's withdrawal, kept for a ``Withdraw``."""
+
+        def watch(withdraw: Callable[[], object]) -> None:
+            if rid in self._gone or not self._open:
+                withdraw()
+            else:
+                self._withdraw[rid] = withdraw
+
+        return watch
+
+    async def _run(self, message: Enqueue) -> None:
+        rid = message.id
+        try:
+            inference, placements = self._inference(message)
+            deadline = self._loop.time() + message.seconds_left
+            result = await self._plane.batch_checked(
+                inference, placements, message.start_ns, deadline
+            )
+        except BaseException as exc:
+            if not isinstance(exc, ServerError | asyncio.CancelledError):
+                log.exception("a request another front sent to be batched failed")
+            kind, text = kind_of(exc)
+            self._protocol.send(Refusal(rid, kind, text))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        finally:
+            self._withdraw.pop(rid, None)
+            self._gone.discard(rid)
+        try:  # NOTE: encoded (copied) before the worker's segment goes back
+            self._protocol.send(Answered(rid, [_output(tensor) for tensor in result.outputs]))
+        finally:
+            result.release()
+
+    def _inference(self, message: Enqueue) -> tuple[Inference, list[Placement]]:
+        model = self._version(message)
+        placements: list[Placement] = []
+        tensors = []
+        for item in message.inputs:
+            tensor = InputTensor(item.name, item.datatype, item.shape, raw=item.data)
+            tensor.image = item.image
+            tensors.append(tensor)
+            placements.append((tensor, item.model_shape, len(item.data), item.data))
+        rid = message.id
+        inference = Inference(
+            model,
+            tensors,
+            message.outputs,
+            [],
+            priority=message.priority,
+            timeout_us=message.timeout_us,
+            watch=self._watch(rid),
+        )
+        return inference, placements
+
+    def _version(self, message: Enqueue) -> ModelVersion:
+        """This front's version the replica checked the request against."""
+        model = self._registry.models.get(message.name, {}).get(message.version)
+        if model is None or model.serial != message.serial:
+            raise Unavailable(
+                f"model '{message.name}' version {message.version} is being loaded or "
+                "unloaded; try again"
+            )
+        return model
+
+
+def _output(tensor: OutputTensor) -> CrossingOutput:
+    return CrossingOutput(tensor.name, tensor.datatype, tensor.shape, tensor.data)

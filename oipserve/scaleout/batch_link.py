@@ -1,0 +1,145 @@
+"""A replica's end of its batch socket: checked requests of batching models, to the primary.
+
+The replica's data plane hands each request of a batching version here once it has
+checked it (``strategies.Batched``: metadata, shapes, its response cache, JSON decoded,
+clients' regions read) instead of to batchers of its own (``DataPlane.batch_elsewhere``):
+``PrimaryBatches.infer`` sends its inputs' bytes to the primary (``batch_wire.Enqueue``),
+releases what held them, and waits for its answer, whose outputs become the request's
+``InferResult`` (bytes of this process: nothing to give back). The primary counts the
+request in its statistics; this front counts only what failed before it was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from time import monotonic_ns
+
+import numpy as np
+
+from oipserve.dataplane.batched import Withdrawn
+from oipserve.errors import InternalError, Unavailable, from_kind
+from oipserve.request.inference import Inference, InferResult, OutputTensor
+from oipserve.request.placement import Placement
+from oipserve.request.tensors import Deferred
+from oipserve.runtime.off_loop import nothing_to_release
+from oipserve.scaleout.batch_wire import (
+    Answered,
+    CrossingInput,
+    Enqueue,
+    FromPrimary,
+    Withdraw,
+    from_primary_decoder,
+)
+from oipserve.scaleout.control import ControlProtocol
+from oipserve.scheduling.policy import BatchPolicy
+from oipserve.telemetry.stats import ModelStats, refusal_reason
+
+__all__ = ["PrimaryBatches"]
+
+#: What a request waiting on the primary is told when the primary's socket closed.
+PRIMARY_GONE = "the primary front is gone; try again"
+
+
+class PrimaryBatches:
+    """The primary's batchers, as this front's data plane sees them (a ``BatchQueue``)."""
+
+    def __init__(self) -> None:
+        # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop = asyncio.get_running_loop()
+        self._protocol: ControlProtocol[FromPrimary] = ControlProtocol(
+            from_primary_decoder(), self._received, self._closed
+        )
+        self._ids = itertools.count(1)
+        #: Requests sent and not answered, by id.
+        self._waiting: dict[int, asyncio.Future[FromPrimary]] = {}
+        self._open = False
+
+    async def open(self, sock: socket.socket) -> None:
+        """Use this front's end of its batch socket (the primary made the pair)."""
+        await self._loop.connect_accepted_socket(lambda: self._protocol, sock)
+        self._open = True
+
+    async def infer(
+        self,
+        inference: Inference,
+        policy: BatchPolicy,
+        stats: ModelStats,
+        start: int,
+        placements: list[Placement],
+        deadline: float,
+    ) -> InferResult:
+        """The request's result from the primary's batcher of its version."""
+        rid = next(self._ids)
+        model = inference.model
+        try:
+            if not self._open:
+                raise Unavailable(PRIMARY_GONE)
+            self._protocol.send(
+                Enqueue(
+                    rid,
+                    model.name,
+                    model.version,
+                    model.serial,
+                    [_crossing(placement) for placement in placements],
+                    inference.output_names,
+                    inference.priority,
+                    inference.timeout_us,
+                    start,
+                    deadline - self._loop.time(),
+                )
+            )
+        except BaseException as exc:
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        finally:  # NOTE: the message holds a copy of the inputs' bytes
+            for held in inference.owned:
+                held.release()
+        future: asyncio.Future[FromPrimary] = self._loop.create_future()
+        self._waiting[rid] = future
+        if inference.watch is not None:
+            inference.watch(future.cancel)
+        try:
+            reply = await future
+        except BaseException:
+            if self._waiting.pop(rid, None) is not None:
+                self._protocol.send(Withdraw(rid))
+            task = asyncio.current_task()
+            if future.cancelled() and (task is None or not task.cancelling()):
+                raise Withdrawn("the client went away before its request ran") from None
+            raise
+        if not isinstance(reply, Answered):
+            raise from_kind(reply.kind, reply.message)
+        outputs = [OutputTensor(o.name, o.datatype, o.shape, o.data) for o in reply.outputs]
+        return InferResult(model, outputs, nothing_to_release)
+
+    def _received(self, message: FromPrimary) -> None:
+        future = self._waiting.pop(message.id, None)
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    def _closed(self) -> None:
+        self._open = False
+        waiting = list(self._waiting.values())
+        self._waiting.clear()
+        for future in waiting:
+            if not future.done():
+                future.set_exception(Unavailable(PRIMARY_GONE))
+
+
+def _crossing(placement: Placement) -> CrossingInput:
+    """One checked input as it crosses: its bytes, wherever this front holds them."""
+    tensor, shape, _, data = placement
+    if data is None:
+        if tensor.located is None:
+            raise InternalError(f"input '{tensor.name}' has no data in this front")
+        held, offset, size = tensor.located
+        view = held.buf[offset : offset + size]
+    elif isinstance(data, Deferred):
+        raise InternalError(f"input '{tensor.name}' was not decoded before it crossed")
+    elif isinstance(data, np.ndarray):
+        view = data.view(np.uint8).reshape(-1).data
+    else:
+        view = memoryview(data)
+    return CrossingInput(tensor.name, tensor.datatype, tensor.shape, shape, tensor.image, view)

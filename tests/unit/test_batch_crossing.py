@@ -1,0 +1,236 @@
+"""A replica's checked requests crossing to the primary's batchers, over a real socket pair:
+``scaleout.batch_link.PrimaryBatches`` on one end, ``scaleout.batch_desk.BatchDesk`` on the
+other, the primary's data plane a stand-in that records what reached it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from oipserve.dataplane.batched import Withdrawn
+from oipserve.errors import InvalidInput, Unavailable
+from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
+from oipserve.request.placement import Placement
+from oipserve.scaleout.batch_desk import BatchDesk
+from oipserve.scaleout.batch_link import PRIMARY_GONE, PrimaryBatches
+from oipserve.scheduling.policy import BatchPolicy
+from oipserve.scheduling.scheduler import QueueRejected
+
+
+@dataclass(eq=False)
+class _Version:
+    name: str = "batched"
+    version: str = "1"
+    serial: int = 7
+
+
+@dataclass
+class _Registry:
+    models: dict[str, dict[str, _Version]]
+
+
+@dataclass
+class _Stats:
+    failed: list[str] = field(default_factory=list)
+
+    def request_failed(self, reason: object, _ns: int) -> None:
+        self.failed.append(str(reason))
+
+
+class _Held:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class _PrimaryPlane:
+    """The primary's ``batch_checked``: each request waits for the test's answer."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[Inference, list[Placement], int, float]] = []
+        self.answers: asyncio.Queue[Callable[[Inference], InferResult]] = asyncio.Queue()
+        self.withdrawn = 0
+
+    async def batch_checked(
+        self, inference: Inference, placements: list[Placement], start: int, deadline: float
+    ) -> InferResult:
+        self.requests.append((inference, placements, start, deadline))
+        future = asyncio.get_running_loop().create_future()
+        assert inference.watch is not None
+        inference.watch(future.cancel)
+        answer = asyncio.ensure_future(self.answers.get())
+        try:
+            await asyncio.wait([future, answer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            answer.cancel()
+        if future.cancelled():
+            self.withdrawn += 1
+            raise Withdrawn("the client went away before its request ran")
+        return answer.result()(inference)
+
+
+@dataclass
+class _Ends:
+    replica: PrimaryBatches
+    desk: BatchDesk
+    plane: _PrimaryPlane
+    registry: _Registry
+
+
+@pytest.fixture
+async def ends() -> AsyncIterator[_Ends]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    plane = _PrimaryPlane()
+    registry = _Registry({"batched": {"1": _Version()}})
+    desk = BatchDesk(plane, registry)  # type: ignore[arg-type]
+    await desk.open(ours)
+    replica = PrimaryBatches()
+    await replica.open(theirs)
+    yield _Ends(replica, desk, plane, registry)
+    desk.close()
+
+
+def _request(
+    watch: Callable[[Callable[[], object]], None] | None = None,
+) -> tuple[Inference, list[Placement], _Held]:
+    """A checked request of ``batched``: an FP32 array and a view of received bytes."""
+    values = np.arange(4, dtype=np.float32).reshape(1, 4)
+    text = memoryview(b"\x05\x00\x00\x00hello")
+    x = InputTensor("INPUT0", "FP32", [1, 4], values=values.tolist())
+    t = InputTensor("TEXT", "BYTES", [1, 1], raw=text)
+    held = _Held()
+    inference = Inference(
+        _Version(), [x, t], ["OUTPUT0"], [held], priority=2, timeout_us=500, watch=watch
+    )  # type: ignore[arg-type]
+    return inference, [(x, [1, 4], 16, values), (t, [1, 1], 9, text)], held
+
+
+async def _send(ends: _Ends, inference: Inference, placements: list[Placement], stats: _Stats):
+    deadline = asyncio.get_running_loop().time() + 30
+    policy = BatchPolicy(max_batch_size=8)
+    return asyncio.ensure_future(
+        ends.replica.infer(inference, policy, stats, 1234, placements, deadline)  # type: ignore[arg-type]
+    )
+
+
+async def _reached(ends: _Ends, count: int) -> None:
+    async with asyncio.timeout(5):
+        while len(ends.plane.requests) < count:
+            await asyncio.sleep(0.001)
+
+
+def _doubled(inference: Inference) -> InferResult:
+    (x, _) = inference.inputs
+    assert x.raw is not None
+    data = (np.frombuffer(x.raw, np.float32) * 2).tobytes()
+    output = OutputTensor("OUTPUT0", "FP32", [1, 4], memoryview(data))
+    released: list[int] = []
+    return InferResult(inference.model, [output], lambda: released.append(1))
+
+
+async def test_a_request_crosses_with_its_bytes_and_its_answer_comes_back(ends: _Ends) -> None:
+    inference, placements, held = _request()
+    stats = _Stats()
+    call = await _send(ends, inference, placements, stats)
+    await _reached(ends, 1)
+    assert held.released == 1  # the message holds a copy: released once sent
+    crossed, crossed_placements, start, deadline = ends.plane.requests[0]
+    assert crossed.model is ends.registry.models["batched"]["1"]
+    assert (crossed.priority, crossed.timeout_us, crossed.output_names) == (2, 500, ["OUTPUT0"])
+    assert start == 1234 and 29 < deadline - asyncio.get_running_loop().time() <= 30
+    assert [(t.name, t.datatype, t.shape, shape, n) for t, shape, n, _ in crossed_placements] == [
+        ("INPUT0", "FP32", [1, 4], [1, 4], 16),
+        ("TEXT", "BYTES", [1, 1], [1, 1], 9),
+    ]
+    assert bytes(crossed_placements[1][3]) == b"\x05\x00\x00\x00hello"  # type: ignore[arg-type]
+    ends.plane.answers.put_nowait(_doubled)
+    result = await asyncio.wait_for(call, 5)
+    (output,) = result.outputs
+    assert (output.name, output.datatype, output.shape) == ("OUTPUT0", "FP32", [1, 4])
+    assert np.frombuffer(output.data, np.float32).tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert stats.failed == []  # counted where it ran
+
+
+async def test_a_refusal_keeps_its_kind_and_message(ends: _Ends) -> None:
+    def refuse(_inference: Inference) -> InferResult:
+        raise QueueRejected("Exceeds maximum queue size")
+
+    inference, placements, _ = _request()
+    call = await _send(ends, inference, placements, _Stats())
+    ends.plane.answers.put_nowait(refuse)
+    with pytest.raises(Unavailable, match="^Exceeds maximum queue size$") as caught:
+        await asyncio.wait_for(call, 5)
+    assert caught.value.status == 503
+
+
+async def test_a_client_that_leaves_withdraws_its_request_from_the_primary(ends: _Ends) -> None:
+    leaving: list[Callable[[], object]] = []
+    inference, placements, _ = _request(watch=leaving.append)
+    call = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 1)
+    (leave,) = leaving
+    leave()
+    with pytest.raises(Withdrawn):
+        await asyncio.wait_for(call, 5)
+    async with asyncio.timeout(5):
+        while ends.plane.withdrawn == 0:
+            await asyncio.sleep(0.001)
+
+
+async def test_a_request_for_a_version_the_primary_replaced_is_refused_retryably(
+    ends: _Ends,
+) -> None:
+    ends.registry.models["batched"]["1"] = _Version(serial=8)
+    inference, placements, _ = _request()
+    call = await _send(ends, inference, placements, _Stats())
+    with pytest.raises(Unavailable, match="is being loaded or unloaded; try again"):
+        await asyncio.wait_for(call, 5)
+    assert ends.plane.requests == []
+
+
+async def test_requests_waiting_when_the_primary_goes_fail_and_later_ones_at_once(
+    ends: _Ends,
+) -> None:
+    inference, placements, _ = _request()
+    call = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 1)
+    ends.desk.close()
+    with pytest.raises(Unavailable, match=PRIMARY_GONE):
+        await asyncio.wait_for(call, 5)
+    inference, placements, held = _request()
+    stats = _Stats()
+    with pytest.raises(Unavailable, match=PRIMARY_GONE):
+        await asyncio.wait_for(await _send(ends, inference, placements, stats), 5)
+    assert held.released == 1 and len(stats.failed) == 1  # refused here, counted here
+
+
+async def test_a_replica_that_goes_withdraws_what_it_sent(ends: _Ends) -> None:
+    inference, placements, _ = _request()
+    call = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 1)
+    transport = ends.replica._protocol.transport  # noqa: SLF001 (the replica's end dies)
+    assert transport is not None
+    transport.abort()
+    async with asyncio.timeout(5):
+        while ends.plane.withdrawn == 0:
+            await asyncio.sleep(0.001)
+    with pytest.raises(Unavailable, match=PRIMARY_GONE):
+        await asyncio.wait_for(call, 5)
+
+
+async def test_an_input_the_primary_cannot_take_is_refused_with_its_message(ends: _Ends) -> None:
+    def invalid(_inference: Inference) -> InferResult:
+        raise InvalidInput("the inputs of model 'batched' must share their first dimension")
+
+    inference, placements, _ = _request()
+    call = await _send(ends, inference, placements, _Stats())
+    ends.plane.answers.put_nowait(invalid)
+    with pytest.raises(InvalidInput, match="must share their first dimension"):
+        await asyncio.wait_for(call, 5)
