@@ -187,6 +187,8 @@ class ControlProtocol(asyncio.Protocol, Generic[Incoming]):
         self._on_closed = on_closed
         self._splitter = FrameSplitter()
         self.transport: asyncio.Transport | None = None
+        #: Frames sent during this turn of the loop, written together at its end.
+        self._outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (asyncio types the hook for every protocol; a stream's transport is a Transport)
@@ -200,8 +202,25 @@ class ControlProtocol(asyncio.Protocol, Generic[Incoming]):
         self._on_closed()
 
     def send(self, message: object) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(frame(_ENCODER, message))
+        """Queue ``message``; what is sent during one turn of the loop goes in one write.
+
+        PERF: the batch sockets carry a message per request each way. Written one by one,
+        each write woke the other end once, and the primary's batcher took the requests
+        of one turn of a replica's loop in as many turns of its own, forming smaller
+        batches (``docs/scaling.md``, "Batches formed across fronts").
+        """
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing.append(frame(_ENCODER, message))
+
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(b"".join(outgoing) if len(outgoing) > 1 else outgoing[0])
 
 
 def to_replica_decoder() -> msgspec.msgpack.Decoder[ToReplica]:
