@@ -53,7 +53,9 @@ class BatchDesk:
         )
         #: Requests not answered yet: what withdraws each (its batcher's future's cancel).
         self._withdraw: dict[int, Callable[[], object]] = {}
-        #: Requests withdrawn before they reached their batcher; all once the socket closed.
+        #: Requests received and not answered yet.
+        self._active: set[int] = set()
+        #: Those withdrawn before they reached their batcher; all once the socket closed.
         self._gone: set[int] = set()
         self._open = True
         #: Their tasks, kept referenced until they end.
@@ -70,6 +72,7 @@ class BatchDesk:
 
     def _received(self, message: ToPrimary) -> None:
         if isinstance(message, Enqueue):
+            self._active.add(message.id)
             task = self._loop.create_task(self._run(message))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -77,8 +80,9 @@ class BatchDesk:
         withdraw = self._withdraw.pop(message.id, None)
         if withdraw is not None:
             withdraw()
-        else:  # its task has not queued it yet (or it is answered: then nothing happens)
+        elif message.id in self._active:  # its task has not queued it yet
             self._gone.add(message.id)
+        # (else it was answered already: the replica drops the answer)
 
     def _closed(self) -> None:
         self._open = False
@@ -117,6 +121,7 @@ class BatchDesk:
         finally:
             self._withdraw.pop(rid, None)
             self._gone.discard(rid)
+            self._active.discard(rid)
         try:  # NOTE: encoded (copied) before the worker's segment goes back
             self._protocol.send(Answered(rid, [_output(tensor) for tensor in result.outputs]))
         finally:

@@ -234,3 +234,28 @@ async def test_an_input_the_primary_cannot_take_is_refused_with_its_message(ends
     ends.plane.answers.put_nowait(invalid)
     with pytest.raises(InvalidInput, match="must share their first dimension"):
         await asyncio.wait_for(call, 5)
+
+
+async def test_withdrawals_early_or_late_leave_nothing_behind(ends: _Ends) -> None:
+    """A ``Withdraw`` that comes before the primary queued the request still withdraws it;
+    one that crosses its answer is dropped; neither is remembered afterwards."""
+    leaving: list[Callable[[], object]] = []
+    inference, placements, _ = _request(watch=leaving.append)
+    early = await _send(ends, inference, placements, _Stats())
+    await asyncio.sleep(0)  # sent, not yet received
+    leaving.pop()()
+    with pytest.raises(Withdrawn):
+        await asyncio.wait_for(early, 5)
+    inference, placements, _ = _request(watch=leaving.append)
+    late = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 2)
+    ends.plane.answers.put_nowait(_doubled)
+    await asyncio.sleep(0)
+    leaving.pop()()  # while the answer is on its way
+    with pytest.raises(Withdrawn):
+        await asyncio.wait_for(late, 5)
+    async with asyncio.timeout(5):
+        while ends.plane.withdrawn < 1 or ends.desk._active:  # noqa: SLF001
+            await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)  # the late Withdraw arrives
+    assert (ends.desk._active, ends.desk._gone, ends.desk._withdraw) == (set(), set(), {})  # noqa: SLF001
