@@ -127,7 +127,7 @@ def prepare(settings: Settings) -> tuple[Settings, Sites, StartupPlan]:
     try:
         _check_ports(settings)
         repository.check()
-        settings = settle_fronts(settings, repository)
+        settings = settle_fronts(settings)
     except (ValueError, RepositoryError) as exc:
         raise StartupError(str(exc)) from None
     sites = Sites.of(settings)

@@ -74,9 +74,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: more, each with its own event loop and its own connection to every worker; they
     #: answer inference of repository models themselves and hand this process
     #: everything else (docs/scaling.md). None is ``auto``, the command line's default
-    #: (flag or env may name a number), resolved at start-up, once the repository is read
-    #: (``app.fronts.settle_fronts``: from the usable CPUs, one front for a repository of
-    #: batching models); 1 here is for settings built in code. Read it as ``fronts``.
+    #: (flag or env may name a number), resolved at start-up (``app.fronts.settle_fronts``:
+    #: from the usable CPUs); 1 here is for settings built in code. Read it as ``fronts``.
     http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = 1
     devices: str = "auto"
     #: Worker processes per device. None is ``auto``, the command line's default (flag or

@@ -37,7 +37,7 @@ from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble import EnsembleRunner
 from oipserve.dataplane.intake import Intake
 from oipserve.dataplane.response_cache import ResponseCache
-from oipserve.dataplane.sequenced import Sequenced
+from oipserve.dataplane.sequenced import Elsewhere, Sequenced
 from oipserve.dataplane.strategies import (
     Batched,
     BatchQueue,
@@ -114,6 +114,9 @@ class DataPlane:
         #: Where checked requests of batching versions go: this front's batchers, or in a
         #: front other than the primary the primary's (``batch_elsewhere``).
         self._batch_queue: BatchQueue = self._batches
+        self._sequences_elsewhere: Elsewhere | None = None
+        #: The sequence batcher of each sequence version, made with its strategy.
+        self._sequencers: dict[ModelVersion, Sequenced] = {}
         self._dispatch = dispatch
         #: The response cache (``--cache-config``); None without one (the default).
         self.cache: ResponseCache | None = None
@@ -165,10 +168,12 @@ class DataPlane:
         self.cache = ResponseCache(size) if size else None
         self.stats.cache_on = self.cache is not None
 
-    def batch_elsewhere(self, queue: BatchQueue) -> None:
-        """Hand checked requests of batching versions to ``queue`` (before the first
-        request): a front other than the primary, whose batches form in the primary."""
+    def batch_elsewhere(self, queue: BatchQueue, sequences: Elsewhere) -> None:
+        """Hand checked requests of batching versions to ``queue``, and of sequence
+        versions to ``sequences`` (before the first request): a front other than the
+        primary, whose batches and sequences form in the primary."""
         self._batch_queue = queue
+        self._sequences_elsewhere = sequences
 
     def _forget_regions(self, objects: list[ObjectRef]) -> None:
         for worker in self.pool.workers:
@@ -267,7 +272,11 @@ class DataPlane:
         elif isinstance(model, EnsembleVersion):  # its steps run from here (dataplane.ensemble)
             strategy = self._ensembles().run
         elif sequence is not None:  # a stateful model: the sequence batcher
-            strategy = Sequenced(self._intake, self._dispatch, model, sequence).run
+            sequencer = Sequenced(
+                self._intake, self._dispatch, model, sequence, self._sequences_elsewhere
+            )
+            self._sequencers[model] = sequencer
+            strategy = sequencer.run
         elif policy is not None:
             strategy = Batched(self._intake, self._batch_queue, policy, cache).run
         elif cache is not None:
@@ -281,23 +290,37 @@ class DataPlane:
         self, inference: Inference, placements: list[Placement], start: int, deadline: float
     ) -> InferResult:
         """A request another front checked, into this front's batcher of its version (the
-        primary's side of ``batch_elsewhere``): counted in this front's statistics from
-        ``start`` (its arrival there), answered by ``deadline`` (this loop's time)."""
+        primary's side of ``batch_elsewhere``): its sequence batcher when the request names
+        a sequence. Counted in this front's statistics from ``start`` (its arrival there),
+        answered by ``deadline`` (this loop's time)."""
         model = inference.model
-        policy = batching_policy(model.config)
         stats = self.stats.of(model)
-        try:
-            if policy is None:
-                raise InternalError(f"model '{model.name}' does not batch")
-            model.check_serving()
-        except BaseException as exc:
-            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
-            raise
         model.in_flight += 1
         try:
+            if inference.sequence is not None:
+                sequencer = self._sequencer(model)
+                return await sequencer.run_checked(inference, placements, stats, start, deadline)
+            policy = batching_policy(model.config)
+            try:
+                if policy is None:
+                    raise InternalError(f"model '{model.name}' does not batch")
+                model.check_serving()
+            except BaseException as exc:
+                stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+                raise
             return await self._batches.infer(inference, policy, stats, start, placements, deadline)
         finally:
             model.in_flight -= 1
+
+    def _sequencer(self, model: ModelVersion) -> Sequenced:
+        """The sequence batcher of a sequence version (made with its strategy)."""
+        sequencer = self._sequencers.get(model)
+        if sequencer is None:
+            self._strategy_of(model)
+            sequencer = self._sequencers.get(model)
+        if sequencer is None:
+            raise InternalError(f"model '{model.name}' has no sequence batcher")
+        return sequencer
 
     def _ensembles(self) -> EnsembleRunner:
         """The strategy of ensembles, made at the first ensemble request."""
@@ -317,6 +340,7 @@ class DataPlane:
         gone = [m for m in self._strategies if models.get(m.name, {}).get(m.version) is not m]
         for model in gone:
             del self._strategies[model]
+            self._sequencers.pop(model, None)
         if gone and self.cache is not None:
             self.cache.forget({model.serial for model in gone})
 

@@ -21,19 +21,28 @@ again (it gets a place on a running worker).
 The code is in three layers, one job each: ``Sequenced`` here, a request's way in (its
 checks, the sequence it joins, its queue); ``sequence_batches``, when a lane's batch runs and
 running it; ``sequence_slots``, the sequences' places, the backlog, answers and timers.
+
+With ``--http-workers N`` a version's sequences live in the primary front alone: another
+front checks a request (``run``) and sends it there (``elsewhere``,
+``scaleout.batch_link``), where it joins its sequence (``run_checked``), so that a sequence
+may come through any front, as any connection reaches Triton's one process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from time import monotonic_ns
 from typing import TYPE_CHECKING
 
-from oipserve.dataplane.intake import has_deferred
+from oipserve.dataplane.dispatch import Dispatch
+from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.sequence_batches import SequenceBatches
 from oipserve.dataplane.sequence_slots import Seq, SequenceStep
 from oipserve.errors import InvalidInput, Unavailable
+from oipserve.models.config.sequence import SequencePolicy
+from oipserve.models.registry import ModelVersion
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference, InferResult
 from oipserve.request.placement import Placement
@@ -43,22 +52,85 @@ from oipserve.wire.shm import Lease
 if TYPE_CHECKING:
     from oipserve.request.sequence_params import SequenceTag
 
-__all__ = ["Sequenced"]
+__all__ = ["Elsewhere", "Sequenced"]
 
 log = logging.getLogger("oipserve.dataplane")
+
+#: Where a front other than the primary sends a checked request of a sequence model: (the
+#: request, its statistics, its arrival, its placements, its deadline) -> its result.
+Elsewhere = Callable[[Inference, ModelStats, int, list[Placement], float], Awaitable[InferResult]]
 
 
 class Sequenced(SequenceBatches):
     """The sequence batcher of one model version (``DataPlane._choose``'s strategy)."""
 
+    def __init__(
+        self,
+        intake: Intake,
+        dispatch: Dispatch,
+        model: ModelVersion,
+        policy: SequencePolicy,
+        elsewhere: Elsewhere | None = None,
+    ) -> None:
+        super().__init__(intake, dispatch, model, policy)
+        #: Set in a front other than the primary: the primary's sequence batcher.
+        self.elsewhere = elsewhere
+
     # ---- one request -----------------------------------------------------------
 
     async def run(self, inference: Inference, stats: ModelStats, start: int) -> InferResult:
-        """Check the request, queue it on its sequence, and await its answer."""
+        """Check the request, queue it on its sequence (here, or in the primary's), and
+        await its answer."""
         try:
-            tag = self._tag(inference)
+            self._tag(inference)
             placements = self.intake.check(inference)
             self._check_batch_size(placements)
+        except BaseException as exc:
+            _release(inference.owned)
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        deadline = self.intake.deadline(inference)
+        elsewhere = self.elsewhere
+        if elsewhere is None:
+            return await self.run_checked(inference, placements, stats, start, deadline)
+        placements = await self._inputs_here(inference, placements, stats, start, deadline)
+        return await elsewhere(inference, stats, start, placements, deadline)
+
+    async def _inputs_here(
+        self,
+        inference: Inference,
+        placements: list[Placement],
+        stats: ModelStats,
+        start: int,
+        deadline: float,
+    ) -> list[Placement]:
+        """Before a checked request crosses to the primary: its large JSON decoded, its
+        clients' regions read (the primary gets its inputs' bytes)."""
+        owned = inference.owned
+        try:
+            if has_deferred(placements):
+                placements = await self.intake.decode_in_worker(
+                    self.model, placements, owned, deadline
+                )
+            self.intake.copy_regions(placements, owned)
+        except BaseException as exc:
+            _release(owned)
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        return placements
+
+    async def run_checked(
+        self,
+        inference: Inference,
+        placements: list[Placement],
+        stats: ModelStats,
+        start: int,
+        deadline: float,
+    ) -> InferResult:
+        """A checked request (here, or by another front) queued on its sequence; its
+        answer."""
+        try:
+            tag = self._tag(inference)
             self.model.check_serving()
             sequence = self._sequence_of(tag)
         except BaseException as exc:
@@ -67,7 +139,6 @@ class Sequenced(SequenceBatches):
             raise
         future: asyncio.Future[InferResult] = self._loop.create_future()
         step = SequenceStep(placements, inference, tag, start, stats, future)
-        deadline = self.intake.deadline(inference)
         self._enqueue(sequence, step, deadline)
         if has_deferred(placements) or any(t.region is not None for t, _, _, _ in placements):
             step.ready = False

@@ -287,27 +287,6 @@ class Repository:
             )
         return read_directory(directory, name, override, renamed=True)
 
-    def sequence_models(self) -> list[str]:
-        """The models whose config.pbtxt has a ``sequence_batching`` block, whose sequences
-        would form per front (``--http-workers auto`` keeps one front for them,
-        docs/scaling.md). Only the configs are read; one that cannot be read is left out
-        here and fails its model's load, as before."""
-        directory = self.model_directory()
-        if directory is not None:  # one model, served as ``model_name``
-            places = [(self.model_name or directory.name, directory)]
-        else:
-            places = [(name, self.root / name) for name in list_models(self.root)]
-        found = []
-        for name, place in places:
-            path = place / "config.pbtxt"
-            try:
-                config = read_model_config(path) if path.is_file() else None
-            except (ModelConfigError, OSError):
-                continue
-            if config is not None and config.sequences_per_front:
-                found.append(name)
-        return found
-
     def check(self) -> None:
         """RepositoryError unless ``root`` is a readable directory."""
         check_repository(self.root)

@@ -25,6 +25,7 @@ from oipserve.errors import ServerError, Unavailable, kind_of
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.request.inference import Inference, InputTensor, OutputTensor
 from oipserve.request.placement import Placement
+from oipserve.request.sequence_params import SequenceTag
 from oipserve.scaleout.batch_wire import (
     Answered,
     CrossingOutput,
@@ -146,6 +147,10 @@ class BatchDesk:
             timeout_us=message.timeout_us,
             watch=self._watch(rid),
         )
+        if message.sequence_id is not None:
+            inference.sequence = SequenceTag(
+                message.sequence_id, message.sequence_start, message.sequence_end
+            )
         return inference, placements
 
     def _version(self, message: Enqueue) -> ModelVersion:

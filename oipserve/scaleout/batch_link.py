@@ -2,8 +2,9 @@
 
 The replica's data plane hands each request of a batching version here once it has
 checked it (``strategies.Batched``: metadata, shapes, its response cache, JSON decoded,
-clients' regions read) instead of to batchers of its own (``DataPlane.batch_elsewhere``):
-``PrimaryBatches.infer`` sends its inputs' bytes to the primary (``batch_wire.Enqueue``),
+clients' regions read; ``sequenced.Sequenced`` for a sequence model) instead of to
+batchers of its own (``DataPlane.batch_elsewhere``): ``PrimaryBatches.cross`` sends its
+inputs' bytes and its sequence, if any, to the primary (``batch_wire.Enqueue``),
 releases what held them, and waits for its answer, whose outputs become the request's
 ``InferResult`` (bytes of this process: nothing to give back). The primary counts the
 request in its statistics; this front counts only what failed before it was sent.
@@ -70,9 +71,25 @@ class PrimaryBatches:
         placements: list[Placement],
         deadline: float,
     ) -> InferResult:
-        """The request's result from the primary's batcher of its version."""
+        """The request's result from the primary's dynamic batcher of its version."""
+        return await self.cross(inference, stats, start, placements, deadline)
+
+    async def cross(
+        self,
+        inference: Inference,
+        stats: ModelStats,
+        start: int,
+        placements: list[Placement],
+        deadline: float,
+    ) -> InferResult:
+        """The request's result from the primary's batcher of its version: its sequence
+        batcher when the request names a sequence (``sequenced.Elsewhere``)."""
         rid = next(self._ids)
         model = inference.model
+        tag = inference.sequence
+        sequence_id, first, last = (None, False, False) if tag is None else (
+            tag.sequence_id, tag.start, tag.end
+        )  # fmt: skip
         try:
             if not self._open:
                 raise Unavailable(PRIMARY_GONE)
@@ -88,6 +105,9 @@ class PrimaryBatches:
                     inference.timeout_us,
                     start,
                     deadline - self._loop.time(),
+                    sequence_id,
+                    first,
+                    last,
                 )
             )
         except BaseException as exc:

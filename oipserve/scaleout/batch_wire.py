@@ -1,12 +1,12 @@
 """What crosses the batch socket between a front and the primary (``batch_desk``, ``batch_link``).
 
 With ``--http-workers N`` a model's batcher lives in the primary front alone, so that its
-batches, queue limits and priorities form over every client's connection, as in Triton's
-one process. Each other front (a replica) checks a request of a batching model as it
-checks any, then sends it to the primary on a socket of its own (a pair made when the
-replica starts; framed as the control socket is) as an ``Enqueue``; the primary answers
-each with ``Answered`` or ``Refusal`` carrying its ``id``. A replica whose client went
-away sends ``Withdraw``.
+batches, queue limits and priorities (a sequence model's sequences and slots) form over
+every client's connection, as in Triton's one process. Each other front (a replica)
+checks a request of a batching model as it checks any, then sends it to the primary on a
+socket of its own (a pair made when the replica starts; framed as the control socket is)
+as an ``Enqueue``; the primary answers each with ``Answered`` or ``Refusal`` carrying its
+``id``. A replica whose client went away sends ``Withdraw``.
 
 The tensors cross as bytes in the messages, both ways: a replica's segments and the
 worker's output segments stay private to the process that owns them, so nothing here
@@ -46,7 +46,8 @@ class CrossingInput(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Enqueue(msgspec.Struct, frozen=True, tag=True, array_like=True):
-    """A checked request of a batching model version for the primary's batcher.
+    """A checked request of a batching model version for the primary's batcher (its
+    dynamic batcher, or its sequence batcher: ``sequence_id`` set).
 
     ``serial`` is the version the replica checked it against (the primary refuses it,
     retryably, when its own version of that name and number is another). ``start_ns`` is
@@ -65,6 +66,10 @@ class Enqueue(msgspec.Struct, frozen=True, tag=True, array_like=True):
     timeout_us: int
     start_ns: int
     seconds_left: float
+    #: A sequence model's request: its sequence (``SequenceTag``), None otherwise.
+    sequence_id: int | str | None = None
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 class Withdraw(msgspec.Struct, frozen=True, tag=True, array_like=True):

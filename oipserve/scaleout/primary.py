@@ -192,8 +192,6 @@ class Replicas:
         )
         #: Statistics rows of replicas that died: kept, so that counters never go back.
         self._rows_of_the_dead: list[StatsRow] = []
-        #: Versions with a sequence batcher, already named in a warning (their serials).
-        self._warned: set[int] = set()
 
     @property
     def running(self) -> list[Replica]:
@@ -210,7 +208,6 @@ class Replicas:
         except BaseException:
             self._children.abandon()
             raise
-        self._warn_sequences()
 
     async def _start_one(self, index: int) -> Replica:
         loop = asyncio.get_running_loop()
@@ -280,30 +277,9 @@ class Replicas:
         """Every replica gets the registry as it is now; returns once all applied it."""
         if not self.running:
             return
-        self._warn_sequences()
         await self._keep_in_step(
             lambda seq: snapshot(seq, self._registry, self._pool), ANSWER_TIMEOUT
         )
-
-    def _warn_sequences(self) -> None:
-        """Name once each version with a sequence batcher: with several fronts its
-        sequences form per front (a number given for ``--http-workers``, or a load's
-        configuration; ``auto`` keeps one front for a repository with such a model).
-        Dynamic batches need no warning: they form in this front (``batch_desk``)."""
-        for versions in self._registry.models.values():
-            for model in versions.values():
-                config = model.config
-                if model.serial in self._warned or not (config and config.sequences_per_front):
-                    continue
-                self._warned.add(model.serial)
-                log.warning(
-                    "model '%s' version %s batches sequences per HTTP front (%d fronts): its "
-                    "sequence slots and batches form over each front's connections, not over "
-                    "all as in Triton; start with --http-workers 1 to serve it from one front",
-                    model.name,
-                    model.version,
-                    self._count + 1,
-                )
 
     async def retire(self, model: ModelVersion, why: str) -> None:
         """Every replica stops answering ``model`` and finishes what it sent to it."""

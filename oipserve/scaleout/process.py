@@ -402,7 +402,8 @@ async def serve(control_fd: int, batch_fd: int) -> int:
     replica = inbox.replica = Replica(settings, start, control)
     batches = PrimaryBatches()
     await batches.open(socket.socket(fileno=batch_fd))
-    replica.dataplane.batch_elsewhere(batches)  # batches form in the primary, over every front
+    # batches and sequences form in the primary, over every front's connections
+    replica.dataplane.batch_elsewhere(batches, batches.cross)
     try:
         return await _serve(replica, start, inbox.queue)
     finally:

@@ -1,6 +1,6 @@
 """``--http-workers auto`` (the default) on a real server: as many fronts as the CPUs give,
-with a model's dynamic batches formed in the primary over every front's connections
-(``oipserve.scaleout.batch_link``), and one front for a repository with a sequence model.
+whatever the repository holds, with a model's dynamic batches and its sequences formed in
+the primary over every front's connections (``oipserve.scaleout.batch_link``).
 
 Triton forms batches and applies a model's queue policy over all its connections, and its
 clients and QA tests rely on it (its L0_batcher tests failed against two fronts that each
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hardware.cpus import fronts_for, usable_cpus
-from tests.support.sequence_models import SIMPLE_SEQUENCE, write_simple_sequence
+from tests.support.sequence_models import ACCUMULATE, write_accumulate
 from tests.support.server import (
     SAMPLE_REPOSITORY,
     ServerProcess,
@@ -136,34 +136,49 @@ def test_a_queue_limit_holds_over_both_fronts(tmp_path: Path, first: str) -> Non
 
 
 def _sequence_repository(root: Path) -> Path:
-    write_simple_sequence(root / "simple_sequence" / "1" / "model.onnx")
-    config = SIMPLE_SEQUENCE.format(name="simple_sequence", extra="", count=1)
-    (root / "simple_sequence" / "config.pbtxt").write_text(config)
+    """``accumulate_direct``: each request's output is its sequence's running sum, kept as
+    implicit state in the worker."""
+    model = root / "accumulate_direct"
+    write_accumulate(model / "1" / "model.onnx")
+    config = ACCUMULATE.format(
+        name="accumulate_direct", max_batch=8, idle_us=60_000_000, strategy="direct { }", count=1
+    )
+    (model / "config.pbtxt").write_text(config)
     return root
 
 
-def test_a_repository_with_a_sequence_model_gets_one_front(tmp_path: Path) -> None:
-    """A sequence's slots and batches form in the front that took its requests."""
+def _add(server: ServerProcess, sock: socket.socket, value: int, **sequence: object) -> dict:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.sock = sock
+    body = {
+        "parameters": {"sequence_id": 7, **sequence},
+        "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [value]}],
+    }
+    try:
+        connection.request("POST", "/v2/models/accumulate_direct/infer", json.dumps(body))
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200, answer
+        return answer
+    finally:
+        connection.close()
+
+
+def test_a_sequence_may_go_through_both_fronts(tmp_path: Path) -> None:
+    """A repository with a sequence model gets the CPUs' fronts too: its sequences live in
+    the primary, whichever front a request reaches. Scheduled per front, the second
+    request reached a front that never saw the START (400) or started a state of its own."""
     root = _sequence_repository(tmp_path)
     server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "auto"}).wait_ready()
     try:
-        assert any("one HTTP front (--http-workers auto" in line for line in server.lines)
-        assert not any("HTTP front 1 (pid" in line for line in server.lines), server.log
-    finally:
-        assert server.stop() == 0, server.log
-
-
-def test_a_number_given_keeps_its_fronts_and_warns_of_each_sequence_model(
-    tmp_path: Path,
-) -> None:
-    root = _sequence_repository(tmp_path)
-    server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "2"}).wait_ready()
-    try:
         assert any("HTTP front 1 (pid" in line for line in server.lines), server.log
-        warnings = [line for line in server.lines if " WARNING " in line]
-        assert any(
-            "model 'simple_sequence' version 1 batches sequences per HTTP front (2 fronts)" in line
-            for line in warnings
-        ), warnings
+        sockets = _on_both_fronts(server, 4)
+        sums = [
+            _add(server, sockets[0], 1, sequence_start=True),
+            _add(server, sockets[1], 2),
+            _add(server, sockets[2], 3),
+            _add(server, sockets[3], 4, sequence_end=True),
+        ]
+        assert [_output(answer, "OUTPUT") for answer in sums] == [[1], [3], [6], [10]]
     finally:
         assert server.stop() == 0, server.log

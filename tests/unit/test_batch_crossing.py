@@ -16,6 +16,7 @@ from oipserve.dataplane.batched import Withdrawn
 from oipserve.errors import InvalidInput, Unavailable
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.request.placement import Placement
+from oipserve.request.sequence_params import SequenceTag
 from oipserve.scaleout.batch_desk import BatchDesk
 from oipserve.scaleout.batch_link import PRIMARY_GONE, PrimaryBatches
 from oipserve.scheduling.policy import BatchPolicy
@@ -259,3 +260,23 @@ async def test_withdrawals_early_or_late_leave_nothing_behind(ends: _Ends) -> No
             await asyncio.sleep(0.001)
     await asyncio.sleep(0.01)  # the late Withdraw arrives
     assert (ends.desk._active, ends.desk._gone, ends.desk._withdraw) == (set(), set(), {})  # noqa: SLF001
+
+
+async def test_a_sequence_request_crosses_with_its_sequence(ends: _Ends) -> None:
+    inference, placements, _ = _request()
+    inference.sequence = SequenceTag("client-7", True, False)
+    deadline = asyncio.get_running_loop().time() + 30
+    call = asyncio.ensure_future(
+        ends.replica.cross(inference, _Stats(), 1234, placements, deadline)  # type: ignore[arg-type]
+    )
+    await _reached(ends, 1)
+    tag = ends.plane.requests[0][0].sequence
+    assert tag is not None and (tag.sequence_id, tag.start, tag.end) == ("client-7", True, False)
+    ends.plane.answers.put_nowait(_doubled)
+    assert len((await asyncio.wait_for(call, 5)).outputs) == 1
+    inference, placements, _ = _request()  # no sequence: none crosses
+    call = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 2)
+    assert ends.plane.requests[1][0].sequence is None
+    ends.plane.answers.put_nowait(_doubled)
+    await asyncio.wait_for(call, 5)

@@ -1,6 +1,6 @@
 """``--http-workers auto`` (issue #40): the number of HTTP fronts from the CPUs this process
-may use (``hardware.cpus.fronts_for``), and one for a repository with a sequence model,
-settled at start-up (``oipserve.app.fronts.settle_fronts``)."""
+may use (``hardware.cpus.fronts_for``), whatever the repository holds, settled at start-up
+(``oipserve.app.fronts.settle_fronts``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from hardware.cpus import AUTO_MAX_FRONTS, fronts_for, usable_cpus
 from oipserve.app import fronts as fronts_module
 from oipserve.app.fronts import settle_fronts
 from oipserve.config.settings import load_settings
-from oipserve.models.repository import Repository
 
 
 @pytest.mark.parametrize(
@@ -67,10 +66,9 @@ def _fronts(
     environ = {f"OIPSERVE_{k.upper()}": v for k, v in env.items()}
     root = str(repo) if repo is not None else "m"
     _, settings = load_settings(["serve", "--model-repository", root, *argv], environ)
-    if repo is None:  # no repository to read: what load_settings left
+    if repo is None:  # not started: what load_settings left
         return settings.fronts if settings.http_workers is not None else 0
-    model_name = settings.model_name
-    settled = settle_fronts(settings, Repository(repo, model_name))
+    settled = settle_fronts(settings)
     assert settled.http_workers is not None
     return settled.http_workers
 
@@ -105,50 +103,17 @@ def test_auto_is_the_default(
 
 
 def test_auto_is_settled_at_start_up_not_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The settings leave ``auto`` to start-up, which has read the repository."""
+    """The settings leave ``auto`` to start-up."""
     assert _fronts(monkeypatch, 16) == 0
 
 
-def test_auto_keeps_one_front_for_a_repository_with_a_sequence_model(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize("config", [DYNAMIC, SEQUENCE], ids=["dynamic", "sequence"])
+def test_a_batching_model_keeps_the_cpus_fronts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str
 ) -> None:
-    """Sequences form per front; Triton forms them over every connection, so ``auto``
-    keeps one front."""
-    repo = _repository(tmp_path, plain=PLAIN, batching=SEQUENCE)
-    assert _fronts(monkeypatch, 2, repo=repo) == 1
-    assert _fronts(monkeypatch, 16, repo=repo) == 1
-
-
-def test_a_dynamic_batching_model_keeps_the_cpus_fronts(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Dynamic batches form in the primary front whatever the number of fronts (until
-    2026-11-29 ``auto`` kept one front for them too: each front batched its own clients,
-    and Triton's L0_batcher QA tests failed)."""
-    repo = _repository(tmp_path, plain=PLAIN, batching=DYNAMIC)
+    """Dynamic batches and sequences form in the primary front whatever the number of
+    fronts (until 2026-11-29 ``auto`` kept one front for them: each front batched its own
+    clients, and Triton's L0_batcher QA tests failed against two)."""
+    repo = _repository(tmp_path, plain=PLAIN, batching=config)
     assert _fronts(monkeypatch, 2, repo=repo) == 2
     assert _fronts(monkeypatch, 16, repo=repo) == 4
-
-
-def test_one_sequence_model_served_under_its_name_keeps_one_front(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """``--model-name``: the repository is the model's own directory (KServe's bucket)."""
-    model = tmp_path / "bucket"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.onnx").write_bytes(b"")
-    (model / "config.pbtxt").write_text(SEQUENCE)
-    assert _fronts(monkeypatch, 2, "--model-name", "isvc", repo=model) == 1
-    (model / "config.pbtxt").write_text(DYNAMIC)
-    assert _fronts(monkeypatch, 2, "--model-name", "isvc", repo=model) == 2
-
-
-def test_a_config_that_cannot_be_read_does_not_decide(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Its model fails to load, with the parse error, as before; the others decide."""
-    repo = _repository(tmp_path, broken='max_batch_size: "x"\n', plain=PLAIN)
-    assert _fronts(monkeypatch, 2, repo=repo) == 2
-    assert Repository(repo).sequence_models() == []
-    (repo / "plain" / "config.pbtxt").write_text(SEQUENCE)
-    assert Repository(repo).sequence_models() == ["plain"]

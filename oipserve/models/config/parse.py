@@ -159,13 +159,6 @@ class ModelConfig(msgspec.Struct, frozen=True):
     #: Padded batching (the ``pad_batch`` parameter); None without it (padding_config.py).
     pad_batch: PadBatch | None = None
 
-    @property
-    def sequences_per_front(self) -> bool:
-        """A sequence batcher keeps each sequence's state, slots and batches in one front:
-        with several HTTP fronts they would form per front (docs/scaling.md). (Dynamic
-        batches form in the primary front whatever the number of fronts.)"""
-        return self.sequence_batching is not None
-
 
 class ConfigLimits(msgspec.Struct, frozen=True):
     """The operator's bounds on the numbers of a model configuration (flags of serve).
