@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
+import signal
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -131,6 +133,33 @@ def test_a_queue_limit_holds_over_both_fronts(tmp_path: Path, first: str) -> Non
             status, answer = queued.result(timeout=30)
         assert status == 200 and _output(answer, "ROWS") == [1], answer
         assert refusals == [(503, {"error": "Exceeds maximum queue size"})] * 2
+    finally:
+        assert server.stop() == 0, server.log
+
+
+def test_a_front_that_dies_withdraws_what_it_queued_in_the_primary(tmp_path: Path) -> None:
+    """Its requests waiting in the primary's batcher (for a 30 s delay) leave the queue when
+    its batch socket closes, instead of holding their places until the delay is over."""
+    root = _batching_repository(
+        tmp_path, "preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 30000000"
+    )
+    server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "auto"}).wait_ready()
+    try:
+        extra = front_pid(server, "extra front")
+        sockets = [socket_to_front(server, extra) for _ in range(3)]
+        with ThreadPoolExecutor(3) as pool:
+            waiting = [pool.submit(_infer, server, sock, i) for i, sock in enumerate(sockets)]
+            assert wait_for(lambda: pending(server) == 3, timeout=10), server.log
+            os.kill(extra, signal.SIGKILL)
+            assert wait_for(lambda: pending(server) == 0, timeout=10), server.log
+            for call in waiting:  # their clients lost their connections with the front
+                with pytest.raises((ConnectionError, http.client.HTTPException)):
+                    call.result(timeout=30)
+        assert wait_for(lambda: server.http_front_pids() not in ([], [extra]), timeout=30)
+        sockets = _on_both_fronts(server, CLIENTS)  # the replacement batches with the primary
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answers = list(pool.map(lambda i: _infer(server, sockets[i], i), range(CLIENTS)))
+        assert [_output(answer, "ROWS") for _, answer in answers] == [[CLIENTS]] * CLIENTS
     finally:
         assert server.stop() == 0, server.log
 
