@@ -290,14 +290,17 @@ class DataPlane:
         self, inference: Inference, placements: list[Placement], start: int, deadline: float
     ) -> InferResult:
         """A request another front checked, into this front's batcher of its version (the
-        primary's side of ``batch_elsewhere``): its sequence batcher when the request names
-        a sequence. Counted in this front's statistics from ``start`` (its arrival there),
-        answered by ``deadline`` (this loop's time)."""
+        primary's side of ``batch_elsewhere``): its sequence batcher for a sequence model.
+        Counted in this front's statistics from ``start`` (its arrival there), answered by
+        ``deadline`` (this loop's time).
+
+        (By the model, not by the request: an ensemble's steps all carry its sequence, a
+        dynamically batched step too, which ignores it.)"""
         model = inference.model
         stats = self.stats.of(model)
         model.in_flight += 1
         try:
-            if inference.sequence is not None:
+            if model.config is not None and model.config.sequence_batching is not None:
                 sequencer = self._sequencer(model)
                 return await sequencer.run_checked(inference, placements, stats, start, deadline)
             policy = batching_policy(model.config)

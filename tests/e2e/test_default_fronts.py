@@ -21,9 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from onnx import helper
 
 from hardware.cpus import fronts_for, usable_cpus
-from tests.support.sequence_models import ACCUMULATE, write_accumulate
+from tests.support.ensemble_models import ensemble_config, write_ensemble
+from tests.support.sequence_models import ACCUMULATE, save_int32_graph, write_accumulate
 from tests.support.server import (
     SAMPLE_REPOSITORY,
     ServerProcess,
@@ -176,7 +178,13 @@ def _sequence_repository(root: Path) -> Path:
     return root
 
 
-def _add(server: ServerProcess, sock: socket.socket, value: int, **sequence: object) -> dict:
+def _add(
+    server: ServerProcess,
+    sock: socket.socket,
+    value: int,
+    model: str = "accumulate_direct",
+    **sequence: object,
+) -> dict:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     connection.sock = sock
     body = {
@@ -184,13 +192,37 @@ def _add(server: ServerProcess, sock: socket.socket, value: int, **sequence: obj
         "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [value]}],
     }
     try:
-        connection.request("POST", "/v2/models/accumulate_direct/infer", json.dumps(body))
+        connection.request("POST", f"/v2/models/{model}/infer", json.dumps(body))
         response = connection.getresponse()
         answer = json.loads(response.read())
         assert response.status == 200, answer
         return answer
     finally:
         connection.close()
+
+
+def _ensemble_of_both_kinds(root: Path) -> None:
+    """``sum_then_copy``: ``accumulate_direct`` (a sequence) then ``copy_batched`` (an
+    identity with dynamic batching), the sequence's parameters going to both steps."""
+    save_int32_graph(
+        root / "copy_batched" / "1" / "model.onnx",
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])],
+        ["INPUT"],
+        ["OUTPUT"],
+    )
+    (root / "copy_batched" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 100 }\n"
+    )
+    tensor = [("INPUT", "TYPE_INT32", "[ 1 ]")]
+    steps = [
+        ("accumulate_direct", {"INPUT": "INPUT"}, {"OUTPUT": "sum"}),
+        ("copy_batched", {"INPUT": "sum"}, {"OUTPUT": "OUTPUT"}),
+    ]
+    config = ensemble_config("sum_then_copy", steps, tensor, [("OUTPUT", "TYPE_INT32", "[ 1 ]")])
+    write_ensemble(root, "sum_then_copy", config)
 
 
 def test_a_sequence_may_go_through_both_fronts(tmp_path: Path) -> None:
@@ -207,6 +239,29 @@ def test_a_sequence_may_go_through_both_fronts(tmp_path: Path) -> None:
             _add(server, sockets[1], 2),
             _add(server, sockets[2], 3),
             _add(server, sockets[3], 4, sequence_end=True),
+        ]
+        assert [_output(answer, "OUTPUT") for answer in sums] == [[1], [3], [6], [10]]
+    finally:
+        assert server.stop() == 0, server.log
+
+
+def test_an_ensemble_of_a_sequence_and_a_batched_step_goes_through_both_fronts(
+    tmp_path: Path,
+) -> None:
+    """Each step crosses from the other front to its batcher in the primary: the batched
+    step carries the ensemble's sequence too, and goes to its dynamic batcher (it went to
+    a sequence batcher it does not have, a 500, until the primary chose by the model)."""
+    root = _sequence_repository(tmp_path)
+    _ensemble_of_both_kinds(root)
+    server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "auto"}).wait_ready()
+    try:
+        sockets = _on_both_fronts(server, 4)
+        model = "sum_then_copy"
+        sums = [
+            _add(server, sockets[0], 1, model, sequence_start=True),
+            _add(server, sockets[1], 2, model),
+            _add(server, sockets[2], 3, model),
+            _add(server, sockets[3], 4, model, sequence_end=True),
         ]
         assert [_output(answer, "OUTPUT") for answer in sums] == [[1], [3], [6], [10]]
     finally:

@@ -85,7 +85,7 @@ def _io(name: str, elem: int = INT32, batched: bool = True) -> onnx.ValueInfoPro
     return helper.make_tensor_value_info(name, elem, ["batch", 1] if batched else [1])
 
 
-def _save(
+def save_int32_graph(
     path: Path,
     nodes: list[onnx.NodeProto],
     inputs: list[str],
@@ -93,6 +93,8 @@ def _save(
     corrid: int = TensorProto.UINT64,
     batched: bool = True,
 ) -> None:
+    """An ONNX graph at ``path`` whose tensors are INT32 (CORRID ``corrid``), each
+    ``[batch, 1]``, or ``[1]`` without ``batched``."""
     types = {"CORRID": corrid}
     graph = helper.make_graph(
         nodes,
@@ -112,7 +114,7 @@ def write_simple_sequence(path: Path) -> None:
         helper.make_node("Add", ["INPUT", "START"], ["sum"]),
         helper.make_node("Mul", ["READY", "sum"], ["OUTPUT"]),
     ]
-    _save(path, nodes, ["INPUT", "START", "READY"], ["OUTPUT"])
+    save_int32_graph(path, nodes, ["INPUT", "START", "READY"], ["OUTPUT"])
 
 
 def write_dyna_sequence(path: Path) -> None:
@@ -124,7 +126,7 @@ def write_dyna_sequence(path: Path) -> None:
         helper.make_node("Add", ["sum", "ended"], ["total"]),
         helper.make_node("Mul", ["READY", "total"], ["OUTPUT"]),
     ]
-    _save(path, nodes, ["INPUT", "START", "END", "READY", "CORRID"], ["OUTPUT"])
+    save_int32_graph(path, nodes, ["INPUT", "START", "END", "READY", "CORRID"], ["OUTPUT"])
 
 
 def write_string_dyna_sequence(path: Path) -> None:
@@ -140,7 +142,7 @@ def write_string_dyna_sequence(path: Path) -> None:
         helper.make_node("Mul", ["READY", "total"], ["OUTPUT"]),
         helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
     ]
-    _save(
+    save_int32_graph(
         path,
         nodes,
         ["INPUT", "START", "END", "READY", "CORRID", "ACC_IN"],
@@ -156,7 +158,9 @@ def write_accumulate(path: Path, batched: bool = True) -> None:
         helper.make_node("Add", ["ACC_IN", "given"], ["OUTPUT"]),
         helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
     ]
-    _save(path, nodes, ["INPUT", "READY", "ACC_IN"], ["OUTPUT", "ACC_OUT"], batched=batched)
+    save_int32_graph(
+        path, nodes, ["INPUT", "READY", "ACC_IN"], ["OUTPUT", "ACC_OUT"], batched=batched
+    )
 
 
 def write_repository(root: Path, idle_us: int = 1_000_000, count: int = 1) -> None:
