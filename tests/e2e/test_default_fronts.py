@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,6 +105,7 @@ def test_a_repository_with_a_dynamic_batching_model_gets_the_cpus_fronts(
 def test_requests_on_both_fronts_form_one_batch(batching: ServerProcess) -> None:
     """The preferred batch of 8 forms from 4 connections on each front. Were the batches
     formed per front, each front's batcher would wait out the 30 s delay with 4."""
+    before = _counts(batching)
     sockets = _on_both_fronts(batching, CLIENTS)
     with ThreadPoolExecutor(CLIENTS) as pool:
         answers = list(pool.map(lambda i: _infer(batching, sockets[i], i), range(CLIENTS)))
@@ -112,6 +114,17 @@ def test_requests_on_both_fronts_form_one_batch(batching: ServerProcess) -> None
         assert _output(answer, "OUTPUT0") == [seed + 1.0] * 4
         assert _output(answer, "TEXT_OUT") == [f"client-{seed}"]
         assert _output(answer, "ROWS") == [CLIENTS]
+    # each counted once, where it ran (the primary), the other front's too: one execution
+    after = _counts(batching)
+    assert [a - b for a, b in zip(after, before, strict=True)] == [CLIENTS, CLIENTS, 1]
+
+
+def _counts(server: ServerProcess) -> tuple[int, int, int]:
+    """``batched``'s successes, inferences and executions, as the statistics give them."""
+    with urllib.request.urlopen(f"{server.url}/v2/models/batched/stats", timeout=10) as r:
+        (stats,) = json.loads(r.read())["model_stats"]
+    success = stats["inference_stats"]["success"]["count"]
+    return success, stats["inference_count"], stats["execution_count"]
 
 
 @pytest.mark.parametrize("first", ["primary", "extra front"])
