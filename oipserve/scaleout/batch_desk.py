@@ -34,7 +34,7 @@ from oipserve.scaleout.batch_wire import (
     ToPrimary,
     to_primary_decoder,
 )
-from oipserve.scaleout.control import ControlProtocol
+from oipserve.scaleout.framed import FramedProtocol
 
 __all__ = ["BatchDesk"]
 
@@ -49,7 +49,7 @@ class BatchDesk:
         self._registry = registry
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
-        self._protocol: ControlProtocol[ToPrimary] = ControlProtocol(
+        self._protocol: FramedProtocol[ToPrimary] = FramedProtocol(
             to_primary_decoder(), self._received, self._closed
         )
         #: Requests not answered yet: what withdraws each (its batcher's future's cancel).

@@ -33,7 +33,7 @@ from oipserve.scaleout.batch_wire import (
     Withdraw,
     from_primary_decoder,
 )
-from oipserve.scaleout.control import ControlProtocol
+from oipserve.scaleout.framed import FramedProtocol
 from oipserve.scheduling.policy import BatchPolicy
 from oipserve.telemetry.stats import ModelStats, refusal_reason
 
@@ -49,7 +49,7 @@ class PrimaryBatches:
     def __init__(self) -> None:
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
-        self._protocol: ControlProtocol[FromPrimary] = ControlProtocol(
+        self._protocol: FramedProtocol[FromPrimary] = FramedProtocol(
             from_primary_decoder(), self._received, self._closed
         )
         self._ids = itertools.count(1)

@@ -5,21 +5,19 @@ One Unix stream socket pair per replica, framed like the workers' sockets
 requests, each with a ``seq``; the replica answers each with ``Done``, ``StatsRows``
 or ``Refused`` carrying the same ``seq``. Only ``Listening`` comes unasked, once,
 when the replica serves the HTTP port. Nothing here is on an inference's path: the
-replica talks to the workers on sockets of its own (``oipserve.pool.link``).
+replica talks to the workers on sockets of its own (``oipserve.pool.link``), and to the
+primary's batchers on its batch socket (``batch_wire``). Either end is a
+``framed.FramedProtocol``.
 """
 
 from __future__ import annotations
-
-import asyncio
-from collections.abc import Callable
-from typing import Generic, TypeVar, cast
 
 import msgspec
 
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec
 from oipserve.telemetry.stats import StatsRow
-from oipserve.wire.messages import ErrorKind, FrameSplitter, LoadModel, frame
+from oipserve.wire.messages import ErrorKind, LoadModel
 
 # ---- what a replica is told ------------------------------------------------------------
 
@@ -164,63 +162,6 @@ class Refused(msgspec.Struct, frozen=True, tag=True, array_like=True):
 
 
 FromReplica = Listening | Done | StatsRows | RegionsBusy | Refused
-
-_ENCODER = msgspec.msgpack.Encoder()
-
-
-#: What a control socket's end receives: ``ToReplica`` in a replica, ``FromReplica`` in the
-#: primary.
-Incoming = TypeVar("Incoming")
-
-
-class ControlProtocol(asyncio.Protocol, Generic[Incoming]):
-    """Either end of a control socket: frames in to ``on_message``, ``send`` out."""
-
-    def __init__(
-        self,
-        decoder: msgspec.msgpack.Decoder[Incoming],
-        on_message: Callable[[Incoming], None],
-        on_closed: Callable[[], None],
-    ) -> None:
-        self._decoder = decoder
-        self._on_message = on_message
-        self._on_closed = on_closed
-        self._splitter = FrameSplitter()
-        self.transport: asyncio.Transport | None = None
-        #: Frames sent during this turn of the loop, written together at its end.
-        self._outgoing: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # (asyncio types the hook for every protocol; a stream's transport is a Transport)
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        for body in self._splitter.feed(data):
-            self._on_message(self._decoder.decode(body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._on_closed()
-
-    def send(self, message: object) -> None:
-        """Queue ``message``; what is sent during one turn of the loop goes in one write.
-
-        PERF: the batch sockets carry a message per request each way. Written one by one,
-        each write woke the other end once, and the primary's batcher took the requests
-        of one turn of a replica's loop in as many turns of its own, forming smaller
-        batches (``docs/scaling.md``, "Batches formed across fronts").
-        """
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outgoing.append(frame(_ENCODER, message))
-
-    def _flush(self) -> None:
-        outgoing, self._outgoing = self._outgoing, []
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(b"".join(outgoing) if len(outgoing) > 1 else outgoing[0])
 
 
 def to_replica_decoder() -> msgspec.msgpack.Decoder[ToReplica]:

@@ -38,7 +38,6 @@ from oipserve.runtime.workerproc import ChildProcess, exit_status
 from oipserve.scaleout.batch_desk import BatchDesk
 from oipserve.scaleout.control import (
     CollectStats,
-    ControlProtocol,
     Drain,
     FromReplica,
     Listening,
@@ -56,6 +55,7 @@ from oipserve.scaleout.control import (
     WorkerCopy,
     from_replica_decoder,
 )
+from oipserve.scaleout.framed import FramedProtocol
 from oipserve.scaleout.supervision import Supervisor
 from oipserve.telemetry.stats import StatsRow
 from oipserve.wire.shm import sweep
@@ -123,7 +123,7 @@ class Replica:
         self.index = index
         self.process = process
         self.segment_prefix = segment_prefix
-        self.control: ControlProtocol[FromReplica] | None = None
+        self.control: FramedProtocol[FromReplica] | None = None
         #: The primary's end of its batch socket (``batch_desk``).
         self.batches: BatchDesk | None = None
         self.pending: dict[int, asyncio.Future[FromReplica]] = {}
@@ -230,7 +230,7 @@ class Replicas:
         #   sweep must never take a replacement's segments for its predecessor's.
         segment_prefix = f"{self._pool.prefix}r{next(self._started)}-"
         replica = Replica(index, process, segment_prefix)
-        control = ControlProtocol(from_replica_decoder(), replica.on_message, replica.on_closed)
+        control = FramedProtocol(from_replica_decoder(), replica.on_message, replica.on_closed)
         await loop.connect_accepted_socket(lambda: control, ours)
         replica.control = control
         desk = replica.batches = BatchDesk(self._plane, self._registry)

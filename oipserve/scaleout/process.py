@@ -56,7 +56,6 @@ from oipserve.runtime.memory_trim import return_large_blocks_to_os
 from oipserve.scaleout.batch_link import PrimaryBatches
 from oipserve.scaleout.control import (
     CollectStats,
-    ControlProtocol,
     Done,
     Drain,
     Listening,
@@ -74,6 +73,7 @@ from oipserve.scaleout.control import (
     to_replica_decoder,
 )
 from oipserve.scaleout.forward import Forwarder
+from oipserve.scaleout.framed import FramedProtocol
 from oipserve.scaleout.grpc_forward import GrpcForwarder
 from oipserve.wire.shm import sweep
 
@@ -147,7 +147,7 @@ class Replica:
     requests of the control socket, carried out one at a time in order."""
 
     def __init__(
-        self, settings: Settings, start: Start, control: ControlProtocol[ToReplica]
+        self, settings: Settings, start: Start, control: FramedProtocol[ToReplica]
     ) -> None:
         self.settings = settings
         self.control = control
@@ -388,7 +388,7 @@ class Inbox:
 async def serve(control_fd: int, batch_fd: int) -> int:
     loop = asyncio.get_running_loop()
     inbox = Inbox()
-    control = ControlProtocol(to_replica_decoder(), inbox.received, inbox.closed)
+    control = FramedProtocol(to_replica_decoder(), inbox.received, inbox.closed)
     await loop.connect_accepted_socket(lambda: control, socket.socket(fileno=control_fd))
     try:
         start = await asyncio.wait_for(inbox.queue.get(), START_WAIT)
