@@ -134,7 +134,7 @@ def test_a_queue_limit_holds_over_both_fronts(tmp_path: Path, first: str) -> Non
     (Triton's L0_http ``test_descriptive_status_code``)."""
     root = _batching_repository(
         tmp_path,
-        "preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 5000000 "
+        "preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 3000000 "
         "default_queue_policy { max_queue_size: 1 }",
     )
     server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "auto"}).wait_ready()
@@ -143,7 +143,7 @@ def test_a_queue_limit_holds_over_both_fronts(tmp_path: Path, first: str) -> Non
         others = _on_both_fronts(server, 2)
         with ThreadPoolExecutor(1) as pool:
             queued = pool.submit(_infer, server, waiting, 1)
-            assert wait_for(steadily(lambda: pending(server) == 1), timeout=4), server.log
+            assert wait_for(steadily(lambda: pending(server) == 1), timeout=2.5), server.log
             refusals = [_infer(server, sock, 2) for sock in others]
             status, answer = queued.result(timeout=30)
         assert status == 200 and _output(answer, "ROWS") == [1], answer
