@@ -29,7 +29,7 @@ from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.padding import PaddedLayout
 from oipserve.dataplane.ragged import RaggedLayout
-from oipserve.errors import DeadlineExceeded, InvalidInput, ServerError
+from oipserve.errors import DeadlineExceeded, InternalError, InvalidInput, ServerError
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
@@ -246,13 +246,13 @@ class BatchRunner:
     async def infer(
         self,
         inference: Inference,
-        policy: BatchPolicy,
         stats: ModelStats,
         start: int,
         placements: list[Placement],
         deadline: float,
     ) -> InferResult:
-        """Queue one checked request and wait for its own part of a batch's answer.
+        """Queue one checked request and wait for its own part of a batch's answer (a
+        ``strategies.CheckedQueue``).
 
         The request counts in ``stats`` once: as pending while it waits (the batcher
         keeps that count), then as a success (recorded with its batch, in ``_run_batch``)
@@ -263,7 +263,7 @@ class BatchRunner:
         try:
             rows = batch_rows(model, placements)
             queued = _Queued(placements, output_names, owned, rows, start, stats)
-            batcher = self._batcher(model, policy, stats)
+            batcher = self._batcher(model, stats)
             layout = batcher.layout
             signature = _signature(placements) if layout is None else layout.signature(placements)
             entry = batcher.enqueue(queued, max(rows, 1), signature, priority, timeout_us)
@@ -283,7 +283,8 @@ class BatchRunner:
         #   libuv's millisecond timers then fire the two in either order, and a request
         #   still queued must fail as the queue policy says (Triton's message).
         if entry.due_ns:
-            queued.queue_due = _queue_due_first(policy, entry, start, deadline - self._loop.time())
+            remaining = deadline - self._loop.time()
+            queued.queue_due = _queue_due_first(batcher.policy, entry, start, remaining)
         expiry = self._deadlines.watch(queued)
         try:
             return await future
@@ -313,12 +314,15 @@ class BatchRunner:
             else:
                 expiry.cancel()
 
-    def _batcher(
-        self, model: ModelVersion, policy: BatchPolicy, stats: ModelStats
-    ) -> DynamicBatcher:
+    def _batcher(self, model: ModelVersion, stats: ModelStats) -> DynamicBatcher:
+        """The version's batcher, made at its first request with its policy
+        (``batching_policy``) and its layout."""
         batcher = model.batcher
         if batcher is None:
             config = model.config
+            policy = batching_policy(config)
+            if policy is None:
+                raise InternalError(f"model '{model.name}' does not batch")
             layout: RaggedLayout | PaddedLayout | None = None
             if config is not None and config.batch_io is not None:
                 layout = RaggedLayout(config.batch_io)

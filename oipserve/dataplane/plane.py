@@ -37,10 +37,10 @@ from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble import EnsembleRunner
 from oipserve.dataplane.intake import Intake
 from oipserve.dataplane.response_cache import ResponseCache
-from oipserve.dataplane.sequenced import Elsewhere, Sequenced
+from oipserve.dataplane.sequenced import Sequenced
 from oipserve.dataplane.strategies import (
     Batched,
-    BatchQueue,
+    CheckedQueue,
     Strategy,
     Unbatched,
     answer_in_front,
@@ -111,10 +111,11 @@ class DataPlane:
         dispatch = Dispatch(self.outputs, max_queue)
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
-        #: Where checked requests of batching versions go: this front's batchers, or in a
-        #: front other than the primary the primary's (``batch_elsewhere``).
-        self._batch_queue: BatchQueue = self._batches
-        self._sequences_elsewhere: Elsewhere | None = None
+        #: Where checked requests of batching and sequence versions go: this front's
+        #: batchers (None for sequences: the version's own), or in a front other than the
+        #: primary the primary's (``batch_elsewhere``).
+        self._batch_queue: CheckedQueue = self._batches.infer
+        self._sequences_elsewhere: CheckedQueue | None = None
         #: The sequence batcher of each sequence version, made with its strategy.
         self._sequencers: dict[ModelVersion, Sequenced] = {}
         self._dispatch = dispatch
@@ -168,12 +169,12 @@ class DataPlane:
         self.cache = ResponseCache(size) if size else None
         self.stats.cache_on = self.cache is not None
 
-    def batch_elsewhere(self, queue: BatchQueue, sequences: Elsewhere) -> None:
-        """Hand checked requests of batching versions to ``queue``, and of sequence
-        versions to ``sequences`` (before the first request): a front other than the
-        primary, whose batches and sequences form in the primary."""
+    def batch_elsewhere(self, queue: CheckedQueue) -> None:
+        """Hand checked requests of batching and sequence versions to ``queue`` (before
+        the first request): a front other than the primary, whose batches and sequences
+        form in the primary."""
         self._batch_queue = queue
-        self._sequences_elsewhere = sequences
+        self._sequences_elsewhere = queue
 
     def _forget_regions(self, objects: list[ObjectRef]) -> None:
         for worker in self.pool.workers:
@@ -278,7 +279,7 @@ class DataPlane:
             self._sequencers[model] = sequencer
             strategy = sequencer.run
         elif policy is not None:
-            strategy = Batched(self._intake, self._batch_queue, policy, cache).run
+            strategy = Batched(self._intake, self._batch_queue, cache).run
         elif cache is not None:
             strategy = Unbatched(self._intake, self._dispatch, cache).run
         else:
@@ -303,15 +304,12 @@ class DataPlane:
             if model.config is not None and model.config.sequence_batching is not None:
                 sequencer = self._sequencer(model)
                 return await sequencer.run_checked(inference, placements, stats, start, deadline)
-            policy = batching_policy(model.config)
             try:
-                if policy is None:
-                    raise InternalError(f"model '{model.name}' does not batch")
                 model.check_serving()
             except BaseException as exc:
                 stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
                 raise
-            return await self._batches.infer(inference, policy, stats, start, placements, deadline)
+            return await self._batches.infer(inference, stats, start, placements, deadline)
         finally:
             model.in_flight -= 1
 

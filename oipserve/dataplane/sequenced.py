@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from time import monotonic_ns
 from typing import TYPE_CHECKING
 
@@ -40,6 +39,7 @@ from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.sequence_batches import SequenceBatches
 from oipserve.dataplane.sequence_slots import Seq, SequenceStep
+from oipserve.dataplane.strategies import CheckedQueue
 from oipserve.errors import InvalidInput, Unavailable
 from oipserve.models.config.sequence import SequencePolicy
 from oipserve.models.registry import ModelVersion
@@ -52,13 +52,9 @@ from oipserve.wire.shm import Lease
 if TYPE_CHECKING:
     from oipserve.request.sequence_params import SequenceTag
 
-__all__ = ["Elsewhere", "Sequenced"]
+__all__ = ["Sequenced"]
 
 log = logging.getLogger("oipserve.dataplane")
-
-#: Where a front other than the primary sends a checked request of a sequence model: (the
-#: request, its statistics, its arrival, its placements, its deadline) -> its result.
-Elsewhere = Callable[[Inference, ModelStats, int, list[Placement], float], Awaitable[InferResult]]
 
 
 class Sequenced(SequenceBatches):
@@ -70,7 +66,7 @@ class Sequenced(SequenceBatches):
         dispatch: Dispatch,
         model: ModelVersion,
         policy: SequencePolicy,
-        elsewhere: Elsewhere | None = None,
+        elsewhere: CheckedQueue | None = None,
     ) -> None:
         super().__init__(intake, dispatch, model, policy)
         #: Set in a front other than the primary: the primary's sequence batcher.

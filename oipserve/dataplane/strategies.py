@@ -9,7 +9,7 @@
 - ``Batched``: a version with ``dynamic_batching``: each request checked, then queued in
   the version's batcher; ``batched.BatchRunner`` places and sends the batches it forms
   through the same ``dispatch``. In a front other than the primary the batcher is the
-  primary's (``BatchQueue``, ``scaleout.batch_link``): the checked request crosses there.
+  primary's (``CheckedQueue``, ``scaleout.batch_link``): the checked request crosses there.
 
 A strategy is called with the request, its version's statistics and ``monotonic_ns()`` at
 its arrival. It counts the request there once (a success with its phase times, or a failure
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from time import monotonic_ns
-from typing import Protocol
 
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.intake import Intake, has_deferred
@@ -34,13 +33,12 @@ from oipserve.request.client_regions import RegionUse
 from oipserve.request.echo import answer_echo
 from oipserve.request.inference import Inference, InferResult
 from oipserve.request.placement import Placement, place
-from oipserve.scheduling.policy import BatchPolicy
 from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
 from oipserve.wire.shm import Lease
 
 __all__ = [
-    "BatchQueue",
     "Batched",
+    "CheckedQueue",
     "Strategy",
     "Unbatched",
     "answer_in_front",
@@ -52,22 +50,15 @@ __all__ = [
 Strategy = Callable[[Inference, ModelStats, int], Awaitable[InferResult]]
 
 
-class BatchQueue(Protocol):
-    """Where ``Batched`` hands a checked request: this front's batchers
-    (``batched.BatchRunner``), or the primary front's (``scaleout.batch_link``)."""
-
-    async def infer(
-        self,
-        inference: Inference,
-        policy: BatchPolicy,
-        stats: ModelStats,
-        start: int,
-        placements: list[Placement],
-        deadline: float,
-    ) -> InferResult:
-        """The request's own result; it counts the request in ``stats`` (or has it
-        counted where it runs) and releases its ``owned``, whatever happens."""
-        ...
+#: Where a batching strategy hands a checked request: (the request, its statistics, its
+#: arrival, its placements, its deadline) -> its result. This front's batchers
+#: (``batched.BatchRunner.infer``), or in a front other than the primary the primary's
+#: (``scaleout.batch_link.PrimaryBatches.cross``, for sequences too). It counts the request
+#: in ``stats`` (or has it counted where it runs) and releases its ``owned``, whatever
+#: happens.
+CheckedQueue = Callable[
+    [Inference, ModelStats, int, list[Placement], float], Awaitable[InferResult]
+]
 
 
 async def answer_in_front(inference: Inference, stats: ModelStats, start: int) -> InferResult:
@@ -157,19 +148,14 @@ class Batched:
     """A version with ``dynamic_batching``: each request checked, then queued in its batcher
     to run in a batch (``batched.BatchRunner``)."""
 
-    __slots__ = ("intake", "runner", "policy", "cache")
+    __slots__ = ("intake", "queue", "cache")
 
     def __init__(
-        self,
-        intake: Intake,
-        runner: BatchQueue,
-        policy: BatchPolicy,
-        cache: ResponseCache | None = None,
+        self, intake: Intake, queue: CheckedQueue, cache: ResponseCache | None = None
     ) -> None:
         self.intake = intake
-        self.runner = runner
-        #: The version's ``dynamic_batching`` settings.
-        self.policy = policy
+        #: Where the checked request goes: the version's batcher, here or in the primary.
+        self.queue = queue
         #: The response cache, as ``Unbatched``'s.
         self.cache = cache
 
@@ -194,7 +180,7 @@ class Batched:
             _release(owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
-        result = await self.runner.infer(inference, self.policy, stats, start, placements, deadline)
+        result = await self.queue(inference, stats, start, placements, deadline)
         if probe is not None and self.cache is not None:
             self.cache.store(probe, result, stats)
         return result

@@ -34,7 +34,6 @@ from oipserve.scaleout.batch_wire import (
     from_primary_decoder,
 )
 from oipserve.scaleout.framed import FramedProtocol
-from oipserve.scheduling.policy import BatchPolicy
 from oipserve.telemetry.stats import ModelStats, refusal_reason
 
 __all__ = ["PrimaryBatches"]
@@ -44,7 +43,7 @@ PRIMARY_GONE = "the primary front is gone; try again"
 
 
 class PrimaryBatches:
-    """The primary's batchers, as this front's data plane sees them (a ``BatchQueue``)."""
+    """The primary's batchers, as this front's data plane sees them (``cross``)."""
 
     def __init__(self) -> None:
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
@@ -62,18 +61,6 @@ class PrimaryBatches:
         await self._loop.connect_accepted_socket(lambda: self._protocol, sock)
         self._open = True
 
-    async def infer(
-        self,
-        inference: Inference,
-        policy: BatchPolicy,
-        stats: ModelStats,
-        start: int,
-        placements: list[Placement],
-        deadline: float,
-    ) -> InferResult:
-        """The request's result from the primary's dynamic batcher of its version."""
-        return await self.cross(inference, stats, start, placements, deadline)
-
     async def cross(
         self,
         inference: Inference,
@@ -82,8 +69,8 @@ class PrimaryBatches:
         placements: list[Placement],
         deadline: float,
     ) -> InferResult:
-        """The request's result from the primary's batcher of its version: its sequence
-        batcher when the request names a sequence (``sequenced.Elsewhere``)."""
+        """The request's result from the primary's batcher of its version, its dynamic or
+        its sequence batcher (a ``strategies.CheckedQueue``)."""
         rid = next(self._ids)
         model = inference.model
         tag = inference.sequence

@@ -403,7 +403,7 @@ async def serve(control_fd: int, batch_fd: int) -> int:
     batches = PrimaryBatches()
     await batches.open(socket.socket(fileno=batch_fd))
     # batches and sequences form in the primary, over every front's connections
-    replica.dataplane.batch_elsewhere(batches, batches.cross)
+    replica.dataplane.batch_elsewhere(batches.cross)
     try:
         return await _serve(replica, start, inbox.queue)
     finally:

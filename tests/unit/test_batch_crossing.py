@@ -19,7 +19,6 @@ from oipserve.request.placement import Placement
 from oipserve.request.sequence_params import SequenceTag
 from oipserve.scaleout.batch_desk import BatchDesk
 from oipserve.scaleout.batch_link import PRIMARY_GONE, PrimaryBatches
-from oipserve.scheduling.policy import BatchPolicy
 from oipserve.scheduling.scheduler import QueueRejected
 
 
@@ -115,9 +114,8 @@ def _request(
 
 async def _send(ends: _Ends, inference: Inference, placements: list[Placement], stats: _Stats):
     deadline = asyncio.get_running_loop().time() + 30
-    policy = BatchPolicy(max_batch_size=8)
     return asyncio.ensure_future(
-        ends.replica.infer(inference, policy, stats, 1234, placements, deadline)  # type: ignore[arg-type]
+        ends.replica.cross(inference, stats, 1234, placements, deadline)  # type: ignore[arg-type]
     )
 
 
