@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from hardware.cpus import fronts_for, usable_cpus
 from oipserve.config.access import Restriction, RestrictionError, parse_restrictions
 from oipserve.config.cache_config import CacheConfigError, cache_bytes
 from oipserve.config.flags import command_line
@@ -73,10 +74,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Processes that serve the HTTP port together (``SO_REUSEPORT``): this one and N-1
     #: more, each with its own event loop and its own connection to every worker; they
     #: answer inference of repository models themselves and hand this process
-    #: everything else (docs/scaling.md). None is ``auto``, the command line's default
-    #: (flag or env may name a number), resolved at start-up (``app.fronts.settle_fronts``:
-    #: from the usable CPUs); 1 here is for settings built in code. Read it as ``fronts``.
-    http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = 1
+    #: everything else (docs/scaling.md). ``auto``, the command line's default (flag or env
+    #: may name a number), is resolved at load from the usable CPUs
+    #: (``hardware.cpus.fronts_for``); 1 here is for settings built in code.
+    http_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     devices: str = "auto"
     #: Worker processes per device. None is ``auto``, the command line's default (flag or
     #: env may name a number), resolved per device when the workers start
@@ -182,12 +183,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: written for Triton sometimes check it: Triton's own example clients require "triton".
     server_name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "oipserve"
 
-    @property
-    def fronts(self) -> int:
-        """The HTTP fronts: ``http_workers``, or 1 while ``auto`` is not resolved yet (it is
-        before anything starts: ``app.fronts.settle_fronts``)."""
-        return self.http_workers or 1
-
 
 def configure_logging(settings: Settings) -> None:
     """The log format and level of every oipserve process (the front, the other HTTP fronts)."""
@@ -270,7 +265,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         del values["grpc_processes"]  # Settings' default, 0
     auto_fronts = values.get("http_workers", "auto") == "auto"  # the default (issue #40)
     if auto_fronts:
-        values["http_workers"] = None  # resolved at start-up (app.fronts.settle_fronts)
+        values["http_workers"] = fronts_for(usable_cpus())
     _instances_auto(values)
     try:
         settings = msgspec.convert(values, Settings, strict=False)
@@ -280,7 +275,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         settings = msgspec.structs.replace(settings, http_workers=1)  # no port to share
     _check_load_model(settings)
     _check_model_name(settings.model_name)
-    if settings.fronts > 1 and not settings.allow_http:
+    if settings.http_workers > 1 and not settings.allow_http:
         raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
 

@@ -111,11 +111,9 @@ class DataPlane:
         dispatch = Dispatch(self.outputs, max_queue)
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
-        #: Where checked requests of batching and sequence versions go: this front's
-        #: batchers (None for sequences: the version's own), or in a front other than the
-        #: primary the primary's (``batch_elsewhere``).
-        self._batch_queue: CheckedQueue = self._batches.infer
-        self._sequences_elsewhere: CheckedQueue | None = None
+        #: In a front other than the primary: where checked requests of batching and
+        #: sequence versions go, the primary's batchers (``batch_elsewhere``); None here.
+        self._elsewhere: CheckedQueue | None = None
         #: The sequence batcher of each sequence version, made with its strategy.
         self._sequencers: dict[ModelVersion, Sequenced] = {}
         self._dispatch = dispatch
@@ -173,8 +171,7 @@ class DataPlane:
         """Hand checked requests of batching and sequence versions to ``queue`` (before
         the first request): a front other than the primary, whose batches and sequences
         form in the primary."""
-        self._batch_queue = queue
-        self._sequences_elsewhere = queue
+        self._elsewhere = queue
 
     def _forget_regions(self, objects: list[ObjectRef]) -> None:
         for worker in self.pool.workers:
@@ -273,13 +270,12 @@ class DataPlane:
         elif isinstance(model, EnsembleVersion):  # its steps run from here (dataplane.ensemble)
             strategy = self._ensembles().run
         elif sequence is not None:  # a stateful model: the sequence batcher
-            sequencer = Sequenced(
-                self._intake, self._dispatch, model, sequence, self._sequences_elsewhere
-            )
+            sequencer = Sequenced(self._intake, self._dispatch, model, sequence, self._elsewhere)
             self._sequencers[model] = sequencer
             strategy = sequencer.run
         elif policy is not None:
-            strategy = Batched(self._intake, self._batch_queue, cache).run
+            queue = self._elsewhere or self._batches.infer
+            strategy = Batched(self._intake, queue, cache).run
         elif cache is not None:
             strategy = Unbatched(self._intake, self._dispatch, cache).run
         else:

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from hardware.cpus import fronts_for, usable_cpus
 from oipserve.config.settings import (
     GRPC_PROCESSES_DEPRECATED,
     Settings,
@@ -22,9 +23,12 @@ def test_flags_beat_environment_beat_defaults() -> None:
     }
     command, settings = load_settings(["serve", "--http-port", "0"], env)
     assert command == "serve"
-    # (--http-workers' default, auto, is None: start-up resolves it, app.fronts)
+    # (--http-workers' default, auto, is resolved from this machine's CPUs)
     assert settings == Settings(
-        model_repository="/env", http_port=0, instances_per_device=3, http_workers=None
+        model_repository="/env",
+        http_port=0,
+        instances_per_device=3,
+        http_workers=fronts_for(usable_cpus()),
     )
 
 
