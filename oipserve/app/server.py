@@ -20,7 +20,6 @@ import falcon.asgi
 
 from hardware import Inventory, InventorySource, make_inventory_source, parse_devices
 from hardware.cpus import instances_for
-from oipserve.app.fronts import settle_fronts
 from oipserve.app.sites import GrpcSite, OtherFronts, StartupError, UvicornSite
 from oipserve.app.startup_report import (
     StartupReport,
@@ -71,7 +70,7 @@ async def serve(settings: Settings) -> int:
     return_large_blocks_to_os()
     for warning in deprecation_warnings(settings):
         log.warning("%s", warning)
-    settings, sites, plan = prepare(settings)
+    sites, plan = prepare(settings)
     return await Server(settings, sites, plan).run()
 
 
@@ -93,7 +92,7 @@ class Sites:
         # --allow-http false: no HTTP port at all (health over gRPC only).
         http = metrics = None
         if settings.allow_http:
-            reuse_port = settings.fronts > 1  # shared with the other fronts
+            reuse_port = settings.http_workers > 1  # shared with the other fronts
             http = UvicornSite(host, settings.http_port, "--http-port", reuse_port)
         if settings.allow_metrics:
             metrics = UvicornSite(host, settings.metrics_port, "--metrics-port")
@@ -117,33 +116,30 @@ class StartupPlan:
     models: list[str]
 
 
-def prepare(settings: Settings) -> tuple[Settings, Sites, StartupPlan]:
-    """Settle the number of fronts (``--http-workers auto``: it decides whether the ports
-    are shared), take every port, then check the flags and files and read the node: all
-    before any worker starts or model loads, so that a mistake fails the start at once
-    (StartupError, with every port given back). Then remove shared memory left by dead
-    servers. Returns the settings every later step reads."""
-    repository = Repository(Path(settings.model_repository), settings.model_name)
+def prepare(settings: Settings) -> tuple[Sites, StartupPlan]:
+    """Take every port, then check the flags and files and read the node: all before any
+    worker starts or model loads, so that a mistake fails the start at once (StartupError,
+    with every port given back). Then remove shared memory left by dead servers."""
     try:
         _check_ports(settings)
-        repository.check()
-        settings = settle_fronts(settings)
-    except (ValueError, RepositoryError) as exc:
+    except ValueError as exc:
         raise StartupError(str(exc)) from None
     sites = Sites.of(settings)
     try:
         for site in sites.all():
             site.bind()
-        plan = _read_plan(settings, repository)
+        plan = _read_plan(settings)
     except (ValueError, RepositoryError, OSError, StartupError) as exc:  # flags or files
         sites.close()
         raise StartupError(str(exc)) from None
     for name in sweep_stale():
         log.info("removed stale shared memory %s", name)
-    return settings, sites, plan
+    return sites, plan
 
 
-def _read_plan(settings: Settings, repository: Repository) -> StartupPlan:
+def _read_plan(settings: Settings) -> StartupPlan:
+    repository = Repository(Path(settings.model_repository), settings.model_name)
+    repository.check()
     _check_ready_file(settings.ready_file)
     inventory_source = make_inventory_source(settings.hardware_inventory)
     inventory = inventory_source.read()
@@ -249,7 +245,7 @@ class Server:
             WorkerOptions(
                 settings.log_level, settings.worker_busy_poll_us, settings.low_load_colocation
             ),
-            settings.fronts,
+            settings.http_workers,
             settings.worker_replacement_max_pause,
         )
         self.registry = ModelRegistry()
@@ -324,7 +320,7 @@ class Server:
         await self._load_models()
         # --http-workers N (with an HTTP port): other fronts serve beside this one.
         http = self.sites.http
-        scaled_out = http is not None and self.settings.fronts > 1
+        scaled_out = http is not None and self.settings.http_workers > 1
         if self.sites.grpc is not None:
             private = grpc_forward_address(self.pool.prefix) if scaled_out else None
             await self.sites.grpc.start(self.dataplane, self.management, private, self.rest_app)

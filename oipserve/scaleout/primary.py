@@ -183,7 +183,7 @@ class Replicas:
         self._pool = pool
         self._forward_to = forward_to
         self._grpc = grpc or (0, "")
-        self._count = settings.fronts - 1
+        self._count = settings.http_workers - 1
         self._port = 0
         self._seq = itertools.count(1)
         self._started = itertools.count(1)

@@ -235,7 +235,7 @@ class Replica:
             except (OSError, TimeoutError) as exc:
                 log.warning("cannot connect to worker %d: %s", copy.worker_id, exc)
                 continue
-            link.away = away(copy.worker_id, self.index, self.settings.fronts)
+            link.away = away(copy.worker_id, self.index, self.settings.http_workers)
             link.add_death_listener(self.dataplane.worker_gone)
             self.links[copy.worker_id] = link
             self._addresses[copy.worker_id] = copy.address
