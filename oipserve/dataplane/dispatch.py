@@ -23,6 +23,7 @@ from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import InferResult, client_outputs
+from oipserve.runtime.abandoned_work import ABANDONED_WORK
 from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
 from oipserve.runtime.off_loop import nothing_to_release
@@ -176,6 +177,9 @@ async def infer_on(
         return await waiting
     except asyncio.CancelledError:
         drop_reply(worker, waiting, mapped)
+        abandoned = ABANDONED_WORK.get()
+        if abandoned is not None:  # counted against its client while the worker has it
+            worker.while_pending(waiting, abandoned.abandoned)
         raise
 
 

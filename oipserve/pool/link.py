@@ -255,6 +255,18 @@ class WorkerLink:
             self._flush()
         return future
 
+    def while_pending(
+        self, waiting: Awaitable[object], start: Callable[[], Callable[[], None]]
+    ) -> None:
+        """If the worker has not answered the request that ``call`` returned ``waiting``
+        for: ``start()`` now, and what it returns once the worker answers or dies. Looked
+        up by the awaitable: called only for a request its caller gave up on."""
+        for rid, future in self.pending.items():
+            if future is waiting:
+                before, after = self.on_done.get(rid), start()
+                self.on_done[rid] = after if before is None else _both(before, after)
+                return
+
     def _expire_overdue(self) -> None:
         """Fail the pending requests past their deadline; look again while any are left."""
         self._sweep = None
@@ -309,3 +321,11 @@ class MessageProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.worker.connection_closed()
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both

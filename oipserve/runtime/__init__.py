@@ -2,6 +2,7 @@
 byte I/O under the protocols (``http_io``), work kept off the event loop (``off_loop``),
 memory returned to the system (``memory_trim``), the garbage collector's settings
 (``collector``), busy polling at low load (``busy_poll``), the loop's CPU beside its worker
-(``colocation``) and starting the child programs,
-workers and other HTTP fronts (``workerproc``).
+(``colocation``), what a client's cancelled requests still cost the workers
+(``abandoned_work``) and starting the child programs, workers and other HTTP fronts
+(``workerproc``).
 """

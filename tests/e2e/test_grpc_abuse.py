@@ -122,7 +122,10 @@ CASES = {
     #   MiB (1 MiB segments, half inputs, half outputs) whether the attack runs 1.5 s or
     #   10 s, +0 for a second attack on the same front (it grew with what was sent before:
     #   300 MiB of RSS 1:1; then ~20 MiB a second of leaked outputs, 178-336 MiB under
-    #   load: tests/unit/test_dispatch_cancel.py).
+    #   load: tests/unit/test_dispatch_cancel.py). A reset pair's requests still running
+    #   in the worker hold the connection's reading once there are 16
+    #   (runtime/abandoned_work.py): before, on a busy box 1 run in 6 they piled up behind
+    #   the worker, 147 at once, 214-294 MiB.
     "stream-past-window": Case(
         h2_attacks.stream_past_window,
         (),

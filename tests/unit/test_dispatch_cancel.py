@@ -4,6 +4,7 @@ while the worker answers) gives the reply's output segment back (``dispatch.drop
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.pool.link import WorkerLink
+from oipserve.runtime.abandoned_work import ABANDONED_WORK, LIMIT, AbandonedWork
 from oipserve.wire.messages import InferDone
 from oipserve.wire.shm import SegmentCache
 
@@ -41,3 +43,52 @@ def test_a_reply_that_races_the_reset_gives_its_outputs_back() -> None:
         return released
 
     assert asyncio.run(race()) == ["oipserve-0-w1-7"]
+
+
+def test_a_client_s_abandoned_requests_hold_its_reading_until_the_workers_answer() -> None:
+    """stream-past-window grew /dev/shm to 214-294 MiB now and then on a busy box: each
+    reset pair's requests went on running in the worker, behind which they piled up (147
+    at once). A connection's cancelled requests that a worker still has now count against
+    it (``runtime.abandoned_work``): at ``LIMIT`` its reading is held, and given back once
+    the worker has answered half of them; a worker's death answers them all."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        worker = WorkerLink(1, "cpu", "oipserve-0-w1-")
+        worker.alive, worker._loop = True, asyncio.get_running_loop()
+        worker.transport = SimpleNamespace(write=lambda data: None, abort=lambda: None)  # type: ignore[assignment]
+        released: list[str] = []
+        worker.release_outputs = released.append  # type: ignore[method-assign, assignment]
+        events: list[str] = []
+        work = AbandonedWork(lambda: events.append("hold"), lambda: events.append("resume"))
+        context = contextvars.copy_context()
+        context.run(ABANDONED_WORK.set, work)
+        model: Any = SimpleNamespace(key="identity_fp32/1")
+        dispatch = Dispatch(SegmentCache(), 256)
+        loop = asyncio.get_running_loop()
+
+        def request() -> asyncio.Task[Any]:
+            sent = dispatch.send(worker, model, [], [], [])
+            return loop.create_task(sent, context=context.copy())
+
+        answered = request()  # its reply comes before the cancel: never counted
+        tasks = [request() for _ in range(LIMIT + 2)]
+        await asyncio.sleep(0)
+        first, *rids = sorted(worker.pending)
+        worker.on_message(InferDone(first, "oipserve-0-w1-0", [], []))
+        answered.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(answered, *tasks, return_exceptions=True)
+        assert (work.running, events) == (LIMIT + 2, ["hold"])
+        for rid in rids[: LIMIT // 2 + 1]:
+            worker.on_message(InferDone(rid, f"oipserve-0-w1-{rid}", [], []))
+        assert (work.running, events) == (LIMIT // 2 + 1, ["hold"])
+        worker.on_message(InferDone(rids[LIMIT // 2 + 1], "oipserve-0-w1-x", [], []))
+        assert (work.running, events) == (LIMIT // 2, ["hold", "resume"])
+        worker._cut_off("killed")  # what it still ran is done with
+        assert work.running == 0
+        return events, released
+
+    events, released = asyncio.run(scenario())
+    assert events == ["hold", "resume"]
+    assert len(released) == LIMIT // 2 + 3  # every reply's outputs went back

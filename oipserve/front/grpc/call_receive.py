@@ -241,7 +241,7 @@ class CallReceiver(CallRunner):
         """A stream's first message (or its end) came: its queue, and its handler's task."""
         queue: asyncio.Queue[tuple[bool, Any] | None] = asyncio.Queue()
         self._queue = queue
-        self._task = asyncio.ensure_future(self._run_stream())
+        self._task = self._conn.run(self._run_stream())
         return queue
 
     def shutting_down(self) -> None:
@@ -260,4 +260,4 @@ class CallReceiver(CallRunner):
         elif not self._messages:
             self._fail(_INTERNAL, "no request message for a unary call")
         else:
-            self._task = asyncio.ensure_future(self._run_unary())
+            self._task = self._conn.run(self._run_unary())

@@ -222,7 +222,7 @@ class RestStream:
         scope["extensions"] = {RECEIVE_INTO: self._receive_into, ON_DISCONNECT: self._on_disconnect}
         if not end_stream:
             self._body_timer_start()
-        self._task = asyncio.ensure_future(self._run(app))
+        self._task = self._conn.run(self._run(app))
 
     def data_received(self, data: memoryview) -> None:
         if self._gone or self._refused:

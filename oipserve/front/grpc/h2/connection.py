@@ -26,10 +26,11 @@ lookup, one task, and no await for windows.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import struct
-from collections.abc import Callable
-from typing import Protocol, cast
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
 
 from oipserve.front.grpc.h2.frames import (
     ACK,
@@ -61,6 +62,7 @@ from oipserve.front.grpc.h2.receive_windows import (
     ReceiveWindows,
 )
 from oipserve.front.grpc.h2.stream_ids import StreamIds
+from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
 from oipserve.runtime.http_io import CorkedTransport
 
 log = logging.getLogger("oipserve.grpc")
@@ -210,6 +212,12 @@ class Connection(asyncio.Protocol):
         self.reads = 0
         #: Bytes read since reading last let the loop run others (``_READ_SLICE``).
         self._read_slice = 0
+        #: The requests of this client's calls that were cancelled (reset) while a worker
+        #: still runs them; past a bound the connection is not read until they are done.
+        self.abandoned = AbandonedWork(self._hold_reading, self._resume_reading)
+        #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
+        self._context = contextvars.copy_context()
+        self._context.run(ABANDONED_WORK.set, self.abandoned)
 
     # ---- asyncio.Protocol ---------------------------------------------------------
 
@@ -258,8 +266,24 @@ class Connection(asyncio.Protocol):
 
     def _resume_reading(self) -> None:
         transport = self.transport
-        if transport is not None and not self._paused and not transport.is_closing():
+        if (
+            transport is not None
+            and not self._paused
+            and not self.abandoned.holding
+            and not transport.is_closing()
+        ):
             transport.resume_reading()
+
+    def _hold_reading(self) -> None:
+        """No reading while the client's abandoned requests run (``abandoned``)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def run(self, call: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A call's task, in a context of its own that knows this connection's
+        ``abandoned`` requests."""
+        return self._loop.create_task(call, context=self._context.copy())
 
     def _abort(self, code: ErrorCode, message: str) -> None:
         """A connection error: its GOAWAY, then the socket closed.
