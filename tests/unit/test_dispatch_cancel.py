@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from oipserve.dataplane.dispatch import Dispatch
+from oipserve.front.grpc.h2.connection import Connection
 from oipserve.pool.link import WorkerLink
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, LIMIT, AbandonedWork
 from oipserve.wire.messages import InferDone
@@ -92,3 +93,24 @@ def test_a_client_s_abandoned_requests_hold_its_reading_until_the_workers_answer
     events, released = asyncio.run(scenario())
     assert events == ["hold", "resume"]
     assert len(released) == LIMIT // 2 + 3  # every reply's outputs went back
+
+
+@pytest.mark.parametrize("one_client", [True, False])
+def test_a_connection_s_calls_count_its_abandoned_requests_unless_it_carries_many_clients(
+    one_client: bool,
+) -> None:
+    """A call's task (``Connection.run``) sees its connection's ``AbandonedWork``; on the
+    private socket's connections (other fronts' forwarded calls, many clients on one
+    connection) it sees none: one client's resets must not hold the others' calls."""
+
+    async def seen() -> object:
+        async def call() -> None:
+            found.append(ABANDONED_WORK.get())
+
+        found: list[object] = []
+        connection = Connection(lambda conn, stream: None, lambda _: None, one_client=one_client)  # type: ignore[arg-type, return-value]
+        await connection.run(call())
+        assert ABANDONED_WORK.get() is None  # the loop's own context is left as it was
+        return found[0] is connection.abandoned if one_client else found[0] is None
+
+    assert asyncio.run(seen())

@@ -95,15 +95,25 @@ class H2Server:
         if len(self._watched) >= cap:
             self._refusals.refused(cap)
             return _Refused()
-        connection = self._private(preface_timeout)
+        connection = self._made(preface_timeout, one_client=True)
         self._watched[connection] = Watch(connection, self._limits)
         return connection
 
-    def _private(self, preface_timeout: float | None = None) -> Connection:
+    def _private(self) -> Connection:
+        """A connection on the private socket: another front's forwarded calls, of many
+        clients (their abandoned requests are not held against it: the forwarding front's
+        own connections are the clients')."""
+        return self._made(None, one_client=False)
+
+    def _made(self, preface_timeout: float | None, one_client: bool) -> Connection:
         if preface_timeout is None:
             preface_timeout = self._preface_timeout
         connection = Http2Connection(
-            self._call, self._closed, preface_timeout, linger=self._lingering.take
+            self._call,
+            self._closed,
+            preface_timeout,
+            linger=self._lingering.take,
+            one_client=one_client,
         )
         self._connections.add(connection)
         return connection

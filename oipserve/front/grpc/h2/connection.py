@@ -156,6 +156,7 @@ class Connection(asyncio.Protocol):
         closed: Callable[[Connection], None],
         preface_timeout: float = PREFACE_TIMEOUT,
         linger: Callable[[asyncio.Transport], bool] | None = None,
+        one_client: bool = True,
     ) -> None:
         self._new_stream = new_stream
         self._closed = closed
@@ -214,10 +215,12 @@ class Connection(asyncio.Protocol):
         self._read_slice = 0
         #: The requests of this client's calls that were cancelled (reset) while a worker
         #: still runs them; past a bound the connection is not read until they are done.
+        #: Not counted on a connection of many clients (``one_client`` False: the private
+        #: socket's, other fronts' forwarded calls).
         self.abandoned = AbandonedWork(self._hold_reading, self._resume_reading)
         #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
         self._context = contextvars.copy_context()
-        self._context.run(ABANDONED_WORK.set, self.abandoned)
+        self._context.run(ABANDONED_WORK.set, self.abandoned if one_client else None)
 
     # ---- asyncio.Protocol ---------------------------------------------------------
 
