@@ -20,6 +20,7 @@ import uvloop
 
 from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2.frames import END_STREAM, ErrorCode, Frame, frame, window_update
+from oipserve.runtime.abandoned_work import LIMIT
 from oipserve.wire.shm import BufferPool
 from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message, grpc_prefix, until
 
@@ -171,6 +172,26 @@ async def test_a_stalled_upload_gives_its_memory_back(pool: BufferPool) -> None:
     assert _statuses(frames, 1) == ["4"]
     assert any(f[0] == Frame.RST_STREAM and f[2] == 1 for f in frames)
     assert not peer.connection.streams and not service.arriving
+
+
+async def test_an_upload_is_not_timed_while_its_connection_is_held() -> None:
+    """A connection whose abandoned requests hold its reading (``runtime.abandoned_work``)
+    is not read: a message partly in on it is not the client's delay until it is read
+    again (as a stream held back by its own backlog)."""
+    service = FakeService()
+    settings = Settings(model_repository=".", body_timeout=0.05, min_transfer_rate=2**30)
+    peer = GrpcPeer(service.table(settings))
+    peer.send(peer.headers(1, "ModelInfer"))
+    peer.send(frame(Frame.DATA, 0, 1, grpc_prefix(1024) + b"x" * 100))
+    abandoned = peer.connection.abandoned
+    done = [abandoned.abandoned() for _ in range(LIMIT)]
+    assert abandoned.holding and not peer.transport.reading
+    await asyncio.sleep(0.25)  # five body timeouts
+    assert not _statuses(await peer.written(), 1)
+    for answered in done:
+        answered()
+    assert peer.transport.reading
+    assert await until(lambda: _statuses(peer.transport.frames(), 1) == ["4"])
 
 
 async def test_a_stalled_stream_message_ends_its_stream() -> None:

@@ -24,6 +24,7 @@ from oipserve.front.grpc.h2.frames import (
     window_update,
 )
 from oipserve.front.http.extensions import BODY_REFUSED, ON_DISCONNECT, RECEIVE_INTO
+from oipserve.runtime.abandoned_work import LIMIT
 from tests.support.grpc_peer import until
 from tests.support.h2_rest import RestPeer
 
@@ -216,6 +217,23 @@ async def test_a_body_that_stops_coming_is_dropped_after_the_body_timeout() -> N
     assert await until(lambda: app.cancelled == 1, timeout=5)
     assert _reset_code(peer.transport.frames(), 1) == ErrorCode.CANCEL
     assert app.disconnected == 1 and not peer.connection.streams
+
+
+async def test_a_body_is_not_timed_while_its_connection_is_held() -> None:
+    """Not read while its abandoned requests run (``runtime.abandoned_work``): the
+    body's wait is not the client's until the connection is read again."""
+    app = EchoApp()
+    settings = Settings(model_repository=".", body_timeout=0.1)
+    peer = RestPeer(app, settings)
+    peer.request(1, "POST", "/v2/models/m/infer", end=False)
+    peer.data(1, b"a" * 100)
+    abandoned = peer.connection.abandoned
+    done = [abandoned.abandoned() for _ in range(LIMIT)]
+    await asyncio.sleep(0.5)  # five body timeouts
+    assert app.cancelled == 0
+    for answered in done:
+        answered()
+    assert await until(lambda: app.cancelled == 1, timeout=5)
 
 
 async def test_a_response_follows_the_client_windows() -> None:

@@ -109,8 +109,10 @@ class CallReceiver(CallRunner):
         self._upload = None
         if self._done:
             return
-        if self._holding_back():
-            self._upload_timer()  # held back by us (its window not given back), not the client
+        if self._holding_back() or self._conn.abandoned.holding:
+            # Held back by us (its window not given back, or the connection not read while
+            # its abandoned requests run), not by the client.
+            self._upload_timer()
             return
         # NOTE: the bytes received are counted here, at the deadline, not per read: a
         #   message that keeps arriving re-arms its one timer, never one a chunk.

@@ -511,7 +511,7 @@ class RestStream:
             return
         limits, loop = self._server.limits, asyncio.get_running_loop()
         now = loop.time()
-        if self._held > 0:
+        if self._held > 0 or self._conn.abandoned.holding:  # not read: not the client's delay
             self._body_since, self._body_base = now, self._received
         until = self._body_since + limits.body_timeout
         until += (self._received - self._body_base) / limits.min_rate
