@@ -50,6 +50,9 @@ class FakeTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 50000) if name == "peername" else default
+
     def close(self) -> None:
         self.closed = True
 

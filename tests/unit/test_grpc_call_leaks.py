@@ -10,6 +10,7 @@ Driven with raw frames through a real connection (``tests.support.grpc_peer``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -174,10 +175,13 @@ async def test_a_stalled_upload_gives_its_memory_back(pool: BufferPool) -> None:
     assert not peer.connection.streams and not service.arriving
 
 
-async def test_an_upload_is_not_timed_while_its_connection_is_held() -> None:
+async def test_an_upload_is_not_timed_while_its_connection_is_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A connection whose abandoned requests hold its reading (``runtime.abandoned_work``)
     is not read: a message partly in on it is not the client's delay until it is read
-    again (as a stream held back by its own backlog)."""
+    again (as a stream held back by its own backlog). The log says so, once."""
+    caplog.set_level(logging.INFO, "oipserve.grpc")
     service = FakeService()
     settings = Settings(model_repository=".", body_timeout=0.05, min_transfer_rate=2**30)
     peer = GrpcPeer(service.table(settings))
@@ -192,6 +196,14 @@ async def test_an_upload_is_not_timed_while_its_connection_is_held() -> None:
         answered()
     assert peer.transport.reading
     assert await until(lambda: _statuses(peer.transport.frames(), 1) == ["4"])
+    for _ in range(LIMIT):  # held again: not said again
+        abandoned.abandoned()
+    held = [r.getMessage() for r in caplog.records if "not read while" in r.getMessage()]
+    assert held == [
+        "HTTP/2 connection from ('127.0.0.1', 50000) not read while 16 of its cancelled "
+        "requests still run in the workers; read again once 8 are left (logged once a "
+        "connection)"
+    ]
 
 
 async def test_a_stalled_stream_message_ends_its_stream() -> None:

@@ -62,7 +62,7 @@ from oipserve.front.grpc.h2.receive_windows import (
     ReceiveWindows,
 )
 from oipserve.front.grpc.h2.stream_ids import StreamIds
-from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
+from oipserve.runtime.abandoned_work import ABANDONED_WORK, LIMIT, AbandonedWork
 from oipserve.runtime.http_io import CorkedTransport
 
 log = logging.getLogger("oipserve.grpc")
@@ -221,6 +221,7 @@ class Connection(asyncio.Protocol):
         #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
         self._context = contextvars.copy_context()
         self._context.run(ABANDONED_WORK.set, self.abandoned if one_client else None)
+        self._held_before = False
 
     # ---- asyncio.Protocol ---------------------------------------------------------
 
@@ -278,10 +279,21 @@ class Connection(asyncio.Protocol):
             transport.resume_reading()
 
     def _hold_reading(self) -> None:
-        """No reading while the client's abandoned requests run (``abandoned``)."""
+        """No reading while the client's abandoned requests run (``abandoned``); said
+        once a connection, so that a client stalled so has a line in the log."""
         transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.pause_reading()
+        if transport is None or transport.is_closing():
+            return
+        transport.pause_reading()
+        if not self._held_before:
+            self._held_before = True
+            log.info(
+                "HTTP/2 connection from %s not read while %d of its cancelled requests still "
+                "run in the workers; read again once %d are left (logged once a connection)",
+                transport.get_extra_info("peername"),
+                self.abandoned.running,
+                LIMIT // 2,
+            )
 
     def run(self, call: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A call's task, in a context of its own that knows this connection's
