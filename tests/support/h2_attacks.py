@@ -95,6 +95,8 @@ class Attacker:
         self.resets: dict[int, int] = {}
         #: Streams the server ended with END_STREAM (its trailers).
         self.ended: set[int] = set()
+        #: Streams the server began to answer (their first HEADERS frame).
+        self.began: set[int] = set()
         #: Streams opened with ``call``.
         self.opened: set[int] = set()
         #: The server closed (EOF or reset) the connection.
@@ -164,8 +166,10 @@ class Attacker:
                 self.goaway.append(struct.unpack_from(">II", payload)[1])
             elif kind == Frame.RST_STREAM:
                 self.resets[stream] = struct.unpack(">I", payload)[0]
-            elif kind == Frame.HEADERS and flags & END_STREAM:
-                self.ended.add(stream)
+            elif kind == Frame.HEADERS:
+                self.began.add(stream)
+                if flags & END_STREAM:
+                    self.ended.add(stream)
         self._buffer = buffer[pos:]
 
     def drain(self, within: float) -> None:
