@@ -221,6 +221,7 @@ class Connection(asyncio.Protocol):
         #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
         self._context = contextvars.copy_context()
         self._context.run(ABANDONED_WORK.set, self.abandoned if one_client else None)
+        #: The log has said this connection was held (``_hold_reading``: said once).
         self._held_before = False
 
     # ---- asyncio.Protocol ---------------------------------------------------------
