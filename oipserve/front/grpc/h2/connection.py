@@ -16,7 +16,9 @@ that. What it does per frame type:
 Receiving (RFC 9113, 6.9), both windows are checked (``receive_windows``): DATA past
 the connection's is a connection FLOW_CONTROL_ERROR, past a stream's a stream one
 (padding counts). Sending, ``send_data`` waits for both windows and for the transport to
-drain.
+drain. The socket is not read while the client does not read (``pause_writing``), nor
+while 16 of its cancelled requests still run in the workers (``runtime.abandoned_work``:
+the calls' tasks run in a context that counts them, ``run``).
 
 PERF: all frames written in one loop iteration leave in one write (``_out``, an
 ``http_io.CorkedTransport``, as for HTTP/1.1); a tiny call costs one header-block
