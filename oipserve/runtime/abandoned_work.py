@@ -1,8 +1,9 @@
 """What a client's abandoned requests still cost the workers, counted per connection.
 
-A request whose caller went away (a gRPC stream reset, a call cancelled) ends in the front
-at once, but a worker that has it goes on reading its inputs and writing its outputs
-until it answers: both segments stay held till then (``dataplane.dispatch.infer_on``).
+A request whose caller went away (a gRPC stream reset, a call cancelled or past its
+deadline) ends in the front at once, but a worker that has it goes on reading its inputs
+and writing its outputs until it answers: both segments stay held till then
+(``dataplane.dispatch.infer_on``).
 A client that resets streams as fast as it fills them (``stream-past-window`` in
 ``tests/e2e/test_grpc_abuse.py``) left each reset pair's requests running behind it, and
 on a busy worker they piled up: 147 requests, 294 MiB of /dev/shm, where one pair holds
