@@ -45,19 +45,18 @@ import h2.settings
 from hpack import Decoder
 from hyperframe.frame import GoAwayFrame
 
-from oipserve.front.grpc.h2.connection import (
-    CONNECTION_WINDOW,
+from oipserve.front.grpc.h2.connection_state import (
     FLOOD_BUDGET,
     FLOOD_INTERVAL,
     GOAWAY_ROUND_TRIP,
     MAX_FRAME,
     MAX_STREAMS,
     PREFACE_TIMEOUT,
-    STREAM_WINDOW,
     Stream,
 )
 from oipserve.front.grpc.h2.frames import DEFAULT_WINDOW, MAX_WINDOW, ErrorCode
 from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST
+from oipserve.front.grpc.h2.receive_windows import CONNECTION_WINDOW, STREAM_WINDOW
 
 log = logging.getLogger("oipserve.grpc")
 

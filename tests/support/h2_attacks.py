@@ -342,7 +342,7 @@ STALL = 0.05
 #: 200 ms then delays everything after.)
 LATE_RCVBUF = 4096
 #: PINGs ``read_late`` sends first: their ACKs (14 KB) fill its window; under the flood
-#: budget (``h2.connection.FLOOD_BUDGET``).
+#: budget (``h2.connection_state.FLOOD_BUDGET``).
 LATE_PINGS = 800
 
 

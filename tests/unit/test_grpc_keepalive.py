@@ -17,12 +17,12 @@ import hpack
 import pytest
 
 from oipserve.config.settings import Settings, load_settings
-from oipserve.front.grpc.h2.connection import MAX_WINDOW
 from oipserve.front.grpc.h2.frames import (
     ACK,
     END_HEADERS,
     END_STREAM,
     HEADER,
+    MAX_WINDOW,
     PREFACE,
     ErrorCode,
     Frame,

@@ -16,8 +16,10 @@ import pytest
 
 from oipserve.config.settings import Settings
 from oipserve.front.grpc.h2 import connection as h2
+from oipserve.front.grpc.h2 import connection_state
 from oipserve.front.grpc.h2 import receive_windows as windows
-from oipserve.front.grpc.h2.connection import MAX_CONTINUATIONS, Connection
+from oipserve.front.grpc.h2.connection import Connection
+from oipserve.front.grpc.h2.connection_receive import MAX_CONTINUATIONS
 from oipserve.front.grpc.h2.frames import (
     ACK,
     END_HEADERS,
@@ -306,17 +308,18 @@ async def test_a_flood_of_costly_empty_frames_gets_enhance_your_calm(one: bytes)
     peer.send(peer.headers(1))
     if one == b"empty-headers":
         wire = b"".join(
-            frame(Frame.HEADERS, END_HEADERS, s) for s in range(3, 2 * h2.FLOOD_BUDGET + 6, 2)
+            frame(Frame.HEADERS, END_HEADERS, s)
+            for s in range(3, 2 * connection_state.FLOOD_BUDGET + 6, 2)
         )
     elif one == b"rapid-reset":
         block = peer.encoder.encode([(":method", "POST"), (":path", "/s/M")])
         cancel = struct.pack(">I", ErrorCode.CANCEL)
         wire = b"".join(
             frame(Frame.HEADERS, END_HEADERS, s, block) + frame(Frame.RST_STREAM, 0, s, cancel)
-            for s in range(3, 2 * h2.FLOOD_BUDGET + 8, 2)
+            for s in range(3, 2 * connection_state.FLOOD_BUDGET + 8, 2)
         )
     else:
-        wire = one * (h2.FLOOD_BUDGET + 1)
+        wire = one * (connection_state.FLOOD_BUDGET + 1)
     peer.send(wire)
     assert _goaway(peer) == ErrorCode.ENHANCE_YOUR_CALM
 
@@ -324,10 +327,12 @@ async def test_a_flood_of_costly_empty_frames_gets_enhance_your_calm(one: bytes)
 async def test_the_flood_budget_is_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     peer = _opened(Peer())
     ping = frame(Frame.PING, 0, 0, b"12345678")
-    peer.send(ping * (h2.FLOOD_BUDGET - 1))
+    peer.send(ping * (connection_state.FLOOD_BUDGET - 1))
     now = asyncio.get_running_loop().time()
-    monkeypatch.setattr(peer.connection._loop, "time", lambda: now + h2.FLOOD_INTERVAL + 1)
-    peer.send(ping * h2.FLOOD_BUDGET)
+    monkeypatch.setattr(
+        peer.connection._loop, "time", lambda: now + connection_state.FLOOD_INTERVAL + 1
+    )
+    peer.send(ping * connection_state.FLOOD_BUDGET)
     assert _goaway(peer) is None
     peer.send(ping)
     assert _goaway(peer) == ErrorCode.ENHANCE_YOUR_CALM
@@ -337,7 +342,7 @@ async def test_empty_data_that_ends_the_stream_is_not_counted() -> None:
     peer = _opened(Peer())
     wire = b"".join(
         peer.headers(s) + frame(Frame.DATA, END_STREAM, s)
-        for s in range(1, 2 * h2.FLOOD_BUDGET + 8, 2)
+        for s in range(1, 2 * connection_state.FLOOD_BUDGET + 8, 2)
     )
     peer.send(wire)
     assert _goaway(peer) is None
@@ -556,7 +561,7 @@ async def test_shutdown_announces_first_then_names_the_last_stream() -> None:
 async def test_the_second_goaway_goes_without_a_ping_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(h2, "GOAWAY_ROUND_TRIP", 0.01)
+    monkeypatch.setattr(connection_state, "GOAWAY_ROUND_TRIP", 0.01)
     peer = _opened(Peer())
     await peer.written()
     peer.connection.go_away()

@@ -101,7 +101,7 @@ class CallState:
         self._sizes: deque[int] = deque()
 
     if TYPE_CHECKING:
-        # What the connection drives (``h2.connection.Stream``), defined by the layers
+        # What the connection drives (``h2.connection_state.Stream``), defined by the layers
         # above: declared here so that each layer may hand ``self`` to the connection.
 
         def headers_received(self, headers: Headers, end_stream: bool) -> None: ...

@@ -33,7 +33,8 @@ import socket
 from oipserve.config.settings import Settings
 from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
-from oipserve.front.grpc.h2.connection import PREFACE_TIMEOUT, Connection
+from oipserve.front.grpc.h2.connection import Connection
+from oipserve.front.grpc.h2.connection_state import PREFACE_TIMEOUT
 from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
 from oipserve.front.grpc.linger import Lingering
 from oipserve.front.header_rules import App

@@ -49,7 +49,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from oipserve.front.grpc.h2.connection import Connection, Stream
+from oipserve.front.grpc.h2.connection import Connection
+from oipserve.front.grpc.h2.connection_state import Stream
 from oipserve.front.grpc.h2.frames import (
     DEFAULT_MAX_FRAME,
     END_STREAM,

@@ -27,6 +27,9 @@ MAX_WINDOW = 2**31 - 1
 #: The most of ``grpc-message`` (percent-encoded) a failure's trailers carry: a message
 #: may echo client input (an unknown method's path, up to a 64 KiB header list).
 MAX_STATUS_MESSAGE = 1024
+#: A WINDOW_UPDATE's increment, a RST_STREAM's code, a PRIORITY's dependency (31 bits
+#: and a flag).
+U32 = struct.Struct(">I")
 #: The 5-byte prefix of every gRPC message: compressed flag, length.
 MESSAGE_PREFIX = struct.Struct(">BI")
 
