@@ -20,7 +20,9 @@ import pytest
 import uvloop
 
 from oipserve.config.settings import Settings
+from oipserve.front.grpc.h2.connection_state import MAX_FRAME
 from oipserve.front.grpc.h2.frames import END_STREAM, ErrorCode, Frame, frame, window_update
+from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
 from oipserve.runtime.abandoned_work import LIMIT
 from oipserve.wire.shm import BufferPool
 from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message, grpc_prefix, until
@@ -273,3 +275,31 @@ async def test_a_streams_window_gets_its_message_prefixes_back() -> None:
             break
         await asyncio.sleep(0.01)
     assert given[1] == sent, given
+
+
+async def test_a_message_taken_when_its_lease_comes_gets_its_window_back(
+    pool: BufferPool,
+) -> None:
+    """A message larger than the stream's window, all of the window received while its
+    lease was made (in a thread, its size's first): once the lease comes the window is
+    given back, though less of the message is left than a frame. Judged on the frame, it
+    was not, and the client waited until the upload timed out (a first 4 MiB tensor)."""
+    service = FakeService()
+    peer = GrpcPeer(service.table(Settings(model_repository="."), pool))
+    await peer.written()
+    left = 100  # of the message, once the window is spent
+    body = grpc_prefix(STREAM_WINDOW - 5 + left) + b"x" * (STREAM_WINDOW - 5)
+    frames = [body[i : i + MAX_FRAME] for i in range(0, len(body), MAX_FRAME)]
+    peer.send(peer.headers(1, "ModelInfer"))
+    peer.send(b"".join(frame(Frame.DATA, 0, 1, part) for part in frames))
+    assert pool.leased_count == 0  # all of it waits for the lease
+    seen: list[tuple[int, int, int, bytes]] = []
+
+    def window_given() -> bool:
+        seen.extend(peer.transport.frames())  # (each write read once)
+        return any(kind == Frame.WINDOW_UPDATE and stream == 1 for kind, _, stream, _ in seen)
+
+    assert await until(window_given), "the stream's window was never given back"
+    peer.send(frame(Frame.DATA, END_STREAM, 1, b"x" * left))
+    assert await until(lambda: not peer.connection.streams), "the message never completed"
+    assert "4" not in _statuses([*seen, *peer.transport.frames()], 1)  # not DEADLINE_EXCEEDED

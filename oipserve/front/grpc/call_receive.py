@@ -84,6 +84,7 @@ class CallReceiver(CallRunner):
             self._fill(data[:take])
             data = data[take:]
             self._left -= take
+            self._give_back_window()
             if self._left == 0:
                 self._message_done()
                 if self._done:
@@ -170,6 +171,7 @@ class CallReceiver(CallRunner):
         waiting, self._waiting = self._waiting or [], None
         for chunk in waiting:
             self._fill(memoryview(chunk))
+        self._give_back_window()
         if self._left == 0:
             self._message_done()
         if self._ended and not self._done:
@@ -185,11 +187,22 @@ class CallReceiver(CallRunner):
         else:
             self._parts.append(bytes(chunk))
         self._unacked += len(chunk)
+
+    def _give_back_window(self) -> None:
+        """What the stream's window lost to the bytes taken so far is given back, a
+        ``_STREAM_ACK`` at a time: for a unary call while its message has more to come
+        (after it, nothing does), for a stream while its handler keeps up.
+
+        NOTE: judged on what is left of the message once the bytes are counted, never on
+        the chunk: a message received while its lease was being made is taken in one go
+        when the lease comes, and with less left of it then than a chunk, its window (all
+        of it taken) was never given back: the client waited for it until the upload timed
+        out (a 4 MiB tensor, a first call, waited 90 s for DEADLINE_EXCEEDED).
+        """
         if self._unacked < _STREAM_ACK:
             return
         if not self._streaming:
-            # A unary call takes its one message as it arrives; no more comes after it.
-            if self._left > len(chunk):
+            if self._left > 0:
                 self._acknowledge()
         elif not self._holding_back():
             self._acknowledge()  # else once the stream's handler takes or answers messages
