@@ -76,14 +76,16 @@ class Dispatch:
         ``owned`` is released when the worker is done reading the inputs: at its reply,
         when it dies, or here when the request cannot be sent. Past ``deadline`` (loop
         time) the call fails with DeadlineExceeded while the worker may still read the
-        inputs: they stay held until it answers. The reply's output segment is the
-        caller's to release (``result``, ``results``).
+        inputs: they stay held until it answers, which a worker that comes to the request
+        only after its deadline does without running it (``Infer.expires``). The reply's
+        output segment is the caller's to release (``result``, ``results``).
         """
         key = model.key
         into = targets or _NO_TARGETS
         texts = text_outputs or _NO_NAMES
         polling = self.busy_poll
         light = polling is not None and polling.in_flight <= 1
+        expires = 0 if deadline is None else worker.expires(deadline)
 
         def inputs_free() -> None:
             for held in owned:
@@ -91,7 +93,9 @@ class Dispatch:
 
         answer = await infer_on(
             worker,
-            lambda rid: Infer(rid, key, inputs, output_names, into, texts, light=light),
+            lambda rid: Infer(
+                rid, key, inputs, output_names, into, texts, light=light, expires=expires
+            ),
             inputs_free,
             self.outputs,
             deadline,

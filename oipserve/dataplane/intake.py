@@ -61,7 +61,10 @@ class Intake:
         timeout = self.infer_timeout
         if inference.timeout_us and inference.timeout_us / 1e6 < timeout:
             timeout = inference.timeout_us / 1e6
-        return self._loop.time() + timeout
+        deadline = self._loop.time() + timeout
+        if inference.deadline is not None and inference.deadline < deadline:
+            return inference.deadline
+        return deadline
 
     @staticmethod
     def check(inference: Inference) -> list[Placement]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
+from time import monotonic_ns
 
 import msgspec
 
@@ -254,6 +255,11 @@ class WorkerLink:
             #   of latency); a busy one cannot start it sooner, so it is batched.
             self._flush()
         return future
+
+    def expires(self, deadline: float) -> int:
+        """``deadline`` (this loop's time) on the clock a worker reads, ``monotonic_ns``:
+        when it may skip the request (``Infer.expires``)."""
+        return monotonic_ns() + int((deadline - self._loop.time()) * 1e9)
 
     def while_pending(
         self, waiting: Awaitable[object], start: Callable[[], Callable[[], None]]

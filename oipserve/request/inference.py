@@ -97,6 +97,7 @@ class Inference:
         "text_outputs",
         "classification",
         "sequence",
+        "deadline",
     )
 
     def __init__(
@@ -125,6 +126,10 @@ class Inference:
         self.classification: dict[str, int] = classification or {}
         #: A sequence model's request: its sequence (set by the front, None otherwise).
         self.sequence: SequenceTag | None = None
+        #: When (loop time) the client stops waiting, if it said (a gRPC call's
+        #: ``grpc-timeout``): the request's deadline is the earliest of this,
+        #: ``timeout_us`` and ``--infer-timeout`` (``Intake.deadline``).
+        self.deadline: float | None = None
 
 
 class OutputTensor:

@@ -55,6 +55,8 @@ class CallRunner(CallSender):
                 else:
                     if lease is not None:
                         request.lease, lease = lease, None  # the service owns it now
+                    if self._deadline_at is not None and self._name == INFER_RPC:
+                        request.deadline = self._deadline_at  # (workers skip it past that)
                     data = await wire_bytes(await method.call(request), method.serialize)
         except asyncio.CancelledError:
             self._cancelled()

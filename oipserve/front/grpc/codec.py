@@ -43,7 +43,7 @@ class InferCall:
     lease.
     """
 
-    __slots__ = ("message", "raw", "spans", "lease")
+    __slots__ = ("message", "raw", "spans", "lease", "deadline")
 
     def __init__(
         self,
@@ -55,6 +55,8 @@ class InferCall:
         self.raw = raw
         self.spans = spans
         self.lease: Lease | None = None
+        #: The call's deadline (loop time; ``grpc-timeout``), if it has one.
+        self.deadline: float | None = None
 
     def located(self) -> list[tuple[Lease, int, int]] | None:
         """Each raw entry as (lease, offset, size), when the message lies in a lease."""

@@ -223,5 +223,6 @@ class InferenceService:
             into_regions=into_regions, classification=classes,
         )  # fmt: skip
         inference.sequence = sequence
+        inference.deadline = call.deadline
         result = await self.dataplane.infer(inference)
         return InferReply(result, message.id)

@@ -1,0 +1,87 @@
+"""Requests a worker comes to only after their deadline: answered, never run.
+
+A front waits for a request's answer until its deadline (``--infer-timeout``, the request's
+``timeout`` parameter, a gRPC call's ``grpc-timeout``), then answers its client
+DEADLINE_EXCEEDED; the worker it sent the request to may still have it queued behind
+others. Run anyway, it would take the model's time from requests whose clients still wait:
+under an overload whose clients give up, every request the worker then runs would be one
+nobody waits for. So the front sends each request's deadline (``Infer.expires``) and a
+worker that comes to a request too late to finish it by then, at the pace the model's
+recent runs set, answers DEADLINE_EXCEEDED at once (the front lets go of its inputs at that
+answer, as at any other).
+
+Past the deadline alone is not enough: under an overload that lasts, the queue grows until
+requests reach the worker just before their deadline, and each one run then ends after it.
+With this and the worker's prompt answers (``worker.REPLY_HOLD_NS``), one worker of a 22 ms
+model offered 60 calls a second of 300 ms deadlines answered 39.9 a second in time (its
+pace: ~44), where it answered none before (``benchmarks/deadline_overload.py``,
+``benchmarks/results/2026-11-29-deadline-overload.md``).
+
+The log says so at INFO at most once every ``LOG_EVERY`` seconds, with how many were
+skipped since it last did (an operator sees that this worker sheds work it was given too
+late), and at DEBUG for each.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from oipserve.wire.messages import ErrorKind
+
+__all__ = ["LOG_EVERY", "MESSAGE", "LateRequests"]
+
+log = logging.getLogger("oipserve.worker")
+
+#: Seconds between two log lines about skipped requests.
+LOG_EVERY = 10.0
+#: What the front is told (its client was answered at the deadline already).
+MESSAGE = "the request could not end by its deadline when the worker came to it; it was not run"
+_KIND = ErrorKind.DEADLINE_EXCEEDED
+
+
+class LateRequests:
+    """Which requests to skip, and the log's count of them."""
+
+    __slots__ = ("skipped", "_unsaid", "_said_at", "_run_ns")
+
+    def __init__(self) -> None:
+        #: Requests skipped since the worker started.
+        self.skipped = 0
+        #: Skipped since the last log line.
+        self._unsaid = 0
+        self._said_at = -int(LOG_EVERY * 1e9)
+        #: Per model key, its runs' typical time (ns): a moving average, the newest run
+        #: weighing an eighth.
+        self._run_ns: dict[str, int] = {}
+
+    def too_late(self, key: str, expires: int, now: int) -> bool:
+        """Whether a request of model ``key`` that ``expires`` (``monotonic_ns``) cannot end
+        by then if it starts ``now``, at the pace of the model's recent runs."""
+        return now + self._run_ns.get(key, 0) > expires
+
+    def ran(self, key: str, ns: int) -> None:
+        """A run of model ``key`` took ``ns``."""
+        typical = self._run_ns.get(key, ns)
+        self._run_ns[key] = typical + (ns - typical) // 8
+
+    def forget(self, key: str) -> None:
+        """Model ``key`` was unloaded."""
+        self._run_ns.pop(key, None)
+
+    def skip(self, rid: int, expires: int, now: int) -> tuple[ErrorKind, str]:
+        """Count request ``rid``, which ``expires`` (``Infer.expires``), skipped at ``now``
+        (``monotonic_ns``); the failure to answer it with."""
+        log.debug("request %d not run: %.1f ms left of its deadline", rid, (expires - now) / 1e6)
+        self.skipped += 1
+        self._unsaid += 1
+        if now - self._said_at >= LOG_EVERY * 1e9:
+            log.info(
+                "%d request(s) not run: too late to end by their deadline when this worker came "
+                "to them (%d since it started; logged at most every %.0f s)",
+                self._unsaid,
+                self.skipped,
+                LOG_EVERY,
+            )
+            self._said_at = now
+            self._unsaid = 0
+        return _KIND, MESSAGE
