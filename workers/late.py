@@ -1,4 +1,4 @@
-"""Requests a worker comes to only after their deadline: answered, never run.
+"""Requests a worker comes to too late to end by their deadline: answered, never run.
 
 A front waits for a request's answer until its deadline (``--infer-timeout``, the request's
 ``timeout`` parameter, a gRPC call's ``grpc-timeout``), then answers its client
@@ -16,6 +16,10 @@ With this and the worker's prompt answers (``worker.REPLY_HOLD_NS``), one worker
 model offered 60 calls a second of 300 ms deadlines answered 39.9 a second in time (its
 pace: ~44), where it answered none before (``benchmarks/deadline_overload.py``,
 ``benchmarks/results/2026-11-29-deadline-overload.md``).
+
+The pace is the model's, not the request's: where one model's requests differ much in size,
+a small one with little time left may be skipped at the large ones' pace (its client was
+about to be answered DEADLINE_EXCEEDED anyway, unless its deadline was set that close).
 
 The log says so at INFO at most once every ``LOG_EVERY`` seconds, with how many were
 skipped since it last did (an operator sees that this worker sheds work it was given too

@@ -77,8 +77,8 @@ class Dispatch:
         when it dies, or here when the request cannot be sent. Past ``deadline`` (loop
         time) the call fails with DeadlineExceeded while the worker may still read the
         inputs: they stay held until it answers, which a worker that comes to the request
-        only after its deadline does without running it (``Infer.expires``). The reply's
-        output segment is the caller's to release (``result``, ``results``).
+        too late to end it by its deadline does without running it (``Infer.expires``).
+        The reply's output segment is the caller's to release (``result``, ``results``).
         """
         key = model.key
         into = targets or _NO_TARGETS

@@ -182,8 +182,9 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     #: the worker may run on the front's CPU (``workers.colocation``).
     light: bool = False
     #: When the front stops waiting for the answer, on the clock every process of the
-    #: machine shares (``time.monotonic_ns``): a worker that comes to the request later
-    #: answers DEADLINE_EXCEEDED without running it. 0: no deadline (a batch, whose
+    #: machine shares (``time.monotonic_ns``): a worker that comes to the request too late
+    #: to end a run by then answers DEADLINE_EXCEEDED without running it (``workers.late``).
+    #: 0: no deadline (a batch, whose
     #: requests fail one by one in the front; a sequence's step, which must run).
     expires: int = 0
 

@@ -21,10 +21,10 @@ from tritonclient.grpc import service_pb2
 
 from oipserve.front.grpc.h2.frames import ErrorCode, Setting, rst_stream, window_update
 from tests.support.h2_attacks import Attacker, data_frames, grpc_message
-from tests.support.onnx_models import write_weighty_model
+from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.server import ServerProcess, wait_for
 
-MODEL = "weighty"
+MODEL = WEIGHTY
 #: MatMuls by 1024 x 1024 weights (64 MiB), on ``ROWS`` rows a call: 2 GFLOP, about 0.1 s
 #: here; with 4 layers the worker sometimes had all but 8 done before the resets came.
 LAYERS = 16
@@ -36,8 +36,7 @@ HELD = "not read while 16 of its cancelled requests still run in the workers"
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("repo")
-    (root / MODEL / "1").mkdir(parents=True)
-    write_weighty_model(root / MODEL / "1" / "model.onnx", LAYERS)
+    write_weighty_repository(root, LAYERS)
     args = ["--devices", "cpu", "--model-control-mode", "explicit", "--load-model", MODEL]
     proc = ServerProcess(root, args).wait_ready()
     yield proc

@@ -21,10 +21,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.onnx_models import write_weighty_model
+from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.server import ServerProcess, pending, wait_for
 
-MODEL = "weighty"
+MODEL = WEIGHTY
 LAYERS = 16
 #: A long call's rows (34 GFLOP: 0.1-2 s on the machines this ran on); enough of them are
 #: queued for ``QUEUED_S`` of work, and the calls behind them give up after ``DEADLINE_S``.
@@ -39,9 +39,7 @@ SUMMED = "request(s) not run: too late to end by their deadline"
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("repo")
-    (root / MODEL / "1").mkdir(parents=True)
-    write_weighty_model(root / MODEL / "1" / "model.onnx", LAYERS)
-    (root / MODEL / "config.pbtxt").write_text("instance_group [ { count: 1 kind: KIND_CPU } ]\n")
+    write_weighty_repository(root, LAYERS, "instance_group [ { count: 1 kind: KIND_CPU } ]\n")
     proc = ServerProcess(root, ["--devices", "cpu", "--log-level", "debug"]).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log[-4000:]

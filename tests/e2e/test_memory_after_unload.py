@@ -21,10 +21,10 @@ import tritonclient.http as httpclient
 
 from tests.support.http import post
 from tests.support.memory import MiB, proc_status
-from tests.support.onnx_models import write_weighty_model
+from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.server import ServerProcess, shm_entries, wait_for
 
-MODEL = "weighty"
+MODEL = WEIGHTY
 LAYERS = 4  # 4 MiB of weights each
 CYCLES = 30
 FAILED = 10
@@ -34,8 +34,7 @@ BROKEN = ("broken_onnx", "broken_config")
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("repo")
-    (root / MODEL / "1").mkdir(parents=True)
-    write_weighty_model(root / MODEL / "1" / "model.onnx", LAYERS)
+    write_weighty_repository(root, LAYERS)
     for name in BROKEN:
         shutil.copytree(root / MODEL, root / name)
     (root / "broken_onnx" / "1" / "model.onnx").write_bytes(b"not an ONNX file\n" * 64)

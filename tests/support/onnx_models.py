@@ -65,3 +65,16 @@ def write_weighty_model(path: Path, layers: int, width: int = 1024) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, path)
+
+
+#: The model ``write_weighty_repository`` writes.
+WEIGHTY = "weighty"
+
+
+def write_weighty_repository(root: Path, layers: int, config: str = "") -> None:
+    """A repository at ``root`` holding ``WEIGHTY`` (``write_weighty_model`` of ``layers``),
+    with ``config`` as its config.pbtxt when given."""
+    (root / WEIGHTY / "1").mkdir(parents=True)
+    write_weighty_model(root / WEIGHTY / "1" / "model.onnx", layers)
+    if config:
+        (root / WEIGHTY / "config.pbtxt").write_text(config)
