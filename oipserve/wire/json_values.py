@@ -86,12 +86,13 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> Any:
             return array
     try:
         values = DATA_DECODER.decode(raw)  # PERF: a Raw decodes faster than a view of it
-    except UnicodeDecodeError:
-        raise DataError(
-            f"element {_bad_utf8_element(memoryview(raw))} of input '{name}' is not valid UTF-8: "
-            "JSON strings must be UTF-8 text (send other bytes as binary data)"
-        ) from None
+    except UnicodeDecodeError:  # msgspec before 0.23
+        raise _not_utf8(name, raw) from None
     except msgspec.DecodeError as exc:
+        # NOTE: msgspec 0.23 reports a string that is not UTF-8 as a DecodeError: told
+        #   apart by the bytes, not by its wording.
+        if not _is_utf8(raw):
+            raise _not_utf8(name, raw) from None
         raise DataError(
             f"malformed JSON in 'data' of input '{name}': {syntax_error(exc, raw)}"
         ) from None
@@ -104,10 +105,26 @@ def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> Any:
     return values
 
 
+def _is_utf8(raw: msgspec.Raw | memoryview) -> bool:
+    try:
+        str(memoryview(raw), "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _not_utf8(name: str, raw: msgspec.Raw | memoryview) -> DataError:
+    return DataError(
+        f"element {_bad_utf8_element(memoryview(raw))} of input '{name}' is not valid UTF-8: "
+        "JSON strings must be UTF-8 text (send other bytes as binary data)"
+    )
+
+
 def _bad_utf8_element(text: memoryview) -> int | str:
     """The flat (row-major) index of the first string in ``text`` that is not UTF-8.
 
-    Only on the error path: msgspec's UnicodeDecodeError says which bytes, not where.
+    Only on the error path: msgspec's error says which bytes (before 0.23) or nothing
+    (from 0.23), not where.
     """
     index = 0
 
@@ -122,7 +139,7 @@ def _bad_utf8_element(text: memoryview) -> int | str:
                 continue
             try:
                 DATA_DECODER.decode(piece)
-            except UnicodeDecodeError:
+            except (UnicodeDecodeError, msgspec.DecodeError):  # (a whole element: not UTF-8)
                 return index
             index += 1
         return None

@@ -26,8 +26,8 @@ from tests.support.server import ServerProcess, pending, wait_for
 
 MODEL = WEIGHTY
 LAYERS = 16
-#: A long call's rows (34 GFLOP: 0.1-2 s on the machines this ran on); enough of them are
-#: queued for ``QUEUED_S`` of work, and the calls behind them give up after ``DEADLINE_S``.
+#: A long call's rows (34 GFLOP: 0.1 s on this project's 2-core machine); as many are queued
+#: as take ``QUEUED_S`` there, and the calls behind them give up after ``DEADLINE_S``.
 LONG_ROWS = 1024
 QUEUED_S = 1.5
 DEADLINE_S = 0.02
