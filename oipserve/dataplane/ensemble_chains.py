@@ -183,6 +183,9 @@ async def _send(
     ``outputs``: the front's mappings of the workers' output segments."""
     owned = request.owned
     key = request.model.key
+    # (a chain's steps run requests alone, none a sequence's: one the worker comes to too
+    # late to end by its deadline is not run, as a request alone is not)
+    expires = worker.expires(deadline)
 
     def inputs_free() -> None:
         for held in owned:
@@ -190,7 +193,7 @@ async def _send(
 
     reply = await infer_on(
         worker,
-        lambda rid: Infer(rid, key, inputs, chain.outputs, chain=chain.messages),
+        lambda rid: Infer(rid, key, inputs, chain.outputs, chain=chain.messages, expires=expires),
         inputs_free,
         outputs,
         deadline,

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from time import monotonic_ns
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
+from oipserve.dataplane.ensemble_chains import _send as chain_send
 from oipserve.dataplane.ensemble_chains import plan_chains
 from oipserve.models.config.ensemble import EnsembleConfig
 from oipserve.models.config.parse import parse_model_config
@@ -143,3 +148,40 @@ def test_a_failing_step_says_which_steps_ran(
     assert failed.kind is ErrorKind.UNAVAILABLE
     assert failed.message == "model 'double/1' is not loaded here"
     assert len(failed.steps) == 1  # the first step ran: the second is the one that failed
+
+
+def test_a_chain_past_its_deadline_runs_no_step(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain the worker comes to after its deadline (``workers.late``) is answered
+    DEADLINE_EXCEEDED before its first step, which the front counts as the first's."""
+    fed: list[object] = []
+    monkeypatch.setattr(worker, "feeds", lambda *args: fed.append(args) or {})
+    chain = Infer(7, "add_one/1", [], ["OUT"], chain=_CHAIN, expires=monotonic_ns() - 1)
+    worker.handle(chain, worker.starter)
+    failed = only_reply(worker)
+    assert isinstance(failed, Failed) and failed.kind is ErrorKind.DEADLINE_EXCEEDED
+    assert failed.steps == [] and fed == []
+
+
+async def test_a_chain_goes_to_its_worker_with_its_deadline() -> None:
+    """The front's side: a chain's ``Infer`` carries the request's deadline as the worker
+    reads it (``WorkerLink.expires``)."""
+    sent: list[Infer] = []
+    loop = asyncio.get_running_loop()
+
+    class Link:
+        def expires(self, deadline: float) -> int:
+            return int(deadline * 1e9) + 1
+
+        def call(self, make: Any, on_done: Any = None, deadline: Any = None) -> Any:
+            sent.append(make(1))
+            answered = loop.create_future()
+            answered.set_result(Failed(1, ErrorKind.DEADLINE_EXCEEDED, "late"))
+            return answered
+
+    request = SimpleNamespace(owned=[], model=SimpleNamespace(key="add_one/1"))
+    chain = SimpleNamespace(outputs=["Y"], messages=_CHAIN, steps=_CHAIN)
+    reply = await chain_send(Link(), request, chain, [], 5.0, SegmentCache())  # type: ignore[arg-type]
+    assert isinstance(reply, Failed)
+    assert [(infer.chain, infer.expires) for infer in sent] == [(_CHAIN, 5_000_000_001)]
