@@ -46,7 +46,7 @@ _KIND = ErrorKind.DEADLINE_EXCEEDED
 class LateRequests:
     """Which requests to skip, and the log's count of them."""
 
-    __slots__ = ("skipped", "_unsaid", "_said_at", "_run_ns")
+    __slots__ = ("skipped", "_unsaid", "_said_at", "_typical_ns", "_pace_ns")
 
     def __init__(self) -> None:
         #: Requests skipped since the worker started.
@@ -56,21 +56,28 @@ class LateRequests:
         self._said_at = -int(LOG_EVERY * 1e9)
         #: Per model key, its runs' typical time (ns): a moving average, the newest run
         #: weighing an eighth.
-        self._run_ns: dict[str, int] = {}
+        self._typical_ns: dict[str, int] = {}
+        #: Per model key, what a run is expected to take (ns): the lower of the typical
+        #: time and the last run's, so that a slow first run (ONNX Runtime's cold start,
+        #: ten times the next ones) does not make the requests after it look late.
+        self._pace_ns: dict[str, int] = {}
 
     def too_late(self, key: str, expires: int, now: int) -> bool:
         """Whether a request of model ``key`` that ``expires`` (``monotonic_ns``) cannot end
         by then if it starts ``now``, at the pace of the model's recent runs."""
-        return now + self._run_ns.get(key, 0) > expires
+        return now + self._pace_ns.get(key, 0) > expires
 
     def ran(self, key: str, ns: int) -> None:
         """A run of model ``key`` took ``ns``."""
-        typical = self._run_ns.get(key, ns)
-        self._run_ns[key] = typical + (ns - typical) // 8
+        typical = self._typical_ns.get(key, ns)
+        typical += (ns - typical) // 8
+        self._typical_ns[key] = typical
+        self._pace_ns[key] = min(typical, ns)
 
     def forget(self, key: str) -> None:
         """Model ``key`` was unloaded."""
-        self._run_ns.pop(key, None)
+        self._typical_ns.pop(key, None)
+        self._pace_ns.pop(key, None)
 
     def skip(self, rid: int, expires: int, now: int) -> tuple[ErrorKind, str]:
         """Count request ``rid``, which ``expires`` (``Infer.expires``), skipped at ``now``
