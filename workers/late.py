@@ -13,7 +13,7 @@ answer, as at any other).
 Past the deadline alone is not enough: under an overload that lasts, the queue grows until
 requests reach the worker just before their deadline, and each one run then ends after it.
 With this and the worker's prompt answers (``worker.REPLY_HOLD_NS``), one worker of a 22 ms
-model offered 60 calls a second of 300 ms deadlines answered 39.9 a second in time (its
+model offered 60 calls a second of 300 ms deadlines answered 42.4 a second in time (its
 pace: ~44), where it answered none before (``benchmarks/deadline_overload.py``,
 ``benchmarks/results/2026-11-29-deadline-overload.md``).
 
