@@ -69,7 +69,6 @@ log = logging.getLogger("oipserve.worker")
 #: requests in one read: the first answer 230 ms late). Tiny requests (~30 µs a run) still
 #: leave a read's answers in one write; an answer after a run past this leaves at once.
 REPLY_HOLD_NS = 1_000_000
-#: Ends the client's message for an unexpected failure; the traceback is logged.
 #: An InferDone's steps when it answers no ensemble chain (shared, never changed).
 _NO_STEPS: list[StepTimes] = []
 
