@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from oipserve.errors import InferenceFailed, InternalError
-from oipserve.request.inference import InputTensor
+from oipserve.request.inference import InputTensor, Located
 from oipserve.request.placement import Placement
 from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
-from oipserve.wire.shm import Lease, align
+from oipserve.wire.shm import align
 
 __all__ = [
     "Made",
@@ -85,7 +85,7 @@ def joined(
 
 def assemble(
     requests: list[list[Placement]],
-    lease: Lease,
+    lease: Located,
     place: Placer = joined,
     made: Sequence[Made] = (),
 ) -> list[TensorDesc]:

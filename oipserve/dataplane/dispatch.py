@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from oipserve.dataplane.batch_io import SharedRelease, split
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
@@ -39,6 +41,8 @@ _NO_NAMES: list[str] = []
 _NO_REGIONS: dict[str, RegionUse] = {}
 
 
+# NOTE: compiled (mypyc), and extended by ``ensemble_run.StepDispatch``, which is not.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Dispatch:
     """Sends checked, placed requests to workers and maps their replies back."""
 

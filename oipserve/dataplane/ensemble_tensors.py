@@ -10,7 +10,6 @@ input names that segment, offset and size: ``InputTensor.located``). What it lie
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
@@ -96,10 +95,7 @@ class EnsembleTensor:
             )
         data = self.data
         if self.offset >= 0 and data is not None:
-            # NOTE: a Held is what placement reads of a Lease (``name``, ``buf``) and what a
-            #   strategy does with what it owns (``release``): typed as one on purpose.
-            held = cast(Lease, self.held)
-            located = (held, self.offset, len(data))
+            located = (self.held, self.offset, len(data))
             return InputTensor(name, self.datatype, self.shape, located=located)
         return InputTensor(name, self.datatype, self.shape, raw=data)
 

@@ -11,10 +11,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
+from mypy_extensions import mypyc_attr
+
 from oipserve.errors import InvalidInput, NotFound, Unavailable
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec, merge_metadata
 from oipserve.pool.link import WorkerLink
+from oipserve.wire.images import ImageError, ImageSpec
 
 if TYPE_CHECKING:
     from oipserve.scheduling.scheduler import DynamicBatcher
@@ -55,6 +58,8 @@ def check_version(version: str) -> None:
         )
 
 
+# NOTE: compiled (mypyc), and extended by ``models.ensemble.EnsembleVersion``, which is not.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ModelVersion:
     """One version of one model, and the workers that hold a session for it."""
 
@@ -94,6 +99,9 @@ class ModelVersion:
         self.sequencer_close: Callable[[Unavailable], None] | None = None
         #: Requests in the data plane now (``DataPlane.infer``), queued or running.
         self.in_flight = 0
+        #: What each input takes as encoded images, or why it takes none, worked out on
+        #: the first request that sends it images (``request.images``).
+        self.image_specs: dict[str, ImageSpec | ImageError] = {}
         #: Worker id -> where the session went and what it was given, for GET /v2/hardware.
         self.placements: dict[int, dict[str, object]] = {}
         #: Worker id -> the intra-op threads its session was made with (None: the worker's

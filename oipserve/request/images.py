@@ -10,7 +10,6 @@ See docs/images.md.
 from __future__ import annotations
 
 import binascii
-import weakref
 from typing import TYPE_CHECKING
 
 from oipserve.errors import InvalidInput
@@ -24,18 +23,11 @@ if TYPE_CHECKING:
 
 __all__ = ["image_payload", "image_target"]
 
-# ModelVersion -> input name -> spec (or the error the input gives). Weak, so a reloaded or
-# unloaded version takes its entries with it; a new version object recomputes them.
-_SPECS: weakref.WeakKeyDictionary[ModelVersion, dict[str, ImageSpec | ImageError]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def _spec_for(model: ModelVersion, spec: TensorSpec) -> ImageSpec:
-    """ImageSpec of one model input, computed once per model version."""
-    cache = _SPECS.get(model)
-    if cache is None:
-        cache = _SPECS[model] = {}
+    """ImageSpec of one model input, computed once per model version (kept on it: a
+    reloaded version's object is new, and computes its own)."""
+    cache = model.image_specs
     found = cache.get(spec.name)
     if found is None:
         element = DATATYPES[spec.datatype].element

@@ -8,7 +8,7 @@ outputs are views of a worker's shared memory until it is released.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from oipserve.errors import InferenceFailed, InternalError
 from oipserve.models.metadata import reshaped
@@ -32,10 +32,22 @@ __all__ = [
     "Inference",
     "InferResult",
     "InputTensor",
+    "Located",
     "OutputTensor",
     "client_outputs",
     "region_parameters_of",
 ]
+
+
+class Located(Protocol):
+    """What a located input's bytes lie in: a pooled segment's ``Lease``, or an ensemble
+    step's output (``dataplane.ensemble_tensors.Held``). Placement reads these two."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def buf(self) -> memoryview: ...
 
 
 class InputTensor:
@@ -57,7 +69,7 @@ class InputTensor:
         *,
         values: object = None,
         raw: memoryview | bytes | None = None,
-        located: tuple[Lease, int, int] | None = None,
+        located: tuple[Located, int, int] | None = None,
         region: RegionUse | None = None,
     ) -> None:
         self.name = name

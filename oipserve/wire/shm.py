@@ -20,6 +20,8 @@ import mmap
 import os
 from collections.abc import Callable
 
+from mypy_extensions import mypyc_attr
+
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "oipserve-"
 
@@ -245,6 +247,8 @@ class BufferPool:
         self._idle_bytes = 0
 
 
+# NOTE: compiled (mypyc), and extended by the workers' ``CheckedSegments``, which is not.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SegmentCache:
     """Segments of another process, attached once by name and kept mapped."""
 

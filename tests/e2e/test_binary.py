@@ -6,6 +6,7 @@ never builds a malformed one) and then checks the server still answers.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import http.client
 import json
@@ -14,14 +15,18 @@ import socket
 import struct
 import zlib
 from functools import partial
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from oipserve.config.settings import load_settings
+from oipserve.dataplane.plane import DataPlane
 from oipserve.front.rest.body import Body
 from oipserve.front.rest.resources import ModelResource
+from oipserve.models.registry import ModelRegistry
 from oipserve.request.inference import InputTensor
 from oipserve.request.placement import payload as _payload
 from oipserve.wire.json_request import decode_request
@@ -641,6 +646,17 @@ def test_24_concurrent_clients_random_sizes(server: ServerProcess) -> None:
 # ---- copies -----------------------------------------------------------------------------
 
 
+def _resource() -> ModelResource:
+    """The infer route's resource over a data plane with no models and no workers."""
+
+    async def made() -> ModelResource:
+        pool = SimpleNamespace(prefix=f"oipserve-{os.getpid()}-binary-test-")
+        _, settings = load_settings(["serve", "--model-repository", "."], {})
+        return ModelResource(DataPlane(ModelRegistry(), pool, 1), settings)  # type: ignore[arg-type]
+
+    return asyncio.run(made())
+
+
 def test_binary_input_is_referenced_in_place_not_copied() -> None:
     """The front hands the worker the body's own segment: no second segment, same offset."""
     pool = BufferPool(f"oipserve-{os.getpid()}-binary-test-")
@@ -656,7 +672,7 @@ def test_binary_input_is_referenced_in_place_not_copied() -> None:
         lease.buf[pad : pad + len(body)] = body
         view = Body(lease.buf[pad : pad + len(body)], lease, pad)
         request_ = decode_request(view.data[:header_length])
-        tensors = ModelResource._inputs(None, request_.inputs, view, header_length)  # type: ignore[arg-type]
+        tensors = _resource()._inputs(request_.inputs, view, header_length)
         (tensor,) = tensors
         assert isinstance(tensor, InputTensor) and tensor.located is not None
         held, start, size = tensor.located

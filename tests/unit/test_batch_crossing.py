@@ -14,6 +14,7 @@ import pytest
 
 from oipserve.dataplane.batched import Withdrawn
 from oipserve.errors import InvalidInput, ServerError, Unavailable
+from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.request.placement import Placement
 from oipserve.request.sequence_params import SequenceTag
@@ -22,16 +23,15 @@ from oipserve.scaleout.batch_link import PRIMARY_GONE, PrimaryBatches
 from oipserve.scheduling.scheduler import QueueRejected
 
 
-@dataclass(eq=False)
-class _Version:
-    name: str = "batched"
-    version: str = "1"
-    serial: int = 7
+def _version(serial: int = 7) -> ModelVersion:
+    version = ModelVersion("batched", "1", "", None)
+    version.serial = serial
+    return version
 
 
 @dataclass
 class _Registry:
-    models: dict[str, dict[str, _Version]]
+    models: dict[str, dict[str, ModelVersion]]
 
 
 @dataclass
@@ -88,7 +88,7 @@ class _Ends:
 async def ends() -> AsyncIterator[_Ends]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     plane = _PrimaryPlane()
-    registry = _Registry({"batched": {"1": _Version()}})
+    registry = _Registry({"batched": {"1": _version()}})
     desk = BatchDesk(plane, registry)  # type: ignore[arg-type]
     await desk.open(ours)
     replica = PrimaryBatches()
@@ -107,7 +107,7 @@ def _request(
     t = InputTensor("TEXT", "BYTES", [1, 1], raw=text)
     held = _Held()
     inference = Inference(
-        _Version(), [x, t], ["OUTPUT0"], [held], priority=2, timeout_us=500, watch=watch
+        _version(), [x, t], ["OUTPUT0"], [held], priority=2, timeout_us=500, watch=watch
     )  # type: ignore[arg-type]
     return inference, [(x, [1, 4], 16, values), (t, [1, 1], 9, text)], held
 
@@ -200,7 +200,7 @@ async def test_a_client_that_leaves_withdraws_its_request_from_the_primary(ends:
 async def test_a_request_for_a_version_the_primary_replaced_is_refused_retryably(
     ends: _Ends,
 ) -> None:
-    ends.registry.models["batched"]["1"] = _Version(serial=8)
+    ends.registry.models["batched"]["1"] = _version(serial=8)
     inference, placements, _ = _request()
     call = await _send(ends, inference, placements, _Stats())
     with pytest.raises(Unavailable, match="is being loaded or unloaded; try again"):

@@ -3,6 +3,7 @@ requests, the same counters as request by request (Triton's statistics extension
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from oipserve.dataplane import batched
 from oipserve.dataplane.batched import _Queued, _record
+from oipserve.scheduling.scheduler import Entry
 from oipserve.telemetry.stats import ModelStats
 from oipserve.wire.messages import InferDone
 
@@ -26,6 +28,16 @@ _FIELDS = (
 )
 
 
+def _entries(enqueued: list[int]) -> list[Entry]:
+    """Queue entries of those enqueue times (what ``_record`` reads of them)."""
+    loop = asyncio.new_event_loop()
+    entries = [Entry(None, 1, (), 0, loop.create_future(), seq) for seq in range(len(enqueued))]
+    loop.close()
+    for entry, ns in zip(entries, enqueued, strict=True):
+        entry.enqueued_ns = ns
+    return entries
+
+
 def _counters(stats: ModelStats) -> dict[str, Any]:
     return {name: getattr(stats, name) for name in _FIELDS}
 
@@ -40,8 +52,7 @@ def test_a_batch_counts_as_its_requests_one_by_one(
     starts = [100, 250, 400, 410][: len(rows)]
     batch, each = ModelStats("m", "1"), ModelStats("m", "1")
     requests = [_Queued([], [], [], n, start, batch) for n, start in zip(rows, starts, strict=True)]
-    entries: Any = [SimpleNamespace(enqueued_ns=start + 50) for start in starts]
-    _record(requests, entries, done)
+    _record(requests, _entries([start + 50 for start in starts]), done)
     total = sum(rows) or 1
     each.executed(total, done.input_ns, done.infer_ns, done.output_ns)
     for n, start in zip(rows, starts, strict=True):
@@ -63,5 +74,5 @@ def test_with_latency_histograms_each_request_is_observed() -> None:
     stats.histograms = SimpleNamespace(observe=lambda *times: observed.append(times))  # type: ignore[assignment]
     done = InferDone(0, "seg", [], [], 5_000, 1_000, 2_000, 3_000)
     requests = [_Queued([], [], [], 1, 100, stats) for _ in range(3)]
-    _record(requests, [SimpleNamespace(enqueued_ns=150)] * 3, done)  # type: ignore[list-item]
+    _record(requests, _entries([150] * 3), done)
     assert len(observed) == 3 and stats.success_count == 3

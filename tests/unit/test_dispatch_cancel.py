@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.front.grpc.h2.connection import Connection
-from oipserve.pool.link import WorkerLink
+from oipserve.models.registry import ModelVersion
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, LIMIT, AbandonedWork
-from oipserve.wire.messages import InferDone
+from oipserve.wire.messages import InferDone, Release
 from oipserve.wire.shm import SegmentCache
+from tests.support.worker_links import LinkToNoWorker
+
+
+def _released(link: LinkToNoWorker) -> list[str]:
+    """The output segments the link gave back to its worker."""
+    return [name for m in link.sent() if isinstance(m, Release) for name in m.segments]
 
 
 def test_a_reply_that_races_the_reset_gives_its_outputs_back() -> None:
@@ -28,12 +33,9 @@ def test_a_reply_that_races_the_reset_gives_its_outputs_back() -> None:
     cancel in one iteration; the outputs must go back to the worker."""
 
     async def race() -> list[str]:
-        worker = WorkerLink(1, "cpu", "oipserve-0-w1-")
-        worker.alive, worker._loop = True, asyncio.get_running_loop()
-        worker.transport = SimpleNamespace(write=lambda data: None)  # type: ignore[assignment]
-        released: list[str] = []
-        worker.release_outputs = released.append  # type: ignore[method-assign, assignment]
-        model: Any = SimpleNamespace(key="identity_fp32/1")
+        link = LinkToNoWorker()
+        worker = link.link
+        model = ModelVersion("identity_fp32", "1", "", None)
         task = asyncio.ensure_future(Dispatch(SegmentCache(), 256).send(worker, model, [], [], []))
         await asyncio.sleep(0)  # sent; waiting for the reply
         (rid,) = worker.pending
@@ -41,7 +43,7 @@ def test_a_reply_that_races_the_reset_gives_its_outputs_back() -> None:
         task.cancel()  # the stream reset in the same iteration
         with pytest.raises(asyncio.CancelledError):
             await task
-        return released
+        return _released(link)
 
     assert asyncio.run(race()) == ["oipserve-0-w1-7"]
 
@@ -54,16 +56,13 @@ def test_a_client_s_abandoned_requests_hold_its_reading_until_the_workers_answer
     the worker has answered half of them; a worker's death answers them all."""
 
     async def scenario() -> tuple[list[str], list[str]]:
-        worker = WorkerLink(1, "cpu", "oipserve-0-w1-")
-        worker.alive, worker._loop = True, asyncio.get_running_loop()
-        worker.transport = SimpleNamespace(write=lambda data: None, abort=lambda: None)  # type: ignore[assignment]
-        released: list[str] = []
-        worker.release_outputs = released.append  # type: ignore[method-assign, assignment]
+        link = LinkToNoWorker()
+        worker = link.link
         events: list[str] = []
         work = AbandonedWork(lambda: events.append("hold"), lambda: events.append("resume"))
         context = contextvars.copy_context()
         context.run(ABANDONED_WORK.set, work)
-        model: Any = SimpleNamespace(key="identity_fp32/1")
+        model = ModelVersion("identity_fp32", "1", "", None)
         dispatch = Dispatch(SegmentCache(), 256)
         loop = asyncio.get_running_loop()
 
@@ -86,6 +85,7 @@ def test_a_client_s_abandoned_requests_hold_its_reading_until_the_workers_answer
         assert (work.running, events) == (LIMIT // 2 + 1, ["hold"])
         worker.on_message(InferDone(rids[LIMIT // 2 + 1], "oipserve-0-w1-x", [], []))
         assert (work.running, events) == (LIMIT // 2, ["hold", "resume"])
+        released = _released(link)
         worker._cut_off("killed")  # what it still ran is done with
         assert work.running == 0
         return events, released

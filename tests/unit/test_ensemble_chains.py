@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from time import monotonic_ns
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from oipserve.models.registry import ModelVersion
 from oipserve.wire.messages import ChainStep, ErrorKind, Failed, Infer, InferDone
 from oipserve.wire.shm import SegmentCache
 from tests.support.ensemble_models import CONFIGS, ensemble_config, write_step
+from tests.support.worker_links import LinkToNoWorker
 from tests.support.worker_replies import only_reply, paired_worker
 from workers import runtime
 from workers.worker import Worker
@@ -167,21 +167,19 @@ def test_a_chain_past_its_deadline_runs_no_step(
 async def test_a_chain_goes_to_its_worker_with_its_deadline() -> None:
     """The front's side: a chain's ``Infer`` carries the request's deadline as the worker
     reads it (``WorkerLink.expires``)."""
-    sent: list[Infer] = []
-    loop = asyncio.get_running_loop()
-
-    class Link:
-        def expires(self, deadline: float) -> int:
-            return int(deadline * 1e9) + 1
-
-        def call(self, make: Any, on_done: Any = None, deadline: Any = None) -> Any:
-            sent.append(make(1))
-            answered = loop.create_future()
-            answered.set_result(Failed(1, ErrorKind.DEADLINE_EXCEEDED, "late"))
-            return answered
-
-    request = SimpleNamespace(owned=[], model=SimpleNamespace(key="add_one/1"))
+    link = LinkToNoWorker()
+    request = SimpleNamespace(owned=[], model=ModelVersion("add_one", "1", "", None))
     chain = SimpleNamespace(outputs=["Y"], messages=_CHAIN, steps=_CHAIN)
-    reply = await chain_send(Link(), request, chain, [], 5.0, SegmentCache())  # type: ignore[arg-type]
-    assert isinstance(reply, Failed)
-    assert [(infer.chain, infer.expires) for infer in sent] == [(_CHAIN, 5_000_000_001)]
+    before = monotonic_ns()
+    deadline = asyncio.get_running_loop().time() + 5.0
+    sending = asyncio.ensure_future(
+        chain_send(link.link, request, chain, [], deadline, SegmentCache())  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0)  # sent; waiting for the reply
+    (rid,) = link.link.pending
+    link.link.on_message(Failed(rid, ErrorKind.DEADLINE_EXCEEDED, "late"))
+    assert isinstance(await sending, Failed)
+    (infer,) = [m for m in link.sent() if isinstance(m, Infer)]
+    # NOTE: 5 s from now on the workers' clock (the loop's time is coarser: a tenth off)
+    assert infer.chain == _CHAIN and infer.expires is not None
+    assert before + 4_900_000_000 <= infer.expires <= monotonic_ns() + 5_100_000_000

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -23,6 +22,7 @@ from oipserve.front.grpc.codec import SMALL_MESSAGE, InferReply, model_named, sp
 from oipserve.front.grpc.convert import input_tensors
 from oipserve.front.grpc.status import status_of
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.models.registry import ModelVersion
 from oipserve.request.client_regions import ClientRegions
 from oipserve.request.inference import InferResult, OutputTensor
 from oipserve.request.tensors import Deferred
@@ -151,8 +151,8 @@ def test_infer_reply_serializes_like_protobuf_and_releases_once() -> None:
         OutputTensor("A", "FP32", [1, 70_000], memoryview(big)),
         OutputTensor("B", "BYTES", [0], memoryview(b"")),
     ]
-    model = SimpleNamespace(name="m", version="3")
-    reply = InferReply(InferResult(model, outputs, lambda: released.append(1)), "id-1")  # type: ignore[arg-type]
+    model = ModelVersion("m", "3", "", None)
+    reply = InferReply(InferResult(model, outputs, lambda: released.append(1)), "id-1")
     expected = service_pb2.ModelInferResponse(model_name="m", model_version="3", id="id-1")
     expected.outputs.add(name="A", datatype="FP32", shape=[1, 70_000])
     expected.outputs.add(name="B", datatype="BYTES", shape=[0])
@@ -166,11 +166,11 @@ def test_infer_reply_serializes_like_protobuf_and_releases_once() -> None:
 
 def test_unserialized_infer_reply_is_released_when_collected() -> None:
     released: list[int] = []
-    model = SimpleNamespace(name="m", version="1")
-    reply = InferReply(InferResult(model, [], lambda: released.append(1)), "")  # type: ignore[arg-type]
+    model = ModelVersion("m", "1", "", None)
+    reply = InferReply(InferResult(model, [], lambda: released.append(1)), "")
     assert service_pb2.ModelInferResponse.FromString(reply.serialize()).model_name == "m"
     assert released == [1]
-    reply = InferReply(InferResult(model, [], lambda: released.append(2)), "")  # type: ignore[arg-type]
+    reply = InferReply(InferResult(model, [], lambda: released.append(2)), "")
     del reply
     gc.collect()
     assert released == [1, 2]

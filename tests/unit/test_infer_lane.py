@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -185,20 +186,24 @@ def test_a_body_in_several_reads_and_a_keep_alive_request_after_it() -> None:
     assert written.count(b"HTTP/1.1 200 OK") == 2
 
 
-def test_a_front_has_a_lane_unless_inference_is_restricted() -> None:
+async def test_a_front_has_a_lane_unless_inference_is_restricted() -> None:
     from oipserve.config.settings import load_settings
+    from oipserve.dataplane.plane import DataPlane
     from oipserve.front.http.server import http_server
     from oipserve.front.rest.lane import infer_lane
+    from oipserve.models.registry import ModelRegistry
 
+    plane = DataPlane(ModelRegistry(), SimpleNamespace(prefix="oipserve-lane-"), 1)  # type: ignore[arg-type]
     _, settings = load_settings(["serve", "--model-repository", "."], {})
-    lane = infer_lane(settings, None)  # type: ignore[arg-type]
+    lane = infer_lane(settings, plane)
     assert isinstance(lane, RestInferLane) and lane.limit == settings.max_request_bytes
     server = http_server(settings, _app, lambda *_: None, lane)
-    assert server.config.http.lane is lane  # type: ignore[union-attr]
+    # NOTE: uvicorn's protocol class is our protocol with its settings (a partial).
+    assert server.config.http.keywords["lane"] is lane  # type: ignore[union-attr]
     _, restricted = load_settings(
         ["serve", "--model-repository", ".", "--http-restricted-api", "inference:x-key=v"], {}
     )
-    assert infer_lane(restricted, None) is None  # type: ignore[arg-type]
+    assert infer_lane(restricted, plane) is None
 
 
 def test_an_answer_waits_while_the_client_reads_nothing() -> None:

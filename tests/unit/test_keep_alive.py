@@ -16,7 +16,9 @@ from oipserve.front.http.limits import ConnectionLimits
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from tests.support.transport import MemoryTransport, connected
 
-KEEP_ALIVE = 0.3
+# Whole seconds: uvicorn types ``timeout_keep_alive`` as an int, and the compiled protocol
+#   reads it as one.
+KEEP_ALIVE = 1
 GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 
 

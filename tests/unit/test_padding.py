@@ -9,6 +9,7 @@ from oipserve.dataplane.padding import PaddedLayout
 from oipserve.errors import InferenceFailed
 from oipserve.models.config.padding_config import CutOutput, PadBatch, PaddedInput
 from oipserve.models.config.parse import ModelConfigError, parse_model_config
+from oipserve.request.inference import InputTensor
 from oipserve.wire.messages import TensorDesc
 
 CONFIG = """name: "m" max_batch_size: 8
@@ -86,11 +87,6 @@ def test_needs_batching_and_no_ragged_batching() -> None:
         parse_model_config(ragged)
 
 
-class _Tensor:
-    def __init__(self, name: str, datatype: str) -> None:
-        self.name, self.datatype, self.image = name, datatype, None
-
-
 class _Queued:
     def __init__(self, placements: list) -> None:
         self.placements = placements
@@ -98,7 +94,7 @@ class _Queued:
 
 def _request(length: int, rows: int = 1, start: int = 1) -> list:
     ids = np.arange(start, start + rows * length, dtype=np.int64).reshape(rows, length)
-    return [(_Tensor("ids", "INT64"), [rows, length], ids.nbytes, ids)]
+    return [(InputTensor("ids", "INT64", [rows, length]), [rows, length], ids.nbytes, ids)]
 
 
 SPEC = PadBatch(
@@ -117,7 +113,7 @@ def test_waste_gate_admits_while_padding_stays_within_the_bound() -> None:
 def test_signature_leaves_out_only_the_padded_dimension() -> None:
     layout = PaddedLayout(SPEC)
     assert layout.signature(_request(3)) == layout.signature(_request(9))  # type: ignore[arg-type]
-    other = [(_Tensor("ids", "INT32"), [1, 3], 12, np.zeros((1, 3), np.int32))]
+    other = [(InputTensor("ids", "INT32", [1, 3]), [1, 3], 12, np.zeros((1, 3), np.int32))]
     assert layout.signature(_request(3)) != layout.signature(other)  # type: ignore[arg-type]
 
 

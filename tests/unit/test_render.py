@@ -17,13 +17,9 @@ import orjson
 
 from oipserve.front.rest.media import HEADER_LENGTH
 from oipserve.front.rest.render import PRINT_STEP, outputs_to_print, print_in_steps, render_infer
+from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import InferResult, OutputTensor
 from oipserve.wire.datatypes import encode_bytes_elements
-
-
-class FakeModel:
-    name = "m"
-    version = "1"
 
 
 class FakeRequest:
@@ -59,7 +55,7 @@ def test_texts_beside_binary_and_plain_outputs() -> None:
         OutputTensor("C", "INT32", [third.size], memoryview(third.tobytes())),
         OutputTensor("D", "FP32", [first.size], _printed(first[::-1].copy()), text=True),
     ]
-    result = InferResult(FakeModel(), outputs, lambda: released.append(True))  # type: ignore[arg-type]
+    result = InferResult(ModelVersion("m", "1", "", None), outputs, lambda: released.append(True))
     resp = falcon.asgi.Response()
     render_infer(FakeRequest(), resp, result, "id\x00", [False, False, True, False], False)  # type: ignore[arg-type]
     body = _body(resp)
@@ -80,7 +76,7 @@ def test_texts_beside_binary_and_plain_outputs() -> None:
 def test_a_text_alone_is_plain_json() -> None:
     values = np.linspace(0, 1, 100_000, dtype=np.float32)
     result = InferResult(
-        FakeModel(),
+        ModelVersion("m", "1", "", None),
         [OutputTensor("A", "FP32", [100_000], _printed(values), text=True)],
         lambda: None,
     )  # type: ignore[arg-type]
@@ -105,7 +101,7 @@ def test_an_output_printed_in_steps_is_the_text_of_the_whole_array() -> None:
         OutputTensor("A", "FP32", [values.size], memoryview(values.tobytes())),
         OutputTensor("B", "INT64", [5], memoryview(small.tobytes())),
     ]
-    result = InferResult(FakeModel(), outputs, lambda: None)  # type: ignore[arg-type]
+    result = InferResult(ModelVersion("m", "1", "", None), outputs, lambda: None)
     assert outputs_to_print(result, None, True) == []
     printing = outputs_to_print(result, None, False)
     assert printing == [outputs[0]]
@@ -130,8 +126,10 @@ def test_an_output_printed_in_steps_is_the_text_of_the_whole_array() -> None:
 def test_a_bytes_output_printed_in_steps_is_the_text_of_the_whole_list() -> None:
     elements = [f"row {i} é".encode() for i in range(PRINT_STEP + 1000)] + [b"\xff bad \xfe"]
     data = memoryview(encode_bytes_elements(elements))
-    result = InferResult(  # type: ignore[arg-type]
-        FakeModel(), [OutputTensor("S", "BYTES", [len(elements)], data)], lambda: None
+    result = InferResult(
+        ModelVersion("m", "1", "", None),
+        [OutputTensor("S", "BYTES", [len(elements)], data)],
+        lambda: None,
     )
     printing = outputs_to_print(result, None, False)
     assert printing == result.outputs

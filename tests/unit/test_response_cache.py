@@ -19,23 +19,22 @@ from oipserve.dataplane.response_cache import (
     ResponseCache,
     answer,
 )
+from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.runtime.off_loop import nothing_to_release
 from oipserve.telemetry.stats import ModelStats
 from oipserve.telemetry.stats_report import model_stat
 
 
-class _Model:
-    """What the cache reads of a model version."""
-
-    def __init__(self, serial: int = 1) -> None:
-        self.serial = serial
-        self.name, self.version = "m", "1"
+def _model(serial: int = 1) -> ModelVersion:
+    model = ModelVersion("m", "1", "", None)
+    model.serial = serial
+    return model
 
 
 def _request(
     data: bytes | np.ndarray,
-    model: _Model | None = None,
+    model: ModelVersion | None = None,
     outputs: list[str] | None = None,
     name: str = "X",
     shape: list[int] | None = None,
@@ -47,7 +46,7 @@ def _request(
     size = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
     tensor = InputTensor(name, "UINT8", shape or [size], raw=memoryview(bytearray(b"")))
     inference = Inference(
-        model or _Model(),  # type: ignore[arg-type]
+        model or _model(),
         [tensor],
         outputs if outputs is not None else ["Y"],
         [],
@@ -165,7 +164,7 @@ def test_the_flat_key_keeps_its_lists_apart() -> None:
         {"outputs": []},  # other requested outputs
         {"text_outputs": ["Y"]},  # binary_data false: the worker returns JSON text
         {"classification": {"Y": 2}},  # classes asked for
-        {"model": _Model(serial=2)},  # another version (or a reload)
+        {"model": _model(serial=2)},  # another version (or a reload)
     ],
 )
 def test_everything_in_the_key_makes_a_miss(change: dict[str, object]) -> None:
@@ -246,8 +245,8 @@ def test_an_answer_larger_than_the_cache_is_not_stored() -> None:
 
 def test_forget_drops_the_entries_of_gone_versions() -> None:
     cache, stats = ResponseCache(1 << 20), ModelStats("m", "1")
-    _run(cache, b"abc", stats, model=_Model(serial=7))
-    _run(cache, b"abc", stats, model=_Model(serial=8))
+    _run(cache, b"abc", stats, model=_model(serial=7))
+    _run(cache, b"abc", stats, model=_model(serial=8))
     cache.forget({7})
     assert len(cache) == 1 and cache.used == ENTRY_OVERHEAD + 2 * TENSOR_OVERHEAD + 6
 

@@ -26,14 +26,32 @@ class Instance:
         self.hold = False
 
 
+class CountingBatcher(DynamicBatcher):
+    """The batcher, counting the entries its walks visit and noting when it looks at its
+    queue (``form``)."""
+
+    visited = 0
+    looks: list[int]
+
+    def _walk(self) -> Iterator[Entry]:
+        for entry in super()._walk():
+            self.visited += 1
+            yield entry
+
+    def form(self, now_ns: int) -> tuple[list[Entry], int | None]:
+        self.looks.append(time.monotonic_ns())
+        return super().form(now_ns)
+
+
 class Harness:
     def __init__(self, policy: BatchPolicy, instances: int = 1) -> None:
         self.instances = [Instance(f"i{n}") for n in range(instances)]
         self.discarded: list[Any] = []
         self.fail: Exception | None = None
-        self.batcher = DynamicBatcher(
+        self.batcher = CountingBatcher(
             "m", policy, lambda: self.instances, self.execute, self.discarded.append
         )
+        self.batcher.looks = []
 
     async def execute(self, entries: list[Entry], instance: Instance) -> list[Any]:
         instance.batches.append([e.request for e in entries])
@@ -194,20 +212,11 @@ async def test_the_walk_stops_once_nothing_past_the_largest_preferred_size_can_f
     delay = 10_000_000_000
     h = Harness(policy(max_batch_size=1000, preferred_batch_sizes=(2, 4), max_queue_delay_ns=delay))
     await _queued_behind_a_busy_instance(h, [1] * 1000)
-    walk = h.batcher._walk
-    visited = 0
-
-    def counted() -> Iterator[Entry]:
-        nonlocal visited
-        for entry in walk():
-            visited += 1
-            yield entry
-
-    h.batcher._walk = counted  # type: ignore[method-assign]
+    h.batcher.visited = 0
     now = time.monotonic_ns()
-    assert len(h.batcher.form(now)[0]) == 4 and visited <= 5
-    visited = 0
-    assert len(h.batcher.form(now + delay)[0]) == 1000 and visited == 1000
+    assert len(h.batcher.form(now)[0]) == 4 and h.batcher.visited <= 5
+    h.batcher.visited = 0
+    assert len(h.batcher.form(now + delay)[0]) == 1000 and h.batcher.visited == 1000
     h.batcher.close()
 
 
@@ -375,14 +384,7 @@ def test_a_sub_millisecond_delay_is_waited_out_asleep_and_in_full() -> None:
 
     async def scenario() -> tuple[list[int], int]:
         h = Harness(policy(max_queue_delay_ns=delay_ns))
-        looks: list[int] = []
-        form = h.batcher.form
-
-        def counted(now_ns: int) -> tuple[list[Entry], int | None]:
-            looks.append(time.monotonic_ns())
-            return form(now_ns)
-
-        h.batcher.form = counted  # type: ignore[method-assign]
+        looks = h.batcher.looks
         started = time.monotonic_ns()
         assert await h.submit("a") == "done a"
         waited = time.monotonic_ns() - started

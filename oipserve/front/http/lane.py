@@ -79,19 +79,34 @@ class LaneRequest:
     @property
     def stream(self) -> AsyncIterator[bytes]:
         """The body as it arrives (uvicorn's ``receive``), as Falcon's request stream reads it."""
-        return self._body()
+        return _BodyStream(self._receive)
 
-    async def _body(self) -> AsyncIterator[bytes]:
-        # NOTE: as Falcon's stream, a client gone ends the body (what came is what there is).
-        while True:
+
+class _BodyStream:
+    """A request's body as uvicorn's ``receive`` gives it. As Falcon's stream, a client
+    gone ends the body (what came is what there is). An iterator class: mypyc compiles no
+    async generator."""
+
+    __slots__ = ("_receive", "_ended")
+
+    def __init__(self, receive: Callable[[], Any]) -> None:
+        self._receive = receive
+        self._ended = False
+
+    def __aiter__(self) -> _BodyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._ended:
             message = await self._receive()
             if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
+                break
+            self._ended = not message.get("more_body", False)
+            body: bytes = message.get("body", b"")
             if body:
-                yield body
-            if not message.get("more_body", False):
-                return
+                return body
+        self._ended = True
+        raise StopAsyncIteration
 
 
 def lane_headers(fields: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
@@ -169,8 +184,11 @@ class LaneResponse:
     def content_length(self) -> str | None:
         return self._headers.get("content-length")
 
+    # NOTE: the setter takes `object` (an int is what is set): compiled by mypyc, a
+    #   property read as `str` and set as `int` wrote the int's tagged bits, a garbage
+    #   number, as the response's content-length (mypy 2.4).
     @content_length.setter
-    def content_length(self, value: int) -> None:
+    def content_length(self, value: object) -> None:
         self._headers["content-length"] = str(value)
 
     def set_header(self, name: str, value: str) -> None:

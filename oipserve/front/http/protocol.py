@@ -104,6 +104,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import httptools
+from mypy_extensions import mypyc_attr
 from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
@@ -194,18 +195,28 @@ def _without_content_length(headers: list[tuple[bytes, bytes]]) -> bool:
     return dropped
 
 
+# NOTE: not a native class when compiled (mypyc): it extends uvicorn's protocol, a Python
+#   class, which a native class cannot; its methods are compiled all the same.
+@mypyc_attr(native_class=False)
 class CorkedHttpToolsProtocol(HttpToolsProtocol):
-    limits: ConnectionLimits = ConnectionLimits()
-    #: Chunked bodies declaring more bytes than this are refused (None: not followed).
-    max_body: int | None = None
-    #: Who takes a connection that opens with the HTTP/2 preface (None: not looked for;
-    #: the preface is then a bad request, as it always was).
-    h2c: H2Handover | None = None
-    #: Who answers a plain infer request below the ASGI app (None: every request goes
-    #: to the app; ``front.http.lane``).
-    lane: InferLane | None = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        limits: ConnectionLimits | None = None,
+        max_body: int | None = None,
+        h2c: H2Handover | None = None,
+        lane: InferLane | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.limits = limits or ConnectionLimits()
+        #: Chunked bodies declaring more bytes than this are refused (None: not followed).
+        self.max_body = max_body
+        #: Who takes a connection that opens with the HTTP/2 preface (None: not looked for;
+        #: the preface is then a bad request, as it always was).
+        self.h2c = h2c
+        #: Who answers a plain infer request below the ASGI app (None: every request goes
+        #: to the app; ``front.http.lane``).
+        self.lane = lane
         super().__init__(*args, **kwargs)
         _frame_by_transfer_encoding(self.parser)
         #: The current head has a Transfer-Encoding field.
@@ -252,15 +263,12 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         h2c: H2Handover | None = None,
         lane: InferLane | None = None,
     ) -> type[CorkedHttpToolsProtocol]:
-        """This protocol with its settings (uvicorn instantiates a class)."""
-        # NOTE: staticmethod, or the class attribute would bind as a method.
-        settings = {
-            "limits": limits,
-            "max_body": max_body,
-            "h2c": staticmethod(h2c) if h2c else None,
-            "lane": lane,
-        }
-        return type(cls.__name__, (cls,), settings)
+        """This protocol with its settings: what uvicorn takes as its protocol class (it
+        calls it with its own keywords for each connection)."""
+        # NOTE: a partial, not a subclass made with type(): a compiled method refuses an
+        #   instance of a class made at run time from this one.
+        made = functools.partial(cls, limits=limits, max_body=max_body, h2c=h2c, lane=lane)
+        return cast("type[CorkedHttpToolsProtocol]", made)
 
     def data_received(self, data: bytes) -> None:
         self._idle_since = None

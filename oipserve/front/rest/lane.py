@@ -11,7 +11,7 @@ guard is Falcon's: those requests go the ASGI way).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 import falcon.asgi
 
@@ -42,12 +42,25 @@ def infer_route(path: str) -> tuple[str, str | None] | None:
     return None
 
 
+class InferResponder(Protocol):
+    """What answers an infer request: ``ModelResource``, as the app routes to it. (A
+    protocol, not the class: a test answers with its own.)"""
+
+    async def on_post_infer(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        model: str,
+        version: str | None = None,
+    ) -> None: ...
+
+
 class RestInferLane:
     """``POST /v2/models/{model}[/versions/{version}]/infer``, answered by the infer responder."""
 
     def __init__(
         self,
-        resource: ModelResource,
+        resource: InferResponder,
         limit: int,
         answers: Callable[[str, str | None], bool] | None = None,
     ) -> None:
