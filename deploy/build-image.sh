@@ -152,6 +152,7 @@ EOF
     leftovers=$(ls "$rootfs/dev/shm" | wc -l)
     echo "smoke: /dev/shm entries left: $leftovers"
     grep -m1 " ready " "$rootfs.log" | sed 's/^/smoke: log: /'
+    grep -m1 "request path" "$rootfs.log" | sed 's/^/smoke: log: /'
     [[ $code == 0 && $leftovers == 0 ]]
     exit
 fi
@@ -167,13 +168,15 @@ started=$SECONDS
 step() { echo "== $(( SECONDS - started ))s: $*"; }
 
 step "builder root filesystem ($SUITE, python3, venv)"
-mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,python3-dev,gcc,libc6-dev,ca-certificates \
     "$SUITE" "$WORK/builder" "$MIRROR"
 mkdir -p "$WORK/builder/src/deploy"
-cp -r "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/oipserve" "$ROOT/workers" \
+cp -r "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/README.md" "$ROOT/oipserve" "$ROOT/workers" \
     "$ROOT/hardware" "$WORK/builder/src/"
 cp "$ROOT/deploy/requirements_for.py" "$WORK/builder/src/deploy/"
 find "$WORK/builder/src" -name __pycache__ -prune -exec rm -rf {} +
+# An editable install's build (setup.py's, in place): the builder compiles its own.
+find "$WORK/builder/src" \( -name '*.so' -o -name compiled.json \) -delete
 cp /etc/resolv.conf "$WORK/builder/etc/resolv.conf"
 # This machine's CA bundle, in case it reaches PyPI through an inspecting proxy.
 cp /etc/ssl/certs/ca-certificates.crt "$WORK/builder/src/ca.crt"

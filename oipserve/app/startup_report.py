@@ -77,6 +77,11 @@ class StartupReport:
         return text
 
     def log(self) -> None:
+        # The request path's modules: compiled, or Python (slower) and why (oipserve/__init__).
+        how = oipserve.compiled
+        (status_log.info if how.startswith("compiled") else status_log.warning)(
+            "request path %s", how
+        )
         if self.ready:
             status_log.info("ready %s", self._addresses())
             return
@@ -94,6 +99,7 @@ class StartupReport:
         return {
             "pid": os.getpid(),
             "version": oipserve.__version__,
+            "request_path": oipserve.compiled,
             "ready": self.ready,
             "host": self.host,
             "http_port": self.http_port,

@@ -20,6 +20,7 @@ import msgspec
 import pytest
 import tritonclient.grpc as grpcclient
 
+import oipserve
 from oipserve.config.settings import Settings
 from tests.support.cli import run_cli as lifecycle_cli
 from tests.support.http import placements, request
@@ -58,6 +59,8 @@ def test_ready_line_survives_any_log_level_and_the_ready_file_has_the_ports(
         assert facts == {
             "pid": proc.process.pid,
             "version": importlib.metadata.version("oipserve"),
+            # the same install as this test's: compiled as it is here
+            "request_path": oipserve.compiled,
             "ready": True,
             "host": "127.0.0.1",
             "http_port": proc.port,
@@ -71,8 +74,10 @@ def test_ready_line_survives_any_log_level_and_the_ready_file_has_the_ports(
     finally:
         assert proc.stop() == 0, proc.log
     assert not ready_file.exists()
-    # --log-level critical: the status lines are the only ones logged.
+    # --log-level critical: the status lines are the only ones logged, how the request
+    #   path runs among them.
     assert all("oipserve.status" in line for line in proc.lines), proc.log
+    assert any(f"request path {oipserve.compiled}" in line for line in proc.lines), proc.log
 
 
 def test_no_ready_line_when_a_model_failed_but_one_line_per_model_and_a_summary(
