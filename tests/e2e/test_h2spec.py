@@ -730,13 +730,13 @@ def _continuation_after_data(c: H2Client) -> None:
 
 @case("http2/7/1")
 def _goaway_unknown_code(c: H2Client) -> None:
-    c.send(goaway(0, 0xFF) + _ping(H2SPEC))  # type: ignore[arg-type]
+    c.send(goaway(0, 0xFF) + _ping(H2SPEC))
     c.expect_ping_ack(H2SPEC, or_close=True)
 
 
 @case("http2/7/2")
 def _rst_stream_unknown_code(c: H2Client) -> None:
-    c.send(c.headers_frame(1, c.request_block()) + rst_stream(1, 0xFF) + _ping())  # type: ignore[arg-type]
+    c.send(c.headers_frame(1, c.request_block()) + rst_stream(1, 0xFF) + _ping())
     c.expect_ping_ack(ZEROS, or_close=True)
 
 

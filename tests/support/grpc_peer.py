@@ -154,9 +154,9 @@ class RecordingStream:
 class Peer:
     """A connection under test, its transport, and the streams it made."""
 
-    def __init__(self) -> None:
+    def __init__(self, connection: type[Connection] = Connection) -> None:
         self.streams: dict[int, RecordingStream] = {}
-        self.connection = Connection(self._stream, lambda _: None)
+        self.connection = connection(self._stream, lambda _: None)
         self.transport = FakeTransport()
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
         self.encoder = hpack.Encoder()

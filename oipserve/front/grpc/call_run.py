@@ -130,23 +130,56 @@ class CallRunner(CallSender):
                 unmap_off_loop(held.popleft())
         self._end(_OK, "", started)
 
-    async def _requests(self, held: deque[Any]) -> AsyncIterator[Any]:
+    def _requests(self, held: deque[Any]) -> AsyncIterator[Any]:
         if self._queue is None:
             raise RuntimeError(f"the request stream of {self._name} has no queue")
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            compressed, message = item
-            item = None
-            if self._unacked and not self._holding_back():
-                self._acknowledge()
-            if compressed:
-                inflated = await self._inflated(message)
-                unmap_off_loop(message)
-                message = inflated
-            held.append(message)
-            yield message
+        return _RequestStream(self, self._queue, held)
+
+    async def _next_request(
+        self, queue: asyncio.Queue[tuple[bool, Any] | None], held: deque[Any]
+    ) -> Any:
+        """The stream's next request message (inflated), kept in ``held`` until its
+        response is sent; StopAsyncIteration once the client is done."""
+        item = await queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        compressed, message = item
+        item = None
+        if self._unacked and not self._holding_back():
+            self._acknowledge()
+        if compressed:
+            inflated = await self._inflated(message)
+            unmap_off_loop(message)
+            message = inflated
+        held.append(message)
+        return message
 
     def _inflated(self, message: bytes | memoryview) -> Awaitable[bytes | memoryview]:
         return inflate(message, self._encoding, self._table.receive_limit)
+
+
+class _RequestStream:
+    """A stream's request messages for its handler (``CallRunner._next_request``). An
+    iterator class: mypyc compiles no async generator."""
+
+    __slots__ = ("_call", "_queue", "_held", "_ended")
+
+    def __init__(
+        self, call: CallRunner, queue: asyncio.Queue[tuple[bool, Any] | None], held: deque[Any]
+    ) -> None:
+        self._call = call
+        self._queue = queue
+        self._held = held
+        self._ended = False
+
+    def __aiter__(self) -> _RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            return await self._call._next_request(self._queue, self._held)
+        except StopAsyncIteration:
+            self._ended = True
+            raise

@@ -100,15 +100,18 @@ class CallState:
         self._backlog = 0
         self._sizes: deque[int] = deque()
 
-    if TYPE_CHECKING:
-        # What the connection drives (``h2.connection_state.Stream``), defined by the layers
-        # above: declared here so that each layer may hand ``self`` to the connection.
+    # What the connection drives (``h2.connection_state.Stream``), defined by the layers
+    #   above: declared here so that each layer may hand ``self`` to the connection. (Not
+    #   under TYPE_CHECKING: mypyc compiles no statement but a definition in a class body.)
 
-        def headers_received(self, headers: Headers, end_stream: bool) -> None: ...
+    def headers_received(self, headers: Headers, end_stream: bool) -> None:
+        raise NotImplementedError("call.Call")
 
-        def data_received(self, data: memoryview) -> None: ...
+    def data_received(self, data: memoryview) -> None:
+        raise NotImplementedError("call_receive.CallReceiver")
 
-        def end_received(self) -> None: ...
+    def end_received(self) -> None:
+        raise NotImplementedError("call_receive.CallReceiver")
 
     # ---- the stream's window ----------------------------------------------------------
 

@@ -118,15 +118,18 @@ def _string(view: memoryview, pos: int) -> tuple[str, int]:
 SMALL_MESSAGE = 64 * 1024
 
 
-def split_infer_request(data: bytes) -> InferCall:
+def split_infer_request(data: bytes | memoryview) -> InferCall:
     """Parse a serialized ModelInferRequest, keeping ``raw_input_contents`` as views.
 
     Only the message's top-level fields are walked (a handful); everything but
     field 7 is re-joined and parsed by protobuf, field 7's entries stay views of
     ``data`` (which the views keep alive). A small message is parsed whole.
     """
+    # NOTE: protobuf reads any buffer, a view of the received bytes too; its stub says bytes
+    #   (Any, not a cast to bytes: compiled, that cast is checked).
+    whole: Any = data
     if len(data) <= SMALL_MESSAGE:
-        message = pb.ModelInferRequest.FromString(data)
+        message = pb.ModelInferRequest.FromString(whole)
         return InferCall(message, list(message.raw_input_contents))
     view = memoryview(data)
     raw: list[memoryview] = []
@@ -161,7 +164,7 @@ def split_infer_request(data: bytes) -> InferCall:
         if pos > end:
             raise DecodeError("truncated message")
     if not raw:
-        return InferCall(pb.ModelInferRequest.FromString(data), raw, spans)
+        return InferCall(pb.ModelInferRequest.FromString(whole), raw, spans)
     if kept_from < end:
         rest.append(view[kept_from:end])
     return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), raw, spans)

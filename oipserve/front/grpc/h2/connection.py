@@ -27,6 +27,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
+from mypy_extensions import mypyc_attr
+
 from oipserve.front.grpc.h2.connection_receive import ConnectionReceiver
 from oipserve.front.grpc.h2.connection_state import (
     MAX_FRAME,
@@ -65,6 +67,8 @@ _SETTINGS = settings_frame(
 ) + window_update(0, CONNECTION_WINDOW - DEFAULT_WINDOW)
 
 
+# NOTE: compiled (mypyc), and extended by ``front.http.h2_asgi.Http2Connection``, which is not.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Connection(ConnectionReceiver):
     """The HTTP/2 server side of one client connection."""
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import struct
 
+from mypy_extensions import mypyc_attr
+
 from oipserve.front.grpc.h2.connection_send import ConnectionSender
 from oipserve.front.grpc.h2.connection_state import GOAWAY_PING, MAX_FRAME, MAX_STREAMS, Stream
 from oipserve.front.grpc.h2.frames import (
@@ -54,6 +56,9 @@ MAX_SETTINGS_ENTRIES = 32
 _SELF_DEPENDENT = 0x100
 
 
+# NOTE: compiled (mypyc); each layer allows the interpreted subclass that
+#   ``front.http.h2_asgi.Http2Connection`` is of the top one.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionReceiver(ConnectionSender):
     """Every frame the peer sends, handled in order."""
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
+from mypy_extensions import mypyc_attr
+
 from oipserve.front.grpc.h2.connection_state import ConnectionState, Stream
 from oipserve.front.grpc.h2.frames import (
     END_HEADERS,
@@ -31,6 +33,9 @@ _SEND_SLICE = 1024 * 1024
 _KEEPALIVE_PING = b"keepaliv"
 
 
+# NOTE: compiled (mypyc); each layer allows the interpreted subclass that
+#   ``front.http.h2_asgi.Http2Connection`` is of the top one.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionSender(ConnectionState):
     """Header blocks and DATA out; the peer's windows for them."""
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
+
+from mypy_extensions import mypyc_attr
 
 from oipserve.front.grpc.h2.frames import (
     DEFAULT_MAX_FRAME,
@@ -86,6 +88,9 @@ class _HandedOver(asyncio.Transport):
 _HANDED_OVER = _HandedOver()
 
 
+# NOTE: compiled (mypyc); each layer allows the interpreted subclass that
+#   ``front.http.h2_asgi.Http2Connection`` is of the top one.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionState(asyncio.Protocol):
     """A connection's state and its ends (the layers above read and write its frames)."""
 
@@ -159,16 +164,19 @@ class ConnectionState(asyncio.Protocol):
         #: The log has said this connection was held (``_hold_reading``: said once).
         self._held_before = False
 
-    if TYPE_CHECKING:
-        # Defined by the top layer (``connection.Connection``), which owns the socket and
-        # knows who made it: declared here for ``abandoned``, which stops and resumes
-        # the reading, and for ``connection_receive``, which opens streams.
+    # Defined by the top layer (``connection.Connection``), which owns the socket and
+    #   knows who made it: declared here for ``abandoned``, which stops and resumes the
+    #   reading, and for ``connection_receive``, which opens streams. (Not under
+    #   TYPE_CHECKING: mypyc compiles no statement but a definition in a class body.)
 
-        def _open_stream(self, stream: int) -> Stream: ...
+    def _open_stream(self, stream: int) -> Stream:
+        raise NotImplementedError("connection.Connection")
 
-        def _hold_reading(self) -> None: ...
+    def _hold_reading(self) -> None:
+        raise NotImplementedError("connection.Connection")
 
-        def _resume_reading(self) -> None: ...
+    def _resume_reading(self) -> None:
+        raise NotImplementedError("connection.Connection")
 
     # ---- how streams end --------------------------------------------------------------
 

@@ -102,11 +102,13 @@ def window_update(stream: int, increment: int) -> bytes:
     return frame(Frame.WINDOW_UPDATE, 0, stream, struct.pack(">I", increment))
 
 
-def rst_stream(stream: int, code: ErrorCode) -> bytes:
+def rst_stream(stream: int, code: int) -> bytes:
+    """(``code``: an ``ErrorCode``, or any other int, as a test sends.)"""
     return frame(Frame.RST_STREAM, 0, stream, struct.pack(">I", code))
 
 
-def goaway(last_stream: int, code: ErrorCode, debug: str = "") -> bytes:
+def goaway(last_stream: int, code: int, debug: str = "") -> bytes:
+    """(``code``: an ``ErrorCode``, or any other int, as a test sends.)"""
     return frame(Frame.GOAWAY, 0, 0, struct.pack(">II", last_stream, code) + debug.encode())
 
 
