@@ -2,10 +2,10 @@
 
 The modules listed in pyproject.toml's ``[tool.oipserve] compiled`` become C extensions
 (mypyc, part of mypy: type-annotated Python to C; docs/performance.md, "The request path
-compiled"). Each build also writes ``oipserve/compiled.json``: the SHA-256 of every
-compiled module's source, which ``oipserve.compiled`` compares at import, so that an
-extension whose source changed since (an editable install, edited) is not run in its
-place.
+compiled with mypyc"). Each build also writes ``oipserve/compiled.json``: the SHA-256 of
+every compiled module's source, which ``oipserve.how_compiled`` compares at import, so
+that an extension whose source changed since (an editable install, edited) is not run in
+its place.
 
 The package works without them: with ``OIPSERVE_COMPILE=0`` at install, or where the
 build cannot compile (no C compiler, no Python headers, a type error mypy finds in the
@@ -50,9 +50,14 @@ class CompileOrNot(build_ext):
         except Exception as exc:  # a compiler missing, or failing
             self._as_python(f"{type(exc).__name__}: {exc}")
             return
-        target = ROOT if self.inplace else Path(self.build_lib)
         hashes = source_hashes(compiled_sources())
-        (target / MANIFEST).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+        self._manifest().write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+
+    def _manifest(self) -> Path:
+        """Where the manifest goes: beside the sources for ``build_ext --inplace``, in the
+        build's tree otherwise (a wheel; an editable install, whose build setuptools then
+        copies beside the sources with the extensions)."""
+        return (ROOT if self.inplace else Path(self.build_lib)) / MANIFEST
 
     def _as_python(self, why: str) -> None:
         print(
@@ -62,7 +67,7 @@ class CompileOrNot(build_ext):
         for ext in self.extensions:
             built = Path(self.get_ext_fullpath(ext.name))
             built.unlink(missing_ok=True)
-        (ROOT if self.inplace else Path(self.build_lib)).joinpath(MANIFEST).unlink(missing_ok=True)
+        self._manifest().unlink(missing_ok=True)
 
 
 #: The commands that build the extensions; the others (metadata) need not compile.
