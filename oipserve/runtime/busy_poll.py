@@ -16,7 +16,15 @@ of a request keeps its loop turning without sleeping (``epoll_wait`` with no tim
   requests typically take no longer than that (``typical``, a moving average): polling for
   a reply that comes later only takes a core from the workers (a MatMul that ONNX Runtime
   runs on every core read 0.91x at c=4 over two fronts when the front polled for it);
-- for the client's next request, for ``next_window`` seconds once none is in flight.
+- for the client's next request, for ``next_window`` seconds once none is in flight, but
+  only while that often pays: while at least a quarter of the recent gaps between the
+  last request's end and the next one's start (``next_within``, a moving share) were
+  within the window. Python's gRPC client at c=1 sends its next call ~320 us after the
+  last ends (wrk: ~72 us), so the loop polled 150 us a call for nothing and slept anyway
+  (the worker's rule, ``workers.busy_poll``, for the same reason). The gaps are measured
+  while the loop sleeps too, so polling resumes when requests come close together again.
+  The reply's window ends with the last reply in flight: polled to its end, it took the
+  gRPC client's gap too (``benchmarks/results/2026-11-29-issue40-next-request-poll.md``).
 
 Every turn yields the CPU (``sched_yield``) so that a task waiting for this core runs
 first. With more requests in flight the loop is fed by their arrivals anyway, and polling
@@ -45,8 +53,11 @@ MAX_IN_FLIGHT = 2
 #: ends (at most ``--busy-poll-us``): a client that sends again at once does so within
 #: tens of microseconds.
 NEXT_REQUEST_WINDOW = 150e-6
-#: Weight of the newest request in ``BusyPoll.typical``.
+#: Weight of the newest request in ``BusyPoll.typical`` and gap in ``BusyPoll.next_within``.
 _NEWEST = 1 / 8
+#: Share of recent gaps within ``next_window`` below which the loop does not poll for the
+#: client's next request.
+_MIN_WITHIN = 0.25
 
 
 class BusyPoll:
@@ -62,13 +73,20 @@ class BusyPoll:
         self.in_flight = 0
         #: Seconds a request of this front typically takes, start to end: a moving average.
         self.typical = 0.0
+        #: Share of recent gaps (the last request's end to the next one's start, none in
+        #: flight between) within ``next_window``: a moving share.
+        self.next_within = 1.0
         #: Whether a polling turn is scheduled.
         self.polling = False
         self._until = 0.0
+        self._idle_since = 0.0
 
     def started(self) -> float:
         """A request started: returns when, for ``ended``."""
         now = time.monotonic()
+        if not self.in_flight and self._idle_since:
+            hit = 1.0 if now - self._idle_since <= self.next_window else 0.0
+            self.next_within += (hit - self.next_within) * _NEWEST
         self.in_flight += 1
         self._poll_for_reply(now)
         return now
@@ -81,7 +99,11 @@ class BusyPoll:
         if self.in_flight:
             self._poll_for_reply(now)
         else:
-            self._poll(self.next_window, now)
+            # NOTE: the reply's window, counted from the request's start, ends here.
+            self._until = now
+            self._idle_since = now
+            if self.next_within >= _MIN_WITHIN:
+                self._poll(self.next_window, now)
 
     def _poll_for_reply(self, now: float) -> None:
         if self.typical <= self.reply_window:

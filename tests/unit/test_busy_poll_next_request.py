@@ -1,0 +1,114 @@
+"""When a front polls for the client's next request (oipserve.runtime.busy_poll), on a clock
+the test sets: only while recent gaps between requests came within the window."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import uvloop
+
+from oipserve.runtime.busy_poll import NEXT_REQUEST_WINDOW, BusyPoll
+
+#: What a request takes, start to end: short enough that the loop polls for its reply.
+REQUEST = 100e-6
+#: Python's gRPC client at c=1 on the 2-core machine: its next call ~320 us after the last.
+SLOW_GAP = 320e-6
+#: wrk at c=1: ~72 us.
+QUICK_GAP = 70e-6
+
+
+class Clock:
+    """time.monotonic, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(time, "monotonic", fake)
+    return fake
+
+
+def _serve_one(poll: BusyPoll, clock: Clock, gap: float) -> bool:
+    """One request after ``gap`` of quiet; whether its end set the loop polling for the
+    next one. (The loop is never run: a scheduled turn stays scheduled, so the test
+    clears ``polling`` as the turn does when its window runs out.)"""
+    clock.now += gap
+    poll.polling = False
+    since = poll.started()
+    clock.now += REQUEST
+    poll.polling = False
+    poll.ended(since)
+    return poll.polling
+
+
+def test_gaps_longer_than_the_window_stop_the_polling_for_the_next_request(clock: Clock) -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        poll = BusyPoll(loop, 400e-6)
+        assert SLOW_GAP > NEXT_REQUEST_WINDOW > QUICK_GAP
+        polled = [_serve_one(poll, clock, SLOW_GAP) for _ in range(20)]
+        assert polled[0]  # no gap seen yet: polls
+        stopped = polled.index(False)  # the share falls by 1/8 a gap: past a quarter by the 12th
+        assert stopped <= 12
+        assert not any(polled[stopped:])
+        assert poll.next_within < 0.25
+    finally:
+        loop.close()
+
+
+def test_polling_for_the_next_request_resumes_when_requests_come_close_again(
+    clock: Clock,
+) -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        poll = BusyPoll(loop, 400e-6)
+        for _ in range(20):
+            _serve_one(poll, clock, SLOW_GAP)
+        assert not _serve_one(poll, clock, SLOW_GAP)
+        # measured while the loop slept: a few quick gaps bring the share back over a quarter
+        polled = [_serve_one(poll, clock, QUICK_GAP) for _ in range(5)]
+        assert polled[-1]
+        assert poll.next_within >= 0.25
+    finally:
+        loop.close()
+
+
+def test_the_reply_is_still_polled_for_when_the_next_request_is_not(clock: Clock) -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        poll = BusyPoll(loop, 400e-6)
+        for _ in range(20):
+            _serve_one(poll, clock, SLOW_GAP)
+        clock.now += SLOW_GAP
+        poll.polling = False
+        poll.started()
+        assert poll.polling  # a request of 100 us: its reply is within the 400 us window
+    finally:
+        loop.close()
+
+
+def test_the_reply_ends_the_polling_for_it_when_the_next_request_is_not_polled_for(
+    clock: Clock,
+) -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        poll = BusyPoll(loop, 400e-6)
+        for _ in range(20):
+            _serve_one(poll, clock, SLOW_GAP)
+        clock.now += SLOW_GAP
+        poll.polling = False
+        since = poll.started()  # polls for the reply, up to 400 us from its start
+        clock.now += REQUEST
+        poll.ended(since)  # the reply came after 100 us; the next request is not polled for
+        loop.run_until_complete(asyncio.sleep(0))  # the scheduled turn runs
+        assert not poll.polling  # not the 300 us left of the reply's window
+    finally:
+        loop.close()
