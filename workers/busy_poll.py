@@ -29,6 +29,13 @@ within 400 us (a quarter under 10 us, the median 460 us); polling at a quarter g
 at half 1.02x, as the share went back and forth across it. The gaps are measured while the
 worker sleeps too, so polling resumes when requests come close together again. With more
 requests than a worker can take, it never idles and never polls.
+
+Nor does a worker poll after a request its front sent with nothing else in flight
+(``Infer.light``): one client waits on it, and polling would only buy latency with a core.
+At c=16 the polling pays the front's CPU (its write to a sleeping worker pays for the
+wake-up), at c=1 nobody's: REST at c=1 spent 0.88x the CPU a request without it, at 0.77x
+the rate (still 1.4x Triton's), c=16 unchanged
+(``benchmarks/results/2026-11-29-issue40-worker-poll-light.md``).
 """
 
 from __future__ import annotations
@@ -57,11 +64,12 @@ class NextRequestPoll:
         self.within = 1.0
         self._idle_since = 0
 
-    def idle(self, now: int) -> int:
+    def idle(self, now: int, *, light: bool) -> int:
         """The worker has answered what it had, at ``now`` (``monotonic_ns``): until when
-        it polls (``monotonic_ns``), or 0 to sleep at once."""
+        it polls (``monotonic_ns``), or 0 to sleep at once. ``light``: the last request's
+        front had nothing else in flight (``Infer.light``)."""
         self._idle_since = now
-        if self.window and self.within >= _MIN_WITHIN:
+        if self.window and not light and self.within >= _MIN_WITHIN:
             return now + self.window
         return 0
 

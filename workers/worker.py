@@ -157,7 +157,7 @@ class Worker:
                             return  # the starting front is gone, or said Stop
                         self.disconnect(key.data, selector)
                 self._judge_turn()
-                until = self.polling.idle(monotonic_ns())
+                until = self.polling.idle(monotonic_ns(), light=self._light)
         finally:
             selector.close()
             signal.set_wakeup_fd(-1)

@@ -102,8 +102,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: most this) for the client's next request (``oipserve.runtime.busy_poll``). 0 never polls.
     busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 400
     #: Microseconds a worker polls for its next request after a reply instead of sleeping,
-    #: while at least a quarter of its recent requests came that soon (``workers.busy_poll``).
-    #: 0 never polls.
+    #: while at least a quarter of its recent requests came that soon and the last one's
+    #: front had others in flight (``workers.busy_poll``). 0 never polls.
     worker_busy_poll_us: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 250
     #: At low load (one short request at a time from one front) a CPU worker and that
     #: front's loop run on one CPU (``workers.colocation``): less CPU a request, some

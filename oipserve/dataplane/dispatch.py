@@ -53,11 +53,12 @@ class Dispatch:
         self.outputs = outputs
         #: Requests in flight on one worker past which its model answers 503 (overloaded).
         self.max_queue = max_queue
-        #: With ``--low-load-colocation`` (``DataPlane.colocate``; None without): the
-        #: front's busy polling, whose requests in flight say whether an Infer goes out at
-        #: light load (``Infer.light``), and where this front's loop runs, beside a worker
-        #: pinned for it (``affinity.follow``).
+        #: The front's busy polling, whose requests in flight say whether an Infer goes out
+        #: at light load (``Infer.light``: the worker then does not poll for the next, and
+        #: with ``--low-load-colocation`` pins itself beside the front). None: never light.
         self.busy_poll: BusyPoll | None = None
+        #: With ``--low-load-colocation`` (``DataPlane.colocate``; None without): where
+        #: this front's loop runs, beside a worker pinned for it (``affinity.follow``).
         self.affinity: FrontAffinity | None = None
 
     def pick(self, model: ModelVersion) -> WorkerLink:

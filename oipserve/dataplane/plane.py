@@ -109,6 +109,7 @@ class DataPlane:
         #: Per model version: what the statistics extension and /metrics report.
         self.stats = StatsRegistry(registry)
         dispatch = Dispatch(self.outputs, max_queue)
+        dispatch.busy_poll = self.busy_poll
         self._intake = Intake(self.inputs, dispatch, infer_timeout, self._loop)
         self._batches = BatchRunner(self.inputs, dispatch)
         #: In a front other than the primary: where checked requests of batching and
@@ -155,10 +156,8 @@ class DataPlane:
         return plane
 
     def colocate(self) -> None:
-        """``--low-load-colocation``: each Infer says whether it goes out at light load, and
-        the loop follows the worker that pinned itself beside it (``runtime.colocation``).
-        Off (the default), the dispatch does neither."""
-        self._dispatch.busy_poll = self.busy_poll
+        """``--low-load-colocation``: the loop follows the worker that pinned itself beside
+        it (``runtime.colocation``). Off (the default), the dispatch does not."""
         self._dispatch.affinity = FrontAffinity()
 
     def configure_cache(self, settings: Settings) -> None:

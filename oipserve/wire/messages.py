@@ -179,7 +179,8 @@ class Infer(msgspec.Struct, frozen=True, tag=True, array_like=True):
     #: An ensemble chain (workers.chains): every step, the first one ``key``'s; empty: none.
     chain: list[ChainStep] = []
     #: The front had no other request in flight when it sent this one: light load, when
-    #: the worker may run on the front's CPU (``workers.colocation``).
+    #: the worker does not poll for its next request (``workers.busy_poll``) and may run
+    #: on the front's CPU (``workers.colocation``).
     light: bool = False
     #: When the front stops waiting for the answer, on the clock every process of the
     #: machine shares (``time.monotonic_ns``): a worker that comes to the request too late
