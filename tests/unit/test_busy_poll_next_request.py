@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import pytest
 import uvloop
@@ -36,6 +37,22 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return fake
 
 
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A loop the test runs only when it says so."""
+    fresh = uvloop.new_event_loop()
+    try:
+        yield fresh
+    finally:
+        fresh.close()
+
+
+@pytest.fixture
+def poll(loop: asyncio.AbstractEventLoop) -> BusyPoll:
+    """A front's polling with a 400 us reply window."""
+    return BusyPoll(loop, 400e-6)
+
+
 def _serve_one(poll: BusyPoll, clock: Clock, gap: float) -> bool:
     """One request after ``gap`` of quiet; whether its end set the loop polling for the
     next one. (The loop is never run: a scheduled turn stays scheduled, so the test
@@ -49,66 +66,53 @@ def _serve_one(poll: BusyPoll, clock: Clock, gap: float) -> bool:
     return poll.polling
 
 
-def test_gaps_longer_than_the_window_stop_the_polling_for_the_next_request(clock: Clock) -> None:
-    loop = uvloop.new_event_loop()
-    try:
-        poll = BusyPoll(loop, 400e-6)
-        assert SLOW_GAP > NEXT_REQUEST_WINDOW > QUICK_GAP
-        polled = [_serve_one(poll, clock, SLOW_GAP) for _ in range(20)]
-        assert polled[0]  # no gap seen yet: polls
-        stopped = polled.index(False)  # the share falls by 1/8 a gap: past a quarter by the 12th
-        assert stopped <= 12
-        assert not any(polled[stopped:])
-        assert poll.next_within < 0.25
-    finally:
-        loop.close()
+def _behind_a_slow_client(poll: BusyPoll, clock: Clock) -> None:
+    """Twenty requests, each ``SLOW_GAP`` after the last: the share falls under a quarter."""
+    for _ in range(20):
+        _serve_one(poll, clock, SLOW_GAP)
+
+
+def test_gaps_longer_than_the_window_stop_the_polling_for_the_next_request(
+    poll: BusyPoll, clock: Clock
+) -> None:
+    assert SLOW_GAP > NEXT_REQUEST_WINDOW > QUICK_GAP
+    polled = [_serve_one(poll, clock, SLOW_GAP) for _ in range(20)]
+    assert polled[0]  # no gap seen yet: polls
+    stopped = polled.index(False)  # the share falls by 1/8 a gap: past a quarter by the 12th
+    assert stopped <= 12
+    assert not any(polled[stopped:])
+    assert poll.next_within < 0.25
 
 
 def test_polling_for_the_next_request_resumes_when_requests_come_close_again(
-    clock: Clock,
+    poll: BusyPoll, clock: Clock
 ) -> None:
-    loop = uvloop.new_event_loop()
-    try:
-        poll = BusyPoll(loop, 400e-6)
-        for _ in range(20):
-            _serve_one(poll, clock, SLOW_GAP)
-        assert not _serve_one(poll, clock, SLOW_GAP)
-        # measured while the loop slept: a few quick gaps bring the share back over a quarter
-        polled = [_serve_one(poll, clock, QUICK_GAP) for _ in range(5)]
-        assert polled[-1]
-        assert poll.next_within >= 0.25
-    finally:
-        loop.close()
+    _behind_a_slow_client(poll, clock)
+    assert not _serve_one(poll, clock, SLOW_GAP)
+    # measured while the loop slept: a few quick gaps bring the share back over a quarter
+    polled = [_serve_one(poll, clock, QUICK_GAP) for _ in range(5)]
+    assert polled[-1]
+    assert poll.next_within >= 0.25
 
 
-def test_the_reply_is_still_polled_for_when_the_next_request_is_not(clock: Clock) -> None:
-    loop = uvloop.new_event_loop()
-    try:
-        poll = BusyPoll(loop, 400e-6)
-        for _ in range(20):
-            _serve_one(poll, clock, SLOW_GAP)
-        clock.now += SLOW_GAP
-        poll.polling = False
-        poll.started()
-        assert poll.polling  # a request of 100 us: its reply is within the 400 us window
-    finally:
-        loop.close()
+def test_the_reply_is_still_polled_for_when_the_next_request_is_not(
+    poll: BusyPoll, clock: Clock
+) -> None:
+    _behind_a_slow_client(poll, clock)
+    clock.now += SLOW_GAP
+    poll.polling = False
+    poll.started()
+    assert poll.polling  # a request of 100 us: its reply is within the 400 us window
 
 
 def test_the_reply_ends_the_polling_for_it_when_the_next_request_is_not_polled_for(
-    clock: Clock,
+    loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock
 ) -> None:
-    loop = uvloop.new_event_loop()
-    try:
-        poll = BusyPoll(loop, 400e-6)
-        for _ in range(20):
-            _serve_one(poll, clock, SLOW_GAP)
-        clock.now += SLOW_GAP
-        poll.polling = False
-        since = poll.started()  # polls for the reply, up to 400 us from its start
-        clock.now += REQUEST
-        poll.ended(since)  # the reply came after 100 us; the next request is not polled for
-        loop.run_until_complete(asyncio.sleep(0))  # the scheduled turn runs
-        assert not poll.polling  # not the 300 us left of the reply's window
-    finally:
-        loop.close()
+    _behind_a_slow_client(poll, clock)
+    clock.now += SLOW_GAP
+    poll.polling = False
+    since = poll.started()  # polls for the reply, up to 400 us from its start
+    clock.now += REQUEST
+    poll.ended(since)  # the reply came after 100 us; the next request is not polled for
+    loop.run_until_complete(asyncio.sleep(0))  # the scheduled turn runs
+    assert not poll.polling  # not the 300 us left of the reply's window
