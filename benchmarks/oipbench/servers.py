@@ -7,6 +7,7 @@ processes. What each one was given is written into `settings` and ends up in the
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shlex
@@ -77,6 +78,8 @@ class Server:
             self.proc.stop()
 
 
+#: Seconds ``serve_from`` waits for a server's ready line before it stops the server.
+SERVE_START_S = 120.0
 #: ``oipserve serve``'s ready line: its HTTP address and, when it serves gRPC, its gRPC one.
 _READY = re.compile(r"ready http://(\S+).*?(?: grpc=(\S+)|$)")
 
@@ -109,13 +112,25 @@ def serve_from(code: Path, args: Sequence[str]) -> SourceServer:
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    for line in proc.stdout:
-        found = _READY.search(line)
-        if found:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return SourceServer(proc, found.group(1), found.group(2) or "")
+    # NOTE: a server whose workers cannot start (a build whose worker fails at once) never
+    #   logs its ready line and never exits: stopped after SERVE_START_S, not waited for.
+    deadline = threading.Timer(SERVE_START_S, proc.terminate)
+    deadline.start()
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    try:
+        for line in proc.stdout:
+            tail.append(line)
+            found = _READY.search(line)
+            if found:
+                threading.Thread(target=proc.stdout.read, daemon=True).start()
+                return SourceServer(proc, found.group(1), found.group(2) or "")
+    finally:
+        deadline.cancel()
     proc.wait(30)
-    raise RuntimeError(f"oipserve serve {' '.join(args)} (from {code}) did not start")
+    raise RuntimeError(
+        f"oipserve serve {' '.join(args)} (from {code}) did not start within "
+        f"{SERVE_START_S:.0f} s:\n{''.join(tail)}"
+    )
 
 
 def _wait_ready(server: Server, timeout_s: float) -> None:
