@@ -88,8 +88,7 @@ class Dispatch:
         key = model.key
         into = targets or _NO_TARGETS
         texts = text_outputs or _NO_NAMES
-        polling = self.busy_poll
-        light = polling is not None and polling.in_flight <= 1
+        light = self.light()
         expires = 0 if deadline is None else worker.expires(deadline)
 
         def inputs_free() -> None:
@@ -105,6 +104,23 @@ class Dispatch:
             self.outputs,
             deadline,
         )
+        return self.answered(worker, answer)
+
+    def light(self) -> bool:
+        """Whether an ``Infer`` sent now goes out at light load (``Infer.light``): its
+        front has no other request in flight. Every ``Infer`` asks here (a request alone,
+        a batch, an ensemble's chain or step, a sequence's batch)."""
+        polling = self.busy_poll
+        return polling is not None and polling.in_flight <= 1
+
+    def answered(self, worker: WorkerLink, answer: object) -> InferDone:
+        """``worker``'s answer to an ``Infer``: its reply, or the error it answered raised.
+
+        Every reply says which output segments the worker unlinked since its last one
+        (``InferDone.dropped``): their mappings are let go of here, whatever sent the
+        ``Infer`` (a mapping kept would pin the segment's memory until the worker dies).
+        Co-located (``--low-load-colocation``), the loop follows the worker's CPU.
+        """
         reply = worker.inferred(answer)
         for name in reply.dropped:
             self.outputs.forget(name)

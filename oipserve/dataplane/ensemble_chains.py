@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from time import monotonic_ns
 
-from oipserve.dataplane.dispatch import infer_on
+from oipserve.dataplane.dispatch import Dispatch, infer_on
 from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.strategies import refused, sending
 from oipserve.errors import WorkerProtocolError, from_kind
@@ -33,7 +33,7 @@ from oipserve.request.inference import Inference
 from oipserve.request.placement import place
 from oipserve.telemetry.stats import ModelStats, failure_reason
 from oipserve.wire.messages import ChainStep, Failed, Infer, InferDone, StepTimes, TensorDesc
-from oipserve.wire.shm import Lease, SegmentCache
+from oipserve.wire.shm import Lease
 
 __all__ = ["Chain", "ChainPlan", "plan_chains", "run_chain"]
 
@@ -153,7 +153,7 @@ async def run_chain(
         raise
     sent = sending(owned, lease, first)
     try:
-        reply = await _send(worker, request, chain, inputs, deadline, intake.dispatch.outputs)
+        reply = await _send(intake.dispatch, worker, request, chain, inputs, deadline)
     except BaseException as exc:
         first.request_failed(failure_reason(exc), monotonic_ns() - start)
         raise
@@ -172,20 +172,20 @@ async def run_chain(
 
 
 async def _send(
+    dispatch: Dispatch,
     worker: WorkerLink,
     request: Inference,
     chain: Chain,
     inputs: list[TensorDesc],
     deadline: float,
-    outputs: SegmentCache,
 ) -> InferDone | Failed:
-    """The chain's ``Infer`` and the worker's answer (a step's ``Failed`` included);
-    ``outputs``: the front's mappings of the workers' output segments."""
+    """The chain's ``Infer`` and the worker's answer (a step's ``Failed`` included)."""
     owned = request.owned
     key = request.model.key
     # (a chain's steps run requests alone, none a sequence's: one the worker comes to too
     # late to end by its deadline is not run, as a request alone is not)
     expires = worker.expires(deadline)
+    light = dispatch.light()
 
     def inputs_free() -> None:
         for held in owned:
@@ -193,16 +193,18 @@ async def _send(
 
     reply = await infer_on(
         worker,
-        lambda rid: Infer(rid, key, inputs, chain.outputs, chain=chain.messages, expires=expires),
+        lambda rid: Infer(
+            rid, key, inputs, chain.outputs, chain=chain.messages, light=light, expires=expires
+        ),
         inputs_free,
-        outputs,
+        dispatch.outputs,
         deadline,
     )
     if isinstance(reply, Failed):
         if len(reply.steps) >= len(chain.steps):  # a worker that broke the protocol
             raise WorkerProtocolError(f"worker {worker.worker_id} failed a step of no chain")
         return reply
-    done = worker.inferred(reply)
+    done = dispatch.answered(worker, reply)
     if len(done.steps) != len(chain.steps):  # (a worker that broke the protocol)
         if done.segment:
             worker.release_outputs(done.segment)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from time import monotonic_ns
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble_chains import Chain, run_chain
@@ -31,9 +31,6 @@ from oipserve.request.inference import Inference, InferResult, InputTensor, Outp
 from oipserve.telemetry.stats import ModelStats
 from oipserve.wire.messages import InferDone
 from oipserve.wire.shm import Lease
-
-if TYPE_CHECKING:
-    from oipserve.wire.shm import SegmentCache
 
 __all__ = ["EnsembleRun", "Runner", "StepDispatch"]
 
@@ -56,8 +53,11 @@ class StepDispatch(Dispatch):
 
     __slots__ = ("pin", "done")
 
-    def __init__(self, outputs: SegmentCache, max_queue: int, pin: list[WorkerLink]) -> None:
-        super().__init__(outputs, max_queue)
+    def __init__(self, parent: Dispatch, pin: list[WorkerLink]) -> None:
+        super().__init__(parent.outputs, parent.max_queue)
+        # NOTE: the front's, as every Infer it sends (``Dispatch.light``, ``.answered``).
+        self.busy_poll = parent.busy_poll
+        self.affinity = parent.affinity
         #: The worker of this request's last step (shared by its steps; empty at first).
         self.pin = pin
         self.done: tuple[WorkerLink, InferDone] | None = None
@@ -210,7 +210,7 @@ class EnsembleRun:
         dispatch: StepDispatch | None = None
         strategy = runner.strategy_of(composing)
         if strategy == runner.unbatched:
-            dispatch = StepDispatch(runner.dispatch.outputs, runner.dispatch.max_queue, self.pin)
+            dispatch = StepDispatch(runner.dispatch, self.pin)
             strategy = Unbatched(runner.intake, dispatch).run
         composing.in_flight += 1
         try:

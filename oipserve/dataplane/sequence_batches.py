@@ -170,15 +170,14 @@ class SequenceBatches(SequenceSlots):
         )
         held = lease
         key = model.key
+        light = self.dispatch.light()
         answer = await infer_on(
             worker,
-            lambda rid: Infer(rid, key, descs, computed, [], [], sequence),
+            lambda rid: Infer(rid, key, descs, computed, [], [], sequence, light=light),
             held.release,
             self.dispatch.outputs,
         )
-        done = worker.inferred(answer)
-        for name in done.dropped:
-            self.dispatch.outputs.forget(name)
+        done = self.dispatch.answered(worker, answer)
         results = self.dispatch.results(worker, model, done, [1] * len(rows))
         _record(filler.stats, [s for s in steps if s is not None], done)
         for step, result in zip(steps, results, strict=True):

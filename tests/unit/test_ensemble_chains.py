@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble_chains import _send as chain_send
 from oipserve.dataplane.ensemble_chains import plan_chains
 from oipserve.models.config.ensemble import EnsembleConfig
@@ -18,7 +19,7 @@ from oipserve.models.config.parse import parse_model_config
 from oipserve.models.ensemble import chain_runs
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import ModelVersion
-from oipserve.wire.messages import ChainStep, ErrorKind, Failed, Infer, InferDone
+from oipserve.wire.messages import ChainStep, ErrorKind, Failed, Infer, InferDone, StepTimes
 from oipserve.wire.shm import SegmentCache
 from tests.support.ensemble_models import CONFIGS, ensemble_config, write_step
 from tests.support.worker_links import LinkToNoWorker
@@ -173,7 +174,7 @@ async def test_a_chain_goes_to_its_worker_with_its_deadline() -> None:
     before = monotonic_ns()
     deadline = asyncio.get_running_loop().time() + 5.0
     sending = asyncio.ensure_future(
-        chain_send(link.link, request, chain, [], deadline, SegmentCache())  # type: ignore[arg-type]
+        chain_send(Dispatch(SegmentCache(), 8), link.link, request, chain, [], deadline)  # type: ignore[arg-type]
     )
     await asyncio.sleep(0)  # sent; waiting for the reply
     (rid,) = link.link.pending
@@ -183,3 +184,35 @@ async def test_a_chain_goes_to_its_worker_with_its_deadline() -> None:
     # NOTE: 5 s from now on the workers' clock (the loop's time is coarser: a tenth off)
     assert infer.chain == _CHAIN and infer.expires is not None
     assert before + 4_900_000_000 <= infer.expires <= monotonic_ns() + 5_100_000_000
+
+
+class _Mappings(SegmentCache):
+    """The front's mappings of output segments, with what it let go of kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten: list[str] = []
+
+    def forget(self, name: str) -> None:
+        self.forgotten.append(name)
+        super().forget(name)
+
+
+async def test_a_chain_s_reply_lets_go_of_the_segments_its_worker_unlinked() -> None:
+    """A worker says which output segments it unlinked in its next reply, whichever: a
+    chain's reply dropped them, and the front kept mapping memory nothing could use."""
+    link = LinkToNoWorker()
+    mappings = _Mappings()
+    request = SimpleNamespace(owned=[], model=ModelVersion("add_one", "1", "", None))
+    chain = SimpleNamespace(outputs=["Y"], messages=_CHAIN, steps=_CHAIN)
+    deadline = asyncio.get_running_loop().time() + 5.0
+    sending = asyncio.ensure_future(
+        chain_send(Dispatch(mappings, 8), link.link, request, chain, [], deadline)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0)
+    (rid,) = link.link.pending
+    steps = [StepTimes(0, 0, 0, 0, 1)] * len(_CHAIN)
+    link.link.on_message(InferDone(rid, "", [], ["oipserve-0-w1-out-3"], steps=steps))
+    done = await sending
+    assert isinstance(done, InferDone)
+    assert mappings.forgotten == ["oipserve-0-w1-out-3"]
