@@ -1,0 +1,109 @@
+"""A front's writes to a worker (``WorkerLink.send``): housekeeping messages (Release,
+Forget) ride with the next request, or go alone ``LAZY_FLUSH`` seconds after they were
+queued when none came; never alone while requests keep coming."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import msgspec
+
+from oipserve.pool.link import LAZY_FLUSH, WorkerLink
+from oipserve.wire.messages import FrameSplitter, Infer, Release, ToWorker
+
+
+class _Timer:
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when, self.callback, self.cancelled = when, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Loop:
+    """A loop whose clock the test moves: callbacks run when ``run_until`` reaches them."""
+
+    def __init__(self) -> None:
+        self.start = self.now = 1000.0  # (a monotonic clock's time: never 0)
+        self.soon: list[Callable[[], None]] = []
+        self.timers: list[_Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
+        timer = _Timer(self.now + delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def run_until(self, when: float) -> None:
+        """Run what is due up to ``when`` seconds from the start (the loop iteration's
+        callbacks first, then the timers in order, those they arm too)."""
+        when += self.start
+        while self.soon:
+            self.soon.pop(0)()
+        due = [t for t in self.timers if t.when <= when and not t.cancelled]
+        while due:
+            timer = min(due, key=lambda t: t.when)
+            self.timers.remove(timer)
+            self.now = timer.when
+            timer.callback()
+            due = [t for t in self.timers if t.when <= when and not t.cancelled]
+        self.now = when
+
+
+def _link() -> tuple[WorkerLink, _Loop, list[list[object]]]:
+    """A live link on a loop the test drives; each write, decoded."""
+    link = WorkerLink(1, "cpu", "oipserve-0-w1-")
+    loop = _Loop()
+    writes: list[list[object]] = []
+    decoder = msgspec.msgpack.Decoder(ToWorker)
+
+    def write(data: bytes) -> None:
+        writes.append([decoder.decode(body) for body in FrameSplitter().feed(data)])
+
+    link.alive, link._loop = True, loop  # type: ignore[assignment]
+    link.transport = SimpleNamespace(write=write)  # type: ignore[assignment]
+    return link, loop, writes
+
+
+def _infer(rid: int) -> Infer:
+    return Infer(rid, "simple/1", [], [], [], [])
+
+
+def test_a_release_rides_with_the_next_request() -> None:
+    link, loop, writes = _link()
+    link.send(Release(["out-1"]), urgent=False)
+    loop.run_until(LAZY_FLUSH / 2)
+    assert writes == []
+    link.send(_infer(1))
+    loop.run_until(LAZY_FLUSH * 3)
+    assert writes == [[Release(["out-1"]), _infer(1)]]
+
+
+def test_a_release_no_request_came_for_goes_alone_after_the_lazy_delay() -> None:
+    link, loop, writes = _link()
+    link.send(Release(["out-1"]), urgent=False)
+    loop.run_until(LAZY_FLUSH * 0.9)
+    assert writes == []
+    loop.run_until(LAZY_FLUSH)
+    assert writes == [[Release(["out-1"])]]
+
+
+def test_requests_every_while_carry_every_release() -> None:
+    """One request every 0.4 of the delay, each answered by a Release: the Releases ride
+    with the requests, none is written alone (a timer left armed by one that rode
+    wrote a later one alone, waking a sleeping worker for it)."""
+    link, loop, writes = _link()
+    for rid in range(1, 11):
+        loop.run_until(rid * LAZY_FLUSH * 0.4)
+        link.send(_infer(rid))
+        loop.run_until(rid * LAZY_FLUSH * 0.4 + LAZY_FLUSH * 0.1)  # its reply
+        link.send(Release([f"out-{rid}"]), urgent=False)
+    loop.run_until(11 * LAZY_FLUSH * 0.4 - LAZY_FLUSH * 0.05)
+    assert all(isinstance(message, Infer) for write in writes for message in write[-1:])
+    assert [len(write) for write in writes] == [1] + [2] * 9
