@@ -117,7 +117,8 @@ class DataPlane:
         self._elsewhere: CheckedQueue | None = None
         #: The sequence batcher of each sequence version, made with its strategy.
         self._sequencers: dict[ModelVersion, Sequenced] = {}
-        self._dispatch = dispatch
+        #: How every request and batch goes to a worker and comes back (``Dispatch``).
+        self.dispatch = dispatch
         #: The response cache (``--cache-config``); None without one (the default).
         self.cache: ResponseCache | None = None
         self._unbatched: Strategy = Unbatched(self._intake, dispatch).run
@@ -158,7 +159,7 @@ class DataPlane:
     def colocate(self) -> None:
         """``--low-load-colocation``: the loop follows the worker that pinned itself beside
         it (``runtime.colocation``). Off (the default), the dispatch does not."""
-        self._dispatch.affinity = FrontAffinity()
+        self.dispatch.affinity = FrontAffinity()
 
     def configure_cache(self, settings: Settings) -> None:
         """The response cache ``--cache-config`` asks for (before the first request)."""
@@ -269,14 +270,14 @@ class DataPlane:
         elif isinstance(model, EnsembleVersion):  # its steps run from here (dataplane.ensemble)
             strategy = self._ensembles().run
         elif sequence is not None:  # a stateful model: the sequence batcher
-            sequencer = Sequenced(self._intake, self._dispatch, model, sequence, self._elsewhere)
+            sequencer = Sequenced(self._intake, self.dispatch, model, sequence, self._elsewhere)
             self._sequencers[model] = sequencer
             strategy = sequencer.run
         elif policy is not None:
             queue = self._elsewhere or self._batches.infer
             strategy = Batched(self._intake, queue, cache).run
         elif cache is not None:
-            strategy = Unbatched(self._intake, self._dispatch, cache).run
+            strategy = Unbatched(self._intake, self.dispatch, cache).run
         else:
             strategy = self._unbatched
         self._strategies[model] = strategy
@@ -322,7 +323,7 @@ class DataPlane:
         """The strategy of ensembles, made at the first ensemble request."""
         if self._ensemble_runner is None:
             self._ensemble_runner = EnsembleRunner(
-                self._intake, self._dispatch, self._strategy_of, self.stats.of, self._unbatched
+                self._intake, self.dispatch, self._strategy_of, self.stats.of, self._unbatched
             )
         return self._ensemble_runner
 

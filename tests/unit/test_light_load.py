@@ -38,7 +38,7 @@ def test_an_infer_is_light_while_it_is_its_front_s_only_request_in_flight() -> N
         sends = []
         for _ in range(2):  # the first alone in flight, the second beside it
             plane.busy_poll.started()
-            sends.append(asyncio.ensure_future(plane._dispatch.send(link.link, model, [], [], [])))
+            sends.append(asyncio.ensure_future(plane.dispatch.send(link.link, model, [], [], [])))
             await asyncio.sleep(0)
         for task in sends:
             task.cancel()
