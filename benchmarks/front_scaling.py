@@ -43,7 +43,6 @@ from oipbench.load import (  # noqa: E402
 )
 from oipbench.models import build_models, write_oipserve_repo  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, grpc_spec, json_body  # noqa: E402
-from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
 from oipbench.servers import SourceServer, Tuning, serve_from  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -113,16 +112,12 @@ def main() -> None:
                 scenario = f"{protocol}-c{concurrency}"
                 for mode in modes if rnd % 2 == 0 else modes[::-1]:
                     server = servers[mode]
-                    pid = server.proc.pid
-                    before = cpu_snapshot(pid)
                     m = _measure(ns, server, mode, protocol, concurrency, scenario, rnd,
                                  bodies, spec, scratch)  # fmt: skip
-                    front, workers = front_and_workers(before, cpu_snapshot(pid))
                     if not m.ok or not m.requests:
                         raise RuntimeError(f"--http-workers {mode}, {scenario}: {m.note}")
                     row = Row(mode, scenario, rnd, m.rps, m.p50_ms, m.p99_ms,
-                              front / m.requests * 1e6, workers / m.requests * 1e6,
-                              m.client_cpu_pct, m.errors)  # fmt: skip
+                              *m.cpu_us_per_request(), m.client_cpu_pct, m.errors)  # fmt: skip
                     rows.append(row)
                     print(f"round {rnd} {scenario} --http-workers {mode}: {m.rps:,.0f} req/s, "
                           f"p50 {m.p50_ms:.2f} ms, p99 {m.p99_ms:.2f} ms, CPU a request: "

@@ -34,7 +34,6 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from oipbench.load import concurrency_specs, medians, run_grpc  # noqa: E402
-from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
 from oipbench.servers import SourceServer, serve_from  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -100,15 +99,13 @@ def main() -> None:
         for rnd in range(ns.rounds):
             for name, concurrency in scenarios:
                 model, payload_bytes = MODELS[name]
-                before = cpu_snapshot(proc.pid)
                 m = run_grpc("front", f"{name}-c{concurrency}", rnd, Path(sys.executable),
                              target, PAYLOADS / f"{model}.grpc.json", concurrency, 0, ns.seconds,
                              scratch, proc.pid, payload_bytes,
                              client_processes=ns.client_processes)  # fmt: skip
-                front, workers = front_and_workers(before, cpu_snapshot(proc.pid))
                 if not m.ok or not m.requests:
                     raise RuntimeError(f"{name}-c{concurrency}: {m.note}")
-                us = [x / m.requests * 1e6 for x in (front, workers)]
+                us = m.cpu_us_per_request()
                 row = Row(f"{name}-c{concurrency}", rnd, m.rps, m.p50_ms, m.p99_ms, *us,
                           m.client_cpu_pct)  # fmt: skip
                 rows.append(row)

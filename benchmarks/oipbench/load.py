@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import LUA_SCRIPT
 from .payloads import HttpBody
-from .procs import cpu_delta, cpu_snapshot, machine_cpu_pct, run_client
+from .procs import cpu_delta, cpu_snapshot, front_and_workers, machine_cpu_pct, run_client
 
 
 @dataclass
@@ -46,10 +46,20 @@ class Measurement:
     server_cpu_pct: float = math.nan
     other_cpu_pct: float = math.nan  # machine busy minus server and client: other tenants
     server_top: list[tuple[str, float]] = field(default_factory=list)
+    #: CPU seconds of the server's fronts and of its workers over the measured window
+    #: (``procs.front_and_workers``): the window the requests were counted in, not the
+    #: client's start-up (the gRPC client calls for ~1 s before it counts).
+    front_cpu_s: float = math.nan
+    workers_cpu_s: float = math.nan
     mbps: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    def cpu_us_per_request(self) -> tuple[float, float]:
+        """The fronts' and the workers' CPU µs a request counted."""
+        per = 1e6 / max(self.requests, 1)
+        return self.front_cpu_s * per, self.workers_cpu_s * per
 
 
 def wrk_version() -> str:
@@ -115,6 +125,7 @@ def run_wrk(
     m = Measurement(server, scenario, rnd, ok=False)
     m.server_cpu_pct, m.server_top = cpu_delta(before, after)
     m.server_top = m.server_top[:4]
+    m.front_cpu_s, m.workers_cpu_s = front_and_workers(before, after)
     line = next((ln for ln in run.stdout.splitlines() if ln.startswith("OIPB_RESULT ")), None)
     if run.timed_out or line is None:
         m.note = "wrk failed: " + (run.stderr.strip() or run.stdout.strip())[-300:]
@@ -206,6 +217,7 @@ def run_grpc(
     if "before" in snaps and "after" in snaps:
         m.server_cpu_pct, top = cpu_delta(snaps["before"], snaps["after"])  # type: ignore[arg-type]
         m.server_top = top[:4]
+        m.front_cpu_s, m.workers_cpu_s = front_and_workers(snaps["before"], snaps["after"])  # type: ignore[arg-type]
     try:
         data = json.loads(result_path.read_text())
     except (OSError, ValueError):
