@@ -1,7 +1,8 @@
 """Where a run's outputs go: straight into clients' regions, or into the worker's segment.
 
 ``bound_outputs`` decides before the run whether ONNX Runtime can write every output
-into the client's shared-memory region itself (I/O binding); ``write_outputs`` copies
+into the client's shared-memory region itself (I/O binding), ``run_bound`` runs so and
+``bound_descs`` describes what it wrote; ``write_outputs`` copies
 the outputs after an ordinary run into the worker's output segment (or a region), large
 ones the client wants as JSON printed as text (``json_text.print_output``).
 
@@ -15,6 +16,7 @@ Runtime backend does (docs/shared-memory.md).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,7 +27,9 @@ from oipserve.wire.shm import BufferPool, layout
 from workers import json_text, runtime
 from workers.regions import RegionCache, overlaps_an_input
 
-__all__ = ["bound_outputs", "write_outputs"]
+__all__ = ["bound_descs", "bound_outputs", "run_bound", "write_outputs"]
+
+log = logging.getLogger("oipserve.worker")
 
 
 def bound_outputs(
@@ -75,6 +79,57 @@ def bound_outputs(
         view = regions.view(target.region, target.offset, nbytes)
         bound[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
     return bound
+
+
+def run_bound(
+    session: runtime.ModelSession,
+    names: list[str],
+    feeds: dict[str, object],
+    bound: dict[str, np.ndarray],
+    targets: dict[str, OutputTarget],
+    key: str,
+) -> tuple[dict[str, np.ndarray] | None, list[object] | None]:
+    """Run ``session`` writing its outputs into the clients' regions (``bound``):
+    ``(bound, None)``; or, when an output's shape came from the graph's dim names and the
+    run disagreed with them, run again the ordinary way: ``(None, values)``."""
+    try:
+        session.run_into(names, feeds, bound)
+    except Exception:
+        if all(targets[name].shape is not None for name in names):
+            raise
+        # NOTE: ONNX Runtime holds to the graph's dim names for bound outputs only. If the
+        #   ordinary run works, the names were wrong: this model copies from now on.
+        values = session.run(names, feeds)
+        session.dim_names_hold = False
+        log.warning(
+            "model '%s': an output's declared dim names do not match what it makes; its "
+            "outputs are copied into clients' regions from now on",
+            key,
+        )
+        return None, values
+    return bound, None
+
+
+def bound_descs(
+    session: runtime.ModelSession,
+    names: list[str],
+    bound: dict[str, np.ndarray],
+    targets: dict[str, OutputTarget],
+) -> list[TensorDesc]:
+    """What ``run_bound`` wrote, each output where its client's region holds it."""
+    return [
+        TensorDesc(
+            name,
+            session.output_types[name],
+            list(bound[name].shape),
+            "",
+            targets[name].offset,
+            bound[name].nbytes,
+            None,
+            targets[name].region,
+        )
+        for name in names
+    ]
 
 
 def write_outputs(

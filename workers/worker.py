@@ -56,7 +56,7 @@ from workers.fronts import FrontConnection, accept_front
 from workers.heap import return_free_heap
 from workers.images import decode_batch, quiet_opencv
 from workers.late import LateRequests
-from workers.outputs import bound_outputs, write_outputs
+from workers.outputs import bound_descs, bound_outputs, run_bound, write_outputs
 from workers.peer_segments import CheckedSegments, server_prefix
 from workers.regions import RegionCache, RegionError
 from workers.sequence_state import SequenceStates
@@ -358,25 +358,8 @@ class Worker:
                 names = self.sequences.feed(message.key, message.sequence, feeds, names)
             fed = monotonic_ns()
             bound = bound_outputs(self.regions, session, names, feeds, targets, message.inputs)
-            values = None
-            if bound is not None:
-                # ONNX Runtime writes the outputs straight into the clients' regions.
-                try:
-                    session.run_into(names, feeds, bound)
-                except Exception:
-                    if all(targets[name].shape is not None for name in names):
-                        raise
-                    # NOTE: a shape came from the graph's dim names, which ONNX Runtime
-                    #   holds to for bound outputs only: run again the ordinary way. If
-                    #   that works, the names were wrong: this model copies from now on.
-                    bound = None
-                    values = session.run(names, feeds)
-                    session.dim_names_hold = False
-                    log.warning(
-                        "model '%s': an output's declared dim names do not match what it "
-                        "makes; its outputs are copied into clients' regions from now on",
-                        message.key,
-                    )
+            if bound is not None:  # ONNX Runtime writes into the clients' regions
+                bound, values = run_bound(session, names, feeds, bound, targets, message.key)
             else:
                 values = session.run(names, feeds)
             if message.sequence is not None and values is not None:  # (never bound outputs)
@@ -388,19 +371,7 @@ class Worker:
             self.fail(connection, message.rid, *run_failure(exc, message.key))
             return
         if bound is not None:
-            descs = [
-                TensorDesc(
-                    name,
-                    session.output_types[name],
-                    list(bound[name].shape),
-                    "",
-                    targets[name].offset,
-                    bound[name].nbytes,
-                    None,
-                    targets[name].region,
-                )
-                for name in names
-            ]
+            descs = bound_descs(session, names, bound, targets)
             del bound
             self._done(connection, message.rid, "", descs, started, fed, ran)
             return
