@@ -201,7 +201,7 @@ class WorkerLink:
         """Queue a message; everything queued in one loop iteration goes out in one write.
 
         A message that is not ``urgent`` (housekeeping: Release, Forget) waits for the next
-        urgent one to ride along with, or at most ``LAZY_FLUSH`` seconds.
+        urgent one to ride along with, or about ``LAZY_FLUSH`` seconds (``_flush_lazily``).
         """
         if self.transport is None or not self.alive:
             return
@@ -241,7 +241,10 @@ class WorkerLink:
         if not since:
             return  # everything rode along
         wait = since + LAZY_FLUSH - self._loop.time()
-        if wait > 0:
+        # NOTE: never a timer under half the delay: uvloop runs a delay under 0.5 ms at
+        #   the next loop iteration, so re-arming for the last few hundred microseconds
+        #   would turn the loop without sleeping until then. What has waited that long goes.
+        if wait >= LAZY_FLUSH / 2:
             self._lazy_flush = self._loop.call_later(wait, self._flush_lazily)
         else:
             self._flush()

@@ -28,6 +28,8 @@ class _Loop:
         self.start = self.now = 1000.0  # (a monotonic clock's time: never 0)
         self.soon: list[Callable[[], None]] = []
         self.timers: list[_Timer] = []
+        #: Every timer's delay, as asked.
+        self.delays: list[float] = []
 
     def time(self) -> float:
         return self.now
@@ -36,6 +38,7 @@ class _Loop:
         self.soon.append(callback)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
+        self.delays.append(delay)
         timer = _Timer(self.now + delay, callback)
         self.timers.append(timer)
         return timer
@@ -107,3 +110,27 @@ def test_requests_every_while_carry_every_release() -> None:
     loop.run_until(11 * LAZY_FLUSH * 0.4 - LAZY_FLUSH * 0.05)
     assert all(isinstance(message, Infer) for write in writes for message in write[-1:])
     assert [len(write) for write in writes] == [1] + [2] * 9
+
+
+def test_the_lazy_timer_is_never_set_for_a_short_remainder() -> None:
+    """When the timer goes off, a Release that has waited most of the delay is written
+    then: uvloop runs a timer under 0.5 ms at the next loop iteration, so re-arming for
+    the rest would keep the loop turning until then. (Times in delays.)"""
+    link, loop, writes = _link()
+    link.send(Release(["out-1"]), urgent=False)  # the timer: due at 1.0
+    loop.run_until(LAZY_FLUSH * 0.05)
+    link.send(_infer(1))  # out-1 rides along
+    loop.run_until(LAZY_FLUSH * 0.75)
+    link.send(Release(["out-2"]), urgent=False)
+    loop.run_until(LAZY_FLUSH * 1.5)  # at 1.0 out-2 had 0.75 left: the timer moved on
+    assert writes == [[Release(["out-1"]), _infer(1)]]
+    link.send(_infer(2))  # out-2 rides along; at 1.75 nothing waits: no timer
+    loop.run_until(LAZY_FLUSH * 2.0)
+    link.send(Release(["out-3"]), urgent=False)  # the timer: due at 3.0
+    loop.run_until(LAZY_FLUSH * 2.1)
+    link.send(_infer(3))  # out-3 rides along
+    loop.run_until(LAZY_FLUSH * 2.2)
+    link.send(Release(["out-4"]), urgent=False)
+    loop.run_until(LAZY_FLUSH * 3.0)  # at 3.0 out-4 had 0.2 left: written then
+    assert writes[-1] == [Release(["out-4"])]
+    assert min(loop.delays) >= LAZY_FLUSH / 2
