@@ -13,10 +13,12 @@ the tiny JSON one by default), and medians over rounds are printed.
 
 ``--triton`` measures Triton in the same rounds, started as the harness starts it: its
 ``tritonserver`` process counts as the front, its python-backend stubs as the workers.
-``--http-workers N`` starts each oipserve build with N HTTP fronts; their CPU is summed
-as "front". Each row also says how many requests a model run served on average (``rows
-a run``, from the statistics extension's ``inference_count`` over ``execution_count``,
-which both servers keep): above 1 only for a model with dynamic batching.
+``--rate R`` paces the requests at R a second (a server below saturation: what a
+request costs when its processes sleep between requests). ``--http-workers N`` starts
+each oipserve build with N HTTP fronts; their CPU is summed as "front". Each row also
+says how many requests a model run served on average (``rows a run``, from the
+statistics extension's ``inference_count`` over ``execution_count``, which both servers
+keep): above 1 only for a model with dynamic batching.
 Besides the CPU per request, each row says how much of the machine the server tree
 kept busy (``busy``, % of one core): on 2 cores a server can lose to another that costs
 no more per request but keeps both cores busy.
@@ -50,7 +52,6 @@ sys.path.insert(0, str(BENCH))
 from oipbench.load import run_wrk  # noqa: E402
 from oipbench.models import ModelCase, build_models  # noqa: E402
 from oipbench.payloads import HttpBody, binary_body, json_body  # noqa: E402
-from oipbench.procs import cpu_snapshot, front_and_workers  # noqa: E402
 from oipbench.servers import Tuning, serve_from, start_triton  # noqa: E402
 
 WORK = BENCH / ".work"
@@ -99,8 +100,9 @@ def _start_triton(cases: dict[str, ModelCase]) -> tuple[int, str, Callable[[], N
     return server.root_pid(), server.http_url.removeprefix("http://"), server.proc.stop
 
 
-#: One round's figures of one server: req/s, front and workers µs a request, busy %, rows a run.
-Row = tuple[float, float, float, float, float]
+#: One round's figures of one server: req/s, front and workers µs a request, busy %, rows a
+#: run, p50 and p99 ms.
+Row = tuple[float, float, float, float, float, float, float]
 Server = tuple[int, str, Callable[[], None]]
 
 
@@ -109,20 +111,17 @@ def _measure(name: str, server: Server, model: str, body: HttpBody, ns: argparse
     """One wrk run against ``server``, and what it cost the server."""
     pid, url, _ = server
     counted = _counts(url, model)
-    before = cpu_snapshot(pid)
     m = run_wrk(name, f"{ns.request}-c{ns.concurrency}", rnd,
                 f"http://{url}/v2/models/{model}/infer", body, ns.concurrency,
-                ns.seconds, WORK / "scratch", pid)  # fmt: skip
-    front, workers = front_and_workers(before, cpu_snapshot(pid))
+                ns.seconds, WORK / "scratch", pid, rate=ns.rate)  # fmt: skip
     if not m.ok:
         raise RuntimeError(f"{name}: {m.note}")
     inferences, executions = (
         now - then for now, then in zip(_counts(url, model), counted, strict=True)
     )
-    per_request = 1e6 / m.requests
-    busy = (front + workers) / m.duration_s * 100
-    return (m.rps, front * per_request, workers * per_request, busy,
-            inferences / max(executions, 1))  # fmt: skip
+    busy = (m.front_cpu_s + m.workers_cpu_s) / m.duration_s * 100
+    rows_a_run = inferences / max(executions, 1)
+    return (m.rps, *m.cpu_us_per_request(), busy, rows_a_run, m.p50_ms, m.p99_ms)
 
 
 def _warm(name: str, server: Server, model: str, body: HttpBody) -> None:
@@ -138,6 +137,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
+    parser.add_argument(
+        "--rate", type=float, default=0.0,
+        help="requests a second, paced (wrk's schedule); 0: as fast as the connections go",
+    )  # fmt: skip
     parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
     parser.add_argument("--triton", action="store_true", help="measure Triton too")
     parser.add_argument("--http-workers", type=int, default=1, help="oipserve's HTTP fronts")
@@ -182,13 +185,13 @@ def main() -> None:
         "(medians):"
     )
     for name, measured in rows.items():
-        rps, front, workers, busy, batch = (
-            statistics.median(r[i] for r in measured) for i in range(5)
+        rps, front, workers, busy, batch, p50, p99 = (
+            statistics.median(r[i] for r in measured) for i in range(7)
         )
         print(
             f"{name:30s} req/s {rps:8,.0f}   CPU per request: front {front:5.0f} us "
             f"(min {min(r[1] for r in measured):.0f}), workers {workers:5.0f} us, "
-            f"busy {busy:4.0f}%, rows a run {batch:4.1f}"
+            f"busy {busy:4.0f}%, rows a run {batch:4.1f}, p50 {p50:.3f} ms, p99 {p99:.3f} ms"
         )
 
 
