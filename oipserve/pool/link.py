@@ -201,7 +201,8 @@ class WorkerLink:
         """Queue a message; everything queued in one loop iteration goes out in one write.
 
         A message that is not ``urgent`` (housekeeping: Release, Forget) waits for the next
-        urgent one to ride along with, or about ``LAZY_FLUSH`` seconds (``_flush_lazily``).
+        urgent one to ride along with, or ``LAZY_FLUSH`` seconds (up to half that more:
+        ``_flush_lazily``).
         """
         if self.transport is None or not self.alive:
             return
@@ -241,13 +242,15 @@ class WorkerLink:
         if not since:
             return  # everything rode along
         wait = since + LAZY_FLUSH - self._loop.time()
+        if wait <= 0:
+            self._flush()
+            return
         # NOTE: never a timer under half the delay: uvloop runs a delay under 0.5 ms at
         #   the next loop iteration, so re-arming for the last few hundred microseconds
-        #   would turn the loop without sleeping until then. What has waited that long goes.
-        if wait >= LAZY_FLUSH / 2:
-            self._lazy_flush = self._loop.call_later(wait, self._flush_lazily)
-        else:
-            self._flush()
+        #   would turn the loop without sleeping until then. Such a message waits up to
+        #   half a delay longer, for a request to ride with still (written alone then,
+        #   the Release of a call ~1 ms apart woke its worker every other call).
+        self._lazy_flush = self._loop.call_later(max(wait, LAZY_FLUSH / 2), self._flush_lazily)
 
     def call(
         self,

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import msgspec
+import pytest
 
 from oipserve.pool.link import LAZY_FLUSH, WorkerLink
 from oipserve.wire.messages import FrameSplitter, Infer, Release, ToWorker
@@ -97,25 +98,27 @@ def test_a_release_no_request_came_for_goes_alone_after_the_lazy_delay() -> None
     assert writes == [[Release(["out-1"])]]
 
 
-def test_requests_every_while_carry_every_release() -> None:
-    """One request every 0.4 of the delay, each answered by a Release: the Releases ride
-    with the requests, none is written alone (a timer left armed by one that rode
+@pytest.mark.parametrize("every", [0.4, 0.6, 0.9])
+def test_requests_every_while_carry_every_release(every: float) -> None:
+    """One request every ``every`` of the delay, each answered by a Release: the Releases
+    ride with the requests, none is written alone (a timer left armed by one that rode
     wrote a later one alone, waking a sleeping worker for it)."""
     link, loop, writes = _link()
     for rid in range(1, 11):
-        loop.run_until(rid * LAZY_FLUSH * 0.4)
+        loop.run_until(rid * LAZY_FLUSH * every)
         link.send(_infer(rid))
-        loop.run_until(rid * LAZY_FLUSH * 0.4 + LAZY_FLUSH * 0.1)  # its reply
+        loop.run_until(rid * LAZY_FLUSH * every + LAZY_FLUSH * 0.1)  # its reply
         link.send(Release([f"out-{rid}"]), urgent=False)
-    loop.run_until(11 * LAZY_FLUSH * 0.4 - LAZY_FLUSH * 0.05)
+    loop.run_until(11 * LAZY_FLUSH * every - LAZY_FLUSH * 0.05)
     assert all(isinstance(message, Infer) for write in writes for message in write[-1:])
     assert [len(write) for write in writes] == [1] + [2] * 9
 
 
 def test_the_lazy_timer_is_never_set_for_a_short_remainder() -> None:
-    """When the timer goes off, a Release that has waited most of the delay is written
-    then: uvloop runs a timer under 0.5 ms at the next loop iteration, so re-arming for
-    the rest would keep the loop turning until then. (Times in delays.)"""
+    """When the timer goes off with a Release that has waited most of the delay, it is
+    set again for half the delay, not the remainder: uvloop runs a timer under 0.5 ms at
+    the next loop iteration, so a timer for the rest would keep the loop turning until
+    then. (Times in delays.)"""
     link, loop, writes = _link()
     link.send(Release(["out-1"]), urgent=False)  # the timer: due at 1.0
     loop.run_until(LAZY_FLUSH * 0.05)
@@ -131,6 +134,25 @@ def test_the_lazy_timer_is_never_set_for_a_short_remainder() -> None:
     link.send(_infer(3))  # out-3 rides along
     loop.run_until(LAZY_FLUSH * 2.2)
     link.send(Release(["out-4"]), urgent=False)
-    loop.run_until(LAZY_FLUSH * 3.0)  # at 3.0 out-4 had 0.2 left: written then
+    loop.run_until(LAZY_FLUSH * 3.4)  # at 3.0 out-4 had 0.2 left: the timer, for 0.5
+    assert writes[-1] == [Release(["out-3"]), _infer(3)]
+    loop.run_until(LAZY_FLUSH * 3.5)
     assert writes[-1] == [Release(["out-4"])]
     assert min(loop.delays) >= LAZY_FLUSH / 2
+
+
+def test_a_release_that_waited_most_of_the_delay_still_rides_with_the_next_request() -> None:
+    """The timer goes off for an earlier Release (which rode along) while a later one has
+    waited 0.7 of the delay: set again for half the delay, it lets the request that comes
+    0.9 after that one carry it. (Writing what had waited half the delay at once woke
+    the worker for it every other call at ~1 ms between calls.)"""
+    link, loop, writes = _link()
+    link.send(Release(["out-1"]), urgent=False)  # the timer: due at 1.0
+    loop.run_until(LAZY_FLUSH * 0.05)
+    link.send(_infer(1))  # out-1 rides along
+    loop.run_until(LAZY_FLUSH * 0.3)
+    link.send(Release(["out-2"]), urgent=False)
+    loop.run_until(LAZY_FLUSH * 1.2)  # at 1.0 out-2 had 0.3 left: the timer, for 0.5
+    link.send(_infer(2))
+    loop.run_until(LAZY_FLUSH * 3)
+    assert writes == [[Release(["out-1"]), _infer(1)], [Release(["out-2"]), _infer(2)]]
