@@ -114,17 +114,23 @@ def test_requests_every_while_carry_every_release(every: float) -> None:
     assert [len(write) for write in writes] == [1] + [2] * 9
 
 
+def _second_release_at(link: WorkerLink, loop: _Loop, at: float) -> None:
+    """A Release that arms the timer (due at 1.0 delay) and rides with a request at 0.05;
+    then another Release at ``at`` delays, while that timer is still armed."""
+    link.send(Release(["out-1"]), urgent=False)
+    loop.run_until(LAZY_FLUSH * 0.05)
+    link.send(_infer(1))
+    loop.run_until(LAZY_FLUSH * at)
+    link.send(Release(["out-2"]), urgent=False)
+
+
 def test_the_lazy_timer_is_never_set_for_a_short_remainder() -> None:
     """When the timer goes off with a Release that has waited most of the delay, it is
     set again for half the delay, not the remainder: uvloop runs a timer under 0.5 ms at
     the next loop iteration, so a timer for the rest would keep the loop turning until
     then. (Times in delays.)"""
     link, loop, writes = _link()
-    link.send(Release(["out-1"]), urgent=False)  # the timer: due at 1.0
-    loop.run_until(LAZY_FLUSH * 0.05)
-    link.send(_infer(1))  # out-1 rides along
-    loop.run_until(LAZY_FLUSH * 0.75)
-    link.send(Release(["out-2"]), urgent=False)
+    _second_release_at(link, loop, 0.75)
     loop.run_until(LAZY_FLUSH * 1.5)  # at 1.0 out-2 had 0.75 left: the timer moved on
     assert writes == [[Release(["out-1"]), _infer(1)]]
     link.send(_infer(2))  # out-2 rides along; at 1.75 nothing waits: no timer
@@ -147,11 +153,7 @@ def test_a_release_that_waited_most_of_the_delay_still_rides_with_the_next_reque
     0.9 after that one carry it. (Writing what had waited half the delay at once woke
     the worker for it every other call at ~1 ms between calls.)"""
     link, loop, writes = _link()
-    link.send(Release(["out-1"]), urgent=False)  # the timer: due at 1.0
-    loop.run_until(LAZY_FLUSH * 0.05)
-    link.send(_infer(1))  # out-1 rides along
-    loop.run_until(LAZY_FLUSH * 0.3)
-    link.send(Release(["out-2"]), urgent=False)
+    _second_release_at(link, loop, 0.3)
     loop.run_until(LAZY_FLUSH * 1.2)  # at 1.0 out-2 had 0.3 left: the timer, for 0.5
     link.send(_infer(2))
     loop.run_until(LAZY_FLUSH * 3)
