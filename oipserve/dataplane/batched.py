@@ -250,9 +250,11 @@ class BatchRunner:
         start: int,
         placements: list[Placement],
         deadline: float,
+        crossed: bool = False,
     ) -> InferResult:
         """Queue one checked request and wait for its own part of a batch's answer (a
-        ``strategies.CheckedQueue``).
+        ``strategies.CheckedQueue``); ``crossed``: another front took it (its answer goes
+        back there, ``DataPlane.batch_checked``).
 
         The request counts in ``stats`` once: as pending while it waits (the batcher
         keeps that count), then as a success (recorded with its batch, in ``_run_batch``)
@@ -266,7 +268,7 @@ class BatchRunner:
             batcher = self._batcher(model, stats)
             layout = batcher.layout
             signature = _signature(placements) if layout is None else layout.signature(placements)
-            entry = batcher.enqueue(queued, max(rows, 1), signature, priority, timeout_us)
+            entry = batcher.enqueue(queued, max(rows, 1), signature, priority, timeout_us, crossed)
         except BaseException as exc:
             for held in owned:
                 held.release()

@@ -305,7 +305,9 @@ class DataPlane:
             except BaseException as exc:
                 stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
                 raise
-            return await self._batches.infer(inference, stats, start, placements, deadline)
+            return await self._batches.infer(
+                inference, stats, start, placements, deadline, crossed=True
+            )
         finally:
             model.in_flight -= 1
 

@@ -49,8 +49,13 @@ class BatchDesk:
         self._registry = registry
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
+        # PERF: each answer is written as it is known, not with the rest of the loop's
+        #   turn: a turn that answers a batch also writes this front's own responses, and
+        #   the replica's clients waited for them. At c=16 over two fronts their next
+        #   requests then came after the batch's delay, and the batches were split
+        #   (docs/scaling.md, "Batches formed across fronts").
         self._protocol: FramedProtocol[ToPrimary] = FramedProtocol(
-            to_primary_decoder(), self._received, self._closed
+            to_primary_decoder(), self._received, self._closed, at_once=True
         )
         #: Requests not answered yet: what withdraws each (its batcher's future's cancel).
         self._withdraw: dict[int, Callable[[], object]] = {}

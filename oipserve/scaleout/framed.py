@@ -2,7 +2,8 @@
 
 Framed like the workers' sockets (``oipserve.wire.messages.frame``: a length, then
 msgpack); each end decodes what it receives with the decoder of the messages that side
-gets and hands each to ``on_message``. What one turn of the loop sends goes in one write.
+gets and hands each to ``on_message``. What one turn of the loop sends goes in one write,
+or, made ``at_once``, each message as it is sent.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ class FramedProtocol(asyncio.Protocol, Generic[Incoming]):
         decoder: msgspec.msgpack.Decoder[Incoming],
         on_message: Callable[[Incoming], None],
         on_closed: Callable[[], None],
+        *,
+        at_once: bool = False,
     ) -> None:
         self._decoder = decoder
+        #: Each message written as it is sent, not with the rest of the loop's turn.
+        self._at_once = at_once
         self._on_message = on_message
         self._on_closed = on_closed
         self._splitter = FrameSplitter()
@@ -54,15 +59,21 @@ class FramedProtocol(asyncio.Protocol, Generic[Incoming]):
         self._on_closed()
 
     def send(self, message: object) -> None:
-        """Queue ``message``; what is sent during one turn of the loop goes in one write.
+        """Queue ``message``; what is sent during one turn of the loop goes in one write
+        (made ``at_once``: written now).
 
-        PERF: the batch sockets carry a message per request each way. Written one by one,
-        each write woke the other end once, and the primary's batcher took the requests
-        of one turn of a replica's loop in as many turns of its own, forming smaller
-        batches (``docs/scaling.md``, "Batches formed across fronts").
+        PERF: the batch sockets carry a message per request each way. A replica's
+        requests written one by one each woke the primary once, and its batcher took the
+        requests of one turn of the replica's loop in as many turns of its own, forming
+        smaller batches. The answers back are written at once (``batch_desk``): there the
+        turn's end came after the primary's own responses (``docs/scaling.md``, "Batches
+        formed across fronts").
         """
         transport = self.transport
         if transport is None or transport.is_closing():
+            return
+        if self._at_once:
+            transport.write(frame(_ENCODER, message))
             return
         if not self._outgoing:
             asyncio.get_running_loop().call_soon(self._flush)

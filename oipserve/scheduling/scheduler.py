@@ -115,6 +115,7 @@ class Entry:
         "delayed",
         "timer",
         "due_ns",
+        "crossed",
     )
 
     def __init__(
@@ -141,6 +142,8 @@ class Entry:
         self.timer: asyncio.TimerHandle | None = None
         #: When its queue timeout expires (monotonic ns; 0: it has none).
         self.due_ns = 0
+        #: Another front took it: its answer crosses back there (answered first).
+        self.crossed = False
 
 
 #: The loop's timers count whole milliseconds and round to the nearest (uvloop): one
@@ -223,11 +226,19 @@ class DynamicBatcher:
     # ---- the callers' side ---------------------------------------------------------
 
     def enqueue(
-        self, request: Any, batch: int, signature: Hashable, priority: int, timeout_us: int
+        self,
+        request: Any,
+        batch: int,
+        signature: Hashable,
+        priority: int,
+        timeout_us: int,
+        crossed: bool = False,
     ) -> Entry:
         """Queue a request; ``entry.future`` resolves to its result. The caller awaits it
         and calls ``withdraw(entry)`` whenever that await ends in an error (cancelled, or
         failed by the caller's deadline): the request then leaves the queue at once.
+        ``crossed``: another front took the request (``scaleout.batch_desk``); its batch
+        answers it before this front's own (``_dispatch``).
 
         Raises QueueRejected at once when its level's queue is full.
 
@@ -244,6 +255,7 @@ class DynamicBatcher:
             raise QueueRejected("Exceeds maximum queue size")
         loop = self._loop
         entry = Entry(request, batch, signature, level, loop.create_future(), self._next_seq)
+        entry.crossed = crossed
         self._next_seq += 1
         timeout_ns = policy.timeout_ns(timeout_us)
         if timeout_ns:
@@ -512,8 +524,17 @@ class DynamicBatcher:
             for entry in batch:
                 self._answer(entry, None, exc)
         else:
+            # NOTE: the answers that cross to another front first: their clients wait for
+            #   that front, which writes to them while this one writes to its own. Answered
+            #   in arrival order, they waited behind this front's responses, and at c=16
+            #   over two fronts their next requests came too late for the next batch
+            #   (docs/scaling.md, "Batches formed across fronts").
             for entry, result in zip(batch, results, strict=True):
-                self._answer(entry, result, None)
+                if entry.crossed:
+                    self._answer(entry, result, None)
+            for entry, result in zip(batch, results, strict=True):
+                if not entry.crossed:
+                    self._answer(entry, result, None)
         finally:
             self._busy.discard(id(instance))
             self._wake()

@@ -21,8 +21,9 @@ def submit(
     signature: Hashable,
     priority: int,
     timeout_us: int,
+    crossed: bool = False,
 ) -> asyncio.Future[Any]:
     """Queue ``request``; the future resolves to its result (cancel it to withdraw it)."""
-    entry = batcher.enqueue(request, batch, signature, priority, timeout_us)
+    entry = batcher.enqueue(request, batch, signature, priority, timeout_us, crossed)
     entry.future.add_done_callback(lambda _: batcher.withdraw(entry))
     return entry.future

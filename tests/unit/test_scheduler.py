@@ -66,9 +66,15 @@ class Harness:
         return [f"done {e.request}" for e in entries]
 
     def submit(
-        self, name: str, batch: int = 1, sig: str = "s", priority: int = 0, timeout_us: int = 0
+        self,
+        name: str,
+        batch: int = 1,
+        sig: str = "s",
+        priority: int = 0,
+        timeout_us: int = 0,
+        crossed: bool = False,
     ) -> asyncio.Future[Any]:
-        return submit(self.batcher, name, batch, sig, priority, timeout_us)
+        return submit(self.batcher, name, batch, sig, priority, timeout_us, crossed)
 
     def executed(self) -> list[list[Any]]:
         return [b for i in self.instances for b in i.batches]
@@ -341,6 +347,36 @@ async def test_two_instances_run_two_batches_and_preserve_ordering_holds_answers
     by_request["first"].gates[0].set()
     await settle()
     assert first.done() and second.done()
+
+
+async def _answer_order(h: Harness) -> list[str]:
+    """Runs a batch of a, b, c, d (b and d taken by another front) behind a running one, and
+    gives the order in which their answers were set."""
+    h.instances[0].hold = True
+    running = h.submit("running")
+    await settle()
+    answered: list[str] = []
+    for name in "abcd":
+        future = h.submit(name, crossed=name in "bd")
+        future.add_done_callback(lambda done: answered.append(done.result()))
+    h.instances[0].gates[0].set()
+    await settle()
+    assert h.executed() == [["running"], ["a", "b", "c", "d"]]
+    h.instances[0].gates[1].set()
+    await settle()
+    assert await running == "done running"
+    return answered
+
+
+async def test_a_batch_answers_the_requests_another_front_took_before_its_own() -> None:
+    # Their answers cross back to that front, which writes to its clients meanwhile.
+    answered = await _answer_order(Harness(policy(max_batch_size=4)))
+    assert answered == ["done b", "done d", "done a", "done c"]
+
+
+async def test_preserve_ordering_answers_in_arrival_order_whichever_front_took_them() -> None:
+    answered = await _answer_order(Harness(policy(max_batch_size=4, preserve_ordering=True)))
+    assert answered == ["done a", "done b", "done c", "done d"]
 
 
 async def test_a_failed_execution_fails_every_request_of_the_batch() -> None:
