@@ -19,11 +19,11 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from typing import Protocol
 
-from oipserve.dataplane.plane import DataPlane
 from oipserve.errors import ServerError, Unavailable, kind_of
-from oipserve.models.registry import ModelRegistry, ModelVersion
-from oipserve.request.inference import Inference, InputTensor, OutputTensor
+from oipserve.models.registry import ModelVersion
+from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.request.placement import Placement
 from oipserve.request.sequence_params import SequenceTag
 from oipserve.scaleout.batch_wire import (
@@ -41,10 +41,27 @@ __all__ = ["BatchDesk"]
 log = logging.getLogger("oipserve.replicas")
 
 
+class CheckedBatches(Protocol):
+    """What the desk needs of this front's data plane (``DataPlane``)."""
+
+    async def batch_checked(
+        self, inference: Inference, placements: list[Placement], start: int, deadline: float
+    ) -> InferResult: ...
+
+
+class Versions(Protocol):
+    """What the desk needs of this front's registry (``ModelRegistry``): its versions."""
+
+    @property
+    def models(self) -> dict[str, dict[str, ModelVersion]]: ...
+
+
 class BatchDesk:
     """The requests one replica sends to this front's batchers, and their answers."""
 
-    def __init__(self, plane: DataPlane, registry: ModelRegistry) -> None:
+    # NOTE: compiled (mypyc); the plane and the registry are typed by what the desk uses,
+    #   so that the unit tests can stand in for them.
+    def __init__(self, plane: CheckedBatches, registry: Versions) -> None:
         self._plane = plane
         self._registry = registry
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.

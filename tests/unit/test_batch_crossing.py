@@ -89,7 +89,7 @@ async def ends() -> AsyncIterator[_Ends]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     plane = _PrimaryPlane()
     registry = _Registry({"batched": {"1": _version()}})
-    desk = BatchDesk(plane, registry)  # type: ignore[arg-type]
+    desk = BatchDesk(plane, registry)
     await desk.open(ours)
     replica = PrimaryBatches()
     await replica.open(theirs)
