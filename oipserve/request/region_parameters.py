@@ -36,7 +36,9 @@ def region_parameters(where: str, params: Mapping[str, object] | None) -> Region
     ``shared_memory_region`` and ``shared_memory_byte_size`` come together (Triton's
     rule); ``shared_memory_offset`` is optional (0).
     """
-    if not params or not any(key in params for key in PARAMETERS):
+    # PERF: three lookups, not any() over a generator: every REST input and output with
+    #   parameters (the binary extension's) comes here, in the front's request path.
+    if not params or (REGION not in params and BYTE_SIZE not in params and OFFSET not in params):
         return None
     region = params.get(REGION)
     if region is None or BYTE_SIZE not in params:
