@@ -474,6 +474,7 @@ class Bench:
                 ns.warmup,
                 self.scratch,
                 server.root_pid(),
+                rate=scen.rate,
             )
         return run_wrk(
             server.key,
@@ -486,6 +487,7 @@ class Bench:
             self.scratch,
             server.root_pid(),
             payload_bytes=payload,
+            rate=scen.rate,
         )
 
     def measure_floor(self, scen: Scenario, rnd: int, sessions: int) -> Measurement:

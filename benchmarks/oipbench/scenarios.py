@@ -20,6 +20,8 @@ class Scenario:
     concurrency: int
     payload: bool = False  # report MB/s (tensor bytes in + out)
     floor: bool = False  # compare with the in-process ORT floor
+    #: Requests a second, paced (wrk's schedule, REST only); 0: as fast as answered.
+    rate: float = 0.0
 
     @property
     def label(self) -> str:
@@ -29,12 +31,30 @@ class Scenario:
             "grpc": "gRPC",
             "jpeg": "REST binary, JPEG bytes",
         }
-        return f"{names[self.protocol]}, c={self.concurrency}"
+        paced = f", paced {self.rate:,.0f}/s" if self.rate else ""
+        return f"{names[self.protocol]}, c={self.concurrency}{paced}"
 
 
 SCENARIOS: list[Scenario] = [
     Scenario("tiny-json-c1", "1. tiny model (INT32 [1,16] add/sub)", "simple", "json", 1),
     Scenario("tiny-json-c16", "1. tiny model (INT32 [1,16] add/sub)", "simple", "json", 16),
+    # Below saturation: requests far apart, each waking a sleeping server (issue #40).
+    Scenario(
+        "tiny-json-paced600-c1",
+        "1. tiny model (INT32 [1,16] add/sub)",
+        "simple",
+        "json",
+        1,
+        rate=600.0,
+    ),
+    Scenario(
+        "tiny-json-paced2000-c1",
+        "1. tiny model (INT32 [1,16] add/sub)",
+        "simple",
+        "json",
+        1,
+        rate=2000.0,
+    ),
     Scenario("tiny-binary-c1", "2. tiny model, binary extension and gRPC", "simple", "binary", 1),
     Scenario("tiny-binary-c16", "2. tiny model, binary extension and gRPC", "simple", "binary", 16),
     Scenario("tiny-grpc-c1", "2. tiny model, binary extension and gRPC", "simple", "grpc", 1),

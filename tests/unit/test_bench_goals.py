@@ -80,3 +80,30 @@ def test_row_goals_against_triton_say_the_worst_row_and_the_misses(report: Any) 
 def test_row_goals_without_triton_are_not_measured(report: Any) -> None:
     goals = report.evaluate_goals(_summary([_cell("oipserve", "tiny-json-c1", 1.0, 1.0, 1, 1)]))
     assert _goal(goals, "server CPU per request")["met"] is None
+
+
+def test_a_paced_row_counts_in_every_row_goal_but_the_rate(report: Any) -> None:
+    # The client sets a paced row's rate: a server 2 % short of it has not lost to Triton,
+    # but its CPU a request, its p99 and (at c=1) its p50 count.
+    key = "tiny-json-paced600-c1"
+    cells = [
+        _cell("oipserve", key, 588.0, 18.9, 0.31, 0.6),  # 321 us
+        _cell("triton", key, 600.0, 14.6, 0.25, 0.5),  # 243 us
+    ]
+    summary = _summary(cells)
+    summary["scenarios"][0]["rate"] = 600.0
+    goals = report.evaluate_goals(summary)
+    assert _goal(goals, "default configuration")["met"] is None  # no row counts
+    cpu = _goal(goals, "server CPU per request")
+    assert cpu["met"] is False and f"{key} 1.32×" in cpu["measured"]
+    c1 = _goal(goals, "c=1")
+    assert c1["met"] is False and f"{key} 1.24×" in c1["measured"]
+    assert _goal(goals, "p99")["met"] is True
+
+
+def test_paced_rows_are_labelled_with_their_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from oipbench.scenarios import BY_KEY
+
+    assert BY_KEY["tiny-json-paced600-c1"].label == "REST JSON, c=1, paced 600/s"
+    assert BY_KEY["tiny-json-c1"].label == "REST JSON, c=1"
