@@ -524,11 +524,13 @@ class DynamicBatcher:
             for entry in batch:
                 self._answer(entry, None, exc)
         else:
-            # NOTE: the answers that cross to another front first: their clients wait for
-            #   that front, which writes to them while this one writes to its own. Answered
-            #   in arrival order, they waited behind this front's responses, and at c=16
-            #   over two fronts their next requests came too late for the next batch
-            #   (docs/scaling.md, "Batches formed across fronts").
+            # NOTE: the answers that cross to another front first: their tasks then run
+            #   first in the loop's next turn and write them at once (``batch_desk``), and
+            #   that front writes to its clients while this one writes to its own. Behind
+            #   this front's responses, at c=16 over two fronts, their next requests came
+            #   too late for the next batch (docs/scaling.md, "Batches formed across
+            #   fronts"; this order alone, with the answers written at the turn's end,
+            #   changed nothing).
             for entry, result in zip(batch, results, strict=True):
                 if entry.crossed:
                     self._answer(entry, result, None)
