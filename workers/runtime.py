@@ -57,14 +57,24 @@ def rejects_input(exc: Exception) -> bool:
     returned while running a node (a Reshape target or a broadcast that this request's
     data makes impossible): the session ran before, and the front already checked
     names, datatypes and shapes, so what the node refused are this request's values.
+    So, too, is a Cast node that could not read a string as a number (ONNX Runtime's
+    RUNTIME_EXCEPTION naming the C++ parser that threw, ``stoll``, ``stof``...): the
+    string is a BYTES element the request sent (``simple_string``'s "abc").
     Anything else, or a node that ran out of memory, is the server's or model's fault.
     """
     if isinstance(exc, ort_errors.InvalidArgument):
         return True
+    text = str(exc)
     if isinstance(exc, ort_errors.Fail):
-        text = str(exc)
         return "while running" in text and "alloc" not in text and "memory" not in text
+    if isinstance(exc, ort_errors.RuntimeException) and "while running Cast node" in text:
+        return text.rpartition("Status Message: ")[2].strip() in _STRING_PARSERS
     return False
+
+
+#: The C++ functions ONNX Runtime's Cast reads strings with; an exception from one is
+#: reported as its name alone (``std::invalid_argument("stoll")``).
+_STRING_PARSERS = frozenset({"stoi", "stol", "stoll", "stoul", "stoull", "stof", "stod", "stold"})
 
 
 def _dims(shape: list[object] | None) -> list[int]:
@@ -98,7 +108,11 @@ class ModelSession:
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3
+        # NOTE: fatal only: a failing run's error (a client's Reshape or Cast that its
+        #   values break) is an exception this worker answers with, and logs with its
+        #   traceback when it is the server's (``failures``); at 3 ONNX Runtime printed
+        #   it to stderr as well, a line for every such client request.
+        options.log_severity_level = 4
         # PERF: spinning threads steal the core the front process needs; on a
         #   small node an idle wait costs less than the spin.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

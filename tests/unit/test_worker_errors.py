@@ -51,12 +51,21 @@ RESHAPE = (
     " The input tensor cannot be reshaped to the requested shape."
 )
 GATHER = "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : indices element out of data bounds"
+#: What ONNX Runtime 1.2x raises for simple_string's "abc" (a Cast from string to INT32).
+CAST = (
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running"
+    " Cast node. Name:'parse0' Status Message: stoll"
+)
 
 
 @pytest.mark.parametrize(
     "error",
-    [ort_errors.InvalidArgument(GATHER), ort_errors.Fail(RESHAPE)],
-    ids=["gather", "reshape"],
+    [
+        ort_errors.InvalidArgument(GATHER),
+        ort_errors.Fail(RESHAPE),
+        ort_errors.RuntimeException(CAST),
+    ],
+    ids=["gather", "reshape", "cast-from-string"],
 )
 def test_values_onnxruntime_refuses_are_invalid_input(worker: Worker, error: Exception) -> None:
     reply = _infer_failing_with(worker, error)
@@ -71,10 +80,13 @@ def test_values_onnxruntime_refuses_are_invalid_input(worker: Worker, error: Exc
             "Non-zero status code returned while running Conv node: Failed to allocate"
         ),
         ort_errors.RuntimeException("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : secret detail"),
+        ort_errors.RuntimeException(
+            "Non-zero status code returned while running Cast node. Status Message: secret detail"
+        ),
         ort_errors.EPFail("secret detail"),
         RuntimeError("secret detail"),
     ],
-    ids=["out-of-memory", "runtime-exception", "ep-fail", "bug"],
+    ids=["out-of-memory", "runtime-exception", "cast-failing-otherwise", "ep-fail", "bug"],
 )
 def test_genuine_failures_are_internal_with_a_generic_message(
     worker: Worker, error: Exception, caplog: pytest.LogCaptureFixture
