@@ -57,17 +57,41 @@ class Deferred:
         self.text = text
 
 
-def _flatten_strings(name: str, values: list[object], out: list[bytes], depth: int = 1) -> None:
-    """Append the BYTES elements of nested ``values`` (its elements at ``depth``) to ``out``."""
+class _Walk:
+    """What a walk over nested BYTES values has seen: each depth's list length, and the
+    depth of its strings (0: none yet); any other length or depth makes them ragged."""
+
+    __slots__ = ("lengths", "leaf_depth")
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.leaf_depth = 0
+
+
+def _flatten_strings(
+    name: str, values: list[object], out: list[bytes], walk: _Walk, depth: int = 1
+) -> None:
+    """Append the BYTES elements of nested ``values`` (its elements at ``depth``) to ``out``;
+    InvalidInput for ragged nesting, as the numeric types (``wire.json_values``)."""
     # NOTE: Triton's nesting limit, checked here as it walks: nothing to walk for it
     #   on a normal request (numbers are checked by numpy's 64-dimension limit).
     if depth >= MAX_JSON_DEPTH and values:
         raise InvalidInput(str(nesting_error(name)))
+    lengths = walk.lengths
+    if len(lengths) < depth:
+        lengths.append(len(values))
+    elif lengths[depth - 1] != len(values):
+        raise _ragged(name)
     for value in values:
+        if isinstance(value, list):
+            _flatten_strings(name, value, out, walk, depth + 1)
+            continue
+        if walk.leaf_depth != depth:
+            if walk.leaf_depth:
+                raise _ragged(name)
+            walk.leaf_depth = depth
         if isinstance(value, str):
             out.append(value.encode("utf-8"))
-        elif isinstance(value, list):
-            _flatten_strings(name, value, out, depth + 1)
         elif isinstance(value, bytes):  # gRPC bytes_contents
             out.append(value)
         else:
@@ -77,11 +101,18 @@ def _flatten_strings(name: str, values: list[object], out: list[bytes], depth: i
             )
 
 
+def _ragged(name: str) -> InvalidInput:
+    return InvalidInput(
+        f"'data' of input '{name}' is ragged: nested arrays must all have the same length"
+        " and hold their strings at the same depth"
+    )
+
+
 def bytes_from_values(name: str, values: object, count: int) -> list[bytes]:
     if not isinstance(values, list):
         raise InvalidInput(f"'data' of input '{name}' must be an array")
     out: list[bytes] = []
-    _flatten_strings(name, values, out)
+    _flatten_strings(name, values, out, _Walk())
     if len(out) != count:
         raise InvalidInput(
             f"input '{name}': its shape holds {count} elements but 'data' has {len(out)}"

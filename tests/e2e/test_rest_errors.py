@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -105,6 +106,58 @@ CASES = {
     ),
     "id not a string": (simple_body(id=5), 400, "id"),
 }
+
+
+def test_an_empty_list_of_outputs_asks_for_every_output(server: ServerProcess) -> None:
+    # (as gRPC's empty repeated field, and Triton: it was an IndexError, a 500)
+    status, reply = post(server, simple_body(outputs=[]))
+    assert status == 200, reply
+    assert [o["name"] for o in reply["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+
+
+def test_a_string_the_model_cannot_read_as_a_number_is_400(server: ServerProcess) -> None:
+    # simple_string casts its BYTES inputs to INT32 in the graph: ONNX Runtime's Cast
+    #   fails on "abc" (a RUNTIME_EXCEPTION naming stoll), the request's fault.
+    data = [str(i) for i in range(15)] + ["abc"]
+    body = {
+        "inputs": [
+            {"name": name, "shape": [1, 16], "datatype": "BYTES", "data": data}
+            for name in ("INPUT0", "INPUT1")
+        ]
+    }
+    status, reply = post(server, body, "simple_string")
+    assert status == 400 and "Cast node" in reply["error"], reply
+
+
+@pytest.mark.parametrize("data", [[["a", "b"], "c"], ["a", ["b"], "c"], [["a", "b"], ["c"]]])
+def test_ragged_bytes_data_is_400_as_ragged_numbers_are(
+    server: ServerProcess, data: list[object]
+) -> None:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "BYTES", "data": data}]}
+    status, reply = post(server, body, "identity_bytes")
+    assert status == 400 and "is ragged" in reply["error"], reply
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"FOO /v2/health/ready HTTP/1.1",  # a method httptools does not know
+        b"get /v2/health/ready HTTP/1.1",  # methods are case-sensitive
+        b"GET /v2/models/\xd9\xa1 HTTP/1.1",  # a raw non-ASCII byte in the target
+    ],
+)
+def test_a_request_the_parser_refuses_is_a_json_400(server: ServerProcess, head: bytes) -> None:
+    host, port = server.host_port.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        answer = b""
+        while chunk := conn.recv(65536):  # the server closes after answering
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    fields, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line == b"HTTP/1.1 400 Bad Request", answer
+    assert b"content-type: application/json" in fields.lower(), answer
+    assert json.loads(body) == {"error": "Invalid HTTP request received."}
 
 
 @pytest.mark.parametrize("case", list(CASES))

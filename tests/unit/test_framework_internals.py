@@ -48,6 +48,7 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "eof_received": (),
     "data_received": ("data",),
     "send_400_response": ("msg",),
+    "_unsupported_upgrade_warning": (),  # two warnings for every CONNECT: ours is one debug line
     "on_message_begin": (),
     "on_url": ("url",),
     "on_header": ("name", "value"),

@@ -109,11 +109,28 @@ def test_small_flat_lists_match_the_general_path(datatype: str, values: list) ->
 
 
 def test_bytes_values() -> None:
-    assert bytes_from_values("s", [["a", "é"], [""]], 3) == [b"a", "é".encode(), b""]
+    assert bytes_from_values("s", [["a", "é"], ["", "b"]], 4) == [b"a", "é".encode(), b"", b"b"]
+    assert bytes_from_values("s", [[["a"]], [["b"]]], 2) == [b"a", b"b"]
+    assert bytes_from_values("s", [[], []], 0) == []
     with pytest.raises(InvalidInput, match="must hold strings"):
         bytes_from_values("s", [1], 1)
     with pytest.raises(InvalidInput, match="2 elements"):
         bytes_from_values("s", ["a"], 2)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [["a", "b"], [""]],  # rows of different lengths
+        [["a", "b"], "c"],  # a string beside a row
+        ["a", ["b"], "c"],
+        [[["a"], ["b"]], [["c", "d"]]],  # cousins of different lengths
+        [["a"], []],
+    ],
+)
+def test_ragged_bytes_values_are_refused_as_ragged_numbers_are(values: list[object]) -> None:
+    with pytest.raises(InvalidInput, match="is ragged"):
+        bytes_from_values("s", values, 3)
 
 
 def test_bytes_codec_round_trip_and_tiling() -> None:

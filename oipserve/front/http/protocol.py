@@ -77,8 +77,8 @@ HTTP/2 preface on this port).
 All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
-``send_400_response``, ``on_message_begin``, ``on_url``, ``on_header``,
-``on_headers_complete``, ``on_body``, ``on_message_complete`` and
+``send_400_response``, ``_unsupported_upgrade_warning``, ``on_message_begin``, ``on_url``,
+``on_header``, ``on_headers_complete``, ``on_body``, ``on_message_complete`` and
 ``on_response_complete`` (and httptools' ``on_chunk_header`` and ``on_chunk_complete``);
 the protocol's ``transport`` (handed on to each cycle, so our ``CorkedTransport``
 sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``headers``,
@@ -353,11 +353,21 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self.headers.append((name, value))
 
     def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what httptools cannot parse (an unknown method, a byte out
+        of place in the head): a 400 with ``{"error": ...}`` as every other, where uvicorn
+        writes plain text; or the 431 of a head past a limit."""
         refusal = self._head_refusal
         if refusal is None:
-            super().send_400_response(msg)
+            self._answer_and_close(400, msg)
         else:
             self._refuse_head(refusal)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # NOTE: uvicorn logs two warnings for every request asking for an upgrade this
+        #   port does not make (CONNECT; Upgrade: websocket without a WebSocket library),
+        #   and answers it as any request (a 405 for CONNECT). Any client may send
+        #   them as often as it likes: one debug line each instead.
+        log.debug("upgrade request from %s not taken (no such protocol here)", _peer(self.client))
 
     def _refuse_head(self, message: str) -> None:
         """431 for a head past a limit, then close: the rest of it is never parsed."""

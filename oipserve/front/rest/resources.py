@@ -157,7 +157,7 @@ class ModelResource:
                     texts = None
                 inputs = self._inputs(request.inputs, body, header_length, owned, texts)
                 all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
-                if request.outputs is not None:
+                if request.outputs:  # (an empty list names none: every output, as gRPC's)
                     names = [o.name for o in request.outputs]
                     flags = [
                         self._output_flag(o, all_binary, into_regions) for o in request.outputs
