@@ -42,11 +42,13 @@ NO_DESCRIPTORS_MESSAGE = (
 
 
 class ServerError(Exception):
-    """Base of every error a client may see; the message is sent verbatim."""
+    """Base of every error a client may see; the message is sent verbatim (but for lone
+    surrogates, ``sendable``)."""
 
     kind: ErrorKind = ErrorKind.INTERNAL
 
     def __init__(self, message: str) -> None:
+        message = sendable(message)
         super().__init__(message)
         self.message = message
 
@@ -57,6 +59,21 @@ class ServerError(Exception):
     @property
     def grpc_code(self) -> str:
         return STATUS[self.kind][1]
+
+
+def sendable(message: str) -> str:
+    """``message`` with any lone UTF-16 surrogate written as its escape (``\\ud800``).
+
+    A message may echo what a client sent, and JSON's ``"\\ud800"`` decodes to such a
+    code point, which is no character: UTF-8 has no bytes for it, so the JSON encoder of
+    the error's body (and gRPC's percent-encoded message) would fail on it, turning a 400
+    into a 500, or a gRPC call into one never answered.
+    """
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        return message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return message
 
 
 class InvalidInput(ServerError):

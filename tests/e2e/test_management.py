@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.support.cli import run_serve
 from tests.support.http import fp32_infer, get, post, request
@@ -490,3 +492,46 @@ def test_management_bodies_that_are_not_json_objects_are_400(srv: ServerProcess)
             status, payload = post(srv, path, body)
             assert status == 400, (path, body[:10], payload)
             assert set(json.loads(payload)) == {"error"}
+
+
+#: Load configs that once reached an internal error (found by fuzzing): a number no enum
+#: value has, where protobuf's parsers take any (proto3's open enums), and a lone UTF-16
+#: surrogate echoed in the message (its JSON body, or its gRPC status, could not be written).
+ODD_CONFIGS = {
+    "datatype number": (
+        {"input": [{"name": "INPUT0", "data_type": 99, "dims": [-1]}]},
+        "input[0].data_type: 99 is not a value of DataType",
+    ),
+    "instance group kind": ({"instance_group": [{"kind": 7}]}, "kind: 7 is not a value of Kind"),
+    "timeout action": (
+        {"dynamic_batching": {"default_queue_policy": {"timeout_action": 9}}},
+        "timeout_action: 9 is not a value of TimeoutAction",
+    ),
+    "surrogate as a value": ('{"input": "\\ud800"}', "lone UTF-16 surrogate"),
+    "surrogate as a key": ('{"\\ud800": 1}', "lone UTF-16 surrogate"),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_CONFIGS))
+def test_odd_config_overrides_are_400_over_rest_and_grpc(srv: ServerProcess, case: str) -> None:
+    config, fragment = ODD_CONFIGS[case]
+    text = config if isinstance(config, str) else json.dumps(config)
+    body = json.dumps({"parameters": {"config": text}})
+    status, payload = post(srv, "/v2/repository/models/odd_config/load", body)
+    assert status == 400, payload
+    assert payload.startswith(b"{") and fragment in json.loads(payload)["error"], payload
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("odd_config", config=text, client_timeout=30)
+    finally:
+        client.close()
+    assert "INVALID_ARGUMENT" in str(caught.value.status()), caught.value
+    assert fragment in caught.value.message()
+
+
+def test_an_error_echoing_a_lone_surrogate_is_still_a_json_400(srv: ServerProcess) -> None:
+    # (the override's own check echoes the value: the error's text, not the parse, has it)
+    body = json.dumps({"parameters": {"config": "{}", "file:\ud800": "AAAA"}})
+    status, payload = post(srv, "/v2/repository/models/odd_config/load", body)
+    assert status == 400 and set(json.loads(payload)) == {"error"}, payload

@@ -22,6 +22,7 @@ operator's ``ConfigLimits`` by ``check_limits`` before a model is loaded.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -41,6 +42,7 @@ from oipserve.models.config.ensemble import (
 from oipserve.models.config.fields import Review, review
 from oipserve.models.config.json_form import message_json
 from oipserve.models.config.model_metrics import histogram_buckets
+from oipserve.models.config.open_enums import unnamed_enum_value
 from oipserve.models.config.padding_config import PadBatch, PadBatchError, pad_batch
 from oipserve.models.config.sequence import SequenceConfigError, SequencePolicy, sequence_policy
 from oipserve.scheduling.policy import BatchPolicy, BatchPolicyError, batch_policy
@@ -294,6 +296,9 @@ def _served_by_us(config: Any) -> Review:
 
 
 def _typed(config: Any) -> ModelConfig:
+    unnamed = unnamed_enum_value(config)
+    if unnamed:
+        raise ModelConfigError(unnamed)
     if config.max_batch_size < 0:
         raise ModelConfigError(f"max_batch_size must be 0 or more, got {config.max_batch_size}")
     tensors: dict[str, tuple[TensorConfig, ...]] = {}
@@ -396,6 +401,7 @@ def parse_model_config_json(text: str) -> ModelConfig:
     ``json_format``; then come the same checks as for a config.pbtxt.
     """
     _check_length(len(text), "characters")
+    _check_surrogates(text)
     message = mc.ModelConfig()
     try:
         json_format.Parse(text, message)
@@ -406,6 +412,27 @@ def parse_model_config_json(text: str) -> ModelConfig:
     except RecursionError:
         raise ModelConfigError("the JSON is nested too deeply") from None
     return _typed(message)
+
+
+def _check_surrogates(text: str) -> None:
+    """Refuse JSON whose strings hold a lone UTF-16 surrogate (``"\\ud800"``): it is no
+    character, so no name or file can hold it, and protobuf's parser, meeting one as a key,
+    fails with an internal error of its own."""
+    if "\\ud" not in text.lower():
+        return  # PERF: no escape of the surrogate range, nothing to decode
+    try:
+        decoded = json.loads(text)
+    except (ValueError, RecursionError):
+        return  # not JSON: protobuf's parser says what is wrong
+    try:
+        json.dumps(decoded, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        return
+    except UnicodeEncodeError:
+        raise ModelConfigError(
+            "a JSON string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
+            "which is not a character"
+        ) from None
 
 
 def read_model_config(path: Path) -> ModelConfig:

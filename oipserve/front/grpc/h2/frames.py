@@ -150,7 +150,14 @@ TRAILERS_OK = _never_indexed(b"grpc-status", b"0")
 
 
 def _percent(text: str) -> str:
-    return quote(text, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~", encoding="utf-8")
+    # NOTE: a lone surrogate (no UTF-8 bytes) goes as its escape, never an exception here:
+    #   the call would go unanswered (``errors.sendable`` says where one comes from).
+    return quote(
+        text,
+        safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~",
+        encoding="utf-8",
+        errors="backslashreplace",
+    )
 
 
 def trailers(code: int, message: str) -> bytes:
