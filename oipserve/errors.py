@@ -82,6 +82,11 @@ class InvalidInput(ServerError):
     kind = ErrorKind.INVALID_INPUT
 
 
+class Withdrawn(InvalidInput):
+    """The client went away while its request waited (a batcher's queue, a sequence's
+    backlog); it never ran. Nobody reads the answer: its kind keeps it out of the warnings."""
+
+
 class NotFound(ServerError):
     """Unknown model, version, route or worker endpoint."""
 

@@ -29,7 +29,7 @@ from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.padding import PaddedLayout
 from oipserve.dataplane.ragged import RaggedLayout
-from oipserve.errors import DeadlineExceeded, InternalError, InvalidInput, ServerError
+from oipserve.errors import DeadlineExceeded, InternalError, InvalidInput, Withdrawn
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
@@ -39,10 +39,10 @@ from oipserve.request.placement import Placement, place
 from oipserve.scheduling.policy import BatchPolicy
 from oipserve.scheduling.scheduler import DynamicBatcher, Entry, QueueRejected
 from oipserve.telemetry.stats import FailureReason, ModelStats, failure_reason, refusal_reason
-from oipserve.wire.messages import ErrorKind, InferDone
+from oipserve.wire.messages import InferDone
 from oipserve.wire.shm import BufferPool, Lease
 
-__all__ = ["BatchRunner", "Withdrawn", "batching_policy"]
+__all__ = ["BatchRunner", "batching_policy"]
 
 #: Resolution of the loop's timers (libuv counts milliseconds).
 _TIMER_GRAIN = 0.001
@@ -60,12 +60,6 @@ def batching_policy(config: ModelConfig | None) -> BatchPolicy | None:
     if config.dynamic_batching is None and config.batch_io is not None:
         return _ONE_AT_A_TIME
     return config.dynamic_batching
-
-
-class Withdrawn(ServerError):
-    """The client went away while its request was queued; it never ran."""
-
-    kind = ErrorKind.INVALID_INPUT
 
 
 class _Queued:

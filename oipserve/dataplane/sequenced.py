@@ -40,7 +40,7 @@ from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.sequence_batches import SequenceBatches
 from oipserve.dataplane.sequence_slots import Seq, SequenceStep
 from oipserve.dataplane.strategies import CheckedQueue
-from oipserve.errors import InvalidInput, Unavailable
+from oipserve.errors import InvalidInput, Unavailable, Withdrawn
 from oipserve.models.config.sequence import SequencePolicy
 from oipserve.models.registry import ModelVersion
 from oipserve.request.client_regions import RegionUse
@@ -148,6 +148,13 @@ class Sequenced(SequenceBatches):
             inference.watch(future.cancel)
         try:
             return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if future.cancelled() and (task is None or not task.cancelling()):
+                # (its client went away: an answer as the batcher's, not a traceback)
+                when = "while its request ran" if step.taken else "before its request ran"
+                raise Withdrawn(f"the client went away {when}") from None
+            raise
         finally:
             if future.cancelled() and not step.taken:  # its client went away
                 self._finish(sequence, step, asyncio.CancelledError())

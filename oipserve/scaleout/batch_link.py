@@ -19,8 +19,7 @@ from time import monotonic_ns
 
 import numpy as np
 
-from oipserve.dataplane.batched import Withdrawn
-from oipserve.errors import InternalError, Unavailable, from_kind
+from oipserve.errors import InternalError, Unavailable, Withdrawn, from_kind
 from oipserve.request.inference import Inference, InferResult, OutputTensor
 from oipserve.request.placement import Placement
 from oipserve.request.tensors import Deferred

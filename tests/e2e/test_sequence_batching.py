@@ -13,9 +13,11 @@ worker; ``one_slot`` is an accumulator with a single slot, for the backlog
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -344,3 +346,47 @@ def test_a_killed_worker_fails_its_sequences_which_start_again(server: ServerPro
         assert "the sequence must start again" in str(info.value)
         assert _http_infer(client, "one_slot", 3, 6000, start=True) == 3
         assert _http_infer(client, "one_slot", 3, 6000, end=True) == 6
+
+
+def test_a_client_gone_from_the_backlog_is_no_traceback(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A START waiting in the backlog whose HTTP client closes its connection: its slot
+    request is withdrawn and counted as a failure, as the dynamic batcher's queue does,
+    not logged as an exception escaping the handler (found by fuzzing: a CancelledError
+    traceback for every such client). One front, so that the request is the primary's."""
+    root = tmp_path_factory.mktemp("one-slot")
+    write_repository(root)
+    args = ["--model-control-mode", "explicit", "--load-model", "one_slot", "--http-workers", "1"]
+    proc = ServerProcess(root, args=args).wait_ready()
+    try:
+        with httpclient.InferenceServerClient(proc.host_port) as client:
+            assert _http_infer(client, "one_slot", 1, 7000, start=True) == 1  # the one slot
+            before = client.get_inference_statistics("one_slot")["model_stats"][0]
+            body = json.dumps(
+                {
+                    "inputs": [
+                        {"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}
+                    ],
+                    "parameters": {"sequence_id": 7001, "sequence_start": True},
+                }
+            ).encode()
+            host, port = proc.host_port.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as conn:
+                conn.sendall(
+                    b"POST /v2/models/one_slot/infer HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % len(body)
+                    + body
+                )
+                assert wait_for(lambda: pending(proc, "one_slot") == 1), proc.log
+            assert wait_for(lambda: pending(proc, "one_slot") == 0), proc.log  # withdrawn
+            assert _http_infer(client, "one_slot", 2, 7000, end=True) == 3
+            after = client.get_inference_statistics("one_slot")["model_stats"][0]
+        failed = (
+            after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
+        )
+        assert failed == 1
+    finally:
+        assert proc.stop() == 0, proc.log
+    assert "Traceback" not in proc.log and "Exception in ASGI" not in proc.log, proc.log

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from oipserve.dataplane.batched import Withdrawn
-from oipserve.errors import InvalidInput, ServerError, Unavailable
+from oipserve.errors import InvalidInput, ServerError, Unavailable, Withdrawn
 from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
 from oipserve.request.placement import Placement

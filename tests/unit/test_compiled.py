@@ -109,3 +109,36 @@ def test_the_build_knows_the_types_the_package_uses_at_the_versions_it_uses() ->
 
 def _name(spec: str) -> str:
     return spec.split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower()
+
+
+_KINDS = """
+import importlib, inspect, json, sys
+from oipserve.errors import ServerError
+kinds = {}
+for module in sys.argv[1:]:
+    for name, obj in vars(importlib.import_module(module)).items():
+        if inspect.isclass(obj) and issubclass(obj, ServerError) and obj.__module__ == module:
+            kinds[f"{module}.{name}"] = obj("x").kind.value
+print(json.dumps(kinds))
+"""
+
+
+def _error_kinds(compiled: bool) -> dict[str, str]:
+    """The kind of every error class the compiled modules define, as they run."""
+    modules = [path.removesuffix(".py").replace("/", ".") for path in _listed()]
+    env = dict(os.environ, OIPSERVE_COMPILED="1" if compiled else "0")
+    out = subprocess.run(
+        [sys.executable, "-c", _KINDS, *modules],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return dict(json.loads(out))
+
+
+def test_an_error_class_keeps_its_kind_compiled() -> None:
+    """mypyc made ``Withdrawn`` (a client gone from the batcher's queue), then declared in
+    ``dataplane/batched.py``, a native class and dropped its class body's ``kind = ...``:
+    it answered and logged a 500 instead of a 400. Every error class of a compiled module
+    has the kind it has as Python."""
+    as_python = _error_kinds(compiled=False)
+    assert len(as_python) >= 2, as_python  # (WorkerDied, QueueRejected, ...)
+    assert _error_kinds(compiled=True) == as_python
