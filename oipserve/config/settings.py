@@ -34,6 +34,12 @@ GRPC_PROCESSES_DEPRECATED = (
 )
 
 
+#: Most seconds a duration setting takes (~31 years: "never", in effect). "inf" and "nan"
+#: parse as floats but are no duration: the loop's timers fail on them, and a front that
+#: armed one at start died.
+MAX_SECONDS = 1e9
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model_repository: str
     #: A repository that is one model (a bare model.onnx, a model's own directory, or a
@@ -93,10 +99,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Requests one worker may have queued before new ones get 503.
     max_queue_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 256
     #: Seconds a graceful shutdown waits for in-flight requests.
-    shutdown_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    shutdown_timeout: Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)] = 30.0
     #: Deadline of every inference, in seconds, unless a request's ``timeout`` parameter (or
     #: its gRPC deadline) is shorter; past it the client gets 503 / DEADLINE_EXCEEDED.
-    infer_timeout: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    infer_timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 120.0
     #: Microseconds a front's loop polls for a worker's reply instead of sleeping, while it
     #: has at most two requests in flight and they typically take no longer; 150 us (at
     #: most this) for the client's next request (``oipserve.runtime.busy_poll``). 0 never polls.
@@ -111,14 +117,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     low_load_colocation: bool = False
     #: Seconds between heartbeats to each worker; one that has not answered for
     #: ``worker_heartbeat_timeout`` seconds is declared hung, killed and replaced.
-    worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    worker_heartbeat_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    worker_heartbeat_interval: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 1.0
+    worker_heartbeat_timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 5.0
     #: Ceiling of the pause between failed starts of one worker slot's replacement: 0.5 s
     #: before the second attempt, doubling up to this (``oipserve.pool.worker_pool``).
     worker_replacement_max_pause: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     #: Seconds an HTTP request head may take to arrive (from connection or its first
     #: byte) before the connection is closed: slow-header clients cannot hold sockets.
-    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    header_timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 10.0
     #: Bytes an HTTP request head (request line and header fields) may take, and header
     #: fields it may have; past either: 431 and the connection closed (every HTTP port,
     #: the metrics port too).
@@ -127,12 +133,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Seconds a request body may take beyond what ``min_transfer_rate`` buys it; past
     #: it the connection is closed and the memory reserved for the body returned. A gRPC
     #: request message is bounded alike (its call ends: ``front.grpc.call``).
-    body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    body_timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 30.0
     #: Seconds a response may wait for a client that reads none of it, beyond what
     #: ``min_transfer_rate`` buys it; past it the connection is dropped and the memory
     #: the response held (a worker's output segment) returned. A gRPC reply is bounded
     #: alike (its stream is reset: ``front.grpc.call``).
-    send_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    send_timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 30.0
     #: Bytes per second of a body or response that extend its timeout by one second
     #: (Apache's mod_reqtimeout MinRate): a slow link still finishes, a trickle does not.
     min_transfer_rate: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024
@@ -156,7 +162,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_endpoint_batch_size: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 65536
     #: Seconds one worker-endpoint load (worker start and session creation) may take
     #: before it is undone and answered 503.
-    load_timeout: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    load_timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] = 180.0
     #: Most ``file:`` parameters one repository load may carry (a model directory with its
     #: external-data files); one more is a 400 before any of them is looked at.
     max_upload_files: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000

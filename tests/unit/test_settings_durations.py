@@ -1,0 +1,34 @@
+"""Duration settings: finite seconds, or a one-line error naming the flag (found by fuzzing:
+``--infer-timeout inf`` passed the checks, and a front that armed a timer with it died at
+start, leaving a traceback and ``HTTP front 1 did not start``)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from oipserve.config.settings import MAX_SECONDS, Settings, SettingsError, load_settings
+
+#: Every float setting: each is a number of seconds.
+DURATIONS = [
+    f.name
+    for f in msgspec.structs.fields(Settings)
+    if f.type is not None and "float" in str(f.type)
+]
+
+
+def test_every_float_setting_is_a_bounded_duration() -> None:
+    assert len(DURATIONS) >= 8, DURATIONS
+    for name in DURATIONS:
+        settings = load_settings(["serve", "--model-repository", "."], {})[1]
+        assert getattr(settings, name) <= MAX_SECONDS
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400", str(MAX_SECONDS * 2)])
+@pytest.mark.parametrize("name", DURATIONS)
+def test_a_duration_that_is_no_finite_time_names_its_flag(name: str, value: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(SettingsError, match=f"invalid value for {flag} "):
+        load_settings(["serve", "--model-repository", ".", f"{flag}={value}"], {})
+    with pytest.raises(SettingsError, match=f"OIPSERVE_{name.upper()}"):
+        load_settings(["serve", "--model-repository", "."], {f"OIPSERVE_{name.upper()}": value})
