@@ -240,3 +240,19 @@ def test_body_above_limit_is_413_before_reading() -> None:
         assert status == 200, reply
     finally:
         assert proc.stop() == 0, proc.log
+
+
+@pytest.mark.parametrize("line", [b"GET /v2/health/live", b"GET /v2/health/live HTTP/0.9"])
+def test_a_request_without_http_1_is_a_json_505(server: ServerProcess, line: bytes) -> None:
+    # (llhttp reads a request line without a version as HTTP/0.9; Falcon raised on it: a 500)
+    host, port = server.host_port.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(line + b"\r\n\r\n")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    fields, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line.startswith(b"HTTP/1.1 505 "), answer
+    assert b"content-type: application/json" in fields.lower(), answer
+    assert "is not supported" in json.loads(body)["error"]

@@ -147,8 +147,9 @@ log = logging.getLogger("oipserve.http")
 DIRECT_READ_MIN = 64 * 1024
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback: the head passed a limit (the parser stops there)."""
+class _HeadRefused(Exception):
+    """Raised from a parser callback: the head is refused (past a limit, or an HTTP version
+    this port does not speak); the parser stops there."""
 
 
 def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
@@ -170,6 +171,9 @@ def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
 def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
+
+#: The HTTP/1.x versions this protocol serves (HTTP/2 comes by ``h2c``).
+_VERSIONS = frozenset({"1.0", "1.1"})
 
 #: ``_chunk_events`` of a request whose head completed in this read, before any chunk event.
 _HEAD_READ = ChunkEvents()
@@ -240,8 +244,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_fields = 0
         self._head_pieces = 0
         self._head_began = False
-        #: Why the head was refused (431), for ``send_400_response``.
-        self._head_refusal: str | None = None
+        #: Why the head was refused (431, 505): status and message, for ``send_400_response``.
+        self._head_refusal: tuple[int, str] | None = None
         #: The body being received: loop time it began (None: none), bytes so far.
         self._body_started: float | None = None
         self.body_bytes = 0
@@ -327,7 +331,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         """
         self._head_bytes += self._head_pieces if self._head_began else len(data)
         if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
-            self._refuse_head(head_too_large(self.limits))
+            self._refuse_head(431, head_too_large(self.limits))
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -343,8 +347,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_fields += 1
         self._head_pieces += len(name) + len(value)
         if self._head_fields > self.limits.max_header_fields:
-            self._head_refusal = too_many_fields(self.limits)
-            raise _HeadTooLarge(self._head_refusal)
+            self._head_refusal = (431, too_many_fields(self.limits))
+            raise _HeadRefused(self._head_refusal[1])
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -355,12 +359,12 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to what httptools cannot parse (an unknown method, a byte out
         of place in the head): a 400 with ``{"error": ...}`` as every other, where uvicorn
-        writes plain text; or the 431 of a head past a limit."""
+        writes plain text; or the answer to a refused head (``_head_refusal``)."""
         refusal = self._head_refusal
         if refusal is None:
             self._answer_and_close(400, msg)
         else:
-            self._refuse_head(refusal)
+            self._refuse_head(*refusal)
 
     def _unsupported_upgrade_warning(self) -> None:
         # NOTE: uvicorn logs two warnings for every request asking for an upgrade this
@@ -369,11 +373,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #   them as often as it likes: one debug line each instead.
         log.debug("upgrade request from %s not taken (no such protocol here)", _peer(self.client))
 
-    def _refuse_head(self, message: str) -> None:
-        """431 for a head past a limit, then close: the rest of it is never parsed."""
+    def _refuse_head(self, status: int, message: str) -> None:
+        """Answer a refused head (431, 505), then close: the rest of it is never parsed."""
         self._head_refusal = None
-        log.debug("request head refused (431): %s", message)
-        self._answer_and_close(431, message)
+        log.debug("request head refused (%d): %s", status, message)
+        self._answer_and_close(status, message)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -455,8 +459,14 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_started = None
         if self._head_bytes + self._head_pieces > self.limits.max_head_bytes:
-            self._head_refusal = head_too_large(self.limits)
-            raise _HeadTooLarge(self._head_refusal)
+            self._head_refusal = (431, head_too_large(self.limits))
+            raise _HeadRefused(self._head_refusal[1])
+        version = self.parser.get_http_version()
+        if version not in _VERSIONS:
+            # NOTE: a request line without a version is HTTP/0.9 to llhttp; the ASGI app
+            #   (Falcon) raised on it, a 500 with a traceback (found by fuzzing).
+            self._head_refusal = (505, f"HTTP/{version} is not supported: HTTP/1.0 or 1.1")
+            raise _HeadRefused(self._head_refusal[1])
         self._body_started = self._loop.time()
         self.body_bytes = 0
         both = self._transfer_encoded and _without_content_length(self.headers)
