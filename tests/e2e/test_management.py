@@ -495,8 +495,10 @@ def test_management_bodies_that_are_not_json_objects_are_400(srv: ServerProcess)
 
 
 #: Load configs that once reached an internal error (found by fuzzing): a number no enum
-#: value has, where protobuf's parsers take any (proto3's open enums), and a lone UTF-16
-#: surrogate echoed in the message (its JSON body, or its gRPC status, could not be written).
+#: value has, where protobuf's parsers take any (proto3's open enums); a queue delay whose
+#: nanoseconds overflowed the message to the other front (a 500, and that front lost); and
+#: a lone UTF-16 surrogate echoed in the message (its JSON body, or its gRPC status, could
+#: not be written).
 ODD_CONFIGS = {
     "datatype number": (
         {"input": [{"name": "INPUT0", "data_type": 99, "dims": [-1]}]},
@@ -506,6 +508,10 @@ ODD_CONFIGS = {
     "timeout action": (
         {"dynamic_batching": {"default_queue_policy": {"timeout_action": 9}}},
         "timeout_action: 9 is not a value of TimeoutAction",
+    ),
+    "queue delay past int64 nanoseconds": (
+        {"dynamic_batching": {"max_queue_delay_microseconds": str(2**64 // 1000 + 1)}},
+        "max_queue_delay_microseconds: 18446744073709552 is more than",
     ),
     "surrogate as a value": ('{"input": "\\ud800"}', "lone UTF-16 surrogate"),
     "surrogate as a key": ('{"\\ud800": 1}', "lone UTF-16 surrogate"),

@@ -3,6 +3,7 @@ and oipserve's disposition of every field (honoured, refused, or ignored with a 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -442,3 +443,25 @@ def test_default_model_filename_may_name_another_file() -> None:
     assert parse_model_config('default_model_filename: "net.onnx"').default_model_filename == (
         "net.onnx"
     )
+
+
+def test_a_config_that_is_no_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    """A FIFO as config.pbtxt: its open blocked until a writer came, so the start (or a
+    load, and the whole front with it) hung, deaf to SIGTERM (found by fuzzing)."""
+    fifo = tmp_path / "config.pbtxt"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelConfigError, match="not a regular file"):
+        read_model_config(fifo)
+    with pytest.raises(FileNotFoundError):  # a missing file is still the caller's to judge
+        read_model_config(tmp_path / "none.pbtxt")
+
+
+def test_durations_past_int64_nanoseconds_are_refused() -> None:
+    """A queue delay whose nanoseconds overflowed the message to the other front: a front's
+    start failed, or a load was a 500 and that front was lost (found by fuzzing)."""
+    with pytest.raises(ModelConfigError, match="max_queue_delay_microseconds: 18446744073709552"):
+        parse_model_config("dynamic_batching { max_queue_delay_microseconds: 18446744073709552 }")
+    config = parse_model_config(
+        "dynamic_batching { max_queue_delay_microseconds: 9223372036854775 }"
+    )
+    assert config.dynamic_batching is not None

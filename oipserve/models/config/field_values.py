@@ -1,56 +1,77 @@
-"""Enum fields holding a number their enum does not name.
+"""Values protobuf's parsers accept that no configuration means: found by walking the
+parsed message (nested messages, lists and maps included), each named by its field.
 
-``model_config.proto`` is proto3, whose enums are open: protobuf's text and JSON parsers
-take any number for one (``"data_type": 99``, ``kind: 7``) and keep it. Such a value
-means nothing to Triton or to this server, and the checks that name a value (a datatype's
-row, an instance group's kind) cannot; the parse refuses it here first, naming the field.
+- Enum numbers no value names. ``model_config.proto`` is proto3, whose enums are open:
+  the text and JSON parsers take any number (``"data_type": 99``, ``kind: 7``) and keep it;
+  the checks that name a value (a datatype's row, a group's kind) cannot.
+- Durations past what the server can count. Every ``*_microseconds`` field is a uint64;
+  the scheduler and the fronts' messages carry it as int64 nanoseconds, so one above
+  ``MAX_MICROSECONDS`` (~106 days) overflowed where it was first sent (a front's start
+  failed, a load's answer was a 500 and the other front lost).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-__all__ = ["unnamed_enum_value"]
+__all__ = ["MAX_MICROSECONDS", "too_long_duration", "unnamed_enum_value"]
+
+#: Most microseconds a duration field may hold: as nanoseconds, an int64.
+MAX_MICROSECONDS = (2**63 - 1) // 1000
+
+#: Judges one scalar value of a field at a path: a sentence saying what is wrong, or None.
+Judge = Callable[[FieldDescriptor, Any, str], "str | None"]
 
 
-def unnamed_enum_value(message: Any, path: str = "") -> str | None:
-    """What the first enum field of ``message`` (nested messages, lists and maps
-    included) holding an unnamed number is, as a sentence; None when there is none."""
-    for field, value in message.ListFields():
-        where = f"{path}.{field.name}" if path else field.name
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            found = _in_map(field.message_type.fields_by_name["value"], value, where)
-        elif field.is_repeated:
-            found = _in_list(field, value, where)
-        else:
-            found = _in_value(field, value, where)
-        if found:
-            return found
-    return None
+def unnamed_enum_value(message: Any) -> str | None:
+    """The first enum field holding a number its enum does not name, as a sentence."""
+    return _first(message, "", _unnamed)
 
 
-def _in_list(field: FieldDescriptor, values: Any, where: str) -> str | None:
-    for index, item in enumerate(values):
-        found = _in_value(field, item, f"{where}[{index}]")
-        if found:
-            return found
-    return None
+def too_long_duration(message: Any) -> str | None:
+    """The first ``*_microseconds`` field above ``MAX_MICROSECONDS``, as a sentence."""
+    return _first(message, "", _too_long)
 
 
-def _in_map(entry: FieldDescriptor, values: Any, where: str) -> str | None:
-    for key, item in values.items():
-        found = _in_value(entry, item, f"{where}[{key!r}]")
-        if found:
-            return found
-    return None
-
-
-def _in_value(field: FieldDescriptor, value: Any, where: str) -> str | None:
-    if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return unnamed_enum_value(value, where)
+def _unnamed(field: FieldDescriptor, value: Any, where: str) -> str | None:
     if field.type == FieldDescriptor.TYPE_ENUM and value not in field.enum_type.values_by_number:
         names = ", ".join(v.name for v in field.enum_type.values)
         return f"{where}: {value} is not a value of {field.enum_type.name} (one of {names})"
+    return None
+
+
+def _too_long(field: FieldDescriptor, value: Any, where: str) -> str | None:
+    if field.name.endswith("_microseconds") and value > MAX_MICROSECONDS:
+        return f"{where}: {value} is more than {MAX_MICROSECONDS} microseconds (the limit)"
+    return None
+
+
+def _first(message: Any, path: str, judge: Judge) -> str | None:
+    for field, value in message.ListFields():
+        where = f"{path}.{field.name}" if path else field.name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            items = [(f"{where}[{key!r}]", item) for key, item in value.items()]
+            found = _in_items(entry, items, judge)
+        elif field.is_repeated:
+            items = [(f"{where}[{index}]", item) for index, item in enumerate(value)]
+            found = _in_items(field, items, judge)
+        else:
+            found = _in_items(field, [(where, value)], judge)
+        if found:
+            return found
+    return None
+
+
+def _in_items(field: FieldDescriptor, items: list[tuple[str, Any]], judge: Judge) -> str | None:
+    for where, value in items:
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            found = _first(value, where, judge)
+        else:
+            found = judge(field, value, where)
+        if found:
+            return found
     return None

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,10 +41,10 @@ from oipserve.models.config.ensemble import (
     EnsembleError,
     ensemble_scheduling,
 )
+from oipserve.models.config.field_values import too_long_duration, unnamed_enum_value
 from oipserve.models.config.fields import Review, review
 from oipserve.models.config.json_form import message_json
 from oipserve.models.config.model_metrics import histogram_buckets
-from oipserve.models.config.open_enums import unnamed_enum_value
 from oipserve.models.config.padding_config import PadBatch, PadBatchError, pad_batch
 from oipserve.models.config.sequence import SequenceConfigError, SequencePolicy, sequence_policy
 from oipserve.scheduling.policy import BatchPolicy, BatchPolicyError, batch_policy
@@ -296,9 +298,9 @@ def _served_by_us(config: Any) -> Review:
 
 
 def _typed(config: Any) -> ModelConfig:
-    unnamed = unnamed_enum_value(config)
-    if unnamed:
-        raise ModelConfigError(unnamed)
+    meaningless = unnamed_enum_value(config) or too_long_duration(config)
+    if meaningless:
+        raise ModelConfigError(meaningless)
     if config.max_batch_size < 0:
         raise ModelConfigError(f"max_batch_size must be 0 or more, got {config.max_batch_size}")
     tensors: dict[str, tuple[TensorConfig, ...]] = {}
@@ -437,6 +439,10 @@ def _check_surrogates(text: str) -> None:
 
 def read_model_config(path: Path) -> ModelConfig:
     """Read and parse a config.pbtxt file; errors name the file. OSError passes through."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        # NOTE: a FIFO there blocked the open until a writer came: the start, or the load
+        #   and the whole front, hung (found by fuzzing); a device would be read as text.
+        raise ModelConfigError(f"{path}: not a regular file")
     with Path(path).open("rb") as file:
         data = file.read(CONFIG_MAX_BYTES + 1)
     try:
