@@ -124,6 +124,8 @@ class StartupReport:
 
 
 def remove_ready_file(path: str | None) -> None:
-    if path is not None:
-        with contextlib.suppress(FileNotFoundError):
+    """Remove the ready file at shutdown; only a regular file (settings refuse other paths,
+    and one that became something else since is left alone)."""
+    if path is not None and os.path.isfile(path):
+        with contextlib.suppress(OSError):
             os.unlink(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -281,9 +282,22 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         settings = msgspec.structs.replace(settings, http_workers=1)  # no port to share
     _check_load_model(settings)
     _check_model_name(settings.model_name)
+    _check_ready_file(settings.ready_file)
     if settings.http_workers > 1 and not settings.allow_http:
         raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
+
+
+def _check_ready_file(path: str | None) -> None:
+    """The ready file is written by replacing what is at its path and removed at shutdown:
+    something there that is not a regular file (a directory, ``/dev/null``) is refused."""
+    if path is None:
+        return
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise SettingsError(
+            f"--ready-file {path!r} exists and is not a regular file: the server replaces it "
+            "when ready and removes it at shutdown"
+        )
 
 
 def _instances_auto(values: dict[str, Any]) -> None:

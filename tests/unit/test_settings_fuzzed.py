@@ -1,8 +1,11 @@
-"""Duration settings: finite seconds, or a one-line error naming the flag (found by fuzzing:
-``--infer-timeout inf`` passed the checks, and a front that armed a timer with it died at
-start, leaving a traceback and ``HTTP front 1 did not start``)."""
+"""Settings a fuzzed command line found unchecked, each now a one-line error naming its flag:
+a duration that is no finite time (``--infer-timeout inf`` passed the checks, and a front
+that armed a timer with it died at start: a traceback, ``HTTP front 1 did not start``), and
+a ready-file path that is no regular file."""
 
 from __future__ import annotations
+
+import pathlib
 
 import msgspec
 import pytest
@@ -32,3 +35,18 @@ def test_a_duration_that_is_no_finite_time_names_its_flag(name: str, value: str)
         load_settings(["serve", "--model-repository", ".", f"{flag}={value}"], {})
     with pytest.raises(SettingsError, match=f"OIPSERVE_{name.upper()}"):
         load_settings(["serve", "--model-repository", "."], {f"OIPSERVE_{name.upper()}": value})
+
+
+@pytest.mark.parametrize("target", ["directory", "/dev/null"])
+def test_a_ready_file_path_that_is_no_regular_file_is_refused(
+    tmp_path: pathlib.Path, target: str
+) -> None:
+    """The ready file is replaced when ready and removed at shutdown: a directory failed at
+    shutdown with a traceback (exit 1), and a device node was replaced, then deleted."""
+    path = str(tmp_path) if target == "directory" else target
+    with pytest.raises(SettingsError, match="is not a regular file"):
+        load_settings(["serve", "--model-repository", ".", "--ready-file", path], {})
+    kept = load_settings(
+        ["serve", "--model-repository", ".", "--ready-file", str(tmp_path / "r")], {}
+    )
+    assert kept[1].ready_file == str(tmp_path / "r")
