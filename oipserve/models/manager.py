@@ -327,14 +327,16 @@ class ModelManager:
             return
         known = set(self.repository.names())
         for dep in composing_names(source.config):
-            if dep == name:
-                continue
-            while self._load_pending(dep):
-                await self._settled.wait()
-            if dep in self.registry.models or dep not in known:
+            if dep == name or dep not in known:
                 continue
             dep_source = self.repository.read(dep)
             if dep_source.config is not None and dep_source.config.ensemble is not None:
+                # NOTE: nothing to wait for, as none runs as a step; waiting, two ensembles
+                #   naming each other held the start for ever (found by fuzzing).
+                continue
+            while self._load_pending(dep):
+                await self._settled.wait()
+            if dep in self.registry.models:
                 continue
             log.info("model '%s': loading its composing model '%s'", name, dep)
             await self.load(dep)

@@ -8,6 +8,7 @@ each test, and the last test unloads a composing model under load.
 from __future__ import annotations
 
 import queue
+import shutil
 import threading
 from collections.abc import Iterator
 
@@ -26,7 +27,7 @@ from tests.support.ensemble_models import (
     write_repository,
 )
 from tests.support.metrics import scrape
-from tests.support.server import ServerProcess, wait_for
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 X = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32)
 
@@ -408,3 +409,36 @@ def test_a_composing_model_unloaded_under_load(
     grpc.load_model("double")
     assert http.is_model_ready("slow_chain")
     np.testing.assert_array_equal(http.infer("slow_chain", _http_x()).as_numpy("Y"), (X + 1) * 2)
+
+
+#: An ensemble whose one step is the model named second (INT32 [16] in and out).
+_STEP_ON = """name: "{0}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{1}" model_version: -1
+  input_map {{ key: "INPUT0" value: "INPUT0" }}
+  output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} }} ] }}
+"""
+
+
+def test_two_ensembles_naming_each_other_do_not_hold_the_start(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """ens_a's step is ens_b and ens_b's is ens_a: each load waited for the other's, and the
+    start never ended, logging nothing (found by fuzzing). Both are not ready now, with a
+    reason, and the rest of the repository serves."""
+    root = tmp_path_factory.mktemp("ensemble-cycle")
+    shutil.copytree(SAMPLE_REPOSITORY / "identity_int32", root / "identity_int32")
+    for name, step in (("ens_a", "ens_b"), ("ens_b", "ens_a")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(_STEP_ON.format(name, step))
+    proc = ServerProcess(root).wait_ready(timeout=60)
+    try:
+        with httpclient.InferenceServerClient(proc.host_port) as client:
+            assert client.is_model_ready("identity_int32")
+            assert not client.is_model_ready("ens_a") and not client.is_model_ready("ens_b")
+    finally:
+        assert proc.stop() == 0, proc.log
+    assert "model 'ens_a' version 1 is UNAVAILABLE" in proc.log, proc.log
