@@ -265,7 +265,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         values["cache_config"] = _items_checked(
             "cache_config", values["cache_config"], cache_bytes, CacheConfigError
         )
-    if "model_repository" not in values:
+    if not str(values.get("model_repository", "")).strip():  # ('' read as the working dir)
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     _check_model_control(values.get("model_control_mode"))
     if values.get("grpc_processes") == "auto":

@@ -50,3 +50,11 @@ def test_a_ready_file_path_that_is_no_regular_file_is_refused(
         ["serve", "--model-repository", ".", "--ready-file", str(tmp_path / "r")], {}
     )
     assert kept[1].ready_file == str(tmp_path / "r")
+
+
+@pytest.mark.parametrize("given", [["--model-repository", ""], ["--model-repository", "  "]])
+def test_an_empty_model_repository_is_refused_not_the_working_directory(given: list[str]) -> None:
+    with pytest.raises(SettingsError, match="--model-repository is required"):
+        load_settings(["serve", *given], {})
+    with pytest.raises(SettingsError, match="--model-repository is required"):
+        load_settings(["serve"], {"OIPSERVE_MODEL_REPOSITORY": ""})
