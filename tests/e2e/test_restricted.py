@@ -12,10 +12,12 @@ import http.client
 import json
 from collections.abc import Callable, Iterator
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from oipserve.config.access import API_GROUPS
@@ -246,6 +248,20 @@ def test_grpc_group_opens_with_its_own_key_only(each: ServerProcess, api: str) -
             assert outcome.split(" ")[0] == (allowed or "OK"), outcome
     finally:
         client.close()
+
+
+def test_a_grpc_key_sent_twice_is_refused_in_either_order(each: ServerProcess) -> None:
+    """As a REST header sent twice (found by fuzzing: gRPC judged the first value only, so
+    the right key then a wrong one opened the call, a wrong one first did not)."""
+    key = "triton-grpc-protocol-health-key"
+    request = service_pb2.ServerLiveRequest()
+    with grpc.insecure_channel(each.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for values in ((_value("health"), "wrong"), ("wrong", _value("health"))):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ServerLive(request, metadata=[(key, value) for value in values])
+            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, values
+        assert stub.ServerLive(request, metadata=[(key, _value("health"))]).live
 
 
 def test_grpc_stream_is_refused_without_the_key(each: ServerProcess) -> None:

@@ -98,5 +98,7 @@ class CallTable:
         if rule is None:
             return None
         restriction, refusal = rule
-        sent = next((value for key, value in metadata if key == restriction.header), None)
-        return None if allows(restriction, sent) else refusal
+        # NOTE: the key sent twice is refused whichever comes first, as REST refuses a
+        #   header sent twice (its values joined); only the first was judged here.
+        sent = [value for key, value in metadata if key == restriction.header]
+        return None if len(sent) == 1 and allows(restriction, sent[0]) else refusal
