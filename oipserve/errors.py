@@ -10,7 +10,9 @@ and the log gets the traceback.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+from typing import Any
 
 from oipserve.wire.messages import ErrorKind
 
@@ -85,6 +87,16 @@ class InvalidInput(ServerError):
 class Withdrawn(InvalidInput):
     """The client went away while its request waited (a batcher's queue, a sequence's
     backlog); it never ran. Nobody reads the answer: its kind keeps it out of the warnings."""
+
+    def __init__(self, message: str = "the client went away before its request ran") -> None:
+        super().__init__(message)
+
+
+def cancelled_by_client(future: asyncio.Future[Any]) -> bool:
+    """Whether ``future``, just raised CancelledError into the task awaiting it, was
+    cancelled for its client leaving (``Inference.watch``), not with that task (shutdown)."""
+    task = asyncio.current_task()
+    return future.cancelled() and (task is None or not task.cancelling())
 
 
 class NotFound(ServerError):

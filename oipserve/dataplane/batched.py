@@ -29,7 +29,13 @@ from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.padding import PaddedLayout
 from oipserve.dataplane.ragged import RaggedLayout
-from oipserve.errors import DeadlineExceeded, InternalError, InvalidInput, Withdrawn
+from oipserve.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidInput,
+    Withdrawn,
+    cancelled_by_client,
+)
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
@@ -287,13 +293,8 @@ class BatchRunner:
         except BaseException as exc:
             batcher.withdraw(entry)
             failed: BaseException = exc
-            task = asyncio.current_task()
-            if (
-                isinstance(exc, asyncio.CancelledError)
-                and future.cancelled()
-                and (task is None or not task.cancelling())
-            ):
-                failed = Withdrawn("the client went away before its request ran")
+            if isinstance(exc, asyncio.CancelledError) and cancelled_by_client(future):
+                failed = Withdrawn()
             if queued.taken:
                 reason = failure_reason(exc)
             else:

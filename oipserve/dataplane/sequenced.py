@@ -40,7 +40,7 @@ from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.sequence_batches import SequenceBatches
 from oipserve.dataplane.sequence_slots import Seq, SequenceStep
 from oipserve.dataplane.strategies import CheckedQueue
-from oipserve.errors import InvalidInput, Unavailable, Withdrawn
+from oipserve.errors import InvalidInput, Unavailable, Withdrawn, cancelled_by_client
 from oipserve.models.config.sequence import SequencePolicy
 from oipserve.models.registry import ModelVersion
 from oipserve.request.client_regions import RegionUse
@@ -149,11 +149,10 @@ class Sequenced(SequenceBatches):
         try:
             return await future
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if future.cancelled() and (task is None or not task.cancelling()):
-                # (its client went away: an answer as the batcher's, not a traceback)
-                when = "while its request ran" if step.taken else "before its request ran"
-                raise Withdrawn(f"the client went away {when}") from None
+            if cancelled_by_client(future):  # an answer as the batcher's, not a traceback
+                if step.taken:
+                    raise Withdrawn("the client went away while its request ran") from None
+                raise Withdrawn() from None
             raise
         finally:
             if future.cancelled() and not step.taken:  # its client went away

@@ -19,7 +19,13 @@ from time import monotonic_ns
 
 import numpy as np
 
-from oipserve.errors import InternalError, Unavailable, Withdrawn, from_kind
+from oipserve.errors import (
+    InternalError,
+    Unavailable,
+    Withdrawn,
+    cancelled_by_client,
+    from_kind,
+)
 from oipserve.request.inference import Inference, InferResult, OutputTensor
 from oipserve.request.placement import Placement
 from oipserve.request.tensors import Deferred
@@ -111,9 +117,8 @@ class PrimaryBatches:
         except BaseException:
             if self._waiting.pop(rid, None) is not None:
                 self._protocol.send(Withdraw(rid))
-            task = asyncio.current_task()
-            if future.cancelled() and (task is None or not task.cancelling()):
-                raise Withdrawn("the client went away before its request ran") from None
+            if cancelled_by_client(future):
+                raise Withdrawn() from None
             raise
         if not isinstance(reply, Answered):
             raise from_kind(reply.kind, reply.message)

@@ -101,7 +101,7 @@ import functools
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import httptools
 from mypy_extensions import mypyc_attr
@@ -347,8 +347,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_fields += 1
         self._head_pieces += len(name) + len(value)
         if self._head_fields > self.limits.max_header_fields:
-            self._head_refusal = (431, too_many_fields(self.limits))
-            raise _HeadRefused(self._head_refusal[1])
+            self._refuse_in_parser(431, too_many_fields(self.limits))
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -372,6 +371,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #   and answers it as any request (a 405 for CONNECT). Any client may send
         #   them as often as it likes: one debug line each instead.
         log.debug("upgrade request from %s not taken (no such protocol here)", _peer(self.client))
+
+    def _refuse_in_parser(self, status: int, message: str) -> NoReturn:
+        """From a parser callback: stop the parser; ``send_400_response`` answers."""
+        self._head_refusal = (status, message)
+        raise _HeadRefused(message)
 
     def _refuse_head(self, status: int, message: str) -> None:
         """Answer a refused head (431, 505), then close: the rest of it is never parsed."""
@@ -459,20 +463,18 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_started = None
         if self._head_bytes + self._head_pieces > self.limits.max_head_bytes:
-            self._head_refusal = (431, head_too_large(self.limits))
-            raise _HeadRefused(self._head_refusal[1])
+            self._refuse_in_parser(431, head_too_large(self.limits))
         version = self.parser.get_http_version()
         if version not in _VERSIONS:
             # NOTE: a request line without a version is HTTP/0.9 to llhttp; the ASGI app
             #   (Falcon) raised on it, a 500 with a traceback (found by fuzzing).
-            self._head_refusal = (505, f"HTTP/{version} is not supported: HTTP/1.0 or 1.1")
-            raise _HeadRefused(self._head_refusal[1])
+            self._refuse_in_parser(505, f"HTTP/{version} is not supported: HTTP/1.0 or 1.1")
         self._body_started = self._loop.time()
         self.body_bytes = 0
         both = self._transfer_encoded and _without_content_length(self.headers)
         lane = self.lane
         if lane is not None and not self._transfer_encoded:
-            taken = self._lane_request(lane)
+            taken = self._lane_request(lane, version)
             if taken is not None:
                 self._start_lane(lane, *taken)
                 return
@@ -498,7 +500,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         }
 
     def _lane_request(
-        self, lane: InferLane
+        self, lane: InferLane, version: str
     ) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
         """The path, headers, model and version when the lane takes this request (its
         head is complete); None when it goes the ASGI way (``front.http.lane``)."""
@@ -507,8 +509,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             return None  # pipelined behind a response under way: uvicorn queues it
         if self.expect_100_continue:
             return None
-        parser = self.parser
-        head = (parser.get_method(), parser.get_http_version(), self.url, self.scope["headers"])
+        head = (self.parser.get_method(), version, self.url, self.scope["headers"])
         return lane_request(lane, *head)
 
     def _start_lane(

@@ -12,66 +12,55 @@ parsed message (nested messages, lists and maps included), each named by its fie
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-__all__ = ["MAX_MICROSECONDS", "too_long_duration", "unnamed_enum_value"]
+__all__ = ["MAX_MICROSECONDS", "meaningless_value"]
 
 #: Most microseconds a duration field may hold: as nanoseconds, an int64.
 MAX_MICROSECONDS = (2**63 - 1) // 1000
 
-#: Judges one scalar value of a field at a path: a sentence saying what is wrong, or None.
-Judge = Callable[[FieldDescriptor, Any, str], "str | None"]
+
+def meaningless_value(message: Any) -> str | None:
+    """The first field holding an unnamed enum number or a too long duration, as a sentence
+    naming it; None when there is none. One walk over the message."""
+    return _first(message, "")
 
 
-def unnamed_enum_value(message: Any) -> str | None:
-    """The first enum field holding a number its enum does not name, as a sentence."""
-    return _first(message, "", _unnamed)
-
-
-def too_long_duration(message: Any) -> str | None:
-    """The first ``*_microseconds`` field above ``MAX_MICROSECONDS``, as a sentence."""
-    return _first(message, "", _too_long)
-
-
-def _unnamed(field: FieldDescriptor, value: Any, where: str) -> str | None:
+def _judge(field: FieldDescriptor, value: Any, where: str) -> str | None:
+    """What is wrong with one scalar value of ``field`` at ``where``, or None."""
     if field.type == FieldDescriptor.TYPE_ENUM and value not in field.enum_type.values_by_number:
         names = ", ".join(v.name for v in field.enum_type.values)
         return f"{where}: {value} is not a value of {field.enum_type.name} (one of {names})"
-    return None
-
-
-def _too_long(field: FieldDescriptor, value: Any, where: str) -> str | None:
     if field.name.endswith("_microseconds") and value > MAX_MICROSECONDS:
         return f"{where}: {value} is more than {MAX_MICROSECONDS} microseconds (the limit)"
     return None
 
 
-def _first(message: Any, path: str, judge: Judge) -> str | None:
+def _first(message: Any, path: str) -> str | None:
     for field, value in message.ListFields():
         where = f"{path}.{field.name}" if path else field.name
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             entry = field.message_type.fields_by_name["value"]
             items = [(f"{where}[{key!r}]", item) for key, item in value.items()]
-            found = _in_items(entry, items, judge)
+            found = _in_items(entry, items)
         elif field.is_repeated:
             items = [(f"{where}[{index}]", item) for index, item in enumerate(value)]
-            found = _in_items(field, items, judge)
+            found = _in_items(field, items)
         else:
-            found = _in_items(field, [(where, value)], judge)
+            found = _in_items(field, [(where, value)])
         if found:
             return found
     return None
 
 
-def _in_items(field: FieldDescriptor, items: list[tuple[str, Any]], judge: Judge) -> str | None:
+def _in_items(field: FieldDescriptor, items: list[tuple[str, Any]]) -> str | None:
     for where, value in items:
         if field.type == FieldDescriptor.TYPE_MESSAGE:
-            found = _first(value, where, judge)
+            found = _first(value, where)
         else:
-            found = judge(field, value, where)
+            found = _judge(field, value, where)
         if found:
             return found
     return None

@@ -41,7 +41,7 @@ from oipserve.models.config.ensemble import (
     EnsembleError,
     ensemble_scheduling,
 )
-from oipserve.models.config.field_values import too_long_duration, unnamed_enum_value
+from oipserve.models.config.field_values import meaningless_value
 from oipserve.models.config.fields import Review, review
 from oipserve.models.config.json_form import message_json
 from oipserve.models.config.model_metrics import histogram_buckets
@@ -298,7 +298,7 @@ def _served_by_us(config: Any) -> Review:
 
 
 def _typed(config: Any) -> ModelConfig:
-    meaningless = unnamed_enum_value(config) or too_long_duration(config)
+    meaningless = meaningless_value(config)
     if meaningless:
         raise ModelConfigError(meaningless)
     if config.max_batch_size < 0:
