@@ -7,12 +7,15 @@ ensemble answer 503 with the step named (``ModelRegistry.resolve`` shows ``reaso
 
 ``validate`` is the load-time half of Triton's checks (``oipserve.models.config.ensemble``
 has the half that needs only the ensemble's own configuration): each step's model known
-and loaded, batch sizes, tensor maps, datatypes and shapes agreeing between steps.
+and loaded, batch sizes, tensor maps, datatypes and shapes agreeing between steps. A step's
+model may itself be an ensemble (Triton's nested ensembles); ``ensemble_cycle`` refuses one
+that leads back to itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable
 
 from oipserve.errors import NotFound, ServerError, Unavailable
 from oipserve.models.config.ensemble import (
@@ -27,7 +30,14 @@ from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import ModelRegistry, ModelVersion
 
-__all__ = ["EnsembleVersion", "chain_runs", "composing_names", "takes_sequence", "validate"]
+__all__ = [
+    "EnsembleVersion",
+    "chain_runs",
+    "composing_names",
+    "ensemble_cycle",
+    "takes_sequence",
+    "validate",
+]
 
 
 class EnsembleVersion(ModelVersion):
@@ -81,6 +91,8 @@ class EnsembleVersion(ModelVersion):
             for version in models.get(step.model_name, {}).values():
                 config = version.config
                 if config is not None and config.sequence_batching is not None:
+                    return True
+                if isinstance(version, EnsembleVersion) and version.has_sequence_step():
                     return True
         return False
 
@@ -145,8 +157,8 @@ def chain_runs(plan: EnsembleConfig) -> tuple[tuple[int, ...], ...]:
 
 def takes_sequence(model: ModelVersion) -> bool:
     """Whether the fronts read a request's ``sequence_id`` / ``_start`` / ``_end`` for
-    ``model``: a sequence model, or an ensemble with one as a step (docs/sequences.md; an
-    ensemble is never a step, ``oipserve.models.config.ensemble`` refuses it)."""
+    ``model``: a sequence model, or an ensemble with one as a step, or as a step of an
+    ensemble that is its step (docs/sequences.md)."""
     config = model.config
     if config is None:
         return False
@@ -195,8 +207,28 @@ def _step_model(registry: ModelRegistry, ensemble: str, step: EnsembleStep) -> S
         model.max_batch_size,
         {t.name: _spec_dims(t) for t in model.inputs},
         {t.name: _spec_dims(t) for t in model.outputs},
-        model.platform,
     )
+
+
+def ensemble_cycle(
+    name: str, steps: Iterable[str], composing_of: Callable[[str], Iterable[str]]
+) -> str | None:
+    """Triton's message when the models of ``name``'s steps (``steps``) lead back to
+    ``name`` through ensembles; None otherwise. ``composing_of`` gives the models of an
+    ensemble's steps (none for a model that is not an ensemble).
+
+    An ensemble may be a step of another (as in Triton), but not of itself, however far
+    down: its load would wait for itself, and its requests would never end."""
+    seen: set[str] = set()
+    pending = [(step, name) for step in steps]  # (a model, the ensemble naming it)
+    while pending:
+        model, named_by = pending.pop()
+        if model == name:
+            return f"circular dependency between ensembles: {name} -> ... -> {named_by} -> {name}"
+        if model not in seen:
+            seen.add(model)
+            pending.extend((step, model) for step in composing_of(model))
+    return None
 
 
 def validate(model: EnsembleVersion) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, ServerError, Unavailable
+from oipserve.models.composing import ComposingLoads
 from oipserve.models.config.parse import ConfigLimits, ModelConfig, ModelConfigError, check_limits
 from oipserve.models.config.session_options import session_options
 from oipserve.models.ensemble import CANNOT_LOAD as ENSEMBLE_CANNOT_LOAD
-from oipserve.models.ensemble import EnsembleVersion, composing_names, validate
+from oipserve.models.ensemble import EnsembleVersion, validate
 from oipserve.models.metadata import MetadataConflict, merge_metadata
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import ModelSource, Repository, read_model
@@ -81,9 +82,8 @@ class ModelManager:
         #: unloaded (``retiring``: they stop answering it and finish what they sent).
         self.changed: Callable[[], Awaitable[None]] | None = None
         self.retiring: Callable[[ModelVersion, str], Awaitable[None]] | None = None
-        #: Set (and replaced) at each end of a load or unload: an ensemble's load waits on
-        #: it for the composing models the start loads anyway (``_load_composing``).
-        self._settled = asyncio.Event()
+        #: Ensembles' composing models, loaded with them (``self.load``, as any model).
+        self.composing = ComposingLoads(self.repository, registry, self.load)
         pool.on_replaced(self._reloaded)
 
     def providers_for(
@@ -193,7 +193,7 @@ class ModelManager:
                 return f"invalid config override: {exc}"
         place: Path | None = None
         if not files:
-            await self._load_composing(name, config)
+            await self.composing.load_for(name, config)
         if files:
             try:
                 place = await self.uploads.write(name, files)
@@ -221,7 +221,7 @@ class ModelManager:
             reason = await self._load_source(source, timeout)
         finally:
             self.registry.loading.discard(name)
-            self._settle()
+            self.composing.settle()
             await self._tell_changed()
         if reason is not None and place is not None and self.upload_of.get(name) != place:
             self.uploads.remove(place)
@@ -233,11 +233,7 @@ class ModelManager:
 
     async def _load_source(self, source: ModelSource, timeout: float | None) -> str | None:
         name = source.name
-        if source.error is None and source.config is not None:
-            try:
-                check_limits(source.config, self.config_limits)
-            except ModelConfigError as exc:
-                source = ModelSource(name, source.directory, error=f"config.pbtxt: {exc}")
+        source = self._checked(source)
         if source.error is not None:
             log.error("model '%s' is UNAVAILABLE: %s", name, source.error)
             if name not in self.registry.models:
@@ -298,6 +294,21 @@ class ModelManager:
         if place is not None and place not in self.upload_of.values():
             self.uploads.remove(place)
 
+    def _checked(self, source: ModelSource) -> ModelSource:
+        """``source``, or what it becomes when refused: a config past the limits, an
+        ensemble that is its own step, however far down."""
+        config = source.config
+        if source.error is not None or config is None:
+            return source
+        try:
+            check_limits(config, self.config_limits)
+        except ModelConfigError as exc:
+            return ModelSource(source.name, source.directory, error=f"config.pbtxt: {exc}")
+        cycle = self.composing.cycle(source.name, config)
+        if cycle is not None:
+            return ModelSource(source.name, source.directory, error=cycle)
+        return source
+
     def _version(self, source: ModelSource, version: str, path: str) -> ModelVersion:
         """A new version of ``source``: an ensemble's runs on no worker."""
         config = source.config
@@ -308,49 +319,6 @@ class ModelManager:
         return ModelVersion(source.name, version, path, config)
 
     # ---- ensembles ------------------------------------------------------------
-
-    def _settle(self) -> None:
-        """Wake the ensemble loads waiting for a composing model's load to end."""
-        self._settled.set()
-        self._settled = asyncio.Event()
-
-    async def _load_composing(self, name: str, config: ModelConfig | None) -> None:
-        """Before an ensemble loads, its composing models (as Triton loads them with it).
-
-        One the start loads anyway (``registry.required``) is waited for, not loaded twice;
-        one not loaded, and in the repository, is loaded now (an ensemble is never loaded
-        this way: oipserve runs no ensemble as a step). What is still missing afterwards
-        fails the ensemble's validation with Triton's message.
-        """
-        source = self.repository.read(name, config)
-        if source.error is not None or source.config is None or source.config.ensemble is None:
-            return
-        known = set(self.repository.names())
-        for dep in composing_names(source.config):
-            if dep == name or dep not in known:
-                continue
-            dep_source = self.repository.read(dep)
-            if dep_source.config is not None and dep_source.config.ensemble is not None:
-                # NOTE: nothing to wait for, as none runs as a step; waiting, two ensembles
-                #   naming each other held the start for ever (found by fuzzing).
-                continue
-            while self._load_pending(dep):
-                await self._settled.wait()
-            if dep in self.registry.models:
-                continue
-            log.info("model '%s': loading its composing model '%s'", name, dep)
-            await self.load(dep)
-
-    def _load_pending(self, name: str) -> bool:
-        """The start will load ``name`` (or is loading it) and has not yet."""
-        registry = self.registry
-        if name in registry.loading:
-            return True
-        return (
-            name in registry.required
-            and name not in registry.models
-            and (name not in registry.failed)
-        )
 
     async def _ready_ensemble(self, model: EnsembleVersion) -> None:
         """An ensemble version is ready once checked against its composing models."""
@@ -514,7 +482,7 @@ class ModelManager:
                 await self._unload_version(model)
             if not remaining:
                 self.uploads.remove(self.upload_of.pop(name, None))
-            self._settle()
+            self.composing.settle()
             await self._tell_changed()
             log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
             return True

@@ -54,6 +54,10 @@ BAD = {
         "circular dependency in ensemble 'bad_cycle': step 0 (plus) -> step 1 (add_one) -> "
         "step 2 (double) -> step 0 (plus)",
     ),
+    "bad_self": (
+        ensemble_config("bad_self", [("bad_self", {"X": "X"}, {"Y": "Y"})], _IN, _OUT),
+        "circular dependency between ensembles: bad_self -> ... -> bad_self -> bad_self",
+    ),
     "bad_twice": (
         ensemble_config(
             "bad_twice",
@@ -212,6 +216,42 @@ def test_an_image_decoding_first_step(
     given_grpc.set_data_from_numpy(blobs)
     result = grpc.infer("image_mean", [given_grpc]).as_numpy("SCORES")
     np.testing.assert_array_equal(result, expected)
+
+
+def test_an_ensemble_as_a_step_runs_as_in_triton(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """``nested``'s first step is the ensemble ``inner_chain``, which only ``nested`` names:
+    it was loaded with it, with its own composing models. Each level counts the request
+    once in its statistics, as Triton counts a nested ensemble's."""
+    assert http.is_model_ready("inner_chain")
+    chained = (X + 1) * 2
+    np.testing.assert_array_equal(http.infer("nested", _http_x()).as_numpy("Y"), chained + 1)
+    np.testing.assert_array_equal(grpc.infer("nested", _grpc_x()).as_numpy("Y"), chained + 1)
+    names = ("nested_twice", "nested", "inner_chain", "add_one", "double", "plus")
+    before = {name: _step_stats(http, name) for name in names}
+    answer = http.infer("nested_twice", _http_x(binary=False)).as_numpy("Y")
+    np.testing.assert_array_equal(answer, (chained + 1) * 2 + chained)
+    after = {name: _step_stats(http, name) for name in names}
+    counted = {"nested_twice": 1, "nested": 1, "inner_chain": 2, "add_one": 3, "double": 3}
+    for name, count in {**counted, "plus": 1}.items():
+        assert after[name][:2] == (before[name][0] + count, before[name][1]), name
+
+
+def test_an_unloaded_inner_ensemble_makes_the_outer_one_unavailable(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """As a composing model: 503 naming the step, not ready, and back with it."""
+    http.unload_model("inner_chain")
+    try:
+        assert wait_for(lambda: not http.is_model_ready("nested"), timeout=10)
+        with pytest.raises(InferenceServerException, match="composing model 'inner_chain'") as info:
+            http.infer("nested", _http_x())
+        assert info.value.status() == "503"
+    finally:
+        http.load_model("inner_chain")
+    assert http.is_model_ready("nested") and http.is_model_ready("nested_twice")
+    np.testing.assert_array_equal(http.infer("nested", _http_x()).as_numpy("Y"), (X + 1) * 2 + 1)
 
 
 def test_requests_that_do_not_fit_the_ensemble_are_refused(
@@ -427,8 +467,8 @@ def test_two_ensembles_naming_each_other_do_not_hold_the_start(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """ens_a's step is ens_b and ens_b's is ens_a: each load waited for the other's, and the
-    start never ended, logging nothing (found by fuzzing). Both are not ready now, with a
-    reason, and the rest of the repository serves."""
+    start never ended, logging nothing (found by fuzzing). Both are not ready now, each
+    with Triton's reason, and the rest of the repository serves."""
     root = tmp_path_factory.mktemp("ensemble-cycle")
     shutil.copytree(SAMPLE_REPOSITORY / "identity_int32", root / "identity_int32")
     for name, step in (("ens_a", "ens_b"), ("ens_b", "ens_a")):
@@ -441,4 +481,6 @@ def test_two_ensembles_naming_each_other_do_not_hold_the_start(
             assert not client.is_model_ready("ens_a") and not client.is_model_ready("ens_b")
     finally:
         assert proc.stop() == 0, proc.log
-    assert "model 'ens_a' version 1 is UNAVAILABLE" in proc.log, proc.log
+    for name, other in (("ens_a", "ens_b"), ("ens_b", "ens_a")):
+        reason = f"circular dependency between ensembles: {name} -> ... -> {other} -> {name}"
+        assert f"model '{name}' is UNAVAILABLE: {reason}" in proc.log, proc.log

@@ -13,7 +13,10 @@ Ensembles: ``chain`` (add_one then double: ``Y = (X + 1) * 2``), ``diamond`` (ad
 double of X in parallel, then plus: ``Y = (X + 1) + 2X``), ``image_mean`` (PNG bytes ->
 pixel_mean -> double), ``slow_chain`` (slow_add_one then double), ``limited_chain``
 (``slow_chain`` with ``max_inflight_requests: 1``), ``batched_chain`` (add_one then
-batched_double).
+batched_double), ``nested`` (an ensemble as a step, as Triton nests them: ``inner_chain``, a
+copy of ``chain`` that only ``nested`` loads, then add_one: ``Y = (X + 1) * 2 + 1``),
+``nested_twice`` (``nested`` then double, in a diamond with ``inner_chain``:
+``Y = ((X + 1) * 2 + 1) * 2 + (X + 1) * 2``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ ENSEMBLES = (
     "batched_chain",
     "chain3",
     "failing_chain",
+    "nested",
+    "nested_twice",
 )
 
 
@@ -245,15 +250,41 @@ CONFIGS = {
         _X,
         _Y,
     ),
+    "inner_chain": ensemble_config(
+        "inner_chain",
+        [("add_one", {"IN": "X"}, {"OUT": "x1"}), ("double", {"IN": "x1"}, {"OUT": "Y"})],
+        _X,
+        _Y,
+    ),
+    "nested": ensemble_config(
+        "nested",
+        [
+            ("inner_chain", {"X": "X"}, {"Y": "chained"}),
+            ("add_one", {"IN": "chained"}, {"OUT": "Y"}),
+        ],
+        _X,
+        _Y,
+    ),
+    "nested_twice": ensemble_config(
+        "nested_twice",
+        [
+            ("nested", {"X": "X"}, {"Y": "n"}),
+            ("double", {"IN": "n"}, {"OUT": "left"}),
+            ("inner_chain", {"X": "X"}, {"Y": "right"}),
+            ("plus", {"A": "left", "B": "right"}, {"OUT": "Y"}),
+        ],
+        _X,
+        _Y,
+    ),
 }
 
 
 def write_repository(root: Path, slow_nodes: int = 400) -> Path:
-    """Every step of ``STEPS`` and every ensemble of ``ENSEMBLES`` under ``root``."""
+    """Every step of ``STEPS`` and every ensemble of ``CONFIGS`` under ``root``."""
     for name in STEPS:
         write_step(root, name, slow_nodes)
-    for name in ENSEMBLES:
-        write_ensemble(root, name, CONFIGS[name])
+    for name, config in CONFIGS.items():
+        write_ensemble(root, name, config)
     return root
 
 

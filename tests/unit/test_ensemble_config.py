@@ -7,6 +7,7 @@ import pytest
 
 from oipserve.models.config.ensemble import EnsembleError, StepModel, check_against
 from oipserve.models.config.parse import ModelConfigError, parse_model_config
+from oipserve.models.ensemble import ensemble_cycle
 
 HEAD = 'name: "e"\nplatform: "ensemble"\nmax_batch_size: 4\n'
 X = 'input { name: "X" data_type: TYPE_FP32 dims: [ -1 ] }\n'
@@ -166,10 +167,6 @@ def test_a_consistent_chain_passes() -> None:
             },
             "ensemble tensor X is mapping to non-existing input IN in model a",
         ),
-        (
-            {"a": _model("a"), "b": StepModel("b", 0, {"IN": ("FP32", (-1, -1))}, {}, "ensemble")},
-            "is itself an ensemble",
-        ),
     ],
 )
 def test_refused_against_the_composing_models(models: dict[str, StepModel], message: str) -> None:
@@ -182,3 +179,23 @@ def test_encoded_images_may_feed_an_image_input() -> None:
     """BYTES into a 4-D numeric input: the step's worker decodes them (docs/images.md)."""
     image = StepModel("img", 8, {"IN": ("FP32", (-1, 4, 4, 3))}, {"OUT": ("FP32", (-1, -1))})
     _check({"a": image, "b": _model("b")}, CHAIN, own=(("X", "BYTES", (-1,)),))
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ({"e": ["e"]}, "circular dependency between ensembles: e -> ... -> e -> e"),
+        (
+            {"e": ["m", "f"], "f": ["m", "g"], "g": ["e"]},
+            "circular dependency between ensembles: e -> ... -> g -> e",
+        ),
+        ({"e": ["f", "g"], "f": ["g", "m"], "g": ["m"]}, None),  # a diamond of ensembles
+        ({"e": ["f"], "f": ["g"], "g": ["f"]}, None),  # a cycle below e: f's load refuses it
+    ],
+)
+def test_an_ensemble_leading_back_to_itself_is_named(
+    steps: dict[str, list[str]], message: str | None
+) -> None:
+    """Ensembles may be steps of ensembles (Triton's nested ensembles), never of themselves:
+    Triton's ``circular dependency between ensembles`` message, naming the last one."""
+    assert ensemble_cycle("e", steps["e"], lambda name: steps.get(name, [])) == message

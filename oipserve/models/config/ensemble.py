@@ -70,8 +70,6 @@ class StepModel(msgspec.Struct, frozen=True):
     #: Input / output name -> (datatype, dims as clients send them, batch dim included).
     inputs: dict[str, tuple[str, tuple[int, ...]]]
     outputs: dict[str, tuple[str, tuple[int, ...]]]
-    #: The model's platform: another ensemble is not a step oipserve runs.
-    platform: str = "onnxruntime_onnx"
 
 
 def ensemble_scheduling(config: Any) -> EnsembleConfig | None:
@@ -248,11 +246,6 @@ def check_against(
         seen[name] = (datatype, dims, ensemble)
     for step in config.steps:
         model = lookup(step)
-        if model.platform == ENSEMBLE_PLATFORM:
-            raise EnsembleError(
-                f"ensemble {ensemble}: step model '{model.name}' is itself an ensemble, which "
-                "oipserve does not run as a step"
-            )
         if model.max_batch_size != 0 and model.max_batch_size < max_batch_size:
             raise EnsembleError(
                 f"ensemble {ensemble} allows maximum batch size {max_batch_size}, but it "
