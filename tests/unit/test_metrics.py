@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -149,6 +150,8 @@ def test_app_serves_get_metrics_only() -> None:
     _call(app, "GET", "/metrics")
     assert inventory.reads == 1  # the hardware is read at most every HOST_INTERVAL
 
-    assert _call(app, "POST", "/metrics")[0] == 405
-    assert _call(app, "PUT", "/other")[0] == 405
-    assert _call(app, "GET", "/")[0] == 404
+    for method, path, status in (("POST", "/metrics", 405), ("PUT", "/x", 405), ("GET", "/", 404)):
+        answer, headers, body = _call(app, method, path)
+        assert answer == status and headers[b"content-type"] == b"application/json"
+        assert set(json.loads(body)) == {"error"}, body
+    assert _call(app, "POST", "/metrics")[1][b"allow"] == b"GET"

@@ -3,7 +3,8 @@
 It runs as a second uvicorn server on the front's event loop (``oipserve.app.server``
 starts and stops it with the HTTP server), so a scrape is one coroutine, never
 a thread per request. As in Triton, only ``GET`` is answered (anything else is
-405) and only at ``/metrics`` (anything else is 404).
+405) and only at ``/metrics`` (anything else is 404), each refusal an ``{"error": ...}``
+body as on the other ports.
 
 A scrape renders the per-model families from the live statistics, the host
 families (re-read from the hardware inventory at most every ``HOST_INTERVAL``
@@ -18,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
 from hardware import InventorySource
@@ -90,11 +92,21 @@ class MetricsApp:
         if scope["type"] != "http":
             return
         if scope["method"] != "GET":
-            await _answer(send, 405, b"Method Not Allowed", [(b"allow", b"GET")])
+            await _refuse(
+                send, 405, "only GET is allowed on the metrics port", [(b"allow", b"GET")]
+            )
         elif scope["path"] != "/metrics":
-            await _answer(send, 404, b"Not Found")
+            await _refuse(send, 404, "not found: the metrics port serves only /metrics")
         else:
             await _answer(send, 200, await self.scraper.page(), content_type=CONTENT_TYPE)
+
+
+async def _refuse(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A refusal as every port words one: ``{"error": "..."}``."""
+    body = msgspec.json.encode({"error": message})
+    await _answer(send, status, body, headers, content_type="application/json")
 
 
 async def _answer(
