@@ -139,10 +139,15 @@ def _classified(tensor: OutputTensor, k: int, batched: bool, labels: Sequence[st
 
 
 def top_k(row: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` highest values of a 1-D array, highest first; ties lower index first."""
+    """Indices of the ``k`` highest values of a 1-D array, highest first; ties lower index
+    first; NaN below every number (numpy's sort puts NaN last, which would rank it first)."""
     backwards = row[::-1]
-    order = np.argsort(backwards, kind="stable")[::-1][:k]
-    return len(row) - 1 - order
+    if backwards.dtype.kind == "f":
+        numbers = ~np.isnan(backwards)
+        order = np.lexsort((backwards, numbers))  # (stable; the last key sorts first)
+    else:
+        order = np.argsort(backwards, kind="stable")
+    return len(row) - 1 - order[::-1][:k]
 
 
 def class_strings(

@@ -25,6 +25,13 @@ def test_top_k_is_highest_first_and_ties_keep_the_lower_index() -> None:
     assert top_k(row, 10).tolist() == [1, 2, 4, 0, 3]
 
 
+def test_top_k_ranks_nan_below_every_number() -> None:
+    """numpy sorts NaN last, so a highest-first order put it first (found by fuzzing)."""
+    row = np.array([np.nan, 1.0, 3.0, np.nan, 3.0, -np.inf], dtype=np.float32)
+    assert top_k(row, 3).tolist() == [2, 4, 1]
+    assert top_k(row, 6).tolist() == [2, 4, 1, 5, 0, 3]
+
+
 def test_top_k_of_unsigned_values() -> None:
     row = np.array([0, 255, 7, 255], dtype=np.uint8)
     assert top_k(row, 4).tolist() == [1, 3, 2, 0]
