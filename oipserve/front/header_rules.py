@@ -101,6 +101,7 @@ __all__ = [
     "CallHead",
     "MalformedRequest",
     "NOT_FORWARDED",
+    "PaddedValue",
     "OWS",
     "TRANSPORT_KEYS",
     "HeadChecked",
@@ -262,6 +263,13 @@ class MalformedRequest(ValueError):
     PROTOCOL_ERROR, and no call starts."""
 
 
+class PaddedValue(MalformedRequest):
+    """A regular field whose value starts or ends with SP or HTAB: malformed too (RFC 9113,
+    8.2.1), but answered, not reset: a gRPC call with INVALID_ARGUMENT, a REST request with
+    a 400. gRPC's own servers take such a value as it is, and HTTP/1.1 trims it, so a
+    client moving here learns what to mend instead of reading "RST_STREAM error code 1"."""
+
+
 class CallHead(NamedTuple):
     """What a well-formed call's header block says, read once (``read_call_head``)."""
 
@@ -285,6 +293,8 @@ CONNECTION_SPECIFIC = frozenset(
 _BAD_NAME = re.compile(r"[\x00-\x20A-Z:\x7f-\U0010ffff]|^$")
 #: A value no HTTP/2 request may carry (8.2.1): NUL, CR, LF; SP or HTAB at either end.
 _BAD_VALUE = re.compile(r"[\x00\r\n]|^[ \t]|[ \t]$")
+#: What no value may hold anywhere (8.2.1): the stream is reset.
+_FORBIDDEN_IN_VALUE = re.compile(r"[\x00\r\n]")
 #: Decoded header blocks (``h2.headers`` hands back the same tuple for a block it has
 #: cached) and what they read as: a client's every call after its first costs a lookup.
 _HEADS: dict[tuple[tuple[str, str], ...], CallHead] = {}
@@ -311,11 +321,16 @@ def read_call_head(headers: tuple[tuple[str, str], ...]) -> CallHead:
 def h2_pseudo_header(name: str, value: str, pseudo: dict[str, str], regular: bool) -> bool:
     """RFC 9113's rules for one field of an HTTP/2 request's header block, every front's
     (gRPC calls here, REST streams in ``front.http.h2_asgi``): MalformedRequest for a
-    malformed value (8.2.1), a pseudo-header after a regular field, unknown or repeated
-    (8.3), a connection-specific field (8.2.2). True for a pseudo-header (put in
-    ``pseudo``); False for a regular field, whose name the caller checks as its protocol
-    reads names."""
+    malformed value (8.2.1; ``PaddedValue`` for a regular field's padded one), a
+    pseudo-header after a regular field, unknown or repeated (8.3), a connection-specific
+    field (8.2.2). True for a pseudo-header (put in ``pseudo``); False for a regular field,
+    whose name the caller checks as its protocol reads names."""
     if _BAD_VALUE.search(value) is not None:
+        if name[:1] != ":" and _FORBIDDEN_IN_VALUE.search(value) is None:
+            raise PaddedValue(
+                f"the value of header {name!r} starts or ends with a space or a tab, which "
+                "HTTP/2 does not allow (RFC 9113, 8.2.1)"
+            )
         raise MalformedRequest(f"a malformed value of {name!r} (RFC 9113, 8.2.1)")
     if name[:1] == ":":
         if regular or name not in _PSEUDO or name in pseudo:

@@ -487,6 +487,21 @@ def test_values_onnxruntime_refuses_are_invalid_argument(
     assert client.is_server_ready()
 
 
+def test_a_padded_metadata_value_is_invalid_argument(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """grpcio sends a value with a trailing space as given; RFC 9113 (8.2.1) makes the
+    request malformed. The client reads why, not "RST_STREAM with error code 1"."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    _fail(
+        lambda: client.infer("simple", simple_inputs(a, a), headers={"x-note": "padded "}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "the value of header 'x-note' starts or ends with a space or a tab",
+    )
+    result = client.infer("simple", simple_inputs(a, a), headers={"x-note": "kept"})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
 def test_unimplemented(client: grpcclient.InferenceServerClient) -> None:
     # NOTE: this server has client shared memory off, which Triton checks first (the no-GPU
     #   answer with it on: test_shared_memory.py test_cuda_shared_memory_answers_no_gpu).

@@ -52,7 +52,7 @@ MALFORMED: list[tuple[str, list[tuple[str, str]]]] = [
     ("an empty name", [*_GOOD, ("", "a")]),
     ("NUL in a value", [*_GOOD, ("x-odd", "a\x00b")]),
     ("LF in a value", [*_GOOD, ("x-odd", "a\nb")]),
-    ("a value ending in a space", [*_GOOD, ("x-odd", "a ")]),
+    ("a pseudo-header's value ending in a space", [(k, f"{v} ") for k, v in _GOOD]),
     ("connection", [*_GOOD, ("connection", "close")]),
     ("keep-alive", [*_GOOD, ("keep-alive", "5")]),
     ("proxy-connection", [*_GOOD, ("proxy-connection", "x")]),
@@ -96,6 +96,25 @@ async def test_a_malformed_request_is_a_stream_error(headers: list[tuple[str, st
     await asyncio.sleep(0.01)
     assert service.calls == [("ModelInfer", b"request")]
     assert not _resets(await peer.written(), 3)
+
+
+@pytest.mark.parametrize("value", ["a ", " a", "\ta", "a\t", " "])
+async def test_a_padded_metadata_value_is_answered_invalid_argument(value: str) -> None:
+    """RFC 9113 (8.2.1) calls it malformed, but gRPC's servers take it and HTTP/1.1 trims
+    it: the client is told what to mend (INVALID_ARGUMENT naming the key), not reset."""
+    service = FakeService()
+    peer = GrpcPeer(service.table(Settings(model_repository=".")))
+    block = hpack.Encoder().encode([*_GOOD, ("x-note", value)])
+    peer.send(frame(Frame.HEADERS, END_HEADERS, 1, block))
+    peer.send(frame(Frame.DATA, END_STREAM, 1, grpc_message(b"request")))
+    await asyncio.sleep(0.01)
+    frames = await peer.written()
+    assert ErrorCode.PROTOCOL_ERROR not in _resets(frames, 1)
+    (answer,) = [f for f in frames if f[0] == Frame.HEADERS and f[2] == 1]
+    headers = dict(hpack.Decoder().decode(answer[3]))
+    assert headers["grpc-status"] == "3", headers
+    assert "'x-note'" in headers["grpc-message"] and "RFC" in headers["grpc-message"]
+    assert not service.calls and not peer.connection.streams
 
 
 def test_what_gRPC_cannot_carry_as_metadata_is_dropped_not_refused() -> None:

@@ -144,7 +144,7 @@ async def test_a_post_body_is_received_and_its_window_given_back() -> None:
         [("connection", "close")],
         [("te", "gzip")],
         [("bad name", "x")],
-        [("x-a", " padded")],
+        [("x-a", "a\x00b")],
         [("x-a", "b"), (":authority", "late")],
     ],
     ids=["connection", "te", "name", "value", "pseudo-late"],
@@ -184,6 +184,10 @@ async def test_refused_heads_are_answered_with_json_errors() -> None:
     peer.request(5, "GET", "relative")
     headers, body, _ = await _answer(peer, 5)
     assert headers[":status"] == "400" and json.loads(body)["error"]
+    # A padded value is malformed (RFC 9113, 8.2.1), but told, not reset (PaddedValue).
+    peer.request(7, "GET", "/v2", ("x-a", " padded"))
+    headers, body, _ = await _answer(peer, 7)
+    assert headers[":status"] == "400" and "'x-a' starts or ends with" in json.loads(body)["error"]
     assert not app.scopes
 
 

@@ -38,11 +38,17 @@ from oipserve.front.grpc.h2.frames import ErrorCode
 from oipserve.front.grpc.h2.headers import Headers
 from oipserve.front.grpc.inflate import ENCODINGS
 from oipserve.front.grpc.rpcs import STREAM_RPC
-from oipserve.front.header_rules import MalformedRequest, grpc_timeout, read_call_head
+from oipserve.front.header_rules import (
+    MalformedRequest,
+    PaddedValue,
+    grpc_timeout,
+    read_call_head,
+)
 from oipserve.front.http.h2_head import is_grpc
 
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 
 
@@ -56,9 +62,12 @@ class Call(CallReceiver):
     def headers_received(self, headers: Headers, end_stream: bool) -> None:
         try:
             head = read_call_head(headers)
-        except MalformedRequest:
+        except MalformedRequest as exc:
             if self._table.rest is not None and not is_grpc(headers):
                 self._to_rest(headers, end_stream)  # a GET, say: REST judges it (h2_asgi)
+                return
+            if isinstance(exc, PaddedValue):  # answered: see PaddedValue
+                self._fail(_INVALID_ARGUMENT, str(exc))
                 return
             # A malformed request (RFC 9113, 8.1.1): a stream error, and no call starts.
             self._done = self._ended = True

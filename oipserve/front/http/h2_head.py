@@ -3,7 +3,8 @@
 A request's header block becomes the ASGI scope HTTP/1.1 gives (``request_scope``): its
 pseudo-headers the request line (RFC 9113, 8.3.1), ``:authority`` the ``host`` when the
 request has none, what is malformed (8.1.1) a ``MalformedRequest`` (the stream is reset),
-what HTTP/1.1's parser would refuse a ``Refusal`` (400, 405, 431), with the HTTP port's
+what HTTP/1.1's parser would refuse, and a padded field value, a ``Refusal`` (400, 405,
+431), with the HTTP port's
 limits (``limits.ConnectionLimits``). A response's head becomes its header block
 (``response_block``): HPACK literals, no dynamic table, connection-specific fields left
 out (8.2.2).
@@ -16,7 +17,12 @@ from typing import Any
 from urllib.parse import unquote
 
 from oipserve.front.grpc.h2.headers import Headers
-from oipserve.front.header_rules import CONNECTION_SPECIFIC, MalformedRequest, h2_pseudo_header
+from oipserve.front.header_rules import (
+    CONNECTION_SPECIFIC,
+    MalformedRequest,
+    PaddedValue,
+    h2_pseudo_header,
+)
 from oipserve.front.http.limits import ConnectionLimits, head_too_large, too_many_fields
 
 __all__ = ["JSON", "Refusal", "is_grpc", "request_scope", "response_block"]
@@ -67,8 +73,11 @@ def request_scope(
     host = False
     for name, value in headers:
         size += len(name) + len(value)
-        if h2_pseudo_header(name, value, pseudo, regular):
-            continue
+        try:
+            if h2_pseudo_header(name, value, pseudo, regular):
+                continue
+        except PaddedValue as exc:
+            raise Refusal(400, str(exc)) from None
         regular = True
         if _NAME.fullmatch(name) is None:
             raise MalformedRequest(f"a malformed field name {name!r} (RFC 9113, 8.2.1)")
