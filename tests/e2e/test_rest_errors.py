@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
 from tests.support.http import request
-from tests.support.server import ServerProcess
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 
 def simple_body(**overrides: object) -> dict:
@@ -147,17 +149,40 @@ def test_ragged_bytes_data_is_400_as_ragged_numbers_are(
     ],
 )
 def test_a_request_the_parser_refuses_is_a_json_400(server: ServerProcess, head: bytes) -> None:
-    host, port = server.host_port.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(head + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-        answer = b""
-        while chunk := conn.recv(65536):  # the server closes after answering
-            answer += chunk
+    answer = _send_head(server, head)
     status_line, _, rest = answer.partition(b"\r\n")
     fields, _, body = rest.partition(b"\r\n\r\n")
     assert status_line == b"HTTP/1.1 400 Bad Request", answer
     assert b"content-type: application/json" in fields.lower(), answer
     assert json.loads(body) == {"error": "Invalid HTTP request received."}
+
+
+def _send_head(server: ServerProcess, head: bytes) -> bytes:
+    """``head`` as a request line with a minimal head, on a connection of its own; the
+    whole answer (the server closes after it)."""
+    host, port = server.host_port.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_request_the_parser_refuses_is_not_a_warning(tmp_path: Path) -> None:
+    """uvicorn logged a warning for each (found by fuzzing): any client may send them as
+    often as it likes. One debug line each now; the server's own warnings still show."""
+    shutil.copytree(SAMPLE_REPOSITORY / "simple", tmp_path / "simple")
+    proc = ServerProcess(tmp_path, ["--log-level", "debug"]).wait_ready()
+    try:
+        for _ in range(3):
+            assert _send_head(proc, b"FOO / HTTP/1.1").startswith(b"HTTP/1.1 400 ")
+        assert wait_for(lambda: proc.log.count("a request head not parsed") == 3), proc.log
+    finally:
+        assert proc.stop() == 0, proc.log
+    assert "Invalid HTTP request received." not in proc.log.replace(
+        "a request head not parsed (answered and closed): Invalid HTTP request received.", ""
+    ), proc.log
 
 
 @pytest.mark.parametrize("case", list(CASES))

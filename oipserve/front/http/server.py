@@ -18,6 +18,7 @@ from oipserve.front.header_rules import App, HeadChecked
 from oipserve.front.http.h2c import H2Handover
 from oipserve.front.http.lane import InferLane
 from oipserve.front.http.limits import ConnectionLimits
+from oipserve.front.http.parser_log import quiet_bad_heads
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from oipserve.front.http.syn_filter import drop_new_connections
 
@@ -44,6 +45,10 @@ class UvicornServer(uvicorn.Server):
     before that the listener stops taking new ones (``syn_filter``), so that none can
     complete its handshake between the last accept and the close.
     """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        quiet_bad_heads()  # one debug line per unparsable head, not a warning (parser_log)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -1,0 +1,40 @@
+"""uvicorn's warning for every request httptools cannot parse, made a debug line.
+
+uvicorn logs ``Invalid HTTP request received.`` at WARNING for every request whose head
+httptools cannot parse (an unknown method, a raw byte out of place, a head this front
+refused as too large), then answers it (``CorkedHttpToolsProtocol.send_400_response``: a
+400, 431 or 505 with ``{"error": ...}``, and the connection closed). Any client may send
+such requests as often as it likes, each on a new connection, and each was a warning in
+the operator's log. ``quiet_bad_heads`` puts a filter on uvicorn's logger that turns that
+one warning into a debug line of ``oipserve.http``, as an upgrade request is
+(``_unsupported_upgrade_warning``); everything else uvicorn logs passes unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["UNPARSABLE", "quiet_bad_heads"]
+
+#: uvicorn's words for a head httptools could not parse (``HttpToolsProtocol.data_received``).
+UNPARSABLE = "Invalid HTTP request received."
+
+log = logging.getLogger("oipserve.http")
+
+
+class _BadHeadsQuiet(logging.Filter):
+    """Drops uvicorn's ``UNPARSABLE`` warning, logging it at debug instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == UNPARSABLE and record.levelno == logging.WARNING:
+            log.debug("a request head not parsed (answered and closed): %s", UNPARSABLE)
+            return False
+        return True
+
+
+_FILTER = _BadHeadsQuiet()
+
+
+def quiet_bad_heads() -> None:
+    """Filter uvicorn's logger (once, however often called: one filter object)."""
+    logging.getLogger("uvicorn.error").addFilter(_FILTER)
