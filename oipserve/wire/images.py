@@ -121,6 +121,8 @@ def image_spec_for(
         )
     if scale is not None and 0.0 in scale:
         raise ImageError(f"input '{input_name}': parameter scale must not contain 0")
+    if np_dtype.kind == "f":
+        _check_normalised_range(input_name, np_dtype, mean or (0.0,), scale or (1.0,))
     return ImageSpec(
         layout=layout,
         height=height,
@@ -157,6 +159,31 @@ def _detect_layout(input_name: str, dims: tuple[int, ...]) -> Literal["NHWC", "N
         f"cannot tell whether image input '{input_name}' with shape {list(dims)} is NHWC or"
         " NCHW; set the model parameter `layout` to NHWC or NCHW"
     )
+
+
+#: The largest value of a pixel of an 8-bit image: ``mean``/``scale`` must keep every such
+#: pixel finite in the model's type (a 16-bit PNG's pixels reach 65535).
+_PIXEL_MAX = 255.0
+
+
+def _check_normalised_range(
+    input_name: str, dtype: np.dtype, mean: Sequence[float], scale: Sequence[float]
+) -> None:
+    """ImageError when ``(pixel - mean) / scale`` of an 8-bit pixel would not be finite in
+    ``dtype`` (nor in the float32 the workers compute in below float64): a mean of 1e39, a
+    scale of 1e-50 or an FP16 mean of -1e6 passed the checks in Python's floats, and then
+    every image request got NaN/inf back, with numpy's warnings in the log (fuzzing)."""
+    compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    largest = float(min(np.finfo(dtype.name).max, np.finfo(compute.name).max))
+    count = max(len(mean), len(scale))
+    for channel in range(count):
+        m = mean[channel if len(mean) > 1 else 0]
+        s = scale[channel if len(scale) > 1 else 0]
+        if float(compute.type(s)) == 0.0 or max(abs(m), abs(_PIXEL_MAX - m)) / abs(s) > largest:
+            raise ImageError(
+                f"input '{input_name}': parameters mean {m:g} and scale {s:g} take pixels "
+                f"(0 to {_PIXEL_MAX:g}) past what {dtype.name} holds"
+            )
 
 
 def _floats_param(

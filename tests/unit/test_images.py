@@ -439,7 +439,15 @@ def test_spec_parameters_are_parsed_and_validated() -> None:
         ({"scale": "1,nan,1"}, "float32", "scale must be finite"),
         ({"scale": "1,0,1"}, "float32", "scale must not contain 0"),
         ({"mean": "1"}, "uint8", "mean/scale need a floating-point input"),
+        # Finite as Python floats, not in the model's type (found by fuzzing: NaN answers).
+        ({"mean": "1e39"}, "float32", "mean 1e[+]39 and scale 1 take pixels .* past what float32"),
+        ({"scale": "1,1e-50,1"}, "float32", "scale 1e-50 take pixels .* past what float32"),
+        ({"scale": "1e-40"}, "float32", "past what float32 holds"),  # subnormal in float32
+        ({"mean": "-1e6"}, "float16", "past what float16 holds"),
     ]
+    for fits in ({"mean": "0", "scale": "1"}, {"scale": "0.01"}, {"mean": "-60000"}):
+        image_spec_for("i", [1, 224, 224, 3], "float16", fits)  # FP16's range holds these
+    image_spec_for("i", [1, 224, 224, 3], "float64", {"scale": "1e-300"})
     for params, dtype, message in bad:
         with pytest.raises(ImageError, match=message):
             image_spec_for("i", [1, 224, 224, 3], dtype, params)
