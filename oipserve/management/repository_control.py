@@ -53,7 +53,10 @@ class RepositoryControl:
                 for model in versions.values():
                     state, reason = model.state, model.reason
                     if state == "READY" and not model.ready:
-                        state, reason = "UNAVAILABLE", "no running instance (worker restarting)"
+                        # NOTE: an ensemble's readiness says why (a step not ready, or
+                        #   no longer fitting); a model's is its instances'.
+                        why = model.reason or "no running instance (worker restarting)"
+                        state, reason = "UNAVAILABLE", why
                     entries.append(
                         {"name": name, "version": model.version, "state": state, "reason": reason}
                     )

@@ -157,6 +157,7 @@ class WorkerEndpoints:
             del self.loading[name]
         self.endpoints[name] = endpoint
         self.registry.models[name] = {plan.model.version: plan.model}
+        self.registry.changes += 1
         self.registry.unloaded.discard(name)
         outcome.set_result(name)
         log.info("endpoint '%s' loaded (%s, %s)", name, endpoint.kind, endpoint.params)

@@ -68,6 +68,10 @@ class EnsembleVersion(ModelVersion):
         self.chain_runs = () if limit else chain_runs(plan)
         #: The data plane's ``ChainPlan`` for the composing versions it was made for.
         self.chain_plan: object = None
+        #: Why the steps' models, as loaded now, no longer fit this ensemble ("" while
+        #: they do), and the registry's ``changes`` when that was last checked.
+        self.mismatch = ""
+        self._checked_at = -1
 
     def step_model(self, index: int) -> ModelVersion:
         """The version that runs step ``index`` now; 503 naming the step when it has none."""
@@ -113,7 +117,29 @@ class EnsembleVersion(ModelVersion):
                     + ") is not ready"
                     + (" (it was unloaded)" if step.model_name in self.registry.unloaded else "")
                 )
-        return None
+        return self._step_mismatch()
+
+    def _step_mismatch(self) -> str | None:
+        """Why the steps' models, as loaded now, no longer fit; None while they do.
+
+        Checked again (``validate``) only after the registry changed: a reload of a step's
+        model (another ensemble's most of all, which has no graph to hold its tensors)
+        may rename or retype what this ensemble maps. Triton checks an ensemble again
+        when a model it uses is reloaded; until a reload fits again, this one is not
+        ready and answers 503 saying why, where its requests got a 400 blaming the
+        client (found by fuzzing)."""
+        changes = self.registry.changes
+        if self._checked_at != changes:
+            self._checked_at = changes
+            try:
+                validate(self)
+            except CANNOT_LOAD as exc:
+                self.mismatch = str(exc)
+            else:
+                self.mismatch = ""
+        if not self.mismatch:
+            return None
+        return f"a step's model no longer fits it since it was reloaded: {self.mismatch}"
 
     @property
     def ready(self) -> bool:

@@ -272,6 +272,7 @@ class ModelManager:
             await asyncio.shield(self._retire(discarded, "discarded", None))
             return reason
         self.registry.models[name] = versions
+        self.registry.changes += 1
         self.registry.failed.pop(name, None)
         self.registry.unloaded.discard(name)
         await self._tell_changed()  # the other fronts get the new versions before the old go

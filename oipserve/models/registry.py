@@ -201,6 +201,10 @@ class ModelRegistry:
         self.unloaded: set[str] = set()
         #: Names with a repository load under way: known, not ready yet (503, not 404).
         self.loading: set[str] = set()
+        #: Counts the times versions were put in ``models`` (a load, a reload, a
+        #: snapshot of the primary's): an ensemble checks its steps again after one
+        #: (``EnsembleVersion``), as a step's reload may change its tensors.
+        self.changes = 0
 
     def resolve(self, name: str, version: str | None) -> ModelVersion:
         versions = self.models.get(name)

@@ -244,6 +244,7 @@ class Replica:
     def _serve(self, models: dict[str, dict[str, ModelVersion]]) -> None:
         """Answer exactly ``models`` from now on (the router forwards the rest)."""
         self.registry.models = models
+        self.registry.changes += 1
         self.versions = {m.serial: m for versions in models.values() for m in versions.values()}
         self.router.versions = {name: frozenset(versions) for name, versions in models.items()}
 

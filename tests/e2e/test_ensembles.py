@@ -7,6 +7,7 @@ each test, and the last test unloads a composing model under load.
 
 from __future__ import annotations
 
+import json
 import queue
 import shutil
 import threading
@@ -245,11 +246,58 @@ def test_an_unloaded_inner_ensemble_makes_the_outer_one_unavailable(
     http.unload_model("inner_chain")
     try:
         assert wait_for(lambda: not http.is_model_ready("nested"), timeout=10)
+        (entry,) = [e for e in http.get_model_repository_index() if e["name"] == "nested"]
+        assert "composing model 'inner_chain'" in entry["reason"], entry  # not "restarting"
         with pytest.raises(InferenceServerException, match="composing model 'inner_chain'") as info:
             http.infer("nested", _http_x())
         assert info.value.status() == "503"
     finally:
         http.load_model("inner_chain")
+    assert http.is_model_ready("nested") and http.is_model_ready("nested_twice")
+    np.testing.assert_array_equal(http.infer("nested", _http_x()).as_numpy("Y"), (X + 1) * 2 + 1)
+
+
+def test_an_inner_ensemble_reloaded_with_other_tensors_makes_the_outer_one_unavailable(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """inner_chain reloaded with its tensors renamed (X, Y -> XX, YY): it has no graph to
+    refuse that, and nested maps X and Y. nested then said ready and answered every
+    request 400 'unexpected input' (found by fuzzing); now it is not ready, a 503 saying
+    why, until a reload of inner_chain fits again (Triton checks the ensembles using a
+    reloaded model again)."""
+    renamed = {
+        "name": "inner_chain",
+        "platform": "ensemble",
+        "max_batch_size": 8,
+        "input": [{"name": "XX", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "YY", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "ensemble_scheduling": {
+            "step": [
+                {"model_name": "add_one", "model_version": -1,
+                 "input_map": {"IN": "XX"}, "output_map": {"OUT": "x1"}},
+                {"model_name": "double", "model_version": -1,
+                 "input_map": {"IN": "x1"}, "output_map": {"OUT": "YY"}},
+            ]
+        },
+    }  # fmt: skip
+    http.load_model("inner_chain", config=json.dumps(renamed))
+    try:
+        assert not http.is_model_ready("nested") and not grpc.is_model_ready("nested_twice")
+        with pytest.raises(InferenceServerException, match="no longer fits") as info:
+            http.infer("nested", _http_x())
+        assert info.value.status() == "503" and "non-existing input X in model inner_chain" in (
+            info.value.message() or ""
+        )
+        (entry,) = [e for e in http.get_model_repository_index() if e["name"] == "nested"]
+        assert entry["state"] == "UNAVAILABLE" and "no longer fits" in entry["reason"], entry
+        renamed_x = httpclient.InferInput("XX", list(X.shape), "FP32")
+        renamed_x.set_data_from_numpy(X)
+        expected = (X + 1) * 2
+        np.testing.assert_array_equal(
+            http.infer("inner_chain", [renamed_x]).as_numpy("YY"), expected
+        )
+    finally:
+        http.load_model("inner_chain")  # the repository's config again
     assert http.is_model_ready("nested") and http.is_model_ready("nested_twice")
     np.testing.assert_array_equal(http.infer("nested", _http_x()).as_numpy("Y"), (X + 1) * 2 + 1)
 

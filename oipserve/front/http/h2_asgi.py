@@ -13,10 +13,11 @@ What the app gets, and what holds on such a stream:
 
 - the scope HTTP/1.1 gives (``http_version`` ``"2"``), built from the pseudo-headers;
   ``:authority`` becomes ``host`` when the request has none. A malformed request (RFC
-  9113, 8.1.1: an upper-case or non-token name, NUL/CR/LF or edge whitespace in a value,
-  connection-specific fields, misplaced or missing pseudo-headers) is a stream error,
-  RST_STREAM PROTOCOL_ERROR, as for a gRPC call; a value with another control byte, or a
-  path that is not printable ASCII, is a 400; more than ``--max-header-fields`` fields or
+  9113, 8.1.1: an upper-case or non-token name, NUL/CR/LF in a value, connection-specific
+  fields, misplaced or missing pseudo-headers) is a stream error, RST_STREAM
+  PROTOCOL_ERROR, as for a gRPC call; a value with another control byte or with a space
+  or tab at either end (``header_rules.PaddedValue``), or a path that is not printable
+  ASCII, is a 400; more than ``--max-header-fields`` fields or
   ``--max-header-bytes`` bytes a 431, as over HTTP/1.1 (all with ``{"error": ...}``;
   ``h2_head`` reads the head).
 - the body: DATA as it comes, each chunk's window given back once the app has taken it,
