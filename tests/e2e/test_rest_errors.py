@@ -158,11 +158,15 @@ def test_a_request_the_parser_refuses_is_a_json_400(server: ServerProcess, head:
 
 
 def _send_head(server: ServerProcess, head: bytes) -> bytes:
-    """``head`` as a request line with a minimal head, on a connection of its own; the
-    whole answer (the server closes after it)."""
+    """``head`` as a request line with a minimal head; the whole answer."""
+    return _send_raw(server, head + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+
+
+def _send_raw(server: ServerProcess, data: bytes) -> bytes:
+    """``data`` on a connection of its own; the whole answer (the server closes after it)."""
     host, port = server.host_port.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(head + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        conn.sendall(data)
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
@@ -270,12 +274,7 @@ def test_body_above_limit_is_413_before_reading() -> None:
 @pytest.mark.parametrize("line", [b"GET /v2/health/live", b"GET /v2/health/live HTTP/0.9"])
 def test_a_request_without_http_1_is_a_json_505(server: ServerProcess, line: bytes) -> None:
     # (llhttp reads a request line without a version as HTTP/0.9; Falcon raised on it: a 500)
-    host, port = server.host_port.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(line + b"\r\n\r\n")
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
+    answer = _send_raw(server, line + b"\r\n\r\n")
     status_line, _, rest = answer.partition(b"\r\n")
     fields, _, body = rest.partition(b"\r\n\r\n")
     assert status_line.startswith(b"HTTP/1.1 505 "), answer

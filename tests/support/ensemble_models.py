@@ -250,12 +250,6 @@ CONFIGS = {
         _X,
         _Y,
     ),
-    "inner_chain": ensemble_config(
-        "inner_chain",
-        [("add_one", {"IN": "X"}, {"OUT": "x1"}), ("double", {"IN": "x1"}, {"OUT": "Y"})],
-        _X,
-        _Y,
-    ),
     "nested": ensemble_config(
         "nested",
         [
@@ -277,6 +271,7 @@ CONFIGS = {
         _Y,
     ),
 }
+CONFIGS["inner_chain"] = CONFIGS["chain"].replace('name: "chain"', 'name: "inner_chain"', 1)
 
 
 def write_repository(root: Path, slow_nodes: int = 400) -> Path:
