@@ -232,6 +232,12 @@ def test_every_front_of_http_workers_serves_rest_over_h2() -> None:
                     index = h2.request("POST", "/v2/repository/index", [JSON], b"{}")
                     assert index.status == 200, (pid, port, index)
                     assert "simple" in {m["name"] for m in json.loads(index.body)}
+                    # A method HTTP/1.1's parser refuses: the same answer on every front.
+                    brew = h2.request("BREW", "/v2/health/ready")
+                    assert (brew.status, json.loads(brew.body)) == (
+                        400,
+                        {"error": "Invalid HTTP request received."},
+                    ), (pid, port, brew)
     finally:
         assert proc.stop() == 0, proc.log
     assert "Traceback" not in proc.log, proc.log

@@ -188,7 +188,16 @@ async def test_refused_heads_are_answered_with_json_errors() -> None:
     peer.request(7, "GET", "/v2", ("x-a", " padded"))
     headers, body, _ = await _answer(peer, 7)
     assert headers[":status"] == "400" and "'x-a' starts or ends with" in json.loads(body)["error"]
+    # A method HTTP/1.1's parser refuses: its answer, as the fronts forwarding it over
+    # HTTP/1.1 give it (the primary's app answered in other words).
+    peer.request(9, "BREW", "/v2")
+    headers, body, _ = await _answer(peer, 9)
+    assert headers[":status"] == "400"
+    assert json.loads(body) == {"error": "Invalid HTTP request received."}
     assert not app.scopes
+    peer.request(11, "PURGE", "/v2")  # one it takes goes to the app, as over HTTP/1.1
+    headers, _, _ = await _answer(peer, 11)
+    assert [scope["method"] for scope in app.scopes] == ["PURGE"]
 
 
 async def test_a_body_of_no_declared_length_is_refused_past_the_limit() -> None:

@@ -12,9 +12,12 @@ out (8.2.2).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 from urllib.parse import unquote
+
+import httptools
 
 from oipserve.front.grpc.h2.headers import Headers
 from oipserve.front.header_rules import (
@@ -24,6 +27,7 @@ from oipserve.front.header_rules import (
     h2_pseudo_header,
 )
 from oipserve.front.http.limits import ConnectionLimits, head_too_large, too_many_fields
+from oipserve.front.http.parser_log import UNPARSABLE
 
 __all__ = ["JSON", "Refusal", "is_grpc", "request_scope", "response_block"]
 
@@ -31,6 +35,8 @@ __all__ = ["JSON", "Refusal", "is_grpc", "request_scope", "response_block"]
 _NOT_IN_RESPONSES = frozenset(name.encode() for name in CONNECTION_SPECIFIC)
 #: A field name as HTTP/1.1's parser takes one (a token), lower case as HTTP/2 requires.
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+#: Methods HTTP/1.1's parser takes, known without asking it (``_http1_parses``).
+_COMMON_METHODS = frozenset({"GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"})
 #: A method: a token (RFC 9110, 9.1).
 _METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: A control byte HTTP/1.1's parser refuses in a value (all but HTAB): a 400 there too.
@@ -122,12 +128,35 @@ def _request_line(pseudo: dict[str, str]) -> tuple[str, str]:
         raise MalformedRequest("no :method, or one that is no token (RFC 9113, 8.3.1)")
     if method == "CONNECT":
         raise Refusal(405, "CONNECT is not served")
+    if method not in _COMMON_METHODS and not _http1_parses(method):
+        # NOTE: HTTP/1.1's answer, on every front: the other fronts forward a request
+        #   they do not serve over HTTP/1.1, whose parser refused it in these words,
+        #   where the primary's app answered in its own (found by fuzzing).
+        raise Refusal(400, UNPARSABLE)
     path = pseudo.get(":path")
     if ":scheme" not in pseudo or not path:
         raise MalformedRequest("no :scheme or :path (RFC 9113, 8.3.1)")
     if _TARGET.fullmatch(path) is None or not (path[0] == "/" or path == "*"):
         raise Refusal(400, "the request target is not an absolute path of printable ASCII")
     return method, path
+
+
+@functools.lru_cache(maxsize=64)
+def _http1_parses(method: str) -> bool:
+    """Whether HTTP/1.1's parser (llhttp, through httptools) takes ``method``: asked of it
+    once per method, as httptools lists none."""
+    parser = httptools.HttpRequestParser(_NoCallbacks())
+    try:
+        parser.feed_data(method.encode() + b" / HTTP/1.1\r\nHost: x\r\n\r\n")
+    except httptools.HttpParserUpgrade:
+        return True
+    except httptools.HttpParserError:
+        return False
+    return True
+
+
+class _NoCallbacks:
+    """A parser's protocol that wants no callback."""
 
 
 def _length(value: int) -> bytes:
