@@ -54,7 +54,9 @@ from oipserve.errors import InvalidInput
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
 from oipserve.request.checks import check_datatype, check_output_names, input_spec
+from oipserve.request.classification import check_classification
 from oipserve.request.inference import Inference, InferResult
+from oipserve.request.region_use import RegionUse
 from oipserve.telemetry.stats import FailureReason, ModelStats
 
 __all__ = ["EnsembleRunner", "Held"]
@@ -94,6 +96,7 @@ class EnsembleRunner:
             model.check_serving()
             tensors = _client_tensors(model, inference, client)
             wanted = _wanted_outputs(model, inference.output_names)
+            check_classification(model, inference.classification, inference.into_regions)
             chains = self._chains(model) if model.chain_runs else _NO_CHAINS
         except BaseException:
             client.release()
@@ -102,6 +105,7 @@ class EnsembleRunner:
         run = EnsembleRun(self, model, inference, tensors, client, chains)
         try:
             outputs = await run.execute(wanted)
+            _check_regions_fit(outputs, inference.into_regions)
         except BaseException:
             stats.request_failed(FailureReason.OTHER, monotonic_ns() - start)
             raise
@@ -170,6 +174,18 @@ def _wanted_outputs(model: EnsembleVersion, names: list[str]) -> list[str]:
         return [t.name for t in model.outputs]
     check_output_names(model, names)
     return list(names)
+
+
+def _check_regions_fit(result: InferResult, into: dict[str, RegionUse]) -> None:
+    """InvalidInput (the result released) when an output asked for in a client's region is
+    larger than the region gives: known only now, as an ensemble's output shapes are its
+    steps'. Checked before the request counts as a success (the data plane writes the
+    outputs there after the run, ``plane._deliver``)."""
+    for tensor in result.outputs:
+        use = into.get(tensor.name)
+        if use is not None and len(tensor.data) > use.nbytes:
+            result.release()
+            raise InvalidInput(use.too_small(f"output '{tensor.name}'", len(tensor.data)))
 
 
 def _batch_size(model: ModelVersion, inference: Inference) -> int:

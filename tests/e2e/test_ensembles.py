@@ -11,6 +11,7 @@ import json
 import queue
 import shutil
 import threading
+import uuid
 from collections.abc import Iterator
 
 import cv2
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.support.ensemble_models import (
@@ -27,6 +29,7 @@ from tests.support.ensemble_models import (
     write_ensemble,
     write_repository,
 )
+from tests.support.http import request
 from tests.support.metrics import scrape
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
@@ -105,6 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for name, (config, _) in BAD.items():
         write_ensemble(root, name, config)
     args = ["--model-control-mode", "explicit", "--instances-per-device", "2"]
+    args += ["--allow-client-shm", "true"]
     for name in ENSEMBLES:
         args += ["--load-model", name]
     proc = ServerProcess(root, args).wait_ready()
@@ -300,6 +304,36 @@ def test_an_inner_ensemble_reloaded_with_other_tensors_makes_the_outer_one_unava
         http.load_model("inner_chain")  # the repository's config again
     assert http.is_model_ready("nested") and http.is_model_ready("nested_twice")
     np.testing.assert_array_equal(http.infer("nested", _http_x()).as_numpy("Y"), (X + 1) * 2 + 1)
+
+
+def test_outputs_the_client_cannot_take_are_refused_and_counted_as_failures(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    """Found by fuzzing: an output into a region too small for it was a 400 counted as a
+    success; classification skipped its checks on ensembles (a count past the bound was
+    served, a BYTES output or one also in a region was a 500). Each is a 400 and a
+    failure now, as for any model."""
+    key = f"/oipserve-test-{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("small", key, 16)
+    http.register_system_shared_memory("small", key, 16)
+    region = {"shared_memory_region": "small", "shared_memory_byte_size": 16}
+    cases = [  # Y of X [2, 3] needs 24 bytes
+        (region, "output 'Y' needs 24 bytes but its shared memory region 'small' gives 16"),
+        ({"classification": 10**12}, "asks for 1000000000000 classes; at most 65536 may be"),
+        ({"classification": 2, **region}, "cannot be both in shared memory and a classification"),
+    ]
+    x = {"name": "X", "datatype": "FP32", "shape": [2, 3], "data": X.ravel().tolist()}
+    try:
+        for parameters, message in cases:
+            before = _step_stats(http, "chain")
+            body = {"inputs": [x], "outputs": [{"name": "Y", "parameters": parameters}]}
+            status, _, answer = request(server, "POST", "/v2/models/chain/infer", json.dumps(body))
+            assert (status, message in json.loads(answer)["error"]) == (400, True), answer
+            after = _step_stats(http, "chain")
+            assert after[:2] == (before[0], before[1] + 1), message
+    finally:
+        http.unregister_system_shared_memory("small")
+        shm.destroy_shared_memory_region(handle)
 
 
 def test_requests_that_do_not_fit_the_ensemble_are_refused(
