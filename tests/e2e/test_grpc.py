@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import shutil
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 from tests.support.tensors import ROUND_TRIP, simple_inputs
 
 #: InferTensorContents field per datatype (the typed, non-raw encoding).
@@ -604,6 +605,44 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
             assert outcome.status() == str(grpc.StatusCode.UNAVAILABLE), outcome
         else:
             np.testing.assert_array_equal(outcome, data)
+
+
+def test_clients_that_keep_calling_do_not_hold_the_shutdown(tmp_path: Path) -> None:
+    """Found by fuzzing: after SIGTERM the gRPC port went on accepting and serving new
+    calls while any client kept calling (a drain waited for five quiet polls), and the
+    server exited only at --shutdown-timeout. New calls are refused at once now: the
+    server exits long before the 60 s given, every answer is correct or UNAVAILABLE."""
+    shutil.copytree(SAMPLE_REPOSITORY / "simple", tmp_path / "simple")
+    proc = ServerProcess(tmp_path, ["--shutdown-timeout", "60"]).wait_ready()
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    stop = threading.Event()
+    answered: list[int] = [0]
+    refusals: list[str] = []
+
+    def keep_calling() -> None:
+        with grpcclient.InferenceServerClient(proc.grpc_url) as own:
+            while not stop.is_set():
+                try:
+                    result = own.infer("simple", simple_inputs(a, a))
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+                    answered[0] += 1
+                except InferenceServerException as exc:
+                    refusals.append(str(exc.status()))
+                    if proc.process.poll() is not None:
+                        return
+
+    threads = [threading.Thread(target=keep_calling) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: answered[0] >= 200, timeout=30)
+        proc.process.send_signal(signal.SIGTERM)
+        assert proc.process.wait(30) == 0, proc.log  # held until 60 s before
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert set(refusals) <= {str(grpc.StatusCode.UNAVAILABLE)}, refusals
 
 
 def test_repository_rpcs(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from oipserve.front.grpc.h2.frames import (
     frame,
     settings_frame,
 )
-from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method, arrived
+from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method
 from oipserve.wire.shm import BufferPool, Lease
 
 
@@ -95,20 +95,11 @@ class FakeService:
         self.running = 0
 
     def table(self, settings: Settings, pool: BufferPool | None = None) -> CallTable:
-        """Every unary RPC, ModelInfer's parse taking the call off ``arriving`` as
-        ``front.grpc.handlers.counted_methods`` does; messages stay bytes."""
+        """Every unary RPC; messages stay bytes."""
         methods = {
-            name: Method(
-                arrived(self.arriving, _parse) if name == "ModelInfer" else _parse,
-                self._answer(name),
-                bytes,
-            )
-            for name in RPCS
-            if name != STREAM_RPC
+            name: Method(_parse, self._answer(name), bytes) for name in RPCS if name != STREAM_RPC
         }
-        return CallTable(
-            settings, methods, self._answer(STREAM_RPC), self.arriving, self.closing, pool=pool
-        )
+        return CallTable(settings, methods, self._answer(STREAM_RPC), self.closing, pool=pool)
 
     def _answer(self, method: str) -> Callable[[bytes | memoryview], Awaitable[bytes]]:
         async def answer(request: bytes | memoryview) -> bytes:

@@ -2,7 +2,7 @@
 
 A call may end by the client's RST_STREAM, by ours (a stream error such as WINDOW_UPDATE
 of 0), by its connection closing, by its deadline, by a refusal or by an upload that
-stalls. Each way, its lease goes back to the input pool, its ``arriving`` entry goes, its
+stalls. Each way, its lease goes back to the input pool, its
 task ends, its running inference is cancelled, and nothing more is sent on the stream.
 Driven with raw frames through a real connection (``tests.support.grpc_peer``).
 """
@@ -82,7 +82,7 @@ async def test_a_call_reset_mid_message_gives_its_lease_back(
         assert await until(lambda p=peer: pool.leased_count == 0 and not p.connection.streams)
         sizes.append(pool.total_bytes)
     assert sizes[-1] == sizes[0]
-    assert not service.arriving and not service.calls
+    assert not service.calls
 
 
 @pytest.mark.parametrize("ending", list(_ENDINGS))
@@ -98,19 +98,6 @@ async def test_a_reset_stops_the_inference_and_sends_nothing_more(ending: str) -
     frames = await peer.written()
     assert not [f for f in frames if f[2] == 1 and f[0] in (Frame.HEADERS, Frame.DATA)]
     assert not peer.connection.streams
-
-
-async def test_a_refused_model_infer_is_no_longer_arriving() -> None:
-    """A ModelInfer call refused by its declared length was kept in ``arriving`` for the
-    life of the process (only a parse took it off)."""
-    service = FakeService()
-    peer = GrpcPeer(service.table(Settings(model_repository=".")))
-    for stream in range(1, 200, 2):
-        peer.send(peer.headers(stream, "ModelInfer"))
-        peer.send(frame(Frame.DATA, 0, stream, grpc_prefix(2**31)))
-    frames = await peer.written()
-    assert set(_statuses(frames, 1)) == {"8"}  # RESOURCE_EXHAUSTED
-    assert not service.arriving
 
 
 @pytest.mark.parametrize("ending", [*_ENDINGS, "connection-lost"])
@@ -141,7 +128,7 @@ async def _answer_to_the_smallest_deadline(method: str, timeout: str) -> list[st
         peer.headers(1, method, ("grpc-timeout", timeout))
         + frame(Frame.DATA, END_STREAM, 1, grpc_message(b"request"))
     )
-    assert await until(lambda: not peer.connection.streams and not service.arriving)
+    assert await until(lambda: not peer.connection.streams)
     return _statuses(await peer.written(), 1)
 
 
@@ -174,7 +161,7 @@ async def test_a_stalled_upload_gives_its_memory_back(pool: BufferPool) -> None:
     frames = await peer.written()
     assert _statuses(frames, 1) == ["4"]
     assert any(f[0] == Frame.RST_STREAM and f[2] == 1 for f in frames)
-    assert not peer.connection.streams and not service.arriving
+    assert not peer.connection.streams
 
 
 async def test_an_upload_is_not_timed_while_its_connection_is_held(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 import hpack
@@ -40,7 +39,7 @@ from oipserve.front.grpc.h2.frames import (
 )
 from oipserve.front.grpc.h2.headers import HeaderDecoder
 from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
-from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method, arrived
+from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method
 from tests.support.grpc_peer import Peer
 
 
@@ -226,24 +225,14 @@ class FakeService:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes]] = []
-        self.arriving: deque[float] = deque()
         self.closing = asyncio.Event()
 
     def table(self, settings: Settings) -> CallTable:
-        """Every unary RPC, ModelInfer's parse taking the call off ``arriving`` as
-        ``grpc_front.handlers.counted_methods`` does; messages stay bytes."""
+        """Every unary RPC; messages stay bytes."""
         methods = {
-            name: Method(
-                arrived(self.arriving, _same) if name == "ModelInfer" else _same,
-                self._answer(name),
-                _same,
-            )
-            for name in RPCS
-            if name != STREAM_RPC
+            name: Method(_same, self._answer(name), _same) for name in RPCS if name != STREAM_RPC
         }
-        return CallTable(
-            settings, methods, self._answer(STREAM_RPC), self.arriving, self.closing, pool=None
-        )
+        return CallTable(settings, methods, self._answer(STREAM_RPC), self.closing, pool=None)
 
     def _answer(self, method: str) -> Callable[[bytes | memoryview], Awaitable[bytes]]:
         async def answer(request: bytes | memoryview) -> bytes:
@@ -283,15 +272,14 @@ def _message(payload: bytes) -> bytes:
     return struct.pack(">BI", 0, len(payload)) + payload
 
 
-async def test_a_call_is_arriving_from_its_headers_until_its_message_is_parsed() -> None:
-    """The drain's count: a ModelInfer call still uploading is not forgotten at shutdown."""
+async def test_a_message_split_over_frames_is_answered_once_whole() -> None:
     peer, service = _grpc_peer()
     peer.send(_grpc_headers(peer, 1, "ModelInfer"))
     peer.send(frame(Frame.DATA, 0, 1, _message(b"request")[:4]))
-    assert len(service.arriving) == 1 and not service.calls
+    await asyncio.sleep(0.01)
+    assert not service.calls
     peer.send(frame(Frame.DATA, END_STREAM, 1, _message(b"request")[4:]))
     await asyncio.sleep(0.01)
-    assert not service.arriving
     assert service.calls == [("ModelInfer", b"request")]
     frames = await peer.written()
     data = [f[3] for f in frames if f[0] == Frame.DATA and f[2] == 1]
@@ -307,7 +295,7 @@ async def test_an_unknown_method_is_unimplemented_before_its_message() -> None:
     (answer,) = [f for f in frames if f[0] == Frame.HEADERS]
     headers = dict(hpack.Decoder().decode(answer[3]))
     assert headers["grpc-status"] == "12" and "Nope" in headers["grpc-message"]
-    assert answer[1] & END_STREAM and not service.arriving and not service.calls
+    assert answer[1] & END_STREAM and not service.calls
     # The client is told to stop sending (RST_STREAM NO_ERROR), and its data is ignored.
     assert any(f[0] == Frame.RST_STREAM and f[2] == 1 for f in frames)
 
@@ -346,7 +334,7 @@ async def test_frames_after_the_clients_end_reset_the_stream_stream_closed(
     resets = [f for f in frames if f[0] == Frame.RST_STREAM and f[2] == 1]
     assert [struct.unpack(">I", f[3])[0] for f in resets] == [ErrorCode.STREAM_CLOSED]
     assert not [f for f in frames if f[0] in (Frame.HEADERS, Frame.DATA)]  # no answer
-    assert not service.calls and not service.arriving
+    assert not service.calls
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     # The connection goes on: the next call is answered.
     peer.send(_grpc_headers(peer, 3, "ServerLive"))

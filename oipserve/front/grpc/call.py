@@ -23,13 +23,12 @@ deadline passes is cancelled (a queued request leaves its batcher) and answered
 DEADLINE_EXCEEDED; a call the client resets is cancelled and not answered. However a call
 ends (either side's RST_STREAM, the connection gone, its deadline, a refusal, a message
 that does not arrive within the REST body's timeout) it gives back all it holds: its
-message's lease or memory, its task and queued messages, its ``arriving`` entry.
+message's lease or memory, its task and queued messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 
@@ -107,9 +106,6 @@ class Call(CallReceiver):
             # NOTE: no queue and no task until a message comes (``_start_stream``): a
             #   stream opened and left silent costs its call alone (issue 37, row 4).
             self._streaming = True
-        elif self._name == "ModelInfer":
-            self._arrived_at = time.monotonic()
-            self._table.arriving.append(self._arrived_at)
         if end_stream:
             self.end_received()
 

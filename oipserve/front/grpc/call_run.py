@@ -43,7 +43,6 @@ class CallRunner(CallSender):
             if method is None:  # answered by another front
                 data: bytes | memoryview = await self._forwarded(bytes(payload))
             else:
-                self._arrived_at = None  # parsing takes it off ``arriving`` (``rpcs.arrived``)
                 request = method.deserialize(payload)
                 table = self._table
                 if (

@@ -8,7 +8,7 @@ headers and the deadline) over ``call_receive`` (the request's messages read) ov
 the call's state (``__slots__``, all set in ``__init__``), the stream's window given back
 as its handler keeps up, and every way a call ends: the status or trailers that answer
 it, a reset from either side, and what it gives back (its message's lease or memory, its
-task and queued messages, its ``arriving`` entry).
+task and queued messages).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.h2.connection import Connection
 from oipserve.front.grpc.h2.frames import ErrorCode, trailers, trailers_only
 from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
-from oipserve.front.grpc.rpcs import Method, forget
+from oipserve.front.grpc.rpcs import Method
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.wire.shm import Lease
@@ -46,7 +46,7 @@ class CallState:
     """A call's state, its stream's window, and its end (the layers above run it)."""
 
     __slots__ = ("send_window", "_conn", "_stream", "_table", "_name", "_method", "_encoding",
-                 "_metadata", "_timer", "_upload", "_arrived_at", "_deadline_at", "_task",
+                 "_metadata", "_timer", "_upload", "_deadline_at", "_task",
                  "_done", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
@@ -64,9 +64,6 @@ class CallState:
         self._timer: asyncio.TimerHandle | None = None
         #: Set while a message is partly in: past it the call is dropped (``_upload_expired``).
         self._upload: asyncio.TimerHandle | None = None
-        #: This ModelInfer call's entry in the table's ``arriving``, until its message is
-        #: parsed (``rpcs.arrived`` takes it off then) or the call ends without (``_release``).
-        self._arrived_at: float | None = None
         #: The loop's time at the call's deadline (``grpc-timeout``), if it has one.
         self._deadline_at: float | None = None
         self._task: asyncio.Task[None] | None = None
@@ -212,12 +209,7 @@ class CallState:
             self._upload = None
 
     def _release(self) -> None:
-        """Give back what a message being read holds (a finished call holds nothing), and
-        the call's ``arriving`` entry if its message was never parsed (refused, reset,
-        expired): else it would be kept for the life of the process."""
-        if self._arrived_at is not None:
-            forget(self._table.arriving, self._arrived_at)
-            self._arrived_at = None
+        """Give back what a message being read holds (a finished call holds nothing)."""
         self._waiting = None
         lease, self._lease = self._lease, None
         memory, self._memory = self._memory, None

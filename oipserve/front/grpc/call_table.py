@@ -9,7 +9,6 @@ may be each way, and where a large ModelInfer message is read to (the input pool
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,7 +44,6 @@ class CallTable:
         settings: Settings,
         methods: dict[str, Method],
         stream_infer: Callable[[Any], Awaitable[bytes | memoryview]],
-        arriving: deque[float],
         closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,
@@ -64,7 +62,6 @@ class CallTable:
                     self.methods[f"/{SERVICE}/{name}"] = (name, None)
         self.stream_path = f"/{SERVICE}/{STREAM_RPC}"
         self.stream_infer = stream_infer
-        self.arriving = arriving
         self.closing = closing
         self.pool = pool
         self.send_limit = settings.grpc_max_message_bytes

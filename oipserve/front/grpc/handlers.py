@@ -6,7 +6,7 @@ INVALID_ARGUMENT), the handler of ``InferenceService`` that answers it and the
 response writer. ModelInfer uses this package's codec (``codec``) instead of
 protobuf's, and RPCs of extensions this server lacks raise ``Unsupported``
 (UNIMPLEMENTED, with a reason). The front's own HTTP/2 (``oipserve.front.grpc.h2``) serves it,
-in every HTTP front, as ``counted_methods``, with ``stream_infer`` for ModelStreamInfer.
+in every HTTP front, with ``stream_infer`` for ModelStreamInfer.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from oipserve.front.grpc.codec import (
     serialize_infer,
     wire_bytes,
 )
-from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method, arrived
+from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method
 from oipserve.front.grpc.service import InferenceService
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 
@@ -48,15 +48,6 @@ def unary_methods(service: InferenceService) -> dict[str, Method]:
             methods[name] = Method(parse_infer_request, call, serialize_infer)
         else:
             methods[name] = Method(parsing(request_type), call, response_type.SerializeToString)
-    return methods
-
-
-def counted_methods(service: InferenceService) -> dict[str, Method]:
-    """The unary table for a transport that hands ModelInfer messages over whole: parsing
-    one marks it as no longer arriving (the transport counts it arriving)."""
-    methods = unary_methods(service)
-    infer = methods["ModelInfer"]
-    methods["ModelInfer"] = infer._replace(deserialize=arrived(service.arriving, infer.deserialize))
     return methods
 
 

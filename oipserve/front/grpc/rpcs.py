@@ -1,16 +1,15 @@
-"""The service's RPCs, and a running gRPC server's draining stop.
+"""The service's RPCs, and a running gRPC server's stop.
 
-``GrpcServer.stop`` drains the calls first (the transport counts a ModelInfer call as
-arriving from its headers on, and ``arrived`` takes it off once its message is
-parsed), then stops the server (``front.grpc.listener.H2Server``), which refuses new calls
-and closes connections as their last call ends. See docs/grpc.md, "Shutdown".
+``GrpcServer.stop`` tells the streams to end once they have answered what they read
+(``closing``) and stops the server (``front.grpc.listener.H2Server``): it stops
+accepting, sends every connection its two GOAWAYs, lets the calls already opened finish
+(a message still uploading included: its stream is open) and closes each connection as
+its last call ends. See docs/grpc.md, "Shutdown".
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -28,12 +27,6 @@ STREAM_RPC = "ModelStreamInfer"
 #: The unary inference RPC (also what a stream's request is forwarded as).
 INFER_RPC = "ModelInfer"
 
-#: How long a drain waits for a request message still uploading at shutdown.
-_UPLOAD_GRACE = 2.0
-_POLL_SECONDS = 0.02
-#: A drain ends after this many polls in a row without a running inference.
-_QUIET_POLLS = 5
-
 
 class Method(NamedTuple):
     """One unary RPC: parse the request bytes, answer, write the response bytes."""
@@ -44,36 +37,10 @@ class Method(NamedTuple):
 
 
 class Calls(Protocol):
-    """What a drain reads of the service answering the calls."""
+    """What a stop reads of the service answering the calls."""
 
-    #: Inferences running now (unary calls and stream requests alike).
-    active: int
-    #: Arrival times of ModelInfer calls whose request message is not yet fully in (the
-    #: transport appends at a call's headers, parsing pops: ``arrived``, a call that ends
-    #: unparsed takes its own off: ``forget``); a drain waits for them too.
-    arriving: deque[float]
     #: Set at shutdown: streams end once they have nothing left to answer.
     closing: asyncio.Event
-
-
-def arrived(arriving: deque[float], parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """``parse`` that also marks a ModelInfer call as no longer arriving (now or never running)."""
-
-    def deserialize(data: bytes) -> Any:
-        if arriving:
-            arriving.popleft()
-        return parse(data)
-
-    return deserialize
-
-
-def forget(arriving: deque[float], at: float) -> None:
-    """Take off ``arriving`` the entry (``at``) of a ModelInfer call that ended before its
-    message was parsed (refused, reset, expired): nothing else ever would."""
-    try:
-        arriving.remove(at)
-    except ValueError:
-        pass  # already forgotten by a drain (``_UPLOAD_GRACE``)
 
 
 class Stoppable(Protocol):
@@ -90,23 +57,13 @@ class GrpcServer:
         self.calls = calls
 
     async def stop(self, timeout: float) -> None:
-        """Let running inferences finish (up to ``timeout`` in all), then close.
+        """Refuse new calls, let the running ones finish (up to ``timeout`` in all), close.
 
-        Draining first, while the server still serves (ServerReady already says
-        false), lets calls still uploading their message be answered: the server's
-        own stop refuses new calls at once. Idle streams end by themselves once
-        ``closing`` is set. A call that is never parsed (rejected as too large, or
-        abandoned by its client) is forgotten after ``_UPLOAD_GRACE`` seconds, so it
-        cannot hold the drain.
+        Until 2026-11-30 a drain came first, while the server still accepted: it ended
+        only once no call ran for five polls in a row, so clients that kept calling were
+        served (thousands of calls opened after SIGTERM) until ``--shutdown-timeout``,
+        found by fuzzing. The server's own stop already lets every call opened before
+        its second GOAWAY finish, a message still uploading included.
         """
-        loop = asyncio.get_running_loop()
         self.calls.closing.set()
-        deadline = loop.time() + timeout
-        quiet = 0
-        while quiet < _QUIET_POLLS and loop.time() < deadline:
-            await asyncio.sleep(_POLL_SECONDS)
-            arriving = self.calls.arriving
-            while arriving and time.monotonic() - arriving[0] > _UPLOAD_GRACE:
-                arriving.popleft()  # never parsed: rejected (too large) or abandoned
-            quiet = 0 if self.calls.active or arriving else quiet + 1
-        await self.server.stop(max(0.0, deadline - loop.time()))
+        await self.server.stop(timeout)

@@ -3,14 +3,13 @@
 Each handler takes the parsed request (ModelInfer: an ``InferCall`` from
 ``codec``), converts it (``convert``), calls the data plane or ``Management``
 and builds the response; failures are raised as ``ServerError``s and become
-statuses in ``handlers`` / ``status``. The service also counts what is in
-flight (``active``, ``arriving``) so that ``server.GrpcServer.stop`` can drain.
+statuses in ``handlers`` / ``status``. Its ``closing`` tells streams at shutdown to end
+once they have answered what they read (``rpcs.GrpcServer.stop``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import TYPE_CHECKING
 
 from google.protobuf import json_format
@@ -45,11 +44,6 @@ class InferenceService:
         self.dataplane = dataplane
         #: The model repository extension; without it those RPCs answer UNIMPLEMENTED.
         self.management = management
-        #: Inferences running now (unary calls and stream requests alike).
-        self.active = 0
-        #: Arrival times of ModelInfer calls whose request message is not yet fully in
-        #: (``server._Service`` appends, parsing pops); a drain waits for them too.
-        self.arriving: deque[float] = deque()
         #: Set at shutdown: streams end once they have nothing left to answer.
         self.closing = asyncio.Event()
 
@@ -168,13 +162,6 @@ class InferenceService:
         return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region is ever registered
 
     async def ModelInfer(self, call: InferCall) -> InferReply:
-        self.active += 1
-        try:
-            return await self._infer(call)
-        finally:
-            self.active -= 1
-
-    async def _infer(self, call: InferCall) -> InferReply:
         message = call.message
         regions = self.dataplane.regions
         # NOTE: a message received into a lease (front.grpc.call) hands it over here; the data
