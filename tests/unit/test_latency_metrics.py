@@ -119,6 +119,9 @@ def test_model_metrics_buckets_are_parsed_per_family() -> None:
         (_metrics(_control(REQUEST, "2, 2")), "must increase strictly"),
         (_metrics(_control(REQUEST, "-1")), "is not a duration"),
         (_metrics(_control(REQUEST, "inf")), "is not a duration"),
+        # Finite, but no int64 of nanoseconds: every scrape and stats read was a 500.
+        (_metrics(_control(REQUEST, "100, 1e306")), "1e\\+306 is not a duration"),
+        (_metrics(_control(REQUEST, "9223372036854776")), "is not a duration"),
         (_metrics(_control(REQUEST, ", ".join(["1"] * (MAX_BUCKETS + 1)))), "at most 64"),
         (_metrics(_control(REQUEST, "1"), _control(REQUEST, "2")), "is given twice"),
     ],

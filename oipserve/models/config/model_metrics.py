@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from oipserve.models.config.field_values import MAX_MICROSECONDS
+
 __all__ = ["HISTOGRAM_FAMILIES", "MAX_BUCKETS", "histogram_buckets"]
 
 #: The latency histograms, in the order of their phases (``histogram_latencies=true``).
@@ -43,10 +45,11 @@ def _bounds(buckets: Any, where: str) -> tuple[float, ...]:
             f"{where}.histogram_options.buckets: {len(bounds)} bounds, at most {MAX_BUCKETS}"
         )
     for bound in bounds:
-        if not math.isfinite(bound) or bound < 0:
+        if not math.isfinite(bound) or bound < 0 or bound > MAX_MICROSECONDS:
             raise ValueError(
                 f"{where}.histogram_options.buckets: {bound!r} is not a duration "
-                "(a finite number, 0 or more; +Inf is always the last bucket)"
+                f"(a finite number of microseconds, 0 to {MAX_MICROSECONDS}; +Inf is "
+                "always the last bucket)"
             )
     if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)):
         raise ValueError(
