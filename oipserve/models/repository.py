@@ -62,6 +62,23 @@ def version_number(entry: str) -> int | None:
     return None
 
 
+def _one_version_twice(entries: list[str]) -> str | None:
+    """Why the version directories cannot be read (two names of one number, ``1`` and
+    ``01``: one of them was dropped without a word, found by fuzzing), or None."""
+    seen: dict[int, str] = {}
+    for entry in entries:
+        number = version_number(entry)
+        if number is None:
+            continue
+        if number in seen:
+            return (
+                f"version directories '{seen[number]}' and '{entry}' are both version "
+                f"{number}: keep one"
+            )
+        seen[number] = entry
+    return None
+
+
 def read_model(root: Path, name: str, override: ModelConfig | None = None) -> ModelSource:
     """What ``root/name`` holds; ``override`` replaces its config.pbtxt (a load's ``config``)."""
     directory = root / name
@@ -117,6 +134,9 @@ def read_directory(
         entries = sorted(os.listdir(directory))
     except OSError as exc:
         return ModelSource(name, directory, config, error=f"cannot list the directory: {exc}")
+    twice = _one_version_twice(entries)
+    if twice is not None:
+        return ModelSource(name, directory, config, error=twice)
     for entry in entries:
         number = version_number(entry)
         model_file = directory / entry / filename

@@ -32,6 +32,14 @@ def test_non_ascii_digit_directory_is_skipped(tmp_path: Path) -> None:
     assert source.error is None and source.versions == {"3": str(tmp_path / "m/3/model.onnx")}
 
 
+def test_two_directories_of_one_version_refuse_the_model(tmp_path: Path) -> None:
+    """``1`` and ``01``: one was dropped without a word (found by fuzzing)."""
+    source = read_model(_model(tmp_path, ["01", "1", "2"]), "m")
+    assert source.error == "version directories '01' and '1' are both version 1: keep one"
+    alone = read_model(_model(tmp_path / "alone", ["007"]), "m")
+    assert alone.error is None and list(alone.versions) == ["7"]
+
+
 def test_default_policy_serves_the_latest_version(tmp_path: Path) -> None:
     source = read_model(_model(tmp_path, ["1", "10", "9"]), "m")
     assert list(source.versions) == ["10"]
