@@ -57,7 +57,7 @@ def check_model_name(name: str) -> None:
         raise failed_to_load(name, "the model name is empty")
     if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise failed_to_load(
-            name, "the model name must not contain path traversal characters ('/', '..')"
+            name, "a model name must not contain '/', '\\' or NUL, nor be '.' or '..'"
         )
     if len(name.encode()) > NAME_MAX:
         raise failed_to_load(name[:32] + "...", f"the model name is longer than {NAME_MAX} bytes")
