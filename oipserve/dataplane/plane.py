@@ -183,6 +183,8 @@ class DataPlane:
 
     def worker_gone(self, worker: WorkerLink) -> None:
         self.outputs.forget_prefix(worker.segment_prefix)
+        for sequencer in list(self._sequencers.values()):
+            sequencer.worker_gone(worker)
 
     # ---- health and metadata ------------------------------------------------
 

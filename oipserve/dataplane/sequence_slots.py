@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from time import monotonic_ns
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,9 @@ BACKLOG_MAX = 10_000
 #: Sequences remembered as lost with their worker, so that their next request is told
 #: why (503) rather than "must specify the START flag"; the oldest are forgotten past it.
 LOST_MAX = 4096
+#: Seconds between looks for a place for the backlog while no instance of the version
+#: runs (its worker stopped and its replacement has not loaded it yet).
+BACKLOG_RETRY_S = 0.1
 
 
 class SequenceStep(Step):
@@ -62,6 +65,7 @@ class SequenceStep(Step):
 
     __slots__ = (
         "placements", "outputs", "owned", "tag", "start_ns", "stats", "future", "expiry",
+        "ordered",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +86,9 @@ class SequenceStep(Step):
         self.stats = stats
         self.future = future
         self.expiry: asyncio.TimerHandle | None = None
+        #: In the answers' arrival order (oldest ``preserve_ordering``): from when its
+        #: sequence holds a place, as Triton orders what its batcher holds.
+        self.ordered = False
 
     def release_inputs(self) -> None:
         owned, self.owned = self.owned, []
@@ -118,6 +125,8 @@ class SequenceSlots:
         self._handles = os.getpid() << 32
         self._idle: dict[int, asyncio.TimerHandle] = {}
         self._wakeups: dict[int, asyncio.TimerHandle] = {}
+        #: The next look for a place for the backlog, while no instance runs.
+        self._backlog_retry: asyncio.TimerHandle | None = None
         self._states = [
             SequenceState(
                 s.input_name,
@@ -149,6 +158,9 @@ class SequenceSlots:
         batches already running finish. Its sequences are forgotten: the workers drop the
         version, and its state with it."""
         self._closed = True
+        if self._backlog_retry is not None:
+            self._backlog_retry.cancel()
+            self._backlog_retry = None
         for timer in (*self._wakeups.values(), *self._idle.values()):
             timer.cancel()
         self._wakeups.clear()
@@ -190,6 +202,14 @@ class SequenceSlots:
                 best = lane
         return best
 
+    def worker_gone(self, worker: WorkerLink) -> None:
+        """A worker stopped: its lane's sequences fail now (503), not at their next
+        request, and the backlog looks for places on its replacement (a START waiting for
+        a place that a sequence of that worker held was never answered, found by fuzzing)."""
+        lane = self.lanes.get(id(worker))
+        if lane is not None:
+            self._lane_lost(lane)
+
     def _lane_lost(self, lane: SeqLane) -> None:
         """The lane's worker stopped: its sequences fail (503) and are forgotten."""
         if lane.dead:
@@ -221,18 +241,46 @@ class SequenceSlots:
         )
 
     def _assign_backlog(self) -> None:
+        """Places for the started sequences waiting, first come first placed. While no
+        instance of the version runs (its worker stopped, the replacement not there yet)
+        nothing else would free one: look again in ``BACKLOG_RETRY_S`` (a START waiting
+        then was never answered, found by fuzzing)."""
         while self.backlog:
             lane = self._free_lane()
             if lane is None:
+                if not any(self._alive(held) for held in self.lanes.values()):
+                    self._retry_backlog_later()
                 return
             sequence = self.backlog.popleft()
             lane.take(sequence, lane.free_slot())
+            self._now_ordered(sequence.queue)
+
+    def _retry_backlog_later(self) -> None:
+        if self._backlog_retry is None and not self._closed:
+            self._backlog_retry = self._loop.call_later(BACKLOG_RETRY_S, self._retry_backlog)
+
+    def _retry_backlog(self) -> None:
+        self._backlog_retry = None
+        self._assign_backlog()
+        self._pump_all()
+
+    def _now_ordered(self, steps: Iterable[SequenceStep]) -> None:
+        """``steps`` join the answers' arrival order (oldest ``preserve_ordering``) as
+        their sequence gets its place: one waiting in the backlog held back every later
+        answer of the version (found by fuzzing)."""
+        order = self._order
+        if order is not None:
+            for step in steps:
+                step.ordered = True
+                order.append(step)
 
     def _start(self, sequence_id: int | str) -> Seq:
         self._handles += 1
         sequence: Seq = Sequence(self._handles, sequence_id)
         self.sequences[sequence_id] = sequence
-        lane = self._free_lane()
+        if self.backlog:  # those waiting are placed first (a place may have come since)
+            self._assign_backlog()
+        lane = None if self.backlog else self._free_lane()
         if lane is None:
             if len(self.backlog) >= BACKLOG_MAX:
                 del self.sequences[sequence_id]
@@ -272,11 +320,11 @@ class SequenceSlots:
         if isinstance(outcome, BaseException):
             reason = failure_reason(outcome) if ran else refusal_reason(outcome)
             step.stats.request_failed(reason, monotonic_ns() - step.start_ns)
-        if self._order is None:
+        order = self._order
+        if order is None or not step.ordered:
             _settle(step.future, outcome)
             return
         self._outcomes[id(step)] = outcome
-        order = self._order
         while order and id(order[0]) in self._outcomes:
             head = order.popleft()
             _settle(head.future, self._outcomes.pop(id(head)))

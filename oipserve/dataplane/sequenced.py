@@ -233,8 +233,8 @@ class Sequenced(SequenceBatches):
             idle.cancel()
         sequence.queue.append(step)
         step.stats.pending += 1
-        if self._order is not None:
-            self._order.append(step)
+        if sequence.lane is not None:  # (in the backlog: ordered once placed)
+            self._now_ordered((step,))
         if step.tag.end:  # a later request of this id starts a new sequence
             sequence.ending = True
             if self.sequences.get(sequence.sequence_id) is sequence:

@@ -21,7 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import numpy as np
 import pytest
@@ -390,3 +390,60 @@ def test_a_client_gone_from_the_backlog_is_no_traceback(
     finally:
         assert proc.stop() == 0, proc.log
     assert "Traceback" not in proc.log and "Exception in ASGI" not in proc.log, proc.log
+
+
+@pytest.fixture(scope="module")
+def long_idle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The same models with a 60 s idle time: a sequence keeps its place through a test."""
+    root = tmp_path_factory.mktemp("sequences-long-idle")
+    write_repository(root, idle_us=60_000_000)
+    proc = ServerProcess(root).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def test_oldest_sequences_run_on_while_a_start_waits_for_a_place(
+    long_idle_server: ServerProcess,
+) -> None:
+    """accumulate_oldest (8 places, preserve_ordering): with every place held and a START in
+    the backlog, the live sequences' answers were held behind that START (the answers' order
+    counted it), and an END let every START in, the other sequences expiring meanwhile
+    (found by fuzzing). Now they answer at once, and an END frees one place."""
+    server, model = long_idle_server, "accumulate_oldest"
+    with httpclient.InferenceServerClient(server.host_port, network_timeout=20) as client:
+        for sequence in range(1, 9):
+            assert _http_infer(client, model, 10 * sequence, 8000 + sequence, start=True) == (
+                10 * sequence
+            )
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [
+                pool.submit(_grpc_once, server, model, 7, 8100 + n, True, False) for n in (1, 2)
+            ]
+            assert wait_for(lambda: pending(server, model) == 2), server.log
+            assert _http_infer(client, model, 1, 8002) == 21  # not held behind the backlog
+            assert _http_infer(client, model, 1, 8001, end=True) == 11
+            done, _ = wait(waiting, timeout=20, return_when=FIRST_COMPLETED)
+            assert len(done) == 1 and done.pop().result() == 7  # one place, one START
+            for sequence in range(2, 9):  # the others kept their place and their state
+                expected = 10 * sequence + (2 if sequence == 2 else 1)
+                assert _http_infer(client, model, 1, 8000 + sequence, end=True) == expected
+            assert all(f.result(timeout=20) == 7 for f in waiting)
+
+
+def test_a_start_waiting_for_a_killed_workers_place_runs_on_its_replacement(
+    long_idle_server: ServerProcess,
+) -> None:
+    """one_slot: a START waiting for the place of a sequence whose worker was killed was
+    never answered (nothing looked for a place again; found by fuzzing). It runs on the
+    replacement now."""
+    server = long_idle_server
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, "one_slot", 5, 9000, start=True) == 5
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_grpc_once, server, "one_slot", 7, 9001)
+            assert wait_for(lambda: pending(server, "one_slot") == 1), server.log
+            for pid in server.worker_pids():
+                os.kill(pid, signal.SIGKILL)
+            assert waiting.result(timeout=30) == 7
+        with pytest.raises(InferenceServerException, match="the sequence must start again"):
+            _http_infer(client, "one_slot", 5, 9000)
