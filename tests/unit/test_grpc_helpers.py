@@ -81,6 +81,17 @@ def test_split_keeps_raw_entries_as_views_and_parses_the_rest() -> None:
     assert not message.raw_input_contents
 
 
+@pytest.mark.parametrize("extra", [300, SMALL_MESSAGE + 300])
+def test_an_unknown_group_field_is_skipped_at_any_size(extra: int) -> None:
+    """A group (wire type 3) is valid protobuf, skipped as an unknown field: a message past
+    SMALL_MESSAGE was refused 'unsupported wire type 3' by the walk (found by fuzzing)."""
+    raw = [b"\x01" * extra]
+    group = bytes([(15 << 3) | 3, 8, 1, (15 << 3) | 4])  # field 15: a group holding 1:1
+    call = split_infer_request(_request(raw) + group)
+    assert [bytes(v) for v in call.raw] == raw
+    assert call.message.model_name == "m" and [i.name for i in call.message.inputs] == ["I0"]
+
+
 def test_a_small_request_is_parsed_whole() -> None:
     raw = [np.arange(4, dtype=np.float32).tobytes(), b"", b"\x01" * 300]
     call = split_infer_request(_request(raw))

@@ -32,6 +32,20 @@ async def test_one_byte_over_the_limit_is_refused(size: int) -> None:
         await inflate(gzip.compress(bytes(size)), "gzip", limit=size - 1)
 
 
+@pytest.mark.parametrize("encoding", sorted(_COMPRESS))
+@pytest.mark.parametrize("after", [b"GARBAGE", "second"])
+async def test_data_after_the_compressed_stream_is_refused(encoding: str, after: object) -> None:
+    """One message is one stream: trailing bytes, or a second member, were ignored."""
+    compress = _COMPRESS[encoding]
+    tail = compress(b"more") if after == "second" else after
+    assert isinstance(tail, bytes)
+    with pytest.raises(InvalidInput, match="data after the end of the compressed stream"):
+        await inflate(compress(b"request") + tail, encoding, limit=1024)
+    big = os.urandom(2 * 1024 * 1024)  # inflated step by step (the other return)
+    with pytest.raises(InvalidInput, match="data after the end of the compressed stream"):
+        await inflate(compress(big) + tail, encoding, limit=4 * 1024 * 1024)
+
+
 async def test_a_bomb_is_refused_once_past_the_limit() -> None:
     bomb = gzip.compress(bytes(256 * 1024 * 1024))
     with pytest.raises(PayloadTooLarge):

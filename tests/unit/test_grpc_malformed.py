@@ -8,6 +8,7 @@ serving. Driven with raw frames through a real connection (``tests.support.grpc_
 from __future__ import annotations
 
 import asyncio
+import gzip
 import mmap
 import struct
 
@@ -114,6 +115,24 @@ async def test_a_padded_metadata_value_is_answered_invalid_argument(value: str) 
     assert headers["grpc-status"] == "3", headers
     assert "'x-note'" in headers["grpc-message"] and "RFC" in headers["grpc-message"]
     assert not service.calls and not peer.connection.streams
+
+
+@pytest.mark.parametrize("flag", [2, 0x80, 0xFF])
+async def test_a_compressed_flag_other_than_0_or_1_is_refused(flag: int) -> None:
+    """gRPC's compressed flag is 0 or 1; any other was taken as 1 (found by fuzzing)."""
+    service = FakeService()
+    peer = GrpcPeer(service.table(Settings(model_repository=".")))
+    block = hpack.Encoder().encode([*_GOOD, ("grpc-encoding", "gzip")])
+    peer.send(frame(Frame.HEADERS, END_HEADERS, 1, block))
+    payload = gzip.compress(b"request")
+    peer.send(frame(Frame.DATA, END_STREAM, 1, struct.pack(">BI", flag, len(payload)) + payload))
+    await asyncio.sleep(0.01)
+    frames = await peer.written()
+    (answer,) = [f for f in frames if f[0] == Frame.HEADERS and f[2] == 1]
+    headers = dict(hpack.Decoder().decode(answer[3]))
+    assert headers["grpc-status"] == "13", headers
+    assert f"compressed flag is {flag}, not 0 or 1" in headers["grpc-message"]
+    assert not service.calls
 
 
 def test_what_gRPC_cannot_carry_as_metadata_is_dropped_not_refused() -> None:

@@ -73,7 +73,7 @@ class CallReceiver(CallRunner):
                     return
                 compressed, length = MESSAGE_PREFIX.unpack(self._prefix)
                 self._prefix = b""
-                if not self._begin(bool(compressed), length):
+                if not self._begin(compressed, length):
                     return
                 if length == 0:
                     self._message_done()
@@ -129,11 +129,17 @@ class CallReceiver(CallRunner):
             self.reset()
             self._conn.reset_stream(self._stream, ErrorCode.CANCEL)
 
-    def _begin(self, compressed: bool, length: int) -> bool:
+    def _begin(self, flag: int, length: int) -> bool:
+        """A message's prefix read: its compressed flag (0 or 1: gRPC's only values; any
+        other was taken as 1, found by fuzzing) and length."""
         limit = self._table.receive_limit
         if length > limit:
             self._fail(_EXHAUSTED, f"Received message larger than max ({length} vs. {limit})")
             return False
+        if flag > 1:
+            self._fail(_INTERNAL, f"a message whose compressed flag is {flag}, not 0 or 1")
+            return False
+        compressed = flag == 1
         if compressed and self._encoding == "identity":
             self._fail(_INTERNAL, "a compressed message without a grpc-encoding")
             return False

@@ -129,8 +129,7 @@ def split_infer_request(data: bytes | memoryview) -> InferCall:
     #   (Any, not a cast to bytes: compiled, that cast is checked).
     whole: Any = data
     if len(data) <= SMALL_MESSAGE:
-        message = pb.ModelInferRequest.FromString(whole)
-        return InferCall(message, list(message.raw_input_contents))
+        return _parsed_whole(whole)
     view = memoryview(data)
     raw: list[memoryview] = []
     spans: list[tuple[int, int]] = []
@@ -160,7 +159,10 @@ def split_infer_request(data: bytes | memoryview) -> InferCall:
                 kept_from = pos + length
             pos += length
         else:
-            raise DecodeError(f"unsupported wire type {wire}")
+            # NOTE: a group (wire type 3: valid, skipped as an unknown field) or an invalid
+            #   wire type: protobuf reads the whole message, as a small one's (a group
+            #   made only a large message a 400, found by fuzzing).
+            return _parsed_whole(whole)
         if pos > end:
             raise DecodeError("truncated message")
     if not raw:
@@ -168,6 +170,12 @@ def split_infer_request(data: bytes | memoryview) -> InferCall:
     if kept_from < end:
         rest.append(view[kept_from:end])
     return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), raw, spans)
+
+
+def _parsed_whole(data: Any) -> InferCall:
+    """The message parsed whole by protobuf, its raw entries copied out of it."""
+    message = pb.ModelInferRequest.FromString(data)
+    return InferCall(message, list(message.raw_input_contents))
 
 
 def parsing(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[Any], Any]:

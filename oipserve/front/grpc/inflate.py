@@ -37,6 +37,7 @@ async def inflate(data: bytes | memoryview, encoding: str, limit: int) -> bytes 
     def run() -> bytes | memoryview:
         first = inflater.decompress(data, _INFLATE_STEP)
         if inflater.eof and len(first) <= limit:
+            _check_nothing_after(inflater)
             return first
         memory = memoryview(mmap.mmap(-1, limit))
         filled = 0
@@ -50,6 +51,7 @@ async def inflate(data: bytes | memoryview, encoding: str, limit: int) -> bytes 
             memory[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
             if inflater.eof:
+                _check_nothing_after(inflater)
                 return memory[:filled]
             tail = inflater.unconsumed_tail
             if not chunk and not tail:
@@ -60,3 +62,11 @@ async def inflate(data: bytes | memoryview, encoding: str, limit: int) -> bytes 
         return await asyncio.to_thread(run)
     except zlib.error as exc:
         raise InvalidInput(f"the message does not inflate: {exc}") from None
+
+
+def _check_nothing_after(inflater: zlib._Decompress) -> None:
+    """zlib.error for bytes after the end of the compressed stream (trailing bytes, a
+    second gzip member): one message is one stream, as REST's bodies are (found by
+    fuzzing: they were ignored)."""
+    if inflater.unused_data:
+        raise zlib.error("data after the end of the compressed stream")
