@@ -188,6 +188,32 @@ def _frame_by_transfer_encoding(parser: httptools.HttpRequestParser) -> None:
     parser.set_dangerous_leniencies(lenient_chunked_length=True)
 
 
+def _transfer_coding_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+    """Why a request's Transfer-Encoding cannot frame its body, with the status; None when
+    it ends in ``chunked`` after nothing but ``identity``.
+
+    RFC 9112 6.3: a request whose last transfer coding is not chunked has no length the
+    server can know: 400, and the connection closed. llhttp reads such a body to the
+    connection's end once ``lenient_chunked_length`` is set (``xchunked``, ``gzip``,
+    ``chunked;x=1``: no answer, a pipelined request swallowed; found by fuzzing). A coding
+    before chunked that this server does not apply (``gzip, chunked``) is 501, as RFC 9112
+    6.1 advises, where it was read as plain chunked."""
+    codings = [
+        coding.strip().lower()
+        for name, value in headers
+        if name == b"transfer-encoding"
+        for coding in value.split(b",")
+        if coding.strip()
+    ]
+    if not codings or codings[-1] != b"chunked":
+        return 400, "the request's Transfer-Encoding does not end in chunked (RFC 9112, 6.3)"
+    for coding in codings[:-1]:
+        if coding != b"identity":
+            shown = coding.decode("ascii", "backslashreplace")
+            return 501, f"transfer coding '{shown}' is not implemented (only chunked)"
+    return None
+
+
 def _without_content_length(headers: list[tuple[bytes, bytes]]) -> bool:
     """Drop Content-Length from a Transfer-Encoding request's ``headers`` (in place: the
     scope's list): the body is framed by Transfer-Encoding, and nothing after the parser
@@ -469,6 +495,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             # NOTE: a request line without a version is HTTP/0.9 to llhttp; the ASGI app
             #   (Falcon) raised on it, a 500 with a traceback (found by fuzzing).
             self._refuse_in_parser(505, f"HTTP/{version} is not supported: HTTP/1.0 or 1.1")
+        if self._transfer_encoded:
+            refusal = _transfer_coding_refusal(self.headers)
+            if refusal is not None:
+                self._refuse_in_parser(*refusal)
         self._body_started = self._loop.time()
         self.body_bytes = 0
         both = self._transfer_encoded and _without_content_length(self.headers)
