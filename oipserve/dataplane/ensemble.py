@@ -181,11 +181,14 @@ def _check_regions_fit(result: InferResult, into: dict[str, RegionUse]) -> None:
     larger than the region gives: known only now, as an ensemble's output shapes are its
     steps'. Checked before the request counts as a success (the data plane writes the
     outputs there after the run, ``plane._deliver``)."""
-    for tensor in result.outputs:
-        use = into.get(tensor.name)
-        if use is not None and len(tensor.data) > use.nbytes:
-            result.release()
-            raise InvalidInput(use.too_small(f"output '{tensor.name}'", len(tensor.data)))
+    try:
+        for tensor in result.outputs:
+            use = into.get(tensor.name)
+            if use is not None:
+                use.check_room(f"output '{tensor.name}'", len(tensor.data))
+    except InvalidInput:
+        result.release()
+        raise
 
 
 def _batch_size(model: ModelVersion, inference: Inference) -> int:

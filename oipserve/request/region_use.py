@@ -112,10 +112,14 @@ class RegionUse:
         if got != len(target):
             raise InvalidInput(self.truncated(len(target)))
 
+    def check_room(self, what: str, needed: int) -> None:
+        """InvalidInput when ``needed`` bytes of ``what`` do not fit the tensor's place."""
+        if needed > self.nbytes:
+            raise InvalidInput(self.too_small(what, needed))
+
     def write(self, data: memoryview) -> None:
         """Write an output's bytes at the tensor's place with ``pwrite``."""
-        if len(data) > self.nbytes:
-            raise InvalidInput(self.too_small("an output", len(data)))
+        self.check_room("an output", len(data))
         fd = self._open()
         try:
             if os.fstat(fd).st_size < self.offset + len(data):

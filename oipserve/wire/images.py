@@ -121,7 +121,7 @@ def image_spec_for(
         )
     if scale is not None and 0.0 in scale:
         raise ImageError(f"input '{input_name}': parameter scale must not contain 0")
-    if np_dtype.kind == "f":
+    if mean is not None or scale is not None:  # (a float input: checked above)
         _check_normalised_range(input_name, np_dtype, mean or (0.0,), scale or (1.0,))
     return ImageSpec(
         layout=layout,

@@ -703,7 +703,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     @staticmethod
     def _chunked(cycle: RequestResponseCycle) -> bool:
-        # NOTE: llhttp refuses a request whose Transfer-Encoding does not end in chunked.
+        # NOTE: a request whose Transfer-Encoding does not end in chunked was refused
+        #   when its head completed (``_transfer_coding_refusal``).
         for name, _ in cycle.scope["headers"]:
             if name == b"transfer-encoding":
                 return True
