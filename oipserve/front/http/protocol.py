@@ -3,7 +3,8 @@ requests and hostile clients.
 
 It is the hub of uvicorn's hooks; what each change judges lives beside it:
 ``extensions`` (what the REST app is given beyond ASGI), ``limits`` (the connection's
-limits and deadlines), ``chunk_sizes`` (a chunked body's declared sizes) and ``h2c`` (the
+limits and deadlines), ``framing`` (the versions and transfer codings a head may ask
+for), ``chunk_sizes`` (a chunked body's declared sizes) and ``h2c`` (the
 HTTP/2 preface on this port).
 
 1. Writes are coalesced. uvicorn writes a response's head and body with two
@@ -118,6 +119,13 @@ from oipserve.front.http.extensions import (
     TOO_LARGE,
     ClientDisconnected,
 )
+from oipserve.front.http.framing import (
+    VERSIONS,
+    frame_by_transfer_encoding,
+    is_chunked,
+    transfer_coding_refusal,
+    without_content_length,
+)
 from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
 from oipserve.front.http.lane import (
     InferLane,
@@ -172,57 +180,8 @@ def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-#: The HTTP/1.x versions this protocol serves (HTTP/2 comes by ``h2c``).
-_VERSIONS = frozenset({"1.0", "1.1"})
-
 #: ``_chunk_events`` of a request whose head completed in this read, before any chunk event.
 _HEAD_READ = ChunkEvents()
-
-
-def _frame_by_transfer_encoding(parser: httptools.HttpRequestParser) -> None:
-    """A request with both Transfer-Encoding and Content-Length is read by its
-    Transfer-Encoding alone, as RFC 9112 6.1 allows (and Triton does: its QA's
-    ``test_content_encoding_chunked_manually``), instead of llhttp's 400; the connection
-    is closed after the answer (``on_headers_complete``), which is what closes the
-    request-smuggling path the 400 guarded against."""
-    parser.set_dangerous_leniencies(lenient_chunked_length=True)
-
-
-def _transfer_coding_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
-    """Why a request's Transfer-Encoding cannot frame its body, with the status; None when
-    it ends in ``chunked`` after nothing but ``identity``.
-
-    RFC 9112 6.3: a request whose last transfer coding is not chunked has no length the
-    server can know: 400, and the connection closed. llhttp reads such a body to the
-    connection's end once ``lenient_chunked_length`` is set (``xchunked``, ``gzip``,
-    ``chunked;x=1``: no answer, a pipelined request swallowed; found by fuzzing). A coding
-    before chunked that this server does not apply (``gzip, chunked``) is 501, as RFC 9112
-    6.1 advises, where it was read as plain chunked."""
-    codings = [
-        coding.strip().lower()
-        for name, value in headers
-        if name == b"transfer-encoding"
-        for coding in value.split(b",")
-        if coding.strip()
-    ]
-    if not codings or codings[-1] != b"chunked":
-        return 400, "the request's Transfer-Encoding does not end in chunked (RFC 9112, 6.3)"
-    for coding in codings[:-1]:
-        if coding != b"identity":
-            shown = coding.decode("ascii", "backslashreplace")
-            return 501, f"transfer coding '{shown}' is not implemented (only chunked)"
-    return None
-
-
-def _without_content_length(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Drop Content-Length from a Transfer-Encoding request's ``headers`` (in place: the
-    scope's list): the body is framed by Transfer-Encoding, and nothing after the parser
-    (the early 413, the body's lease) may take the other length for it. Whether one was
-    there."""
-    kept = [field for field in headers if field[0] != b"content-length"]
-    dropped = len(kept) != len(headers)
-    headers[:] = kept
-    return dropped
 
 
 # NOTE: not a native class when compiled (mypyc): it extends uvicorn's protocol, a Python
@@ -248,7 +207,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: to the app; ``front.http.lane``).
         self.lane = lane
         super().__init__(*args, **kwargs)
-        _frame_by_transfer_encoding(self.parser)
+        frame_by_transfer_encoding(self.parser)
         #: The current head has a Transfer-Encoding field.
         self._transfer_encoded = False
         self._sinks: dict[RequestResponseCycle, BodySink] = {}
@@ -491,17 +450,17 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_bytes + self._head_pieces > self.limits.max_head_bytes:
             self._refuse_in_parser(431, head_too_large(self.limits))
         version = self.parser.get_http_version()
-        if version not in _VERSIONS:
+        if version not in VERSIONS:
             # NOTE: a request line without a version is HTTP/0.9 to llhttp; the ASGI app
             #   (Falcon) raised on it, a 500 with a traceback (found by fuzzing).
             self._refuse_in_parser(505, f"HTTP/{version} is not supported: HTTP/1.0 or 1.1")
         if self._transfer_encoded:
-            refusal = _transfer_coding_refusal(self.headers)
+            refusal = transfer_coding_refusal(self.headers)
             if refusal is not None:
                 self._refuse_in_parser(*refusal)
         self._body_started = self._loop.time()
         self.body_bytes = 0
-        both = self._transfer_encoded and _without_content_length(self.headers)
+        both = self._transfer_encoded and without_content_length(self.headers)
         lane = self.lane
         if lane is not None and not self._transfer_encoded:
             taken = self._lane_request(lane, version)
@@ -679,7 +638,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             cycle.waiting_for_100_continue = False
         reader = None
         if cycle.more_body:
-            if len(target) - sink.size >= DIRECT_READ_MIN and not self._chunked(cycle):
+            if len(target) - sink.size >= DIRECT_READ_MIN and not is_chunked(
+                cycle.scope["headers"]
+            ):
                 # The parser has seen every byte received so far and waits for
                 #   the rest of the body: read that past it, straight into ``target``.
                 reader = BodyReader(self, sink)
@@ -701,15 +662,6 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             raise ClientDisconnected("the client went away before its request body was complete")
         return sink.size
 
-    @staticmethod
-    def _chunked(cycle: RequestResponseCycle) -> bool:
-        # NOTE: a request whose Transfer-Encoding does not end in chunked was refused
-        #   when its head completed (``_transfer_coding_refusal``).
-        for name, _ in cycle.scope["headers"]:
-            if name == b"transfer-encoding":
-                return True
-        return False
-
     def _follow_chunks(self, data: bytes) -> None:
         """The end of the read in which a chunked request's head completed: start following."""
         events = self._chunk_events
@@ -720,7 +672,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             return
         if limit is None:  # (events are followed only under a limit)
             return
-        if events is _HEAD_READ and not self._chunked(cycle):
+        if events is _HEAD_READ and not is_chunked(cycle.scope["headers"]):
             return  # a Content-Length body, still to come
         start = size_line_start(data, events)
         if start == 0:
@@ -771,5 +723,5 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         except AttributeError:  # httptools < 0.6.3
             pass
-        _frame_by_transfer_encoding(self.parser)
+        frame_by_transfer_encoding(self.parser)
         self.on_message_complete()
