@@ -66,6 +66,10 @@ HTTP_ROUTES: Mapping[str, str] = {
     "/v2/repository/models/{model}/versions/{version}/unload": "model-repository",
     "/v2/models/{model}/load": "model-repository",
     "/v2/models/{model}/unload": "model-repository",
+    # Triton's routes naming a repository, which it refuses (and so does this server).
+    "/v2/repository/{repository}/index": "model-repository",
+    "/v2/repository/{repository}/models/{model}/load": "model-repository",
+    "/v2/repository/{repository}/models/{model}/unload": "model-repository",
     "/v2/hardware": "hardware",
     "/v2/workers/{worker}": "workers",
     "/v2/workers/{worker}/load": "workers",

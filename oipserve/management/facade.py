@@ -26,8 +26,8 @@ from oipserve.errors import InvalidInput, Unavailable
 from oipserve.management.endpoint_sessions import DeathListener
 from oipserve.management.hardware_view import HardwareView
 from oipserve.management.load_limits import LoadLimits
-from oipserve.management.load_override import parse_load_parameters
-from oipserve.management.repository_control import RepositoryControl
+from oipserve.management.load_override import parse_load_parameters, unload_dependents
+from oipserve.management.repository_control import RepositoryControl, check_repository_name
 from oipserve.management.worker_endpoints import WorkerEndpoints
 from oipserve.management.worker_params import parse_load_request
 from oipserve.models.manager import ModelManager
@@ -124,12 +124,23 @@ class Management:
             if not self.repository_loading[name]:
                 del self.repository_loading[name]
 
-    async def repository_unload(self, name: str, version: str | None) -> None:
-        """Unload a model (or one version), or one instance of an endpoint; no-op if unknown."""
+    @staticmethod
+    def check_repository_name(name: str) -> None:
+        """Refuse a repository request that names a repository (``repository_control``)."""
+        check_repository_name(name)
+
+    async def repository_unload(
+        self, name: str, version: str | None, parameters: Mapping[str, object]
+    ) -> None:
+        """Unload a model (or one version), or one instance of an endpoint; no-op if unknown.
+
+        ``parameters`` may carry ``unload_dependents`` (``load_override.unload_dependents``).
+        """
         self._check_repository_control()
+        dependents = unload_dependents(parameters)
         if await self.endpoints.unload_instance(name):
             return
-        await self.repository.unload(name, version)
+        await self.repository.unload(name, version, dependents)
 
     def served(self) -> list[str]:
         """Names of everything that can infer now (models and endpoints)."""

@@ -32,7 +32,13 @@ from oipserve.models.uploads import (
     check_upload_path,
 )
 
-__all__ = ["LoadOverride", "check_model_name", "failed_to_load", "parse_load_parameters"]
+__all__ = [
+    "LoadOverride",
+    "check_model_name",
+    "failed_to_load",
+    "parse_load_parameters",
+    "unload_dependents",
+]
 
 FILE_PREFIX = "file:"
 
@@ -123,4 +129,17 @@ def _file_contents(name: str, key: str, value: object, in_base64: bool) -> bytes
         return value
     if not isinstance(value, str):
         raise failed_to_load(name, f"file parameter '{key[:64]}' must be a base64 string")
+    return value
+
+
+def unload_dependents(parameters: Mapping[str, object]) -> bool:
+    """An unload's ``unload_dependents`` parameter (Triton's): whether the composing models
+    loaded for an ensemble go with it. A boolean or nothing; other parameters are ignored,
+    as Triton ignores them."""
+    value = parameters.get("unload_dependents", False)
+    if not isinstance(value, bool):
+        raise InvalidInput(
+            "invalid value type for 'unload_dependents' parameter, expected a boolean "
+            "(bool_param over gRPC)"
+        )
     return value

@@ -13,11 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from oipserve.errors import Unavailable
+from oipserve.errors import Unavailable, Unsupported
 from oipserve.management.load_override import LoadOverride, check_model_name, failed_to_load
 from oipserve.models.manager import ModelManager
 from oipserve.models.registry import ModelRegistry
 from oipserve.models.repository import Repository, RepositoryError
+
+
+def check_repository_name(name: str) -> None:
+    """Refuse a request that names a repository, as Triton does (its repository API takes
+    one, and answers ``'repository_name' specification is not supported``); there is one
+    here, ``--model-repository``."""
+    if name:
+        raise Unsupported("'repository_name' specification is not supported")
 
 
 class RepositoryControl:
@@ -102,9 +110,10 @@ class RepositoryControl:
         if not chosen:
             raise failed_to_load(name, "no versions")
 
-    async def unload(self, name: str, version: str | None) -> None:
-        """Unload a model (or one version); a no-op for names that are not loaded."""
-        await self.manager.unload(name, version)
+    async def unload(self, name: str, version: str | None, dependents: bool = False) -> None:
+        """Unload a model (or one version); a no-op for names that are not loaded.
+        ``dependents``: the composing models loaded for an ensemble go with it."""
+        await self.manager.unload(name, version, dependents)
 
     def served(self) -> list[str]:
         """Names of everything that can infer now (models and endpoints)."""

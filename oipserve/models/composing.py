@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.ensemble import EnsembleVersion, composing_names, ensemble_cycle
-from oipserve.models.registry import ModelRegistry
+from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import Repository
 
 __all__ = ["ComposingLoads"]
@@ -42,6 +42,9 @@ class ComposingLoads:
         self.registry = registry
         #: The manager's ``load`` (a composing model loads as any model does).
         self.load = load
+        #: Models loaded as an ensemble's step and never asked for themselves since: an
+        #: unload with its dependents takes them along (``released``).
+        self.as_step: set[str] = set()
         #: Set (and replaced) at each end of a load or unload (``settle``): a load waiting
         #: for a composing model that the start loads anyway waits on it.
         self._settled = asyncio.Event()
@@ -50,6 +53,39 @@ class ComposingLoads:
         """A load or unload ended: wake the ensemble loads waiting for one."""
         self._settled.set()
         self._settled = asyncio.Event()
+
+    def loaded(self, name: str, as_step: bool) -> None:
+        """``name`` loaded: for an ensemble's step (``as_step``), or asked for (a model
+        loaded as a step and then asked for is the operator's from then on)."""
+        if as_step:
+            self.as_step.add(name)
+        else:
+            self.as_step.discard(name)
+
+    def forget(self, name: str) -> None:
+        """``name`` is no longer loaded."""
+        self.as_step.discard(name)
+
+    def released(self, gone: list[ModelVersion]) -> list[str]:
+        """The composing models of the ensemble versions in ``gone`` that no loaded
+        ensemble has as a step any more, and that were loaded only as steps (Triton's
+        ``unload_dependents``: a model loaded by its own request stays)."""
+        steps = {
+            step.model_name
+            for version in gone
+            if isinstance(version, EnsembleVersion)
+            for step in version.plan.steps
+        }
+        still = {
+            step.model_name
+            for versions in self.registry.models.values()
+            for version in versions.values()
+            if isinstance(version, EnsembleVersion)
+            for step in version.plan.steps
+        }
+        return sorted(
+            name for name in steps - still if name in self.as_step and name in self.registry.models
+        )
 
     async def load_for(self, name: str, config: ModelConfig | None) -> None:
         """Before ``name`` loads (with ``config``, or the repository's): if it is an

@@ -8,6 +8,7 @@ only once all the new ones are ready; uploaded model files live in its upload ar
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -83,7 +84,9 @@ class ModelManager:
         self.changed: Callable[[], Awaitable[None]] | None = None
         self.retiring: Callable[[ModelVersion, str], Awaitable[None]] | None = None
         #: Ensembles' composing models, loaded with them (``self.load``, as any model).
-        self.composing = ComposingLoads(self.repository, registry, self.load)
+        self.composing = ComposingLoads(
+            self.repository, registry, functools.partial(self.load, as_step=True)
+        )
         pool.on_replaced(self._reloaded)
 
     def providers_for(
@@ -174,8 +177,12 @@ class ModelManager:
         config: ModelConfig | None = None,
         files: UploadFiles | None = None,
         timeout: float | None = None,
+        as_step: bool = False,
     ) -> str | None:
         """Load (or reload) every version of ``name``; None, or the reason it failed.
+
+        ``as_step``: loaded for an ensemble (``ComposingLoads``), not asked for; such a model
+        goes with the ensemble when its unload asks for its dependents.
 
         ``config`` replaces the directory's config.pbtxt for this load; ``files`` are the
         model directory itself (uploaded; written under ``uploads``, never into the
@@ -203,7 +210,10 @@ class ModelManager:
                 return f"cannot write the uploaded files: {exc}"
         try:
             async with self.lock:
-                return await self._load_locked(name, config, place, timeout)
+                reason = await self._load_locked(name, config, place, timeout)
+                if reason is None:
+                    self.composing.loaded(name, as_step)
+                return reason
         except BaseException:
             if place is not None and self.upload_of.get(name) != place:
                 self.uploads.remove(place)
@@ -450,12 +460,16 @@ class ModelManager:
                 await own_handle(worker).unload(model.key)
         model.state = "UNAVAILABLE"
 
-    async def unload(self, name: str, version: str | None = None) -> bool:
+    async def unload(self, name: str, version: str | None = None, dependents: bool = False) -> bool:
         """Unload a repository model (or one version); False if it was not loaded.
 
         It leaves the registry first, so later requests get 404 (and its readiness is
         false: it is known), then each session is unloaded after the requests already
         sent to it; requests that found it before get their answer or a 503.
+
+        ``dependents`` (Triton's ``unload_dependents``): once an ensemble is gone, the
+        composing models loaded only for it go too, at any depth, unless another loaded
+        ensemble still has them as a step (``ComposingLoads.released``).
         """
         async with self.lock:
             versions = self.registry.models.get(name)
@@ -464,29 +478,50 @@ class ModelManager:
                 if failed is not None:
                     self.registry.unloaded.add(name)
                 return failed is not None
-            if version is not None:
-                model = versions.get(version)
-                if model is None:
-                    return False
-                gone = [model]
-                remaining = {v: m for v, m in versions.items() if v != version}
-            else:
-                gone = list(versions.values())
-                remaining = {}
-            if remaining:
-                self.registry.models[name] = remaining
-            else:
-                del self.registry.models[name]
-                self.registry.required.discard(name)
-                self.registry.unloaded.add(name)
-            for model in gone:
-                await self._unload_version(model)
-            if not remaining:
-                self.uploads.remove(self.upload_of.pop(name, None))
+            gone = await self._take_out(name, versions, version)
+            if dependents and name not in self.registry.models:
+                await self._unload_steps(gone)
             self.composing.settle()
             await self._tell_changed()
-            log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
             return True
+
+    async def _take_out(
+        self, name: str, versions: dict[str, ModelVersion], version: str | None
+    ) -> list[ModelVersion]:
+        """Take ``version`` of ``name`` (every version when None) out of service; what went."""
+        if version is not None:
+            model = versions.get(version)
+            if model is None:
+                return []
+            gone = [model]
+            remaining = {v: m for v, m in versions.items() if v != version}
+        else:
+            gone = list(versions.values())
+            remaining = {}
+        if remaining:
+            self.registry.models[name] = remaining
+        else:
+            del self.registry.models[name]
+            self.registry.required.discard(name)
+            self.registry.unloaded.add(name)
+            self.composing.forget(name)
+        for model in gone:
+            await self._unload_version(model)
+        if not remaining:
+            self.uploads.remove(self.upload_of.pop(name, None))
+        log.info("model '%s'%s unloaded", name, f" version {version}" if version else "")
+        return gone
+
+    async def _unload_steps(self, gone: list[ModelVersion]) -> None:
+        """Unload the composing models the ensembles in ``gone`` leave unused."""
+        pending = self.composing.released(gone)
+        while pending:
+            step = pending.pop()
+            versions = self.registry.models.get(step)
+            if versions is None:
+                continue
+            log.info("model '%s': unloading it with the ensemble it was loaded for", step)
+            pending.extend(self.composing.released(await self._take_out(step, versions, None)))
 
     def close(self) -> None:
         """Remove every uploaded model file (at shutdown, once the workers are stopped)."""

@@ -566,3 +566,78 @@ def test_two_ensembles_naming_each_other_do_not_hold_the_start(
     for name, other in (("ens_a", "ens_b"), ("ens_b", "ens_a")):
         reason = f"circular dependency between ensembles: {name} -> ... -> {other} -> {name}"
         assert f"model '{name}' is UNAVAILABLE: {reason}" in proc.log, proc.log
+
+
+def test_an_unload_with_its_dependents_takes_the_steps_loaded_for_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Triton's ``unload_dependents``: the composing models loaded for the ensemble go with
+    it, at any depth (``outer`` -> ``solo`` -> ``id_a``); a step another loaded ensemble
+    still has (``id_b``), or one loaded by its own request (``id_c``), stays. It was
+    ignored: every step stayed loaded (found by fuzzing)."""
+    root = tmp_path_factory.mktemp("unload-dependents")
+    for name in ("id_a", "id_b", "id_c"):
+        shutil.copytree(SAMPLE_REPOSITORY / "identity_int32", root / name)
+    steps = {"solo": "id_a", "outer": "solo", "pair1": "id_b", "pair2": "id_b", "mine": "id_c"}
+    for name, step in steps.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(_STEP_ON.format(name, step))
+    args = ["--model-control-mode", "explicit"]
+    for name in ("outer", "pair1", "pair2", "id_c", "mine"):
+        args += ["--load-model", name]
+    proc = ServerProcess(root, args).wait_ready(timeout=60)
+    http = httpclient.InferenceServerClient(proc.host_port)
+    grpc = grpcclient.InferenceServerClient(proc.grpc_url)
+    try:
+        loaded = {e["name"] for e in http.get_model_repository_index() if e.get("state") == "READY"}
+        assert loaded == {*steps, "id_a", "id_b", "id_c"}
+        http.unload_model("outer", unload_dependents=True)
+        grpc.unload_model("pair1", unload_dependents=True)
+        http.unload_model("mine", unload_dependents=True)
+        ready = {e["name"] for e in http.get_model_repository_index() if e.get("state") == "READY"}
+        assert ready == {"pair2", "id_b", "id_c"}
+        for name in ("solo", "id_a"):
+            (entry,) = [e for e in http.get_model_repository_index() if e["name"] == name]
+            assert entry["reason"] == "unloaded", entry
+        grpc.unload_model("pair2")  # without: its step stays, as in Triton
+        assert http.is_model_ready("id_b")
+        assert "model 'id_a': unloading it with the ensemble it was loaded for" in proc.log
+    finally:
+        http.close()
+        grpc.close()
+        assert proc.stop() == 0, proc.log
+
+
+def test_unload_dependents_must_be_a_boolean_and_a_named_repository_is_refused(
+    server: ServerProcess, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """As Triton: a non-boolean ``unload_dependents`` is INVALID_ARGUMENT (REST 400) and the
+    model stays; a request naming a repository is refused (UNSUPPORTED), where it was
+    served from the one repository."""
+    from oipserve.grpc_generated import grpc_service_pb2 as pb
+
+    unload_body = json.dumps({"parameters": {"unload_dependents": "yes"}})
+    status, _, body = request(server, "POST", "/v2/repository/models/chain/unload", unload_body)
+    assert status == 400 and b"'unload_dependents'" in body, body
+    stub = grpc._client_stub
+    parameter = pb.ModelRepositoryParameter(string_param="x")
+    unload = pb.RepositoryModelUnloadRequest(model_name="chain")
+    unload.parameters["unload_dependents"].CopyFrom(parameter)
+    with pytest.raises(Exception, match="expected a boolean") as info:
+        stub.RepositoryModelUnload(unload)
+    assert info.value.code().name == "INVALID_ARGUMENT"
+    assert grpc.is_model_ready("chain")
+    named = "'repository_name' specification is not supported"
+    other = {"repository_name": "other", "model_name": "chain"}
+    for call, message in (
+        (stub.RepositoryIndex, pb.RepositoryIndexRequest(repository_name="other")),
+        (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(**other)),
+        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(**other)),
+    ):
+        with pytest.raises(Exception, match=named) as info:
+            call(message)
+        assert info.value.code().name == "UNIMPLEMENTED"
+    for path in ("/v2/repository/other/index", "/v2/repository/other/models/chain/unload"):
+        status, _, body = request(server, "POST", path, "{}")
+        assert (status, json.loads(body)) == (501, {"error": named}), path
+    assert grpc.is_model_ready("chain")

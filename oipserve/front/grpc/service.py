@@ -90,6 +90,7 @@ class InferenceService:
     ) -> pb.RepositoryIndexResponse:
         if self.management is None:
             raise RuntimeError("RepositoryIndex reached a front without model management")
+        self.management.check_repository_name(request.repository_name)
         response = pb.RepositoryIndexResponse()
         for entry in self.management.index(request.ready):
             response.models.add(
@@ -105,6 +106,7 @@ class InferenceService:
     ) -> pb.RepositoryModelLoadResponse:
         if self.management is None:
             raise RuntimeError("RepositoryModelLoad reached a front without model management")
+        self.management.check_repository_name(request.repository_name)
         parameters = {k: repository_parameter(v) for k, v in request.parameters.items()}
         await self.management.repository_load(
             request.model_name, None, parameters, files_in_base64=False
@@ -116,7 +118,9 @@ class InferenceService:
     ) -> pb.RepositoryModelUnloadResponse:
         if self.management is None:
             raise RuntimeError("RepositoryModelUnload reached a front without model management")
-        await self.management.repository_unload(request.model_name, None)
+        self.management.check_repository_name(request.repository_name)
+        parameters = {k: repository_parameter(v) for k, v in request.parameters.items()}
+        await self.management.repository_unload(request.model_name, None, parameters)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- the system shared-memory extension (oipserve.request.client_regions) --------------

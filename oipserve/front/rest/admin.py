@@ -144,9 +144,25 @@ class RepositoryResource:
         version: str | None = None,
     ) -> None:
         body = await _read_json(req, "model unload")
-        _parameters(body, "unload")
-        await self.management.repository_unload(model, version)
+        await self.management.repository_unload(model, version, _parameters(body, "unload"))
         resp.data = b""
+
+
+class NamedRepositoryResource:
+    """Triton's repository routes that name a repository (``/v2/repository/{repository}/
+    ...``): refused as Triton refuses them; this server has one repository."""
+
+    async def on_post_index(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, repository: str
+    ) -> None:
+        Management.check_repository_name(repository)
+
+    async def on_post_load(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, repository: str, model: str
+    ) -> None:
+        Management.check_repository_name(repository)
+
+    on_post_unload = on_post_load
 
 
 class ModelListResource:
@@ -174,4 +190,8 @@ def add_admin_routes(app: falcon.asgi.App, management: Management) -> None:
     ):
         app.add_route(base + "/load", repository, suffix="load")
         app.add_route(base + "/unload", repository, suffix="unload")
+    named = NamedRepositoryResource()
+    app.add_route("/v2/repository/{repository}/index", named, suffix="index")
+    app.add_route("/v2/repository/{repository}/models/{model}/load", named, suffix="load")
+    app.add_route("/v2/repository/{repository}/models/{model}/unload", named, suffix="unload")
     app.add_route("/v2/models", ModelListResource(management))
