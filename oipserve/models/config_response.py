@@ -31,7 +31,7 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
     given_inputs = {e["name"]: e for e in document.get("input", [])}
     given_outputs = {e["name"]: e for e in document.get("output", [])}
     given_groups = document.get("instance_group", [])
-    groups = config.instance_groups if config else ()
+    groups = model.instance_groups or (config.instance_groups if config else ())
     policy = config.version_policy if config else None
     document.update(
         name=model.name,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from mypy_extensions import mypyc_attr
 
 from oipserve.errors import InvalidInput, NotFound, Unavailable
-from oipserve.models.config.parse import ModelConfig
+from oipserve.models.config.parse import InstanceGroup, ModelConfig
 from oipserve.models.metadata import TensorSpec, merge_metadata
 from oipserve.pool.link import WorkerLink
 from oipserve.wire.images import ImageError, ImageSpec
@@ -83,6 +83,9 @@ class ModelVersion:
         self.input_map: dict[str, TensorSpec] = {}
         self.output_map: dict[str, TensorSpec] = {}
         self.workers: list[WorkerLink] = []
+        #: The config's instance groups as placed on this server's devices (kind and GPUs
+        #: resolved, ``ModelManager.workers_for``); () without instance_group.
+        self.instance_groups: tuple[InstanceGroup, ...] = ()
         self.providers: dict[int, list[str]] = {}
         self.platform = PLATFORM
         #: Echo endpoints are answered by the front (inputs copied to outputs), no session.

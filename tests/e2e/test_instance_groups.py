@@ -70,3 +70,18 @@ def test_models_with_groups_still_infer(srv: ServerProcess) -> None:
         status, _, raw = request(srv, "POST", f"/v2/models/{model}/infer", body)
         assert status == 200, raw
         assert json.loads(raw)["outputs"][0]["data"] == [1.5, 2.5]
+
+
+def test_the_config_response_shows_groups_as_placed(srv: ServerProcess) -> None:
+    """Triton's normalisation: KIND_AUTO is reported as the kind it ran as, and a GPU group
+    names the GPUs it is on (it said KIND_AUTO, with no GPUs; found by fuzzing)."""
+    shown = {}
+    for model in ("auto_one", "both", "cpu_many"):
+        status, _, raw = request(srv, "GET", f"/v2/models/{model}/config")
+        assert status == 200, raw
+        shown[model] = [(g["kind"], g["gpus"]) for g in json.loads(raw)["instance_group"]]
+    assert shown == {
+        "auto_one": [("KIND_GPU", [1])],
+        "both": [("KIND_CPU", []), ("KIND_GPU", [1])],
+        "cpu_many": [("KIND_CPU", [])],
+    }

@@ -26,6 +26,11 @@ def test_config_json_follows_protobufs_mapping() -> None:
     for bad in ("{", "[1]", '{"max_batch_size": "x"}', '{"nope": 1}', "[" * 10_000):
         with pytest.raises(ModelConfigError):
             parse_model_config_json(bad)
+    for not_an_object in ("[]", '""', '"abc"', " 1", "null"):
+        # protobuf's parser took [] and "" for an empty configuration (found by fuzzing)
+        with pytest.raises(ModelConfigError, match="^the configuration must be a JSON object$"):
+            parse_model_config_json(not_an_object)
+    assert parse_model_config_json(' \n\t{"max_batch_size": 2}').max_batch_size == 2
 
 
 @pytest.mark.parametrize(

@@ -404,6 +404,10 @@ def parse_model_config_json(text: str) -> ModelConfig:
     """
     _check_length(len(text), "characters")
     _check_surrogates(text)
+    if not text.lstrip(" \t\r\n").startswith("{"):
+        # NOTE: protobuf's parser walks any JSON root: ``[]`` or ``""`` read as an empty
+        #   configuration, and the load replaced config.pbtxt with nothing (found by fuzzing).
+        raise ModelConfigError("the configuration must be a JSON object")
     message = mc.ModelConfig()
     try:
         json_format.Parse(text, message)

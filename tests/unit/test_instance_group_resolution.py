@@ -1,0 +1,41 @@
+"""An instance_group as it runs on a server's devices (``models.manager.resolved_group``),
+as Triton normalises it."""
+
+from __future__ import annotations
+
+import pytest
+
+from oipserve.models.config.parse import InstanceGroup
+from oipserve.models.manager import resolved_group
+from oipserve.models.metadata import MetadataConflict
+
+GPUS = ["cuda:0", "cuda:2"]
+
+
+@pytest.mark.parametrize(
+    ("group", "gpus", "kind", "placed"),
+    [
+        (InstanceGroup(kind="KIND_AUTO"), GPUS, "KIND_GPU", (0, 2)),
+        (InstanceGroup(kind="KIND_AUTO"), [], "KIND_CPU", ()),
+        (InstanceGroup(kind="KIND_AUTO", gpus=(2,)), GPUS, "KIND_GPU", (2,)),
+        (InstanceGroup(kind="KIND_GPU"), GPUS, "KIND_GPU", (0, 2)),
+        (InstanceGroup(kind="KIND_GPU", gpus=(0,)), [], "KIND_GPU", (0,)),
+        (InstanceGroup(kind="KIND_CPU"), GPUS, "KIND_CPU", ()),
+        (InstanceGroup(kind="KIND_MODEL"), GPUS, "KIND_MODEL", (0, 2)),
+        (InstanceGroup(kind="KIND_MODEL"), [], "KIND_MODEL", ()),
+    ],
+)
+def test_groups_resolve_as_triton_normalises_them(
+    group: InstanceGroup, gpus: list[str], kind: str, placed: tuple[int, ...]
+) -> None:
+    resolved = resolved_group(group, gpus)
+    assert (resolved.kind, resolved.gpus, resolved.count) == (kind, placed, group.count)
+
+
+def test_auto_naming_gpus_on_a_server_without_any_is_refused() -> None:
+    """Triton makes such a group KIND_CPU and refuses it for naming GPUs; it ran on the CPU
+    here (found by fuzzing)."""
+    with pytest.raises(MetadataConflict, match=r"names GPUs \[0\]; this server runs none"):
+        resolved_group(InstanceGroup(kind="KIND_AUTO", gpus=(0,)), [])
+    with pytest.raises(MetadataConflict, match="asks for a GPU; this server runs none"):
+        resolved_group(InstanceGroup(kind="KIND_GPU"), [])
