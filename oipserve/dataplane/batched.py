@@ -441,7 +441,6 @@ def _record(requests: list[_Queued], entries: list[Entry], done: InferDone) -> N
     for request in requests:
         rows += request.rows
         one_row_each = one_row_each and request.rows == 1
-    rows = rows or 1
     input_ns, infer_ns, output_ns = done.input_ns, done.infer_ns, done.output_ns
     stats.executed(rows, input_ns, infer_ns, output_ns)
     if stats.per_request or not one_row_each:
@@ -472,7 +471,8 @@ def _record_each(requests: list[_Queued], entries: list[Entry], done: InferDone,
     """Each request's statistics on its own: its share of the execution's phases."""
     now = monotonic_ns()
     for request, entry in zip(requests, entries, strict=True):
-        share = request.rows / rows
+        # (a batch of zero-row requests, [0, ...] each, shares the phases evenly)
+        share = request.rows / rows if rows else 1 / len(requests)
         request.stats.request_succeeded(
             request.rows,
             now - request.start,

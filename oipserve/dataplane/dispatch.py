@@ -86,6 +86,7 @@ class Dispatch:
         The reply's output segment is the caller's to release (``result``, ``results``).
         """
         key = model.key
+        output_names = output_names or model.run_outputs
         into = targets or _NO_TARGETS
         texts = text_outputs or _NO_NAMES
         light = self.light()

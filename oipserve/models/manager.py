@@ -392,6 +392,9 @@ class ModelManager:
             await self._fail_version(model, "internal error while loading (see the log)")
             return
         model.set_metadata(inputs, outputs)
+        listed = [t.name for t in outputs]
+        if {m.name for m in loaded[0].outputs} - set(listed):
+            model.run_outputs = listed
         model.load_seconds = time.monotonic() - started
         model.state = "READY"
         log.info(

@@ -83,6 +83,10 @@ class ModelVersion:
         self.input_map: dict[str, TensorSpec] = {}
         self.output_map: dict[str, TensorSpec] = {}
         self.workers: list[WorkerLink] = []
+        #: The outputs a request that names none runs: [] (all the graph's) unless the
+        #: graph has outputs config.pbtxt leaves out; then the ones it lists, as Triton
+        #: (an unlisted output was computed, and cut by rows: a 500; found by fuzzing).
+        self.run_outputs: list[str] = []
         #: The config's instance groups as placed on this server's devices (kind and GPUs
         #: resolved, ``ModelManager.workers_for``); () without instance_group.
         self.instance_groups: tuple[InstanceGroup, ...] = ()

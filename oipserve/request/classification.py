@@ -13,6 +13,7 @@ integers plain. Equal values keep the lower index first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -132,7 +133,8 @@ def _classified(tensor: OutputTensor, k: int, batched: bool, labels: Sequence[st
     rows = _rows(tensor, batched)
     per_row = values.reshape(rows, -1) if rows else values.reshape(0, 0)
     strings = class_strings(per_row, k, tensor.datatype, labels)
-    width = len(strings[0]) if strings else 0
+    classes = math.prod(tensor.shape[1:]) if batched and tensor.shape else tensor.count
+    width = min(k, classes)  # (a batch of no rows still has its width: [0, k])
     shape = [rows, width] if batched else [width]
     flat = [text.encode() for row in strings for text in row]
     return OutputTensor(tensor.name, "BYTES", shape, memoryview(encode_bytes_elements(flat)))

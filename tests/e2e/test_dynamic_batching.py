@@ -269,3 +269,25 @@ def test_a_request_whose_client_went_away_never_runs(server: ServerProcess) -> N
         text = resp.read().decode()
     assert 'nv_inference_request_failure{model="batched",version="1",reason="CANCELED"} 2' in text
     assert stays(lambda: "Traceback" not in server.log, 1), server.log
+
+
+def test_a_request_of_no_rows_is_counted_as_a_batch_of_none(server: ServerProcess) -> None:
+    """A [0, 4] request through the batcher: its execution is a batch of size 0, as an
+    unbatched model's is. It was counted as size 1, so batch_stats summed to more rows than
+    inference_count (found by fuzzing). Classification keeps its width: [0, k]."""
+    client = httpclient.InferenceServerClient(server.host_port)
+
+    def batches() -> dict[int, int]:
+        (stats,) = client.get_inference_statistics("timeouts")["model_stats"]
+        return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+    before = batches()
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", class_count=2)]
+    result = client.infer("timeouts", _inputs(httpclient, np.zeros((0, 4), np.float32), [], True))
+    assert result.as_numpy("OUTPUT0").shape == (0, 4)
+    inputs = _inputs(httpclient, np.zeros((0, 4), np.float32), [], True)
+    classified = client.infer("timeouts", inputs, outputs=outputs)
+    assert classified.as_numpy("OUTPUT0").shape == (0, 2)
+    after = batches()
+    assert after.get(0, 0) - before.get(0, 0) == 2 and after.get(1) == before.get(1), after
+    client.close()

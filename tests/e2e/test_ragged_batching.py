@@ -19,7 +19,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.ragged_models import MALFORMED, write_ragged_repository
+from tests.support.ragged_models import (
+    MALFORMED,
+    write_ragged_repository,
+    write_unlisted_output_model,
+)
 from tests.support.server import ServerProcess
 
 #: Far longer than four requests take to arrive: the batch fires at its preferred size.
@@ -102,3 +106,59 @@ def test_malformed_batch_io_is_refused_at_load(server: ServerProcess) -> None:
         assert index[name]["state"] == "UNAVAILABLE", name
         assert reason in index[name]["reason"], (name, index[name]["reason"])
     assert index["ragged"]["state"] == "READY"
+
+
+#: A graph with an output config.pbtxt leaves out (``UNLISTED``, the batch input's copy:
+#: one row per execution, not per request), ragged and batched, and not batched.
+_UNLISTED_CONFIGS = {
+    "ragged_unlisted": """max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "IDX"
+  data_type: TYPE_INT32 source_input: "X" } ]
+batch_output [ { target_name: "Y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "X" } ]
+dynamic_batching { max_queue_delay_microseconds: 20000000 preferred_batch_size: [ 2 ] }
+""",
+    "plain_unlisted": """max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] },
+        { name: "IDX" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+""",
+}
+
+
+def test_an_output_the_config_leaves_out_is_not_computed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """As Triton: a request naming no outputs gets the config's, and the graph's others are
+    not run. They were: cut by rows, the ragged model's extra output failed every batch with
+    a 500 (found by fuzzing), and a model that is not batched returned it."""
+    root = tmp_path_factory.mktemp("unlisted")
+    for name, config in _UNLISTED_CONFIGS.items():
+        write_unlisted_output_model(root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}')
+    proc = ServerProcess(root).wait_ready()
+    try:
+        client = httpclient.InferenceServerClient(proc.host_port, concurrency=2)
+        values = [np.arange(n, dtype=np.float32).reshape(1, n) for n in (3, 5)]
+
+        def infer(x: np.ndarray) -> dict:
+            given = httpclient.InferInput("X", list(x.shape), "FP32")
+            given.set_data_from_numpy(x)
+            return client.async_infer("ragged_unlisted", [given]).get_result().get_response()
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(infer, values))
+        for x, answer in zip(values, answers, strict=True):
+            assert [(o["name"], o["shape"]) for o in answer["outputs"]] == [("Y", list(x.shape))]
+        given = [
+            httpclient.InferInput("X", [3], "FP32"),
+            httpclient.InferInput("IDX", [2], "INT32"),
+        ]
+        given[0].set_data_from_numpy(np.ones(3, np.float32))
+        given[1].set_data_from_numpy(np.zeros(2, np.int32))
+        answer = client.infer("plain_unlisted", given).get_response()
+        assert [o["name"] for o in answer["outputs"]] == ["Y"]
+        client.close()
+    finally:
+        assert proc.stop() == 0, proc.log

@@ -205,3 +205,25 @@ def _write_identity(path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, path)
+
+
+def write_unlisted_output_model(path: Path) -> None:
+    """``Y = X`` and ``UNLISTED = IDX`` (X FP32 [n], IDX INT32 [r]): a graph with an output
+    for a config.pbtxt to leave out."""
+    nodes = [
+        helper.make_node("Identity", ["X"], ["Y"]),
+        helper.make_node("Identity", ["IDX"], ["UNLISTED"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n"]),
+        helper.make_tensor_value_info("IDX", TensorProto.INT32, ["r"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n"]),
+        helper.make_tensor_value_info("UNLISTED", TensorProto.INT32, ["r"]),
+    ]
+    graph = helper.make_graph(nodes, "unlisted", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, str(path))
