@@ -3,8 +3,10 @@
 Option names are ONNX Runtime's (CUDA EP docs, `cuda_provider_options` keys):
   device_id                  CUDA ordinal of the GPU to run on;
   gpu_mem_limit              arena size limit in bytes (decimal string);
-  arena_extend_strategy      "kNextPowerOfTwo" (default) or "kSameAsRequested";
-  cudnn_conv_algo_search     "EXHAUSTIVE" (default), "HEURISTIC" or "DEFAULT";
+  arena_extend_strategy      "kNextPowerOfTwo" (default) or "kSameAsRequested" (Triton's
+                             onnxruntime backend: "0" or "1");
+  cudnn_conv_algo_search     "EXHAUSTIVE" (default), "HEURISTIC" or "DEFAULT" (Triton's:
+                             "0", "1" or "2");
   do_copy_in_default_stream  "1"/"0" (ORT also parses true/false/True/False).
 Values are validated here because ORT's own errors surface only inside a worker process,
 as one opaque session-creation failure.
@@ -26,10 +28,18 @@ _BOOLS = {"1": "1", "true": "1", "0": "0", "false": "0"}
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
-    """Value if it is one of ORT's spellings (exact case, as ORT compares)."""
-    if value not in allowed:
-        raise InventoryError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
-    return value
+    """Value if it is one of ORT's spellings (exact case, as ORT compares), or its number
+    in ``allowed`` as Triton's onnxruntime backend takes it (``cudnn_conv_algo_search``
+    "0" is EXHAUSTIVE; ``arena_extend_strategy`` "1" is kSameAsRequested)."""
+    if value in allowed:
+        return value
+    if value.isascii() and value.isdigit() and int(value) < len(allowed):
+        return allowed[int(value)]
+    numbers = ", ".join(f"{i} ({name})" for i, name in enumerate(allowed))
+    raise InventoryError(
+        f"{key} must be one of {', '.join(allowed)}, or Triton's number for one: {numbers}; "
+        f"got {value!r}"
+    )
 
 
 def _mem_limit(value: str) -> str:

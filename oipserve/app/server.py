@@ -184,16 +184,18 @@ def _check_layout(repository: Repository, exit_on_error: bool) -> None:
         raise StartupError(f"{warnings[0]}; refusing to start (--exit-on-error true / --strict)")
 
 
-def _threads_per_worker(device: str, usable_cores: int, instances: int) -> int:
+def _threads_per_worker(device: str, usable_cores: int, instances: int, most: int) -> int:
     """ONNX Runtime intra-op threads of each worker started with the server.
 
     On the CPU the cores this process may use (a pod's CPU limit, its affinity mask:
-    ``CpuInfo.usable_cores``) are shared out among the instances. Sizing from the node's
+    ``CpuInfo.usable_cores``) are shared out among the instances, at most ``most`` each
+    (``--max-threads-per-session``: an inventory claiming 100,000 cores gave a worker
+    100,000 threads, and the start never ended; found by fuzzing). Sizing from the node's
     count in a pod limited to 4 CPUs on a 64-core node would give 64 threads throttled
     to 4 CPUs' time.
     """
     if device == "cpu":
-        return max(1, usable_cores // instances)
+        return min(most, max(1, usable_cores // instances))
     return 1
 
 
@@ -340,7 +342,9 @@ class Server:
         return count
 
     async def _start_workers(self, device: str, count: int) -> list[WorkerHandle]:
-        threads = _threads_per_worker(device, self.plan.inventory.cpu.usable_cores, count)
+        usable = self.plan.inventory.cpu.usable_cores
+        most = self.settings.max_threads_per_session
+        threads = _threads_per_worker(device, usable, count, most)
         started = []
         for _ in range(count):
             worker = await self.pool.add_worker(device, threads)

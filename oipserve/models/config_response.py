@@ -8,6 +8,7 @@ merged with the ONNX graph, the instance groups, the version policy.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from oipserve.models.metadata import TensorSpec
@@ -22,6 +23,26 @@ def _tensor(spec: TensorSpec, batched: bool, given: dict[str, dict[str, Any]]) -
     entry: dict[str, object] = dict(given.get(spec.name, {}))
     entry.update(name=spec.name, data_type=DATATYPES[spec.datatype].triton, dims=dims)
     return entry
+
+
+def _placed_groups(model: ModelVersion) -> list[dict[str, object]]:
+    """The instance groups of a model without ``instance_group``, as placed: one worker
+    process is one instance, on the GPUs by count (a group for each count) and on the
+    CPU. Loading them back as its config places it the same (it read KIND_CPU with every
+    worker counted, GPUs included, and such a reload moved the model; found by fuzzing)."""
+    per_gpu = Counter(
+        int(w.device.partition(":")[2]) for w in model.workers if w.device.startswith("cuda:")
+    )
+    by_count: dict[int, list[int]] = {}
+    for gpu, count in sorted(per_gpu.items()):
+        by_count.setdefault(count, []).append(gpu)
+    groups: list[dict[str, object]] = [
+        {"count": count, "kind": "KIND_GPU", "gpus": gpus} for count, gpus in by_count.items()
+    ]
+    on_cpu = sum(1 for w in model.workers if w.device == "cpu")
+    if on_cpu or not groups:
+        groups.append({"count": on_cpu or 1, "kind": "KIND_CPU"})
+    return groups
 
 
 def model_config_document(model: ModelVersion) -> dict[str, object]:
@@ -44,7 +65,7 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
             {**given, "count": g.count, "kind": g.kind, "gpus": list(g.gpus)}
             for given, g in zip(given_groups, groups, strict=True)
         ]
-        or [{"count": len(model.workers), "kind": "KIND_CPU"}],
+        or _placed_groups(model),
         parameters={k: {"string_value": v} for k, v in model.parameters.items()},
     )
     if policy is None or policy.kind == "latest":

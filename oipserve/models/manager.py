@@ -134,7 +134,9 @@ class ModelManager:
         chosen: list[WorkerHandle] = []
         resolved = tuple(resolved_group(group, gpu_devices) for group in groups)
         for group in resolved:
-            devices = [f"cuda:{g}" for g in group.gpus] or ["cpu"]
+            devices = [f"cuda:{g}" for g in group.gpus]
+            if not devices:
+                devices = gpu_devices if group.kind == "KIND_MODEL" and gpu_devices else ["cpu"]
             for device in devices:
                 on_device = [w for w in workers if w.device == device]
                 if not on_device:
@@ -593,11 +595,14 @@ async def unload_quietly(worker: WorkerHandle, key: str) -> None:
 def resolved_group(group: InstanceGroup, gpu_devices: list[str]) -> InstanceGroup:
     """``group`` as it runs on a server with ``gpu_devices``, as Triton normalises it:
         ``KIND_AUTO`` is ``KIND_GPU`` when the server runs GPUs, else ``KIND_CPU`` (which
-    cannot name GPUs: refused, as Triton refuses it); ``KIND_MODEL`` runs as
-    ``KIND_AUTO`` and keeps its kind; a GPU group without ``gpus`` is on every GPU.
+    cannot name GPUs: refused, as Triton refuses it); a GPU group without ``gpus`` is on
+    every GPU. ``KIND_MODEL`` is left as it is (``workers_for`` places it as KIND_AUTO,
+    and Triton shows it as given).
     MetadataConflict for a GPU group on a server without GPUs."""
     kind = group.kind
-    on_gpus = kind == "KIND_GPU" or (kind != "KIND_CPU" and bool(gpu_devices))
+    if kind == "KIND_MODEL":
+        return group  # placed as KIND_AUTO; shown as given (it may not name GPUs)
+    on_gpus = kind == "KIND_GPU" or (kind == "KIND_AUTO" and bool(gpu_devices))
     if kind == "KIND_AUTO":
         kind = "KIND_GPU" if on_gpus else "KIND_CPU"
     if not on_gpus:

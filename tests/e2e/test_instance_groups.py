@@ -18,6 +18,7 @@ GROUPS = {
     "both": "instance_group [ { count: 1 kind: KIND_CPU }, { count: 2 kind: KIND_GPU } ]",
     "nogroup": "",
     "missing_gpu": "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]",
+    "model_kind": "instance_group [ { count: 1 kind: KIND_MODEL } ]",
 }
 
 
@@ -74,14 +75,20 @@ def test_models_with_groups_still_infer(srv: ServerProcess) -> None:
 
 def test_the_config_response_shows_groups_as_placed(srv: ServerProcess) -> None:
     """Triton's normalisation: KIND_AUTO is reported as the kind it ran as, and a GPU group
-    names the GPUs it is on (it said KIND_AUTO, with no GPUs; found by fuzzing)."""
+    names the GPUs it is on (it said KIND_AUTO, with no GPUs); KIND_MODEL as given (its
+    GPUs named, the config could not be loaded back); a model without groups as placed (it
+    said KIND_CPU for every worker, GPUs included). All found by fuzzing."""
     shown = {}
-    for model in ("auto_one", "both", "cpu_many"):
+    for model in ("auto_one", "both", "cpu_many", "model_kind", "nogroup"):
         status, _, raw = request(srv, "GET", f"/v2/models/{model}/config")
         assert status == 200, raw
-        shown[model] = [(g["kind"], g["gpus"]) for g in json.loads(raw)["instance_group"]]
+        groups = json.loads(raw)["instance_group"]
+        shown[model] = [(g["kind"], g.get("gpus", []), g["count"]) for g in groups]
     assert shown == {
-        "auto_one": [("KIND_GPU", [1])],
-        "both": [("KIND_CPU", []), ("KIND_GPU", [1])],
-        "cpu_many": [("KIND_CPU", [])],
+        "auto_one": [("KIND_GPU", [1], 1)],
+        "both": [("KIND_CPU", [], 1), ("KIND_GPU", [1], 2)],
+        "cpu_many": [("KIND_CPU", [], 5)],
+        "model_kind": [("KIND_MODEL", [], 1)],
+        "nogroup": [("KIND_GPU", [1], 2), ("KIND_CPU", [], 2)],
     }
+    assert [d for d, _ in placements(srv)["model_kind"]] == ["cuda:1"]

@@ -68,7 +68,7 @@ def test_a_bad_value_fails_that_model_with_the_parameter_named(server: ServerPro
     with httpclient.InferenceServerClient(server.host_port) as client:
         assert not client.is_model_ready("arena_bad")
         index = {m["name"]: m for m in client.get_model_repository_index()}
-        assert 'parameter \'enable_mem_arena\' must be "0" or "1"' in index["arena_bad"]["reason"]
+        assert 'parameter \'enable_mem_arena\' must be "1" or "0"' in index["arena_bad"]["reason"]
         with pytest.raises(InferenceServerException):
             client.infer("arena_bad", [])
 

@@ -79,9 +79,11 @@ def test_cpu_workers_share_the_usable_cpus_not_the_nodes() -> None:
     """A pod limited to 4 CPUs on a 64-core node: 2 instances get 2 threads each, not 32."""
     from oipserve.app.server import _threads_per_worker
 
-    assert _threads_per_worker("cpu", 4, 2) == 2
-    assert _threads_per_worker("cpu", 1, 2) == 1
-    assert _threads_per_worker("cuda:0", 4, 2) == 1
+    assert _threads_per_worker("cpu", 4, 2, 64) == 2
+    assert _threads_per_worker("cpu", 1, 2, 64) == 1
+    assert _threads_per_worker("cuda:0", 4, 2, 64) == 1
+    # --max-threads-per-session bounds it (an inventory's 100,000 cores hung the start)
+    assert _threads_per_worker("cpu", 100_000, 1, 64) == 64
 
 
 def test_the_system_inventory_counts_usable_cores() -> None:

@@ -619,6 +619,17 @@ def test_cuda_provider_options_all_settings() -> None:
         cuda_provider_options(0, {"do_copy_in_default_stream": "true"})["do_copy_in_default_stream"]
         == "1"
     )
+    # Triton's onnxruntime backend numbers them (its README's example: "0"); they were
+    # refused, so a Triton repository's GPU model did not load (found by fuzzing).
+    triton = {"cudnn_conv_algo_search": "0", "arena_extend_strategy": "1"}
+    assert cuda_provider_options(0, triton) == {
+        "device_id": "0",
+        "cudnn_conv_algo_search": "EXHAUSTIVE",
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    assert cuda_provider_options(0, {"cudnn_conv_algo_search": "2"})["cudnn_conv_algo_search"] == (
+        "DEFAULT"
+    )
 
 
 @pytest.mark.parametrize(
@@ -634,6 +645,8 @@ def test_cuda_provider_options_all_settings() -> None:
         (0, {"arena_extend_strategy": "knextpoweroftwo"}, "arena_extend_strategy must be one of"),
         (0, {"arena_extend_strategy": "kSameAsRequested,"}, "kNextPowerOfTwo, kSameAsRequested"),
         (0, {"cudnn_conv_algo_search": "fast"}, "cudnn_conv_algo_search must be one of"),
+        (0, {"cudnn_conv_algo_search": "3"}, "Triton's number for one: 0 (EXHAUSTIVE)"),
+        (0, {"arena_extend_strategy": "-1"}, "1 (kSameAsRequested); got '-1'"),
         (0, {"do_copy_in_default_stream": "yes"}, "do_copy_in_default_stream must be 1, 0"),
     ],
 )

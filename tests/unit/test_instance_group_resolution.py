@@ -21,7 +21,7 @@ GPUS = ["cuda:0", "cuda:2"]
         (InstanceGroup(kind="KIND_GPU"), GPUS, "KIND_GPU", (0, 2)),
         (InstanceGroup(kind="KIND_GPU", gpus=(0,)), [], "KIND_GPU", (0,)),
         (InstanceGroup(kind="KIND_CPU"), GPUS, "KIND_CPU", ()),
-        (InstanceGroup(kind="KIND_MODEL"), GPUS, "KIND_MODEL", (0, 2)),
+        (InstanceGroup(kind="KIND_MODEL"), GPUS, "KIND_MODEL", ()),  # as given: no gpus
         (InstanceGroup(kind="KIND_MODEL"), [], "KIND_MODEL", ()),
     ],
 )

@@ -21,12 +21,15 @@ def test_only_the_session_parameters_are_taken() -> None:
         "memory.enable_memory_arena_shrinkage": "cpu:0;gpu:1",
     }
     assert session_options("m", {}) == {}
+    # Triton's spellings (its backends' ParseBoolValue), given to the worker as "1"/"0"
+    triton = {"enable_mem_arena": "False", "enable_mem_pattern": " ON"}
+    assert session_options("m", triton) == {"enable_mem_arena": "0", "enable_mem_pattern": "1"}
 
 
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
-        ({"enable_mem_arena": "true"}, "'enable_mem_arena' must be \"0\" or \"1\", not 'true'"),
+        ({"enable_mem_arena": "yes"}, '\'enable_mem_arena\' must be "1" or "0"'),
         ({"enable_mem_pattern": ""}, "'enable_mem_pattern' must be"),
         ({"memory.enable_memory_arena_shrinkage": "cpu"}, 'as "cpu:0" or "cpu:0;gpu:0"'),
         ({"memory.enable_memory_arena_shrinkage": ""}, "must list devices"),

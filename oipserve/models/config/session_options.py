@@ -7,6 +7,9 @@ Triton's onnxruntime backend takes these as ``parameters { key: ... value: { str
   Runtime's default, and Triton's): fast, but what one large request grew it to stays in the
   worker for good. "0" allocates from malloc, which returns large blocks to the OS.
 * ``enable_mem_pattern`` ("1"/"0"): ONNX Runtime's memory pattern planning.
+
+  Both read true/false/on/off in any case as well, as Triton's backends do
+  (``ParseBoolValue``); the worker is given "1" or "0".
 * ``memory.enable_memory_arena_shrinkage`` (e.g. "cpu:0", "cpu:0;gpu:0"): a run option that
   asks ONNX Runtime to shrink the arenas listed after every run. Entries for a device the
   session does not run on are dropped in the worker (ONNX Runtime would fail every run on
@@ -29,6 +32,9 @@ SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 
 _SHRINK_ENTRY = re.compile(r"(cpu|gpu):\d+")
 
+#: Triton's backends' spellings of a boolean parameter (``ParseBoolValue``), as "1"/"0".
+_BOOLS = {"1": "1", "true": "1", "on": "1", "0": "0", "false": "0", "off": "0"}
+
 
 def session_options(model: str, parameters: Mapping[str, str]) -> dict[str, str]:
     """The session parameters among a model's ``parameters``, checked; InvalidInput if bad."""
@@ -37,11 +43,13 @@ def session_options(model: str, parameters: Mapping[str, str]) -> dict[str, str]
         value = parameters.get(name)
         if value is None:
             continue
-        if value not in ("0", "1"):
+        flag = _BOOLS.get(value.strip().lower())
+        if flag is None:
             raise InvalidInput(
-                f"model '{model}': parameter '{name}' must be \"0\" or \"1\", not {value!r}"
+                f"model '{model}': parameter '{name}' must be \"1\" or \"0\" (or true, false,"
+                f" on, off, in any case, as Triton reads it), not {value!r}"
             )
-        chosen[name] = value
+        chosen[name] = flag
     shrink = parameters.get(SHRINKAGE)
     if shrink is not None:
         entries = [e for e in shrink.split(";") if e]
