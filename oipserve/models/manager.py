@@ -47,6 +47,10 @@ log = logging.getLogger("oipserve.models")
 #: a device or file problem, a worker's refusal), as opposed to a bug of the server.
 _CANNOT_LOAD = (ServerError, MetadataConflict, ModelConfigError, OSError)
 
+#: Seconds a load waits for the worker replacements under way before it places its
+#: sessions (one start, and one pause between failed starts, ``worker_pool.MAX_PAUSE``).
+REPLACEMENT_WAIT = 15.0
+
 #: The provider a session planned on a GPU must really get (``gpu_fallback_refusal``).
 _CUDA = "CUDAExecutionProvider"
 
@@ -279,8 +283,10 @@ class ModelManager:
         for model in broken:
             log.error("model '%s' version %s is UNAVAILABLE: %s", name, model.version, model.reason)
         old = self.registry.models.get(name, {})
-        if broken and any(m.ready for m in old.values()):
-            # A failed reload changes nothing: the versions serving go on serving.
+        if broken and any(m.state == "READY" for m in old.values()):
+            # A failed reload changes nothing: the versions serving go on serving, those
+            # whose only worker is being replaced included (they are ready again with it;
+            # a reload in that moment took them out of service for good, found by fuzzing).
             log.error("model '%s': the reload failed; the loaded versions go on serving", name)
             discarded = [m for m in versions.values() if m.state == "READY"]
             await asyncio.shield(self._retire(discarded, "discarded", None))
@@ -363,6 +369,9 @@ class ModelManager:
         started = time.monotonic()
         try:
             await self._cpu_workers_on_demand(model)
+            # A worker being replaced gets the registry's models back, not this version's:
+            # wait for it, or the version would leave its slot without a session for good.
+            await self.pool.replaced(REPLACEMENT_WAIT)
             workers = self.workers_for(model)
             model.workers = list(workers)
             if not workers:

@@ -132,6 +132,13 @@ class WorkerPool:
         """Slots whose replacement is under way now."""
         return sum(1 for slot in self._slots.values() if slot.replacing)
 
+    async def replaced(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` s, for the replacements under way to end (each started
+        and given its models, or given up on: closing)."""
+        under_way = [slot.task for slot in self._slots.values() if slot.replacing]
+        if under_way:
+            await asyncio.wait([t for t in under_way if t is not None], timeout=timeout)
+
     async def add_worker(self, device: str, threads: int, dedicated: bool = False) -> WorkerHandle:
         self._next_id += 1
         handle = WorkerHandle(

@@ -229,3 +229,26 @@ def test_no_worker_outlives_a_killed_front(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         for name in shm_entries(front):  # a killed front sweeps nothing (the next start does)
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def test_a_reload_while_the_only_worker_is_replaced_keeps_the_model(tmp_path: Path) -> None:
+    """A reload sent just after the only worker was SIGKILLed failed ("no worker process
+    runs to hold it") and took the serving version out of service for good: 503 until
+    another load (found by fuzzing). The load now waits for the replacement, and the
+    model serves on it."""
+    root = small_repository(tmp_path, "simple")
+    args = ["--devices", "cpu", "--instances-per-device", "1", "--model-control-mode", "explicit"]
+    proc = ServerProcess(root, [*args, "--load-model", "simple"]).wait_ready()
+    client = httpclient.InferenceServerClient(proc.host_port, network_timeout=60)
+    try:
+        (worker,) = proc.worker_pids()
+        os.kill(worker, signal.SIGKILL)
+        client.load_model("simple")
+        assert client.is_model_ready("simple")
+        assert simple_answers_right(client)
+        (entry,) = [e for e in client.get_model_repository_index() if e["name"] == "simple"]
+        assert entry["state"] == "READY", entry
+    finally:
+        client.close()
+        code = proc.stop()
+    assert code == 0, proc.log
