@@ -438,12 +438,15 @@ def _record(requests: list[_Queued], entries: list[Entry], done: InferDone) -> N
     stats = requests[0].stats
     rows = 0
     one_row_each = True
+    answered = False
     for request in requests:
         rows += request.rows
         one_row_each = one_row_each and request.rows == 1
+        future = request.future
+        answered = answered or (future is not None and future.done())
     input_ns, infer_ns, output_ns = done.input_ns, done.infer_ns, done.output_ns
     stats.executed(rows, input_ns, infer_ns, output_ns)
-    if stats.per_request or not one_row_each:
+    if stats.per_request or not one_row_each or answered:
         _record_each(requests, entries, done, rows)
         return
     # PERF: the usual batch, of one-row requests with neither histograms nor a summary
@@ -468,9 +471,14 @@ def _record(requests: list[_Queued], entries: list[Entry], done: InferDone) -> N
 
 
 def _record_each(requests: list[_Queued], entries: list[Entry], done: InferDone, rows: int) -> None:
-    """Each request's statistics on its own: its share of the execution's phases."""
+    """Each request's statistics on its own: its share of the execution's phases. One
+    already answered (its deadline passed while it ran, or its client went away) was
+    counted as a failure then (``infer``), not again as a success (found by fuzzing)."""
     now = monotonic_ns()
     for request, entry in zip(requests, entries, strict=True):
+        future = request.future
+        if future is not None and future.done():
+            continue
         # (a batch of zero-row requests, [0, ...] each, shares the phases evenly)
         share = request.rows / rows if rows else 1 / len(requests)
         request.stats.request_succeeded(

@@ -291,3 +291,27 @@ def test_a_request_of_no_rows_is_counted_as_a_batch_of_none(server: ServerProces
     after = batches()
     assert after.get(0, 0) - before.get(0, 0) == 2 and after.get(1) == before.get(1), after
     client.close()
+
+
+def test_a_request_failed_while_its_batch_ran_is_counted_once(server: ServerProcess) -> None:
+    """A request whose deadline passes while its batch runs gets its 503 and is counted
+    as that failure only. It was counted as a success as well once the batch ended, so
+    the statistics had more answers than requests (found by fuzzing)."""
+    client = httpclient.InferenceServerClient(server.host_port)
+
+    def counts() -> tuple[int, int, int]:
+        (stats,) = client.get_inference_statistics("batched")["model_stats"]
+        inference = stats["inference_stats"]
+        return inference["success"]["count"], inference["fail"]["count"], stats["execution_count"]
+
+    before = counts()
+    body = json.loads(_json_body(1))
+    body["parameters"] = {"timeout": 100_000}  # 0.1 s, past while the worker is stopped
+    with _worker_stopped(server):
+        held = hold_the_instance(server, "batched", json.dumps(body).encode())
+        with held:
+            status, _, answer = read_response(held)
+        assert status == 503, answer
+    assert wait_for(lambda: counts()[2] == before[2] + 1, 10)  # the batch ran, then
+    assert counts()[:2] == (before[0], before[1] + 1)
+    client.close()

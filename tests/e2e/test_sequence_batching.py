@@ -29,8 +29,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.support.raw_http import json_infer, read_response
 from tests.support.sequence_models import write_repository
 from tests.support.server import ServerProcess, pending, steadily, wait_for
+from tests.support.sockets import read_by_peer
 
 #: ``max_sequence_idle_microseconds`` of the accumulators and the dyna model here.
 IDLE_S = 0.4
@@ -447,3 +449,34 @@ def test_a_start_waiting_for_a_killed_workers_place_runs_on_its_replacement(
             assert waiting.result(timeout=30) == 7
         with pytest.raises(InferenceServerException, match="the sequence must start again"):
             _http_infer(client, "one_slot", 5, 9000)
+
+
+def test_a_running_step_past_its_deadline_is_answered_as_it_ran(server: ServerProcess) -> None:
+    """A step whose deadline passes while it runs is answered when it ends, as Triton
+    answers it: it was answered 503 while its input still went into the sequence's state,
+    so the sum at the END held a step the client was told had failed (found by fuzzing).
+    The worker is stopped while the step is on it, until its deadline (50 ms) is past."""
+    model = "accumulate_direct"
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, model, 100, 7100, start=True) == 100
+        workers = server.worker_pids()
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            step = {
+                "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [5]}],
+                "parameters": {"sequence_id": 7100, "timeout": 50_000},
+            }
+            held = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+            sent = time.monotonic()
+            held.sendall(json_infer(model, json.dumps(step).encode()))
+            assert wait_for(lambda: read_by_peer(held), 10), "the front did not read the step"
+            assert wait_for(lambda: time.monotonic() - sent > 0.2, 5)  # past the deadline
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        with held:
+            status, _, body = read_response(held)
+        assert status == 200, body
+        assert json.loads(body)["outputs"][0]["data"] == [105]
+        assert _http_infer(client, model, 0, 7100, end=True) == 105
