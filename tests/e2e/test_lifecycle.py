@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 
 from tests.support.cli import run_cli
 from tests.support.http import request
+from tests.support.raw_http import read_response
 from tests.support.server import (
     SAMPLE_REPOSITORY,
     ServerProcess,
@@ -23,6 +24,7 @@ from tests.support.server import (
     shm_entries,
     wait_for,
 )
+from tests.support.sockets import read_by_peer
 
 
 def test_bad_flag_exits_non_zero_with_message() -> None:
@@ -286,3 +288,44 @@ def test_worker_sigterm_drains_and_frees_its_memory(signum: int) -> None:
         assert client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0").shape == x.shape
     finally:
         assert proc.stop() == 0, proc.log
+
+
+def test_requests_still_running_at_the_shutdown_timeout_get_a_503(tmp_path: Path) -> None:
+    """Requests on a worker that does not answer (stopped) when --shutdown-timeout is up:
+    a 503 with {"error": ...} each, on the lane and the ASGI way alike, and no traceback.
+    uvicorn answered a plain-text 500 and logged a traceback for each (found by fuzzing)."""
+    shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", tmp_path / "identity_fp32")
+    args = ["--instances-per-device", "1", "--shutdown-timeout", "1", "--http-workers", "1"]
+    proc = ServerProcess(tmp_path, args).wait_ready()
+    pid = proc.process.pid
+    (worker,) = proc.worker_pids()
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+    ).encode()
+    host, port = proc.host_port.rsplit(":", 1)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        sockets = []
+        # (a query string sends a request the ASGI way, not on the lane)
+        for path in ("/v2/models/identity_fp32/infer", "/v2/models/identity_fp32/infer?x=1"):
+            sock = socket.create_connection((host, int(port)), timeout=60)
+            head = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body)
+            sockets.append(sock)
+        assert wait_for(lambda: all(read_by_peer(sock) for sock in sockets), 10)
+        proc.process.send_signal(signal.SIGTERM)
+        answers = []
+        for sock in sockets:
+            with sock:
+                status, _, raw = read_response(sock)
+            answers.append((status, json.loads(raw)))
+        code = proc.process.wait(60)
+    finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGCONT)
+    proc.stop()
+    assert code == 0, proc.log
+    message = "the server is shutting down and this request did not finish within"
+    assert [(s, message in a.get("error", "")) for s, a in answers] == [(503, True)] * 2, answers
+    assert "Traceback" not in proc.log, proc.log
+    assert shm_entries(pid) == []

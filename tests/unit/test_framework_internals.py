@@ -345,6 +345,13 @@ def test_server_signal_capture_oipserve_replaces_is_still_used() -> None:
             "uvicorn.Server.serve no longer calls self.capture_signals(): overriding it no "
             "longer keeps signals for oipserve's shutdown order"
         )
+    problems += _shape_problems(uvicorn.Server, {"_wait_tasks_to_complete": ()})
+    shutdown = inspect.getsource(uvicorn.Server.shutdown)
+    if "self._wait_tasks_to_complete()" not in shutdown or ".cancel(" not in shutdown:
+        problems.append(
+            "uvicorn.Server.shutdown no longer waits with _wait_tasks_to_complete and then "
+            "cancels: the 503 at --shutdown-timeout (front/http/server.py) is not given"
+        )
     server = uvicorn.Server(uvicorn.Config(_never_answers, log_config=None))
     for name in ("started", "should_exit"):
         if not isinstance(getattr(server, name, None), bool):

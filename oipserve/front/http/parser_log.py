@@ -1,4 +1,4 @@
-"""uvicorn's warning for every request httptools cannot parse, made a debug line.
+"""uvicorn's log lines that any client (or a shutdown) can cause, made quiet.
 
 uvicorn logs ``Invalid HTTP request received.`` at WARNING for every request whose head
 httptools cannot parse (an unknown method, a raw byte out of place, a head this front
@@ -7,14 +7,24 @@ refused as too large), then answers it (``CorkedHttpToolsProtocol.send_400_respo
 such requests as often as it likes, each on a new connection, and each was a warning in
 the operator's log. ``quiet_bad_heads`` puts a filter on uvicorn's logger that turns that
 one warning into a debug line of ``oipserve.http``, as an upgrade request is
-(``_unsupported_upgrade_warning``); everything else uvicorn logs passes unchanged.
+(``_unsupported_upgrade_warning``).
+
+At ``--shutdown-timeout`` uvicorn cancels the requests still running, and logs each as
+``Exception in ASGI application`` with the CancelledError's traceback: the front has
+answered them 503 just before (``UvicornServer``), so each is one info line instead.
+Everything else uvicorn logs passes unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 __all__ = ["UNPARSABLE", "quiet_bad_heads"]
+
+#: uvicorn's words for what escaped an ASGI app (``RequestResponseCycle.run_asgi``; the
+#: lane's ``_run_lane`` says the same).
+ESCAPED = "Exception in ASGI application"
 
 #: uvicorn's words for a head httptools could not parse (``HttpToolsProtocol.data_received``).
 UNPARSABLE = "Invalid HTTP request received."
@@ -28,6 +38,11 @@ class _BadHeadsQuiet(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == UNPARSABLE and record.levelno == logging.WARNING:
             log.debug("a request head not parsed (answered and closed): %s", UNPARSABLE)
+            return False
+        exc_info = record.exc_info
+        escaped = isinstance(record.msg, str) and record.msg.startswith(ESCAPED)
+        if escaped and exc_info and isinstance(exc_info[1], asyncio.CancelledError):
+            log.info("a request still running at --shutdown-timeout was answered 503 and ended")
             return False
         return True
 

@@ -704,6 +704,16 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True
         cycle.message_event.set()
 
+    def refuse_unanswered(self, message: str) -> None:
+        """At the shutdown timeout, before uvicorn cancels what still runs: a request
+        without its response gets a 503 and the connection closes (its task's own answer,
+        uvicorn's 500 once cancelled, is not sent: the response has started)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or self.transport.is_closing():
+            return
+        cycle.response_started = cycle.response_complete = True
+        self._answer_and_close(503, message)
+
     def _answer_and_close(self, status: int, message: str) -> None:
         """Answer ``{"error": message}`` with ``status`` and close (as uvicorn's own 400s:
         what the client still sends is dropped)."""

@@ -30,6 +30,11 @@ log = logging.getLogger("oipserve")
 #: under a millisecond) and then plenty; every shutdown waits it once.
 HANDSHAKE_WAIT = 0.05
 
+#: The answer to a request still running when ``--shutdown-timeout`` is up.
+SHUTDOWN_UNANSWERED = (
+    "the server is shutting down and this request did not finish within --shutdown-timeout"
+)
+
 #: How long connections taken from the backlog at shutdown get for their request heads to
 #: arrive before uvicorn closes those still without one.
 BACKLOG_HEAD_WAIT = 0.05
@@ -57,6 +62,19 @@ class UvicornServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._serve_backlog()
         await super().shutdown(sockets)
+
+    async def _wait_tasks_to_complete(self) -> None:
+        """uvicorn's wait for the requests under way, which it cancels at
+        ``--shutdown-timeout``: those still unanswered then get a 503 with
+        ``{"error": ...}`` first, where uvicorn answered a plain-text 500 and logged a
+        traceback for each (found by fuzzing; ``parser_log`` quiets the log)."""
+        try:
+            await super()._wait_tasks_to_complete()
+        except asyncio.CancelledError:
+            for connection in list(self.server_state.connections):
+                if isinstance(connection, CorkedHttpToolsProtocol):
+                    connection.refuse_unanswered(SHUTDOWN_UNANSWERED)
+            raise
 
     async def _serve_backlog(self) -> None:
         listeners = [
