@@ -68,6 +68,12 @@ class RepositoryControl:
                     entries.append(
                         {"name": name, "version": model.version, "state": state, "reason": reason}
                     )
+                for version in sorted(self.registry.unloaded_versions.get(name, ()), key=int):
+                    if version not in versions:
+                        entries.append(
+                            {"name": name, "version": version, "state": "UNAVAILABLE",
+                             "reason": "unloaded"}
+                        )  # fmt: skip
                 continue
             failure = self.registry.failed.get(name)
             if failure is None and name not in self.registry.unloaded:

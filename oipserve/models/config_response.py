@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from oipserve.models.config.ensemble import ENSEMBLE_PLATFORM
 from oipserve.models.metadata import TensorSpec
-from oipserve.models.registry import ModelVersion
+from oipserve.models.registry import PLATFORM, ModelVersion
 from oipserve.wire.datatypes import DATATYPES
 
 __all__ = ["model_config_document"]
@@ -56,8 +57,9 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
     policy = config.version_policy if config else None
     document.update(
         name=model.name,
-        platform="onnxruntime_onnx",
-        backend="onnxruntime",
+        platform=model.platform,
+        # (an echo endpoint has no backend; Triton leaves the field empty then)
+        backend="onnxruntime" if model.platform == PLATFORM else "",
         max_batch_size=model.max_batch_size,
         input=[_tensor(t, batched, given_inputs) for t in model.inputs],
         output=[_tensor(t, batched, given_outputs) for t in model.outputs],
@@ -68,6 +70,8 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
         or _placed_groups(model),
         parameters={k: {"string_value": v} for k, v in model.parameters.items()},
     )
+    if model.platform == ENSEMBLE_PLATFORM:
+        document["instance_group"] = []  # the front runs it: no instances (Triton's too)
     if policy is None or policy.kind == "latest":
         document["version_policy"] = {
             "latest": {"num_versions": policy.num_versions if policy else 1}

@@ -295,6 +295,7 @@ class ModelManager:
         self.registry.changes += 1
         self.registry.failed.pop(name, None)
         self.registry.unloaded.discard(name)
+        self.registry.unloaded_versions.pop(name, None)
         await self._tell_changed()  # the other fronts get the new versions before the old go
         old_place = self.upload_of.pop(name, None)
         # NOTE: by where the files are, not by "not in the repository": a model served
@@ -516,7 +517,9 @@ class ModelManager:
             remaining = {}
         if remaining:
             self.registry.models[name] = remaining
+            self.registry.unloaded_versions.setdefault(name, set()).update(m.version for m in gone)
         else:
+            self.registry.unloaded_versions.pop(name, None)
             del self.registry.models[name]
             self.registry.required.discard(name)
             self.registry.unloaded.add(name)

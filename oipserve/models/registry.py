@@ -48,14 +48,17 @@ def unknown_model(name: str) -> NotFound:
     return NotFound(f"Request for unknown model: '{name}' is not found")
 
 
-def check_version(version: str) -> None:
-    """A requested version must be a number: InvalidInput in Triton's words otherwise (its
-    clients match them), not a NotFound for a version named "latest"."""
+def check_version(version: str) -> str:
+    """A requested version, as the registry names it: InvalidInput in Triton's words (its
+    clients match them) for one that is not a number, not a NotFound for a version named
+    "latest". Leading zeros are dropped: Triton reads "01" as version 1 (it answered 404
+    here; found by fuzzing), as the repository reads a directory ``01``."""
     if not (version.isascii() and version.isdigit()):
         raise InvalidInput(
             f"failed to get model version from specified version string '{version}', "
             "version should be an integral value > 0"
         )
+    return version.lstrip("0") or "0"
 
 
 # NOTE: compiled (mypyc), and extended by ``models.ensemble.EnsembleVersion``, which is not.
@@ -206,6 +209,9 @@ class ModelRegistry:
         self.required: set[str] = set()
         #: Names unloaded on request, for a clearer 404.
         self.unloaded: set[str] = set()
+        #: Versions unloaded on their own (``.../versions/{v}/unload``) while others of
+        #: the model serve on: the repository index lists them as unloaded.
+        self.unloaded_versions: dict[str, set[str]] = {}
         #: Names with a repository load under way: known, not ready yet (503, not 404).
         self.loading: set[str] = set()
         #: Counts the times versions were put in ``models`` (a load, a reload, a
@@ -225,7 +231,7 @@ class ModelRegistry:
                 raise NotFound(f"model '{name}' is not loaded (it was unloaded)")
             raise unknown_model(name)
         if version is not None:
-            check_version(version)
+            version = check_version(version)
             model = versions.get(version)
             if model is None:
                 raise NotFound(
@@ -261,7 +267,7 @@ class ModelRegistry:
             raise unknown_model(name)
         if version is None:
             return any(v.ready for v in versions.values())
-        check_version(version)
+        version = check_version(version)
         model = versions.get(version)
         if model is None:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")

@@ -30,12 +30,11 @@ def select(
         return list(stats.ready())
     versions = models.models.get(name)
     if versions is None:
-        reason = models.failed.get(name)
-        if reason is not None:
-            raise Unavailable(f"model '{name}' is unavailable: {reason}")
+        models.resolve(name, None)  # raises what every model route answers for it
         raise unknown_model(name)
-    if version:
-        check_version(version)
+    if version is not None:
+        # (an empty one too: 400, as every model route; it listed every version)
+        version = check_version(version)
         model = versions.get(version)
         if model is None:
             raise NotFound(

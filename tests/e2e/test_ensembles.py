@@ -149,6 +149,8 @@ def test_the_composing_models_load_with_the_ensembles(http: httpclient.Inference
     assert metadata["platform"] == "ensemble"
     assert metadata["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, -1]}]
     config = http.get_model_config("diamond")
+    # an ensemble's own platform, and no instances (it read onnxruntime_onnx, with one)
+    assert (config["platform"], config["backend"], config["instance_group"]) == ("ensemble", "", [])
     assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == [
         "plus",
         "add_one",

@@ -152,6 +152,9 @@ def test_echo_naming_share_and_unload(srv: ServerProcess) -> None:
     assert load_worker(srv, "echo", {"a": True}) == "echo-2"
     assert load_worker(srv, "echo", {"a": 1, "share": True}) == "echo-0"
     assert get(srv, "/v2/workers/echo")[1]["instances"] == 2  # type: ignore[index]
+    # its config says what its metadata says (it read onnxruntime_onnx; found by fuzzing)
+    config = get(srv, "/v2/models/echo/config")[1]
+    assert (config["platform"], config["backend"]) == ("echo", "")  # type: ignore[index]
     assert {"echo", "echo-0", "echo-1", "echo-2"} <= set(served(srv))
 
     client = httpclient.InferenceServerClient(srv.host_port)

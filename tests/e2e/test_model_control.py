@@ -314,6 +314,12 @@ def test_unloaded_model_is_known_and_not_ready(
     assert (status, json.loads(body)) == (503, {"name": "simple", "ready": False})
     assert not http.is_model_ready("simple")
     assert grpc_client.is_model_ready("simple") is False  # not NOT_FOUND
+    # Its statistics say what its metadata says (they called it unknown; found by fuzzing)
+    status, _, body = request(srv, "GET", "/v2/models/simple/stats")
+    assert (status, json.loads(body)) == (
+        404,
+        {"error": "model 'simple' is not loaded (it was unloaded)"},
+    )
     # Never known: 404 / NOT_FOUND, as documented.
     assert request(srv, "GET", "/v2/models/never_seen/ready")[0] == 404
     with pytest.raises(InferenceServerException) as caught:
@@ -488,3 +494,27 @@ def test_repository_load_past_the_timeout_is_503_and_leaves_nothing(
 
 def srv_root(srv: ServerProcess) -> Path:
     return Path(srv.command[srv.command.index("--model-repository") + 1])
+
+
+def test_a_version_is_its_number_and_one_unloaded_stays_listed(
+    srv: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    """As Triton: version "01" is version 1 (404 here before), an empty version is a 400 on
+    the statistics route as on every other, and a version unloaded on its own is listed by
+    the index as unloaded (it vanished from it). All found by fuzzing."""
+    http.load_model("versioned")
+    try:
+        for route in ("ready", "config", "stats"):
+            status, _, body = request(srv, "GET", f"/v2/models/versioned/versions/01/{route}")
+            assert status == 200, (route, body)
+            status, _, body = request(srv, "GET", f"/v2/models/versioned/versions//{route}")
+            assert status == 400 and b"version string ''" in body, (route, body)
+        assert http.get_model_metadata("versioned", "002")["name"] == "versioned"
+        assert post(srv, "/v2/repository/models/versioned/versions/1/unload")[0] == 200
+        index = [e for e in http.get_model_repository_index() if e["name"] == "versioned"]
+        assert sorted((e["version"], e["state"], e["reason"]) for e in index) == [
+            ("1", "UNAVAILABLE", "unloaded"),
+            ("2", "READY", ""),
+        ]
+    finally:
+        http.unload_model("versioned")

@@ -81,6 +81,9 @@ class _Pool:
     def on_replaced(self, callback: Any) -> None:
         pass
 
+    async def replaced(self, timeout: float) -> None:
+        pass  # no replacement under way
+
 
 def _manager(tmp_path: Path) -> ModelManager:
     pool = cast(WorkerPool, _Pool())
