@@ -35,6 +35,12 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
 #: What a client is told about a failure the server did not expect.
 INTERNAL_MESSAGE = "internal server error (the server log has the details)"
 
+#: What a client is told about a request still running when the server's stop runs out
+#: of time (``--shutdown-timeout``), on every front: a 503 / UNAVAILABLE.
+SHUTDOWN_UNANSWERED = (
+    "the server is shutting down and this request did not finish within --shutdown-timeout"
+)
+
 #: What a client is told when the server ran out of file descriptors (EMFILE, ENFILE)
 #: wherever that happened: a condition of the server that may pass, so 503, not a 500.
 NO_DESCRIPTORS_MESSAGE = (

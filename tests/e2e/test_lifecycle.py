@@ -7,14 +7,18 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import threading
 from pathlib import Path
 
+import hpack
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from oipserve.front.grpc.h2.frames import Frame
 from tests.support.cli import run_cli
+from tests.support.h2_raw import H2Client, grpc_headers
 from tests.support.http import request
 from tests.support.raw_http import read_response
 from tests.support.server import (
@@ -292,8 +296,10 @@ def test_worker_sigterm_drains_and_frees_its_memory(signum: int) -> None:
 
 def test_requests_still_running_at_the_shutdown_timeout_get_a_503(tmp_path: Path) -> None:
     """Requests on a worker that does not answer (stopped) when --shutdown-timeout is up:
-    a 503 with {"error": ...} each, on the lane and the ASGI way alike, and no traceback.
-    uvicorn answered a plain-text 500 and logged a traceback for each (found by fuzzing)."""
+    a 503 with {"error": ...} each, on the lane and the ASGI way alike, and over h2c; a
+    gRPC call gets UNAVAILABLE with the same words; no traceback. uvicorn answered a
+    plain-text 500 and logged a traceback for each, and HTTP/2 streams were reset
+    unanswered (found by fuzzing)."""
     shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", tmp_path / "identity_fp32")
     args = ["--instances-per-device", "1", "--shutdown-timeout", "1", "--http-workers", "1"]
     proc = ServerProcess(tmp_path, args).wait_ready()
@@ -313,12 +319,20 @@ def test_requests_still_running_at_the_shutdown_timeout_get_a_503(tmp_path: Path
             sock.sendall(head.encode() + body)
             sockets.append(sock)
         assert wait_for(lambda: all(read_by_peer(sock) for sock in sockets), 10)
+        h2c = H2Client(int(port), host)
+        h2c.handshake()
+        h2c.send(_h2c_rest_and_grpc(h2c, body))
+        assert wait_for(lambda: read_by_peer(h2c.sock), 10)
         proc.process.send_signal(signal.SIGTERM)
         answers = []
         for sock in sockets:
             with sock:
                 status, _, raw = read_response(sock)
             answers.append((status, json.loads(raw)))
+        with h2c:
+            heads, bodies = _h2_answers(h2c)
+        answers.append((int(heads[1][":status"]), json.loads(bodies[1])))
+        grpc_call = heads[3]
         code = proc.process.wait(60)
     finally:
         if alive(worker):
@@ -326,6 +340,50 @@ def test_requests_still_running_at_the_shutdown_timeout_get_a_503(tmp_path: Path
     proc.stop()
     assert code == 0, proc.log
     message = "the server is shutting down and this request did not finish within"
-    assert [(s, message in a.get("error", "")) for s, a in answers] == [(503, True)] * 2, answers
+    assert [(s, message in a.get("error", "")) for s, a in answers] == [(503, True)] * 3, answers
+    assert grpc_call["grpc-status"] == "14", grpc_call  # UNAVAILABLE, Trailers-Only
+    assert message in grpc_call["grpc-message"], grpc_call
     assert "Traceback" not in proc.log, proc.log
     assert shm_entries(pid) == []
+
+
+def _identity_call() -> object:
+    """A ModelInferRequest of identity_fp32 (one [1, 2] FP32 input)."""
+    from oipserve.grpc_generated import grpc_service_pb2 as pb
+
+    call = pb.ModelInferRequest(model_name="identity_fp32")
+    tensor = call.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    tensor.contents.fp32_contents.extend([1.0, 2.0])
+    return call
+
+
+def _h2c_rest_and_grpc(h2c: H2Client, body: bytes) -> bytes:
+    """Stream 1: identity_fp32's REST infer with ``body``; stream 3: its gRPC ModelInfer."""
+    rest = [(":method", "POST"), (":scheme", "http"), (":authority", h2c.authority)]
+    rest += [(":path", "/v2/models/identity_fp32/infer"), ("content-length", str(len(body)))]
+    message = _identity_call().SerializeToString()  # type: ignore[attr-defined]
+    framed = struct.pack(">BI", 0, len(message)) + message
+    infer = grpc_headers(h2c.authority, "/inference.GRPCInferenceService/ModelInfer")
+    return b"".join(
+        [
+            h2c.headers_frame(1, h2c.block(rest)),
+            h2c.data_frame(1, body, end_stream=True),
+            h2c.headers_frame(3, h2c.block(infer)),
+            h2c.data_frame(3, framed, end_stream=True),
+        ]
+    )
+
+
+def _h2_answers(h2c: H2Client) -> tuple[dict[int, dict[str, str]], dict[int, bytes]]:
+    """Each stream's last header block, decoded, and its DATA, until the server closes
+    (its GOAWAYs and PING passed over)."""
+    heads: dict[int, dict[str, str]] = {}
+    bodies: dict[int, bytes] = {}
+    for got in h2c.frames():
+        if got is None:
+            break
+        if got.kind == Frame.HEADERS:
+            heads[got.stream] = {str(k): str(v) for k, v in hpack.Decoder().decode(got.payload)}
+        elif got.kind == Frame.DATA:
+            bodies[got.stream] = bodies.get(got.stream, b"") + got.payload
+    return heads, bodies

@@ -48,6 +48,7 @@ class CallSender(CallState):
             conn, stream = self._conn, self._stream
             if first:
                 conn.send_headers(stream, RESPONSE_HEADERS)
+                self._sent_head = True
             prefix = MESSAGE_PREFIX.pack(0, size)
             if size <= _SMALL_REPLY and conn.send_small(self, stream, b"".join([prefix, *parts])):
                 return

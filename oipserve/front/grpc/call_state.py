@@ -40,6 +40,7 @@ _QUEUED = 64
 _BACKLOG = STREAM_WINDOW
 
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class CallState:
@@ -47,7 +48,7 @@ class CallState:
 
     __slots__ = ("send_window", "_conn", "_stream", "_table", "_name", "_method", "_encoding",
                  "_metadata", "_timer", "_upload", "_deadline_at", "_task",
-                 "_done", "_ended", "_expired",
+                 "_done", "_sent_head", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
                  "_backlog", "_sizes")  # fmt: skip
@@ -69,6 +70,8 @@ class CallState:
         self._task: asyncio.Task[None] | None = None
         #: Answered (or reset): nothing more is read or written.
         self._done = False
+        #: The response's headers went out (``_send``): a status now goes as trailers.
+        self._sent_head = False
         #: The client has sent its last message (END_STREAM).
         self._ended = False
         self._expired = False
@@ -188,6 +191,14 @@ class CallState:
         run already started is cancelled, and what its messages hold is given back."""
         self.reset()
         self._conn.reset_stream(self._stream, ErrorCode.STREAM_CLOSED)
+
+    def give_up(self, message: str) -> None:
+        """The server's stop ran out of time (``H2Server.stop``): UNAVAILABLE with
+        ``message``, after what was sent (it only reset the stream, so clients saw the
+        connection close; found by fuzzing), then the call's work stops as at a reset."""
+        if not self._done:
+            self._end(_UNAVAILABLE, message, self._sent_head)
+        self.reset()
 
     def reset(self) -> None:
         """The client reset the stream, or the connection went."""

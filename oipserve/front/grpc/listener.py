@@ -31,6 +31,7 @@ import asyncio
 import socket
 
 from oipserve.config.settings import Settings
+from oipserve.errors import SHUTDOWN_UNANSWERED
 from oipserve.front.grpc.call import Call
 from oipserve.front.grpc.call_table import CallTable
 from oipserve.front.grpc.h2.connection import Connection
@@ -180,7 +181,7 @@ class H2Server:
             await asyncio.sleep(_POLL_SECONDS)
         for connection in list(self._connections):
             for call in list(connection.streams.values()):
-                call.reset()
+                call.give_up(SHUTDOWN_UNANSWERED)
             connection.close()
         self._lingering.close()
         for listener in self._listeners:

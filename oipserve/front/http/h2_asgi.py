@@ -270,6 +270,25 @@ class RestStream:
         for callback in watchers:
             callback()
 
+    def give_up(self, message: str) -> None:
+        """The server's stop ran out of time: a 503 with ``{"error": message}`` if nothing
+        was sent yet (the stream was reset, unanswered; found by fuzzing), else the stream
+        is reset; the app's task is cancelled."""
+        if not self._gone:
+            if self._started:
+                self._end(ErrorCode.CANCEL)
+            else:
+                self._started = self._complete = True
+                body = json.dumps({"error": message}, separators=(",", ":")).encode()
+                fields = [(b"content-type", b"application/json")]
+                fields.append((b"content-length", b"%d" % len(body)))
+                self._conn.send_headers(self._stream, response_block(503, fields))
+                self._conn.end_data(self, self._stream, body)
+                self._finished()
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
     # ---- the app's side ---------------------------------------------------------------
 
     async def _run(self, app: App) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from oipserve.config.settings import Settings
+from oipserve.errors import SHUTDOWN_UNANSWERED
 from oipserve.front.header_rules import App, HeadChecked
 from oipserve.front.http.h2c import H2Handover
 from oipserve.front.http.lane import InferLane
@@ -29,11 +30,6 @@ log = logging.getLogger("oipserve")
 #: drops new SYNs (``syn_filter``): one round trip (a client in the same data centre,
 #: under a millisecond) and then plenty; every shutdown waits it once.
 HANDSHAKE_WAIT = 0.05
-
-#: The answer to a request still running when ``--shutdown-timeout`` is up.
-SHUTDOWN_UNANSWERED = (
-    "the server is shutting down and this request did not finish within --shutdown-timeout"
-)
 
 #: How long connections taken from the backlog at shutdown get for their request heads to
 #: arrive before uvicorn closes those still without one.

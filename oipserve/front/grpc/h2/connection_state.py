@@ -74,6 +74,10 @@ class Stream(Protocol):
     def reset(self) -> None:
         """The stream ended without an answer (RST_STREAM, or the connection went)."""
 
+    def give_up(self, message: str) -> None:
+        """The server's stop ran out of time (``--shutdown-timeout``): answer ``message``
+        as unavailable if nothing was sent yet (else end the stream), and stop its work."""
+
 
 class _HandedOver(asyncio.Transport):
     """Where a connection writes once its socket was handed to the linger: nowhere."""
