@@ -25,6 +25,7 @@ from oipserve.app.startup_report import (
     StartupReport,
     not_ready_models,
     remove_ready_file,
+    remove_stale_ready_file,
     status_log,
 )
 from oipserve.config.settings import Settings, deprecation_warnings
@@ -65,7 +66,7 @@ FORWARD_BACKLOG = 1024
 
 
 async def serve(settings: Settings) -> int:
-    """The server's life: start, serve until SIGTERM or SIGINT, drain, stop. Returns the
+    """The server's life: start, serve until SIGTERM, SIGINT or SIGHUP, drain, stop. Returns the
     exit code (0); a start that cannot go on raises StartupError (exit code 3)."""
     return_large_blocks_to_os()
     for warning in deprecation_warnings(settings):
@@ -120,6 +121,7 @@ def prepare(settings: Settings) -> tuple[Sites, StartupPlan]:
     """Take every port, then check the flags and files and read the node: all before any
     worker starts or model loads, so that a mistake fails the start at once (StartupError,
     with every port given back). Then remove shared memory left by dead servers."""
+    remove_stale_ready_file(settings.ready_file)
     try:
         _check_ports(settings)
     except ValueError as exc:
@@ -199,6 +201,12 @@ def _threads_per_worker(device: str, usable_cores: int, instances: int, most: in
     return 1
 
 
+#: The signals that stop the server cleanly (drain, free shared memory, exit 0). SIGHUP too:
+#: its default killed the front at once, leaving its segments and requests behind (a
+#: closed terminal sends it; found by fuzzing). Triton handles only the first two.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 # ---- the runner --------------------------------------------------------------------------
 
 
@@ -218,7 +226,7 @@ class Server:
        once they do, the ready line (or the not-ready lines) is logged and
        ``--ready-file`` written (``oipserve.app.startup_report``); then wait for a signal.
 
-    Shutdown (SIGTERM or SIGINT: ``_on_signal``, then ``drain`` and ``stop``):
+    Shutdown (SIGTERM, SIGINT or SIGHUP: ``_on_signal``, then ``drain`` and ``stop``):
 
     1. At the signal: readiness turns false; the gRPC port refuses new calls and the
        other fronts stop accepting (both drains run in the background from now on); the
@@ -465,7 +473,7 @@ class Server:
         if self._startup is None:
             raise RuntimeError("Server.run() outside an asyncio task: a signal could not stop it")
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
 
     def _on_signal(self, signum: int) -> None:
@@ -505,6 +513,6 @@ class Server:
         self.sites.close()
         remove_ready_file(self.settings.ready_file)
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         log.info("stopped")

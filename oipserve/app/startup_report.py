@@ -129,3 +129,28 @@ def remove_ready_file(path: str | None) -> None:
     if path is not None and os.path.isfile(path):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def remove_stale_ready_file(path: str | None) -> None:
+    """At start: a ready file left by a server that is gone (killed, or whose start
+    failed) said ready, with its ports, while this one loaded and refused connections,
+    and after a failed start for good (found by fuzzing). It is removed unless the pid it
+    names still runs (another server writing the same path: its file is left alone)."""
+    if path is None or not os.path.isfile(path):
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(path, encoding="utf-8") as handle:
+            pid = json.load(handle).get("pid")
+        if isinstance(pid, int) and pid > 0 and pid != os.getpid() and _running(pid):
+            return
+    remove_ready_file(path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -18,7 +18,7 @@ An Open Inference Protocol (KServe v2, Triton-compatible) server for ONNX models
 EPILOG = """\
 Every flag of `oipserve serve` can also be set as OIPSERVE_<FLAG> (dashes become
 underscores, upper case, e.g. OIPSERVE_HTTP_PORT=9000); flags win over the
-environment. Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a bad
+environment. Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT/SIGHUP), 2 for a bad
 flag, 3 when start-up fails. Run `oipserve serve --help` for every flag.
 """
 
@@ -61,10 +61,32 @@ def command_line() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, serve
 
 
+class _OneRepository(argparse.Action):
+    """``--model-repository`` / ``--model-store``: given once. Triton serves several
+    repositories; this server serves one, and a second flag replaced the first without a
+    word (its models then 404; found by fuzzing): exit 2, saying so."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        given = getattr(namespace, self.dest, None)
+        if given is not None:
+            parser.error(
+                f"{option_string} {values}: a model repository was given already ({given}); "
+                "oipserve serves one repository (Triton's several are not supported)"
+            )
+        setattr(namespace, self.dest, values)
+
+
 def _repository_and_ports(serve: argparse.ArgumentParser) -> None:
     """Where the models are and where the server listens; metrics and the response cache."""
     serve.add_argument(
         "--model-repository",
+        action=_OneRepository,
         metavar="DIR",
         help="the model repository, laid out as DIR/<model>/<version>/model.onnx (required)",
     )
@@ -333,6 +355,7 @@ def _start_and_compat(serve: argparse.ArgumentParser) -> None:
     # Triton's spellings, so kserve-tritonserver's args work unchanged (docs/deploy.md).
     serve.add_argument(
         "--model-store",
+        action=_OneRepository,
         metavar="DIR",
         dest="model_repository",
         help="Triton's name for --model-repository",

@@ -48,7 +48,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: InferenceService's name (``oipserve.models.repository.Repository``, docs/deploy.md).
     #: A name a model directory could have (``_check_model_name``).
     model_name: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] | None = None
-    host: str = "127.0.0.1"
+    #: Not empty: "" bound every interface (an unset template variable, say; found by
+    #: fuzzing), where the default is the loopback one. ``0.0.0.0`` says so.
+    host: Annotated[str, msgspec.Meta(min_length=1)] = "127.0.0.1"
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     grpc_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8001
     #: Prometheus ``GET /metrics`` (Triton's port); 0 picks a free port.

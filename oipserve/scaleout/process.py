@@ -443,6 +443,7 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
     replica.control.send(Listening(start.seq, os.getpid()))
     loop.add_signal_handler(signal.SIGTERM, lambda: messages.put_nowait(Drain(0, OWN_TIMEOUT)))
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the primary decides
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # (a terminal's, to the group)
     settle_garbage_collector()
     drain = await replica.follow(messages)
     code = 0 if drain is not None else 1

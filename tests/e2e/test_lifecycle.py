@@ -197,11 +197,14 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_shared_memory() -> None
     assert "Traceback" not in proc.log
 
 
-def test_sigint_also_stops_cleanly() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_sigint_and_sighup_also_stop_cleanly(signum: int) -> None:
+    """SIGHUP (a closed terminal's) killed the front at once, its segments left behind
+    (found by fuzzing); it stops as SIGTERM does now."""
     proc = ServerProcess().wait_ready()
     workers = proc.worker_pids()
     assert workers
-    proc.process.send_signal(signal.SIGINT)
+    proc.process.send_signal(signum)
     assert proc.process.wait(60) == 0
     assert shm_entries(proc.process.pid) == []
     assert wait_for(lambda: not any(Path(f"/proc/{w}").exists() for w in workers), 10)

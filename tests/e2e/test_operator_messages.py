@@ -80,6 +80,37 @@ def test_ready_line_survives_any_log_level_and_the_ready_file_has_the_ports(
     assert any(f"request path {oipserve.compiled}" in line for line in proc.lines), proc.log
 
 
+def test_a_ready_file_left_by_a_server_gone_is_removed_at_the_start(tmp_path: Path) -> None:
+    """A SIGKILLed server's ready file said ready, with its ports, through the next start's
+    loading, and for good after a start that failed (found by fuzzing). A file whose pid
+    still runs (another server writing there) is left alone."""
+    ready_file = tmp_path / "ready.json"
+    stale = {"pid": 2**22 + 7, "ready": True, "http_port": 1}  # beyond pid_max: gone
+    ready_file.write_text(json.dumps(stale))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = lifecycle_cli(
+            "serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", port,
+            "--metrics-port", "0", "--grpc-port", "0", "--ready-file", str(ready_file),
+        )  # fmt: skip
+    assert result.returncode == 3, result.stderr  # the port is taken: the start fails
+    assert not ready_file.exists()
+    alive = {"pid": os.getpid(), "ready": True}
+    ready_file.write_text(json.dumps(alive))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = lifecycle_cli(
+            "serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", port,
+            "--metrics-port", "0", "--grpc-port", "0", "--ready-file", str(ready_file),
+        )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert json.loads(ready_file.read_text()) == alive
+
+
 def test_no_ready_line_when_a_model_failed_but_one_line_per_model_and_a_summary(
     tmp_path: Path,
 ) -> None:

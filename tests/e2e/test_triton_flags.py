@@ -67,6 +67,29 @@ def test_unimplemented_triton_flags_are_refused_by_name(flag: str) -> None:
     assert flag.split("=")[0] in result.stderr or "poll" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ("--model-repository", "a", "--model-repository", "b"),
+        ("--model-store", "a", "--model-repository", "b"),
+    ],
+)
+def test_a_second_repository_is_refused(given: tuple[str, ...]) -> None:
+    """Triton serves several; the second replaced the first without a word here (its
+    models 404; found by fuzzing): exit 2, saying so."""
+    result = run_cli("tritonserver", *given)
+    assert result.returncode == 2, result.stderr
+    assert "a model repository was given already (a)" in result.stderr, result.stderr
+
+
+def test_an_empty_host_is_refused() -> None:
+    """--host "" bound every interface, where the default is the loopback one (an unset
+    template variable gives it; found by fuzzing)."""
+    result = run_cli("serve", f"--model-repository={SAMPLE_REPOSITORY}", "--host", "")
+    assert result.returncode == 2, result.stderr
+    assert "--host" in result.stderr, result.stderr
+
+
 def test_http_and_grpc_both_off_is_refused() -> None:
     result = run_cli(
         "serve", "--model-store", str(SAMPLE_REPOSITORY), "--allow-http=false", "--allow-grpc=0"
