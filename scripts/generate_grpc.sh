@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerate oipserve/grpc_generated/ from proto/model_config.proto and
-# proto/grpc_service.proto (which imports the former).
+# Regenerate oipserve/grpc_generated/ from proto/model_config.proto,
+# proto/grpc_service.proto (which imports the former) and proto/health.proto (gRPC's
+# standard health checking messages).
 #
 # Needs grpcio-tools (a `test` extra: pip install -e '.[test]'); the generated
 # modules need only protobuf at run time. Only messages are generated: the
@@ -33,7 +34,8 @@ rm -f "$out"/*_pb2.py "$out"/*_pb2.pyi "$out"/*_pb2_grpc.py
     --python_out="$out" \
     --pyi_out="$out" \
     "$root/proto/model_config.proto" \
-    "$root/proto/grpc_service.proto"
+    "$root/proto/grpc_service.proto" \
+    "$root/proto/health.proto"
 
 # protoc writes `import model_config_pb2` and `from model_config_pb2 import *`
 # (top-level imports); make them package-relative.
@@ -48,9 +50,10 @@ sed -i -e 's/^from model_config_pb2 import /from .model_config_pb2 import /' \
 #   not protobuf's default one: tritonclient.grpc registers the same files and
 #   symbols (package `inference`), and a process that imports both (tests,
 #   benchmarks, a client embedded next to the server) would fail with
-#   "duplicate file name". Both files share the one pool because
-#   grpc_service.proto imports model_config.proto.
-for name in model_config grpc_service; do
+#   "duplicate file name" (grpcio-health-checking registers health.proto the same
+#   way). The files share the one pool because grpc_service.proto imports
+#   model_config.proto.
+for name in model_config grpc_service health; do
     sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/from . import POOL as _POOL\nDESCRIPTOR = _POOL.AddSerializedFile(/' \
         "$out/${name}_pb2.py"
     grep -q '^DESCRIPTOR = _POOL.AddSerializedFile' "$out/${name}_pb2.py"
@@ -60,9 +63,9 @@ done
 cat > "$out/__init__.py" <<'PY'
 """Generated from proto/*.proto by scripts/generate_grpc.sh; do not edit.
 
-POOL is the private descriptor pool that holds model_config.proto and
-grpc_service.proto: tritonclient registers the same `inference` files in
-protobuf's default pool, and one process may import both.
+POOL is the private descriptor pool that holds model_config.proto,
+grpc_service.proto and health.proto: tritonclient (and grpcio-health-checking)
+registers the same files in protobuf's default pool, and one process may import both.
 """
 
 from google.protobuf import descriptor_pool

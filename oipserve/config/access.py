@@ -91,6 +91,7 @@ HTTP_ROUTES: Mapping[str, str] = {
 GRPC_METHODS: Mapping[str, str] = {
     "ServerLive": "health",
     "ServerReady": "health",
+    "grpc.health.v1.Health/Check": "health",  # gRPC's standard health check, as Triton's
     "ModelReady": "health",
     "ServerMetadata": "metadata",
     "ModelMetadata": "metadata",

@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 
 from oipserve.front.grpc.handler_context import Aborted
-from oipserve.front.grpc.rpcs import SERVICE
+from oipserve.front.grpc.rpcs import rpc_path
 from oipserve.front.header_rules import forwarded_metadata
 
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -42,7 +42,7 @@ class GrpcForwarder:
     ) -> bytes:
         call = self._calls.get(method)
         if call is None:
-            call = self._calls[method] = self._channel.unary_unary(f"/{SERVICE}/{method}")
+            call = self._calls[method] = self._channel.unary_unary(rpc_path(method))
         # NOTE: ``metadata`` passed the rules every front applies on arrival
         #   (``oipserve.front.header_rules``), which are what grpc.aio sends; so does ``timeout``.
         try:

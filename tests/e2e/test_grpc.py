@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.support.grpc_health import SERVING, health_check
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 from tests.support.tensors import ROUND_TRIP, simple_inputs
 
@@ -77,9 +78,13 @@ def _raw_fail(call: object, code: grpc.StatusCode, match: str | None = None) -> 
 # ---- health and metadata ------------------------------------------------------
 
 
-def test_health(client: grpcclient.InferenceServerClient) -> None:
+def test_health(server: ServerProcess, client: grpcclient.InferenceServerClient) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
+    # gRPC's standard health check, on the gRPC port and on the HTTP port (Kubernetes'
+    # grpc probes; it was UNIMPLEMENTED, where Triton answers it)
+    assert health_check(server.grpc_url) == SERVING
+    assert health_check(server.host_port) == SERVING
     assert client.is_model_ready("simple")
     assert client.is_model_ready("versioned", "1")
     assert client.is_model_ready("versioned", "2")

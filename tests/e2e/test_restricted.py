@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from oipserve.config.access import API_GROUPS
 from tests.support.cli import run_cli
+from tests.support.grpc_health import health_check_on
 from tests.support.http import request
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
@@ -199,6 +200,7 @@ GRPC_CALLS: dict[str, list[tuple[GrpcCall, str | None]]] = {
         (lambda c, h: c.is_server_live(headers=h), None),
         (lambda c, h: c.is_server_ready(headers=h), None),
         (lambda c, h: c.is_model_ready("simple", headers=h), None),
+        (lambda c, h: _health_check(c, h), None),
     ],
     "metadata": [
         (lambda c, h: c.get_server_metadata(headers=h), None),
@@ -224,6 +226,14 @@ GRPC_CALLS: dict[str, list[tuple[GrpcCall, str | None]]] = {
     "trace": [(lambda c, h: c.get_trace_settings(headers=h), "StatusCode.UNIMPLEMENTED")],
     "logging": [(lambda c, h: c.get_log_settings(headers=h), "StatusCode.UNIMPLEMENTED")],
 }
+
+
+def _health_check(client: grpcclient.InferenceServerClient, headers: dict) -> None:
+    """gRPC's standard health check, in the health group as in Triton."""
+    try:
+        health_check_on(client._channel, tuple(headers.items()))  # noqa: SLF001
+    except grpc.RpcError as exc:
+        raise InferenceServerException(exc.details(), status=str(exc.code())) from None
 
 
 def _grpc_status(call: GrpcCall, client: grpcclient.InferenceServerClient, headers: dict) -> str:

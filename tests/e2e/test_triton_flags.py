@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 from oipserve.config.settings import load_settings
 from tests.support.cli import run_cli
 from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
+from tests.support.grpc_health import NOT_SERVING, health_check
 from tests.support.http import request
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
@@ -169,6 +170,8 @@ def test_allow_http_false_with_a_failed_model_says_not_ready_and_names_grpc(
         client = grpcclient.InferenceServerClient(srv.grpc_url)
         assert client.is_model_ready("simple") and not client.is_server_ready()
         client.close()
+        # gRPC's standard health check says the same (it was UNIMPLEMENTED; Triton answers it)
+        assert health_check(srv.grpc_url) == NOT_SERVING
     finally:
         assert srv.stop() == 0, srv.log
 

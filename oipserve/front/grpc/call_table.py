@@ -15,7 +15,7 @@ from typing import Any
 from oipserve.config.access import GRPC_METHODS, allows, by_api, denial
 from oipserve.config.settings import Settings
 from oipserve.errors import Forbidden
-from oipserve.front.grpc.rpcs import RPCS, SERVICE, STREAM_RPC, Method
+from oipserve.front.grpc.rpcs import HEALTH_CHECK, RPCS, SERVICE, STREAM_RPC, Method, rpc_path
 from oipserve.front.http.h2_asgi import RestOverH2
 from oipserve.wire.shm import BufferPool
 
@@ -51,15 +51,15 @@ class CallTable:
     ) -> None:
         #: path -> (RPC name, its method; None: forwarded).
         self.methods: dict[str, tuple[str, Method | None]] = {
-            f"/{SERVICE}/{name}": (name, method) for name, method in methods.items()
+            rpc_path(name): (name, method) for name, method in methods.items()
         }
         self.forward = forward
         #: None: every model's inference is answered here (the primary).
         self.answers = answers if forward is not None else None
         if forward is not None:
-            for name in RPCS:
+            for name in (*RPCS, HEALTH_CHECK):
                 if name != STREAM_RPC and name not in methods:
-                    self.methods[f"/{SERVICE}/{name}"] = (name, None)
+                    self.methods[rpc_path(name)] = (name, None)
         self.stream_path = f"/{SERVICE}/{STREAM_RPC}"
         self.stream_infer = stream_infer
         self.closing = closing

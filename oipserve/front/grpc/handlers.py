@@ -21,9 +21,10 @@ from oipserve.front.grpc.codec import (
     serialize_infer,
     wire_bytes,
 )
-from oipserve.front.grpc.rpcs import RPCS, STREAM_RPC, Method
+from oipserve.front.grpc.rpcs import HEALTH_CHECK, RPCS, STREAM_RPC, Method
 from oipserve.front.grpc.service import InferenceService
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.grpc_generated import health_pb2 as health
 
 _REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 _UNIMPLEMENTED = {
@@ -33,7 +34,7 @@ _UNIMPLEMENTED = {
 
 
 def unary_methods(service: InferenceService) -> dict[str, Method]:
-    """Every unary RPC of the service descriptor, by name."""
+    """Every unary RPC of the service descriptor, by name, and gRPC's health check."""
     methods: dict[str, Method] = {}
     for name, (request_type, response_type) in RPCS.items():
         if name == STREAM_RPC:
@@ -48,6 +49,10 @@ def unary_methods(service: InferenceService) -> dict[str, Method]:
             methods[name] = Method(parse_infer_request, call, serialize_infer)
         else:
             methods[name] = Method(parsing(request_type), call, response_type.SerializeToString)
+    response = health.HealthCheckResponse
+    methods[HEALTH_CHECK] = Method(
+        parsing(health.HealthCheckRequest), service.Check, response.SerializeToString
+    )
     return methods
 
 

@@ -22,10 +22,19 @@ RPCS: dict[str, tuple[Any, Any]] = {
     method.name: (getattr(pb, method.input_type.name), getattr(pb, method.output_type.name))
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
 }
+#: gRPC's standard health check (proto/health.proto), which Kubernetes' ``grpc`` probes
+#: and load balancers call; named with its service, as every RPC outside ``SERVICE`` is.
+HEALTH_CHECK = "grpc.health.v1.Health/Check"
 #: The one streaming RPC.
 STREAM_RPC = "ModelStreamInfer"
 #: The unary inference RPC (also what a stream's request is forwarded as).
 INFER_RPC = "ModelInfer"
+
+
+def rpc_path(name: str) -> str:
+    """The HTTP/2 path of the RPC ``name``: a name of ``SERVICE``'s, or one qualified with
+    its own service (``HEALTH_CHECK``)."""
+    return f"/{name}" if "/" in name else f"/{SERVICE}/{name}"
 
 
 class Method(NamedTuple):

@@ -26,6 +26,7 @@ from oipserve.front.grpc.convert import (
     schedule_parameters,
 )
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.grpc_generated import health_pb2 as health
 from oipserve.models.ensemble import takes_sequence
 from oipserve.request import sequence_params
 from oipserve.request.client_regions import RegionUse
@@ -52,6 +53,15 @@ class InferenceService:
 
     async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    async def Check(self, request: health.HealthCheckRequest) -> health.HealthCheckResponse:
+        """gRPC's standard health check, as Triton answers it: SERVING while the server is
+        ready (``ServerReady``), NOT_SERVING otherwise; the service named is not looked at."""
+        ready = self.dataplane.ready()
+        status = (
+            health.HealthCheckResponse.SERVING if ready else health.HealthCheckResponse.NOT_SERVING
+        )
+        return health.HealthCheckResponse(status=status)
 
     async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         ready = self.dataplane.registry.model_ready(
