@@ -214,7 +214,7 @@ class DataPlane:
         versions = self.registry.models[name]
         return {
             "name": name,
-            "versions": [version]
+            "versions": [model.version]  # ("01" asked: "1", as Triton answers)
             if version is not None
             else [v for v, m in versions.items() if m.state == "READY"],
             "platform": model.platform,

@@ -211,6 +211,57 @@ def test_mixing_raw_and_contents_is_invalid(
     )
 
 
+def _simple_call(**parameters: service_pb2.InferParameter) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.zeros(16, dtype=np.int32).tobytes())
+    for key, value in parameters.items():
+        request.parameters[key].CopyFrom(value)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({"sequence_start": service_pb2.InferParameter(int64_param=1)}, "expected bool_param"),
+        ({"sequence_id": service_pb2.InferParameter(double_param=1.5)}, "'sequence_id'"),
+        ({"triton_foo": service_pb2.InferParameter(bool_param=True)}, "reserved for Triton"),
+        (
+            {"triton_enable_empty_final_response": service_pb2.InferParameter(string_param="x")},
+            "expected bool_param",
+        ),
+        ({"foo": service_pb2.InferParameter(uint64_param=1)}, "'foo' parameter, expected"),
+        ({"foo": service_pb2.InferParameter()}, "'foo' parameter, expected"),
+    ],
+)
+def test_request_parameters_triton_refuses_are_refused_whatever_the_model(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+    parameters: dict[str, service_pb2.InferParameter],
+    words: str,
+) -> None:
+    """As Triton's gRPC front, for a model that is not a sequence model too: they were
+    accepted, whatever they held (found by fuzzing)."""
+    request = _simple_call(**parameters)
+    _raw_fail(lambda: stub.ModelInfer(request), grpc.StatusCode.INVALID_ARGUMENT, words)
+
+
+def test_request_parameters_triton_takes_are_served(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+) -> None:
+    """Custom parameters of Triton's types, its reserved one as a bool, and a negative
+    timeout (Triton reads it as a uint64: none); the timeout was refused as the wrong type."""
+    served = _simple_call(
+        foo=service_pb2.InferParameter(double_param=0.5),
+        bar=service_pb2.InferParameter(string_param="x"),
+        triton_enable_empty_final_response=service_pb2.InferParameter(bool_param=False),
+        timeout=service_pb2.InferParameter(int64_param=-5),
+    )
+    assert len(stub.ModelInfer(served).raw_output_contents) == 2
+    metadata = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="versioned", version="01"))
+    assert list(metadata.versions) == ["1"]  # as Triton: the version, not the text sent
+
+
 def test_string_model_and_bytes_raw(client: grpcclient.InferenceServerClient) -> None:
     inp = grpcclient.InferInput("INPUT0", [2], "BYTES")
     inp.set_data_from_numpy(np.array([b"abc", b"Hello"], dtype=object))
@@ -455,16 +506,23 @@ def test_a_stream_message_that_does_not_parse_is_answered_in_band(server: Server
     good = service_pb2.ModelInferRequest(model_name="versioned", id="good")
     good.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
     good.raw_input_contents.append(np.array([1.0], np.float32).tobytes())
+    unknown = service_pb2.ModelInferRequest(model_name="nope", id="bad-model")
+    short = service_pb2.ModelInferRequest(model_name="versioned", id="bad-size")
+    short.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    short.raw_input_contents.append(b"\x00\x00\x00")
     sent = [good.SerializeToString(), NOT_PROTOBUF, good.SerializeToString()]
+    sent += [unknown.SerializeToString(), short.SerializeToString()]
     with grpc.insecure_channel(server.grpc_url) as channel:
         call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
         replies = [
             service_pb2.ModelStreamInferResponse.FromString(reply)
             for reply in call(iter(sent), timeout=30)
         ]
-    assert [r.infer_response.id for r in replies] == ["good", "", "good"]
+    # A failed request's error carries its id, as Triton's (found by fuzzing: it did not)
+    assert [r.infer_response.id for r in replies] == ["good", "", "good", "bad-model", "bad-size"]
     assert replies[0].error_message == replies[2].error_message == ""
     assert "not a valid inference.ModelInferRequest" in replies[1].error_message
+    assert "'nope'" in replies[3].error_message and replies[4].error_message
     assert "unexpected error" not in server.log
 
 

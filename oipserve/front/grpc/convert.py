@@ -163,7 +163,47 @@ def schedule_parameters(parameters: Any) -> tuple[int, int]:
             )
     if "timeout" in parameters:
         param = parameters["timeout"]
-        if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param < 0:
+        if param.WhichOneof("parameter_choice") != "int64_param":
             raise InvalidInput("invalid value type for 'timeout' parameter, expected int64_param.")
-        timeout = param.int64_param
+        # NOTE: a negative one is accepted, as Triton does (it reads the bits as a uint64:
+        #   a timeout beyond any other); 0 here is none. It was refused as the wrong type.
+        timeout = max(0, param.int64_param)
     return priority, timeout
+
+
+#: Request parameters with a meaning of their own, checked where they are read
+#: (``schedule_parameters``, ``request.sequence_params.from_grpc``).
+_READ_ELSEWHERE = frozenset(
+    {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end"}
+)
+#: The ``triton_`` parameters Triton allows a request (its TRITON_RESERVED_REQUEST_PARAMS).
+_TRITON_RESERVED = ("triton_enable_empty_final_response",)
+#: The types Triton takes for any other parameter (passed on to the model).
+_CUSTOM_KINDS = frozenset({"int64_param", "bool_param", "string_param", "double_param"})
+
+
+def check_request_parameters(parameters: Any) -> None:
+    """Triton's rules for the other parameters of a ModelInferRequest, whatever the
+    model: a ``triton_`` key only if Triton reserves it (a bool), any other key an int64,
+    bool, string or double. They were accepted here whatever they held (found by fuzzing).
+    """
+    for key, param in parameters.items():
+        if key in _READ_ELSEWHERE:
+            continue
+        kind = param.WhichOneof("parameter_choice")
+        if key.startswith("triton_"):
+            if key not in _TRITON_RESERVED:
+                raise InvalidInput(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. "
+                    "Only the following keys starting with 'triton_' are allowed: "
+                    + " ".join(_TRITON_RESERVED)
+                )
+            if kind != "bool_param":
+                raise InvalidInput(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+        elif kind not in _CUSTOM_KINDS:
+            raise InvalidInput(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param."
+            )

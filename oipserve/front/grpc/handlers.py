@@ -23,6 +23,7 @@ from oipserve.front.grpc.codec import (
 )
 from oipserve.front.grpc.rpcs import HEALTH_CHECK, RPCS, STREAM_RPC, Method
 from oipserve.front.grpc.service import InferenceService
+from oipserve.front.grpc.streaming import StreamRequestFailed
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.grpc_generated import health_pb2 as health
 
@@ -69,7 +70,10 @@ def stream_infer(
 
     async def infer(message: bytes | memoryview) -> bytes | memoryview:
         call = parse_infer_request(message)
-        return await wire_bytes(await service.ModelInfer(call), serialize_infer)
+        try:
+            return await wire_bytes(await service.ModelInfer(call), serialize_infer)
+        except Exception as exc:
+            raise StreamRequestFailed(exc, call.message.id) from exc
 
     return infer
 

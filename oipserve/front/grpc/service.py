@@ -18,6 +18,7 @@ from oipserve.dataplane.plane import DataPlane
 from oipserve.errors import InvalidInput
 from oipserve.front.grpc.codec import InferCall, InferReply
 from oipserve.front.grpc.convert import (
+    check_request_parameters,
     class_count,
     input_tensors,
     region_request,
@@ -207,11 +208,14 @@ class InferenceService:
                 count = class_count(output)
                 if count:
                     classes[output.name] = count
-            priority, timeout_us = schedule_parameters(message.parameters)
+            parameters = message.parameters
+            priority, timeout_us = schedule_parameters(parameters)
             # a sequence model, or an ensemble with one as a step
-            sequence = (
-                sequence_params.from_grpc(message.parameters) if takes_sequence(model) else None
-            )
+            sequence = sequence_params.from_grpc(parameters) if takes_sequence(model) else None
+            if parameters:
+                check_request_parameters(parameters)
+                if sequence is None:  # checked all the same, as Triton checks them
+                    sequence_params.from_grpc(parameters)
         except Exception as exc:
             for held in [*owned, *into_regions.values()]:
                 held.release()

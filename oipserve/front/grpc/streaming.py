@@ -35,8 +35,23 @@ def infer_response(serialized: bytes | memoryview) -> Response:
     return [_INFER_RESPONSE_TAG + varint_bytes(memoryview(serialized).nbytes), serialized]
 
 
-def error_response(message: str) -> bytes:
-    return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
+class StreamRequestFailed(Exception):
+    """A stream's request failed: ``cause`` says how, ``request_id`` is its ``id``, which
+    the in-band error carries back (Triton's, so that a client knows which request failed;
+    it was left out here, found by fuzzing)."""
+
+    def __init__(self, cause: Exception, request_id: str) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.request_id = request_id
+
+
+def error_response(message: str, request_id: str = "") -> bytes:
+    """A stream's in-band error, as Triton writes it: ``error_message``, and an
+    ``infer_response`` holding only the request's ``id``."""
+    response = pb.ModelStreamInferResponse(error_message=message)
+    response.infer_response.id = request_id
+    return response.SerializeToString()
 
 
 def strict_errors(context: Context) -> bool:
@@ -98,11 +113,14 @@ async def ordered_responses(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                request_id = ""
+                if isinstance(exc, StreamRequestFailed):
+                    request_id, exc = exc.request_id, exc.cause
                 code, message = status_of(exc)
                 log_failure("ModelStreamInfer", code, message, exc)
                 if strict:
                     await context.abort(code, message)
-                yield [error_response(message)]
+                yield [error_response(message, request_id)]
                 continue
             yield infer_response(response)
     finally:
