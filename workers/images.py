@@ -35,8 +35,10 @@ caller may decode the elements of a batch from several threads.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -62,9 +64,36 @@ def quiet_opencv() -> None:
     libpng, through OpenCV, prints an ``[ERROR...]`` line of its own for a broken PNG
     ("IHDR chunk shall be first"); the request already gets a 400 that says what is wrong,
     and the server's log is for the server's failures. Called once by the worker (a
-    process-wide setting, not made on import).
+    process-wide setting, not made on import). libpng's own warnings and errors, which it
+    writes to stderr itself, are kept out by ``_libpng_silenced``.
     """
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
+
+class _Stderr:
+    """The worker's stderr, and /dev/null to put in its place (opened at first use)."""
+
+    saved = -1
+    null = -1
+
+
+@contextmanager
+def _libpng_silenced() -> Iterator[None]:
+    """Decode a PNG with file descriptor 2 pointed at /dev/null.
+
+    libpng writes ``libpng warning: Image width is zero in IHDR`` or ``libpng error: Not
+    enough image data`` to stderr itself, past OpenCV's logging, once per broken PNG: any
+    client could fill the server's log with them (found by fuzzing). Two ``dup2`` calls a
+    PNG; a line another thread of the worker logs in that moment is lost with them.
+    """
+    if _Stderr.saved < 0:
+        _Stderr.saved = os.dup(2)
+        _Stderr.null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(_Stderr.null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(_Stderr.saved, 2)
 
 
 _FORMATS = "JPEG/PNG/BMP/WebP"
@@ -303,7 +332,11 @@ def _decode_one(input_name: str, index: int, data: bytes, fmt: str) -> np.ndarra
         img = _decode_jpeg(input_name, index, data)
     if img is None:
         try:
-            img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+            if fmt == "PNG":
+                with _libpng_silenced():
+                    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+            else:
+                img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
         except cv2.error:
             img = None
     if img is None or img.size == 0:

@@ -31,6 +31,7 @@ from oipserve.request.inference import InputTensor
 from oipserve.request.placement import payload as _payload
 from oipserve.wire.json_request import decode_request
 from oipserve.wire.shm import BufferPool
+from tests.support.raw_http import read_responses
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 from tests.support.sockets import read_by_peer
 from workers.runtime import ModelSession
@@ -814,3 +815,43 @@ def test_expect_100_continue_with_a_large_body(server: ServerProcess) -> None:
         sock.sendall(body)
         status, headers_out, answer = _read_response(stream)
     _assert_echoed(status, headers_out, answer, values)
+
+
+def test_expect_100_continue_past_the_limit_is_a_413_and_a_close(server: ServerProcess) -> None:
+    """The client waits for a 100 that never comes, and sends no body: the 413 closes the
+    connection (RFC 9110, 10.1.1). It kept it open, and the next request on it was read as
+    the refused body and never answered (found by fuzzing)."""
+    host, port = server.host_port.split(":")
+    head = (
+        "POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
+        f"Content-Length: {10**12}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        stream = sock.makefile("rb")
+        status, headers_out, answer = _read_response(stream)
+        assert status == 413 and b"exceeds the maximum" in answer, answer
+        assert headers_out.get("connection") == "close", headers_out
+        assert stream.read() == b""  # closed
+
+
+def test_pipelined_requests_before_a_bad_one_are_answered_first(server: ServerProcess) -> None:
+    """Two whole requests and a line the parser refuses, in one write: 200, 200, then the
+    400 and the close. The 400 came at once, and the two were never answered (found by
+    fuzzing)."""
+    values = np.arange(4, dtype=np.float32)
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": values.tolist()}
+            ]
+        }
+    ).encode()
+    one = _raw_request("/v2/models/identity_fp32/infer", body, {})
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(one + one + b"BAD\r\n\r\n")
+        answers = read_responses(sock, 3)
+    assert [status for status, _, _ in answers] == [200, 200, 400], answers
+    assert json.loads(answers[1][2])["outputs"][0]["data"] == values.tolist()
+    assert json.loads(answers[2][2]) == {"error": "Invalid HTTP request received."}

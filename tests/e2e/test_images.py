@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import struct
+import zlib
 from collections.abc import Iterator
 
 import cv2
@@ -194,10 +195,24 @@ def test_a_broken_png_is_a_400_and_nothing_in_the_servers_log(
     worker's stderr for this client's mistake."""
     png = _encode(".png", _noise(8, 8))
     broken = png[:12] + b"XXXX" + png[16:]  # the first chunk is no longer IHDR
+    # libpng's own lines ("libpng warning: Image width is zero in IHDR", "libpng error:
+    # Not enough image data"), which it writes to stderr itself (found by fuzzing)
+    no_width = _with_ihdr(png, 0, 8)
+    claims_more = _with_ihdr(png, 4096, 4096)  # its pixel data is an 8x8 image's
     logged = len(server.log)
-    assert "element 0" in _error(client, "image_nhwc_u8", [broken])
+    for bad in (broken, no_width, claims_more):
+        assert "element 0" in _error(client, "image_nhwc_u8", [bad])
     assert _infer(client, "image_nhwc_u8", [png]).shape == (1, 224, 224, 3)  # after it
-    assert "ERROR" not in server.log[logged:], server.log[logged:]
+    since = server.log[logged:]
+    assert "ERROR" not in since and "libpng" not in since, since
+
+
+def _with_ihdr(png: bytes, width: int, height: int) -> bytes:
+    """``png`` with its IHDR's width and height replaced (and the chunk's CRC made right)."""
+    header = bytearray(png[8 : 8 + 25])  # length, "IHDR", 13 bytes of data, CRC
+    struct.pack_into(">II", header, 8, width, height)
+    struct.pack_into(">I", header, 21, zlib.crc32(bytes(header[4:21])))
+    return png[:8] + bytes(header) + png[33:]
 
 
 def test_empty_element(client: httpclient.InferenceServerClient) -> None:

@@ -195,3 +195,21 @@ def test_compress_stream_cancelled_in_a_step_releases_once_the_step_is_done(
 
     asyncio.run(run())
     assert released == [1]
+
+
+@pytest.mark.parametrize(
+    ("accept", "chosen"),
+    [
+        ("gzip", "gzip"),
+        ("gzip;q=0", "identity"),
+        # q's name is case-insensitive and need not come first (RFC 9110, 12.4.2); both
+        # were compressed all the same (found by fuzzing)
+        ("GZIP;Q=0", "identity"),
+        ("gzip;foo=1;q=0", "identity"),
+        ("gzip; q=0.5, deflate;Q=0.8", "deflate"),
+        ("deflate;q=abc, gzip", "gzip"),
+        (None, "identity"),
+    ],
+)
+def test_accept_encoding_by_quality(accept: str | None, chosen: str) -> None:
+    assert coding.choose_encoding(accept) == chosen

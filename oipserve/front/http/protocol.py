@@ -231,6 +231,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_began = False
         #: Why the head was refused (431, 505): status and message, for ``send_400_response``.
         self._head_refusal: tuple[int, str] | None = None
+        #: A refusal (the parser failed) answered once the requests before it are.
+        self._refusal_due: tuple[int, str] | None = None
         #: The body being received: loop time it began (None: none), bytes so far.
         self._body_started: float | None = None
         self.body_bytes = 0
@@ -343,12 +345,25 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to what httptools cannot parse (an unknown method, a byte out
         of place in the head): a 400 with ``{"error": ...}`` as every other, where uvicorn
-        writes plain text; or the answer to a refused head (``_head_refusal``)."""
+        writes plain text; or the answer to a refused head (``_head_refusal``).
+
+        Requests before it on the connection, received whole, are answered first, in
+        order (pipelined, or the one whose response is under way): the 400 and the close
+        came at once, and their answers were lost (found by fuzzing). Nothing more is
+        read meanwhile: the parser has failed.
+        """
         refusal = self._head_refusal
-        if refusal is None:
-            self._answer_and_close(400, msg)
-        else:
+        self._head_refusal = None
+        cycle = self.cycle
+        underway = cycle is not None and not cycle.response_complete and not cycle.more_body
+        if (underway or self.pipeline) and not self.transport.is_closing():
+            self._refusal_due = refusal or (400, msg)
+            self._head_started = None  # (no head is due: none will be read)
+            self.flow.pause_reading()
+        elif refusal is not None:
             self._refuse_head(*refusal)
+        else:
+            self._answer_and_close(400, msg)  # (uvicorn's warning said it: parser_log)
 
     def _unsupported_upgrade_warning(self) -> None:
         # NOTE: uvicorn logs two warnings for every request asking for an upgrade this
@@ -363,7 +378,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         raise _HeadRefused(message)
 
     def _refuse_head(self, status: int, message: str) -> None:
-        """Answer a refused head (431, 505), then close: the rest of it is never parsed."""
+        """Answer a refused head (431, 505; or a 400 that waited for the requests before
+        it), then close: the rest is never parsed."""
         self._head_refusal = None
         log.debug("request head refused (%d): %s", status, message)
         self._answer_and_close(status, message)
@@ -585,10 +601,15 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        due = self._refusal_due
+        if due is None:
+            self.flow.resume_reading()
         if self.pipeline:
             waiting, app = self.pipeline.pop()
             self._start_asgi_task(waiting, app)
+        elif due is not None:
+            self._refusal_due = None
+            self._refuse_head(*due)
         else:
             self._idle_since = self._loop.time()
 

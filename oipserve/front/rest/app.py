@@ -124,14 +124,19 @@ class _App(falcon.asgi.App):
         if scope["type"] == "http":
             size = -1
             binary = False  # the binary-data extension: a JSON header, then raw bytes
+            expecting = False  # Expect: 100-continue (the body comes after a 100, if at all)
             for key, value in scope["headers"]:
                 if key == b"content-length":
                     if value.isdigit():
                         size = int(value)
                 elif key == b"inference-header-content-length":
                     binary = True
+                elif key == b"expect":
+                    expecting = value.lower() == b"100-continue"
             if size > self._limit:
-                await _refuse_too_large(send, size, self._limit, json_body=not binary)
+                await _refuse_too_large(
+                    send, size, self._limit, json_body=not binary, close=expecting
+                )
                 return
             direct = binary or size >= DIRECT_BODY_MIN
             if direct and RECEIVE_INTO in scope.get("extensions", ()):
@@ -156,7 +161,9 @@ def _without_first_body(receive: Receive) -> Receive:
     return deferred
 
 
-async def _refuse_too_large(send: Send, length: int, limit: int, *, json_body: bool) -> None:
+async def _refuse_too_large(
+    send: Send, length: int, limit: int, *, json_body: bool, close: bool
+) -> None:
     detail = f"the request body has {length} bytes, more than the limit of {limit} bytes"
     if json_body:
         # Triton's phrase first for a body that is all JSON (its clients and QA tests,
@@ -166,13 +173,13 @@ async def _refuse_too_large(send: Send, length: int, limit: int, *, json_body: b
             f"{limit} bytes: {detail} (--max-request-bytes)"
         )
     body = ENCODER.encode({"error": detail})
+    headers = [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body))]
     # NOTE: the body is left unread; uvicorn discards it as it arrives, so the
-    #   connection stays usable and a client that sends it all still reads the 413.
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body))],
-        }
-    )
+    #   connection stays usable and a client that sends it all still reads the 413. A
+    #   client that asked ``Expect: 100-continue`` sends none (it got no 100): the next
+    #   request on the connection was read as the refused body, and never answered
+    #   (found by fuzzing). The connection closes after the 413 then (RFC 9110, 10.1.1).
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})

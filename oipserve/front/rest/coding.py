@@ -234,16 +234,24 @@ def choose_encoding(accept: str | None) -> str:
         name = name.strip().lower()
         if name not in ("gzip", "deflate", "identity"):
             continue
-        q = 1.0
-        params = params.strip()
-        if params.startswith("q="):
-            try:
-                q = float(params[2:])
-            except ValueError:
-                q = 0.0
+        q = _quality(params)
         if q > best_q:
             best, best_q = name, q
     return best
+
+
+def _quality(params: str) -> float:
+    """The ``q`` of one Accept-Encoding entry's parameters (1 without one; 0 if it does not
+    parse). Its name is case-insensitive and need not come first (RFC 9110, 12.4.2):
+    ``gzip;Q=0`` and ``gzip;foo=1;q=0`` were compressed all the same (found by fuzzing)."""
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "q":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return 0.0
+    return 1.0
 
 
 #: Responses of this many bytes or fewer are compressed on the loop, at once: about
