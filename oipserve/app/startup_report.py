@@ -21,6 +21,7 @@ from pathlib import Path
 
 import oipserve
 from oipserve.models.registry import ModelRegistry
+from oipserve.wire.shm import process_alive
 
 __all__ = ["StartupReport", "not_ready_models", "remove_ready_file", "status_log"]
 
@@ -141,16 +142,6 @@ def remove_stale_ready_file(path: str | None) -> None:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         with open(path, encoding="utf-8") as handle:
             pid = json.load(handle).get("pid")
-        if isinstance(pid, int) and pid > 0 and pid != os.getpid() and _running(pid):
+        if isinstance(pid, int) and pid > 0 and pid != os.getpid() and process_alive(pid):
             return
     remove_ready_file(path)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

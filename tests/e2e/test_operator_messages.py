@@ -87,18 +87,16 @@ def test_a_ready_file_left_by_a_server_gone_is_removed_at_the_start(tmp_path: Pa
     ready_file = tmp_path / "ready.json"
     stale = {"pid": 2**22 + 7, "ready": True, "http_port": 1}  # beyond pid_max: gone
     ready_file.write_text(json.dumps(stale))
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        result = lifecycle_cli(
-            "serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", port,
-            "--metrics-port", "0", "--grpc-port", "0", "--ready-file", str(ready_file),
-        )  # fmt: skip
-    assert result.returncode == 3, result.stderr  # the port is taken: the start fails
+    _fail_to_start_with(ready_file)
     assert not ready_file.exists()
     alive = {"pid": os.getpid(), "ready": True}
     ready_file.write_text(json.dumps(alive))
+    _fail_to_start_with(ready_file)
+    assert json.loads(ready_file.read_text()) == alive
+
+
+def _fail_to_start_with(ready_file: Path) -> None:
+    """A start with ``--ready-file`` that fails (exit 3): its HTTP port is taken."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -108,7 +106,6 @@ def test_a_ready_file_left_by_a_server_gone_is_removed_at_the_start(tmp_path: Pa
             "--metrics-port", "0", "--grpc-port", "0", "--ready-file", str(ready_file),
         )  # fmt: skip
     assert result.returncode == 3, result.stderr
-    assert json.loads(ready_file.read_text()) == alive
 
 
 def test_no_ready_line_when_a_model_failed_but_one_line_per_model_and_a_summary(

@@ -243,6 +243,8 @@ def test_a_reload_while_the_only_worker_is_replaced_keeps_the_model(tmp_path: Pa
     try:
         (worker,) = proc.worker_pids()
         os.kill(worker, signal.SIGKILL)
+        # once the front knows the worker is gone (its replacement under way)
+        assert wait_for(lambda: not client.is_model_ready("simple"), 10)
         client.load_model("simple")
         assert client.is_model_ready("simple")
         assert simple_answers_right(client)
