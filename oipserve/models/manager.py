@@ -14,21 +14,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-import msgspec
-
 from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, ServerError, Unavailable
 from oipserve.models.composing import ComposingLoads
-from oipserve.models.config.parse import (
-    ConfigLimits,
-    InstanceGroup,
-    ModelConfig,
-    ModelConfigError,
-    check_limits,
-)
+from oipserve.models.config.parse import ConfigLimits, ModelConfig, ModelConfigError, check_limits
 from oipserve.models.config.session_options import session_options
 from oipserve.models.ensemble import CANNOT_LOAD as ENSEMBLE_CANNOT_LOAD
 from oipserve.models.ensemble import EnsembleVersion, validate
+from oipserve.models.instance_groups import place_groups
 from oipserve.models.metadata import MetadataConflict, merge_metadata
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import ModelSource, Repository, read_model
@@ -124,8 +117,8 @@ class ModelManager:
         Without ``instance_group`` every repository worker holds the model. With it, as
         in Triton: ``KIND_CPU`` places ``count`` instances on the CPU, ``KIND_GPU`` on each
         GPU of ``gpus`` (all GPUs when empty), ``KIND_AUTO``/``KIND_MODEL`` on the GPUs if
-        the server runs any, else on the CPU (``resolved_group``; the model keeps the
-        groups so resolved for its config response). An instance is a session in one worker
+        the server runs any, else on the CPU (``models.instance_groups``; the model keeps
+        the groups so resolved for its config response). An instance is a session in one worker
         process, so ``count`` is capped at the worker processes of that device
         (``--instances-per-device``): two sessions in one single-threaded worker would
         not run at the same time.
@@ -134,22 +127,7 @@ class ModelManager:
         groups = model.config.instance_groups if model.config else ()
         if not groups:
             return [w for w in workers if w.worker_id not in self.cpu_on_demand]
-        gpu_devices = sorted({w.device for w in workers if w.device.startswith("cuda:")})
-        chosen: list[WorkerHandle] = []
-        resolved = tuple(resolved_group(group, gpu_devices) for group in groups)
-        for group in resolved:
-            devices = [f"cuda:{g}" for g in group.gpus]
-            if not devices:
-                devices = gpu_devices if group.kind == "KIND_MODEL" and gpu_devices else ["cpu"]
-            for device in devices:
-                on_device = [w for w in workers if w.device == device]
-                if not on_device:
-                    raise MetadataConflict(
-                        f"instance_group asks for {device}, where this server runs no workers "
-                        f"(--devices gave: {', '.join(sorted({w.device for w in workers}))})"
-                    )
-                chosen.extend(w for w in on_device[: group.count] if w not in chosen)
-        model.instance_groups = resolved
+        chosen, model.instance_groups = place_groups(groups, workers)
         return chosen
 
     async def place(self, model: ModelVersion, worker: WorkerHandle, threads: int | None) -> Loaded:
@@ -602,32 +580,6 @@ async def unload_quietly(worker: WorkerHandle, key: str) -> None:
         await worker.unload(key)
     except ServerError:
         pass
-
-
-def resolved_group(group: InstanceGroup, gpu_devices: list[str]) -> InstanceGroup:
-    """``group`` as it runs on a server with ``gpu_devices``, as Triton normalises it:
-        ``KIND_AUTO`` is ``KIND_GPU`` when the server runs GPUs, else ``KIND_CPU`` (which
-    cannot name GPUs: refused, as Triton refuses it); a GPU group without ``gpus`` is on
-    every GPU. ``KIND_MODEL`` is left as it is (``workers_for`` places it as KIND_AUTO,
-    and Triton shows it as given).
-    MetadataConflict for a GPU group on a server without GPUs."""
-    kind = group.kind
-    if kind == "KIND_MODEL":
-        return group  # placed as KIND_AUTO; shown as given (it may not name GPUs)
-    on_gpus = kind == "KIND_GPU" or (kind == "KIND_AUTO" and bool(gpu_devices))
-    if kind == "KIND_AUTO":
-        kind = "KIND_GPU" if on_gpus else "KIND_CPU"
-    if not on_gpus:
-        if group.gpus:
-            raise MetadataConflict(
-                f"instance_group {group.kind} names GPUs {list(group.gpus)}; this server runs "
-                f"none, so it is {kind}, which cannot name GPUs"
-            )
-        return msgspec.structs.replace(group, kind=kind)
-    if not gpu_devices and not group.gpus:
-        raise MetadataConflict(f"instance_group {group.kind} asks for a GPU; this server runs none")
-    gpus = group.gpus or tuple(int(d.partition(":")[2]) for d in gpu_devices)
-    return msgspec.structs.replace(group, kind=kind, gpus=gpus)
 
 
 def _serves_on(model: ModelVersion, worker: WorkerHandle) -> bool:

@@ -1,4 +1,4 @@
-"""An instance_group as it runs on a server's devices (``models.manager.resolved_group``),
+"""An instance_group as it runs on a server's devices (``models.instance_groups.resolved_group``),
 as Triton normalises it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oipserve.models.config.parse import InstanceGroup
-from oipserve.models.manager import resolved_group
+from oipserve.models.instance_groups import resolved_group
 from oipserve.models.metadata import MetadataConflict
 
 GPUS = ["cuda:0", "cuda:2"]
