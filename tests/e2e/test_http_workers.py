@@ -30,6 +30,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from oipserve.config.settings import GRPC_PROCESSES_DEPRECATED
@@ -814,8 +815,29 @@ def test_grpc_inference_of_a_model_only_the_primary_serves_works_on_every_front(
                 with pytest.raises(InferenceServerException) as info:
                     client.infer("no_such_model", [x])
                 assert info.value.status() == "StatusCode.NOT_FOUND", info.value
+                # a failed stream request's error names it, forwarded or not (it did not
+                # when forwarded)
+                assert _stream_error_ids(client) == ["", "nobody's"]
     finally:
         assert post_text(server, "/v2/workers/echo/unload")[0] == 200
+
+
+def _stream_error_ids(client: grpcclient.InferenceServerClient) -> list[str]:
+    """A raw ModelStreamInfer on ``client``'s connection: an echo request, then one for a
+    model nobody serves; the ids its two responses carry."""
+    requests = []
+    for model, request_id in (("echo", ""), ("no_such_model", "nobody's")):
+        request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[1]).contents.fp32_contents.append(
+            1
+        )
+        requests.append(request.SerializeToString())
+    stream = client._channel.stream_stream(  # noqa: SLF001 - the connection to this front
+        "/inference.GRPCInferenceService/ModelStreamInfer"
+    )
+    replies = [service_pb2.ModelStreamInferResponse.FromString(r) for r in stream(iter(requests))]
+    assert replies[0].error_message == "" and replies[1].error_message, replies
+    return [reply.infer_response.id for reply in replies]
 
 
 def post_text(proc: ServerProcess, path: str) -> tuple[int, str]:

@@ -17,13 +17,13 @@ from typing import Any
 import grpc
 
 from oipserve.front.grpc.call_send import CallSender
-from oipserve.front.grpc.codec import model_named, wire_bytes
+from oipserve.front.grpc.codec import model_named, request_id, wire_bytes
 from oipserve.front.grpc.h2.frames import TRAILERS_OK
 from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.inflate import inflate
 from oipserve.front.grpc.rpcs import INFER_RPC, STREAM_RPC
 from oipserve.front.grpc.status import log_failure, status_of
-from oipserve.front.grpc.streaming import ordered_responses
+from oipserve.front.grpc.streaming import StreamRequestFailed, ordered_responses
 from oipserve.runtime.off_loop import unmap_off_loop
 
 _OK = grpc.StatusCode.OK.value[0]
@@ -92,7 +92,10 @@ class CallRunner(CallSender):
         """One request of a stream, answered here, or as a ModelInfer by the primary when
         its model is not this front's (``CallTable.elsewhere``); in-band either way."""
         if self._table.elsewhere(*model_named(message)):
-            return await self._forwarded(bytes(message), INFER_RPC)
+            try:
+                return await self._forwarded(bytes(message), INFER_RPC)
+            except Exception as exc:  # its in-band error names the request, as here
+                raise StreamRequestFailed(exc, request_id(message)) from exc
         return await self._table.stream_infer(message)
 
     async def _run_stream(self) -> None:

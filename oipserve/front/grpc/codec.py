@@ -106,6 +106,15 @@ def model_named(data: bytes | memoryview) -> tuple[str, str]:
     return message.model_name, message.model_version
 
 
+def request_id(data: bytes | memoryview) -> str:
+    """The ``id`` of a serialized ModelInferRequest ("" when it does not parse): for a
+    failure's in-band answer on a stream, so parsed whole only then."""
+    try:
+        return str(pb.ModelInferRequest.FromString(bytes(data)).id)
+    except (DecodeError, UnicodeDecodeError):
+        return ""
+
+
 def _string(view: memoryview, pos: int) -> tuple[str, int]:
     length, pos = _varint(view, pos)
     if pos + length > len(view):
