@@ -163,7 +163,8 @@ def _check_most(tensor: InputTensor, values: Deferred, count: int) -> None:
         values.load()
         raise InvalidInput(
             f"input '{tensor.name}': its shape {list(tensor.shape)} holds {count} elements "
-            f"but 'data' can hold at most {values.most}"
+            f"but the values sent ('data', or a gRPC tensor's contents) can hold at most "
+            f"{values.most}"
         )
 
 

@@ -71,7 +71,8 @@ def test_a_declared_count_the_data_cannot_hold_is_refused_before_decoding(
     ).encode()
     status, answer = post_json(server, "identity_fp32", body)
     assert status == 400
-    assert "holds 1000000000 elements but 'data' can hold at most" in str(answer["error"])
+    words = "holds 1000000000 elements but the values sent ('data', or a gRPC tensor's contents)"
+    assert f"{words} can hold at most" in str(answer["error"])
 
 
 @pytest.mark.parametrize("binary", [False, True])
