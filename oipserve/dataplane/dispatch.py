@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from mypy_extensions import mypyc_attr
 
 from oipserve.dataplane.batch_io import SharedRelease, split
+from oipserve.errors import DeadlineExceeded
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
@@ -75,6 +76,7 @@ class Dispatch:
         deadline: float | None = None,
         targets: list[OutputTarget] | None = None,
         text_outputs: list[str] | None = None,
+        ran_late: Callable[[InferDone], None] | None = None,
     ) -> InferDone:
         """Run ``inputs`` on ``worker``; its reply (or the error it answered).
 
@@ -104,6 +106,7 @@ class Dispatch:
             inputs_free,
             self.outputs,
             deadline,
+            ran_late,
         )
         return self.answered(worker, answer)
 
@@ -186,13 +189,15 @@ async def infer_on(
     inputs_free: Callable[[], None],
     mapped: SegmentCache,
     deadline: float | None = None,
+    ran_late: Callable[[InferDone], None] | None = None,
 ) -> object:
     """The worker's answer to the ``Infer`` that ``make`` builds (given the request id).
 
     ``inputs_free`` lets go of what holds the inputs: when the worker is done reading them
     (the link calls it at the reply or the worker's death), or here at once when the
     request cannot be sent. A caller cancelled once the reply has come gives its outputs
-    back (``drop_reply``; ``mapped``: the front's mappings of the output segments).
+    back (``drop_reply``; ``mapped``: the front's mappings of the output segments). Past
+    ``deadline``, ``ran_late`` is told of the worker's run if it comes all the same.
     """
     try:
         waiting = worker.call(make, inputs_free, deadline)
@@ -201,6 +206,10 @@ async def infer_on(
         raise
     try:
         return await waiting
+    except DeadlineExceeded:
+        if ran_late is not None:
+            worker.on_late_reply(waiting, ran_late)
+        raise
     except asyncio.CancelledError:
         drop_reply(worker, waiting, mapped)
         abandoned = ABANDONED_WORK.get()

@@ -20,6 +20,7 @@ placing that ``Unbatched`` shares with an ensemble's chain (``ensemble_chains.ru
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from time import monotonic_ns
 
@@ -126,10 +127,15 @@ class Unbatched:
             refused(exc, owned, lease, stats, start)
             raise
         sent = sending(owned, lease, stats)
+        shape = inference.inputs[0].shape
+        batch = shape[0] if model.max_batch_size > 0 and shape else 1
+        # (a run the worker makes after the request failed at its deadline is an execution
+        #  all the same, as a batched one is; it went uncounted, found by fuzzing)
+        ran_late = functools.partial(stats.ran_late, batch)
         try:
             done = await dispatch.send(
                 worker, model, inputs, owned, inference.output_names, deadline, targets,
-                inference.text_outputs,
+                inference.text_outputs, ran_late,
             )  # fmt: skip
             result = dispatch.result(worker, model, done, into)
         except BaseException as exc:
@@ -137,8 +143,7 @@ class Unbatched:
             raise
         finally:
             stats.pending -= 1
-        shape = inference.inputs[0].shape
-        stats.ran_alone(shape[0] if model.max_batch_size > 0 and shape else 1, start, sent, done)
+        stats.ran_alone(batch, start, sent, done)
         if probe is not None and self.cache is not None:
             self.cache.store(probe, result, stats)
         return result

@@ -77,6 +77,9 @@ class WorkerLink:
         self.pending: dict[int, asyncio.Future[object]] = {}
         #: Per pending infer: callbacks run when the worker no longer reads its inputs.
         self.on_done: dict[int, Callable[[], None]] = {}
+        #: Requests failed at their deadline while the worker had them: what to call with
+        #: the worker's InferDone if it ran them after all (``on_late_reply``).
+        self.late: dict[int, Callable[[InferDone], None]] = {}
         #: The model versions (keys) the worker holds a session for, and how each was loaded.
         self.models: dict[str, LoadModel] = {}
         self.alive = False
@@ -160,8 +163,13 @@ class WorkerLink:
                 future.set_result(message)
             elif isinstance(message, InferDone):
                 # NOTE: nobody waits for these outputs any more (the request was
-                #   cancelled); hand the segment straight back.
+                #   cancelled, or failed at its deadline); hand the segment straight back.
+                late = self.late.pop(message.rid, None) if self.late else None
+                if late is not None:
+                    late(message)
                 self.release_outputs(message.segment)
+            elif self.late:
+                self.late.pop(message.rid, None)
         elif isinstance(message, WorkerReady):
             self.pid = message.pid
             self.ready.set()
@@ -181,6 +189,7 @@ class WorkerLink:
         if self.transport is not None:
             self.transport.abort()
         self._deadlines.clear()
+        self.late.clear()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
@@ -298,6 +307,15 @@ class WorkerLink:
             if future is waiting:
                 before, after = self.on_done.get(rid), start()
                 self.on_done[rid] = after if before is None else _both(before, after)
+                return
+
+    def on_late_reply(self, waiting: Awaitable[object], ran: Callable[[InferDone], None]) -> None:
+        """``ran(reply)`` if the worker runs the request ``call`` returned ``waiting`` for
+        after all, its caller having given up at its deadline (a run counts as an
+        execution, answered or not)."""
+        for rid, future in self.pending.items():
+            if future is waiting:
+                self.late[rid] = ran
                 return
 
     def _expire_overdue(self) -> None:

@@ -247,6 +247,11 @@ class ModelStats:
             done.output_ns,
         )
 
+    def ran_late(self, batch_size: int, done: InferDone) -> None:
+        """A request failed at its deadline that its worker ran all the same: an execution
+        (Triton counts every model run), not a success."""
+        self.executed(batch_size, done.input_ns, done.infer_ns, done.output_ns)
+
     def padded_batch(self, elements: int, real: int) -> None:
         """One padded batch's padded inputs: ``elements`` with the padding, ``real`` without."""
         self.padded += elements

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.batching import hold_the_instance
+from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.raw_http import read_response
 from tests.support.server import ServerProcess, wait_for
 
@@ -159,3 +161,31 @@ def test_a_hung_worker_is_declared_unhealthy_and_replaced() -> None:
     finally:
         assert proc.stop() == 0, proc.log
     assert "stopped answering its heartbeat" in proc.log
+
+
+def test_a_run_past_its_requests_deadline_counts_as_an_execution(tmp_path: Path) -> None:
+    """The request fails at its deadline while its worker runs it (503, REJECTED); the run
+    counts as an execution all the same, as a batched one's does (Triton counts every model
+    run). A model without dynamic batching did not count it (found by fuzzing)."""
+    write_weighty_repository(tmp_path, layers=32)  # [512, 1024] in: ~0.3-3 s a run here
+    proc = ServerProcess(tmp_path, ["--instances-per-device", "1"]).wait_ready()
+    try:
+        with httpclient.InferenceServerClient(proc.host_port, network_timeout=60) as client:
+
+            def counts() -> tuple[int, int, int]:
+                (stats,) = client.get_inference_statistics(WEIGHTY)["model_stats"]
+                inference = stats["inference_stats"]
+                return (
+                    inference["success"]["count"], inference["fail"]["count"],
+                    stats["execution_count"],
+                )  # fmt: skip
+
+            given = httpclient.InferInput("INPUT0", [512, 1024], "FP32")
+            given.set_data_from_numpy(np.ones((512, 1024), np.float32))
+            with pytest.raises(InferenceServerException, match="deadline") as info:
+                client.infer(WEIGHTY, [given], timeout=20_000)  # 20 ms: it is running then
+            assert info.value.status() == "503"
+            assert wait_for(lambda: counts()[2] == 1, 60)  # once the run ends
+            assert counts() == (0, 1, 1)
+    finally:
+        assert proc.stop() == 0, proc.log
