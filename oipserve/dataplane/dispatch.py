@@ -16,6 +16,7 @@ batcher (``batched.BatchRunner``) go through here:
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
@@ -30,6 +31,7 @@ from oipserve.runtime.abandoned_work import ABANDONED_WORK
 from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
 from oipserve.runtime.off_loop import nothing_to_release
+from oipserve.telemetry.stats import ModelStats
 from oipserve.wire.messages import Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
 
@@ -76,7 +78,8 @@ class Dispatch:
         deadline: float | None = None,
         targets: list[OutputTarget] | None = None,
         text_outputs: list[str] | None = None,
-        ran_late: Callable[[InferDone], None] | None = None,
+        late: ModelStats | None = None,
+        rows: int = 1,
     ) -> InferDone:
         """Run ``inputs`` on ``worker``; its reply (or the error it answered).
 
@@ -106,7 +109,8 @@ class Dispatch:
             inputs_free,
             self.outputs,
             deadline,
-            ran_late,
+            late,
+            rows,
         )
         return self.answered(worker, answer)
 
@@ -189,7 +193,8 @@ async def infer_on(
     inputs_free: Callable[[], None],
     mapped: SegmentCache,
     deadline: float | None = None,
-    ran_late: Callable[[InferDone], None] | None = None,
+    late: ModelStats | None = None,
+    rows: int = 1,
 ) -> object:
     """The worker's answer to the ``Infer`` that ``make`` builds (given the request id).
 
@@ -197,7 +202,8 @@ async def infer_on(
     (the link calls it at the reply or the worker's death), or here at once when the
     request cannot be sent. A caller cancelled once the reply has come gives its outputs
     back (``drop_reply``; ``mapped``: the front's mappings of the output segments). Past
-    ``deadline``, ``ran_late`` is told of the worker's run if it comes all the same.
+    ``deadline``, a run the worker makes all the same counts in ``late`` as an execution
+    of ``rows`` (``ModelStats.ran_late``).
     """
     try:
         waiting = worker.call(make, inputs_free, deadline)
@@ -207,8 +213,8 @@ async def infer_on(
     try:
         return await waiting
     except DeadlineExceeded:
-        if ran_late is not None:
-            worker.on_late_reply(waiting, ran_late)
+        if late is not None:  # (made only now: nothing is allocated for it per request)
+            worker.on_late_reply(waiting, functools.partial(late.ran_late, rows))
         raise
     except asyncio.CancelledError:
         drop_reply(worker, waiting, mapped)

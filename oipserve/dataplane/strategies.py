@@ -20,7 +20,6 @@ placing that ``Unbatched`` shares with an ensemble's chain (``ensemble_chains.ru
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 from time import monotonic_ns
 
@@ -129,13 +128,13 @@ class Unbatched:
         sent = sending(owned, lease, stats)
         shape = inference.inputs[0].shape
         batch = shape[0] if model.max_batch_size > 0 and shape else 1
-        # (a run the worker makes after the request failed at its deadline is an execution
-        #  all the same, as a batched one is; it went uncounted, found by fuzzing)
-        ran_late = functools.partial(stats.ran_late, batch)
         try:
+            # (``stats``, ``batch``: a run the worker makes after the request failed at its
+            #  deadline is an execution all the same, as a batched one is; it went uncounted,
+            #  found by fuzzing)
             done = await dispatch.send(
                 worker, model, inputs, owned, inference.output_names, deadline, targets,
-                inference.text_outputs, ran_late,
+                inference.text_outputs, stats, batch,
             )  # fmt: skip
             result = dispatch.result(worker, model, done, into)
         except BaseException as exc:
