@@ -12,6 +12,7 @@ then renamed) and is removed at shutdown.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -23,7 +24,13 @@ import oipserve
 from oipserve.models.registry import ModelRegistry
 from oipserve.wire.shm import process_alive
 
-__all__ = ["StartupReport", "not_ready_models", "remove_ready_file", "status_log"]
+__all__ = [
+    "StartupReport",
+    "not_ready_models",
+    "remove_ready_file",
+    "remove_stale_ready_file",
+    "status_log",
+]
 
 #: The start-up summary's logger: never silenced by --log-level.
 status_log = logging.getLogger("oipserve.status")
@@ -110,7 +117,13 @@ class StartupReport:
         }
 
     def write(self, path: str) -> None:
-        """Write the JSON to ``path`` atomically: a reader sees all of it or nothing."""
+        """Write the JSON to ``path`` atomically: a reader sees all of it or nothing.
+        OSError (EBUSY) when the file names another server that still runs: its file is
+        left alone (a second server given the same path overwrote it, then removed it at
+        its stop; found by fuzzing)."""
+        owner = ready_file_owner(path)
+        if owner is not None and owner != os.getpid() and process_alive(owner):
+            raise OSError(errno.EBUSY, f"it names another server that still runs (pid {owner})")
         target = Path(path)
         fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         try:
@@ -124,10 +137,21 @@ class StartupReport:
             raise
 
 
+def ready_file_owner(path: str) -> int | None:
+    """The pid a ready file names; None when there is none, or no readable file."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(path, encoding="utf-8") as handle:
+            pid = json.load(handle).get("pid")
+        if isinstance(pid, int) and pid > 0:
+            return pid
+    return None
+
+
 def remove_ready_file(path: str | None) -> None:
-    """Remove the ready file at shutdown; only a regular file (settings refuse other paths,
-    and one that became something else since is left alone)."""
-    if path is not None and os.path.isfile(path):
+    """Remove this server's ready file at shutdown; only a regular file that names this
+    process (settings refuse other paths; one that became something else since, or that
+    another server wrote, is left alone)."""
+    if path is not None and os.path.isfile(path) and ready_file_owner(path) == os.getpid():
         with contextlib.suppress(OSError):
             os.unlink(path)
 
@@ -139,9 +163,8 @@ def remove_stale_ready_file(path: str | None) -> None:
     names still runs (another server writing the same path: its file is left alone)."""
     if path is None or not os.path.isfile(path):
         return
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        with open(path, encoding="utf-8") as handle:
-            pid = json.load(handle).get("pid")
-        if isinstance(pid, int) and pid > 0 and pid != os.getpid() and process_alive(pid):
-            return
-    remove_ready_file(path)
+    owner = ready_file_owner(path)
+    if owner is not None and owner != os.getpid() and process_alive(owner):
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -855,3 +855,12 @@ def test_pipelined_requests_before_a_bad_one_are_answered_first(server: ServerPr
     assert [status for status, _, _ in answers] == [200, 200, 400], answers
     assert json.loads(answers[1][2])["outputs"][0]["data"] == values.tolist()
     assert json.loads(answers[2][2]) == {"error": "Invalid HTTP request received."}
+    # the one refused may be a request whose chunked body does not parse: it was queued,
+    # then run, waiting for a body that never came (no 400, a reset at --body-timeout)
+    chunked = b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
+    chunked += b"Transfer-Encoding: chunked\r\n\r\nZZ\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(one + chunked)
+        answers = read_responses(sock, 2)
+        assert [status for status, _, _ in answers] == [200, 400], answers
+        assert sock.recv(1) == b""  # and closed

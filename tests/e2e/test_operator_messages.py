@@ -95,6 +95,26 @@ def test_a_ready_file_left_by_a_server_gone_is_removed_at_the_start(tmp_path: Pa
     assert json.loads(ready_file.read_text()) == alive
 
 
+def test_a_second_server_on_the_same_ready_file_leaves_the_first_ones_alone(
+    tmp_path: Path,
+) -> None:
+    """It overwrote the running server's file with its own ports, then removed it at its
+    stop (found by fuzzing): it writes none now, says so, and removes nothing."""
+    ready_file = tmp_path / "ready.json"
+    repo = one_model(tmp_path / "repo")
+    first = ServerProcess(repo, ["--ready-file", str(ready_file)]).wait_ready()
+    try:
+        written = json.loads(ready_file.read_text())
+        assert written["pid"] == first.process.pid
+        second = ServerProcess(repo, ["--ready-file", str(ready_file)]).wait_ready()
+        assert second.stop() == 0, second.log
+        assert f"cannot write --ready-file {ready_file}" in second.log, second.log
+        assert json.loads(ready_file.read_text()) == written
+    finally:
+        assert first.stop() == 0, first.log
+    assert not ready_file.exists()
+
+
 def _fail_to_start_with(ready_file: Path) -> None:
     """A start with ``--ready-file`` that fails (exit 3): its HTTP port is taken."""
     with socket.socket() as taken:

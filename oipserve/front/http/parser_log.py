@@ -11,7 +11,8 @@ one warning into a debug line of ``oipserve.http``, as an upgrade request is
 
 At ``--shutdown-timeout`` uvicorn cancels the requests still running, and logs each as
 ``Exception in ASGI application`` with the CancelledError's traceback: the front has
-answered them 503 just before (``UvicornServer``), so each is one info line instead.
+answered them 503 just before (``UvicornServer``), so each is one info line instead, and
+uvicorn's own line saying it cancels them is a warning, not an error.
 Everything else uvicorn logs passes unchanged.
 """
 
@@ -21,6 +22,9 @@ import asyncio
 import logging
 
 __all__ = ["UNPARSABLE", "quiet_bad_heads"]
+
+#: uvicorn's line as ``--shutdown-timeout`` cancels the requests still running.
+SHUTDOWN_CANCEL = "Cancel %s running task(s), timeout graceful shutdown exceeded"
 
 #: uvicorn's words for what escaped an ASGI app (``RequestResponseCycle.run_asgi``; the
 #: lane's ``_run_lane`` says the same).
@@ -39,6 +43,10 @@ class _BadHeadsQuiet(logging.Filter):
         if record.msg == UNPARSABLE and record.levelno == logging.WARNING:
             log.debug("a request head not parsed (answered and closed): %s", UNPARSABLE)
             return False
+        if record.msg == SHUTDOWN_CANCEL and record.levelno == logging.ERROR:
+            # (the requests it cancels were answered 503 just before: a warning)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
         exc_info = record.exc_info
         escaped = isinstance(record.msg, str) and record.msg.startswith(ESCAPED)
         if escaped and exc_info and isinstance(exc_info[1], asyncio.CancelledError):

@@ -355,7 +355,17 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         refusal = self._head_refusal
         self._head_refusal = None
         cycle = self.cycle
-        underway = cycle is not None and not cycle.response_complete and not cycle.more_body
+        queued = [entry for entry in self.pipeline if entry[0] is not cycle]
+        if cycle is not None and cycle.more_body and len(queued) < len(self.pipeline):
+            # The request whose body failed to parse, queued behind a response under way
+            #   (so one is): it never runs; it waited for a body that never came, and the
+            #   400 with it (found by fuzzing).
+            self.pipeline.clear()
+            self.pipeline.extend(queued)
+            cycle.disconnected = True
+            underway = True
+        else:
+            underway = cycle is not None and not cycle.response_complete and not cycle.more_body
         if (underway or self.pipeline) and not self.transport.is_closing():
             self._refusal_due = refusal or (400, msg)
             self._head_started = None  # (no head is due: none will be read)
@@ -733,6 +743,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is None or cycle.response_started or self.transport.is_closing():
             return
         cycle.response_started = cycle.response_complete = True
+        # NOTE: and gone, for the app: whatever it still sends is dropped, as uvicorn drops
+        #   a response to a client gone (Falcon's own answer raised on a completed one).
+        cycle.disconnected = True
+        cycle.message_event.set()
         self._answer_and_close(503, message)
 
     def _answer_and_close(self, status: int, message: str) -> None:
