@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -332,10 +332,7 @@ def _decode_one(input_name: str, index: int, data: bytes, fmt: str) -> np.ndarra
         img = _decode_jpeg(input_name, index, data)
     if img is None:
         try:
-            if fmt == "PNG":
-                with _libpng_silenced():
-                    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
-            else:
+            with _libpng_silenced() if fmt == "PNG" else nullcontext():
                 img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
         except cv2.error:
             img = None

@@ -121,8 +121,8 @@ class StartupReport:
         OSError (EBUSY) when the file names another server that still runs: its file is
         left alone (a second server given the same path overwrote it, then removed it at
         its stop; found by fuzzing)."""
-        owner = ready_file_owner(path)
-        if owner is not None and owner != os.getpid() and process_alive(owner):
+        owner = _another_servers(path)
+        if owner is not None:
             raise OSError(errno.EBUSY, f"it names another server that still runs (pid {owner})")
         target = Path(path)
         fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -161,10 +161,15 @@ def remove_stale_ready_file(path: str | None) -> None:
     failed) said ready, with its ports, while this one loaded and refused connections,
     and after a failed start for good (found by fuzzing). It is removed unless the pid it
     names still runs (another server writing the same path: its file is left alone)."""
-    if path is None or not os.path.isfile(path):
-        return
-    owner = ready_file_owner(path)
-    if owner is not None and owner != os.getpid() and process_alive(owner):
+    if path is None or not os.path.isfile(path) or _another_servers(path) is not None:
         return
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _another_servers(path: str) -> int | None:
+    """The pid of the other server that still runs whose ready file ``path`` is, if any."""
+    owner = ready_file_owner(path)
+    if owner is not None and owner != os.getpid() and process_alive(owner):
+        return owner
+    return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.ensemble import EnsembleVersion, composing_names, ensemble_cycle
@@ -70,19 +70,14 @@ class ComposingLoads:
         """The composing models of the ensemble versions in ``gone`` that no loaded
         ensemble has as a step any more, and that were loaded only as steps (Triton's
         ``unload_dependents``: a model loaded by its own request stays)."""
-        steps = {
-            step.model_name
-            for version in gone
-            if isinstance(version, EnsembleVersion)
-            for step in version.plan.steps
-        }
-        still = {
-            step.model_name
-            for versions in self.registry.models.values()
-            for version in versions.values()
-            if isinstance(version, EnsembleVersion)
-            for step in version.plan.steps
-        }
+        steps = set(_steps_of(gone))
+        still = set(
+            _steps_of(
+                version
+                for versions in self.registry.models.values()
+                for version in versions.values()
+            )
+        )
         return sorted(
             name for name in steps - still if name in self.as_step and name in self.registry.models
         )
@@ -114,12 +109,7 @@ class ComposingLoads:
     def _composing_of(self, name: str) -> list[str]:
         """The models the steps of ``name`` name, as loaded and as the repository has
         them now (none for a model that is not an ensemble)."""
-        names = [
-            step.model_name
-            for version in self.registry.models.get(name, {}).values()
-            if isinstance(version, EnsembleVersion)
-            for step in version.plan.steps
-        ]
+        names = list(_steps_of(self.registry.models.get(name, {}).values()))
         config = self.repository.read(name).config
         return names + composing_names(config) if config is not None else names
 
@@ -133,3 +123,11 @@ class ComposingLoads:
             and name not in registry.models
             and (name not in registry.failed)
         )
+
+
+def _steps_of(versions: Iterable[ModelVersion]) -> Iterator[str]:
+    """The models the steps of the ensemble versions among ``versions`` name."""
+    for version in versions:
+        if isinstance(version, EnsembleVersion):
+            for step in version.plan.steps:
+                yield step.model_name

@@ -9,9 +9,11 @@ merged with the ONNX graph, the instance groups, the version policy.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from oipserve.models.config.ensemble import ENSEMBLE_PLATFORM
+from oipserve.models.config.parse import InstanceGroup
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import PLATFORM, ModelVersion
 from oipserve.wire.datatypes import DATATYPES
@@ -46,6 +48,20 @@ def _placed_groups(model: ModelVersion) -> list[dict[str, object]]:
     return groups
 
 
+def _instance_groups(
+    model: ModelVersion, given: list[dict[str, Any]], groups: Sequence[InstanceGroup]
+) -> list[dict[str, object]]:
+    """The config's groups as placed (its own fields kept), or the model's placement when
+    it gives none; none for an ensemble: the front runs it (Triton shows none either)."""
+    if model.platform == ENSEMBLE_PLATFORM:
+        return []
+    placed = [
+        {**fields, "count": g.count, "kind": g.kind, "gpus": list(g.gpus)}
+        for fields, g in zip(given, groups, strict=True)
+    ]
+    return placed or _placed_groups(model)
+
+
 def model_config_document(model: ModelVersion) -> dict[str, object]:
     config = model.config
     document: dict[str, Any] = dict(config.document) if config else {}
@@ -63,15 +79,9 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
         max_batch_size=model.max_batch_size,
         input=[_tensor(t, batched, given_inputs) for t in model.inputs],
         output=[_tensor(t, batched, given_outputs) for t in model.outputs],
-        instance_group=[
-            {**given, "count": g.count, "kind": g.kind, "gpus": list(g.gpus)}
-            for given, g in zip(given_groups, groups, strict=True)
-        ]
-        or _placed_groups(model),
+        instance_group=_instance_groups(model, given_groups, groups),
         parameters={k: {"string_value": v} for k, v in model.parameters.items()},
     )
-    if model.platform == ENSEMBLE_PLATFORM:
-        document["instance_group"] = []  # the front runs it: no instances (Triton's too)
     if policy is None or policy.kind == "latest":
         document["version_policy"] = {
             "latest": {"num_versions": policy.num_versions if policy else 1}

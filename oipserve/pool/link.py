@@ -303,20 +303,25 @@ class WorkerLink:
         """If the worker has not answered the request that ``call`` returned ``waiting``
         for: ``start()`` now, and what it returns once the worker answers or dies. Looked
         up by the awaitable: called only for a request its caller gave up on."""
-        for rid, future in self.pending.items():
-            if future is waiting:
-                before, after = self.on_done.get(rid), start()
-                self.on_done[rid] = after if before is None else _both(before, after)
-                return
+        rid = self._rid_of(waiting)
+        if rid is not None:
+            before, after = self.on_done.get(rid), start()
+            self.on_done[rid] = after if before is None else _both(before, after)
 
     def on_late_reply(self, waiting: Awaitable[object], ran: Callable[[InferDone], None]) -> None:
         """``ran(reply)`` if the worker runs the request ``call`` returned ``waiting`` for
         after all, its caller having given up at its deadline (a run counts as an
         execution, answered or not)."""
+        rid = self._rid_of(waiting)
+        if rid is not None:
+            self.late[rid] = ran
+
+    def _rid_of(self, waiting: Awaitable[object]) -> int | None:
+        """The id of the pending request ``call`` returned ``waiting`` for (None: answered)."""
         for rid, future in self.pending.items():
             if future is waiting:
-                self.late[rid] = ran
-                return
+                return rid
+        return None
 
     def _expire_overdue(self) -> None:
         """Fail the pending requests past their deadline; look again while any are left."""

@@ -135,9 +135,11 @@ class WorkerPool:
     async def replaced(self, timeout: float) -> None:
         """Wait, at most ``timeout`` s, for the replacements under way to end (each started
         and given its models, or given up on: closing)."""
-        under_way = [slot.task for slot in self._slots.values() if slot.replacing]
+        under_way = [
+            slot.task for slot in self._slots.values() if slot.replacing and slot.task is not None
+        ]
         if under_way:
-            await asyncio.wait([t for t in under_way if t is not None], timeout=timeout)
+            await asyncio.wait(under_way, timeout=timeout)
 
     async def add_worker(self, device: str, threads: int, dedicated: bool = False) -> WorkerHandle:
         self._next_id += 1

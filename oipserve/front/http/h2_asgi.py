@@ -279,9 +279,7 @@ class RestStream:
                 self._end(ErrorCode.CANCEL)
             else:
                 self._started = self._complete = True
-                body = json.dumps({"error": message}, separators=(",", ":")).encode()
-                fields = [(b"content-type", b"application/json")]
-                fields.append((b"content-length", b"%d" % len(body)))
+                body, fields = _error(message)
                 self._conn.send_headers(self._stream, response_block(503, fields))
                 self._conn.end_data(self, self._stream, body)
                 self._finished()
@@ -560,11 +558,16 @@ class RestStream:
 
 def _answer(status: int, message: str) -> App:
     """An ASGI app answering every request with ``status`` and ``{"error": message}``."""
-    body = json.dumps({"error": message}, separators=(",", ":")).encode()
-    head = [(b"content-type", JSON), (b"content-length", b"%d" % len(body))]
+    body, head = _error(message)
 
     async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     return answer
+
+
+def _error(message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """``{"error": message}`` as a response body, and the header fields it goes with."""
+    body = json.dumps({"error": message}, separators=(",", ":")).encode()
+    return body, [(b"content-type", JSON), (b"content-length", b"%d" % len(body))]
