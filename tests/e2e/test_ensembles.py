@@ -615,7 +615,7 @@ def test_unload_dependents_must_be_a_boolean_and_a_named_repository_is_refused(
 ) -> None:
     """As Triton: a non-boolean ``unload_dependents`` is INVALID_ARGUMENT (REST 400) and the
     model stays; a request naming a repository is refused (UNSUPPORTED), where it was
-    served from the one repository."""
+    served from the one repository; an empty name is no route (404)."""
     from oipserve.grpc_generated import grpc_service_pb2 as pb
 
     unload_body = json.dumps({"parameters": {"unload_dependents": "yes"}})
@@ -642,4 +642,8 @@ def test_unload_dependents_must_be_a_boolean_and_a_named_repository_is_refused(
     for path in ("/v2/repository/other/index", "/v2/repository/other/models/chain/unload"):
         status, _, body = request(server, "POST", path, "{}")
         assert (status, json.loads(body)) == (501, {"error": named}), path
+    # An empty repository segment is no route of Triton's: a 404, where it answered 200.
+    for path in ("/v2/repository//index", "/v2/repository//models/chain/unload"):
+        status, _, body = request(server, "POST", path, "{}")
+        assert (status, json.loads(body)) == (404, {"error": "404 Not Found"}), path
     assert grpc.is_model_ready("chain")

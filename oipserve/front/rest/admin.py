@@ -150,17 +150,25 @@ class RepositoryResource:
 
 class NamedRepositoryResource:
     """Triton's repository routes that name a repository (``/v2/repository/{repository}/
-    ...``): refused as Triton refuses them; this server has one repository."""
+    ...``): refused as Triton refuses them; this server has one repository. An empty name
+    (``/v2/repository//index``) is not one of Triton's routes at all: a 404, as any path
+    that is not a route."""
+
+    @staticmethod
+    def _refuse(repository: str) -> None:
+        if not repository:
+            raise falcon.HTTPNotFound()
+        Management.check_repository_name(repository)
 
     async def on_post_index(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, repository: str
     ) -> None:
-        Management.check_repository_name(repository)
+        self._refuse(repository)
 
     async def on_post_load(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, repository: str, model: str
     ) -> None:
-        Management.check_repository_name(repository)
+        self._refuse(repository)
 
     on_post_unload = on_post_load
 
