@@ -32,7 +32,6 @@ from oipserve.dataplane.ragged import RaggedLayout
 from oipserve.errors import (
     DeadlineExceeded,
     InternalError,
-    InvalidInput,
     Withdrawn,
     cancelled_by_client,
 )
@@ -117,17 +116,11 @@ class _Queued:
 
 
 def batch_rows(model: ModelVersion, placements: list[Placement]) -> int:
-    """The request's batch size: its inputs' common first dimension (1 without batching)."""
+    """The request's batch size: its inputs' common first dimension (``check_request``
+    refused inputs that differ in it), 1 without batching."""
     if model.max_batch_size == 0:
         return 1
-    rows = {tensor.shape[0] for tensor, _, _, _ in placements if tensor.shape}
-    if len(rows) != 1:
-        sizes = ", ".join(f"'{t.name}' {t.shape[:1]}" for t, _, _, _ in placements)
-        raise InvalidInput(
-            f"the inputs of model '{model.name}' must share their first dimension, the batch "
-            f"size: {sizes}"
-        )
-    return rows.pop()
+    return placements[0][0].shape[0]
 
 
 def _signature(placements: list[Placement]) -> tuple[object, ...]:

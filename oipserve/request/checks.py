@@ -71,14 +71,26 @@ def check_request(
     # NOTE: every input is checked before any input's data is decoded (payload,
     #   image_payload_of): what a request costs is decided before it is paid.
     checked: list[tuple[InputTensor, list[int]]] = []
+    batch: int | None = None
     for tensor in inputs:
         spec = input_spec(model, tensor, seen)
         tensor.image = image_target(model, spec, tensor)
+        if tensor.image is None:
+            check_datatype(model, tensor, spec)
+            _check_shape(model, tensor, spec.shape)
+        if model.max_batch_size > 0 and tensor.shape:
+            if batch is None:
+                batch = tensor.shape[0]
+            elif tensor.shape[0] != batch:
+                # NOTE: Triton's words. ONNX Runtime broadcast one input over the other's
+                #   rows and answered 200 (found by fuzzing).
+                raise InvalidInput(
+                    f"input '{tensor.name}' batch size does not match other inputs for "
+                    f"'{model.name}'"
+                )
         if tensor.image is not None:
             checked.append((tensor, tensor.shape))
             continue
-        check_datatype(model, tensor, spec)
-        _check_shape(model, tensor, spec.shape)
         shape = tensor.shape
         if spec.model_shape is not None:
             shape = reshaped(shape, spec.shape, spec.model_shape)

@@ -49,3 +49,16 @@ def _bounded(params: Mapping[str, object], key: str, top: int, what: str) -> int
     if type(value) is not int or not 0 <= value <= top:
         raise InvalidInput(f"parameter '{key}' must be {what} (0 to {top}), got {value!r}")
     return value
+
+
+def check_request_parameters(params: Mapping[str, object]) -> None:
+    """Triton's HTTP front's rule for a REST request's other parameters, whatever the
+    model: no ``triton_`` key (all are reserved over HTTP). They were accepted, where gRPC
+    refused them (found by fuzzing). A value that is not a string, number or boolean never
+    comes here: the request's type refuses it (``wire.json_request``)."""
+    for key in params:
+        if key.startswith("triton_"):
+            raise InvalidInput(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and "
+                "should not be specified."
+            )

@@ -1,8 +1,8 @@
 """The sequence parameters of a request: ``sequence_id``, ``sequence_start``, ``sequence_end``.
 
-Read only for a model with ``sequence_batching``, or an ensemble with such a step (the
-fronts ask ``models.ensemble.takes_sequence`` first): other models ignore them, as
-Triton's do.
+Taken only by a model with ``sequence_batching``, or an ensemble with such a step (the
+fronts ask ``models.ensemble.takes_sequence``): other models ignore them, as Triton's do,
+but both fronts check them on any model's request, as Triton's parse them.
 The types and messages are Triton's: REST takes an unsigned integer or a string id and
 JSON booleans ("Unable to parse 'sequence_id'"); gRPC an ``int64_param`` or
 ``string_param`` id and ``bool_param`` flags. A string id longer than 128 characters is

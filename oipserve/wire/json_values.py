@@ -248,7 +248,7 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
         if kind not in "iuf":
             raise _kind_error(name, datatype, "numbers", source)
         # NOTE: integers too: 70000 is beyond FP16 and would become inf.
-        _check_float_range(name, datatype, float(source.min()), float(source.max()))
+        _check_float_range(name, datatype, float(source.min()), float(source.max()), source)
         if datatype == "BF16":
             return float32_to_bf16(source.astype(np.float32))
         return source.astype(NUMPY_DTYPES[datatype])
@@ -279,7 +279,7 @@ def _small_flat(name: str, datatype: str, values: list[object]) -> np.ndarray | 
             if type(value) is not float:
                 return None
         floats = cast("list[float]", values)  # each checked above
-        _check_float_range(name, datatype, min(floats), max(floats))
+        _check_float_range(name, datatype, min(floats), max(floats), floats)
         return np.array(values, dtype=NUMPY_DTYPES[datatype])
     return None
 
@@ -298,10 +298,19 @@ def _check_int_range(
         )
 
 
-def _check_float_range(name: str, datatype: str, low: float, high: float) -> None:
+def _check_float_range(
+    name: str, datatype: str, low: float, high: float, values: np.ndarray | list[float]
+) -> None:
+    """DataError when a finite value of ``values`` (``low`` and ``high`` their least and
+    greatest) is beyond ``datatype``'s largest. An infinity is not: every float type holds
+    it, and gRPC's typed contents carry it (an attention mask's -inf); JSON has no token
+    for one (msgspec refuses ``1e400``). It was refused as too large (found by fuzzing)."""
     limit = _FLOAT_LIMITS.get(datatype)
     if limit is not None and max(-low, high) > limit:
-        raise DataError(f"input '{name}': a value is too large for {datatype}")
+        array = np.asarray(values, dtype=np.float64)
+        finite = array[np.isfinite(array)]
+        if finite.size and float(np.abs(finite).max()) > limit:
+            raise DataError(f"input '{name}': a value is too large for {datatype}")
 
 
 def bytes_as_text(elements: Iterable[bytes | memoryview]) -> list[str]:

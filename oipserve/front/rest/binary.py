@@ -90,33 +90,22 @@ def binary_size(tensor: RequestInput) -> int | None:
 def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[int, int] | None]:
     """Where each input's binary chunk lies in ``[start, end)``; None for JSON inputs.
 
-    One input that has neither ``data`` nor ``binary_data_size`` takes the
-    remaining bytes (convenient for hand-written clients); two such inputs
-    are ambiguous and rejected.
+    Chunks follow the order of the inputs. One input that has neither ``data`` nor
+    ``binary_data_size`` takes the bytes the others leave, at its own place among them
+    (convenient for hand-written clients; it took the last bytes, wherever it stood, and
+    the inputs got each other's data: found by fuzzing); two such inputs are ambiguous
+    and rejected.
     """
+    sizes = _binary_sizes(inputs)
+    unsized = next((i for i, size in enumerate(sizes) if size == _UNSIZED), None)
+    if unsized is not None:
+        sized = sum(size for size in sizes if size is not None and size >= 0)
+        sizes[unsized] = max(end - start - sized, 0)
     spans: list[tuple[int, int] | None] = []
     pos = start
-    unsized: int | None = None
     last: str | None = None
-    for index, tensor in enumerate(inputs):
-        if tensor.parameters and "shared_memory_region" in tensor.parameters:
-            spans.append(None)  # in a client's shared memory, not in the body
-            continue
-        size = binary_size(tensor)
-        has_data = tensor.data is not msgspec.UNSET
-        if size is not None and has_data:
-            raise InvalidInput(
-                f"input '{tensor.name}' has both 'data' and binary_data_size; give one of them"
-            )
+    for tensor, size in zip(inputs, sizes, strict=True):
         if size is None:
-            if not has_data:
-                if unsized is not None:
-                    raise InvalidInput(
-                        f"inputs '{inputs[unsized].name}' and '{tensor.name}' have neither "
-                        "'data' nor binary_data_size; with more than one binary input each "
-                        "must give binary_data_size"
-                    )
-                unsized = index
             spans.append(None)
             continue
         if pos + size > end:
@@ -133,9 +122,6 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
         spans.append((pos, size))
         pos += size
         last = tensor.name
-    if unsized is not None:
-        spans[unsized] = (pos, end - pos)
-        pos = end
     if pos != end:
         after = f"binary input '{last}'" if last is not None else "the JSON header"
         raise InvalidInput(
@@ -143,6 +129,38 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
             "binary_data_size values must add up to the binary part of the body"
         )
     return spans
+
+
+#: ``_binary_sizes``' mark of the input that gives neither ``data`` nor a size.
+_UNSIZED = -1
+
+
+def _binary_sizes(inputs: list[RequestInput]) -> list[int | None]:
+    """Each input's ``binary_data_size``; None for one not in the body (``data``, or a
+    client's shared memory), ``_UNSIZED`` for the one input that gives neither."""
+    sizes: list[int | None] = []
+    unsized: str | None = None
+    for tensor in inputs:
+        if tensor.parameters and "shared_memory_region" in tensor.parameters:
+            sizes.append(None)  # in a client's shared memory, not in the body
+            continue
+        size = binary_size(tensor)
+        has_data = tensor.data is not msgspec.UNSET
+        if size is not None and has_data:
+            raise InvalidInput(
+                f"input '{tensor.name}' has both 'data' and binary_data_size; give one of them"
+            )
+        if size is None and not has_data:
+            if unsized is not None:
+                raise InvalidInput(
+                    f"inputs '{unsized}' and '{tensor.name}' have neither "
+                    "'data' nor binary_data_size; with more than one binary input each "
+                    "must give binary_data_size"
+                )
+            unsized = tensor.name
+            size = _UNSIZED
+        sizes.append(size)
+    return sizes
 
 
 def raw_input_shape(

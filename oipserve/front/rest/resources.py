@@ -30,7 +30,7 @@ from oipserve.models.registry import ModelVersion
 from oipserve.request import sequence_params
 from oipserve.request.client_regions import RegionUse, region_parameters
 from oipserve.request.inference import Inference, InputTensor
-from oipserve.request.parameters import schedule_parameters, unsigned
+from oipserve.request.parameters import check_request_parameters, schedule_parameters, unsigned
 from oipserve.request.sequence_params import SequenceTag
 from oipserve.request.tensors import Deferred, check_datatype, decode_data
 from oipserve.telemetry.stats_report import model_statistics
@@ -171,9 +171,13 @@ class ModelResource:
                 elif not all_binary:
                     text_outputs = list(target.output_map)
                 request_id = request.id
-                priority, timeout_us = schedule_parameters(request.parameters)
+                parameters = request.parameters
+                priority, timeout_us = schedule_parameters(parameters)
+                if parameters:  # checked whatever the model, as Triton's HTTP front does
+                    check_request_parameters(parameters)
+                    sequence_params.from_json(parameters)
                 if takes_sequence(target):  # a sequence model, or an ensemble with one
-                    sequence = sequence_params.from_json(request.parameters)
+                    sequence = sequence_params.from_json(parameters)
         except BaseException as exc:
             for held in [*owned, *into_regions.values()]:
                 held.release()
