@@ -65,7 +65,7 @@ class SequenceStep(Step):
 
     __slots__ = (
         "placements", "outputs", "owned", "tag", "start_ns", "stats", "future", "expiry",
-        "ordered",
+        "ordered", "slot_deadline",
     )  # fmt: skip
 
     def __init__(
@@ -86,6 +86,8 @@ class SequenceStep(Step):
         self.stats = stats
         self.future = future
         self.expiry: asyncio.TimerHandle | None = None
+        #: When (loop time) it fails while its sequence holds a slot (``_expire_step``).
+        self.slot_deadline = 0.0
         #: In the answers' arrival order (oldest ``preserve_ordering``): from when its
         #: sequence holds a place, as Triton orders what its batcher holds.
         self.ordered = False
@@ -332,8 +334,16 @@ class SequenceSlots:
     def _expire_step(self, sequence: Seq, step: SequenceStep) -> None:
         """The request's deadline: one still waiting leaves its sequence's queue. One
         running is answered when it ends, as Triton answers it: its state changes with it,
-        so a step answered as failed still moved the sequence on (found by fuzzing)."""
+        so a step answered as failed still moved the sequence on (found by fuzzing).
+
+        A request's ``timeout`` bounds only its wait for a slot (Triton's backlog): once its
+        sequence holds one, it waits on to its ``slot_deadline``. It failed, and the sequence
+        went on without its input (found by fuzzing).
+        """
         if step.taken or step.future.done():
+            return
+        if sequence.lane is not None and step.slot_deadline > self._loop.time():
+            step.expiry = self._loop.call_at(step.slot_deadline, self._expire_step, sequence, step)
             return
         exc: BaseException = (
             Unavailable(BACKLOG_TIMEOUT) if sequence.lane is None else DeadlineExceeded()

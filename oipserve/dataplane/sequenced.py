@@ -135,6 +135,7 @@ class Sequenced(SequenceBatches):
             raise
         future: asyncio.Future[InferResult] = self._loop.create_future()
         step = SequenceStep(placements, inference, tag, start, stats, future)
+        step.slot_deadline = self._slot_deadline(inference, deadline)
         self._enqueue(sequence, step, deadline)
         if has_deferred(placements) or any(t.region is not None for t, _, _, _ in placements):
             step.ready = False
@@ -160,6 +161,17 @@ class Sequenced(SequenceBatches):
                 self._after(sequence)
             if step.expiry is not None:
                 step.expiry.cancel()
+
+    def _slot_deadline(self, inference: Inference, deadline: float) -> float:
+        """When a request fails while its sequence holds a slot: its ``timeout`` bounds only
+        the wait for one (Triton's backlog), so ``--infer-timeout`` and the client's own
+        deadline do."""
+        if not inference.timeout_us:
+            return deadline
+        bound = self._loop.time() + self.intake.infer_timeout
+        if inference.deadline is not None:
+            bound = min(bound, inference.deadline)
+        return max(bound, deadline)
 
     def _tag(self, inference: Inference) -> SequenceTag:
         tag = inference.sequence
@@ -242,8 +254,12 @@ class Sequenced(SequenceBatches):
         step.expiry = self._loop.call_at(deadline, self._expire_step, sequence, step)
 
     def _withdraw(self, sequence: Seq, step: SequenceStep, exc: BaseException) -> None:
+        """A step whose inputs could not be made ready fails; its sequence goes on as after
+        any step (freed at its END or when idle: it kept its slot for ever, found by
+        fuzzing)."""
         if not step.taken and not step.future.done():
             self._finish(sequence, step, exc)
+            self._after(sequence)
 
 
 # ---- helpers ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.raw_http import json_infer, read_response
 from tests.support.sequence_models import write_repository
-from tests.support.server import ServerProcess, pending, steadily, wait_for
+from tests.support.server import ServerProcess, pending, socket_to_front, steadily, wait_for
 from tests.support.sockets import read_by_peer
 
 #: ``max_sequence_idle_microseconds`` of the accumulators and the dyna model here.
@@ -480,3 +480,85 @@ def test_a_running_step_past_its_deadline_is_answered_as_it_ran(server: ServerPr
         assert status == 200, body
         assert json.loads(body)["outputs"][0]["data"] == [105]
         assert _http_infer(client, model, 0, 7100, end=True) == 105
+
+
+def test_a_step_whose_inputs_fail_in_a_worker_frees_its_slot(server: ServerProcess) -> None:
+    """A sequence's END whose large JSON (decoded by a worker) holds a value out of range is
+    a 400, and its sequence ends: it kept ``one_slot``'s only slot for ever (60 s idle
+    here), and the next START waited in the backlog until its timeout (found by fuzzing).
+    On the primary front, which decodes after queueing the step; another decodes before
+    it crosses."""
+    model = "one_slot"
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, model, 1, 7200, start=True) == 1
+        padding = " " * 1_200_000
+        body = (
+            '{"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": ['
+            + padding
+            + '99999999999]}], "parameters": {"sequence_id": 7200, "sequence_end": true}}'
+        ).encode()
+        with socket_to_front(server, server.process.pid) as sock:
+            sock.sendall(json_infer(model, body))
+            status, _, answer = read_response(sock)
+        assert status == 400 and b"out of range for INT32" in answer, answer
+        assert _http_infer(client, model, 5, 7201, start=True, end=True, timeout=5_000_000) == 5
+
+
+def test_a_stream_reads_on_while_a_start_waits_for_a_slot(server: ServerProcess) -> None:
+    """One stream: sequence A takes ``one_slot``'s only slot, B's START waits in the backlog,
+    70 of A's steps and its END follow. The answers behind B's wait (they leave in order),
+    and the stream reads on, so A's END frees the slot for B. Reading stopped after 64
+    unanswered requests: A's END was never read until A expired (found by fuzzing)."""
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    plan = [(7300, 1, True, False), (7301, 10, True, False)]
+    plan += [(7300, 1, False, False)] * 70 + [(7300, 1, False, True), (7301, 10, False, True)]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            for n, (sequence_id, value, start, end) in enumerate(plan):
+                client.async_stream_infer(
+                    "one_slot", [_grpc_input(value)], request_id=str(n), sequence_id=sequence_id,
+                    sequence_start=start, sequence_end=end,
+                )  # fmt: skip
+            got = [answers.get(timeout=20) for _ in plan]
+        finally:
+            client.stop_stream()
+    assert [error for _, error in got] == [None] * len(plan)
+    sums = [int(result.as_numpy("OUTPUT")[0][0]) for result, _ in got]  # type: ignore[attr-defined]
+    assert sums == [1, 10, *range(2, 73), 20]
+
+
+def test_a_steps_timeout_bounds_only_its_wait_for_a_slot(server: ServerProcess) -> None:
+    """A step with a ``timeout`` queued behind its sequence's running step waits on, as in
+    Triton (the request timeout applies to the backlog): it failed at its timeout, and the
+    sequence went on without its input (found by fuzzing). The worker is stopped while the
+    step before it runs, past the timeout (50 ms)."""
+    model = "accumulate_direct"
+    with httpclient.InferenceServerClient(server.host_port) as client:
+        assert _http_infer(client, model, 100, 7400, start=True) == 100
+        workers = server.worker_pids()
+        step = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [5]}]}
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            running = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+            step["parameters"] = {"sequence_id": 7400}
+            running.sendall(json_infer(model, json.dumps(step).encode()))
+            assert wait_for(lambda: pending(server, model) == 1), server.log
+            queued = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+            step["parameters"] = {"sequence_id": 7400, "timeout": 50_000}
+            queued.sendall(json_infer(model, json.dumps(step).encode()))
+            assert wait_for(lambda: pending(server, model) == 2), server.log
+            time.sleep(0.3)  # what is tested: the queued step's timeout passes
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        with running, queued:
+            answers = [read_response(running), read_response(queued)]
+        assert [
+            (status, json.loads(body)["outputs"][0]["data"]) for status, _, body in answers
+        ] == [
+            (200, [105]),
+            (200, [110]),
+        ]
+        assert _http_infer(client, model, 0, 7400, end=True) == 110

@@ -36,3 +36,49 @@ async def test_answers_come_in_request_order_and_failures_in_band() -> None:
     assert failed.error_message == "bad1 does not parse"
     assert bytes(answers[2][1]) == b"ok"
     await stream.aclose()
+
+
+async def test_answers_waiting_for_an_earlier_one_do_not_stop_the_reading() -> None:
+    """A request that waits for one read after 100 others (a sequence's START waiting for
+    the slot that another sequence's END frees) is answered: the answers behind it wait,
+    and reading goes on. It stopped after 64 unanswered, and the END was never read."""
+    freed = asyncio.Event()
+
+    async def infer(request: str) -> bytes:
+        if request == "start":
+            await freed.wait()
+        elif request == "end":
+            freed.set()
+        return request.encode()
+
+    names = ["start", *(f"step{i}" for i in range(100)), "end"]
+    stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
+
+    async def answers() -> list[bytes]:
+        return [bytes((await anext(stream))[1]) for _ in names]
+
+    assert await asyncio.wait_for(answers(), 5) == [name.encode() for name in names]
+    await stream.aclose()
+
+
+async def test_reading_waits_while_64_requests_run() -> None:
+    """The bound on what a stream may hold: at most 64 of its requests run at once."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def infer(request: str) -> bytes:
+        started.append(request)
+        await release.wait()
+        return request.encode()
+
+    names = [f"r{i}" for i in range(100)]
+    stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
+    first = asyncio.ensure_future(anext(stream))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(started) == 64
+    release.set()
+    assert bytes((await first)[1]) == b"r0"
+    rest = [bytes((await anext(stream))[1]) for _ in names[1:]]
+    assert rest == [name.encode() for name in names[1:]]
+    await stream.aclose()

@@ -22,7 +22,11 @@ Request = TypeVar("Request")
 #: ModelStreamInferResponse.infer_response (field 2), length-delimited.
 _INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
 #: Requests of one stream that may run at once before reading the stream waits.
-_IN_FLIGHT = 64
+_RUNNING = 64
+#: Answers of one stream that may wait for an earlier request's (answers leave in order)
+#: before reading the stream waits: so many, and so many bytes (at least one, however large).
+_HELD = 1024
+_HELD_BYTES = 64 << 20
 
 
 #: One response of the stream: its wire bytes, in parts to be sent one after another.
@@ -74,22 +78,29 @@ async def ordered_responses(
     (shutdown) the stream ends when every request read so far is answered.
     """
     strict = strict_errors(context)
-    pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue(_IN_FLIGHT)
+    pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue()
+    window = _Window()
 
     async def read() -> None:
         try:
-            async for request in requests:
+            while True:
+                await window.room()
+                try:
+                    request = await requests.__anext__()
+                except StopAsyncIteration:
+                    break
                 task = asyncio.ensure_future(infer(request))
                 # NOTE: a stream torn down (reset, connection lost) drops the tasks it has
                 #   not answered, some of them failed already: _forget reads each failure,
                 #   or asyncio would log it as "never retrieved". Answering still sees it.
                 task.add_done_callback(_forget)
-                await pending.put(task)
+                window.started(task)
+                pending.put_nowait(task)
                 # NOTE: held here until the next request came, it would keep its message's
                 #   memory viewed after its response went (and unmapping it in a thread).
                 del request
         finally:
-            await pending.put(None)
+            pending.put_nowait(None)
 
     reader = asyncio.ensure_future(read())
     closed = asyncio.ensure_future(closing.wait())
@@ -113,6 +124,7 @@ async def ordered_responses(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                window.sent(task)
                 request_id = ""
                 if isinstance(exc, StreamRequestFailed):
                     request_id, exc = exc.request_id, exc.cause
@@ -122,6 +134,7 @@ async def ordered_responses(
                     await context.abort(code, message)
                 yield [error_response(message, request_id)]
                 continue
+            window.sent(task)
             yield infer_response(response)
     finally:
         reader.cancel()
@@ -133,6 +146,57 @@ async def ordered_responses(
             task = pending.get_nowait()
             if task is not None:
                 task.cancel()
+
+
+class _Window:
+    """How much of a stream may be read and not yet answered: requests running, and answers
+    waiting for an earlier request's. Reading waits while either is full.
+
+    Answers waiting used to count as running (64 in all): a request that waits long (a
+    sequence's START waiting for a slot) with 64 answered behind it stopped the reading,
+    and the request that would free the slot (another sequence's END, later on the same
+    stream) was never read until that sequence expired (found by fuzzing).
+    """
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.held = 0
+        self.held_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def started(self, task: asyncio.Task[bytes | memoryview]) -> None:
+        self.running += 1
+        task.add_done_callback(self._finished)
+        self._update()
+
+    def _finished(self, task: asyncio.Task[bytes | memoryview]) -> None:
+        self.running -= 1
+        self.held += 1
+        self.held_bytes += _answer_bytes(task)
+        self._update()
+
+    def sent(self, task: asyncio.Task[bytes | memoryview]) -> None:
+        """``task``'s answer has left (the counts may pass below 0 for a moment: a task's
+        done callbacks may run after its awaiter resumed)."""
+        self.held -= 1
+        self.held_bytes -= _answer_bytes(task)
+        self._update()
+
+    def _update(self) -> None:
+        if self.running < _RUNNING and self.held < _HELD and self.held_bytes < _HELD_BYTES:
+            self._room.set()
+        else:
+            self._room.clear()
+
+    async def room(self) -> None:
+        await self._room.wait()
+
+
+def _answer_bytes(task: asyncio.Task[bytes | memoryview]) -> int:
+    if task.cancelled() or task.exception() is not None:
+        return 0
+    return memoryview(task.result()).nbytes
 
 
 def _forget(task: asyncio.Future[Any]) -> None:
