@@ -187,8 +187,10 @@ def test_unserialized_infer_reply_is_released_when_collected() -> None:
     assert released == [1, 2]
 
 
-def test_model_named_reads_the_first_fields_only() -> None:
-    """What a front reads of a stream's request to know whether it serves its model."""
+def test_model_named_reads_the_names_as_protobuf_does() -> None:
+    """What a front reads of a stream's request to know whether it serves its model: its
+    top-level fields, the last of a field given twice counting, as in protobuf's parse
+    (the first routed the request, and the front answered for the last)."""
     message = pb.ModelInferRequest(model_name="echo", model_version="3", id="x")
     message.raw_input_contents.append(b"\x00" * 64)
     data = message.SerializeToString()
@@ -202,3 +204,10 @@ def test_model_named_reads_the_first_fields_only() -> None:
     assert model_named(pb.ModelInferRequest(id="x").SerializeToString()) == ("", "")
     assert model_named(b"\x0a\x7fshort") == ("", "")
     assert model_named(b"") == ("", "")
+    # The name (and version) given twice: the last, as protobuf reads them.
+    twice = data + pb.ModelInferRequest(model_name="other", model_version="7").SerializeToString()
+    assert pb.ModelInferRequest.FromString(twice).model_name == "other"
+    assert model_named(twice) == ("other", "7")
+    # A group (wire type 3) among the fields: protobuf decides.
+    group = b"\x5b\x5c" + data  # field 11, start group and end group
+    assert model_named(group) == ("echo", "3")

@@ -26,7 +26,7 @@ from oipserve.request.inference import InferResult, region_parameters_of
 from oipserve.runtime.off_loop import copy_into, in_thread
 from oipserve.wire.shm import Lease
 
-_RAW_FIELD = 7  # ModelInferRequest.raw_input_contents
+_RAW_KEY = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
 
 
@@ -86,24 +86,45 @@ _VERSION_KEY = (2 << 3) | 2
 
 def model_named(data: bytes | memoryview) -> tuple[str, str]:
     """The model_name and model_version of a serialized ModelInferRequest, without parsing
-    the rest: serializers write fields in number order, so they are its first fields. A
-    message that does not begin with the name is parsed whole; one that does not parse
-    names no model ("", "")."""
+    the rest: its top-level fields are walked, and of a field given twice the last counts,
+    as protobuf reads it (the first routed a stream's request to a front, and the front
+    answered for the last). A message that does not parse names no model ("", "")."""
     view = memoryview(data)
+    name = version = ""
+    pos = 0
+    end = len(view)
     try:
-        key, pos = _varint(view, 0)
-        if key == _NAME_KEY:
-            name, pos = _string(view, pos)
-            version = ""
-            if pos < len(view):
-                key, after = _varint(view, pos)
-                if key == _VERSION_KEY:
-                    version, _ = _string(view, after)
-            return name, version
-        message = pb.ModelInferRequest.FromString(bytes(view))
+        while pos < end:
+            key, pos = _varint(view, pos)
+            if key == _NAME_KEY:
+                name, pos = _string(view, pos)
+            elif key == _VERSION_KEY:
+                version, pos = _string(view, pos)
+            else:
+                pos = _skipped(view, pos, key & 7)
+                if pos < 0:  # (a group, or no wire type: protobuf decides)
+                    message = pb.ModelInferRequest.FromString(bytes(view))
+                    return message.model_name, message.model_version
+        if pos > end:
+            raise DecodeError("truncated message")
     except (DecodeError, UnicodeDecodeError):
         return "", ""
-    return message.model_name, message.model_version
+    return name, version
+
+
+def _skipped(view: memoryview, pos: int, wire: int) -> int:
+    """Where a field whose key ends at ``pos`` ends (its value, of ``wire`` type, skipped);
+    -1 for a group (wire type 3: valid, an unknown field) or an invalid wire type."""
+    if wire == 0:
+        return _varint(view, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 5:
+        return pos + 4
+    if wire == 2:
+        length, pos = _varint(view, pos)
+        return pos + length
+    return -1
 
 
 def request_id(data: bytes | memoryview) -> str:
@@ -149,28 +170,20 @@ def split_infer_request(data: bytes | memoryview) -> InferCall:
     while pos < end:
         start = pos
         key, pos = _varint(view, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _varint(view, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
+        if key == _RAW_KEY:
             length, pos = _varint(view, pos)
-            if key >> 3 == _RAW_FIELD:
-                if pos + length > end:
-                    raise DecodeError("truncated raw_input_contents entry")
-                if kept_from < start:
-                    rest.append(view[kept_from:start])
-                raw.append(view[pos : pos + length])
-                spans.append((pos, length))
-                kept_from = pos + length
-            pos += length
-        else:
-            # NOTE: a group (wire type 3: valid, skipped as an unknown field) or an invalid
-            #   wire type: protobuf reads the whole message, as a small one's (a group
-            #   made only a large message a 400, found by fuzzing).
+            if pos + length > end:
+                raise DecodeError("truncated raw_input_contents entry")
+            if kept_from < start:
+                rest.append(view[kept_from:start])
+            raw.append(view[pos : pos + length])
+            spans.append((pos, length))
+            kept_from = pos = pos + length
+            continue
+        pos = _skipped(view, pos, key & 7)
+        if pos < 0:
+            # NOTE: a group or an invalid wire type: protobuf reads the whole message, as a
+            #   small one's (a group made only a large message a 400, found by fuzzing).
             return _parsed_whole(whole)
         if pos > end:
             raise DecodeError("truncated message")
