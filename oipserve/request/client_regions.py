@@ -221,6 +221,15 @@ class ClientRegions:
             return []
         raise NotFound(f"Unable to find cuda shared memory region: '{name}' ({self.cuda_refusal})")
 
+    def registered(self) -> list[tuple[str, str, int, int]]:
+        """Each region as registered (name, key, offset, byte size), but those being
+        unregistered: what another front registers to use them too."""
+        return [
+            (region.name, region.key, region.offset, region.byte_size)
+            for region in self._regions.values()
+            if not region.pending
+        ]
+
     def status(self, name: str | None) -> list[RegionStatus]:
         if name is None:
             return [region.status() for region in self._regions.values()]

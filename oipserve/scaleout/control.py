@@ -59,6 +59,15 @@ class Snapshot(msgspec.Struct, frozen=True, tag=True, array_like=True):
     versions: list[VersionCopy]
 
 
+class RegionSpec(msgspec.Struct, frozen=True, array_like=True):
+    """A client's system shared-memory region as it was registered."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
 class Start(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """Serve the HTTP port (``reuse_port`` is always set: the primary holds it too), hand
     what is not answered locally to ``forward_to``; segments under ``segment_prefix``.
@@ -76,6 +85,9 @@ class Start(msgspec.Struct, frozen=True, tag=True, array_like=True):
     server_prefix: str
     settings: bytes
     snapshot: Snapshot
+    #: Clients' regions registered so far (later ones come as ``RegionAdded``): a front
+    #: started to replace one that died knew none of them (found by fuzzing).
+    regions: list[RegionSpec]
 
 
 class Retire(msgspec.Struct, frozen=True, tag=True, array_like=True):

@@ -45,6 +45,7 @@ from oipserve.scaleout.control import (
     RegionAdded,
     RegionsBusy,
     RegionsIdle,
+    RegionSpec,
     RegionsRemoved,
     Retire,
     Snapshot,
@@ -192,6 +193,8 @@ class Replicas:
         )
         #: Statistics rows of replicas that died: kept, so that counters never go back.
         self._rows_of_the_dead: list[StatsRow] = []
+        #: Clients' regions registered here (``follow_the_primary``), for a front started.
+        self.regions: Callable[[], list[tuple[str, str, int, int]]] = list
 
     @property
     def running(self) -> list[Replica]:
@@ -248,6 +251,7 @@ class Replicas:
             self._pool.prefix,
             self._encoded_settings,
             snapshot(next(self._seq), self._registry, self._pool),
+            [RegionSpec(*region) for region in self.regions()],
         )
         try:
             reply = await asyncio.wait_for(replica.ask(start), START_TIMEOUT)
@@ -428,4 +432,5 @@ def follow_the_primary(
     manager.retiring = replicas.retire
     pool.on_replaced(lambda _worker: replicas.sync())
     regions.mirror = RegionsOfReplicas(replicas)
+    replicas.regions = regions.registered
     dataplane.stats.collect = replicas.collect

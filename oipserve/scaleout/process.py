@@ -63,6 +63,7 @@ from oipserve.scaleout.control import (
     RegionAdded,
     RegionsBusy,
     RegionsIdle,
+    RegionSpec,
     RegionsRemoved,
     Retire,
     Snapshot,
@@ -302,6 +303,18 @@ class Replica:
         self._idle_waits.add(task)
         task.add_done_callback(self._idle_waits.discard)
 
+    async def register_regions(self, regions: list[RegionSpec]) -> None:
+        """The clients' regions registered before this front started; one that cannot be
+        registered here (its object gone) is left out with a warning, as the primary's
+        own requests would then fail on it too."""
+        for region in regions:
+            try:
+                await self.dataplane.regions.register(
+                    region.name, region.key, region.offset, region.byte_size
+                )
+            except ServerError as exc:
+                log.warning("shared memory region '%s' is not usable here: %s", region.name, exc)
+
     async def _carry_out(self, message: ToReplica) -> Done | RegionsBusy:
         if isinstance(message, Snapshot):
             await self.apply(message)
@@ -416,6 +429,7 @@ async def _serve(replica: Replica, start: Start, messages: asyncio.Queue[ToRepli
     settings = replica.settings
     try:
         await replica.apply(start.snapshot)
+        await replica.register_regions(start.regions)
         sock = tcp_listener(settings.host, start.port, reuse_port=True)
     except OSError as exc:
         replica.control.send(Refused(start.seq, f"cannot listen on port {start.port}: {exc}"))
