@@ -90,6 +90,7 @@ class Dispatch:
         too late to end it by its deadline does without running it (``Infer.expires``).
         The reply's output segment is the caller's to release (``result``, ``results``).
         """
+        sendable(model, owned)
         key = model.key
         output_names = output_names or model.run_outputs
         into = targets or _NO_TARGETS
@@ -185,6 +186,20 @@ class Dispatch:
         except BaseException:
             worker.release_outputs(segment)
             raise
+
+
+def sendable(model: ModelVersion, owned: Sequence[Lease | RegionUse]) -> None:
+    """Nothing more is sent for a version taken out of service (``owned`` let go, a
+    retryable 503): its Unload may already be ahead on the worker's socket. A batch formed
+    before a reload and sent after it was refused by the worker as "model 'm/1#<id>' is
+    not loaded here" (found by fuzzing). In the loop step of the send: nothing can come
+    between."""
+    try:
+        model.check_not_unloaded()
+    except BaseException:
+        for held in owned:
+            held.release()
+        raise
 
 
 async def infer_on(

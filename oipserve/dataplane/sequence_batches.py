@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from oipserve.dataplane.batch_io import assemble, batch_size
-from oipserve.dataplane.dispatch import infer_on
+from oipserve.dataplane.dispatch import infer_on, sendable
 from oipserve.dataplane.sequence_slots import Seq, SeqLane, SequenceSlots, SequenceStep
 from oipserve.errors import Unavailable
 from oipserve.models.config.sequence import Control
@@ -169,6 +169,7 @@ class SequenceBatches(SequenceSlots):
             self.batched,
         )
         held = lease
+        sendable(model, [held])
         key = model.key
         light = self.dispatch.light()
         answer = await infer_on(

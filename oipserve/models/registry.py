@@ -126,11 +126,12 @@ class ModelVersion:
 
     def check_serving(self) -> None:
         """NotFound once the version was unloaded; 503 while no worker runs it."""
-        self._check_not_unloaded()
+        self.check_not_unloaded()
         if not self.instances():
             raise self._no_instance()
 
-    def _check_not_unloaded(self) -> None:
+    def check_not_unloaded(self) -> None:
+        """A retryable 503 once this version was unloaded or replaced by a reload."""
         # NOTE: a request that found this version before it was unloaded (or replaced by
         #   a reload) is in flight: it gets a retryable 503, never "unknown" (404).
         if self.state in ("UNLOADING", "UNAVAILABLE") and self.reason in GONE:
@@ -164,7 +165,7 @@ class ModelVersion:
 
     def pick(self, max_queue: int) -> WorkerLink:
         """The worker with the fewest requests in flight, or 503."""
-        self._check_not_unloaded()
+        self.check_not_unloaded()
         best: WorkerLink | None = None
         best_load = 0
         for worker in self.workers:

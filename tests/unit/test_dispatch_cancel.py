@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from oipserve.dataplane.dispatch import Dispatch
+from oipserve.errors import Unavailable
 from oipserve.front.grpc.h2.connection import Connection
 from oipserve.models.registry import ModelVersion
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, LIMIT, AbandonedWork
@@ -114,3 +115,32 @@ def test_a_connection_s_calls_count_its_abandoned_requests_unless_it_carries_man
         return found[0] is connection.abandoned if one_client else found[0] is None
 
     assert asyncio.run(seen())
+
+
+def test_nothing_is_sent_for_a_version_taken_out_of_service() -> None:
+    """A batch formed before a reload and sent after it: its worker had the Unload first
+    and refused it as "model 'batched/1#<id>' is not loaded here" (found by fuzzing). It
+    gets the retryable 503 of a request that found the version before it went, and its
+    inputs are let go; nothing reaches the worker."""
+
+    class Held:
+        released = 0
+
+        def release(self) -> None:
+            self.released += 1
+
+    async def send_after_reload() -> tuple[str, int, list[object]]:
+        link = LinkToNoWorker()
+        model = ModelVersion("batched", "1", "", None)
+        model.stop_serving("replaced by a reload")
+        held = Held()
+        dispatch = Dispatch(SegmentCache(), 256)
+        with pytest.raises(Unavailable) as info:
+            await dispatch.send(link.link, model, [], [held], [])  # type: ignore[list-item]
+        return str(info.value), held.released, link.sent()
+
+    message, released, sent = asyncio.run(send_after_reload())
+    assert message == (
+        "model 'batched' version 1 was replaced by a reload while this request was in flight; retry"
+    )
+    assert (released, sent) == (1, [])
