@@ -53,7 +53,12 @@ from oipserve.dataplane.strategies import Strategy
 from oipserve.errors import InvalidInput
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
-from oipserve.request.checks import check_datatype, check_output_names, input_spec
+from oipserve.request.checks import (
+    batch_so_far,
+    check_datatype,
+    check_output_names,
+    input_spec,
+)
 from oipserve.request.classification import check_classification
 from oipserve.request.inference import Inference, InferResult
 from oipserve.request.region_use import RegionUse
@@ -138,10 +143,12 @@ def _client_tensors(
     (names, datatypes, shapes; their data is checked by the steps that read them)."""
     tensors: dict[str, EnsembleTensor] = {}
     seen: set[str] = set()
+    batch: int | None = None
     for tensor in inference.inputs:
         spec = input_spec(model, tensor, seen)
         check_datatype(model, tensor, spec)
         _check_shape(model, tensor.name, tensor.shape, spec.shape)
+        batch = batch_so_far(model, tensor, batch)
         tensors[tensor.name] = EnsembleTensor(
             tensor.name, tensor.datatype, tensor.shape, client, client=tensor
         )

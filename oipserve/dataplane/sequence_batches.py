@@ -86,6 +86,7 @@ class SequenceBatches(SequenceSlots):
             step = row.queue.popleft()
             step.taken = True
             row.in_batch = True
+            row.end_taken = row.end_taken or step.tag.end
             steps.append(step)
         task = self._loop.create_task(self._run_batch(lane, rows, steps))
         task.add_done_callback(_forget)

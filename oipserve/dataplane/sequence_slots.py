@@ -356,7 +356,10 @@ class SequenceSlots:
         if not sequence.idle:
             return
         if sequence.ending:
-            self._release(sequence, told=True)
+            # (an END that never ran, failed or expired or withdrawn in the queue, told the
+            #   worker nothing: its state stayed there, 4 MiB a sequence of one model, for
+            #   good; found by fuzzing)
+            self._release(sequence, told=sequence.end_taken)
             return
         if sequence.lane is None:  # in the backlog with nothing left: it never ran
             if self.sequences.get(sequence.sequence_id) is sequence:

@@ -28,7 +28,7 @@ from oipserve.wire.messages import OutputTarget
 if TYPE_CHECKING:
     from oipserve.request.client_regions import RegionUse
 
-__all__ = ["check_output_names", "check_request", "output_targets"]
+__all__ = ["batch_so_far", "check_output_names", "check_request", "output_targets"]
 
 #: Triton's bound on an input's element count and byte size (int64_t).
 INT64_MAX = 2**63 - 1
@@ -78,16 +78,7 @@ def check_request(
         if tensor.image is None:
             check_datatype(model, tensor, spec)
             _check_shape(model, tensor, spec.shape)
-        if model.max_batch_size > 0 and tensor.shape:
-            if batch is None:
-                batch = tensor.shape[0]
-            elif tensor.shape[0] != batch:
-                # NOTE: Triton's words. ONNX Runtime broadcast one input over the other's
-                #   rows and answered 200 (found by fuzzing).
-                raise InvalidInput(
-                    f"input '{tensor.name}' batch size does not match other inputs for "
-                    f"'{model.name}'"
-                )
+        batch = batch_so_far(model, tensor, batch)
         if tensor.image is not None:
             checked.append((tensor, tensor.shape))
             continue
@@ -113,6 +104,20 @@ def check_request(
         )
         for tensor, shape in checked
     ]
+
+
+def batch_so_far(model: ModelVersion, tensor: InputTensor, batch: int | None) -> int | None:
+    """The request's batch size (None: not known yet) with input ``tensor`` checked: its
+    first dimension must be the inputs' before it, for a model that batches (Triton's
+    words). ONNX Runtime broadcast one input over the other's rows and answered 200, and
+    an ensemble ran each step on its own batch (found by fuzzing)."""
+    if model.max_batch_size <= 0 or not tensor.shape:
+        return batch
+    if batch is not None and tensor.shape[0] != batch:
+        raise InvalidInput(
+            f"input '{tensor.name}' batch size does not match other inputs for '{model.name}'"
+        )
+    return tensor.shape[0]
 
 
 def check_output_names(model: ModelVersion, output_names: list[str]) -> None:

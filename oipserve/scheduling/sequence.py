@@ -51,7 +51,9 @@ S = TypeVar("S", bound=Step)
 class Sequence(Generic[S, W]):
     """One live sequence: its requests in order and where it runs."""
 
-    __slots__ = ("handle", "sequence_id", "queue", "lane", "slot", "in_batch", "ending")
+    __slots__ = (
+        "handle", "sequence_id", "queue", "lane", "slot", "in_batch", "ending", "end_taken",
+    )  # fmt: skip
 
     def __init__(self, handle: int, sequence_id: int | str) -> None:
         #: The front's number for it, unique in this process (the worker's state key).
@@ -65,6 +67,8 @@ class Sequence(Generic[S, W]):
         self.in_batch = False
         #: Its END request was received: no request joins it any more.
         self.ending = False
+        #: Its END request went into a batch: the worker frees its state when it runs it.
+        self.end_taken = False
 
     def head(self) -> S | None:
         """Its next request, when one is ready to run."""

@@ -361,6 +361,29 @@ def test_requests_that_do_not_fit_the_ensemble_are_refused(
     assert after == before + 3  # an ensemble failure's reason is OTHER, as in Triton
 
 
+def test_inputs_of_different_batch_sizes_are_refused_as_by_any_model(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """Two inputs, each read by a step of its own, with batch sizes 1 and 3: refused in
+    Triton's words, as by any batching model. Each step ran on its own batch, a 200 with
+    outputs of batch 1 and 3 (found by fuzzing)."""
+    http.load_model("two_inputs")
+    inputs = []
+    for name, rows in (("X", 1), ("Z", 3)):
+        given = httpclient.InferInput(name, [rows, 2], "FP32")
+        given.set_data_from_numpy(np.ones((rows, 2), np.float32))
+        inputs.append(given)
+    words = "input 'Z' batch size does not match other inputs for 'two_inputs'"
+    with pytest.raises(InferenceServerException, match=words) as info:
+        http.infer("two_inputs", inputs)
+    assert info.value.status() == "400"
+    inputs[1] = httpclient.InferInput("Z", [1, 2], "FP32")
+    inputs[1].set_data_from_numpy(np.full((1, 2), 5, np.float32))
+    result = http.infer("two_inputs", inputs)
+    assert result.as_numpy("Y").tolist() == [[2.0, 2.0]]
+    assert result.as_numpy("W").tolist() == [[10.0, 10.0]]
+
+
 def test_requested_outputs_are_checked_as_any_models(
     http: httpclient.InferenceServerClient,
 ) -> None:

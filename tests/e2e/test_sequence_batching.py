@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,8 +30,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.support.memory import proc_status
 from tests.support.raw_http import json_infer, read_response
-from tests.support.sequence_models import write_repository
+from tests.support.sequence_models import WIDE_STATE_ELEMENTS, write_repository, write_wide_state
 from tests.support.server import ServerProcess, pending, socket_to_front, steadily, wait_for
 from tests.support.sockets import read_by_peer
 
@@ -562,3 +564,41 @@ def test_a_steps_timeout_bounds_only_its_wait_for_a_slot(server: ServerProcess) 
             (200, [110]),
         ]
         assert _http_infer(client, model, 0, 7400, end=True) == 110
+
+
+def test_a_sequence_whose_end_never_ran_leaves_no_state_in_its_worker(
+    tmp_path: Path,
+) -> None:
+    """A sequence whose END fails once queued (large JSON a worker decodes, a value out of
+    range) never ran it: the worker is told the sequence is over, as after an idle expiry.
+    It was not (the front took the END as having told it): each such sequence left its
+    state in the worker for good, 4 MiB here (found by fuzzing). 24 of them must not grow
+    the worker by more than a third of what they would hold."""
+    write_wide_state(tmp_path)
+    proc = ServerProcess(tmp_path, args=["--http-workers", "1"]).wait_ready()
+    try:
+        (worker,) = proc.worker_pids()
+        padding = " " * 1_200_000
+
+        def bad_end(sequence_id: int) -> bytes:
+            return (
+                '{"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": ['
+                + padding
+                + '99999999999]}], "parameters": {"sequence_id": '
+                + f'{sequence_id}, "sequence_end": true}}}}'
+            ).encode()
+
+        with httpclient.InferenceServerClient(proc.host_port) as client:
+            assert _http_infer(client, "wide_state", 1, 1, start=True, end=True) == 1  # (warm)
+            before = proc_status(worker, "RssAnon")
+            for sequence_id in range(2, 26):
+                assert _http_infer(client, "wide_state", 1, sequence_id, start=True) == 1
+                with socket.create_connection(("127.0.0.1", proc.port), timeout=60) as sock:
+                    sock.sendall(json_infer("wide_state", bad_end(sequence_id)))
+                    status, _, answer = read_response(sock)
+                assert status == 400 and b"out of range" in answer, answer
+            grown = proc_status(worker, "RssAnon") - before
+        held = 24 * WIDE_STATE_ELEMENTS * 4
+        assert grown < held / 3, f"the worker grew {grown >> 20} MiB"
+    finally:
+        assert proc.stop() == 0, proc.log

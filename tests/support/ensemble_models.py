@@ -270,6 +270,12 @@ CONFIGS = {
         _X,
         _Y,
     ),
+    "two_inputs": ensemble_config(  # (not in ENSEMBLES: loaded by the test that uses it)
+        "two_inputs",
+        [("add_one", {"IN": "X"}, {"OUT": "Y"}), ("double", {"IN": "Z"}, {"OUT": "W"})],
+        [*_X, ("Z", "TYPE_FP32", "[ -1 ]")],
+        [*_Y, ("W", "TYPE_FP32", "[ -1 ]")],
+    ),
 }
 CONFIGS["inner_chain"] = CONFIGS["chain"].replace('name: "chain"', 'name: "inner_chain"', 1)
 

@@ -222,3 +222,49 @@ def write_repository(root: Path, idle_us: int = 1_000_000, count: int = 1) -> No
             [("OUTPUT", "TYPE_INT32", "[ 1 ]")],
         ),
     )
+
+
+#: ``write_wide_state``'s state: so many INT32 a sequence (4 MiB).
+WIDE_STATE_ELEMENTS = 1 << 20
+
+WIDE_STATE = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 1
+sequence_batching {{
+  max_sequence_idle_microseconds: 600000000
+  direct {{ }}
+  control_input [
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32
+             dims: [ {elements} ] }} ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+def write_wide_state(root: Path, name: str = "wide_state") -> None:
+    """A sequence model whose implicit state is ``WIDE_STATE_ELEMENTS`` wide, each element
+    the running sum of the inputs (OUTPUT = INPUT * READY): what a sequence leaves in its
+    worker shows in the worker's memory."""
+    nodes = [
+        helper.make_node("Mul", ["INPUT", "READY"], ["OUTPUT"]),
+        helper.make_node("Add", ["ACC_IN", "OUTPUT"], ["ACC_OUT"]),
+    ]
+    wide = ["batch", WIDE_STATE_ELEMENTS]
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [_io("INPUT"), _io("READY"), helper.make_tensor_value_info("ACC_IN", INT32, wide)],
+        [_io("OUTPUT"), helper.make_tensor_value_info("ACC_OUT", INT32, wide)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = root / name / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    config = WIDE_STATE.format(name=name, elements=WIDE_STATE_ELEMENTS)
+    (root / name / "config.pbtxt").write_text(config)
