@@ -253,30 +253,6 @@ def test_shared_memory_regions_reach_every_front(server: ServerProcess) -> None:
         _regions_reach_every_front(server, region)
 
 
-def test_a_front_replacing_a_killed_one_knows_the_regions_registered_before(
-    server: ServerProcess,
-) -> None:
-    """A region registered, then the other front killed: its replacement uses the region
-    as every front does (it knew only the regions registered after it started, and
-    refused the others with "Unable to find shared memory region", found by fuzzing)."""
-    with simple_region() as region:
-        with fronts(server) as held:
-            register = {"key": region.key, "offset": 0, "byte_size": 256}
-            path = f"/v2/systemsharedmemory/region/{region.name}/register"
-            assert post(held.connections[0], path, register)[0] == 200
-        (victim,) = server.http_front_pids()
-        os.kill(victim, signal.SIGKILL)
-        assert wait_for(lambda: _replaced(server, victim), 30), server.log
-        body = _region_body(region.name)
-        with fronts(server) as held:
-            assert set(held.holder) == {server.process.pid, *server.http_front_pids()}
-            for connection in held.connections:
-                status, answer = post(connection, "/v2/models/simple/infer", body)
-                assert status == 200, answer
-            path = f"/v2/systemsharedmemory/region/{region.name}/unregister"
-            assert post(held.connections[0], path, {})[0] == 200
-
-
 def _region_body(name: str) -> dict[str, object]:
     """``simple``'s inputs and outputs in region ``name``: inputs at 0 and 64, outputs at
     128 and 192."""
@@ -361,6 +337,30 @@ def test_a_killed_replica_is_replaced_and_counts_stay(server: ServerProcess) -> 
         assert set(held.holder) == {server.process.pid, *server.http_front_pids()}
         for index, connection in enumerate(held.connections):
             infer_simple(connection, index)
+
+
+def test_a_front_replacing_a_killed_one_knows_the_regions_registered_before(
+    server: ServerProcess,
+) -> None:
+    """A region registered, then the other front killed: its replacement uses the region
+    as every front does (it knew only the regions registered after it started, and
+    refused the others with "Unable to find shared memory region", found by fuzzing)."""
+    with simple_region() as region:
+        with fronts(server) as held:
+            register = {"key": region.key, "offset": 0, "byte_size": 256}
+            path = f"/v2/systemsharedmemory/region/{region.name}/register"
+            assert post(held.connections[0], path, register)[0] == 200
+        (victim,) = server.http_front_pids()
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: _replaced(server, victim), 30), server.log
+        body = _region_body(region.name)
+        with fronts(server) as held:
+            assert set(held.holder) == {server.process.pid, *server.http_front_pids()}
+            for connection in held.connections:
+                status, answer = post(connection, "/v2/models/simple/infer", body)
+                assert status == 200, answer
+            path = f"/v2/systemsharedmemory/region/{region.name}/unregister"
+            assert post(held.connections[0], path, {})[0] == 200
 
 
 def _replaced(proc: ServerProcess, victim: int) -> bool:
