@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import time
@@ -33,7 +34,14 @@ from tritonclient.utils import InferenceServerException
 from tests.support.memory import proc_status
 from tests.support.raw_http import json_infer, read_response
 from tests.support.sequence_models import WIDE_STATE_ELEMENTS, write_repository, write_wide_state
-from tests.support.server import ServerProcess, pending, socket_to_front, steadily, wait_for
+from tests.support.server import (
+    SAMPLE_REPOSITORY,
+    ServerProcess,
+    pending,
+    socket_to_front,
+    steadily,
+    wait_for,
+)
 from tests.support.sockets import read_by_peer
 
 #: ``max_sequence_idle_microseconds`` of the accumulators and the dyna model here.
@@ -44,6 +52,8 @@ IDLE_S = 0.4
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("sequences")
     write_repository(root, idle_us=int(IDLE_S * 1e6))
+    # (a model of any shape, for large requests on a stream among a sequence's)
+    shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", root / "identity_fp32")
     # explicit: a test unloads a model (every one is loaded at start, as without it)
     proc = ServerProcess(
         root, args=["--model-control-mode", "explicit", "--load-model", "*"]
@@ -528,6 +538,42 @@ def test_a_stream_reads_on_while_a_start_waits_for_a_slot(server: ServerProcess)
     assert [error for _, error in got] == [None] * len(plan)
     sums = [int(result.as_numpy("OUTPUT")[0][0]) for result, _ in got]  # type: ignore[attr-defined]
     assert sums == [1, 10, *range(2, 73), 20]
+
+
+def test_a_stream_reads_on_past_a_window_of_requests_behind_a_waiting_start(
+    server: ServerProcess,
+) -> None:
+    """As above, with 12 MiB of other requests (100 KiB each) between B's START and A's END:
+    past what a stream may hold unanswered (4 MiB) and its window (4 MiB more). A request's
+    bytes counted until its answer left, so the reading stopped there until A expired
+    (found by fuzzing); they leave the count when the request is answered."""
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    big = np.arange(25_600, dtype=np.float32).reshape(1, -1)  # 100 KiB
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            client.async_stream_infer(
+                "one_slot", [_grpc_input(1)], sequence_id=7500, sequence_start=True
+            )
+            client.async_stream_infer(
+                "one_slot", [_grpc_input(10)], sequence_id=7501, sequence_start=True
+            )
+            for _ in range(120):
+                tensor = grpcclient.InferInput("INPUT0", list(big.shape), "FP32")
+                tensor.set_data_from_numpy(big)
+                client.async_stream_infer("identity_fp32", [tensor])
+            for sequence_id, value in ((7500, 1), (7501, 10)):
+                client.async_stream_infer(
+                    "one_slot", [_grpc_input(value)], sequence_id=sequence_id, sequence_end=True
+                )
+            got = [answers.get(timeout=20) for _ in range(124)]
+        finally:
+            client.stop_stream()
+    assert [error for _, error in got] == [None] * 124
+    ends = [int(result.as_numpy("OUTPUT")[0][0]) for result, _ in got[-2:]]  # type: ignore[attr-defined]
+    assert ends == [2, 20]
+    echoed = got[2][0].as_numpy("OUTPUT0")  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(echoed, big)
 
 
 def test_a_steps_timeout_bounds_only_its_wait_for_a_slot(server: ServerProcess) -> None:

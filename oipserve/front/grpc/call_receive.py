@@ -238,9 +238,7 @@ class CallReceiver(CallRunner):
                 self._conn.reset_stream(self._stream, ErrorCode.ENHANCE_YOUR_CALM)
                 return
             queue.put_nowait((self._compressed, message))
-            size = memoryview(message).nbytes
-            self._backlog += size
-            self._sizes.append(size)
+            self._backlog += memoryview(message).nbytes
             return
         self._messages.append((self._compressed, message, lease, mapped))
         if len(self._messages) > 1:

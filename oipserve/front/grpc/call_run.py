@@ -4,14 +4,14 @@ A unary call runs once its one message is whole: inflated if compressed, parsed,
 lease handed to the service, answered, or forwarded to the primary front. A stream's
 handler takes its messages from the queue the messages were read into, and its responses
 are written in request order (``streaming.ordered_responses``); each request message
-received into memory of its own is unmapped in a thread once its response is sent.
+received into memory of its own is unmapped in a thread once it is answered (``_answer``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -100,23 +100,15 @@ class CallRunner(CallSender):
 
     async def _run_stream(self) -> None:
         started = False
-        #: The request messages, in order, until their responses are sent: then one
-        #: received into memory of its own (``MAPPED``) is unmapped in a thread, not by
-        #: its last reference's release on the loop (64 MiB: tens of ms).
-        held: deque[Any] = deque()
         try:
             context = Context(self._metadata)
             table = self._table
             infer = table.stream_infer if table.answers is None else self._stream_request
-            responses = ordered_responses(self._requests(held), infer, table.closing, context)
+            answer = functools.partial(self._answer, infer)
+            responses = ordered_responses(self._requests(), answer, table.closing, context)
             async for parts in responses:
-                try:
-                    await self._send(parts, first=not started)
-                    started = True
-                finally:
-                    if held:  # its request's message (responses come in request order)
-                        unmap_off_loop(held.popleft())
-                    self._answered()
+                await self._send(parts, first=not started)
+                started = True
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -127,34 +119,48 @@ class CallRunner(CallSender):
             log_failure(STREAM_RPC, code, message, exc)
             self._end(code.value[0], message, started)
             return
-        finally:
-            while held:
-                unmap_off_loop(held.popleft())
         self._end(_OK, "", started)
 
-    def _requests(self, held: deque[Any]) -> AsyncIterator[Any]:
+    async def _answer(
+        self, infer: Callable[[Any], Awaitable[bytes | memoryview]], request: tuple[Any, int]
+    ) -> bytes | memoryview:
+        """A stream's request answered (its answer then waits for the earlier ones').
+
+        Its message is let go, and its bytes leave the stream's backlog, when it is
+        answered, not when its answer leaves: an answer waiting behind a request that
+        waits long (a sequence's START waiting for a slot) held the stream's window, and
+        the request that would free the slot, later on the stream, was never read (found
+        by fuzzing). One received into memory of its own (``MAPPED``) is unmapped in a
+        thread, not by its last reference's release on the loop (64 MiB: tens of ms).
+        """
+        message, size = request
+        try:
+            return await infer(message)
+        finally:
+            unmap_off_loop(message)
+            self._answered(size)
+
+    def _requests(self) -> AsyncIterator[tuple[Any, int]]:
         if self._queue is None:
             raise RuntimeError(f"the request stream of {self._name} has no queue")
-        return _RequestStream(self, self._queue, held)
+        return _RequestStream(self, self._queue)
 
-    async def _next_request(
-        self, queue: asyncio.Queue[tuple[bool, Any] | None], held: deque[Any]
-    ) -> Any:
-        """The stream's next request message (inflated), kept in ``held`` until its
-        response is sent; StopAsyncIteration once the client is done."""
+    async def _next_request(self, queue: asyncio.Queue[tuple[bool, Any] | None]) -> tuple[Any, int]:
+        """The stream's next request message (inflated) and its size as received;
+        StopAsyncIteration once the client is done."""
         item = await queue.get()
         if item is None:
             raise StopAsyncIteration
         compressed, message = item
         item = None
+        size = memoryview(message).nbytes
         if self._unacked and not self._holding_back():
             self._acknowledge()
         if compressed:
             inflated = await self._inflated(message)
             unmap_off_loop(message)
             message = inflated
-        held.append(message)
-        return message
+        return message, size
 
     def _inflated(self, message: bytes | memoryview) -> Awaitable[bytes | memoryview]:
         return inflate(message, self._encoding, self._table.receive_limit)
@@ -164,14 +170,11 @@ class _RequestStream:
     """A stream's request messages for its handler (``CallRunner._next_request``). An
     iterator class: mypyc compiles no async generator."""
 
-    __slots__ = ("_call", "_queue", "_held", "_ended")
+    __slots__ = ("_call", "_queue", "_ended")
 
-    def __init__(
-        self, call: CallRunner, queue: asyncio.Queue[tuple[bool, Any] | None], held: deque[Any]
-    ) -> None:
+    def __init__(self, call: CallRunner, queue: asyncio.Queue[tuple[bool, Any] | None]) -> None:
         self._call = call
         self._queue = queue
-        self._held = held
         self._ended = False
 
     def __aiter__(self) -> _RequestStream:
@@ -181,7 +184,7 @@ class _RequestStream:
         if self._ended:
             raise StopAsyncIteration
         try:
-            return await self._call._next_request(self._queue, self._held)
+            return await self._call._next_request(self._queue)
         except StopAsyncIteration:
             self._ended = True
             raise

@@ -14,7 +14,6 @@ task and queued messages).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -51,7 +50,7 @@ class CallState:
                  "_done", "_sent_head", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
-                 "_backlog", "_sizes")  # fmt: skip
+                 "_backlog")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -95,10 +94,8 @@ class CallState:
         #: A stream's messages, for its handler to take (None: the client is done); made,
         #: and the handler's task started, with its first message (``_start_stream``).
         self._queue: asyncio.Queue[tuple[bool, Any] | None] | None = None
-        #: A stream's bytes received whole and not yet answered, and each message's size
-        #: in order (one response a message, in request order): ``_holding_back``.
+        #: A stream's bytes received whole and not yet answered: ``_holding_back``.
         self._backlog = 0
-        self._sizes: deque[int] = deque()
 
     # What the connection drives (``h2.connection_state.Stream``), defined by the layers
     #   above: declared here so that each layer may hand ``self`` to the connection. (Not
@@ -125,11 +122,11 @@ class CallState:
         queue = self._queue
         return self._backlog >= _BACKLOG or (queue is not None and queue.qsize() >= _QUEUED)
 
-    def _answered(self) -> None:
-        """A stream's oldest message was answered: its bytes leave the backlog, and the
-        window held back for them is given back."""
-        if self._sizes:
-            self._backlog -= self._sizes.popleft()
+    def _answered(self, size: int) -> None:
+        """A stream's message of ``size`` bytes was answered (its answer may wait for
+        earlier ones'): its bytes leave the backlog, and the window held back for them is
+        given back."""
+        self._backlog -= size
         if self._unacked and not self._holding_back():
             self._acknowledge()
 
