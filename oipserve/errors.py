@@ -15,6 +15,7 @@ import errno
 from typing import Any
 
 from oipserve.wire.messages import ErrorKind
+from oipserve.wire.shm import NO_ROOM
 
 #: The kind of failure -> (HTTP status, gRPC status code name). Triton's mapping
 #: (oip-spec.md, "error mapping"), plus 413 for bodies over the limit and 403 /
@@ -46,6 +47,10 @@ SHUTDOWN_UNANSWERED = (
 NO_DESCRIPTORS_MESSAGE = (
     "the server has no file descriptor left to serve this request; try again later "
     "(the server log has the details)"
+)
+#: A segment of shared memory for this request found no room in /dev/shm.
+NO_SHARED_MEMORY_MESSAGE = (
+    "the server has no shared memory left for this request (/dev/shm is full); try again later"
 )
 
 
@@ -202,6 +207,10 @@ def kind_of(exc: BaseException) -> tuple[ErrorKind, str]:
         return exc.kind, exc.message
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
         return ErrorKind.UNAVAILABLE, NO_DESCRIPTORS_MESSAGE
+    if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+        # NOTE: a request body, a gRPC message or a batch with no room in /dev/shm, as a
+        #   worker answers for its outputs (it was a 500 with a traceback, found by fuzzing).
+        return ErrorKind.UNAVAILABLE, NO_SHARED_MEMORY_MESSAGE
     return ErrorKind.INTERNAL, INTERNAL_MESSAGE
 
 

@@ -16,6 +16,7 @@ segments at the wrong time.
 from __future__ import annotations
 
 import asyncio
+import errno
 import mmap
 import os
 from collections.abc import Callable
@@ -141,25 +142,42 @@ class Lease:
 CREATE_IN_THREAD = 4 * 1024 * 1024
 
 
+#: Errors of a segment that ``/dev/shm`` has no room for (``posix_fallocate``).
+NO_ROOM = (errno.ENOSPC, errno.ENOMEM)
+
+
+def idle_cap(shm_dir: str = SHM_DIR) -> int:
+    """Idle bytes a pool keeps for reuse: 1 GiB, or an eighth of ``/dev/shm`` when that is
+    smaller. Every front and worker has a pool: three pools keeping 1 GiB each filled a
+    container's 2 GiB ``/dev/shm``, and new requests failed (found by fuzzing)."""
+    try:
+        stats = os.statvfs(shm_dir)
+    except OSError:
+        return 1 << 30
+    return min(1 << 30, stats.f_blocks * stats.f_frsize // 8)
+
+
 class BufferPool:
     """Segments by size class, created on demand and reused.
 
     ``on_drop`` hears the names of segments the pool unlinks (when it holds
-    too many idle bytes), so that processes which attached them can let go.
+    too many idle bytes), so that processes which attached them can let go. A segment
+    ``/dev/shm`` has no room for is tried again once the pool's idle segments are gone
+    (``NO_ROOM``: an OSError still, when that was not enough).
     """
 
     def __init__(
         self,
         prefix: str,
         *,
-        max_idle_bytes: int = 1024 * 1024 * 1024,
+        max_idle_bytes: int | None = None,
         on_drop: Callable[[str], None] | None = None,
     ) -> None:
         self._prefix = prefix
         self._counter = 0
         self._idle: dict[int, list[Segment]] = {}
         self._idle_bytes = 0
-        self._max_idle_bytes = max_idle_bytes
+        self._max_idle_bytes = idle_cap() if max_idle_bytes is None else max_idle_bytes
         self._leased: dict[str, Segment] = {}
         self._on_drop = on_drop
 
@@ -171,7 +189,13 @@ class BufferPool:
             self._idle_bytes -= size
         else:
             self._counter += 1
-            segment = Segment.create(f"{self._prefix}{self._counter}", size)
+            name = f"{self._prefix}{self._counter}"
+            try:
+                segment = Segment.create(name, size)
+            except OSError as exc:
+                if exc.errno not in NO_ROOM or not self.drop_idle():
+                    raise
+                segment = Segment.create(name, size)
         self._leased[segment.name] = segment
         return Lease(segment, self)
 
@@ -186,17 +210,33 @@ class BufferPool:
         if size < CREATE_IN_THREAD or self._idle.get(size):
             return self.acquire(nbytes)
         self._counter += 1
-        creating = asyncio.ensure_future(
-            asyncio.to_thread(Segment.create, f"{self._prefix}{self._counter}", size)
-        )
+        name = f"{self._prefix}{self._counter}"
         try:
-            segment = await asyncio.shield(creating)
+            segment = await self._create_in_thread(name, size)
+        except OSError as exc:
+            if exc.errno not in NO_ROOM or not self.drop_idle():
+                raise
+            segment = await self._create_in_thread(name, size)
+        self._leased[segment.name] = segment
+        return Lease(segment, self)
+
+    async def _create_in_thread(self, name: str, size: int) -> Segment:
+        creating = asyncio.ensure_future(asyncio.to_thread(Segment.create, name, size))
+        try:
+            return await asyncio.shield(creating)
         except asyncio.CancelledError:
             # NOTE: the thread goes on; what it creates joins the idle segments.
             creating.add_done_callback(self._adopt)
             raise
-        self._leased[segment.name] = segment
-        return Lease(segment, self)
+
+    def drop_idle(self) -> bool:
+        """Unlink every idle segment (``/dev/shm`` is full); whether there was one."""
+        idle, self._idle = self._idle, {}
+        self._idle_bytes = 0
+        for segments in idle.values():
+            for segment in segments:
+                self._drop(segment)
+        return bool(idle)
 
     def _adopt(self, created: asyncio.Future[Segment]) -> None:
         if not created.cancelled() and created.exception() is None:

@@ -254,6 +254,29 @@ def test_a_response_nobody_reads_is_dropped_and_its_memory_used_again(
     assert "of its response unread" in server.log
 
 
+def test_an_unread_response_outlasting_the_keep_alive_timeout_is_dropped() -> None:
+    """A send timeout longer than the keep-alive timeout (uvicorn's 5 s): the response
+    unread when the connection would be idle is still dropped at the send timeout. The
+    keep-alive close waited for it to drain, and no timer looked again: the connection
+    and its 32 MiB answer were held for good (found by fuzzing)."""
+    send_timeout = 6.0
+    proc = ServerProcess(args=["--send-timeout", str(send_timeout), "--devices", "cpu"])
+    proc.wait_ready()
+    try:
+        request = _binary_request("identity_fp32", np.ones((1, 8 * MiB), np.float32))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", proc.port))
+            sock.sendall(request)
+            start = time.monotonic()
+            closed = wait_for(lambda: _peer_closed(sock), timeout=60, interval=0.1)
+            assert closed, "an unread response was never dropped"
+            assert time.monotonic() - start >= send_timeout - 1
+        assert wait_for(lambda: "of its response unread" in proc.log, 10), proc.log
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
 def _status_bytes(pid: int, name: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(name + ":"):

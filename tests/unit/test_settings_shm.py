@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
 
 import pytest
@@ -12,7 +14,16 @@ from oipserve.config.settings import (
     deprecation_warnings,
     load_settings,
 )
-from oipserve.wire.shm import BufferPool, Segment, SegmentCache, size_class, sweep
+from oipserve.errors import NO_SHARED_MEMORY_MESSAGE, kind_of
+from oipserve.wire.messages import ErrorKind
+from oipserve.wire.shm import (
+    CREATE_IN_THREAD,
+    BufferPool,
+    Segment,
+    SegmentCache,
+    size_class,
+    sweep,
+)
 
 
 def test_flags_beat_environment_beat_defaults() -> None:
@@ -159,6 +170,45 @@ def test_pool_reuses_and_cleans_up() -> None:
     finally:
         pool.close()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_a_full_dev_shm_drops_the_idle_segments_and_tries_again(
+    monkeypatch: pytest.MonkeyPatch, in_thread: bool
+) -> None:
+    """No room in /dev/shm for a new segment: the pool's idle ones go (their names heard by
+    ``on_drop``) and the segment is made again; without idle ones the error is the
+    caller's, which the fronts answer 503 (``errors.kind_of``). Idle segments of every
+    pool filled a container's /dev/shm, and new requests failed for good (found by
+    fuzzing)."""
+    prefix = f"oipserve-{os.getpid()}-full-"
+    dropped: list[str] = []
+    pool = BufferPool(prefix, on_drop=dropped.append)
+    fallocate = os.posix_fallocate
+    full = [True]
+
+    def no_room_once(fd: int, offset: int, size: int) -> None:
+        if full[0] and size > 65536:
+            full[0] = False
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fallocate(fd, offset, size)
+
+    # (what Segment.create calls, compiled or not, looked up on ``os`` each time)
+    monkeypatch.setattr(os, "posix_fallocate", no_room_once)
+    size = (CREATE_IN_THREAD if in_thread else 1 << 20) + 1
+    try:
+        idle = pool.acquire(10)
+        idle.release()
+        lease = asyncio.run(pool.acquire_async(size)) if in_thread else pool.acquire(size)
+        assert dropped == [idle.name] and lease.segment.size >= size
+        full[0] = True
+        with pytest.raises(OSError) as info:  # nothing idle left to drop
+            pool.acquire(size + (1 << 22))
+        lease.release()
+        assert info.value.errno == errno.ENOSPC
+        assert kind_of(info.value) == (ErrorKind.UNAVAILABLE, NO_SHARED_MEMORY_MESSAGE)
+    finally:
+        pool.close()
 
 
 def test_sweep_removes_by_prefix() -> None:
