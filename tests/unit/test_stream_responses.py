@@ -9,6 +9,7 @@ from oipserve.errors import InvalidInput
 from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.streaming import ordered_responses
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.runtime.stream_budget import StreamBudget
 
 
 async def _requests(names: list[str]) -> AsyncIterator[str]:
@@ -82,3 +83,58 @@ async def test_reading_waits_while_64_requests_run() -> None:
     rest = [bytes((await anext(stream))[1]) for _ in names[1:]]
     assert rest == [name.encode() for name in names[1:]]
     await stream.aclose()
+
+
+async def test_a_connections_streams_share_one_budget() -> None:
+    """Two streams of one connection whose budget is 4: 4 of their requests are read and
+    unanswered at once in all, and every request is answered once they end. One
+    connection's 1,000 streams with their windows closed held 64 requests and answers each:
+    64,000, 660 MiB of the front (found by fuzzing)."""
+    budget = StreamBudget(4)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def infer(request: str) -> bytes:
+        started.append(request)
+        await release.wait()
+        return request.encode()
+
+    names = {key: [f"{key}{i}" for i in range(10)] for key in "ab"}
+    streams = [
+        ordered_responses(_requests(names[key]), infer, asyncio.Event(), Context(()), budget)  # type: ignore[arg-type]
+        for key in "ab"
+    ]
+
+    async def read_all(stream: AsyncIterator[list[bytes | memoryview]]) -> list[bytes]:
+        return [bytes((await anext(stream))[1]) for _ in range(10)]
+
+    reading = asyncio.gather(*(read_all(stream) for stream in streams))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(started) == budget.requests == 4
+    release.set()
+    answers = await asyncio.wait_for(reading, 5)
+    assert answers == [[name.encode() for name in names[key]] for key in "ab"]
+    assert (budget.requests, budget.held_bytes) == (0, 0)
+    for stream in streams:
+        await stream.aclose()
+
+
+async def test_a_stream_torn_down_gives_its_share_of_the_budget_back() -> None:
+    budget = StreamBudget(8)
+    release = asyncio.Event()
+
+    async def infer(request: str) -> bytes:
+        if request != "r0":
+            await release.wait()
+        return request.encode()
+
+    stream = ordered_responses(
+        _requests([f"r{i}" for i in range(5)]), infer, asyncio.Event(), Context(()), budget
+    )  # type: ignore[arg-type]
+    assert bytes((await anext(stream))[1]) == b"r0"
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert budget.requests == 4  # read, running
+    await stream.aclose()  # the client reset the stream
+    assert (budget.requests, budget.held_bytes) == (0, 0)

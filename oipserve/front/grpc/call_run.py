@@ -105,7 +105,8 @@ class CallRunner(CallSender):
             table = self._table
             infer = table.stream_infer if table.answers is None else self._stream_request
             answer = functools.partial(self._answer, infer)
-            responses = ordered_responses(self._requests(), answer, table.closing, context)
+            budget = self._conn.stream_requests
+            responses = ordered_responses(self._requests(), answer, table.closing, context, budget)
             async for parts in responses:
                 await self._send(parts, first=not started)
                 started = True

@@ -16,6 +16,7 @@ from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
+from oipserve.runtime.stream_budget import StreamBudget
 
 Request = TypeVar("Request")
 
@@ -69,8 +70,10 @@ async def ordered_responses(
     infer: Callable[[Request], Awaitable[bytes | memoryview]],
     closing: asyncio.Event,
     context: Context,
+    budget: StreamBudget | None = None,
 ) -> AsyncIterator[Response]:
-    """Requests run concurrently; responses come back in request order.
+    """Requests run concurrently; responses come back in request order. ``budget``: what
+    this stream's connection may run at once across its streams (None: no bound).
 
     A failed request is answered in-band (``error_message``) and the stream goes
     on, as Triton does; a client that sent the ``triton_grpc_error: true`` header
@@ -79,7 +82,7 @@ async def ordered_responses(
     """
     strict = strict_errors(context)
     pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue()
-    window = _Window()
+    window = _Window(budget)
 
     async def read() -> None:
         try:
@@ -137,6 +140,7 @@ async def ordered_responses(
             window.sent(task)
             yield infer_response(response)
     finally:
+        window.close()
         reader.cancel()
         reader.add_done_callback(_forget)
         closed.cancel()
@@ -158,30 +162,45 @@ class _Window:
     stream) was never read until that sequence expired (found by fuzzing).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: StreamBudget | None) -> None:
         self.running = 0
         self.held = 0
         self.held_bytes = 0
+        self._budget = budget
         self._room = asyncio.Event()
         self._room.set()
 
     def started(self, task: asyncio.Task[bytes | memoryview]) -> None:
         self.running += 1
+        if self._budget is not None:
+            self._budget.take()
         task.add_done_callback(self._finished)
         self._update()
 
     def _finished(self, task: asyncio.Task[bytes | memoryview]) -> None:
         self.running -= 1
         self.held += 1
-        self.held_bytes += _answer_bytes(task)
+        nbytes = _answer_bytes(task)
+        self.held_bytes += nbytes
+        if self._budget is not None:
+            self._budget.hold(nbytes)
         self._update()
 
     def sent(self, task: asyncio.Task[bytes | memoryview]) -> None:
         """``task``'s answer has left (the counts may pass below 0 for a moment: a task's
         done callbacks may run after its awaiter resumed)."""
         self.held -= 1
-        self.held_bytes -= _answer_bytes(task)
+        nbytes = _answer_bytes(task)
+        self.held_bytes -= nbytes
+        if self._budget is not None:
+            self._budget.give(1, nbytes)
         self._update()
+
+    def close(self) -> None:
+        """The stream is over: what it still holds leaves the connection's budget."""
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget.give(self.running + self.held, self.held_bytes)
 
     def _update(self) -> None:
         if self.running < _RUNNING and self.held < _HELD and self.held_bytes < _HELD_BYTES:
@@ -190,7 +209,14 @@ class _Window:
             self._room.clear()
 
     async def room(self) -> None:
-        await self._room.wait()
+        """Return once this stream and its connection have room for one more request."""
+        while True:
+            await self._room.wait()
+            if self._budget is None:
+                return
+            await self._budget.room()
+            if self._room.is_set():
+                return
 
 
 def _answer_bytes(task: asyncio.Task[bytes | memoryview]) -> int:

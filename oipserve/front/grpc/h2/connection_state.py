@@ -36,6 +36,7 @@ from oipserve.front.grpc.h2.receive_windows import ReceiveWindows
 from oipserve.front.grpc.h2.stream_ids import StreamIds
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
 from oipserve.runtime.http_io import CorkedTransport
+from oipserve.runtime.stream_budget import StreamBudget
 
 #: Calls one connection may run at once (clients queue the rest).
 MAX_STREAMS = 1024
@@ -165,6 +166,9 @@ class ConnectionState(asyncio.Protocol):
         #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
         self._context = contextvars.copy_context()
         self._context.run(ABANDONED_WORK.set, self.abandoned if one_client else None)
+        #: What this client's ModelStreamInfer streams may run at once, together (None:
+        #: a connection of many clients).
+        self.stream_requests = StreamBudget() if one_client else None
         #: The log has said this connection was held (``_hold_reading``: said once).
         self._held_before = False
 
