@@ -214,6 +214,13 @@ def kind_of(exc: BaseException) -> tuple[ErrorKind, str]:
     return ErrorKind.INTERNAL, INTERNAL_MESSAGE
 
 
+def foreseen(exc: BaseException) -> bool:
+    """Whether ``exc`` has a kind of its own (a ``ServerError``, or an OS error this module
+    maps: no descriptors, no shared memory): logged as a warning, not as a bug with its
+    traceback."""
+    return kind_of(exc)[0] is not ErrorKind.INTERNAL or isinstance(exc, ServerError)
+
+
 def http_status(exc: BaseException) -> tuple[int, str]:
     """HTTP status and client message for any exception a handler lets out."""
     kind, message = kind_of(exc)

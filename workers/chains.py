@@ -69,7 +69,8 @@ def run_chain(worker: Worker, message: Infer, connection: FrontConnection, start
         segment, descs = _write(worker, connection, names, values, types, message)
         del values
     except _ChainFailed as failed:
-        worker.reply(connection, Failed(message.rid, failed.kind, failed.message, times))
+        failure = Failed(message.rid, failed.kind, failed.message, times, connection.take_dropped())
+        worker.reply(connection, failure)
         return
     # NOTE: the copy into the segment counts as the last step's output phase.
     last = times[-1]

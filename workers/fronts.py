@@ -45,6 +45,12 @@ class FrontConnection:
         self.dropped: list[str] = []
         self.outputs = BufferPool(output_prefix, on_drop=self.dropped.append)
 
+    def take_dropped(self) -> list[str]:
+        """The output segments dropped since the last reply, for the next reply to say."""
+        dropped = self.dropped[:]
+        self.dropped.clear()  # (the list the pool's on_drop appends to: kept)
+        return dropped
+
     def flush(self) -> bool:
         """Send the queued replies; False when the front cannot take them (gone, stuck)."""
         if not self.replies:

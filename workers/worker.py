@@ -225,7 +225,7 @@ class Worker:
         connection.replies.append(frame(self.encoder, message))
 
     def fail(self, connection: FrontConnection, rid: int, kind: ErrorKind, message: str) -> None:
-        self.reply(connection, Failed(rid, kind, message))
+        self.reply(connection, Failed(rid, kind, message, dropped=connection.take_dropped()))
 
     def handle(self, message: ToWorker, connection: FrontConnection) -> bool:
         """Handle one message from one front; False ends that connection (and, from the
@@ -448,8 +448,7 @@ class Worker:
         ran: int,
         steps: list[StepTimes] = _NO_STEPS,  # an ensemble chain's (workers.chains)
     ) -> None:
-        dropped = connection.dropped[:]
-        connection.dropped.clear()
+        dropped = connection.take_dropped()
         copied = monotonic_ns()
         input_ns, infer_ns, output_ns = fed - started, ran - fed, copied - ran
         colocation = self.colocation

@@ -32,7 +32,7 @@ from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
 from oipserve.runtime.off_loop import nothing_to_release
 from oipserve.telemetry.stats import ModelStats
-from oipserve.wire.messages import Infer, InferDone, OutputTarget, TensorDesc
+from oipserve.wire.messages import Failed, Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
 
 __all__ = ["Dispatch", "drop_reply", "infer_on"]
@@ -130,12 +130,18 @@ class Dispatch:
         ``Infer`` (a mapping kept would pin the segment's memory until the worker dies).
         Co-located (``--low-load-colocation``), the loop follows the worker's CPU.
         """
+        if isinstance(answer, Failed):  # (it says what was dropped too)
+            self.forget(answer.dropped)
         reply = worker.inferred(answer)
-        for name in reply.dropped:
-            self.outputs.forget(name)
+        self.forget(reply.dropped)
         if self.affinity is not None:
             self.affinity.follow(reply.colocated_cpu)
         return reply
+
+    def forget(self, dropped: list[str]) -> None:
+        """Let go of the mappings of output segments their worker unlinked."""
+        for name in dropped:
+            self.outputs.forget(name)
 
     def result(
         self,

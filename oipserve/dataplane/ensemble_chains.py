@@ -201,6 +201,7 @@ async def _send(
         deadline,
     )
     if isinstance(reply, Failed):
+        dispatch.forget(reply.dropped)
         if len(reply.steps) >= len(chain.steps):  # a worker that broke the protocol
             raise WorkerProtocolError(f"worker {worker.worker_id} failed a step of no chain")
         return reply

@@ -2,12 +2,14 @@
 
 A stream runs up to 64 of its requests at once and keeps up to 1,024 answers waiting to
 leave in order (``front.grpc.streaming``), and a connection may open 1,024 streams: one
-client's connection with its window closed held 64,000 requests and their answers, the
+client's connection with its windows closed held 64,000 requests and their answers, the
 front grew by 660 MiB and every other client found the workers' queues full (found by
 fuzzing). A connection's streams share one budget, as its unary calls share its stream
-limit: ``LIMIT`` requests read and not yet answered to the client (running, or answered
-and waiting to be sent), and ``LIMIT_BYTES`` of those answers. Past either, no stream of
-the connection reads another request until something leaves.
+limit: ``LIMIT`` requests running or answered and held back by the client (its window
+closed), and ``LIMIT_BYTES`` of those answers; besides, ``BEHIND`` answers waiting for an
+earlier request of their stream that still runs (a sequence's START waiting for a slot:
+not the client's doing, and another stream's request may be what frees it). Past any of
+them, no stream of the connection reads another request until something leaves.
 
 The HTTP/2 connection (``front.grpc.h2.connection_state``) makes one; the private
 socket on which other fronts forward their clients' requests has none (many clients).
@@ -17,46 +19,47 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["LIMIT", "LIMIT_BYTES", "StreamBudget"]
+__all__ = ["BEHIND", "LIMIT", "LIMIT_BYTES", "StreamBudget"]
 
-#: A connection's stream requests read and not yet sent back (its unary calls' bound: the
-#: streams it may open, ``MAX_CONCURRENT_STREAMS``).
+#: A connection's stream requests running, or answered and not yet taken by the client
+#: (its unary calls' bound: the streams it may open, ``MAX_CONCURRENT_STREAMS``).
 LIMIT = 1024
-#: Their answers' bytes waiting to be sent (at least one answer, however large).
+#: Their answers' bytes (at least one answer, however large).
 LIMIT_BYTES = 64 << 20
+#: Answers waiting for an earlier request of their stream, still running.
+BEHIND = 8 * LIMIT
 
 
 class StreamBudget:
-    """A connection's stream requests not yet answered to the client, and their answers'
-    bytes; room for one more."""
+    """What a connection's streams hold; room for one more request."""
 
-    __slots__ = ("requests", "held_bytes", "limit", "limit_bytes", "_room")
+    __slots__ = ("requests", "behind", "held_bytes", "limit", "limit_bytes", "limit_behind",
+                 "_room")  # fmt: skip
 
-    def __init__(self, limit: int = LIMIT, limit_bytes: int = LIMIT_BYTES) -> None:
+    def __init__(
+        self, limit: int = LIMIT, limit_bytes: int = LIMIT_BYTES, limit_behind: int = BEHIND
+    ) -> None:
         self.requests = 0
+        self.behind = 0
         self.held_bytes = 0
         self.limit = limit
         self.limit_bytes = limit_bytes
+        self.limit_behind = limit_behind
         self._room: asyncio.Event | None = None
 
-    def take(self) -> None:
-        """A request read."""
-        self.requests += 1
-
-    def hold(self, nbytes: int) -> None:
-        """A request answered: its answer waits to be sent."""
+    def change(self, requests: int, behind: int, nbytes: int) -> None:
+        """A stream's charge changed by so much (``streaming._Window``)."""
+        self.requests += requests
+        self.behind += behind
         self.held_bytes += nbytes
-
-    def give(self, requests: int, nbytes: int) -> None:
-        """Requests whose answers were sent (or dropped), and their answers' bytes."""
-        self.requests -= requests
-        self.held_bytes -= nbytes
         if self._room is not None and self._has_room():
             self._room.set()
 
     def _has_room(self) -> bool:
-        return self.requests < self.limit and (
-            self.held_bytes < self.limit_bytes or self.held_bytes <= 0
+        return (
+            self.requests < self.limit
+            and self.behind < self.limit_behind
+            and (self.held_bytes < self.limit_bytes or self.held_bytes <= 0)
         )
 
     async def room(self) -> None:

@@ -347,6 +347,10 @@ class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
     message: str
     #: An ensemble chain: the steps that ran before the one that failed (``Infer.chain``).
     steps: list[StepTimes] = []
+    #: As ``InferDone.dropped``: output segments unlinked since the last reply. A failure
+    #: for want of shared memory drops the worker's idle ones, and the front's mappings of
+    #: them must go for the memory to be freed (found by fuzzing).
+    dropped: list[str] = []
 
 
 FromWorker = WorkerReady | Loaded | Unloaded | InferDone | JsonParsed | JsonDecoded | Failed

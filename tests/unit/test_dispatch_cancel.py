@@ -14,7 +14,7 @@ from oipserve.errors import Unavailable
 from oipserve.front.grpc.h2.connection import Connection
 from oipserve.models.registry import ModelVersion
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, LIMIT, AbandonedWork
-from oipserve.wire.messages import InferDone, Release
+from oipserve.wire.messages import ErrorKind, Failed, InferDone, Release
 from oipserve.wire.shm import SegmentCache
 from tests.support.worker_links import LinkToNoWorker
 
@@ -144,3 +144,30 @@ def test_nothing_is_sent_for_a_version_taken_out_of_service() -> None:
         "model 'batched' version 1 was replaced by a reload while this request was in flight; retry"
     )
     assert (released, sent) == (1, [])
+
+
+def test_a_failure_says_which_output_segments_its_worker_dropped() -> None:
+    """A worker that found /dev/shm full unlinks its idle output segments and fails the
+    request: the front lets go of its mappings of them at once (the memory is freed only
+    then), as it does for those an ``InferDone`` names. They were named only by the next
+    success, and /dev/shm stayed full until then (found by fuzzing)."""
+
+    class Outputs(SegmentCache):
+        def __init__(self) -> None:
+            super().__init__()
+            self.forgotten: list[str] = []
+
+        def forget(self, name: str) -> None:
+            self.forgotten.append(name)
+
+    async def fail() -> list[str]:
+        outputs = Outputs()
+        dispatch = Dispatch(outputs, 256)
+        link = LinkToNoWorker()
+        message = "no shared memory for the outputs"
+        failed = Failed(7, ErrorKind.UNAVAILABLE, message, dropped=["o-1"])
+        with pytest.raises(Unavailable):
+            dispatch.answered(link.link, failed)
+        return outputs.forgotten
+
+    assert asyncio.run(fail()) == ["o-1"]

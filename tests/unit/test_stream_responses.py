@@ -138,3 +138,34 @@ async def test_a_stream_torn_down_gives_its_share_of_the_budget_back() -> None:
     assert budget.requests == 4  # read, running
     await stream.aclose()  # the client reset the stream
     assert (budget.requests, budget.held_bytes) == (0, 0)
+
+
+async def test_answers_behind_a_waiting_request_leave_the_connection_room() -> None:
+    """Stream A's first request waits for one of stream B's (a START waiting for the slot
+    B's END frees), with more answered requests behind it than the connection's budget:
+    they wait on the server's account, and B's END is still read. Charged as held back by
+    the client, they held the budget, and B's END was never read (found by fuzzing)."""
+    budget = StreamBudget(limit=8)
+    freed = asyncio.Event()
+
+    async def infer(request: str) -> bytes:
+        if request == "start":
+            await freed.wait()
+        elif request == "end":
+            freed.set()
+        return request.encode()
+
+    names = {"a": ["start", *(f"a{i}" for i in range(20))], "b": ["b0", "end"]}
+    streams = {
+        key: ordered_responses(_requests(names[key]), infer, asyncio.Event(), Context(()), budget)  # type: ignore[arg-type]
+        for key in "ab"
+    }
+
+    async def read_all(key: str) -> list[bytes]:
+        return [bytes((await anext(streams[key]))[1]) for _ in names[key]]
+
+    got = await asyncio.wait_for(asyncio.gather(read_all("a"), read_all("b")), 5)
+    assert got == [[name.encode() for name in names[key]] for key in "ab"]
+    for stream in streams.values():
+        await stream.aclose()
+    assert (budget.requests, budget.behind, budget.held_bytes) == (0, 0, 0)

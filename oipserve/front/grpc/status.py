@@ -11,7 +11,7 @@ import logging
 
 import grpc
 
-from oipserve.errors import ServerError, grpc_status
+from oipserve.errors import foreseen, grpc_status
 from oipserve.front.grpc.handler_context import Aborted
 
 log = logging.getLogger("oipserve.grpc")
@@ -32,7 +32,7 @@ def log_failure(method: str, code: grpc.StatusCode, message: str, exc: BaseExcep
     if isinstance(exc, Aborted):
         return
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-        if isinstance(exc, ServerError):
+        if foreseen(exc):
             log.warning("%s -> %s: %s", method, code.name, message)
         else:
             log.error("unexpected error in %s", method, exc_info=exc)

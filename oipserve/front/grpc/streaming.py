@@ -122,6 +122,7 @@ async def ordered_responses(
             if task is None:
                 await reader  # surfaces a broken request stream
                 break
+            window.awaiting(task)
             try:
                 response = await task
             except asyncio.CancelledError:
@@ -154,59 +155,88 @@ async def ordered_responses(
 
 class _Window:
     """How much of a stream may be read and not yet answered: requests running, and answers
-    waiting for an earlier request's. Reading waits while either is full.
+    waiting for an earlier request's. Reading waits while either is full, or while the
+    connection's ``budget`` is.
 
     Answers waiting used to count as running (64 in all): a request that waits long (a
     sequence's START waiting for a slot) with 64 answered behind it stopped the reading,
     and the request that would free the slot (another sequence's END, later on the same
     stream) was never read until that sequence expired (found by fuzzing).
+
+    What the stream holds is charged to its connection's budget (``_charge``): its running
+    requests, and its answers waiting, as the client's while the stream sends (its window
+    may be closed: the client holds them back), as the server's while it waits for a request
+    still running (the budget's ``behind``). One stream's answers waiting behind a START
+    held the budget that another stream's END, which would free the slot, needed to be
+    read (found by fuzzing).
     """
 
     def __init__(self, budget: StreamBudget | None) -> None:
         self.running = 0
         self.held = 0
         self.held_bytes = 0
+        #: The oldest request, whose answer goes next, is still running.
+        self.head_running = False
         self._budget = budget
+        #: What is charged to ``budget`` now: requests, answers behind a running head,
+        #: bytes of the answers waiting.
+        self._charged = (0, 0, 0)
         self._room = asyncio.Event()
         self._room.set()
 
     def started(self, task: asyncio.Task[bytes | memoryview]) -> None:
         self.running += 1
-        if self._budget is not None:
-            self._budget.take()
         task.add_done_callback(self._finished)
         self._update()
 
     def _finished(self, task: asyncio.Task[bytes | memoryview]) -> None:
         self.running -= 1
         self.held += 1
-        nbytes = _answer_bytes(task)
-        self.held_bytes += nbytes
-        if self._budget is not None:
-            self._budget.hold(nbytes)
+        self.held_bytes += _answer_bytes(task)
+        self._update()
+
+    def awaiting(self, task: asyncio.Task[bytes | memoryview]) -> None:
+        """The answer to send next is ``task``'s."""
+        self.head_running = not task.done()
         self._update()
 
     def sent(self, task: asyncio.Task[bytes | memoryview]) -> None:
         """``task``'s answer has left (the counts may pass below 0 for a moment: a task's
         done callbacks may run after its awaiter resumed)."""
         self.held -= 1
-        nbytes = _answer_bytes(task)
-        self.held_bytes -= nbytes
-        if self._budget is not None:
-            self._budget.give(1, nbytes)
+        self.held_bytes -= _answer_bytes(task)
+        self.head_running = False
         self._update()
 
     def close(self) -> None:
         """The stream is over: what it still holds leaves the connection's budget."""
-        budget, self._budget = self._budget, None
-        if budget is not None:
-            budget.give(self.running + self.held, self.held_bytes)
+        self.running = self.held = self.held_bytes = 0
+        self._charge()
+        self._budget = None
 
     def _update(self) -> None:
+        self._charge()
         if self.running < _RUNNING and self.held < _HELD and self.held_bytes < _HELD_BYTES:
             self._room.set()
         else:
             self._room.clear()
+
+    def _charge(self) -> None:
+        budget = self._budget
+        if budget is None:
+            return
+        held = max(self.held, 0)
+        if self.head_running:
+            charge = (self.running, held, 0)
+        else:
+            charge = (self.running + held, 0, max(self.held_bytes, 0))
+        if charge != self._charged:
+            budget.change(
+                charge[0] - self._charged[0],
+                charge[1] - self._charged[1],
+                charge[2] - self._charged[2],
+            )
+            self._charged = charge
 
     async def room(self) -> None:
         """Return once this stream and its connection have room for one more request."""

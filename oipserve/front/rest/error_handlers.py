@@ -12,7 +12,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from oipserve.errors import ServerError, Unavailable, Unsupported, http_status
+from oipserve.errors import ServerError, Unavailable, Unsupported, foreseen, http_status
 from oipserve.front.rest.encode import ENCODER
 from oipserve.front.rest.media import JSON
 
@@ -43,8 +43,11 @@ async def handle_unexpected(
     """Any other exception: logged with its traceback, answered by ``http_status``."""
     if isinstance(ex, falcon.HTTPError):
         raise ex
-    log.exception("unexpected error on %s %s", req.method, req.path)
     resp.status, message = http_status(ex)
+    if foreseen(ex):  # (an OS error with a kind: no room in /dev/shm, no descriptor)
+        log.warning("%s %s -> %d: %s (%s)", req.method, req.path, resp.status, message, ex)
+    else:
+        log.exception("unexpected error on %s %s", req.method, req.path)
     resp.content_type = JSON
     resp.data = ENCODER.encode({"error": message})
 
