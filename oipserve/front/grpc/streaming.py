@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.status import log_failure, status_of
+from oipserve.front.grpc.stream_window import StreamWindow
 from oipserve.front.grpc.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.runtime.stream_budget import StreamBudget
@@ -22,12 +23,6 @@ Request = TypeVar("Request")
 
 #: ModelStreamInferResponse.infer_response (field 2), length-delimited.
 _INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
-#: Requests of one stream that may run at once before reading the stream waits.
-_RUNNING = 64
-#: Answers of one stream that may wait for an earlier request's (answers leave in order)
-#: before reading the stream waits: so many, and so many bytes (at least one, however large).
-_HELD = 1024
-_HELD_BYTES = 64 << 20
 
 
 #: One response of the stream: its wire bytes, in parts to be sent one after another.
@@ -72,8 +67,9 @@ async def ordered_responses(
     context: Context,
     budget: StreamBudget | None = None,
 ) -> AsyncIterator[Response]:
-    """Requests run concurrently; responses come back in request order. ``budget``: what
-    this stream's connection may run at once across its streams (None: no bound).
+    """Requests run concurrently; responses come back in request order; how many is the
+    ``StreamWindow``'s to say, and ``budget``'s, what the stream's connection may hold
+    across its streams (None: no bound).
 
     A failed request is answered in-band (``error_message``) and the stream goes
     on, as Triton does; a client that sent the ``triton_grpc_error: true`` header
@@ -82,7 +78,7 @@ async def ordered_responses(
     """
     strict = strict_errors(context)
     pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue()
-    window = _Window(budget)
+    window = StreamWindow(budget)
 
     async def read() -> None:
         try:
@@ -151,108 +147,6 @@ async def ordered_responses(
             task = pending.get_nowait()
             if task is not None:
                 task.cancel()
-
-
-class _Window:
-    """How much of a stream may be read and not yet answered: requests running, and answers
-    waiting for an earlier request's. Reading waits while either is full, or while the
-    connection's ``budget`` is.
-
-    Answers waiting used to count as running (64 in all): a request that waits long (a
-    sequence's START waiting for a slot) with 64 answered behind it stopped the reading,
-    and the request that would free the slot (another sequence's END, later on the same
-    stream) was never read until that sequence expired (found by fuzzing).
-
-    What the stream holds is charged to its connection's budget (``_charge``): its running
-    requests, and its answers waiting, as the client's while the stream sends (its window
-    may be closed: the client holds them back), as the server's while it waits for a request
-    still running (the budget's ``behind``). One stream's answers waiting behind a START
-    held the budget that another stream's END, which would free the slot, needed to be
-    read (found by fuzzing).
-    """
-
-    def __init__(self, budget: StreamBudget | None) -> None:
-        self.running = 0
-        self.held = 0
-        self.held_bytes = 0
-        #: The oldest request, whose answer goes next, is still running.
-        self.head_running = False
-        self._budget = budget
-        #: What is charged to ``budget`` now: requests, answers behind a running head,
-        #: bytes of the answers waiting.
-        self._charged = (0, 0, 0)
-        self._room = asyncio.Event()
-        self._room.set()
-
-    def started(self, task: asyncio.Task[bytes | memoryview]) -> None:
-        self.running += 1
-        task.add_done_callback(self._finished)
-        self._update()
-
-    def _finished(self, task: asyncio.Task[bytes | memoryview]) -> None:
-        self.running -= 1
-        self.held += 1
-        self.held_bytes += _answer_bytes(task)
-        self._update()
-
-    def awaiting(self, task: asyncio.Task[bytes | memoryview]) -> None:
-        """The answer to send next is ``task``'s."""
-        self.head_running = not task.done()
-        self._update()
-
-    def sent(self, task: asyncio.Task[bytes | memoryview]) -> None:
-        """``task``'s answer has left (the counts may pass below 0 for a moment: a task's
-        done callbacks may run after its awaiter resumed)."""
-        self.held -= 1
-        self.held_bytes -= _answer_bytes(task)
-        self.head_running = False
-        self._update()
-
-    def close(self) -> None:
-        """The stream is over: what it still holds leaves the connection's budget."""
-        self.running = self.held = self.held_bytes = 0
-        self._charge()
-        self._budget = None
-
-    def _update(self) -> None:
-        self._charge()
-        if self.running < _RUNNING and self.held < _HELD and self.held_bytes < _HELD_BYTES:
-            self._room.set()
-        else:
-            self._room.clear()
-
-    def _charge(self) -> None:
-        budget = self._budget
-        if budget is None:
-            return
-        held = max(self.held, 0)
-        if self.head_running:
-            charge = (self.running, held, 0)
-        else:
-            charge = (self.running + held, 0, max(self.held_bytes, 0))
-        if charge != self._charged:
-            budget.change(
-                charge[0] - self._charged[0],
-                charge[1] - self._charged[1],
-                charge[2] - self._charged[2],
-            )
-            self._charged = charge
-
-    async def room(self) -> None:
-        """Return once this stream and its connection have room for one more request."""
-        while True:
-            await self._room.wait()
-            if self._budget is None:
-                return
-            await self._budget.room()
-            if self._room.is_set():
-                return
-
-
-def _answer_bytes(task: asyncio.Task[bytes | memoryview]) -> int:
-    if task.cancelled() or task.exception() is not None:
-        return 0
-    return memoryview(task.result()).nbytes
 
 
 def _forget(task: asyncio.Future[Any]) -> None:
