@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from oipserve.errors import InvalidInput
 from oipserve.front.grpc.handler_context import Context
@@ -29,6 +29,32 @@ def _stream(names: list[str]) -> AsyncIterator[list[bytes | memoryview]]:
     return ordered_responses(_requests(names), _infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
 
 
+def _one_slot() -> Callable[[str], Awaitable[bytes]]:
+    """A one-slot sequence model's way with requests: "start" waits for the slot that "end"
+    frees; every request is answered with its own name."""
+    freed = asyncio.Event()
+
+    async def infer(request: str) -> bytes:
+        if request == "start":
+            await freed.wait()
+        elif request == "end":
+            freed.set()
+        return request.encode()
+
+    return infer
+
+
+def _held(release: asyncio.Event, started: list[str]) -> Callable[[str], Awaitable[bytes]]:
+    """A model whose requests, noted in ``started``, run until ``release`` is set."""
+
+    async def infer(request: str) -> bytes:
+        started.append(request)
+        await release.wait()
+        return request.encode()
+
+    return infer
+
+
 async def test_answers_come_in_request_order_and_failures_in_band() -> None:
     stream = _stream(["slow", "bad1", "ok"])
     answers = [await anext(stream) for _ in range(3)]
@@ -43,14 +69,7 @@ async def test_answers_waiting_for_an_earlier_one_do_not_stop_the_reading() -> N
     """A request that waits for one read after 100 others (a sequence's START waiting for
     the slot that another sequence's END frees) is answered: the answers behind it wait,
     and reading goes on. It stopped after 64 unanswered, and the END was never read."""
-    freed = asyncio.Event()
-
-    async def infer(request: str) -> bytes:
-        if request == "start":
-            await freed.wait()
-        elif request == "end":
-            freed.set()
-        return request.encode()
+    infer = _one_slot()
 
     names = ["start", *(f"step{i}" for i in range(100)), "end"]
     stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
@@ -66,11 +85,7 @@ async def test_reading_waits_while_64_requests_run() -> None:
     """The bound on what a stream may hold: at most 64 of its requests run at once."""
     release = asyncio.Event()
     started: list[str] = []
-
-    async def infer(request: str) -> bytes:
-        started.append(request)
-        await release.wait()
-        return request.encode()
+    infer = _held(release, started)
 
     names = [f"r{i}" for i in range(100)]
     stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
@@ -93,11 +108,7 @@ async def test_a_connections_streams_share_one_budget() -> None:
     budget = StreamBudget(4)
     release = asyncio.Event()
     started: list[str] = []
-
-    async def infer(request: str) -> bytes:
-        started.append(request)
-        await release.wait()
-        return request.encode()
+    infer = _held(release, started)
 
     names = {key: [f"{key}{i}" for i in range(10)] for key in "ab"}
     streams = [
@@ -146,14 +157,7 @@ async def test_answers_behind_a_waiting_request_leave_the_connection_room() -> N
     they wait on the server's account, and B's END is still read. Charged as held back by
     the client, they held the budget, and B's END was never read (found by fuzzing)."""
     budget = StreamBudget(limit=8)
-    freed = asyncio.Event()
-
-    async def infer(request: str) -> bytes:
-        if request == "start":
-            await freed.wait()
-        elif request == "end":
-            freed.set()
-        return request.encode()
+    infer = _one_slot()
 
     names = {"a": ["start", *(f"a{i}" for i in range(20))], "b": ["b0", "end"]}
     streams = {
