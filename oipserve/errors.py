@@ -42,6 +42,13 @@ SHUTDOWN_UNANSWERED = (
     "the server is shutting down and this request did not finish within --shutdown-timeout"
 )
 
+#: What a ModelStreamInfer client is told when the server, stopping, ends its stream before
+#: the client did: every request read was answered, what the client sends next is not.
+SHUTDOWN_STREAM = (
+    "the server is shutting down: this stream's requests read so far were answered, later "
+    "ones are not; send them to another server"
+)
+
 #: What a client is told when the server ran out of file descriptors (EMFILE, ENFILE)
 #: wherever that happened: a condition of the server that may pass, so 503, not a 500.
 NO_DESCRIPTORS_MESSAGE = (

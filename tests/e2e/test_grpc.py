@@ -670,6 +670,29 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
             np.testing.assert_array_equal(outcome, data)
 
 
+def test_a_stream_its_client_has_not_ended_ends_unavailable_at_shutdown(tmp_path: Path) -> None:
+    """SIGTERM while a client keeps its stream open, its request answered: the stream ends
+    UNAVAILABLE, saying that what the client sends next is not served. It ended OK, and a
+    request still uploading was lost unseen (found by fuzzing)."""
+    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+            client.async_stream_infer("identity_fp32", [tensor], request_id="1")
+            result, error = answers.get(timeout=30)
+            assert error is None and result.get_response().id == "1"  # type: ignore[attr-defined]
+            assert proc.stop() == 0, proc.log
+            _, error = answers.get(timeout=30)
+        finally:
+            client.stop_stream()
+    assert isinstance(error, InferenceServerException)
+    assert error.status() == str(grpc.StatusCode.UNAVAILABLE), error
+    assert "later ones are not" in str(error), error
+
+
 def test_clients_that_keep_calling_do_not_hold_the_shutdown(tmp_path: Path) -> None:
     """Found by fuzzing: after SIGTERM the gRPC port went on accepting and serving new
     calls while any client kept calling (a drain waited for five quiet polls), and the

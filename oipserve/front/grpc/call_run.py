@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from oipserve.errors import SHUTDOWN_STREAM
 from oipserve.front.grpc.call_send import CallSender
 from oipserve.front.grpc.codec import model_named, request_id, wire_bytes
 from oipserve.front.grpc.h2.frames import TRAILERS_OK
@@ -27,6 +28,7 @@ from oipserve.front.grpc.streaming import StreamRequestFailed, ordered_responses
 from oipserve.runtime.off_loop import unmap_off_loop
 
 _OK = grpc.StatusCode.OK.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class CallRunner(CallSender):
@@ -106,10 +108,18 @@ class CallRunner(CallSender):
             infer = table.stream_infer if table.answers is None else self._stream_request
             answer = functools.partial(self._answer, infer)
             budget = self._conn.stream_requests
-            responses = ordered_responses(self._requests(), answer, table.closing, context, budget)
+            requests = self._requests()
+            responses = ordered_responses(requests, answer, table.closing, context, budget)
             async for parts in responses:
                 await self._send(parts, first=not started)
                 started = True
+            if not requests.ended:
+                # NOTE: the server is stopping (``closing``) and the client has not ended
+                #   its side: what it sends next (a message still uploading too) is not
+                #   served. UNAVAILABLE says so; it was OK, and a request lost unseen
+                #   (found by fuzzing).
+                self._end(_UNAVAILABLE, SHUTDOWN_STREAM, started)
+                return
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -141,7 +151,7 @@ class CallRunner(CallSender):
             unmap_off_loop(message)
             self._answered(size)
 
-    def _requests(self) -> AsyncIterator[tuple[Any, int]]:
+    def _requests(self) -> _RequestStream:
         if self._queue is None:
             raise RuntimeError(f"the request stream of {self._name} has no queue")
         return _RequestStream(self, self._queue)
@@ -171,21 +181,22 @@ class _RequestStream:
     """A stream's request messages for its handler (``CallRunner._next_request``). An
     iterator class: mypyc compiles no async generator."""
 
-    __slots__ = ("_call", "_queue", "_ended")
+    __slots__ = ("_call", "_queue", "ended")
 
     def __init__(self, call: CallRunner, queue: asyncio.Queue[tuple[bool, Any] | None]) -> None:
         self._call = call
         self._queue = queue
-        self._ended = False
+        #: The client ended its side: every request it sent was read.
+        self.ended = False
 
     def __aiter__(self) -> _RequestStream:
         return self
 
     async def __anext__(self) -> Any:
-        if self._ended:
+        if self.ended:
             raise StopAsyncIteration
         try:
             return await self._call._next_request(self._queue)
         except StopAsyncIteration:
-            self._ended = True
+            self.ended = True
             raise
