@@ -38,6 +38,7 @@ from oipserve.errors import (
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
+from oipserve.request.checks import rows_of
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference, InferResult, client_outputs
 from oipserve.request.placement import Placement, place
@@ -113,14 +114,6 @@ class _Queued:
         owned, self.owned = self.owned, []
         for held in owned:
             held.release()
-
-
-def batch_rows(model: ModelVersion, placements: list[Placement]) -> int:
-    """The request's batch size: its inputs' common first dimension (``check_request``
-    refused inputs that differ in it), 1 without batching."""
-    if model.max_batch_size == 0:
-        return 1
-    return placements[0][0].shape[0]
 
 
 def _signature(placements: list[Placement]) -> tuple[object, ...]:
@@ -256,7 +249,7 @@ class BatchRunner:
         model, output_names, owned = inference.model, inference.output_names, inference.owned
         priority, timeout_us, watch = inference.priority, inference.timeout_us, inference.watch
         try:
-            rows = batch_rows(model, placements)
+            rows = rows_of(model, placements[0][0].shape)  # (they agree: check_request)
             queued = _Queued(placements, output_names, owned, rows, start, stats)
             batcher = self._batcher(model, stats)
             layout = batcher.layout

@@ -58,6 +58,7 @@ from oipserve.request.checks import (
     check_datatype,
     check_output_names,
     input_spec,
+    rows_of,
 )
 from oipserve.request.classification import check_classification
 from oipserve.request.inference import Inference, InferResult
@@ -114,7 +115,7 @@ class EnsembleRunner:
         except BaseException:
             stats.request_failed(FailureReason.OTHER, monotonic_ns() - start)
             raise
-        batch = _batch_size(model, inference)
+        batch = rows_of(model, inference.inputs[0].shape if inference.inputs else ())
         stats.executed(batch, 0, 0, 0)  # NOTE: its steps' compute counts in their models
         stats.request_succeeded(batch, monotonic_ns() - start, 0, 0, 0, 0)
         return outputs
@@ -196,8 +197,3 @@ def _check_regions_fit(result: InferResult, into: dict[str, RegionUse]) -> None:
     except InvalidInput:
         result.release()
         raise
-
-
-def _batch_size(model: ModelVersion, inference: Inference) -> int:
-    shape = inference.inputs[0].shape if inference.inputs else []
-    return shape[0] if model.max_batch_size > 0 and shape else 1

@@ -27,7 +27,7 @@ from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.response_cache import Entry, Probe, ResponseCache, answer
 from oipserve.errors import InvalidInput
-from oipserve.request.checks import output_targets
+from oipserve.request.checks import output_targets, rows_of
 from oipserve.request.classification import check_classification
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.echo import answer_echo
@@ -126,8 +126,7 @@ class Unbatched:
             refused(exc, owned, lease, stats, start)
             raise
         sent = sending(owned, lease, stats)
-        shape = inference.inputs[0].shape
-        batch = shape[0] if model.max_batch_size > 0 and shape else 1
+        batch = rows_of(model, inference.inputs[0].shape)
         try:
             # (``stats``, ``batch``: a run the worker makes after the request failed at its
             #  deadline is an execution all the same, as a batched one is; it went uncounted,

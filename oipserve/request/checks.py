@@ -14,6 +14,7 @@ whichever came last (docs/shared-memory.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from oipserve.errors import InvalidInput
@@ -28,7 +29,7 @@ from oipserve.wire.messages import OutputTarget
 if TYPE_CHECKING:
     from oipserve.request.client_regions import RegionUse
 
-__all__ = ["batch_so_far", "check_output_names", "check_request", "output_targets"]
+__all__ = ["batch_so_far", "check_output_names", "check_request", "output_targets", "rows_of"]
 
 #: Triton's bound on an input's element count and byte size (int64_t).
 INT64_MAX = 2**63 - 1
@@ -118,6 +119,12 @@ def batch_so_far(model: ModelVersion, tensor: InputTensor, batch: int | None) ->
             f"input '{tensor.name}' batch size does not match other inputs for '{model.name}'"
         )
     return tensor.shape[0]
+
+
+def rows_of(model: ModelVersion, shape: Sequence[int]) -> int:
+    """A request's batch size from one of its inputs' shape (they agree: ``batch_so_far``):
+    its first dimension for a model that batches, else 1."""
+    return shape[0] if model.max_batch_size > 0 and shape else 1
 
 
 def check_output_names(model: ModelVersion, output_names: list[str]) -> None:

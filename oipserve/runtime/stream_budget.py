@@ -48,7 +48,7 @@ class StreamBudget:
         self._room: asyncio.Event | None = None
 
     def change(self, requests: int, behind: int, nbytes: int) -> None:
-        """A stream's charge changed by so much (``streaming._Window``)."""
+        """A stream's charge changed by so much (``front.grpc.stream_window``)."""
         self.requests += requests
         self.behind += behind
         self.held_bytes += nbytes

@@ -193,7 +193,7 @@ class BufferPool:
             try:
                 segment = Segment.create(name, size)
             except OSError as exc:
-                if exc.errno not in NO_ROOM or not self.drop_idle():
+                if not self._made_room(exc):
                     raise
                 segment = Segment.create(name, size)
         self._leased[segment.name] = segment
@@ -214,7 +214,7 @@ class BufferPool:
         try:
             segment = await self._create_in_thread(name, size)
         except OSError as exc:
-            if exc.errno not in NO_ROOM or not self.drop_idle():
+            if not self._made_room(exc):
                 raise
             segment = await self._create_in_thread(name, size)
         self._leased[segment.name] = segment
@@ -228,6 +228,11 @@ class BufferPool:
             # NOTE: the thread goes on; what it creates joins the idle segments.
             creating.add_done_callback(self._adopt)
             raise
+
+    def _made_room(self, exc: OSError) -> bool:
+        """Whether a segment's creation that failed with ``exc`` is worth trying again:
+        ``/dev/shm`` had no room, and this pool's idle segments are now gone."""
+        return exc.errno in NO_ROOM and self.drop_idle()
 
     def drop_idle(self) -> bool:
         """Unlink every idle segment (``/dev/shm`` is full); whether there was one."""

@@ -173,11 +173,12 @@ class ModelResource:
                 request_id = request.id
                 parameters = request.parameters
                 priority, timeout_us = schedule_parameters(parameters)
-                if parameters:  # checked whatever the model, as Triton's HTTP front does
-                    check_request_parameters(parameters)
-                    sequence_params.from_json(parameters)
                 if takes_sequence(target):  # a sequence model, or an ensemble with one
                     sequence = sequence_params.from_json(parameters)
+                if parameters:
+                    check_request_parameters(parameters)
+                    if sequence is None:  # checked all the same, as Triton's HTTP front does
+                        sequence_params.from_json(parameters)
         except BaseException as exc:
             for held in [*owned, *into_regions.values()]:
                 held.release()

@@ -166,8 +166,8 @@ class ConnectionState(asyncio.Protocol):
         #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
         self._context = contextvars.copy_context()
         self._context.run(ABANDONED_WORK.set, self.abandoned if one_client else None)
-        #: What this client's ModelStreamInfer streams may run at once, together (None:
-        #: a connection of many clients).
+        #: What this client's ModelStreamInfer streams may hold at once, together
+        #: (``runtime.stream_budget``; None: a connection of many clients).
         self.stream_requests = StreamBudget() if one_client else None
         #: The log has said this connection was held (``_hold_reading``: said once).
         self._held_before = False
