@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
 from tests.support.h2_rest import H2c, grpc_message
-from tests.support.server import ServerProcess, socket_to_front
+from tests.support.server import ServerProcess, socket_to_front, wait_for
 from tests.support.tensors import SIMPLE_JSON
 
 #: --max-request-bytes: a 6 MiB body passes (more than a stream's 4 MiB window), 9 MiB not.
@@ -240,4 +242,74 @@ def test_every_front_of_http_workers_serves_rest_over_h2() -> None:
                     ), (pid, port, brew)
     finally:
         assert proc.stop() == 0, proc.log
+    assert "Traceback" not in proc.log, proc.log
+
+
+#: Clients taking large answers at SIGTERM, each answer's size (4 MiB), their window
+#: (WINDOW_UPDATEs all along an answer) and the most one of their reads takes.
+_CLIENTS = 4
+_FLOATS = 1 << 20
+_WINDOW = 1 << 20
+_READ = 64 * 1024
+
+
+def _take_answers_until_goaway(port: int, answered: list[int], index: int) -> list[str]:
+    """One client's 4 MiB round trips until the server's GOAWAY, then its connection read
+    to its end: what went wrong (nothing, for a server that loses nothing)."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, _FLOATS],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": _FLOATS * 4},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    fields = [
+        ("content-type", "application/octet-stream"),
+        ("inference-header-content-length", str(len(header))),
+    ]
+    body = header + bytes(_FLOATS * 4)
+    with H2c("127.0.0.1", port, window=_WINDOW, through_goaway=True) as h2:
+        h2.read_size = _READ
+        try:
+            while h2.goaway_last is None:
+                stream = h2.start("POST", "/v2/models/identity_fp32/infer", fields, body)
+                try:
+                    answer = h2.wait(stream)
+                except ConnectionError:  # closed after its GOAWAY: not taken, if past it
+                    last = h2.goaway_last
+                    return [] if last is not None and stream > last else [f"{stream} lost"]
+                if answer.status != 200 or len(answer.body) <= _FLOATS * 4:
+                    return [f"stream {stream}: {answer.status}, {len(answer.body)} bytes"]
+                answered[index] += 1
+            while not h2.closed:  # the connection's end: a FIN, not a reset
+                h2._read_once()
+        except OSError as exc:
+            return [f"{type(exc).__name__} after {answered[index]} answers: {exc}"]
+    return []
+
+
+def test_answers_under_way_at_shutdown_reach_h2c_clients_whole() -> None:
+    """SIGTERM while clients take 4 MiB answers over h2c (``--http-workers 2``): every
+    stream the server took is answered whole and each connection ends with a FIN. Until
+    2026-11-30 a connection whose last call was answered closed with the client's last
+    WINDOW_UPDATEs unread: the kernel reset it, and the reset dropped the tail of the
+    answer still in flight and the last GOAWAY (found by fuzzing; here 1 to 4 of the 4
+    clients lost an answer, in each of 8 runs)."""
+    proc = ServerProcess(args=["--devices", "cpu", "--http-workers", "2"]).wait_ready()
+    answered = [0] * _CLIENTS
+    with ThreadPoolExecutor(_CLIENTS) as pool:
+        futures = [
+            pool.submit(_take_answers_until_goaway, proc.port, answered, i) for i in range(_CLIENTS)
+        ]
+        assert wait_for(lambda: all(answered) or any(f.done() for f in futures), 60)
+        proc.process.send_signal(signal.SIGTERM)
+        problems = [problem for future in futures for problem in future.result(60)]
+    assert problems == [], problems
+    assert proc.stop() == 0, proc.log
     assert "Traceback" not in proc.log, proc.log

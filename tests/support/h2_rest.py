@@ -68,9 +68,16 @@ class H2c:
     """One HTTP/2 connection with prior knowledge to ``host:port``."""
 
     def __init__(
-        self, host: str, port: int, window: int | None = None, sock: socket.socket | None = None
+        self,
+        host: str,
+        port: int,
+        window: int | None = None,
+        sock: socket.socket | None = None,
+        through_goaway: bool = False,
     ) -> None:
-        """``sock``: a connection to ``host:port`` already made (to one front, say)."""
+        """``sock``: a connection to ``host:port`` already made (to one front, say);
+        ``window``: the client's receive window, each stream's and the connection's;
+        ``through_goaway``: the streams the server took still finish after its GOAWAY."""
         self.sock = sock or socket.create_connection((host, port), timeout=TIMEOUT)
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config)
@@ -79,9 +86,18 @@ class H2c:
             initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window or 65_535},
         )
         self.conn.initiate_connection()
+        if window is not None and window > 65_535:
+            self.conn.increment_flow_control_window(window - 65_535)
+        if through_goaway:
+            _finish_after_goaway(self.conn)
         self.answers: dict[int, Answer] = {}
         self.authority = f"{host}:{port}"
         self.closed = False
+        #: The last stream id of the server's latest GOAWAY (None: none came).
+        self.goaway_last: int | None = None
+        self._through_goaway = through_goaway
+        #: Bytes one read takes at most (a client that reads slowly takes less).
+        self.read_size = 1 << 20
         self._flush()
 
     def __enter__(self) -> H2c:
@@ -168,7 +184,7 @@ class H2c:
         return self.answers[stream]
 
     def _read_once(self) -> None:
-        data = self.sock.recv(1 << 20)
+        data = self.sock.recv(self.read_size)
         if not data:
             self.closed = True
             return
@@ -193,12 +209,29 @@ class H2c:
         elif isinstance(event, h2.events.StreamReset) and answer is not None:
             answer.reset = int(event.error_code)
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self.closed = True
+            self.goaway_last = event.last_stream_id
+            self.closed = not self._through_goaway
 
     def _flush(self) -> None:
         data = self.conn.data_to_send()
         if data:
             self.sock.sendall(data)
+
+
+def _finish_after_goaway(conn: h2.connection.H2Connection) -> None:
+    """python-hyper's h2 takes any GOAWAY as the connection's end and refuses each frame
+    after it; RFC 9113 (6.8) lets the streams up to its last id finish, as nghttp2's and
+    gRPC's clients do: here, all but a new stream's HEADERS still come and go."""
+    machine = conn.state_machine
+    closed = h2.connection.ConnectionState.CLOSED
+    machine._transitions = {  # type: ignore[attr-defined]
+        **machine._transitions,
+        **{
+            (closed, step): (None, closed)
+            for step in h2.connection.ConnectionInputs
+            if step is not h2.connection.ConnectionInputs.SEND_HEADERS
+        },
+    }
 
 
 def grpc_message(body: bytes | bytearray) -> bytes:

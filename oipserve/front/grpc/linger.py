@@ -21,6 +21,17 @@ seen in the socket's TCP state instead (``TCP_INFO``, one look at every lingerin
 each ``_LOOK`` seconds, by one timer while any lingers). Once the peer has closed and
 taken all we sent, a reset loses nothing (a kernel keeps what it received). A socket
 without that state (a Unix one) lingers the whole time.
+
+A connection that ends well (a shutdown's, or an idle one's, second GOAWAY once its last
+call is answered: ``Lingering.take_gracefully``) lingers too, and for the same reason: a
+socket closed with the peer's bytes unread is reset, and the reset drops the answers the
+peer had not taken yet. Its peer is no flooder: its last frames (WINDOW_UPDATEs for our
+DATA, the PING's answer, calls sent before it heard the GOAWAY) came a moment after our
+close. Such a socket keeps reading (what comes is dropped), so the peer's FIN ends it
+as a close (nothing unread); else it goes once the peer took our FIN (all we sent), or
+``GRACEFUL_SECONDS`` later at most. At most ``MAX_GRACEFUL`` linger so, past that a
+graceful end closes at once, as before. (Found by fuzzing: REST over h2c at SIGTERM, 4
+of 6 clients saw the tail of an answer and the last GOAWAY reset away.)
 """
 
 from __future__ import annotations
@@ -38,35 +49,45 @@ import socket
 LINGER_SECONDS = 1.0
 #: Sockets one front lets linger at once; past it a connection error closes at once.
 MAX_LINGERING = 64
+#: Seconds at most a socket ending well lingers after its last GOAWAY and FIN: time for
+#: a peer taking a large answer at a modest rate; a shutdown waits for it no longer than
+#: ``--shutdown-timeout`` (``listener.stop``).
+GRACEFUL_SECONDS = 10.0
+#: Sockets ending well that one front lets linger at once (they stay readable: each is a
+#: connection's socket a few seconds longer, the connection's slot freed).
+MAX_GRACEFUL = 1024
 #: Seconds between two looks at the lingering sockets' TCP state.
 _LOOK = 0.05
 #: TCP states (``tcp_states.h``) in which the peer has closed and acknowledged all we
 #: sent, FIN included (TIME_WAIT, CLOSE: also after a reset).
 _PEER_DONE = frozenset({6, 7})
+#: ... and those in which it acknowledged all we sent, FIN included (FIN_WAIT2 too): a
+#: socket that reads loses nothing of the peer's when it goes then.
+_PEER_TOOK_ALL = frozenset({5, 6, 7})
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 
 
-def _peer_done(transport: asyncio.Transport) -> bool:
+def _peer_done(transport: asyncio.Transport, states: frozenset[int] = _PEER_DONE) -> bool:
     """Whether the peer closed its side and took all of ours (False where unknown)."""
     sock = transport.get_extra_info("socket")
     if sock is None or _TCP_INFO is None:
         return False
     try:
-        return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0] in _PEER_DONE
+        return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0] in states
     except OSError:  # not TCP
         return False
 
 
 class _Lingering(asyncio.Protocol):
-    """A lingering socket's protocol: reads nothing (reading is paused), forgets it when
-    it goes."""
+    """A lingering socket's protocol: drops what it reads (after a connection error only
+    what was in flight when reading paused), forgets the socket when it goes."""
 
     def __init__(self, owner: Lingering, transport: asyncio.Transport) -> None:
         self._owner = owner
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
-        """Dropped: only what was in flight when reading paused can come."""
+        """Dropped."""
 
     def eof_received(self) -> bool:
         return False  # the peer ended its side: the transport closes
@@ -82,52 +103,82 @@ class Lingering:
         # NOTE: the module's values read here, not as defaults: a test may lower them.
         self._seconds = LINGER_SECONDS
         self._bound = MAX_LINGERING
-        #: Lingering transport -> the loop time it is aborted at the latest.
-        self._held: dict[asyncio.Transport, float] = {}
+        self._graceful_seconds = GRACEFUL_SECONDS
+        self._graceful_bound = MAX_GRACEFUL
+        #: Lingering transport -> the loop time it is aborted at the latest, and the TCP
+        #: states in which it goes sooner; after a connection error, and ending well.
+        self._held: dict[asyncio.Transport, tuple[float, frozenset[int]]] = {}
+        self._graceful: set[asyncio.Transport] = set()
         self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self._held)
 
     def take(self, transport: asyncio.Transport) -> bool:
-        """Linger ``transport`` (what was written to it goes first, then a FIN), its
-        protocol replaced; False, nothing done, where it is not lingered (the bound is
-        reached, it is closing, or it cannot end one side): the caller closes it."""
-        if len(self._held) >= self._bound or transport.is_closing():
+        """Linger ``transport`` after a connection error (what was written to it goes
+        first, then a FIN; nothing more is read), its protocol replaced; False, nothing
+        done, where it is not lingered (the bound is reached, it is closing, or it cannot
+        end one side): the caller closes it."""
+        if len(self._held) - len(self._graceful) >= self._bound:
             return False
-        if not transport.can_write_eof():
+        if not self._ended(transport):
+            return False
+        transport.pause_reading()
+        self._hold(transport, self._seconds, _PEER_DONE)
+        return True
+
+    def take_gracefully(self, transport: asyncio.Transport) -> bool:
+        """Linger ``transport`` whose connection ended well: as ``take``, but reading
+        on (dropped), ended by the peer's FIN, or once the peer took all we sent, or
+        after ``GRACEFUL_SECONDS``."""
+        if len(self._graceful) >= self._graceful_bound or not self._ended(transport):
+            return False
+        self._graceful.add(transport)
+        self._hold(transport, self._graceful_seconds, _PEER_TOOK_ALL)
+        # It may have been held (a connection stops reading while its clients' calls
+        # are abandoned): the peer's FIN and last frames are read from here on.
+        transport.resume_reading()
+        return True
+
+    @staticmethod
+    def _ended(transport: asyncio.Transport) -> bool:
+        """Our side ended (a FIN after what was written): False where it could not be."""
+        if transport.is_closing() or not transport.can_write_eof():
             return False
         try:
             transport.write_eof()
         except (OSError, RuntimeError):
             return False
-        transport.pause_reading()
+        return True
+
+    def _hold(self, transport: asyncio.Transport, seconds: float, done: frozenset[int]) -> None:
         transport.set_protocol(_Lingering(self, transport))
         loop = asyncio.get_running_loop()
-        self._held[transport] = loop.time() + self._seconds
+        self._held[transport] = (loop.time() + seconds, done)
         if self._timer is None:
             self._timer = loop.call_later(_LOOK, self._look, loop)
-        return True
 
     def _look(self, loop: asyncio.AbstractEventLoop) -> None:
         """Abort the sockets whose peer is done or whose time is up: aborted, not closed
         (a close waits, unbounded, for what the peer has not read)."""
         self._timer = None
         now = loop.time()
-        for transport, until in list(self._held.items()):
-            if now >= until or _peer_done(transport):
-                del self._held[transport]
+        for transport, (until, done) in list(self._held.items()):
+            if now >= until or _peer_done(transport, done):
+                self.forget(transport)
                 transport.abort()
         if self._held:
             self._timer = loop.call_later(_LOOK, self._look, loop)
 
     def forget(self, transport: asyncio.Transport) -> None:
-        """``transport`` went (an error, or the stop): no longer counted."""
+        """``transport`` went (an error, the peer's close, or the stop): no longer counted."""
         self._held.pop(transport, None)
+        self._graceful.discard(transport)
 
     def close(self) -> None:
-        """Abort every lingering socket now (a stop waits for none)."""
+        """Abort every lingering socket now (a stop waits no longer)."""
         held, self._held = self._held, {}
+        self._graceful = set()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -5,15 +5,17 @@
 ``stop``, which stops accepting, sends every connection a GOAWAY in two phases (RFC
 9113, 6.8: clients open new calls elsewhere, and calls sent before they heard it are
 still served), waits up to ``grace`` for those phases and the calls still running, and
-closes what is left.
+closes what is left; a connection's socket then lingers, within the same grace, until
+its peer took the last answers (``front.grpc.linger``).
 
 The public port's connections are bounded (``front.grpc.keepalive``): at most
 ``max_connections`` at once (past it a new one is refused and closed at once, the open
 ones kept), and each is watched for idleness and silence by one timer of its own. The
 private socket's connections (the other fronts' forwarded calls) are neither counted
 nor watched. A connection ended by a connection error frees its slot at once; its
-socket lingers briefly, bounded, so that its GOAWAY is not lost (``front.grpc.linger``),
-and ``stop`` aborts those still lingering.
+socket lingers briefly, bounded, so that its GOAWAY is not lost (``front.grpc.linger``);
+a connection that ends well lingers so too. ``stop`` aborts those still lingering at
+the end of its grace.
 
 ``adopt`` takes the HTTP/2 connections that came to the HTTP port (h2c with prior
 knowledge, ``front.http.protocol``): they are this listener's in every way (the cap, the
@@ -114,7 +116,7 @@ class H2Server:
             self._call,
             self._closed,
             preface_timeout,
-            linger=self._lingering.take,
+            linger=self._lingering,
             one_client=one_client,
         )
         self._connections.add(connection)
@@ -182,7 +184,11 @@ class H2Server:
         for connection in list(self._connections):
             for call in list(connection.streams.values()):
                 call.give_up(SHUTDOWN_UNANSWERED)
-            connection.close()
+            connection.end()
+        # The sockets that ended well linger until their peers took the last answers
+        # and GOAWAY (``linger``), within the same grace; those left then are aborted.
+        while self._lingering and loop.time() < deadline:
+            await asyncio.sleep(_POLL_SECONDS)
         self._lingering.close()
         for listener in self._listeners:
             await listener.wait_closed()

@@ -34,6 +34,7 @@ from oipserve.front.grpc.h2.connection_state import (
     MAX_FRAME,
     MAX_STREAMS,
     PREFACE_TIMEOUT,
+    Linger,
     Stream,
 )
 from oipserve.front.grpc.h2.frames import (
@@ -77,7 +78,7 @@ class Connection(ConnectionReceiver):
         new_stream: Callable[[Connection, int], Stream],
         closed: Callable[[Connection], None],
         preface_timeout: float = PREFACE_TIMEOUT,
-        linger: Callable[[asyncio.Transport], bool] | None = None,
+        linger: Linger | None = None,
         one_client: bool = True,
     ) -> None:
         super().__init__(preface_timeout, linger, one_client)

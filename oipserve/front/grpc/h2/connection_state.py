@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable
 from typing import Protocol
 
 from mypy_extensions import mypyc_attr
@@ -80,6 +79,18 @@ class Stream(Protocol):
         as unavailable if nothing was sent yet (else end the stream), and stop its work."""
 
 
+class Linger(Protocol):
+    """Where a connection's socket goes to close without losing what was last written
+    (``front.grpc.linger.Lingering``): each method False, nothing done, where it does not
+    take it."""
+
+    def take(self, transport: asyncio.Transport) -> bool:
+        """After a connection error's GOAWAY (the peer's frames no longer read)."""
+
+    def take_gracefully(self, transport: asyncio.Transport) -> bool:
+        """After the connection ended well (its last GOAWAY sent, its calls answered)."""
+
+
 class _HandedOver(asyncio.Transport):
     """Where a connection writes once its socket was handed to the linger: nowhere."""
 
@@ -102,11 +113,11 @@ class ConnectionState(asyncio.Protocol):
     def __init__(
         self,
         preface_timeout: float,
-        linger: Callable[[asyncio.Transport], bool] | None,
+        linger: Linger | None,
         one_client: bool,
     ) -> None:
-        #: Takes the socket after a connection error's GOAWAY, to close it without losing
-        #: the GOAWAY (``front.grpc.linger``); False, or None: it is closed at once.
+        #: Takes the socket at the end, to close it without losing what was last written
+        #: (``front.grpc.linger``); None: it is closed at once.
         self._linger = linger
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
@@ -253,12 +264,17 @@ class ConnectionState(asyncio.Protocol):
         connection: its streams are reset and its slot freed (``closed``).
         """
         self._write(goaway(self._ids.last, code, message))
+        self._hand_over(graceful=False)
+
+    def _hand_over(self, graceful: bool) -> None:
+        """Close, the socket handed to the linger where it takes it."""
         transport = self.transport
         if self._linger is None or transport is None or self.lost:
             self.close()
             return
         self._out.flush()
-        if not self._linger(transport):
+        linger = self._linger
+        if not (linger.take_gracefully(transport) if graceful else linger.take(transport)):
             self.close()
             return
         # What is still written goes nowhere (the transport would raise after its
@@ -300,7 +316,14 @@ class ConnectionState(asyncio.Protocol):
 
     def _maybe_close(self) -> None:
         if self.going_away and not self.streams:
-            self.close()
+            self.end()
+
+    def end(self) -> None:
+        """Close once all written is sent and taken: the socket lingers, reading what
+        the peer still sends (``front.grpc.linger``: a close with its frames unread would
+        reset the connection and drop what the peer had not taken yet)."""
+        if self.transport is not None:
+            self._hand_over(graceful=True)
 
     def close(self) -> None:
         if self.transport is not None:
