@@ -223,8 +223,9 @@ async def infer_on(
     (the link calls it at the reply or the worker's death), or here at once when the
     request cannot be sent. A caller cancelled once the reply has come gives its outputs
     back (``drop_reply``; ``mapped``: the front's mappings of the output segments). Past
-    ``deadline``, a run the worker makes all the same counts in ``late`` as an execution
-    of ``rows`` (``ModelStats.ran_late``).
+    ``deadline``, or cancelled, a run the worker makes all the same counts in ``late`` as
+    an execution of ``rows`` (``ModelStats.ran_late``: Triton counts every model run; a
+    cancelled one went uncounted, found by fuzzing).
     """
     try:
         waiting = worker.call(make, inputs_free, deadline)
@@ -238,16 +239,23 @@ async def infer_on(
             worker.on_late_reply(waiting, functools.partial(late.ran_late, rows))
         raise
     except asyncio.CancelledError:
-        drop_reply(worker, waiting, mapped)
+        ran = None if late is None else functools.partial(late.ran_late, rows)
+        drop_reply(worker, waiting, mapped, ran)
         abandoned = ABANDONED_WORK.get()
         if abandoned is not None:  # counted against its client while the worker has it
             worker.while_pending(waiting, abandoned.abandoned)
         raise
 
 
-def drop_reply(worker: WorkerLink, waiting: Awaitable[object], mapped: SegmentCache) -> None:
-    """A request cancelled after its reply came: hand its output segment back (``infer_on``
-    calls this on CancelledError).
+def drop_reply(
+    worker: WorkerLink,
+    waiting: Awaitable[object],
+    mapped: SegmentCache,
+    ran: Callable[[InferDone], None] | None = None,
+) -> None:
+    """A request cancelled: hand its output segment back once its reply comes, or now if
+    it came already (``infer_on`` calls this on CancelledError); ``ran(reply)`` if the
+    worker ran it, then or now.
 
     The reply and the cancel can land in one loop iteration (a stream reset while its
     worker answers): the reply is then in ``waiting`` but the task wakes to
@@ -256,10 +264,15 @@ def drop_reply(worker: WorkerLink, waiting: Awaitable[object], mapped: SegmentCa
     attack grew /dev/shm ~20 MiB a second, for ever).
     """
     if not isinstance(waiting, asyncio.Future) or not waiting.done() or waiting.cancelled():
-        return  # still waiting: the link releases the outputs when the reply comes
+        # Still waiting: the link releases the outputs when the reply comes.
+        if ran is not None:
+            worker.on_late_reply(waiting, ran)
+        return
     if waiting.exception() is None:
         reply = waiting.result()
         if isinstance(reply, InferDone):
+            if ran is not None:
+                ran(reply)
             for name in reply.dropped:  # unlinked by the worker: let go of their mappings
                 mapped.forget(name)
             if reply.segment:

@@ -310,8 +310,8 @@ class WorkerLink:
 
     def on_late_reply(self, waiting: Awaitable[object], ran: Callable[[InferDone], None]) -> None:
         """``ran(reply)`` if the worker runs the request ``call`` returned ``waiting`` for
-        after all, its caller having given up at its deadline (a run counts as an
-        execution, answered or not)."""
+        after all, its caller having given up (at its deadline, or cancelled): a run
+        counts as an execution, answered or not."""
         rid = self._rid_of(waiting)
         if rid is not None:
             self.late[rid] = ran

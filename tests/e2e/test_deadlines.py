@@ -24,6 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.batching import hold_the_instance
+from tests.support.metrics import scrape
 from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.raw_http import read_response
 from tests.support.server import ServerProcess, wait_for
@@ -187,5 +188,42 @@ def test_a_run_past_its_requests_deadline_counts_as_an_execution(tmp_path: Path)
             assert info.value.status() == "503"
             assert wait_for(lambda: counts()[2] == 1, 60)  # once the run ends
             assert counts() == (0, 1, 1)
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def test_a_cancelled_request_its_worker_runs_counts_as_an_execution(tmp_path: Path) -> None:
+    """A gRPC call cancelled once its worker has it (it is pending from its send on): the
+    run the worker makes all the same counts as an execution when it ends, as one past its
+    deadline does (Triton counts every model run); the call is a CANCELED failure. It went
+    uncounted, so the average batch size and the executions read wrong (found by fuzzing)."""
+    write_weighty_repository(tmp_path, layers=32)
+    proc = ServerProcess(tmp_path, ["--instances-per-device", "1"]).wait_ready()
+    try:
+        client = grpcclient.InferenceServerClient(proc.grpc_url)
+
+        def counts() -> tuple[int, int, int]:
+            stats = client.get_inference_statistics(WEIGHTY, as_json=True)["model_stats"][0]
+            inference = stats["inference_stats"]
+            return (
+                int(inference["success"].get("count", 0)),
+                int(inference["fail"].get("count", 0)),
+                int(stats.get("execution_count", 0)),
+            )
+
+        def pending() -> float:
+            page = scrape(proc.metrics_url)
+            return page.value("nv_inference_pending_request_count", WEIGHTY)
+
+        given = grpcclient.InferInput("INPUT0", [512, 1024], "FP32")
+        given.set_data_from_numpy(np.ones((512, 1024), np.float32))
+        ended: list[object] = []
+        call = client.async_infer(WEIGHTY, [given], lambda result, error: ended.append(error))
+        assert wait_for(lambda: pending() == 1, 60)  # sent to the worker
+        call.cancel()
+        assert wait_for(lambda: ended, 30)
+        assert wait_for(lambda: pending() == 0 and counts()[2] == 1, 60)  # once the run ends
+        assert counts() == (0, 1, 1)
+        client.close()
     finally:
         assert proc.stop() == 0, proc.log
