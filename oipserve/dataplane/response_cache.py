@@ -120,9 +120,10 @@ class Probe:
     ``whole`` holds copies of the inputs that entered the key sampled, made at the lookup
     (the segments they lie in go back to the pool once the worker read them, before the
     answer is stored); None when the answer is not to be stored (``ADMIT_AT``).
+    ``lookup_ns``: the lookup's time, counted in the miss's once the answer came.
     """
 
-    __slots__ = ("entry", "key", "key_bytes", "whole", "serial")
+    __slots__ = ("entry", "key", "key_bytes", "whole", "serial", "lookup_ns")
 
     def __init__(
         self,
@@ -131,12 +132,14 @@ class Probe:
         key_bytes: int,
         whole: tuple[bytes, ...] | None,
         serial: int,
+        lookup_ns: int = 0,
     ) -> None:
         self.entry = entry
         self.key = key
         self.key_bytes = key_bytes
         self.whole = whole
         self.serial = serial
+        self.lookup_ns = lookup_ns
 
 
 class ResponseCache:
@@ -156,8 +159,10 @@ class ResponseCache:
     def lookup(
         self, inference: Inference, placements: list[Placement], stats: ModelStats
     ) -> Probe | None:
-        """The request's ``Probe`` (``entry`` set on a hit), counted in ``stats`` as a hit
-        or a miss; None when it is not cacheable (it uses clients' regions)."""
+        """The request's ``Probe`` (``entry`` set on a hit, counted in ``stats``); None
+        when it is not cacheable (it uses clients' regions). A miss counts once its
+        answer came (``store``), as Triton's: a request that then fails is no miss, and
+        the hits and misses of a model add up to its successes."""
         began = monotonic_ns()
         if inference.into_regions:
             return None
@@ -176,17 +181,15 @@ class ResponseCache:
         if views:
             large = key_bytes + sum(len(view) for view in views) > ADMIT_AT
             whole = tuple(bytes(v) for v in views) if not large or self._seen_before(key) else None
-        stats.cache_miss_count += 1
-        stats.cache_miss_ns += monotonic_ns() - began
-        return Probe(None, key, key_bytes, whole, serial)
+        return Probe(None, key, key_bytes, whole, serial, monotonic_ns() - began)
 
     def store(self, probe: Probe, result: InferResult, stats: ModelStats) -> None:
-        """Keep a successful answer (its time counted in the miss's)."""
-        if probe.whole is None:
-            return
+        """Keep a successful answer: a miss, its time the lookup's and the insertion's."""
         began = monotonic_ns()
-        self._insert(probe, probe.whole, result)
-        stats.cache_miss_ns += monotonic_ns() - began
+        if probe.whole is not None:
+            self._insert(probe, probe.whole, result)
+        stats.cache_miss_count += 1
+        stats.cache_miss_ns += probe.lookup_ns + monotonic_ns() - began
 
     def _insert(self, probe: Probe, whole: tuple[bytes, ...], result: InferResult) -> None:
         # PERF: plain loops: a generator expression costs more than the work here.

@@ -28,8 +28,9 @@ CACHED = "response_cache { enable: true }\n"
 
 
 def _repository(root: Path) -> Path:
-    """simple, identity_fp32 and batched with the cache on; ``plain`` (simple) without."""
-    for name in ("simple", "identity_fp32", "batched"):
+    """simple, identity_fp32, batched and reshape with the cache on; ``plain`` (simple)
+    without."""
+    for name in ("simple", "identity_fp32", "batched", "reshape"):
         shutil.copytree(SAMPLE_REPOSITORY / name, root / name)
         config = root / name / "config.pbtxt"
         config.write_text((config.read_text() if config.exists() else "") + CACHED)
@@ -106,6 +107,31 @@ def _outputs(result: object) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- hits and misses -----------------------------------------------------------------
+
+
+def test_a_request_that_fails_after_its_lookup_is_no_miss(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """A miss counts once its answer came, as Triton's (with the answer it stores): a
+    request that fails after its lookup (ONNX Runtime refuses its values) is no miss, so
+    a model's hits and misses add up to its successes. It counted as one (fuzzing)."""
+
+    def reshape(shape: list[int]) -> list[httpclient.InferInput]:
+        data = httpclient.InferInput("DATA", [6], "FP32")
+        data.set_data_from_numpy(np.arange(6, dtype=np.float32) + _seed())
+        target = httpclient.InferInput("SHAPE", [2], "INT64")
+        target.set_data_from_numpy(np.array(shape, dtype=np.int64))
+        return [data, target]
+
+    before = _counts(http, "reshape")
+    with pytest.raises(InferenceServerException) as info:
+        http.infer("reshape", reshape([4, 4]))
+    assert info.value.status() == "400"
+    inputs = reshape([2, 3])
+    for _ in range(2):  # a miss, then its hit
+        assert http.infer("reshape", inputs).as_numpy("OUTPUT0").shape == (2, 3)
+    moved = _moved(before, _counts(http, "reshape"))
+    assert (moved["miss"], moved["hit"], moved["success"]) == (1, 1, 2), moved
 
 
 @pytest.mark.parametrize("front", ["rest", "grpc"])
@@ -226,13 +252,14 @@ def test_a_model_without_response_cache_is_never_cached(
 
 def test_a_failed_request_is_not_stored(http: httpclient.InferenceServerClient) -> None:
     """Past its deadline (timeout 1 µs, while the batcher waits for more requests) the
-    request fails after its lookup; the same request then misses and runs."""
+    request fails after its lookup (no miss: a miss counts with its answer); the same
+    request then misses and runs."""
     inputs = _batched_inputs(_seed())
     before = _counts(http, "batched")
     with pytest.raises(InferenceServerException):
         http.infer("batched", inputs, timeout=1)
     failed = _counts(http, "batched")
-    assert _moved(before, failed)["miss"] == 1
+    assert _moved(before, failed)["miss"] == 0
     http.infer("batched", inputs)
     moved = _moved(failed, _counts(http, "batched"))
     assert (moved["hit"], moved["miss"], moved["executions"]) == (0, 1, 1)
