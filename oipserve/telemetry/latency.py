@@ -35,6 +35,7 @@ import math
 from array import array
 from bisect import bisect_left
 from collections.abc import Mapping
+from fractions import Fraction
 from random import random
 
 import numpy as np
@@ -92,8 +93,11 @@ class Histograms:
         self.bounds = bounds
         # PERF: compared with the nanoseconds as they come: no division per request, and
         #   int with int (an int-float comparison costs more). For whole nanoseconds,
-        #   ns <= us * 1000 exactly when ns <= floor(us * 1000).
-        self._bounds_ns = tuple(tuple(math.floor(b * 1000) for b in family) for family in bounds)
+        #   ns <= us * 1000 exactly when ns <= floor(us * 1000), the product taken exactly
+        #   (in floats it may round below: a bound of 9223372036854774 us to ...3760 ns).
+        self._bounds_ns = tuple(
+            tuple(math.floor(Fraction(b) * 1000) for b in family) for family in bounds
+        )
         #: Per family: observations per bucket, the last one past every bound (+Inf).
         self.counts = [[0] * (len(family) + 1) for family in bounds]
 

@@ -122,6 +122,9 @@ def test_model_metrics_buckets_are_parsed_per_family() -> None:
         # Finite, but no int64 of nanoseconds: every scrape and stats read was a 500.
         (_metrics(_control(REQUEST, "100, 1e306")), "1e\\+306 is not a duration"),
         (_metrics(_control(REQUEST, "9223372036854776")), "is not a duration"),
+        # An int64 of ns holds 9223372036854775 us, but that is no double: it reads as
+        # ...776 (the docs gave it as the limit, and it was refused: found by fuzzing).
+        (_metrics(_control(REQUEST, "9223372036854775")), "0 to 9223372036854774;"),
         (_metrics(_control(REQUEST, ", ".join(["1"] * (MAX_BUCKETS + 1)))), "at most 64"),
         (_metrics(_control(REQUEST, "1"), _control(REQUEST, "2")), "is given twice"),
     ],
@@ -129,6 +132,15 @@ def test_model_metrics_buckets_are_parsed_per_family() -> None:
 def test_malformed_model_metrics_refuse_the_model(text: str, reason: str) -> None:
     with pytest.raises(ModelConfigError, match=reason):
         parse_model_config(text)
+
+
+def test_the_largest_bound_the_docs_name_is_taken() -> None:
+    config = parse_model_config(_metrics(_control(REQUEST, "100, 9223372036854774")))
+    assert config.histogram_buckets == {REQUEST: (100.0, 9223372036854774.0)}
+    histograms = Histograms(((100.0, 9223372036854774.0),) * 5)
+    histograms.observe(9223372036854774000, 1, 1, 1, 1)  # on the bound: in its bucket
+    histograms.observe(2**63 - 1, 1, 1, 1, 1)  # the longest duration: past it
+    assert histograms.counts[0] == [0, 1, 1]
 
 
 def test_a_duration_on_a_bound_is_in_that_bucket() -> None:

@@ -34,6 +34,12 @@ HISTOGRAM_FAMILIES = (
 FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
 #: Most buckets of one family (each is a line per version per scrape; a lookup is a bisect).
 MAX_BUCKETS = 64
+#: The largest bound: the largest double (Triton's bounds are doubles) not past
+#: ``MAX_MICROSECONDS``, which itself is no double (it rounds up, past an int64 of ns: the
+#: limit the docs gave was refused, found by fuzzing).
+MAX_BOUND = float(MAX_MICROSECONDS)
+if MAX_BOUND > MAX_MICROSECONDS:
+    MAX_BOUND = math.nextafter(MAX_BOUND, 0.0)
 
 
 def _bounds(buckets: Any, where: str) -> tuple[float, ...]:
@@ -45,10 +51,10 @@ def _bounds(buckets: Any, where: str) -> tuple[float, ...]:
             f"{where}.histogram_options.buckets: {len(bounds)} bounds, at most {MAX_BUCKETS}"
         )
     for bound in bounds:
-        if not math.isfinite(bound) or bound < 0 or bound > MAX_MICROSECONDS:
+        if not math.isfinite(bound) or bound < 0 or bound > MAX_BOUND:
             raise ValueError(
                 f"{where}.histogram_options.buckets: {bound!r} is not a duration "
-                f"(a finite number of microseconds, 0 to {MAX_MICROSECONDS}; +Inf is "
+                f"(a finite number of microseconds, 0 to {int(MAX_BOUND)}; +Inf is "
                 "always the last bucket)"
             )
     if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)):
