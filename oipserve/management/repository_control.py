@@ -55,7 +55,8 @@ class RepositoryControl:
         lists it (no version, state or reason: nothing has been tried)."""
         entries: list[dict[str, str]] = []
         loaded = (n for n in self.registry.models if not self.is_endpoint(n))
-        for name in sorted({*self._names(), *loaded}):
+        uploaded = self.registry.unloaded_versions  # (and unloaded whole: no directory)
+        for name in sorted({*self._names(), *loaded, *uploaded}):
             versions = self.registry.models.get(name)
             if versions and not self.is_endpoint(name):
                 for model in versions.values():
@@ -80,8 +81,12 @@ class RepositoryControl:
                 entries.append({"name": name})
                 continue
             why = failure or "unloaded"
-            source = self.manager.repository.read(name)
-            for version in list(source.versions) or [""]:
+            gone = self.registry.unloaded_versions.get(name)
+            if gone:
+                listed = sorted(gone, key=int)
+            else:
+                listed = list(self.manager.repository.read(name).versions) or [""]
+            for version in listed:
                 entries.append(
                     {"name": name, "version": version, "state": "UNAVAILABLE", "reason": why}
                 )

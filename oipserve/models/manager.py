@@ -280,7 +280,11 @@ class ModelManager:
         #   as --model-name is the repository itself (or one directory of it), whose parent
         #   must never be removed as if it were an upload.
         uploads = self.uploads.root
-        if uploads is not None and source.directory.is_relative_to(uploads):
+        # NOTE: the files are kept while a version of theirs serves (a worker replaced
+        #   loads them again); those of a load that failed whole go with its 400 (they
+        #   stayed until the name was loaded again, found by fuzzing).
+        serving = any(m.state == "READY" for m in versions.values())
+        if serving and uploads is not None and source.directory.is_relative_to(uploads):
             self.upload_of[name] = source.directory.parent
         # Shielded: once swapped, the old versions are unloaded even if this call is
         # cancelled (their sessions would otherwise stay in the workers).
@@ -497,7 +501,12 @@ class ModelManager:
             self.registry.models[name] = remaining
             self.registry.unloaded_versions.setdefault(name, set()).update(m.version for m in gone)
         else:
-            self.registry.unloaded_versions.pop(name, None)
+            if name in self.upload_of:
+                # No directory to read its versions from: the index lists them unloaded
+                # (an uploaded model went from it at its unload, found by fuzzing).
+                self.registry.unloaded_versions.setdefault(name, set()).update(versions)
+            else:
+                self.registry.unloaded_versions.pop(name, None)
             del self.registry.models[name]
             self.registry.required.discard(name)
             self.registry.unloaded.add(name)

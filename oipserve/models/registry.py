@@ -211,7 +211,8 @@ class ModelRegistry:
         #: Names unloaded on request, for a clearer 404.
         self.unloaded: set[str] = set()
         #: Versions unloaded on their own (``.../versions/{v}/unload``) while others of
-        #: the model serve on: the repository index lists them as unloaded.
+        #: the model serve on, and those of an uploaded model unloaded whole (no
+        #: directory to list them from): the repository index lists them as unloaded.
         self.unloaded_versions: dict[str, set[str]] = {}
         #: Names with a repository load under way: known, not ready yet (503, not 404).
         self.loading: set[str] = set()

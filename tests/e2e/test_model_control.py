@@ -204,13 +204,33 @@ def test_load_a_new_model_from_files_over_http_and_grpc(
     assert get(srv, "/v2/models/uploaded")[1]["versions"] == ["4"]  # type: ignore[index]
     fp32_infer(srv, "uploaded")
     assert place.exists() and not _upload_dir(srv, "uploaded").exists()
-    # Unload removes the files; the model is known and not ready.
+    # Unload removes the files; the model is known and not ready, and the index lists
+    # its version unloaded (it went from the index: no directory lists it, fuzzing).
     grpc_client.unload_model("uploaded")
     assert not place.exists()
     assert not grpc_client.is_model_ready("uploaded")
+    index = json.loads(post(srv, "/v2/repository/index")[1])
+    entries = [entry for entry in index if entry["name"] == "uploaded"]
+    assert entries == [
+        {"name": "uploaded", "version": "4", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
+    listed = grpc_client.get_model_repository_index().models
+    assert [(m.version, m.state, m.reason) for m in listed if m.name == "uploaded"] == [
+        ("4", "UNAVAILABLE", "unloaded")
+    ]
     # Not in the repository: a load without files cannot find it.
     status, message = load(srv, "uploaded", {})
     assert status == 400 and message.startswith("failed to load 'uploaded': there is no model")
+
+
+def test_a_failed_load_of_files_leaves_no_file(srv: ServerProcess) -> None:
+    """A load of a new name whose file is not ONNX: its 400, and its files removed with
+    it (they stayed until the name was loaded again; fuzzing)."""
+    status, message = load(
+        srv, "never_served", {"config": IDENTITY_CONFIG, "file:1/model.onnx": b64(b"not onnx")}
+    )
+    assert status == 400 and message.startswith("failed to load 'never_served': version 1:")
+    assert not _upload_dir(srv, "never_served").exists()
 
 
 def test_load_with_config_only_uses_the_repository_files(srv: ServerProcess) -> None:
