@@ -8,6 +8,7 @@ only once all the new ones are ready; uploaded model files live in its upload ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -27,7 +28,7 @@ from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import ModelSource, Repository, read_model
 from oipserve.models.uploads import UploadArea, UploadError, UploadFiles
 from oipserve.pool.handle import WorkerHandle, own_handle
-from oipserve.pool.link import WorkerLink
+from oipserve.pool.link import WorkerDied, WorkerLink
 from oipserve.pool.worker_pool import WorkerPool
 from oipserve.wire.messages import Loaded
 
@@ -43,6 +44,9 @@ _CANNOT_LOAD = (ServerError, MetadataConflict, ModelConfigError, OSError)
 #: Seconds a load waits for the worker replacements under way before it places its
 #: sessions (one start, and one pause between failed starts, ``worker_pool.MAX_PAUSE``).
 REPLACEMENT_WAIT = 15.0
+#: Times a version's sessions are placed when workers die during a placement (each
+#: replaced, as their models are).
+PLACEMENT_TRIES = 2
 
 #: The provider a session planned on a GPU must really get (``gpu_fallback_refusal``).
 _CUDA = "CUDAExecutionProvider"
@@ -352,29 +356,7 @@ class ModelManager:
         started = time.monotonic()
         try:
             await self._cpu_workers_on_demand(model)
-            # A worker being replaced gets the registry's models back, not this version's:
-            # wait for it, or the version would leave its slot without a session for good.
-            await self.pool.replaced(REPLACEMENT_WAIT)
-            workers = self.workers_for(model)
-            model.workers = list(workers)
-            if not workers:
-                raise MetadataConflict("no worker process runs to hold it")
-            log.info(
-                "model '%s' version %s: loading %s on %s",
-                model.name,
-                model.version,
-                model.path,
-                _placement(workers),
-            )
-            # Every placement ends before a failure is handled, so none is left loading.
-            results = await asyncio.gather(
-                *(self.place(model, w, None) for w in workers), return_exceptions=True
-            )
-            loaded = []
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-                loaded.append(result)
+            loaded = await self._place_everywhere(model)
             inputs, outputs = merge_metadata(model.config, loaded[0])
         except _CANNOT_LOAD as exc:
             await self._fail_version(model, str(exc))
@@ -409,6 +391,52 @@ class ModelManager:
             return
         started = await self.start_cpu_workers()
         self.cpu_on_demand.update(w.worker_id for w in started)
+
+    async def _place_everywhere(self, model: ModelVersion) -> list[Loaded]:
+        """A session of ``model`` on each worker that is to hold it (``workers_for``).
+
+        A worker being replaced gets the registry's models back, not this version's: the
+        placement waits for the replacements under way, or the version would leave the
+        slot without a session for good. A worker that dies during the placement is
+        replaced so too: the placement is made again, once, on the workers then running
+        (the sessions made meanwhile unloaded first). Such a load failed for good: a 400
+        blaming the model, and a model unavailable with its worker back (found by fuzzing).
+        """
+        for attempt in range(PLACEMENT_TRIES):
+            await self.pool.replaced(REPLACEMENT_WAIT)
+            workers = self.workers_for(model)
+            model.workers = list(workers)
+            retry = attempt + 1 < PLACEMENT_TRIES
+            if not workers:
+                if retry and self.pool.replacing:  # each died since the wait: one more
+                    continue
+                raise MetadataConflict("no worker process runs to hold it")
+            log.info(
+                "model '%s' version %s: loading %s on %s",
+                model.name,
+                model.version,
+                model.path,
+                _placement(workers),
+            )
+            # Every placement ends before a failure is handled, so none is left loading.
+            results = await asyncio.gather(
+                *(self.place(model, w, None) for w in workers), return_exceptions=True
+            )
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if not failures:
+                return [r for r in results if isinstance(r, Loaded)]
+            if not retry or not all(isinstance(f, WorkerDied) for f in failures):
+                raise failures[0]
+            log.warning(
+                "model '%s' version %s: a worker stopped while loading it; loading it again",
+                model.name,
+                model.version,
+            )
+            for worker in workers:
+                if worker.alive and model.key in worker.models:
+                    with contextlib.suppress(WorkerDied):
+                        await own_handle(worker).unload(model.key)
+        raise AssertionError("unreachable")
 
     async def _fail_version(self, model: ModelVersion, reason: str) -> None:
         model.state = "UNAVAILABLE"
@@ -456,7 +484,8 @@ class ModelManager:
         for worker in model.workers:
             # Requests already sent to this worker are answered before the Unload.
             if worker.alive and model.key in worker.models:
-                await own_handle(worker).unload(model.key)
+                with contextlib.suppress(WorkerDied):  # gone meanwhile, with its sessions
+                    await own_handle(worker).unload(model.key)
         model.state = "UNAVAILABLE"
 
     async def unload(self, name: str, version: str | None = None, dependents: bool = False) -> bool:

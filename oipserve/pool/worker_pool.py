@@ -48,6 +48,8 @@ STABLE_AFTER = 30.0
 #: traceback): the process exited or did not greet in time, a socket failed, a load
 #: was refused or the worker died during it.
 _EXPECTED = (RuntimeError, OSError, ServerError)
+#: Seconds between two looks for the exit of a worker cut off (``replaced``).
+_EXIT_POLL = 0.02
 
 
 def replacement_pause(failures: int, max_pause: float) -> float:
@@ -134,12 +136,23 @@ class WorkerPool:
 
     async def replaced(self, timeout: float) -> None:
         """Wait, at most ``timeout`` s, for the replacements under way to end (each started
-        and given its models, or given up on: closing)."""
-        under_way = [
-            slot.task for slot in self._slots.values() if slot.replacing and slot.task is not None
-        ]
-        if under_way:
-            await asyncio.wait(under_way, timeout=timeout)
+        and given its models, or given up on: closing), those of workers cut off included:
+        a worker whose socket closed is cut off at once, its replacement starts at its
+        exit (``WorkerHandle.connection_closed``, ``EXIT_GRACE`` at most later)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.closing and loop.time() < deadline:
+            under_way = [
+                slot.task
+                for slot in self._slots.values()
+                if slot.replacing and slot.task is not None
+            ]
+            if under_way:
+                await asyncio.wait(under_way, timeout=deadline - loop.time())
+            elif any(not slot.handle.alive for slot in self._slots.values()):
+                await asyncio.sleep(_EXIT_POLL)  # cut off, its exit not seen yet
+            else:
+                return
 
     async def add_worker(self, device: str, threads: int, dedicated: bool = False) -> WorkerHandle:
         self._next_id += 1

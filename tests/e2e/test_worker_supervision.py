@@ -254,3 +254,51 @@ def test_a_reload_while_the_only_worker_is_replaced_keeps_the_model(tmp_path: Pa
         client.close()
         code = proc.stop()
     assert code == 0, proc.log
+
+
+def test_a_load_racing_its_workers_death_loads_on_the_replacement(tmp_path: Path) -> None:
+    """A load sent at the moment its only worker is SIGKILLed, before the front has seen
+    the death or while the session is being made: the load is made again on the
+    replacement, and the model serves. It failed with a 400 blaming the model ("worker 1
+    stopped while handling this request", or "no worker process runs to hold it") and
+    stayed unavailable with its worker back (found by fuzzing: 6 loads of 20)."""
+    root = small_repository(tmp_path, "simple", "identity_fp32")
+    args = ["--devices", "cpu", "--instances-per-device", "1", "--model-control-mode", "explicit"]
+    args += ["--worker-replacement-max-pause", str(MAX_PAUSE)]
+    proc = ServerProcess(root, [*args, "--load-model", "simple"]).wait_ready()
+    client = httpclient.InferenceServerClient(proc.host_port, network_timeout=60)
+    try:
+        for round_ in range(6):
+            (worker,) = proc.worker_pids()
+            answers: list[int] = []
+            loading = threading.Thread(
+                target=lambda answers=answers: answers.append(
+                    _post(proc, "/v2/repository/models/identity_fp32/load")
+                )
+            )
+            if round_ % 2:  # the load sent first, or the kill
+                loading.start()
+                os.kill(worker, signal.SIGKILL)
+            else:
+                os.kill(worker, signal.SIGKILL)
+                loading.start()
+            loading.join(60)
+            assert answers == [200], (round_, answers, proc.log[-3000:])
+            assert client.is_model_ready("identity_fp32"), (round_, proc.log[-3000:])
+            assert wait_for(lambda: client.is_model_ready("simple"), 30)
+            client.unload_model("identity_fp32")
+            assert wait_for(lambda w=worker: w not in proc.worker_pids(), 10)
+    finally:
+        client.close()
+        code = proc.stop()
+    assert code == 0, proc.log
+
+
+def _post(proc: ServerProcess, path: str) -> int:
+    """POST ``path`` with an empty body on a connection of its own: the status."""
+    connection = http.client.HTTPConnection(proc.host_port, timeout=60)
+    try:
+        connection.request("POST", path, body=b"")
+        return connection.getresponse().status
+    finally:
+        connection.close()

@@ -77,6 +77,7 @@ def test_text_that_is_not_base64_is_refused_and_nothing_is_left(
 
 class _Pool:
     workers: list[Any] = []
+    replacing = 0
 
     def on_replaced(self, callback: Any) -> None:
         pass
