@@ -57,7 +57,9 @@ from oipserve.request.checks import (
     batch_so_far,
     check_datatype,
     check_output_names,
+    dims_text,
     input_spec,
+    missing_inputs,
     rows_of,
 )
 from oipserve.request.classification import check_classification
@@ -155,10 +157,7 @@ def _client_tensors(
         )
     missing = [name for name in model.input_map if name not in tensors]
     if missing:
-        raise InvalidInput(
-            f"model '{model.name}' needs input(s) {', '.join(repr(m) for m in missing)}, "
-            "which the request does not give"
-        )
+        raise missing_inputs(model, list(tensors), missing)
     return tensors
 
 
@@ -166,7 +165,7 @@ def _check_shape(model: ModelVersion, name: str, shape: list[int], dims: tuple[i
     if len(shape) != len(dims) or any(d != -1 and d != s for s, d in zip(shape, dims, strict=True)):
         raise InvalidInput(
             f"unexpected shape for input '{name}' for model '{model.name}'. Expected "
-            f"{list(dims)}, got {shape}"
+            f"{dims_text(dims)}, got {dims_text(shape)}"
         )
     if model.max_batch_size > 0 and shape and shape[0] > model.max_batch_size:
         raise InvalidInput(

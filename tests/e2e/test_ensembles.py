@@ -346,7 +346,7 @@ def test_requests_that_do_not_fit_the_ensemble_are_refused(
     )
     wrong = httpclient.InferInput("X", [1, 3], "INT32")
     wrong.set_data_from_numpy(np.ones((1, 3), np.int32))
-    with pytest.raises(InferenceServerException, match="expects FP32") as info:
+    with pytest.raises(InferenceServerException, match="expects 'FP32'") as info:
         http.infer("chain", [wrong])
     assert info.value.status() == "400"
     with pytest.raises(InferenceServerException, match="batch-size must be <= 8"):

@@ -444,7 +444,7 @@ def test_invalid_argument_same_message_as_rest(
     ):
         rest.infer("simple", inputs)
     assert info.value.message() == message
-    assert "has shape [1, 15]" in message
+    assert "Expected [-1,16], got [1,15]" in message
     # Unknown datatype, unknown output, too few raw entries.
     _fail(
         lambda: client.infer(

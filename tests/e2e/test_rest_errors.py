@@ -67,14 +67,26 @@ CASES = {
         "has no 'data'",
     ),
     "unknown datatype": (with_input(0, datatype="INT33"), 400, "unknown datatype 'INT33'"),
-    "datatype not the model's": (with_input(0, datatype="FP32"), 400, "expects INT32"),
-    "shape rank": (with_input(0, shape=[16]), 400, "expects [-1, 16]"),
-    "shape fixed dim": (with_input(0, shape=[2, 8]), 400, "expects [-1, 16]"),
+    "datatype not the model's": (
+        with_input(0, datatype="FP32"),
+        400,
+        "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+    ),
+    "shape rank": (
+        with_input(0, shape=[16]),
+        400,
+        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [16]",
+    ),
+    "shape fixed dim": (
+        with_input(0, shape=[2, 8]),
+        400,
+        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]",
+    ),
     "negative dimension": (with_input(0, shape=[-1, 16]), 400, "negative dimension"),
     "batch above max_batch_size": (
         with_input(0, shape=[9, 16], data=[0] * 144),
         400,
-        "at most 8",
+        "inference request batch-size must be <= 8 for 'simple'",
     ),
     "too few elements": (with_input(0, data=list(range(15))), 400, "16 elements but 'data' has 15"),
     "too many elements": (with_input(0, data=list(range(17))), 400, "16 elements"),
@@ -94,7 +106,8 @@ CASES = {
     "missing required input": (
         {"inputs": [simple_body()["inputs"][0]]},
         400,
-        "needs input(s) 'INPUT1'",
+        "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], but "
+        "missing required input(s) ['INPUT1']. Please provide all required input(s).",
     ),
     "unknown requested output": (
         simple_body(outputs=[{"name": "OUTPUT9"}]),
