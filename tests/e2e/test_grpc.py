@@ -523,6 +523,12 @@ def test_a_stream_message_that_does_not_parse_is_answered_in_band(server: Server
     assert replies[0].error_message == replies[2].error_message == ""
     assert "not a valid inference.ModelInferRequest" in replies[1].error_message
     assert "'nope'" in replies[3].error_message and replies[4].error_message
+    # Each response, answer or error, is its request's last, saying so as Triton's do
+    # (``triton_final_response``: clients wait for it; it was missing, an outside check).
+    finals = [r.infer_response.parameters["triton_final_response"] for r in replies]
+    assert [p.WhichOneof("parameter_choice") for p in finals] == ["bool_param"] * 5
+    assert all(p.bool_param for p in finals)
+    assert replies[0].infer_response.outputs[0].name == "OUTPUT0"  # the answer unchanged
     assert "unexpected error" not in server.log
 
 

@@ -23,6 +23,16 @@ Request = TypeVar("Request")
 
 #: ModelStreamInferResponse.infer_response (field 2), length-delimited.
 _INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
+#: The parameter Triton puts in every response of a stream: ``triton_final_response``,
+#: true when it is its request's last (always, a response a request here). Clients read
+#: it to know a request is done (tritonclient's streaming users, LLM and TTS clients; on
+#: a protobuf map a missing key reads false, and they waited for ever: an outside check
+#: found it). Serialized once: a map entry of ModelInferResponse.parameters, appended to
+#: each response as it came (a message's fields may come in any order).
+FINAL_RESPONSE = "triton_final_response"
+_FINAL = pb.ModelInferResponse(
+    parameters={FINAL_RESPONSE: pb.InferParameter(bool_param=True)}
+).SerializeToString()
 
 
 #: One response of the stream: its wire bytes, in parts to be sent one after another.
@@ -31,8 +41,10 @@ Response = list[bytes | memoryview]
 
 def infer_response(serialized: bytes | memoryview) -> Response:
     """A ModelStreamInferResponse carrying a serialized ModelInferResponse, neither parsed
-    nor copied: the field's tag and length, then the message itself."""
-    return [_INFER_RESPONSE_TAG + varint_bytes(memoryview(serialized).nbytes), serialized]
+    nor copied: the field's tag and length, then the message itself, then the
+    ``triton_final_response`` parameter."""
+    size = memoryview(serialized).nbytes + len(_FINAL)
+    return [_INFER_RESPONSE_TAG + varint_bytes(size), serialized, _FINAL]
 
 
 class StreamRequestFailed(Exception):
@@ -48,9 +60,10 @@ class StreamRequestFailed(Exception):
 
 def error_response(message: str, request_id: str = "") -> bytes:
     """A stream's in-band error, as Triton writes it: ``error_message``, and an
-    ``infer_response`` holding only the request's ``id``."""
+    ``infer_response`` holding only the request's ``id`` and ``triton_final_response``."""
     response = pb.ModelStreamInferResponse(error_message=message)
     response.infer_response.id = request_id
+    response.infer_response.parameters[FINAL_RESPONSE].bool_param = True
     return response.SerializeToString()
 
 
