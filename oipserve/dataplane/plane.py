@@ -350,10 +350,11 @@ class DataPlane:
     ) -> tuple[InferRequest, list[tuple[int, int] | None]] | None:
         """A large JSON body parsed by one of the model's workers (``json_offload``).
 
-        None when the front should parse it itself: a small body, or a model that
-        the front answers (echo).
+        None when the front should parse it itself: a small body, a model that the front
+        answers (echo), or one that no worker holds (an ensemble: its steps' workers
+        hold them; it was refused 503, "no running instance", found by fuzzing).
         """
-        if model.echo or len(body) < json_offload.PARSE_MIN:
+        if model.echo or len(body) < json_offload.PARSE_MIN or not model.workers:
             return None
         worker = model.pick(self.max_queue)
         deadline = self._loop.time() + self.infer_timeout

@@ -22,6 +22,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from oipserve.request.json_offload import PARSE_MIN
 from tests.support.ensemble_models import (
     ENSEMBLES,
     ensemble_config,
@@ -179,6 +180,19 @@ def test_a_linear_chain_over_http_and_grpc(
             np.testing.assert_array_equal(result.as_numpy("Y"), (X + k + 1) * 2)  # type: ignore[attr-defined]
     finally:
         grpc.stop_stream()
+
+
+def test_a_json_body_past_the_offload_size_is_parsed_for_an_ensemble(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    """A JSON body of ``PARSE_MIN`` or more is parsed by one of the model's workers; an
+    ensemble has none of its own: it was refused 503, "no running instance" (fuzzing).
+    The front parses it, as a smaller one."""
+    values = np.arange(300_000, dtype=np.float32).reshape(1, -1)
+    assert len(json.dumps(values.tolist())) > PARSE_MIN
+    wanted = [httpclient.InferRequestedOutput("Y", binary_data=True)]
+    answer = http.infer("chain", _http_x(values, binary=False), outputs=wanted)
+    np.testing.assert_array_equal(answer.as_numpy("Y"), (values + 1) * 2)
 
 
 def test_a_diamond_runs_its_branches_and_joins_them(
