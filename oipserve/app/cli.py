@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 import uvloop
 
-from oipserve.app.server import StartupError, serve
+from oipserve.app.server import STOP_SIGNALS, StartupError, serve
 from oipserve.config.settings import SettingsError, configure_logging, load_settings
 
 EXIT_STARTUP_FAILURE = 3
@@ -28,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupError as exc:
         print(f"oipserve: error: {exc}", file=sys.stderr)
         return EXIT_STARTUP_FAILURE
+    finally:
+        # The loop closed gives the stop signals their default action back: the server
+        # is done, so one now (a second Ctrl-C, a supervisor's resend) changes nothing.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from oipserve.front.grpc.h2.frames import Frame
 from tests.support.cli import run_cli
 from tests.support.h2_raw import H2Client, grpc_headers
 from tests.support.http import request
+from tests.support.onnx_models import write_slow_model
 from tests.support.raw_http import read_response
 from tests.support.server import (
     SAMPLE_REPOSITORY,
@@ -297,14 +298,18 @@ def test_worker_sigterm_drains_and_frees_its_memory(signum: int) -> None:
         assert proc.stop() == 0, proc.log
 
 
-def test_requests_still_running_at_the_shutdown_timeout_get_a_503(tmp_path: Path) -> None:
+@pytest.mark.parametrize("timeout", ["1", "0.5"])
+def test_requests_still_running_at_the_shutdown_timeout_get_a_503(
+    tmp_path: Path, timeout: str
+) -> None:
     """Requests on a worker that does not answer (stopped) when --shutdown-timeout is up:
     a 503 with {"error": ...} each, on the lane and the ASGI way alike, and over h2c; a
     gRPC call gets UNAVAILABLE with the same words; no traceback. uvicorn answered a
     plain-text 500 and logged a traceback for each, and HTTP/2 streams were reset
-    unanswered (found by fuzzing)."""
+    unanswered (found by fuzzing). A timeout under a second made the HTTP drain wait
+    for ever (uvicorn was given ``int(timeout) or None``; fuzzing too)."""
     shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", tmp_path / "identity_fp32")
-    args = ["--instances-per-device", "1", "--shutdown-timeout", "1", "--http-workers", "1"]
+    args = ["--instances-per-device", "1", "--shutdown-timeout", timeout, "--http-workers", "1"]
     proc = ServerProcess(tmp_path, args).wait_ready()
     pid = proc.process.pid
     (worker,) = proc.worker_pids()
@@ -393,3 +398,27 @@ def _h2_answers(h2c: H2Client) -> tuple[dict[int, dict[str, str]], dict[int, byt
         elif got.kind == Frame.DATA:
             bodies[got.stream] = bodies.get(got.stream, b"") + got.payload
     return heads, bodies
+
+
+def test_signals_during_and_after_the_shutdown_of_an_interrupted_start_up(tmp_path: Path) -> None:
+    """SIGTERM while a model loads interrupts the start-up; a second during that shutdown,
+    and a third once it logged "stopped", change nothing: exit 0, no traceback. The second
+    cancelled the shutdown (a traceback, exit 1, /dev/shm not swept), the third killed
+    the process (exit -15) (found by fuzzing)."""
+    (tmp_path / "slow" / "1").mkdir(parents=True)
+    write_slow_model(tmp_path / "slow" / "1" / "model.onnx", 2000)  # seconds to load
+    proc = ServerProcess(tmp_path)
+    try:
+        assert wait_for(lambda: "model 'slow' version 1: loading" in proc.log, 60), proc.log
+        proc.process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "start-up interrupted" in proc.log, 30), proc.log
+        proc.process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "INFO oipserve: stopped" in proc.log, 30), proc.log
+        if proc.process.poll() is None:
+            proc.process.send_signal(signal.SIGINT)
+        code = proc.process.wait(30)
+    finally:
+        proc.kill()
+    assert code == 0, proc.log
+    assert "Traceback" not in proc.log, proc.log
+    assert shm_entries(proc.process.pid) == []

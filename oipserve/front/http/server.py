@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterator
+from typing import cast
 
 import uvicorn
 
@@ -126,6 +127,14 @@ def _accept_all(listener: socket.socket) -> list[socket.socket]:
             return accepted  # EMFILE and the like: what is left is reset, as before
 
 
+def _drain_seconds(settings: Settings) -> int:
+    """``--shutdown-timeout`` as uvicorn's drain takes it: the seconds as given. uvicorn
+    types it an int but hands it to ``asyncio.wait_for`` as is, where a float works and
+    0 means at once; ``int(x) or None`` made 0.5 and 0 an unbounded drain and cut 1.5 to
+    1 (found by fuzzing)."""
+    return cast(int, settings.shutdown_timeout)
+
+
 #: The body a request to the metrics port may declare (it answers GET without reading one).
 METRICS_MAX_BODY = 64 * 1024
 
@@ -154,7 +163,7 @@ def http_server(
         proxy_headers=False,
         log_config=None,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
+        timeout_graceful_shutdown=_drain_seconds(settings),
         h11_max_incomplete_event_size=None,
     )
     return UvicornServer(config)
@@ -171,6 +180,6 @@ def metrics_server(settings: Settings, app: App) -> UvicornServer:
         access_log=False,
         log_config=None,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout) or None,
+        timeout_graceful_shutdown=_drain_seconds(settings),
     )
     return UvicornServer(config)
