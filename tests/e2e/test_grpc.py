@@ -22,6 +22,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.grpc_health import SERVING, health_check
+from tests.support.metrics import scrape
+from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 from tests.support.tensors import ROUND_TRIP, simple_inputs
 
@@ -694,6 +696,41 @@ def test_a_stream_its_client_has_not_ended_ends_unavailable_at_shutdown(tmp_path
             _, error = answers.get(timeout=30)
         finally:
             client.stop_stream()
+    assert isinstance(error, InferenceServerException)
+    assert error.status() == str(grpc.StatusCode.UNAVAILABLE), error
+    assert "later ones are not" in str(error), error
+
+
+@pytest.mark.parametrize("round_", [1, 2, 3])
+def test_a_stream_whose_request_runs_at_shutdown_gets_its_answer_then_unavailable(
+    tmp_path: Path, round_: int
+) -> None:
+    """SIGTERM while a stream's request runs (a 2 MiB answer): the answer, then the
+    stream's UNAVAILABLE. gRPC's C core reported "Stream removed (Socket closed)" in
+    about half the runs: the connection closed at the stream's trailers, and the
+    RST_STREAM NO_ERROR its call wrote next was dropped (found by fuzzing)."""
+    write_weighty_repository(tmp_path, layers=32)
+    proc = ServerProcess(tmp_path, ["--instances-per-device", "1"]).wait_ready()
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            tensor = grpcclient.InferInput("INPUT0", [512, 1024], "FP32")
+            tensor.set_data_from_numpy(np.ones((512, 1024), np.float32))
+            client.async_stream_infer(WEIGHTY, [tensor], request_id=str(round_))
+            assert wait_for(
+                lambda: scrape(proc.metrics_url).value(
+                    "nv_inference_pending_request_count", WEIGHTY
+                )
+            )
+            proc.process.send_signal(signal.SIGTERM)
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            assert result.get_response().id == str(round_)  # type: ignore[attr-defined]
+            _, error = answers.get(timeout=60)
+        finally:
+            client.stop_stream()
+    assert proc.stop() == 0, proc.log
     assert isinstance(error, InferenceServerException)
     assert error.status() == str(grpc.StatusCode.UNAVAILABLE), error
     assert "later ones are not" in str(error), error

@@ -266,9 +266,12 @@ async def test_shutdown_ends_a_stream_that_sent_only_headers_at_once() -> None:
     await asyncio.sleep(0.05)
     service.closing.set()
     loop = asyncio.get_running_loop()
+    # As a client does, it reads all along and closes at the server's end (the server's
+    # socket lingers until then: ``front.grpc.linger``).
+    reading = asyncio.ensure_future(_frames_until_closed(reader))
+    reading.add_done_callback(lambda _: writer.close())
     started = loop.time()
     await server.stop(30)
     assert loop.time() - started < 5  # the GOAWAY's round trip, not the grace
-    frames = await _frames_until_closed(reader)
-    writer.close()
+    frames = await reading
     assert _statuses(frames, 1) == ["0"]

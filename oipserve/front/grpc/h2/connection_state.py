@@ -163,6 +163,8 @@ class ConnectionState(asyncio.Protocol):
         self._paused = False
         #: A GOAWAY went out (or came in): no new streams; close when the last ends.
         self.going_away = False
+        #: That close is due next turn (``_maybe_close``).
+        self._ending = False
         self.lost = False
         #: Reads so far: the keepalive's sign of life (``front.grpc.keepalive``), one
         #: integer a read rather than a clock per frame.
@@ -315,6 +317,16 @@ class ConnectionState(asyncio.Protocol):
         self._maybe_close()
 
     def _maybe_close(self) -> None:
+        if self.going_away and not self.streams and not self._ending:
+            # Next turn: what the last stream's call still writes in this one goes first
+            # (the RST_STREAM NO_ERROR after a stream's trailers, which gRPC's C core
+            # waits for to end a stream whose client still sends: it was dropped, and the
+            # stream's status lost to "Stream removed", found by fuzzing).
+            self._ending = True
+            self._loop.call_soon(self._end_if_idle)
+
+    def _end_if_idle(self) -> None:
+        self._ending = False
         if self.going_away and not self.streams:
             self.end()
 
