@@ -262,7 +262,7 @@ class Replicas:
                     f"HTTP front {index} answered {type(reply).__name__} to Start"
                 )
         except BaseException as exc:
-            self.running.remove(replica)
+            self._children.leave(replica)
             desk.close()
             process.kill()
             process.join(5)

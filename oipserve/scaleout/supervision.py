@@ -80,6 +80,15 @@ class Supervisor(Generic[C]):
         self._slots[id(child)] = slot
         asyncio.get_running_loop().add_reader(child.process.sentinel, self._exited, child)
 
+    def leave(self, child: C) -> None:
+        """``child`` went before it was watched (its start failed, or was cancelled by a
+        stop): a stop waiting for the children to go is told when it was the last (it
+        waited ``--shutdown-timeout`` and more for it, found by fuzzing)."""
+        if child in self.running:
+            self.running.remove(child)
+        if not self.running:
+            self._emptied.set()
+
     def abandon(self) -> None:
         """Start-up failed: kill every child started so far, replace none."""
         self.stopping = True

@@ -953,3 +953,22 @@ def test_restricted_grpc_holds_on_every_front() -> None:
                 assert client.get_model_metadata("simple", headers=key).name == "simple"
     finally:
         assert proc.stop() == 0, proc.log
+
+
+def test_sigterm_while_the_other_front_starts_does_not_wait_for_it() -> None:
+    """SIGTERM while the other front is starting (its process there, not yet serving):
+    its start is cancelled and the server exits at once, well within --shutdown-timeout.
+    The stop waited for that front to drain, which it never told: --shutdown-timeout
+    and 5 s more, past Kubernetes' 30 s grace at the default (found by fuzzing)."""
+    proc = ServerProcess(args=["--http-workers", "2", "--shutdown-timeout", "20"])
+    try:
+        assert wait_for(proc.http_front_pids, 60, interval=0.005), proc.log
+        started = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        code = proc.process.wait(60)
+        took = time.monotonic() - started
+    finally:
+        proc.kill()
+    assert code == 0, proc.log
+    assert took < 10, (took, proc.log)
+    assert "Traceback" not in proc.log, proc.log
