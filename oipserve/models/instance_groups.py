@@ -7,6 +7,7 @@ response shows (``models.config_response``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -20,16 +21,20 @@ __all__ = ["place_groups", "resolved_group"]
 
 Worker = TypeVar("Worker", bound=WorkerLink)
 
+log = logging.getLogger("oipserve.models")
+
 
 def place_groups(
-    groups: Sequence[InstanceGroup], workers: Sequence[Worker]
+    groups: Sequence[InstanceGroup], workers: Sequence[Worker], model: str = ""
 ) -> tuple[list[Worker], tuple[InstanceGroup, ...]]:
     """The workers that get a session, and the groups as resolved; MetadataConflict when a
     group asks for a device where this server runs no workers.
 
     ``count`` sessions of a group go on each of its devices, capped at the worker processes
     there (``--instances-per-device``): two sessions in one single-threaded worker would
-    not run at the same time.
+    not run at the same time. A cap is logged (a warning naming ``model``): Triton makes
+    ``count`` instances, and a group that got fewer, silently, ran its requests one after
+    another (found by comparing with Triton's batcher).
     """
     gpu_devices = sorted({w.device for w in workers if w.device.startswith("cuda:")})
     chosen: list[Worker] = []
@@ -44,6 +49,20 @@ def place_groups(
                 raise MetadataConflict(
                     f"instance_group asks for {device}, where this server runs no workers "
                     f"(--devices gave: {', '.join(sorted({w.device for w in workers}))})"
+                )
+            if group.count > len(on_device):
+                log.warning(
+                    "model '%s': instance_group asks for %d instances on %s, which runs %d "
+                    "worker process%s: %d instance%s (--instances-per-device %d gives %d)",
+                    model,
+                    group.count,
+                    device,
+                    len(on_device),
+                    "" if len(on_device) == 1 else "es",
+                    len(on_device),
+                    "" if len(on_device) == 1 else "s",
+                    group.count,
+                    group.count,
                 )
             chosen.extend(w for w in on_device[: group.count] if w not in chosen)
     return chosen, resolved

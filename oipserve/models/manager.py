@@ -131,7 +131,7 @@ class ModelManager:
         groups = model.config.instance_groups if model.config else ()
         if not groups:
             return [w for w in workers if w.worker_id not in self.cpu_on_demand]
-        chosen, model.instance_groups = place_groups(groups, workers)
+        chosen, model.instance_groups = place_groups(groups, workers, model.name)
         return chosen
 
     async def place(self, model: ModelVersion, worker: WorkerHandle, threads: int | None) -> Loaded:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oipserve.models.config.parse import InstanceGroup
-from oipserve.models.instance_groups import resolved_group
+from oipserve.models.instance_groups import place_groups, resolved_group
 from oipserve.models.metadata import MetadataConflict
 
 GPUS = ["cuda:0", "cuda:2"]
@@ -39,3 +39,25 @@ def test_auto_naming_gpus_on_a_server_without_any_is_refused() -> None:
         resolved_group(InstanceGroup(kind="KIND_AUTO", gpus=(0,)), [])
     with pytest.raises(MetadataConflict, match="asks for a GPU; this server runs none"):
         resolved_group(InstanceGroup(kind="KIND_GPU"), [])
+
+
+class _Worker:
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+
+def test_a_count_past_the_devices_workers_is_capped_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two instances asked of one CPU worker: one, and a warning (Triton makes two; the
+    cap went unsaid, and the model's requests ran one after another)."""
+    workers = [_Worker("cpu")]
+    chosen, _ = place_groups([InstanceGroup(kind="KIND_CPU", count=2)], workers, "m")  # type: ignore[type-var]
+    assert chosen == workers
+    assert (
+        "model 'm': instance_group asks for 2 instances on cpu, which runs 1 worker process: "
+        "1 instance (--instances-per-device 2 gives 2)"
+    ) in caplog.text
+    caplog.clear()
+    place_groups([InstanceGroup(kind="KIND_CPU", count=1)], workers, "m")  # type: ignore[type-var]
+    assert "instance_group asks" not in caplog.text
