@@ -12,7 +12,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from google.protobuf import json_format
+
+from oipserve.grpc_generated import model_config_pb2 as mc
 from oipserve.models.config.ensemble import ENSEMBLE_PLATFORM
+from oipserve.models.config.json_form import message_json
 from oipserve.models.config.parse import InstanceGroup
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import PLATFORM, ModelVersion
@@ -90,4 +94,15 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
         document["version_policy"] = {"all": {}}
     else:
         document["version_policy"] = {"specific": {"versions": list(policy.versions)}}
-    return document
+    return _with_defaults(document)
+
+
+def _with_defaults(document: dict[str, Any]) -> dict[str, object]:
+    """``document`` as Triton answers it: every field without presence printed, at its
+    default too (a sequence's START control, enum 0, had no ``kind`` here, and inputs no
+    ``format`` or ``optional``: found by comparing with Triton's QA configs)."""
+    try:
+        config = json_format.ParseDict(document, mc.ModelConfig())
+    except json_format.ParseError:  # (nothing of ours should be: then as it was)
+        return document
+    return message_json(config, defaults=True)

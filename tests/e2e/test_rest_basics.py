@@ -86,7 +86,16 @@ def test_model_config(server: ServerProcess) -> None:
     config = json.loads(body)
     assert status == 200
     assert config["max_batch_size"] == 8
-    assert config["input"][0] == {"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}
+    assert config["input"][0] == {
+        "name": "INPUT0",
+        "data_type": "TYPE_INT32",
+        "format": "FORMAT_NONE",
+        "dims": [16],
+        "is_shape_tensor": False,
+        "allow_ragged_batch": False,
+        "optional": False,
+        "is_non_linear_format_io": False,
+    }  # every field without presence, as Triton prints them
 
 
 def test_simple_with_tritonclient(client: httpclient.InferenceServerClient) -> None:

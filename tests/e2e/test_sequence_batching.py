@@ -325,6 +325,14 @@ def test_sequence_models_need_no_client_side_control_inputs(server: ServerProces
         ]
         config = client.get_model_config("simple_dyna_sequence")
         assert config["sequence_batching"]["oldest"]["max_candidate_sequences"] == 1024
+        # Fields at their defaults are printed, as Triton prints them: START's kind is
+        # enum 0, and its control input came without it (which control was START?).
+        kinds = {
+            entry["name"]: [control["kind"] for control in entry["control"]]
+            for entry in config["sequence_batching"]["control_input"]
+        }
+        assert kinds["START"] == ["CONTROL_SEQUENCE_START"], kinds
+        assert config["input"][0]["is_shape_tensor"] is False
 
 
 def test_a_killed_worker_fails_its_sequences_which_start_again(server: ServerProcess) -> None:

@@ -124,7 +124,12 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
     "inference.ModelInstanceGroup": {
         "name": FieldRule(H, "shown in the config response"),
         "kind": FieldRule(H, "KIND_CPU, KIND_GPU, KIND_AUTO, KIND_MODEL"),
-        "count": FieldRule(H, "sessions per device, up to its worker processes"),
+        "count": FieldRule(
+            H,
+            "sessions per device, up to its worker processes (`--instances-per-device`); past "
+            "them a warning at the load says how many run (Triton makes `count`; the cap "
+            "went unsaid until 2026-11-30)",
+        ),
         "rate_limiter": FieldRule(W, "oipserve has no rate limiter"),
         "gpus": FieldRule(H, "the GPUs that get instances"),
         "secondary_devices": FieldRule(R, "NVDLA devices are TensorRT-only"),

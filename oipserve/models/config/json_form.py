@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import math
+from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -18,9 +19,9 @@ from google.protobuf.message import Message
 __all__ = ["message_json"]
 
 
-def _scalar(field: FieldDescriptor, value: object) -> object:
+def _scalar(field: FieldDescriptor, value: object, defaults: bool) -> object:
     if isinstance(value, Message):  # (a field of a message type)
-        return message_json(value)
+        return message_json(value, defaults)
     if field.enum_type is not None:
         known = field.enum_type.values_by_number.get(value)
         return known.name if known is not None else value
@@ -31,16 +32,29 @@ def _scalar(field: FieldDescriptor, value: object) -> object:
     return value
 
 
-def message_json(message: Message) -> dict[str, object]:
-    """The given fields of ``message`` as plain JSON-ready values."""
-    out: dict[str, object] = {}
-    for field, value in message.ListFields():
+def message_json(message: Message, defaults: bool = False) -> dict[str, Any]:
+    """The given fields of ``message`` as plain JSON-ready values; with ``defaults``, every
+    field without presence too, at its default (repeated ones, maps, scalars outside a
+    oneof), as Triton's ``/config`` answer prints them (core's ``ModelConfigToJson``:
+    ``always_print_primitive_fields``)."""
+    out: dict[str, Any] = {}
+    for field, value in _fields(message, defaults):
         entry = field.message_type
         if entry is not None and entry.GetOptions().map_entry:
             value_field = entry.fields_by_name["value"]
-            out[field.name] = {str(k): _scalar(value_field, v) for k, v in value.items()}
+            out[field.name] = {str(k): _scalar(value_field, v, defaults) for k, v in value.items()}
         elif field.is_repeated:
-            out[field.name] = [_scalar(field, v) for v in value]
+            out[field.name] = [_scalar(field, v, defaults) for v in value]
         else:
-            out[field.name] = _scalar(field, value)
+            out[field.name] = _scalar(field, value, defaults)
     return out
+
+
+def _fields(message: Message, defaults: bool) -> list[tuple[FieldDescriptor, Any]]:
+    if not defaults:
+        return list(message.ListFields())
+    return [
+        (field, getattr(message, field.name))
+        for field in message.DESCRIPTOR.fields
+        if field.is_repeated or not field.has_presence or message.HasField(field.name)
+    ]
