@@ -52,31 +52,28 @@ class ModelSource:
 
 
 def version_number(entry: str) -> int | None:
-    """The version a directory name stands for, or None: ASCII digits only.
+    """The version a directory name stands for, or None: ASCII digits only, and no leading
+    zero (``0`` itself is version 0).
 
     ``str.isdigit`` accepts e.g. "²", which ``int`` then refuses; Triton's version
-    directories are plain decimal numbers.
+    directories are plain decimal numbers, and Triton ignores one with a leading zero
+    (core's model repository manager: ``01`` beside ``1`` is not a second version 1).
     """
-    if entry.isascii() and entry.isdecimal():
+    if entry.isascii() and entry.isdecimal() and (entry == "0" or entry[0] != "0"):
         return int(entry)
     return None
 
 
-def _one_version_twice(entries: list[str]) -> str | None:
-    """Why the version directories cannot be read (two names of one number, ``1`` and
-    ``01``: one of them was dropped without a word, found by fuzzing), or None."""
-    seen: dict[int, str] = {}
+def _leading_zeros(name: str, entries: list[str]) -> None:
+    """Say which version directories are ignored for a leading zero, as Triton says it."""
     for entry in entries:
-        number = version_number(entry)
-        if number is None:
-            continue
-        if number in seen:
-            return (
-                f"version directories '{seen[number]}' and '{entry}' are both version "
-                f"{number}: keep one"
+        if len(entry) > 1 and entry[0] == "0" and entry.isascii() and entry.isdecimal():
+            log.warning(
+                "model '%s': ignore version directory '%s' which contains leading zeros in "
+                "its directory name",
+                name,
+                entry,
             )
-        seen[number] = entry
-    return None
 
 
 def read_model(root: Path, name: str, override: ModelConfig | None = None) -> ModelSource:
@@ -134,9 +131,7 @@ def read_directory(
         entries = sorted(os.listdir(directory))
     except OSError as exc:
         return ModelSource(name, directory, config, error=f"cannot list the directory: {exc}")
-    twice = _one_version_twice(entries)
-    if twice is not None:
-        return ModelSource(name, directory, config, error=twice)
+    _leading_zeros(name, entries)
     for entry in entries:
         number = version_number(entry)
         model_file = directory / entry / filename

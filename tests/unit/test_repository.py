@@ -21,7 +21,18 @@ def _model(root: Path, versions: list[str], config: str | None = None) -> Path:
 
 @pytest.mark.parametrize(
     ("entry", "number"),
-    [("1", 1), ("007", 7), ("²", None), ("١", None), ("1a", None), ("", None), ("-1", None)],
+    [
+        ("1", 1),
+        ("0", 0),
+        ("10", 10),
+        ("007", None),
+        ("01", None),
+        ("²", None),
+        ("١", None),
+        ("1a", None),
+        ("", None),
+        ("-1", None),
+    ],
 )
 def test_version_number_takes_ascii_digits_only(entry: str, number: int | None) -> None:
     assert version_number(entry) == number
@@ -32,12 +43,20 @@ def test_non_ascii_digit_directory_is_skipped(tmp_path: Path) -> None:
     assert source.error is None and source.versions == {"3": str(tmp_path / "m/3/model.onnx")}
 
 
-def test_two_directories_of_one_version_refuse_the_model(tmp_path: Path) -> None:
-    """``1`` and ``01``: one was dropped without a word (found by fuzzing)."""
-    source = read_model(_model(tmp_path, ["01", "1", "2"]), "m")
-    assert source.error == "version directories '01' and '1' are both version 1: keep one"
+def test_a_version_directory_with_a_leading_zero_is_ignored_as_triton_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Triton ignores it, with a warning: ``1`` and ``01`` serve version 1, ``1`` and ``02``
+    version 1 (``02`` was version 2 here, another model than Triton serves), ``007`` alone
+    no version (Triton's QA configs, compared)."""
+    policy = "version_policy: { all { } }\n"
+    source = read_model(_model(tmp_path, ["01", "1"], policy), "m")
+    assert source.error is None and list(source.versions) == ["1"]
+    assert "ignore version directory '01' which contains leading zeros" in caplog.text
+    other = read_model(_model(tmp_path / "other", ["1", "02"]), "m")
+    assert list(other.versions) == ["1"]
     alone = read_model(_model(tmp_path / "alone", ["007"]), "m")
-    assert alone.error is None and list(alone.versions) == ["7"]
+    assert alone.error is not None and not alone.versions
 
 
 def test_default_policy_serves_the_latest_version(tmp_path: Path) -> None:
