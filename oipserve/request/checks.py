@@ -51,11 +51,13 @@ def input_spec(model: ModelVersion, tensor: InputTensor, seen: set[str]) -> Tens
     spec = model.input_map.get(tensor.name)
     if spec is None:
         raise InvalidInput(
-            f"unexpected input '{tensor.name}' for model '{model.name}' "
+            f"unexpected inference input '{tensor.name}' for model '{model.name}' "
             f"(its inputs: {', '.join(model.input_map)})"
         )
     if tensor.name in seen:
-        raise InvalidInput(f"input '{tensor.name}' is given more than once")
+        raise InvalidInput(
+            f"input '{tensor.name}' already exists in request: it is given more than once"
+        )
     seen.add(tensor.name)
     return spec
 
@@ -103,6 +105,10 @@ def check_request(
     data or None) each. Optional inputs a request leaves out get no entry: ONNX
     Runtime then uses the graph's initializer for them."""
     if not inputs:
+        required = [n for n, s in model.input_map.items() if not s.optional]
+        if required:
+            raise missing_inputs(model, [], required)
+        # (Triton runs a model whose inputs are all optional with none; not here)
         raise InvalidInput("'inputs' must list at least one input")
     seen: set[str] = set()
     # NOTE: every input is checked before any input's data is decoded (payload,
@@ -167,7 +173,7 @@ def check_output_names(model: ModelVersion, output_names: list[str]) -> None:
     for name in output_names:
         if name not in model.output_map:
             raise InvalidInput(
-                f"unexpected requested output '{name}' for model '{model.name}' "
+                f"unexpected inference output '{name}' for model '{model.name}' "
                 f"(its outputs: {', '.join(model.output_map)})"
             )
         if name in wanted:

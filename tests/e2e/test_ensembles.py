@@ -367,7 +367,7 @@ def test_requests_that_do_not_fit_the_ensemble_are_refused(
         http.infer("chain", _http_x(np.ones((9, 2), np.float32)))
     unknown = httpclient.InferInput("Z", [1, 3], "FP32")
     unknown.set_data_from_numpy(np.ones((1, 3), np.float32))
-    with pytest.raises(InferenceServerException, match="unexpected input 'Z'"):
+    with pytest.raises(InferenceServerException, match="unexpected inference input 'Z'"):
         http.infer("chain", [unknown])
     after = scrape(server.metrics_url).value(
         "nv_inference_request_failure", "chain", reason="OTHER"
@@ -404,7 +404,7 @@ def test_requested_outputs_are_checked_as_any_models(
     """The ensemble's requested outputs go through the one check every model's do
     (``request.checks.check_output_names``)."""
     unknown = [httpclient.InferRequestedOutput("Z")]
-    with pytest.raises(InferenceServerException, match="unexpected requested output 'Z'"):
+    with pytest.raises(InferenceServerException, match="unexpected inference output 'Z'"):
         http.infer("chain", _http_x(), outputs=unknown)
     twice = [httpclient.InferRequestedOutput("Y"), httpclient.InferRequestedOutput("Y")]
     with pytest.raises(InferenceServerException, match="'Y' already exists in request") as info:

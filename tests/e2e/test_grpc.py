@@ -455,7 +455,7 @@ def test_invalid_argument_same_message_as_rest(
             outputs=[grpcclient.InferRequestedOutput("NOPE")],
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "unexpected requested output 'NOPE'",
+        "unexpected inference output 'NOPE'",
     )
 
 

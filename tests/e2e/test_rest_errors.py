@@ -50,7 +50,12 @@ CASES = {
         "nested too deeply",
     ),
     "missing inputs": ({}, 400, "inputs"),
-    "empty inputs": ({"inputs": []}, 400, "at least one input"),
+    "empty inputs": (
+        {"inputs": []},
+        400,
+        "expected 2 inputs but got 0 inputs for model 'simple'. Got input(s) [], but missing "
+        "required input(s) ['INPUT0','INPUT1']. Please provide all required input(s).",
+    ),
     "missing field shape": (
         {"inputs": [{"name": "INPUT0", "datatype": "INT32", "data": [1]}]},
         400,
@@ -97,11 +102,15 @@ CASES = {
     "out of range": (with_input(0, data=[2**31] * 16), 400, "out of range for INT32"),
     "data not an array": (with_input(0, data=5), 400, "must be an array"),
     "null data": (with_input(0, data=None), 400, "must be an array"),
-    "unknown input": (with_input(0, name="NOPE"), 400, "unexpected input 'NOPE'"),
+    "unknown input": (
+        with_input(0, name="NOPE"),
+        400,
+        "unexpected inference input 'NOPE' for model 'simple'",
+    ),
     "duplicate input": (
         {"inputs": [simple_body()["inputs"][0], simple_body()["inputs"][0]]},
         400,
-        "more than once",
+        "input 'INPUT0' already exists in request",
     ),
     "missing required input": (
         {"inputs": [simple_body()["inputs"][0]]},
@@ -112,7 +121,7 @@ CASES = {
     "unknown requested output": (
         simple_body(outputs=[{"name": "OUTPUT9"}]),
         400,
-        "unexpected requested output 'OUTPUT9'",
+        "unexpected inference output 'OUTPUT9' for model 'simple'",
     ),
     "parameter value an array": (
         simple_body(parameters={"x": [1]}),
