@@ -18,8 +18,10 @@ from oipserve.grpc_generated import model_config_pb2 as mc
 from oipserve.models.config.ensemble import ENSEMBLE_PLATFORM
 from oipserve.models.config.json_form import message_json
 from oipserve.models.config.parse import InstanceGroup
+from oipserve.models.config.sequence import DEFAULT_IDLE_US
 from oipserve.models.metadata import TensorSpec
 from oipserve.models.registry import PLATFORM, ModelVersion
+from oipserve.models.repository import DEFAULT_MODEL_FILENAME
 from oipserve.wire.datatypes import DATATYPES
 
 __all__ = ["model_config_document"]
@@ -94,7 +96,37 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
         document["version_policy"] = {"all": {}}
     else:
         document["version_policy"] = {"specific": {"versions": list(policy.versions)}}
+    _normalise(document, model)
     return _with_defaults(document)
+
+
+def _normalise(document: dict[str, Any], model: ModelVersion) -> None:
+    """What Triton's ``NormalizeModelConfig`` fills in, shown as this server does it too:
+    a batcher's ``preferred_batch_size`` ``[max_batch_size]``, a sequence's idle time
+    (1 s), the model file's name, each instance group's name (``<model>_<i>``). The
+    response showed 0 and ``[]`` where the server used 1 s and ``max_batch_size``
+    (comparing with Triton's core). Given blocks are copied, never changed in place: they
+    are the config's own."""
+    largest = [model.max_batch_size] if model.max_batch_size > 0 else []
+    batching = document.get("dynamic_batching")
+    if isinstance(batching, dict) and not batching.get("preferred_batch_size") and largest:
+        document["dynamic_batching"] = {**batching, "preferred_batch_size": largest}
+    sequence = document.get("sequence_batching")
+    if isinstance(sequence, dict):
+        sequence = document["sequence_batching"] = dict(sequence)
+        if not sequence.get("max_sequence_idle_microseconds"):
+            sequence["max_sequence_idle_microseconds"] = DEFAULT_IDLE_US
+        oldest = sequence.get("oldest")
+        if isinstance(oldest, dict) and not oldest.get("preferred_batch_size") and largest:
+            sequence["oldest"] = {**oldest, "preferred_batch_size": largest}
+    if model.platform == PLATFORM and not document.get("default_model_filename"):
+        document["default_model_filename"] = DEFAULT_MODEL_FILENAME
+    groups = document.get("instance_group")
+    if isinstance(groups, list):
+        document["instance_group"] = [
+            group if group.get("name") else {**group, "name": f"{model.name}_{index}"}
+            for index, group in enumerate(groups)
+        ]
 
 
 def _with_defaults(document: dict[str, Any]) -> dict[str, object]:

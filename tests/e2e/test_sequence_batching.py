@@ -333,6 +333,7 @@ def test_sequence_models_need_no_client_side_control_inputs(server: ServerProces
         }
         assert kinds["START"] == ["CONTROL_SEQUENCE_START"], kinds
         assert config["input"][0]["is_shape_tensor"] is False
+        assert config["default_model_filename"] == "model.onnx"  # Triton's normalised
 
 
 def test_a_killed_worker_fails_its_sequences_which_start_again(server: ServerProcess) -> None:
