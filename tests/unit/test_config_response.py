@@ -44,3 +44,15 @@ def test_a_batchers_preferred_size_is_its_largest_batch() -> None:
     config = parse_model_config("max_batch_size: 4\ndynamic_batching { }\n")
     document = model_config_document(ModelVersion("m", "1", "model.onnx", config))
     assert document["dynamic_batching"]["preferred_batch_size"] == [4]  # type: ignore[index]
+
+
+def test_a_float32_field_is_printed_as_its_shortest_decimal() -> None:
+    """As protobuf's JSON printers (and so Triton's) write it: 0.1, not 0.10000000149011612."""
+    config = parse_model_config(
+        'max_batch_size: 4\ninput [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'sequence_batching { control_input [ { name: "READY" control [ {\n'
+        "  kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0.1, 1.3 ] } ] } ] }\n"
+    )
+    document = model_config_document(ModelVersion("m", "1", "model.onnx", config))
+    (ready,) = document["sequence_batching"]["control_input"]  # type: ignore[index]
+    assert ready["control"][0]["fp32_false_true"] == [0.1, 1.3]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import math
+import struct
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -29,6 +30,18 @@ def _scalar(field: FieldDescriptor, value: object, defaults: bool) -> object:
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, float) and field.type == FieldDescriptor.TYPE_FLOAT:
+        return _shortest_float32(value)
+    return value
+
+
+def _shortest_float32(value: float) -> float:
+    """A float32 field's value as its shortest decimal that reads back as it, as
+    protobuf's JSON printers write it: ``0.1``, not the widened ``0.10000000149011612``."""
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.unpack("f", struct.pack("f", short))[0] == value:
+            return short
     return value
 
 
