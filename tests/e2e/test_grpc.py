@@ -11,6 +11,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -678,27 +679,40 @@ def test_graceful_shutdown_finishes_grpc_calls(tmp_path: Path) -> None:
             np.testing.assert_array_equal(outcome, data)
 
 
+@contextmanager
+def _one_stream_request(
+    proc: ServerProcess, model: str, shape: list[int], request_id: str
+) -> Iterator[queue.Queue[tuple[object, object]]]:
+    """A stream with one request of ``model`` (FP32 ones of ``shape``) sent: its answers."""
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            tensor = grpcclient.InferInput("INPUT0", shape, "FP32")
+            tensor.set_data_from_numpy(np.ones(shape, np.float32))
+            client.async_stream_infer(model, [tensor], request_id=request_id)
+            yield answers
+        finally:
+            client.stop_stream()
+
+
+def _ended_unavailable_at_shutdown(error: object) -> None:
+    assert isinstance(error, InferenceServerException)
+    assert error.status() == str(grpc.StatusCode.UNAVAILABLE), error
+    assert "later ones are not" in str(error), error
+
+
 def test_a_stream_its_client_has_not_ended_ends_unavailable_at_shutdown(tmp_path: Path) -> None:
     """SIGTERM while a client keeps its stream open, its request answered: the stream ends
     UNAVAILABLE, saying that what the client sends next is not served. It ended OK, and a
     request still uploading was lost unseen (found by fuzzing)."""
     proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
-    answers: queue.Queue[tuple[object, object]] = queue.Queue()
-    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        try:
-            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
-            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-            client.async_stream_infer("identity_fp32", [tensor], request_id="1")
-            result, error = answers.get(timeout=30)
-            assert error is None and result.get_response().id == "1"  # type: ignore[attr-defined]
-            assert proc.stop() == 0, proc.log
-            _, error = answers.get(timeout=30)
-        finally:
-            client.stop_stream()
-    assert isinstance(error, InferenceServerException)
-    assert error.status() == str(grpc.StatusCode.UNAVAILABLE), error
-    assert "later ones are not" in str(error), error
+    with _one_stream_request(proc, "identity_fp32", [1, 4], "1") as answers:
+        result, error = answers.get(timeout=30)
+        assert error is None and result.get_response().id == "1"  # type: ignore[attr-defined]
+        assert proc.stop() == 0, proc.log
+        _, error = answers.get(timeout=30)
+    _ended_unavailable_at_shutdown(error)
 
 
 @pytest.mark.parametrize("round_", [1, 2, 3])
@@ -711,29 +725,17 @@ def test_a_stream_whose_request_runs_at_shutdown_gets_its_answer_then_unavailabl
     RST_STREAM NO_ERROR its call wrote next was dropped (found by fuzzing)."""
     write_weighty_repository(tmp_path, layers=32)
     proc = ServerProcess(tmp_path, ["--instances-per-device", "1"]).wait_ready()
-    answers: queue.Queue[tuple[object, object]] = queue.Queue()
-    with grpcclient.InferenceServerClient(proc.grpc_url) as client:
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        try:
-            tensor = grpcclient.InferInput("INPUT0", [512, 1024], "FP32")
-            tensor.set_data_from_numpy(np.ones((512, 1024), np.float32))
-            client.async_stream_infer(WEIGHTY, [tensor], request_id=str(round_))
-            assert wait_for(
-                lambda: scrape(proc.metrics_url).value(
-                    "nv_inference_pending_request_count", WEIGHTY
-                )
-            )
-            proc.process.send_signal(signal.SIGTERM)
-            result, error = answers.get(timeout=60)
-            assert error is None, error
-            assert result.get_response().id == str(round_)  # type: ignore[attr-defined]
-            _, error = answers.get(timeout=60)
-        finally:
-            client.stop_stream()
+    with _one_stream_request(proc, WEIGHTY, [512, 1024], str(round_)) as answers:
+        assert wait_for(
+            lambda: scrape(proc.metrics_url).value("nv_inference_pending_request_count", WEIGHTY)
+        )
+        proc.process.send_signal(signal.SIGTERM)
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        assert result.get_response().id == str(round_)  # type: ignore[attr-defined]
+        _, error = answers.get(timeout=60)
     assert proc.stop() == 0, proc.log
-    assert isinstance(error, InferenceServerException)
-    assert error.status() == str(grpc.StatusCode.UNAVAILABLE), error
-    assert "later ones are not" in str(error), error
+    _ended_unavailable_at_shutdown(error)
 
 
 def test_clients_that_keep_calling_do_not_hold_the_shutdown(tmp_path: Path) -> None:
