@@ -128,3 +128,58 @@ async def test_the_peers_close_ends_the_linger(monkeypatch: pytest.MonkeyPatch) 
         assert await until(lambda: server.lingering == 0, 5)
     finally:
         await server.stop(0)
+
+
+async def _goaway_then_silence(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client that opens, says GOAWAY (its connection ends well) and reads nothing more."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(PREFACE + settings_frame({}) + frame(Frame.GOAWAY, 0, 0, bytes(8)))
+    return reader, writer
+
+
+async def test_sockets_ending_well_linger_at_most_a_quarter_of_the_cap() -> None:
+    """Each lingers without its slot; a client ending 1,100 connections so, then silent,
+    took every descriptor of a front whose limit was 1,024 (found by fuzzing). Past a
+    quarter of the cap they close at once."""
+    server = _server(max_connections=8)
+    port = await server.serve("127.0.0.1", 0, reuse_port=False)
+    clients = [await _goaway_then_silence(port) for _ in range(4)]
+    try:
+        assert await until(lambda: server.connections == 0 and server.lingering == 2)
+        ends = [await asyncio.wait_for(reader.read(), 5) for reader, _ in clients]
+        assert len(ends) == 4  # every one read to its FIN: two lingering, two closed
+    finally:
+        for _, writer in clients:
+            writer.close()
+        await server.stop(0)
+
+
+async def test_a_peer_still_taking_a_large_answer_keeps_its_lingering_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A socket that ended well lingers past ``GRACEFUL_SECONDS`` while its peer still
+    takes what is left (at ``GRACEFUL_MIN_RATE`` or more): a slow reader of a large answer
+    at shutdown was cut at 10 s, its answer truncated (found by fuzzing)."""
+    monkeypatch.setattr(linger, "GRACEFUL_SECONDS", 0.2)
+    lingering = linger.Lingering()
+    payload = bytes(32 << 20)
+
+    class Sender(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            transport.write(payload)
+            assert lingering.take_gracefully(transport)
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Sender, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    got = 0
+    try:
+        while chunk := await reader.read(256 * 1024):
+            got += len(chunk)
+            await asyncio.sleep(0.01)  # ~25 MB/s: more than a second for all of it
+    finally:
+        writer.close()
+        server.close()
+    assert got == len(payload)

@@ -28,8 +28,9 @@ socket closed with the peer's bytes unread is reset, and the reset drops the ans
 peer had not taken yet. Its peer is no flooder: its last frames (WINDOW_UPDATEs for our
 DATA, the PING's answer, calls sent before it heard the GOAWAY) came a moment after our
 close. Such a socket keeps reading (what comes is dropped), so the peer's FIN ends it
-as a close (nothing unread), or ``GRACEFUL_SECONDS`` later at most. At most
-``MAX_GRACEFUL`` linger so, past that a graceful end closes at once, as before. (Found
+as a close (nothing unread), or ``GRACEFUL_SECONDS`` later, more while the peer still
+takes what is left at ``GRACEFUL_MIN_RATE``. At most ``MAX_GRACEFUL`` linger so (and a
+quarter of the connection cap), past that a graceful end closes at once, as before. (Found
 by fuzzing: REST over h2c at SIGTERM, 4 of 6 clients saw the tail of an answer and the
 last GOAWAY reset away.) A shutdown waits for them within its grace: a client that
 reads closes at our FIN; one that does not read holds the stop 10 s at most.
@@ -38,7 +39,10 @@ reads closes at our FIN; one that does not read holds the stop 10 s at most.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import struct
+import termios
 
 #: Seconds at most a socket lingers after a connection error's GOAWAY and FIN, the peer
 #: not having closed: time for a peer that reads at all to read the GOAWAY, on a loaded
@@ -50,12 +54,18 @@ import socket
 LINGER_SECONDS = 1.0
 #: Sockets one front lets linger at once; past it a connection error closes at once.
 MAX_LINGERING = 64
-#: Seconds at most a socket ending well lingers after its last GOAWAY and FIN: time for
-#: a peer taking a large answer at a modest rate; a shutdown waits for it no longer than
+#: Seconds a socket ending well lingers after its last GOAWAY and FIN, and again while
+#: its peer takes what is left at ``GRACEFUL_MIN_RATE`` or more (a slow reader of a
+#: large answer was cut at 10 s, found by fuzzing); a shutdown waits for it no longer than
 #: ``--shutdown-timeout`` (``listener.stop``).
 GRACEFUL_SECONDS = 10.0
-#: Sockets ending well that one front lets linger at once (they stay readable: each is a
-#: connection's socket a few seconds longer, the connection's slot freed).
+#: Bytes a second a lingering peer takes to keep its socket (``--min-transfer-rate``'s
+#: default: a client reading slower is dropped while the server serves too).
+GRACEFUL_MIN_RATE = 64 * 1024
+#: Sockets ending well that one front lets linger at once, and at most a quarter of its
+#: connection cap (``Lingering``'s ``graceful_bound``): they hold descriptors beside the
+#: connections the cap counts (a client ending 1,100 connections with a GOAWAY, each
+#: then silent, took every descriptor of a front at 1,024; found by fuzzing).
 MAX_GRACEFUL = 1024
 #: Seconds between two looks at the lingering sockets' TCP state.
 _LOOK = 0.05
@@ -68,15 +78,28 @@ _PEER_DONE = frozenset({6, 7})
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 
 
-def _peer_done(transport: asyncio.Transport, states: frozenset[int] = _PEER_DONE) -> bool:
+def _peer_done(transport: asyncio.Transport) -> bool:
     """Whether the peer closed its side and took all of ours (False where unknown)."""
     sock = transport.get_extra_info("socket")
     if sock is None or _TCP_INFO is None:
         return False
     try:
-        return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0] in states
+        return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0] in _PEER_DONE
     except OSError:  # not TCP
         return False
+
+
+def _untaken(transport: asyncio.Transport) -> int:
+    """Bytes written that the peer has not taken yet: in the transport's buffer, and in
+    the kernel's send queue (``TIOCOUTQ``: not sent, or not acknowledged)."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            pass
+    return size
 
 
 class _Lingering(asyncio.Protocol):
@@ -100,16 +123,17 @@ class _Lingering(asyncio.Protocol):
 class Lingering:
     """The sockets of one front that linger after a connection error's GOAWAY."""
 
-    def __init__(self) -> None:
+    def __init__(self, graceful_bound: int = MAX_GRACEFUL) -> None:
         # NOTE: the module's values read here, not as defaults: a test may lower them.
         self._seconds = LINGER_SECONDS
         self._bound = MAX_LINGERING
         self._graceful_seconds = GRACEFUL_SECONDS
-        self._graceful_bound = MAX_GRACEFUL
-        #: Lingering transport -> the loop time it is aborted at the latest, and the TCP
-        #: states in which it goes sooner; after a connection error, and ending well.
-        self._held: dict[asyncio.Transport, tuple[float, frozenset[int]]] = {}
-        self._graceful: set[asyncio.Transport] = set()
+        self._graceful_bound = min(MAX_GRACEFUL, graceful_bound)
+        #: Lingering transport -> the loop time it is aborted at the latest.
+        self._held: dict[asyncio.Transport, float] = {}
+        #: Those that ended well -> the bytes their peer had still to take at the last
+        #: look that gave them more time.
+        self._graceful: dict[asyncio.Transport, int] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
@@ -125,7 +149,7 @@ class Lingering:
         if not self._ended(transport):
             return False
         transport.pause_reading()
-        self._hold(transport, self._seconds, _PEER_DONE)
+        self._hold(transport, self._seconds)
         return True
 
     def take_gracefully(self, transport: asyncio.Transport) -> bool:
@@ -133,8 +157,8 @@ class Lingering:
         on (dropped), ended by the peer's close, or after ``GRACEFUL_SECONDS``."""
         if len(self._graceful) >= self._graceful_bound or not self._ended(transport):
             return False
-        self._graceful.add(transport)
-        self._hold(transport, self._graceful_seconds, _PEER_DONE)
+        self._graceful[transport] = _untaken(transport)
+        self._hold(transport, self._graceful_seconds)
         # It may have been held (a connection stops reading while its clients' calls
         # are abandoned): the peer's FIN and last frames are read from here on.
         transport.resume_reading()
@@ -151,10 +175,10 @@ class Lingering:
             return False
         return True
 
-    def _hold(self, transport: asyncio.Transport, seconds: float, done: frozenset[int]) -> None:
+    def _hold(self, transport: asyncio.Transport, seconds: float) -> None:
         transport.set_protocol(_Lingering(self, transport))
         loop = asyncio.get_running_loop()
-        self._held[transport] = (loop.time() + seconds, done)
+        self._held[transport] = loop.time() + seconds
         if self._timer is None:
             self._timer = loop.call_later(_LOOK, self._look, loop)
 
@@ -163,22 +187,34 @@ class Lingering:
         (a close waits, unbounded, for what the peer has not read)."""
         self._timer = None
         now = loop.time()
-        for transport, (until, done) in list(self._held.items()):
-            if now >= until or _peer_done(transport, done):
+        for transport, until in list(self._held.items()):
+            if now >= until and self._still_taking(transport):
+                self._held[transport] = now + self._graceful_seconds
+            elif now >= until or _peer_done(transport):
                 self.forget(transport)
                 transport.abort()
         if self._held:
             self._timer = loop.call_later(_LOOK, self._look, loop)
 
+    def _still_taking(self, transport: asyncio.Transport) -> bool:
+        """Whether a socket that ended well had its peer take, since it was last given
+        time, what ``GRACEFUL_MIN_RATE`` asks for (then it gets that time again)."""
+        before = self._graceful.get(transport)
+        if before is None:
+            return False
+        left = _untaken(transport)
+        self._graceful[transport] = left
+        return left > 0 and before - left >= GRACEFUL_MIN_RATE * self._graceful_seconds
+
     def forget(self, transport: asyncio.Transport) -> None:
         """``transport`` went (an error, the peer's close, or the stop): no longer counted."""
         self._held.pop(transport, None)
-        self._graceful.discard(transport)
+        self._graceful.pop(transport, None)
 
     def close(self) -> None:
         """Abort every lingering socket now (a stop waits no longer)."""
         held, self._held = self._held, {}
-        self._graceful = set()
+        self._graceful = {}
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -80,8 +80,9 @@ class H2Server:
         self._listeners: list[asyncio.Server] = []
         #: ``stop`` began: connections handed over by ``adopt`` are refused.
         self._stopping = False
-        #: Sockets closing after a connection error's GOAWAY (not counted by the cap).
-        self._lingering = Lingering()
+        #: Sockets closing after a connection error's GOAWAY, or after their connection
+        #: ended well (not counted by the cap: those at most a quarter of it).
+        self._lingering = Lingering(graceful_bound=max(1, self._limits.max_connections // 4))
 
     @property
     def connections(self) -> int:
