@@ -319,3 +319,17 @@ async def test_grpc_calls_beside_rest_streams_are_untouched() -> None:
     _, body, _ = await _answer(peer, 3)
     assert json.loads(body)["method"] == "GET"
     assert await until(lambda: peer.service.calls == [("ServerLive", b"")])
+
+
+async def test_the_shutdowns_503_without_a_window_for_its_body_is_a_reset() -> None:
+    """``--shutdown-timeout`` ran out while a body was uploading and the client's window
+    for answers was spent: a clean RST_STREAM CANCEL, not the 503's head without its body
+    (it was that head, content-length 97 and no END_STREAM; found by fuzzing)."""
+    peer = RestPeer(EchoApp(), peer_settings={Setting.INITIAL_WINDOW_SIZE: 0})
+    peer.request(1, "POST", "/upload", ("content-length", "100"), end=False)
+    peer.data(1, b"x" * 10)
+    stream = peer.connection.streams[1]
+    stream.give_up("the server is shutting down")
+    frames = await peer.written()
+    assert not [f for f in frames if f[0] == Frame.HEADERS and f[2] == 1]
+    assert _reset_code(frames, 1) == ErrorCode.CANCEL

@@ -102,15 +102,21 @@ class Http2Connection(Connection):
         size = len(data)
         # NOTE: an empty frame is not flow-controlled (RFC 9113, 6.9.1): it always goes,
         #   also while a window is negative (SETTINGS lowered it).
-        if size and (
-            size > self._send_window or size > stream_.send_window or size > self._peer_max_frame
-        ):
+        if size and not self.fits(stream_, size):
             return False
         self._send_window -= size
         stream_.send_window -= size
         self._write(frame_header(size, Frame.DATA, END_STREAM, stream) + data)
         self.finished(stream)
         return True
+
+    def fits(self, stream_: Stream, size: int) -> bool:
+        """Whether one DATA frame of ``size`` bytes may go on ``stream_`` now."""
+        return (
+            size <= self._send_window
+            and size <= stream_.send_window
+            and size <= self._peer_max_frame
+        )
 
     #: The socket's (peer, own) addresses, read once for the scopes of all its streams.
     _addresses: tuple[Any, Any] | None = None
@@ -280,9 +286,12 @@ class RestStream:
             else:
                 self._started = self._complete = True
                 body, fields = _error(message)
-                self._conn.send_headers(self._stream, response_block(503, fields))
-                self._conn.end_data(self, self._stream, body)
-                self._finished()
+                if self._conn.fits(self, len(body)):
+                    self._conn.send_headers(self._stream, response_block(503, fields))
+                    self._conn.end_data(self, self._stream, body)
+                    self._finished()
+                else:  # no window left for its body: a reset, not a head without its body
+                    self._end(ErrorCode.CANCEL)  # (it was that head: found by fuzzing)
         task = self._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
