@@ -94,6 +94,13 @@ def missing_inputs(
     )
 
 
+def _check_required(model: ModelVersion, inputs: list[InputTensor], seen: set[str]) -> None:
+    """InvalidInput when a required input is not among ``seen`` (the request's)."""
+    missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
+    if missing:
+        raise missing_inputs(model, [tensor.name for tensor in inputs], missing)
+
+
 def _names_text(names: Sequence[str]) -> str:
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
@@ -105,9 +112,7 @@ def check_request(
     data or None) each. Optional inputs a request leaves out get no entry: ONNX
     Runtime then uses the graph's initializer for them."""
     if not inputs:
-        required = [n for n, s in model.input_map.items() if not s.optional]
-        if required:
-            raise missing_inputs(model, [], required)
+        _check_required(model, inputs, set())
         # (Triton runs a model whose inputs are all optional with none; not here)
         raise InvalidInput("'inputs' must list at least one input")
     seen: set[str] = set()
@@ -130,11 +135,7 @@ def check_request(
             shape = reshaped(shape, spec.shape, spec.model_shape)
         checked.append((tensor, shape))
     if len(seen) != len(model.input_map):
-        missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
-    else:
-        missing = []
-    if missing:
-        raise missing_inputs(model, [tensor.name for tensor in inputs], missing)
+        _check_required(model, inputs, seen)
     check_output_names(model, output_names)
     return [
         (

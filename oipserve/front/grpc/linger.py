@@ -121,7 +121,8 @@ class _Lingering(asyncio.Protocol):
 
 
 class Lingering:
-    """The sockets of one front that linger after a connection error's GOAWAY."""
+    """The sockets of one front that linger: after a connection error's GOAWAY, or after
+    their connection ended well."""
 
     def __init__(self, graceful_bound: int = MAX_GRACEFUL) -> None:
         # NOTE: the module's values read here, not as defaults: a test may lower them.

@@ -69,5 +69,5 @@ def _fields(message: Message, defaults: bool) -> list[tuple[FieldDescriptor, Any
     return [
         (field, getattr(message, field.name))
         for field in message.DESCRIPTOR.fields
-        if field.is_repeated or not field.has_presence or message.HasField(field.name)
+        if not field.has_presence or message.HasField(field.name)  # (repeated: no presence)
     ]
