@@ -46,7 +46,7 @@ from oipserve.dataplane.strategies import (
     answer_in_front,
 )
 from oipserve.errors import InternalError
-from oipserve.models.config_response import model_config_document
+from oipserve.models.config_response import model_config_document, model_config_message
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.link import WorkerLink
@@ -64,6 +64,7 @@ from oipserve.wire.shm import BufferPool, Lease, SegmentCache
 
 if TYPE_CHECKING:
     from oipserve.config.settings import Settings
+    from oipserve.grpc_generated.model_config_pb2 import ModelConfig
 
 log = logging.getLogger("oipserve.dataplane")
 
@@ -225,6 +226,10 @@ class DataPlane:
     def model_config(self, name: str, version: str | None) -> dict[str, object]:
         """The model's configuration in Triton's JSON form (model_configuration extension)."""
         return model_config_document(self.registry.resolve(name, version))
+
+    def model_config_message(self, name: str, version: str | None) -> ModelConfig:
+        """The model's configuration as gRPC's ModelConfig message."""
+        return model_config_message(self.registry.resolve(name, version))
 
     # ---- inference ----------------------------------------------------------
 

@@ -24,7 +24,7 @@ from oipserve.models.registry import PLATFORM, ModelVersion
 from oipserve.models.repository import DEFAULT_MODEL_FILENAME
 from oipserve.wire.datatypes import DATATYPES
 
-__all__ = ["model_config_document"]
+__all__ = ["model_config_document", "model_config_message"]
 
 
 def _tensor(spec: TensorSpec, batched: bool, given: dict[str, dict[str, Any]]) -> dict[str, object]:
@@ -69,6 +69,20 @@ def _instance_groups(
 
 
 def model_config_document(model: ModelVersion) -> dict[str, object]:
+    """REST's answer: the message printed as Triton prints it, every field without
+    presence at its default too (a sequence's START control, enum 0, had no ``kind``
+    here, and inputs no ``format`` or ``optional``: found by comparing with Triton's QA
+    configs)."""
+    return message_json(model_config_message(model), defaults=True)
+
+
+def model_config_message(model: ModelVersion) -> mc.ModelConfig:
+    """gRPC's answer, and REST's before it is printed: fields of a configuration that
+    the proto does not carry are dropped (none of ours)."""
+    return json_format.ParseDict(_document(model), mc.ModelConfig(), ignore_unknown_fields=True)
+
+
+def _document(model: ModelVersion) -> dict[str, Any]:
     config = model.config
     document: dict[str, Any] = dict(config.document) if config else {}
     batched = model.max_batch_size > 0
@@ -97,7 +111,7 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
     else:
         document["version_policy"] = {"specific": {"versions": list(policy.versions)}}
     _normalise(document, model)
-    return _with_defaults(document)
+    return document
 
 
 def _normalise(document: dict[str, Any], model: ModelVersion) -> None:
@@ -127,14 +141,3 @@ def _normalise(document: dict[str, Any], model: ModelVersion) -> None:
             group if group.get("name") else {**group, "name": f"{model.name}_{index}"}
             for index, group in enumerate(groups)
         ]
-
-
-def _with_defaults(document: dict[str, Any]) -> dict[str, object]:
-    """``document`` as Triton answers it: every field without presence printed, at its
-    default too (a sequence's START control, enum 0, had no ``kind`` here, and inputs no
-    ``format`` or ``optional``: found by comparing with Triton's QA configs)."""
-    try:
-        config = json_format.ParseDict(document, mc.ModelConfig())
-    except json_format.ParseError:  # (nothing of ours should be: then as it was)
-        return document
-    return message_json(config, defaults=True)

@@ -79,10 +79,8 @@ class InferenceService:
         return json_format.ParseDict(meta, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        config = self.dataplane.model_config(request.name, requested_version(request.version))
-        # NOTE: fields of Triton's ModelConfig that our proto does not carry are
-        #   dropped here; REST's /config shows the full JSON.
-        message = json_format.ParseDict(config, pb.ModelConfig(), ignore_unknown_fields=True)
+        version = requested_version(request.version)
+        message = self.dataplane.model_config_message(request.name, version)
         return pb.ModelConfigResponse(config=message)
 
     async def ModelStatistics(
