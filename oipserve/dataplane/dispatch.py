@@ -31,6 +31,7 @@ from oipserve.runtime.abandoned_work import ABANDONED_WORK
 from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
 from oipserve.runtime.off_loop import nothing_to_release
+from oipserve.runtime.worker_share import WorkerShare, share_of
 from oipserve.telemetry.stats import ModelStats
 from oipserve.wire.messages import Failed, Infer, InferDone, OutputTarget, TensorDesc
 from oipserve.wire.shm import Lease, SegmentCache
@@ -49,13 +50,15 @@ _NO_REGIONS: dict[str, RegionUse] = {}
 class Dispatch:
     """Sends checked, placed requests to workers and maps their replies back."""
 
-    __slots__ = ("outputs", "max_queue", "busy_poll", "affinity")
+    __slots__ = ("outputs", "max_queue", "max_share", "busy_poll", "affinity")
 
     def __init__(self, outputs: SegmentCache, max_queue: int) -> None:
         #: The workers' output segments, mapped once each.
         self.outputs = outputs
         #: Requests in flight on one worker past which its model answers 503 (overloaded).
         self.max_queue = max_queue
+        #: Requests one client connection may have at the workers (``runtime.worker_share``).
+        self.max_share = share_of(max_queue)
         #: The front's busy polling, whose requests in flight say whether an Infer goes out
         #: at light load (``Infer.light``: the worker then does not poll for the next, and
         #: with ``--low-load-colocation`` pins itself beside the front). None: never light.
@@ -80,17 +83,24 @@ class Dispatch:
         text_outputs: list[str] | None = None,
         late: ModelStats | None = None,
         rows: int = 1,
+        share: WorkerShare | None = None,
     ) -> InferDone:
         """Run ``inputs`` on ``worker``; its reply (or the error it answered).
 
         ``owned`` is released when the worker is done reading the inputs: at its reply,
-        when it dies, or here when the request cannot be sent. Past ``deadline`` (loop
+        when it dies, or here when the request cannot be sent; so is the place the request
+        took in its connection's ``share`` of the workers' queues. Past ``deadline`` (loop
         time) the call fails with DeadlineExceeded while the worker may still read the
         inputs: they stay held until it answers, which a worker that comes to the request
         too late to end it by its deadline does without running it (``Infer.expires``).
         The reply's output segment is the caller's to release (``result``, ``results``).
         """
-        sendable(model, owned)
+        try:
+            sendable(model, owned)
+        except BaseException:
+            if share is not None:
+                share.back()
+            raise
         key = model.key
         output_names = output_names or model.run_outputs
         into = targets or _NO_TARGETS
@@ -101,6 +111,8 @@ class Dispatch:
         def inputs_free() -> None:
             for held in owned:
                 held.release()
+            if share is not None:
+                share.back()
 
         answer = await infer_on(
             worker,

@@ -31,6 +31,7 @@ from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.inference import Inference
 from oipserve.request.placement import place
+from oipserve.runtime.worker_share import WorkerShare
 from oipserve.telemetry.stats import ModelStats, failure_reason
 from oipserve.wire.messages import ChainStep, Failed, Infer, InferDone, StepTimes, TensorDesc
 from oipserve.wire.shm import Lease
@@ -135,11 +136,16 @@ async def run_chain(
     chain: Chain,
     worker: WorkerLink,
     deadline: float,
+    share: WorkerShare | None = None,
+    waited: int = 0,
 ) -> InferDone:
     """``request`` (the chain's first step) checked and placed as ``Unbatched`` does, sent
     with the chain to ``worker``; each step counted in its model's statistics (a failed
-    one with its reason, and those before it as successes)."""
-    start = monotonic_ns()
+    one with its reason, and those before it as successes). ``share``: the place the
+    chain holds in its connection's share of the workers' queues (given back when the
+    worker answers, or here if it is not sent); ``waited``: when it began to wait for it
+    (``monotonic_ns``; 0: it did not wait)."""
+    start = waited or monotonic_ns()
     first = stats_of(request.model)
     owned = request.owned
     lease: Lease | None = None
@@ -149,11 +155,15 @@ async def run_chain(
             placements = await intake.decode_in_worker(request.model, placements, owned, deadline)
         inputs, lease = await place(placements, intake.inputs)
     except BaseException as exc:
+        if share is not None:
+            share.back()
         refused(exc, owned, lease, first, start)
         raise
     sent = sending(owned, lease, first)
+    if waited:
+        sent = waited
     try:
-        reply = await _send(intake.dispatch, worker, request, chain, inputs, deadline)
+        reply = await _send(intake.dispatch, worker, request, chain, inputs, deadline, share)
     except BaseException as exc:
         first.request_failed(failure_reason(exc), monotonic_ns() - start)
         raise
@@ -178,6 +188,7 @@ async def _send(
     chain: Chain,
     inputs: list[TensorDesc],
     deadline: float,
+    share: WorkerShare | None = None,
 ) -> InferDone | Failed:
     """The chain's ``Infer`` and the worker's answer (a step's ``Failed`` included)."""
     owned = request.owned
@@ -190,6 +201,8 @@ async def _send(
     def inputs_free() -> None:
         for held in owned:
             held.release()
+        if share is not None:
+            share.back()
 
     reply = await infer_on(
         worker,

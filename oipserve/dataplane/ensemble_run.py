@@ -21,13 +21,14 @@ from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble_chains import Chain, run_chain
 from oipserve.dataplane.ensemble_tensors import EnsembleTensor, Held, release_all
 from oipserve.dataplane.intake import Intake
-from oipserve.dataplane.strategies import Strategy, Unbatched
+from oipserve.dataplane.strategies import Strategy, Unbatched, waited_for_share
 from oipserve.errors import InferenceFailed, Unavailable
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
+from oipserve.runtime.worker_share import WORKER_SHARE
 from oipserve.telemetry.stats import ModelStats
 from oipserve.wire.messages import InferDone
 from oipserve.wire.shm import Lease
@@ -238,9 +239,23 @@ class EnsembleRun:
 
     async def _chain(self, chain: Chain) -> None:
         """The steps of ``chain`` as one request of a worker that holds all their models
-        (``workers.chains``); one by one as usual when no worker holds them all."""
-        worker = self._chain_worker(chain)
+        (``workers.chains``); one by one as usual when no worker holds them all. A place
+        in its connection's share of the workers' queues first, as a step alone takes."""
+        runner = self.runner
+        share = WORKER_SHARE.get()
+        waited = 0
+        if share is not None and not share.take(runner.dispatch.max_share):
+            stats = runner.stats_of(chain.models[0])
+            waited = await waited_for_share(share, self.deadline, stats)
+        try:
+            worker = self._chain_worker(chain)
+        except BaseException:
+            if share is not None:
+                share.back()
+            raise
         if worker is None:
+            if share is not None:
+                share.back()
             for index in chain.steps:
                 await self._step(index)
             return
@@ -251,10 +266,10 @@ class EnsembleRun:
         for composing in chain.models:
             composing.in_flight += 1
         try:
-            runner = self.runner
             done = await run_chain(
-                runner.intake, runner.stats_of, request, chain, worker, self.deadline
-            )
+                runner.intake, runner.stats_of, request, chain, worker, self.deadline, share,
+                waited,
+            )  # fmt: skip
         except InferenceFailed:
             self._check_inputs_alive(head)
             raise

@@ -33,6 +33,7 @@ from oipserve.request.client_regions import RegionUse
 from oipserve.request.echo import answer_echo
 from oipserve.request.inference import Inference, InferResult
 from oipserve.request.placement import Placement, place
+from oipserve.runtime.worker_share import WORKER_SHARE, WorkerShare
 from oipserve.telemetry.stats import ModelStats, failure_reason, refusal_reason
 from oipserve.wire.shm import Lease
 
@@ -44,6 +45,7 @@ __all__ = [
     "answer_in_front",
     "refused",
     "sending",
+    "waited_for_share",
 ]
 
 #: Serves one request: (the request, its version's statistics, its arrival) -> its result.
@@ -111,6 +113,8 @@ class Unbatched:
         deadline = intake.deadline(inference)
         lease: Lease | None = None
         probe: Probe | None = None
+        share: WorkerShare | None = None  # (its connection's, once it has a place in it)
+        waited = 0
         try:
             placements = intake.check(inference)
             if self.cache is not None:
@@ -121,11 +125,20 @@ class Unbatched:
                 placements = await intake.decode_in_worker(model, placements, owned, deadline)
             targets = output_targets(model, inference.inputs, into) if into else None
             inputs, lease = await place(placements, intake.inputs)
+            connection = WORKER_SHARE.get()
+            if connection is not None:
+                if not connection.take(dispatch.max_share):
+                    waited = await waited_for_share(connection, deadline, stats)
+                share = connection
             worker = dispatch.pick(model)
         except BaseException as exc:
+            if share is not None:
+                share.back()
             refused(exc, owned, lease, stats, start)
             raise
         sent = sending(owned, lease, stats)
+        if waited:  # (its queue time runs from when it began to wait for its place)
+            sent = waited
         batch = rows_of(model, inference.inputs[0].shape)
         try:
             # (``stats``, ``batch``: a run the worker makes after the request failed at its
@@ -133,7 +146,7 @@ class Unbatched:
             #  found by fuzzing)
             done = await dispatch.send(
                 worker, model, inputs, owned, inference.output_names, deadline, targets,
-                inference.text_outputs, stats, batch,
+                inference.text_outputs, stats, batch, share,
             )  # fmt: skip
             result = dispatch.result(worker, model, done, into)
         except BaseException as exc:
@@ -224,6 +237,19 @@ def sending(owned: list[Lease | RegionUse], lease: Lease | None, stats: ModelSta
     #   worker starts a request (docs/metrics.md).
     stats.pending += 1
     return monotonic_ns()
+
+
+async def waited_for_share(share: WorkerShare, deadline: float, stats: ModelStats) -> int:
+    """A place in its connection's share of the workers' queues, for a request sent alone
+    that has to wait for one (``runtime.worker_share``); when it began to wait
+    (``monotonic_ns``). Pending meanwhile, as a request queued in a batcher is."""
+    began = monotonic_ns()
+    stats.pending += 1
+    try:
+        await share.wait(deadline)
+    finally:
+        stats.pending -= 1
+    return began
 
 
 def _release(owned: list[Lease | RegionUse]) -> None:

@@ -36,6 +36,7 @@ from oipserve.front.grpc.h2.stream_ids import StreamIds
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
 from oipserve.runtime.http_io import CorkedTransport
 from oipserve.runtime.stream_budget import StreamBudget
+from oipserve.runtime.worker_share import WORKER_SHARE, WorkerShare
 
 #: Calls one connection may run at once (clients queue the rest).
 MAX_STREAMS = 1024
@@ -176,9 +177,14 @@ class ConnectionState(asyncio.Protocol):
         #: Not counted on a connection of many clients (``one_client`` False: the private
         #: socket's, other fronts' forwarded calls).
         self.abandoned = AbandonedWork(self._hold_reading, self._resume_reading)
-        #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``.
+        #: This client's requests at the workers, held to a share of a worker's queue
+        #: (``runtime.worker_share``; None: a connection of many clients).
+        self.worker_share = WorkerShare(self._loop) if one_client else None
+        #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``,
+        #: and the requests sent alone ``worker_share``.
         self._context = contextvars.copy_context()
         self._context.run(ABANDONED_WORK.set, self.abandoned if one_client else None)
+        self._context.run(WORKER_SHARE.set, self.worker_share)
         #: What this client's ModelStreamInfer streams may hold at once, together
         #: (``runtime.stream_budget``; None: a connection of many clients).
         self.stream_requests = StreamBudget() if one_client else None

@@ -1,0 +1,109 @@
+"""What one client connection may hold of the workers' queues: its share.
+
+A worker takes ``--max-queue-per-worker`` requests of a front (256) before its model
+answers 503. One HTTP/2 connection may run 1,024 unary calls and 1,024 stream requests at
+once, so a single client connection could fill a worker's queue, and every other client
+then got 503 while it held it. So an HTTP/2 connection of one client (gRPC calls, REST
+streams over h2c) counts the requests of its own that the workers have: sent, and not yet
+answered by the worker (its reply or its death; a request failed at its deadline or
+cancelled in the front still counts while the worker has it). Past its share, half a
+worker's queue (``share_of``), its next request waits in the front, in the order they
+came, until one of its own comes back; other connections are not affected. Requests that
+wait in the front for another reason (a dynamic batch, a sequence's slot) are not counted:
+their batches are not one client's, and never wait here.
+
+The HTTP/2 connection (``front.grpc.h2.connection_state``) makes one ``WorkerShare`` and
+runs its streams' tasks in a context where ``WORKER_SHARE`` holds it; the requests sent
+alone (``dataplane.strategies.Unbatched``, an ensemble's steps and chains) take a place
+before they pick their worker, and give it back when the worker answers. One count a
+connection, not one per worker: a connection with half a worker's queue at the workers
+keeps any of them busy, and nothing per worker is looked up per request. Each front
+process counts its own connections (``--http-workers``: each front has its own queue on
+each worker too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from contextvars import ContextVar
+
+from oipserve.errors import DeadlineExceeded
+
+__all__ = ["WORKER_SHARE", "WorkerShare", "share_of"]
+
+#: Where the connection of the task that runs a request counts its requests at the
+#: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
+#: connection to itself, or a connection of many clients, the private socket's).
+WORKER_SHARE: ContextVar[WorkerShare | None] = ContextVar("worker_share", default=None)
+
+WAITED_TOO_LONG = (
+    "the request did not finish within its deadline (--infer-timeout, or the request's "
+    "'timeout' parameter): it waited in the front for this connection's earlier requests, "
+    "which held its share of the workers' queues (half of --max-queue-per-worker)"
+)
+
+
+def share_of(max_queue: int) -> int:
+    """Requests one connection may have at the workers: half a worker's queue, at least 1."""
+    return max(1, max_queue // 2)
+
+
+class WorkerShare:
+    """One connection's requests at the workers, and those waiting for a place, in order.
+
+    ``take`` a place (or ``wait`` for one), ``back`` once the worker answered: every place
+    taken is given back exactly once.
+    """
+
+    __slots__ = ("held", "_waiting", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        #: Places taken: requests at the workers, or handed a place and on their way there.
+        self.held = 0
+        #: Requests waiting for a place, the first first.
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._loop = loop
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def take(self, limit: int) -> bool:
+        """A place now, if fewer than ``limit`` are held and nobody waits for one."""
+        if self.held < limit and not self._waiting:
+            self.held += 1
+            return True
+        return False
+
+    async def wait(self, deadline: float) -> None:
+        """A place, after those that waited before (``back`` hands it over); past
+        ``deadline`` (loop time) DeadlineExceeded. Failed or cancelled, it holds none."""
+        turn: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append(turn)
+        timer = self._loop.call_at(deadline, _too_late, turn)
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled() and turn.exception() is None:
+                self.back()  # handed a place it cannot use now: the next one's
+            elif turn in self._waiting:  # (``back`` may have passed it over already)
+                self._waiting.remove(turn)
+            raise
+        finally:
+            timer.cancel()
+
+    def back(self) -> None:
+        """A place given back: to the first request waiting, else free."""
+        waiting = self._waiting
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.held -= 1
+
+
+def _too_late(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_exception(DeadlineExceeded(WAITED_TOO_LONG))

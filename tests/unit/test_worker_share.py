@@ -1,0 +1,99 @@
+"""A connection's share of the workers' queues (``runtime/worker_share.py``): the edges a
+server cannot be made to hit on cue (a place handed to a request cancelled in that loop
+iteration, a place handed past one that expired). The behaviour through a server:
+tests/e2e/test_worker_share.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from oipserve.errors import DeadlineExceeded
+from oipserve.runtime.worker_share import WorkerShare, share_of
+
+
+def test_a_connection_has_half_a_workers_queue_and_at_least_one() -> None:
+    assert (share_of(256), share_of(3), share_of(1)) == (128, 1, 1)
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_places_are_handed_on_in_the_order_they_were_asked_for() -> None:
+    share = WorkerShare(asyncio.get_running_loop())
+    assert share.take(2) and share.take(2) and not share.take(2)
+    order: list[int] = []
+
+    async def wait(n: int) -> None:
+        await share.wait(asyncio.get_running_loop().time() + 10)
+        order.append(n)
+
+    waiters = [asyncio.ensure_future(wait(n)) for n in range(3)]
+    await _settle()
+    assert (share.held, share.waiting) == (2, 3)
+    share.back()
+    await _settle()
+    assert order == [0] and share.held == 2  # the place went to the first, not freed
+    assert not share.take(2)  # nobody overtakes those waiting: not even with a place free
+    share.back()
+    share.back()
+    await asyncio.gather(*waiters)
+    assert order == [0, 1, 2] and (share.held, share.waiting) == (2, 0)
+    share.back()
+    share.back()
+    assert share.held == 0 and share.take(2)
+
+
+async def test_a_place_handed_to_a_cancelled_request_goes_to_the_next() -> None:
+    share = WorkerShare(asyncio.get_running_loop())
+    assert share.take(1)
+    deadline = asyncio.get_running_loop().time() + 10
+    first = asyncio.ensure_future(share.wait(deadline))
+    second = asyncio.ensure_future(share.wait(deadline))
+    await _settle()
+    share.back()  # the place to ``first`` ...
+    first.cancel()  # ... cancelled in the same iteration, before it ran again
+    await asyncio.wait_for(second, 5)  # ``second`` has it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert (share.held, share.waiting) == (1, 0)
+
+
+async def test_a_request_cancelled_or_expired_while_waiting_leaves_the_line() -> None:
+    loop = asyncio.get_running_loop()
+    share = WorkerShare(loop)
+    assert share.take(1)
+    cancelled = asyncio.ensure_future(share.wait(loop.time() + 10))
+    expired = asyncio.ensure_future(share.wait(loop.time() + 0.05))
+    last = asyncio.ensure_future(share.wait(loop.time() + 10))
+    await _settle()
+    cancelled.cancel()
+    with pytest.raises(DeadlineExceeded, match="waited in the front for this connection"):
+        await expired
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert share.waiting == 1
+    share.back()
+    await asyncio.wait_for(last, 5)
+    share.back()
+    assert (share.held, share.waiting) == (0, 0)
+
+
+async def test_a_place_given_back_skips_a_request_cancelled_unseen() -> None:
+    """A cancel and the place in one loop iteration, the cancelled request not yet run
+    again: the place goes to the next (a place handed to the cancelled one was lost)."""
+    loop = asyncio.get_running_loop()
+    share = WorkerShare(loop)
+    assert share.take(1)
+    cancelled = asyncio.ensure_future(share.wait(loop.time() + 10))
+    waiting = asyncio.ensure_future(share.wait(loop.time() + 10))
+    await _settle()
+    cancelled.cancel()
+    share.back()
+    await asyncio.wait_for(waiting, 5)
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert (share.held, share.waiting) == (1, 0)
