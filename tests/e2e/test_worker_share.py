@@ -12,6 +12,7 @@ count both those the worker has and those waiting for their connection's place.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +25,9 @@ from grpclib.exceptions import GRPCError
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.support.grpclib_calls import infer_simple, statistics
-from tests.support.server import ServerProcess, pending
+from tests.support.h2_rest import H2c
+from tests.support.server import ServerProcess, pending, wait_for
+from tests.support.tensors import SIMPLE_JSON
 
 #: Half of ``--max-queue-per-worker``'s default, 256.
 SHARE = 128
@@ -167,3 +170,24 @@ async def test_a_waiting_call_still_ends_at_its_deadline(srv: ServerProcess, sto
             await asyncio.wait_for(call, 60)
     finally:
         hog.close()
+
+
+async def test_rest_over_http2_shares_the_bound(srv: ServerProcess, stopped: int) -> None:
+    """REST streams over HTTP/2 (h2c on the HTTP port) are served by the same connection
+    code: one connection's 300 requests are all taken, none refused."""
+    body = json.dumps(SIMPLE_JSON).encode()
+    with H2c("127.0.0.1", srv.port) as h2:
+        streams = [
+            h2.start(
+                "POST", "/v2/models/simple/infer", [("content-type", "application/json")], body
+            )
+            for _ in range(300)
+        ]
+        # (without the share: 256 at the worker, 44 answered 503 at once)
+        assert wait_for(lambda: pending(srv, "simple") == 300), pending(srv, "simple")
+        os.kill(stopped, signal.SIGCONT)
+        for stream in streams:
+            answer = h2.wait(stream)
+            assert answer.status == 200, bytes(answer.body)
+            (output, _) = json.loads(answer.body)["outputs"]
+            assert output["data"] == [n + 1 for n in range(16)]
