@@ -13,6 +13,7 @@ worker fails its whole lane).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import struct
 from time import monotonic_ns
@@ -88,7 +89,11 @@ class SequenceBatches(SequenceSlots):
             row.in_batch = True
             row.end_taken = row.end_taken or step.tag.end
             steps.append(step)
-        task = self._loop.create_task(self._run_batch(lane, rows, steps))
+        # (a batch is many clients' rows: not in the context of the request or timer that
+        #  started it, whose connection would count it: ``runtime.abandoned_work``)
+        task = self._loop.create_task(
+            self._run_batch(lane, rows, steps), context=contextvars.Context()
+        )
         task.add_done_callback(_forget)
 
     def _wake_at(self, lane: SeqLane, due: int, now: int) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import logging
 import time
 from collections import deque
@@ -215,7 +216,12 @@ class DynamicBatcher:
             if policy.preferred_batch_sizes
             else policy.largest_batch
         )
-        self._task = self._loop.create_task(self._run(), name=f"batcher {name}")
+        # (in a context of its own: made at its model's first request, it would carry that
+        #  request's, and its batches would count against that client's connection:
+        #  ``runtime.abandoned_work``)
+        self._task = self._loop.create_task(
+            self._run(), name=f"batcher {name}", context=contextvars.Context()
+        )
         self._task.add_done_callback(self._stopped)
 
     @property

@@ -11,6 +11,7 @@ import pytest
 import uvloop
 
 from oipserve.errors import Unavailable
+from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
 from oipserve.scheduling.policy import BatchPolicy, QueuePolicy
 from oipserve.scheduling.scheduler import SPIN_WINDOW, DynamicBatcher, Entry, QueueRejected
 from tests.support.batcher_calls import submit
@@ -459,3 +460,27 @@ def test_a_sub_millisecond_queue_timeout_does_not_expire_early() -> None:
         return answered
 
     assert uvloop.run(scenario()) >= timeout_ns
+
+
+class ContextHarness(Harness):
+    """Notes the abandoned-work count each batch runs with."""
+
+    seen: list[object]
+
+    async def execute(self, entries: list[Entry], instance: Instance) -> list[Any]:
+        self.seen.append(ABANDONED_WORK.get())
+        return [f"done {e.request}" for e in entries]
+
+
+async def test_batches_run_outside_the_context_of_the_request_that_made_the_batcher() -> None:
+    """The batcher is made at its model's first request, in that request's task: its
+    batches ran in that task's context, so a batch's abandoned requests counted against
+    that one client's connection (``runtime.abandoned_work``)."""
+    token = ABANDONED_WORK.set(AbandonedWork(lambda: None, lambda: None))
+    try:
+        h = ContextHarness(policy())
+    finally:
+        ABANDONED_WORK.reset(token)
+    h.seen = []
+    assert await h.submit("a") == "done a"
+    assert h.seen == [None]
