@@ -273,6 +273,45 @@ def test_bad_loads_are_400_failed_to_load_and_change_nothing(
     assert request(srv, "GET", "/v2/health/ready")[0] == 200
 
 
+#: Triton's QA configs qa/L0_model_config/noautofill_platform/reshape_{nobatch_empty0,
+#: nobatch_empty1, variable3, nobatch_variable3} (as JSON, one each of input and output):
+#: oipserve loaded them until 2026-12; Triton refuses them at load, in these words.
+RESHAPES = [
+    (0, "input", [1], [], "cannot have empty reshape for non-batching model as scalar tensors"),
+    (0, "output", [1], [], "cannot have empty reshape for non-batching model as scalar tensors"),
+    (4, "input", [2, -1], [1, -1, 2], "has different size for dims and reshape"),
+    (0, "output", [2, -1], [1, -1, 2], "has different size for dims and reshape"),
+]
+
+
+@pytest.mark.parametrize(("batch", "kind", "dims", "reshape", "phrase"), RESHAPES)
+def test_reshapes_triton_refuses_are_refused_at_load(
+    srv: ServerProcess,
+    grpc_client: grpcclient.InferenceServerClient,
+    batch: int,
+    kind: str,
+    dims: list[int],
+    reshape: list[int],
+    phrase: str,
+) -> None:
+    tensor = {"name": f"{kind}0", "data_type": "TYPE_FP32", "dims": dims}
+    other = {"name": "other", "data_type": "TYPE_FP32", "dims": [1]}
+    config = {
+        "max_batch_size": batch,
+        "input": [{**tensor, "reshape": {"shape": reshape}} if kind == "input" else other],
+        "output": [{**tensor, "reshape": {"shape": reshape}} if kind == "output" else other],
+    }
+    words = f"model {kind} '{kind}0' {phrase}"
+    status, message = load(srv, "identity_fp32", {"config": json.dumps(config)})
+    assert status == 400, message
+    assert message.startswith("failed to load 'identity_fp32': ") and words in message, message
+    with pytest.raises(InferenceServerException) as caught:
+        grpc_client.load_model("identity_fp32", config=json.dumps(config))
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert words in caught.value.message(), caught.value.message()
+    fp32_infer(srv, "identity_fp32")  # still the model loaded at start
+
+
 def test_bad_names_and_models_that_do_not_load(
     srv: ServerProcess, grpc_client: grpcclient.InferenceServerClient
 ) -> None:

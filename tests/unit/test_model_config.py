@@ -354,17 +354,34 @@ SEMANTIC_ERRORS = [
     (_tensor_text('name: "x" data_type: TYPE_INVALID dims: [1]'), "data_type is required"),
     (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [4, -2]'), "dims: -2 is invalid"),
     (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [0]'), "dims: 0 is invalid"),
+    # reshape: Triton's rules and words (core's ValidateIOShape; qa/L0_model_config's
+    #   reshape_* configs; the last two loaded here until 2026-12)
     (
         _tensor_text('name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [3] }'),
-        "reshape [3] does not hold the same elements as dims [4]",
+        "model input 'x' has different size for dims and reshape (input[0] ('x'): dims [4], "
+        "reshape [3])",
     ),
     (
         _tensor_text('name: "x" data_type: TYPE_FP32 dims: [-1, 4] reshape { shape: [4] }'),
-        "reshape [4] does not hold the same elements",
+        "model input 'x' has different size for dims and reshape",
+    ),
+    (
+        _tensor_text('name: "x" data_type: TYPE_FP32 dims: [-1, 4] reshape { shape: [-1, 4, -1] }'),
+        "model input 'x' has different number of variable-size dimensions for dims and reshape",
     ),
     (
         _tensor_text('name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [0] }'),
-        "reshape.shape: 0 is invalid",
+        "model input 'x' reshape dimensions must be integer >= 1, or -1 to indicate a "
+        "variable-size dimension",
+    ),
+    (
+        'output { name: "y" data_type: TYPE_FP32 dims: [1] reshape { shape: [] } }',
+        "model output 'y' cannot have empty reshape for non-batching model as scalar tensors "
+        "are not supported",
+    ),
+    (
+        _tensor_text('name: "x" data_type: TYPE_FP32 dims: [2, -1] reshape { shape: [1, -1, 2] }'),
+        "model input 'x' has different size for dims and reshape",
     ),
     (
         _tensor_text('name: "x" data_type: TYPE_FP32 dims: [1] format: FORMAT_NHWC'),
@@ -394,10 +411,19 @@ def test_semantic_errors(text: str, message: str) -> None:
 
 
 def test_reshape_with_variable_dims() -> None:
+    """Triton's example: the sizes between the -1s hold as many elements (2 * 4 = 8, 6 = 1 * 6)."""
     text = _tensor_text(
-        'name: "x" data_type: TYPE_FP32 dims: [-1, 6] reshape { shape: [2, -1, 3] }'
+        'name: "x" data_type: TYPE_FP32 dims: [2, 4, -1, 6] reshape { shape: [8, -1, 1, 6] }'
     )
-    assert parse_model_config(text).inputs[0].reshape == (2, -1, 3)
+    assert parse_model_config(text).inputs[0].reshape == (8, -1, 1, 6)
+
+
+def test_an_empty_reshape_of_a_batching_model() -> None:
+    """A scalar per batch item, from dims of one element (Triton's special case)."""
+    text = "max_batch_size: 4\n" + _tensor_text(
+        'name: "x" data_type: TYPE_FP32 dims: [1, 1] reshape { shape: [] }'
+    )
+    assert parse_model_config(text).inputs[0].reshape == ()
 
 
 def test_model_config_error_is_value_error() -> None:

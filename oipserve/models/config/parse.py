@@ -23,7 +23,6 @@ operator's ``ConfigLimits`` by ``check_limits`` before a model is loaded.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
@@ -204,24 +203,58 @@ def _dims(values: Any, path: str) -> tuple[int, ...]:
     return dims
 
 
-def _check_reshape(dims: tuple[int, ...], reshape: tuple[int, ...], path: str) -> None:
-    """Triton's rule: the same elements, and -1s (variable sizes) matching one to one.
+def _trunks(shape: tuple[int, ...]) -> list[int]:
+    """The products of the fixed sizes before, between and after the -1s of ``shape``."""
+    trunks, product = [], 1
+    for dim in shape:
+        if dim == -1:
+            trunks.append(product)
+            product = 1
+        else:
+            product *= dim
+    trunks.append(product)
+    return trunks
 
-    At run time the reshape's -1s take, in order, the sizes a request gives for the
-    -1s of ``dims``, so both must have as many, and their fixed parts the same product.
+
+def _check_reshape(
+    dims: tuple[int, ...], reshape: tuple[int, ...], path: str, tensor: str, batching: bool
+) -> None:
+    """Triton's rules for a reshape, in its words first (core's ValidateIOShape; Triton's
+    QA configs qa/L0_model_config/noautofill_platform/reshape_*).
+
+    At run time the reshape's -1s take, in order, the sizes a request gives for the -1s of
+    ``dims``: so the fixed sizes before, between and after the -1s must hold as many
+    elements in each. An empty reshape is a scalar per batch item: only for a model that
+    batches, and only from dims of one element.
     """
-    free = sum(d == -1 for d in dims), sum(d == -1 for d in reshape)
-    fixed = math.prod(d for d in dims if d != -1), math.prod(d for d in reshape if d != -1)
-    if free[0] != free[1] or fixed[0] != fixed[1]:
+    triton = f"model {tensor}"
+    given = f" ({path}: dims {list(dims)}, reshape {list(reshape)})"
+    if not reshape and not batching:
         raise ModelConfigError(
-            f"{path}: reshape {list(reshape)} does not hold the same elements as dims "
-            f"{list(dims)} (equal products, and as many -1 in each)"
+            f"{triton} cannot have empty reshape for non-batching model as scalar tensors are "
+            f"not supported{given}"
+        )
+    if any(dim < 1 and dim != -1 for dim in reshape):
+        raise ModelConfigError(
+            f"{triton} reshape dimensions must be integer >= 1, or -1 to indicate a "
+            f"variable-size dimension{given}"
+        )
+    wanted, got = _trunks(dims), _trunks(reshape)  # (an empty reshape: [1], one element)
+    if len(wanted) > 1 and len(got) > 1 and len(wanted) != len(got):
+        raise ModelConfigError(
+            f"{triton} has different number of variable-size dimensions for dims and reshape{given}"
+        )
+    if wanted != got:
+        raise ModelConfigError(
+            f"{triton} has different size for dims and reshape{given}: the fixed sizes "
+            "before, between and after the -1s must hold as many elements in each"
         )
 
 
-def _tensor(entry: Any, path: str, seen: set[str]) -> TensorConfig:
+def _tensor(entry: Any, path: str, seen: set[str], batching: bool) -> TensorConfig:
     if not entry.name:
         raise ModelConfigError(f"{path}.name is required and must not be empty")
+    tensor = f"{path.partition('[')[0]} '{entry.name}'"  # (Triton's: input 'x')
     path = f"{path} ({entry.name!r})"
     if entry.name in seen:
         raise ModelConfigError(f"{path} is specified more than once")
@@ -232,8 +265,8 @@ def _tensor(entry: Any, path: str, seen: set[str]) -> TensorConfig:
     dims = _dims(entry.dims, f"{path}.dims")
     reshape = None
     if entry.HasField("reshape"):
-        reshape = _dims(entry.reshape.shape, f"{path}.reshape.shape")
-        _check_reshape(dims, reshape, path)
+        reshape = tuple(int(d) for d in entry.reshape.shape)
+        _check_reshape(dims, reshape, path, tensor, batching)
     optional = bool(getattr(entry, "optional", False))
     if getattr(entry, "format", mc.ModelInput.FORMAT_NONE) != mc.ModelInput.FORMAT_NONE:
         if len(dims) != 3:
@@ -307,7 +340,10 @@ def _typed(config: Any) -> ModelConfig:
     for key in ("input", "output"):
         seen: set[str] = set()
         entries = getattr(config, key)
-        tensors[key] = tuple(_tensor(e, f"{key}[{i}]", seen) for i, e in enumerate(entries))
+        tensors[key] = tuple(
+            _tensor(e, f"{key}[{i}]", seen, config.max_batch_size > 0)
+            for i, e in enumerate(entries)
+        )
     groups = tuple(
         _instance_group(g, f"instance_group[{i}]") for i, g in enumerate(config.instance_group)
     )
