@@ -53,15 +53,7 @@ from oipserve.dataplane.strategies import Strategy
 from oipserve.errors import InvalidInput
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
-from oipserve.request.checks import (
-    batch_so_far,
-    check_datatype,
-    check_output_names,
-    dims_text,
-    input_spec,
-    missing_inputs,
-    rows_of,
-)
+from oipserve.request.checks import check_inputs, rows_of
 from oipserve.request.classification import check_classification
 from oipserve.request.inference import Inference, InferResult
 from oipserve.request.region_use import RegionUse
@@ -142,45 +134,22 @@ class EnsembleRunner:
 def _client_tensors(
     model: EnsembleVersion, inference: Inference, client: Held
 ) -> dict[str, EnsembleTensor]:
-    """The request's inputs as ensemble tensors, checked against the ensemble's inputs
-    (names, datatypes, shapes; their data is checked by the steps that read them)."""
-    tensors: dict[str, EnsembleTensor] = {}
-    seen: set[str] = set()
-    batch: int | None = None
-    for tensor in inference.inputs:
-        spec = input_spec(model, tensor, seen)
-        check_datatype(model, tensor, spec)
-        _check_shape(model, tensor.name, tensor.shape, spec.shape)
-        batch = batch_so_far(model, tensor, batch)
-        tensors[tensor.name] = EnsembleTensor(
+    """The request's inputs as ensemble tensors, checked against the ensemble's inputs and
+    outputs as any model's request is (``check_inputs``); their data is checked by the
+    steps that read them."""
+    check_inputs(model, inference.inputs, inference.output_names, images=False)
+    return {
+        tensor.name: EnsembleTensor(
             tensor.name, tensor.datatype, tensor.shape, client, client=tensor
         )
-    missing = [name for name in model.input_map if name not in tensors]
-    if missing:
-        raise missing_inputs(model, list(tensors), missing)
-    return tensors
-
-
-def _check_shape(model: ModelVersion, name: str, shape: list[int], dims: tuple[int, ...]) -> None:
-    if len(shape) != len(dims) or any(d != -1 and d != s for s, d in zip(shape, dims, strict=True)):
-        raise InvalidInput(
-            f"unexpected shape for input '{name}' for model '{model.name}'. Expected "
-            f"{dims_text(dims)}, got {dims_text(shape)}"
-        )
-    if model.max_batch_size > 0 and shape and shape[0] > model.max_batch_size:
-        raise InvalidInput(
-            f"inference request batch-size must be <= {model.max_batch_size} for '{model.name}'"
-        )
-    if any(s < 0 for s in shape):
-        raise InvalidInput(f"input '{name}': shape {shape} has a negative size")
+        for tensor in inference.inputs
+    }
 
 
 def _wanted_outputs(model: EnsembleVersion, names: list[str]) -> list[str]:
-    """The outputs the request asks for (all when it names none), each checked once."""
-    if not names:
-        return [t.name for t in model.outputs]
-    check_output_names(model, names)
-    return list(names)
+    """The outputs the request asks for (all when it names none; ``check_inputs`` checked
+    them)."""
+    return list(names) if names else [t.name for t in model.outputs]
 
 
 def _check_regions_fit(result: InferResult, into: dict[str, RegionUse]) -> None:

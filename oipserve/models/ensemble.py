@@ -264,9 +264,9 @@ def validate(model: EnsembleVersion) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     if config is None:  # an EnsembleVersion is made from a configuration only
         raise EnsembleError(f"ensemble '{model.name}' has no configuration")
     batch = (-1,) if config.max_batch_size > 0 else ()
-    inputs = tuple(
-        TensorSpec(t.name, t.data_type, (*batch, *t.dims), None, t.optional) for t in config.inputs
-    )
+    # NOTE: every input of an ensemble is required here (its steps read each one it names;
+    #   Triton passes an optional one left out to them as absent).
+    inputs = tuple(TensorSpec(t.name, t.data_type, (*batch, *t.dims)) for t in config.inputs)
     outputs = tuple(
         TensorSpec(t.name, t.data_type, (*batch, *t.dims), None, False, t.labels)
         for t in config.outputs

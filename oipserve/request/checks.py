@@ -1,8 +1,9 @@
 """A request checked against its model before any of its data is decoded or placed.
 
-``check_request`` is step 2 of the inference path (``oipserve.dataplane.plane``): names,
-duplicates, missing inputs, datatypes, shapes and batch sizes against the model's
-metadata, then the requested outputs; only then each input's byte size and host data
+``check_request`` is step 2 of the inference path (``oipserve.dataplane.plane``): the
+request's inputs and requested outputs against the model's metadata in Triton's order
+(``check_inputs``: duplicates, the outputs, the input count, names and batch dimensions,
+the batch size, datatypes and shapes); only then each input's byte size and host data
 (``placement.payload``), so what a request costs is decided before it is paid.
 ``output_targets`` does the same for outputs a client wants in its shared memory.
 
@@ -30,11 +31,9 @@ if TYPE_CHECKING:
     from oipserve.request.client_regions import RegionUse
 
 __all__ = [
-    "batch_so_far",
-    "check_output_names",
+    "check_inputs",
     "check_request",
     "dims_text",
-    "missing_inputs",
     "output_targets",
     "rows_of",
 ]
@@ -45,20 +44,100 @@ INT64_MAX = 2**63 - 1
 OVERFLOW_BOUND = INT64_MAX // max(ELEMENT_SIZES.values())
 
 
-def input_spec(model: ModelVersion, tensor: InputTensor, seen: set[str]) -> TensorSpec:
-    """The model's spec of input ``tensor`` (added to ``seen``): InvalidInput for an input
-    the model does not have, or one the request gives twice."""
+def check_request(
+    model: ModelVersion, inputs: list[InputTensor], output_names: list[str]
+) -> list[Placement]:
+    """Validate against the model (``check_inputs``); returns (input, shape for the model,
+    nbytes, host data or None) each. Optional inputs a request leaves out get no entry:
+    ONNX Runtime then uses the graph's initializer for them."""
+    specs = check_inputs(model, inputs, output_names)
+    # NOTE: every input is checked before any input's data is decoded (payload,
+    #   image_payload_of): what a request costs is decided before it is paid.
+    placements: list[Placement] = []
+    for index in range(len(inputs)):  # PERF: (mypyc) an indexed loop, not zip
+        tensor, model_shape = inputs[index], specs[index].model_shape
+        shape = tensor.shape
+        if tensor.image is not None:
+            nbytes, data = image_payload_of(tensor)
+        else:
+            if model_shape is not None:
+                shape = reshaped(shape, specs[index].shape, model_shape)
+            nbytes, data = payload(tensor, model.name)
+        placements.append((tensor, shape, nbytes, data))
+    return placements
+
+
+def check_inputs(
+    model: ModelVersion, inputs: list[InputTensor], output_names: list[str], images: bool = True
+) -> list[TensorSpec]:
+    """The request's inputs and requested outputs checked against ``model`` in Triton's
+    order, so that a request with several faults is refused for the one Triton names: its
+    HTTP and gRPC fronts add each input, then each output, to the request (1, 2), then
+    core's ``InferenceRequest::Normalize`` checks the rest (3 to 6). The specs of the
+    inputs, in the request's order. Every model's checks and an ensemble's
+    (``dataplane.ensemble``: ``images`` False, its inputs are never encoded images).
+    """
+    # 1. each input once, its element count and bytes within int64 (Triton's fronts)
+    seen: set[str] = set()
+    for tensor in inputs:
+        _check_added(tensor, seen)
+    # 2. each output once (Triton's fronts); 3. each one the model's (Normalize)
+    check_output_names(model, output_names)
+    # 4. as many inputs as the model takes (ValidateRequestInputs)
+    _check_count(model, inputs, seen)
+    # 5. each input the model's, and, for a model that batches, of one batch size
+    specs: list[TensorSpec] = []
+    batch: int | None = None
+    for tensor in inputs:
+        specs.append(input_spec(model, tensor))
+        batch = batch_so_far(model, tensor, batch)
+    if len(inputs) < len(model.input_map):
+        _check_required(model, inputs, seen)
+    # 6. the batch size within max_batch_size
+    if batch is not None and batch > model.max_batch_size:
+        raise InvalidInput(
+            f"inference request batch-size must be <= {model.max_batch_size} for "
+            f"'{model.name}': input '{inputs[0].name}' has batch size {batch}"
+        )
+    # 7. each input's datatype and shape (an image input: its own checks)
+    for index in range(len(inputs)):
+        tensor, spec = inputs[index], specs[index]
+        tensor.image = image_target(model, spec, tensor) if images else None
+        if tensor.image is None:
+            check_datatype(model, tensor, spec)
+            _check_shape(model, tensor, spec.shape)
+    return specs
+
+
+def _check_added(tensor: InputTensor, seen: set[str]) -> None:
+    """InvalidInput for an input the request gives twice (``seen``: the names before it)
+    or whose element count or byte size passes int64, as Triton's fronts refuse them when
+    they add it to the request (L0_http test_buffer_size_overflow)."""
+    if tensor.name in seen:
+        raise InvalidInput(
+            f"input '{tensor.name}' already exists in request: it is given more than once"
+        )
+    seen.add(tensor.name)
+    count = 1
+    for dim in tensor.shape:
+        if dim < 0:
+            return
+        count *= dim
+    # PERF: one comparison on a normal request; the exact checks only past the bound no
+    #   datatype can reach.
+    if count > OVERFLOW_BOUND:
+        _check_overflow(tensor, count)
+
+
+def input_spec(model: ModelVersion, tensor: InputTensor) -> TensorSpec:
+    """The model's spec of input ``tensor``: InvalidInput for an input the model does not
+    have."""
     spec = model.input_map.get(tensor.name)
     if spec is None:
         raise InvalidInput(
             f"unexpected inference input '{tensor.name}' for model '{model.name}' "
             f"(its inputs: {', '.join(model.input_map)})"
         )
-    if tensor.name in seen:
-        raise InvalidInput(
-            f"input '{tensor.name}' already exists in request: it is given more than once"
-        )
-    seen.add(tensor.name)
     return spec
 
 
@@ -81,7 +160,7 @@ def missing_inputs(
     """The refusal of a request that leaves out ``missing`` required inputs, in Triton's
     words (its clients and QA tests match them: qa/L0_input_validation)."""
     total = len(model.input_map)
-    required = sum(1 for spec in model.input_map.values() if not spec.optional)
+    required = _required_count(model)
     wanted = (
         f"expected {total} inputs"
         if required == total
@@ -94,6 +173,22 @@ def missing_inputs(
     )
 
 
+def _required_count(model: ModelVersion) -> int:
+    return sum(1 for spec in model.input_map.values() if not spec.optional)
+
+
+def _check_count(model: ModelVersion, inputs: list[InputTensor], seen: set[str]) -> None:
+    """InvalidInput, as Triton's ValidateRequestInputs, when the request gives more inputs
+    than the model has, or fewer than it requires (``seen``: the request's names)."""
+    given, total = len(inputs), len(model.input_map)
+    if given > total or (given < total and given < _required_count(model)):
+        _check_required(model, inputs, seen)
+        raise missing_inputs(model, [tensor.name for tensor in inputs], [])
+    if given == 0:
+        # (Triton runs a model whose inputs are all optional with none; not here)
+        raise InvalidInput("'inputs' must list at least one input")
+
+
 def _check_required(model: ModelVersion, inputs: list[InputTensor], seen: set[str]) -> None:
     """InvalidInput when a required input is not among ``seen`` (the request's)."""
     missing = [n for n, s in model.input_map.items() if n not in seen and not s.optional]
@@ -103,48 +198,6 @@ def _check_required(model: ModelVersion, inputs: list[InputTensor], seen: set[st
 
 def _names_text(names: Sequence[str]) -> str:
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
-
-
-def check_request(
-    model: ModelVersion, inputs: list[InputTensor], output_names: list[str]
-) -> list[Placement]:
-    """Validate against the model; returns (input, shape for the model, nbytes, host
-    data or None) each. Optional inputs a request leaves out get no entry: ONNX
-    Runtime then uses the graph's initializer for them."""
-    if not inputs:
-        _check_required(model, inputs, set())
-        # (Triton runs a model whose inputs are all optional with none; not here)
-        raise InvalidInput("'inputs' must list at least one input")
-    seen: set[str] = set()
-    # NOTE: every input is checked before any input's data is decoded (payload,
-    #   image_payload_of): what a request costs is decided before it is paid.
-    checked: list[tuple[InputTensor, list[int]]] = []
-    batch: int | None = None
-    for tensor in inputs:
-        spec = input_spec(model, tensor, seen)
-        tensor.image = image_target(model, spec, tensor)
-        if tensor.image is None:
-            check_datatype(model, tensor, spec)
-            _check_shape(model, tensor, spec.shape)
-        batch = batch_so_far(model, tensor, batch)
-        if tensor.image is not None:
-            checked.append((tensor, tensor.shape))
-            continue
-        shape = tensor.shape
-        if spec.model_shape is not None:
-            shape = reshaped(shape, spec.shape, spec.model_shape)
-        checked.append((tensor, shape))
-    if len(seen) != len(model.input_map):
-        _check_required(model, inputs, seen)
-    check_output_names(model, output_names)
-    return [
-        (
-            tensor,
-            shape,
-            *(payload(tensor, model.name) if tensor.image is None else image_payload_of(tensor)),
-        )
-        for tensor, shape in checked
-    ]
 
 
 def batch_so_far(model: ModelVersion, tensor: InputTensor, batch: int | None) -> int | None:
@@ -168,18 +221,22 @@ def rows_of(model: ModelVersion, shape: Sequence[int]) -> int:
 
 
 def check_output_names(model: ModelVersion, output_names: list[str]) -> None:
-    """The requested outputs: each one of the model's, each once (InvalidInput otherwise).
-    Shared by every model's checks and an ensemble's (``dataplane.ensemble``)."""
+    """The requested outputs: each once (in the request's order, as Triton's fronts add
+    them), then each one of the model's (the first in name order, as Triton's core walks
+    them): InvalidInput otherwise."""
     wanted: set[str] = set()
+    unknown = False
     for name in output_names:
-        if name not in model.output_map:
-            raise InvalidInput(
-                f"unexpected inference output '{name}' for model '{model.name}' "
-                f"(its outputs: {', '.join(model.output_map)})"
-            )
         if name in wanted:
             raise InvalidInput(f"output '{name}' already exists in request: it is requested twice")
         wanted.add(name)
+        unknown = unknown or name not in model.output_map
+    if unknown:
+        name = min(name for name in wanted if name not in model.output_map)
+        raise InvalidInput(
+            f"unexpected inference output '{name}' for model '{model.name}' "
+            f"(its outputs: {', '.join(model.output_map)})"
+        )
 
 
 def output_targets(
@@ -235,7 +292,6 @@ def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, 
     shape = tensor.shape
     fits = len(shape) == len(expected)
     if fits:
-        count = 1
         for got, want in zip(shape, expected, strict=True):
             if got < 0:
                 raise InvalidInput(
@@ -243,21 +299,10 @@ def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, 
                 )
             if want != -1 and got != want:
                 fits = False
-            count *= got
-        # NOTE: the overflow first, then the shape and the batch size, as Triton orders
-        #   them (L0_http test_buffer_size_overflow). PERF: one comparison on a normal
-        #   request; the exact checks only past the bound no datatype can reach.
-        if count > OVERFLOW_BOUND:
-            _check_overflow(tensor, count)
     if not fits:
         raise InvalidInput(
             f"unexpected shape for input '{tensor.name}' for model '{model.name}'. Expected "
             f"{dims_text(expected)}, got {dims_text(shape)} (-1 may be any size)"
-        )
-    if model.max_batch_size > 0 and shape and shape[0] > model.max_batch_size:
-        raise InvalidInput(
-            f"inference request batch-size must be <= {model.max_batch_size} for "
-            f"'{model.name}': input '{tensor.name}' has batch size {shape[0]}"
         )
 
 

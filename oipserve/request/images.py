@@ -45,7 +45,8 @@ def image_target(model: ModelVersion, spec: TensorSpec, tensor: InputTensor) -> 
     """The ImageSpec when ``tensor`` (an InputTensor) is encoded images for ``spec``, else None.
 
     Raises InvalidInput for BYTES sent to an input that cannot take images, for a request
-    shape other than ``[N]`` and for an N the model's batch dimension cannot take.
+    shape other than ``[N]`` and for an N other than a fixed batch dimension (an N past
+    max_batch_size: any request's check, ``checks.check_inputs``, before this one).
     """
     if tensor.datatype != "BYTES" or spec.datatype == "BYTES":
         return None
@@ -69,11 +70,6 @@ def image_target(model: ModelVersion, spec: TensorSpec, tensor: InputTensor) -> 
         raise InvalidInput(
             f"input '{name}' has {count} images but model '{model.name}' takes a batch of"
             f" exactly {image.batch}"
-        )
-    if model.max_batch_size > 0 and count > model.max_batch_size:
-        raise InvalidInput(
-            f"input '{name}' has {count} images but model '{model.name}' takes at most"
-            f" {model.max_batch_size}"
         )
     return image
 

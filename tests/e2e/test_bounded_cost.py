@@ -34,7 +34,7 @@ def own_server() -> Iterator[ServerProcess]:
 def _oversized_batch(rows: int) -> bytes:
     """A JSON body for ``simple`` (max batch 8) declaring ``rows`` rows of 16 INT32."""
     data = ("[" + ",".join(["12345"] * (rows * 16)) + "]").encode()
-    header = {"name": "INPUT1", "shape": [8, 16], "datatype": "INT32", "data": [0] * 128}
+    header = {"name": "INPUT1", "shape": [rows, 16], "datatype": "INT32", "data": [0] * 128}
     return (
         b'{"inputs":[{"name":"INPUT0","shape":['
         + str(rows).encode()

@@ -32,6 +32,7 @@ from tests.support.ensemble_models import (
 )
 from tests.support.http import request
 from tests.support.metrics import scrape
+from tests.support.refusals import refusals, tensor
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 X = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32)
@@ -410,6 +411,18 @@ def test_requested_outputs_are_checked_as_any_models(
     with pytest.raises(InferenceServerException, match="'Y' already exists in request") as info:
         http.infer("chain", _http_x(), outputs=twice)
     assert info.value.status() == "400"
+
+
+def test_a_request_with_several_faults_is_refused_as_by_any_model(server: ServerProcess) -> None:
+    """The ensemble's request goes through every model's checks (``check_inputs``), in
+    Triton's order: the requested outputs before the inputs' datatypes, and the input count
+    before them. Its own shorter twin checked each input first and the outputs last."""
+    wrong = tensor("X", "INT32", [1, 3], [0, 0, 0])
+    for message in refusals(server, "chain", [wrong], ["Z"]):
+        assert "unexpected inference output 'Z' for model 'chain'" in message, message
+    other = tensor("W", "FP32", [1, 3], [0.0, 0.0, 0.0])
+    for message in refusals(server, "chain", [wrong, other]):
+        assert "expected 1 inputs but got 2 inputs for model 'chain'" in message, message
 
 
 def test_statistics_count_the_ensemble_and_each_step(http: httpclient.InferenceServerClient):

@@ -241,8 +241,12 @@ def test_different_sizes_without_fixed_size(client: httpclient.InferenceServerCl
 
 
 def test_batch_too_large(client: httpclient.InferenceServerClient) -> None:
+    """Any request's batch size check, in Triton's words (the images are its rows)."""
     png = _encode(".png", _noise(8, 8))
-    assert "at most 2" in _error(client, "image_rgb_fp32", [png] * 3)
+    assert _error(client, "image_rgb_fp32", [png] * 3) == (
+        "inference request batch-size must be <= 2 for 'image_rgb_fp32': input 'image' has "
+        "batch size 3"
+    )
 
 
 def test_broken_length_prefixes(server: ServerProcess) -> None:

@@ -1,0 +1,82 @@
+"""A request with several faults is refused for the one Triton names first: Triton's order of
+checks (its fronts add each input and output, then core's InferenceRequest::Normalize:
+requested outputs, the input count, every batch dimension, the batch size, then each input's
+datatype and shape), REST and gRPC alike. Until 2026-12 each input was checked whole before
+the next, and the outputs last: a request with two faults was refused for another one than
+Triton names.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.refusals import refusals, tensor
+from tests.support.server import ServerProcess
+
+ROW = list(range(16))
+
+
+def _int32(name: str, rows: int = 1, width: int = 16) -> dict[str, object]:
+    return tensor(name, "INT32", [rows, width], [0] * (rows * width))
+
+
+def _fp32(name: str, rows: int = 1) -> dict[str, object]:
+    return tensor(name, "FP32", [rows, 16], [0.0] * (rows * 16))
+
+
+#: (inputs, requested outputs, what Triton names) for the sample model ``simple``
+#: (INPUT0, INPUT1: INT32 [-1,16]; max_batch_size 8; OUTPUT0, OUTPUT1).
+CASES = {
+    "an input twice before an unknown output": (
+        [_int32("INPUT0"), _int32("INPUT0")],
+        ["OUTPUT9"],
+        "input 'INPUT0' already exists in request",
+    ),
+    "an unknown output before a datatype": (
+        [_fp32("INPUT0"), _int32("INPUT1")],
+        ["OUTPUT9"],
+        "unexpected inference output 'OUTPUT9' for model 'simple'",
+    ),
+    "an unknown output before a missing input": (
+        [_int32("INPUT0")],
+        ["OUTPUT9"],
+        "unexpected inference output 'OUTPUT9' for model 'simple'",
+    ),
+    "unknown outputs in name order": (
+        [_int32("INPUT0"), _int32("INPUT1")],
+        ["OUTZ", "OUTA"],
+        "unexpected inference output 'OUTA' for model 'simple'",
+    ),
+    "the input count before a datatype": (
+        [_fp32("INPUT0")],
+        [],
+        "expected 2 inputs but got 1 inputs for model 'simple'",
+    ),
+    "the input count before an unknown input": (
+        [_int32("INPUT0"), _int32("INPUT1"), _int32("NOPE")],
+        [],
+        "expected 2 inputs but got 3 inputs for model 'simple'",
+    ),
+    "every batch dimension before a datatype": (
+        [_fp32("INPUT0"), _int32("INPUT1", rows=2)],
+        [],
+        "input 'INPUT1' batch size does not match other inputs for 'simple'",
+    ),
+    "the batch size before a shape": (
+        [_int32("INPUT0", rows=9, width=8), _int32("INPUT1", rows=9)],
+        [],
+        "inference request batch-size must be <= 8 for 'simple'",
+    ),
+    "a datatype before the next input's shape": (
+        [_fp32("INPUT0"), _int32("INPUT1", width=8)],
+        [],
+        "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fault_triton_names_first(server: ServerProcess, case: str) -> None:
+    inputs, outputs, words = CASES[case]
+    for message in refusals(server, "simple", inputs, outputs):
+        assert words in message, message
