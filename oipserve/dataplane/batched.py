@@ -249,7 +249,8 @@ class BatchRunner:
         model, output_names, owned = inference.model, inference.output_names, inference.owned
         priority, timeout_us, watch = inference.priority, inference.timeout_us, inference.watch
         try:
-            rows = rows_of(model, placements[0][0].shape)  # (they agree: check_request)
+            # (they agree: check_request; a request of no inputs: a model without batching)
+            rows = rows_of(model, placements[0][0].shape if placements else ())
             queued = _Queued(placements, output_names, owned, rows, start, stats)
             batcher = self._batcher(model, stats)
             layout = batcher.layout

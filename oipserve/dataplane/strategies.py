@@ -139,7 +139,7 @@ class Unbatched:
         sent = sending(owned, lease, stats)
         if waited:  # (its queue time runs from when it began to wait for its place)
             sent = waited
-        batch = rows_of(model, inference.inputs[0].shape)
+        batch = rows_of(model, inference.inputs[0].shape if inference.inputs else ())
         try:
             # (``stats``, ``batch``: a run the worker makes after the request failed at its
             #  deadline is an execution all the same, as a batched one is; it went uncounted,

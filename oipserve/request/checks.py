@@ -184,9 +184,13 @@ def _check_count(model: ModelVersion, inputs: list[InputTensor], seen: set[str])
     if given > total or (given < total and given < _required_count(model)):
         _check_required(model, inputs, seen)
         raise missing_inputs(model, [tensor.name for tensor in inputs], [])
-    if given == 0:
-        # (Triton runs a model whose inputs are all optional with none; not here)
-        raise InvalidInput("'inputs' must list at least one input")
+    if given == 0 and model.max_batch_size > 0:
+        # NOTE: a model whose inputs are all optional runs with none, as Triton runs it;
+        #   but Triton gives such a request batch size 0, which means nothing to a batch.
+        raise InvalidInput(
+            f"a request to model '{model.name}' must give at least one of its inputs: the "
+            "model batches, and a request's batch size is its inputs' first dimension"
+        )
 
 
 def _check_required(model: ModelVersion, inputs: list[InputTensor], seen: set[str]) -> None:

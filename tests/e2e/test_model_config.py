@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.support.onnx_models import ALL_OPTIONAL_DEFAULTS, write_all_optional_repository
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 SCALE = np.array([[1, 0], [0, 2]], dtype=np.float32)
@@ -65,6 +66,41 @@ def test_request_is_checked_against_dims_not_reshape(
         r"\['X'\]",
     ):
         http.infer("reshape_optional", [bias])
+
+
+def test_a_model_whose_inputs_are_all_optional_runs_with_none(tmp_path: Path) -> None:
+    """As Triton runs one (core's ValidateRequestInputs: 0 inputs, 0 required; its QA test
+    input_all_optional): REST and gRPC. It was refused ('inputs' must list at least one
+    input). A model that batches takes its batch size from its inputs: refused there."""
+    write_all_optional_repository(tmp_path, "all_optional", 0)
+    write_all_optional_repository(tmp_path, "all_optional_queued", 0, "dynamic_batching { }")
+    write_all_optional_repository(tmp_path, "all_optional_batched", 4)
+    proc = ServerProcess(tmp_path).wait_ready()
+    defaults = {
+        name: np.array(values, np.float32) for name, values in ALL_OPTIONAL_DEFAULTS.items()
+    }
+    try:
+        http = httpclient.InferenceServerClient(proc.host_port)
+        rpc = grpcclient.InferenceServerClient(proc.grpc_url)
+        for client in (http, rpc):
+            for model in ("all_optional", "all_optional_queued"):  # (alone; its batcher)
+                result = client.infer(model, [])
+                np.testing.assert_array_equal(result.as_numpy("Y"), defaults["A"] + defaults["B"])
+        given = httpclient.InferInput("A", [2], "FP32")
+        given.set_data_from_numpy(np.array([5, 5], np.float32))
+        result = http.infer("all_optional", [given])
+        np.testing.assert_array_equal(result.as_numpy("Y"), 5 + defaults["B"])
+        for client in (http, rpc):
+            with pytest.raises(InferenceServerException) as info:
+                client.infer("all_optional_batched", [])
+            assert "must give at least one of its inputs: the model batches" in str(
+                info.value.message()
+            ), info.value
+            assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+        http.close()
+        rpc.close()
+    finally:
+        assert proc.stop() == 0, proc.log
 
 
 def test_metadata_and_config_show_what_clients_send(

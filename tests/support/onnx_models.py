@@ -78,3 +78,42 @@ def write_weighty_repository(root: Path, layers: int, config: str = "") -> None:
     write_weighty_model(root / WEIGHTY / "1" / "model.onnx", layers)
     if config:
         (root / WEIGHTY / "config.pbtxt").write_text(config)
+
+
+#: The defaults of ``write_all_optional_model``'s inputs A and B.
+ALL_OPTIONAL_DEFAULTS = {"A": [1.0, 2.0], "B": [10.0, 20.0]}
+
+
+def write_all_optional_repository(
+    root: Path, name: str, max_batch_size: int, config: str = ""
+) -> None:
+    """A model ``name`` at ``root`` whose inputs are all optional: Y = A + B, FP32, where A
+    and B are graph inputs with defaults (``ALL_OPTIONAL_DEFAULTS``, shape [2]; [1, 2] with
+    a batch dimension when ``max_batch_size`` > 0), as Triton's QA model
+    ``input_all_optional`` (qa/L0_input_validation) has in Python; ``config``: more of its
+    config.pbtxt."""
+    batch = [1] if max_batch_size > 0 else []
+    dims = ["batch", 2] if max_batch_size > 0 else [2]
+    defaults = [
+        numpy_helper.from_array(np.array([values], np.float32).reshape([*batch, 2]), input_name)
+        for input_name, values in ALL_OPTIONAL_DEFAULTS.items()
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["Y"])],
+        name,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("A", "B")],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, dims)],
+        defaults,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (root / name / "1").mkdir(parents=True)
+    onnx.save(model, root / name / "1" / "model.onnx")
+    inputs = "".join(
+        f'input {{ name: "{n}" data_type: TYPE_FP32 dims: [ 2 ] optional: true }}\n'
+        for n in ("A", "B")
+    )
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+        f'{inputs}output {{ name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }}\n{config}'
+    )
