@@ -93,8 +93,8 @@ def check_inputs(
         batch = batch_so_far(model, tensor, batch)
     if len(inputs) < len(model.input_map):
         _check_required(model, inputs, seen)
-    # 6. the batch size within max_batch_size
-    if batch is not None and batch > model.max_batch_size:
+    # 6. the batch size within max_batch_size (a negative one too: Triton's is unsigned)
+    if batch is not None and not 0 <= batch <= model.max_batch_size:
         raise InvalidInput(
             f"inference request batch-size must be <= {model.max_batch_size} for "
             f"'{model.name}': input '{inputs[0].name}' has batch size {batch}"
@@ -209,8 +209,13 @@ def batch_so_far(model: ModelVersion, tensor: InputTensor, batch: int | None) ->
     first dimension must be the inputs' before it, for a model that batches (Triton's
     words). ONNX Runtime broadcast one input over the other's rows and answered 200, and
     an ensemble ran each step on its own batch (found by fuzzing)."""
-    if model.max_batch_size <= 0 or not tensor.shape:
+    if model.max_batch_size <= 0:
         return batch
+    if not tensor.shape:
+        raise InvalidInput(
+            f"input '{tensor.name}' has no shape but model requires batch dimension for "
+            f"'{model.name}'"
+        )
     if batch is not None and tensor.shape[0] != batch:
         raise InvalidInput(
             f"input '{tensor.name}' batch size does not match other inputs for '{model.name}'"
@@ -293,21 +298,31 @@ def _check_apart(into: dict[str, RegionUse]) -> None:
 
 
 def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, ...]) -> None:
+    """The input's shape against the model's (-1: any size), as Triton walks it: the first
+    dimension that differs makes it another shape; a -1 before it, a shape not given."""
     shape = tensor.shape
     fits = len(shape) == len(expected)
+    negative = False
     if fits:
-        for got, want in zip(shape, expected, strict=True):
-            if got < 0:
+        for index in range(len(shape)):  # PERF: (mypyc) an indexed loop, not zip
+            got, want = shape[index], expected[index]
+            if got == -1:
                 raise InvalidInput(
-                    f"input '{tensor.name}' has a negative dimension in {list(shape)}"
+                    f"All input dimensions should be specified for input '{tensor.name}' for "
+                    f"model '{model.name}', got {dims_text(shape)}: -1 stands for any size in "
+                    "a model's dims, not in a request's"
                 )
             if want != -1 and got != want:
                 fits = False
+                break
+            negative = negative or got < 0
     if not fits:
         raise InvalidInput(
             f"unexpected shape for input '{tensor.name}' for model '{model.name}'. Expected "
             f"{dims_text(expected)}, got {dims_text(shape)} (-1 may be any size)"
         )
+    if negative:
+        raise InvalidInput(f"input '{tensor.name}' has a negative dimension in {list(shape)}")
 
 
 def _check_overflow(tensor: InputTensor, count: int) -> None:

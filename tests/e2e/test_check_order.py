@@ -80,3 +80,44 @@ def test_the_fault_triton_names_first(server: ServerProcess, case: str) -> None:
     inputs, outputs, words = CASES[case]
     for message in refusals(server, "simple", inputs, outputs):
         assert words in message, message
+
+
+#: (model, inputs, what Triton says): the words of core's Normalize for a shape Triton
+#: refuses before looking at the model's dims (a negative batch size: Triton's is unsigned).
+#: Until 2026-12 they were refused as shapes the model does not take, or in our words.
+SHAPES = {
+    "no shape for a model that batches": (
+        "simple",
+        [tensor("INPUT0", "INT32", [], [0]), _int32("INPUT1")],
+        "input 'INPUT0' has no shape but model requires batch dimension for 'simple'",
+    ),
+    "a -1 for the batch size": (
+        "simple",
+        [tensor(name, "INT32", [-1, 16], ROW) for name in ("INPUT0", "INPUT1")],
+        "inference request batch-size must be <= 8 for 'simple': input 'INPUT0' has batch size -1",
+    ),
+    "a -1 in a request's shape": (
+        "identity_fp32",
+        [tensor("INPUT0", "FP32", [2, -1], [0.0, 0.0])],
+        "All input dimensions should be specified for input 'INPUT0' for model 'identity_fp32', "
+        "got [2,-1]",
+    ),
+    "a -1 after a dimension the model does not take": (
+        "reshape_optional",
+        [tensor("X", "FP32", [1, 4], [0.0] * 4), tensor("BIAS", "FP32", [1, 3, -1], [0.0])],
+        "unexpected shape for input 'BIAS' for model 'reshape_optional'. Expected [-1,2,2], "
+        "got [1,3,-1]",
+    ),
+    "another negative size (ours)": (
+        "identity_fp32",
+        [tensor("INPUT0", "FP32", [2, -2], [0.0, 0.0])],
+        "input 'INPUT0' has a negative dimension in [2, -2]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPES))
+def test_shapes_refused_in_tritons_words(server: ServerProcess, case: str) -> None:
+    model, inputs, words = SHAPES[case]
+    for message in refusals(server, model, inputs):
+        assert words in message, message

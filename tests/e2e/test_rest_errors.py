@@ -87,7 +87,6 @@ CASES = {
         400,
         "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,8]",
     ),
-    "negative dimension": (with_input(0, shape=[1, -2]), 400, "negative dimension"),
     "batch above max_batch_size": (
         {"inputs": [{**i, "shape": [9, 16], "data": [0] * 144} for i in simple_body()["inputs"]]},
         400,
