@@ -98,7 +98,9 @@ class Intake:
             for tensor, shape, nbytes, data in placements
         ]
 
-    def copy_regions(self, placements: list[Placement], owned: list[Lease | RegionUse]) -> None:
+    def copy_regions(
+        self, model: ModelVersion, placements: list[Placement], owned: list[Lease | RegionUse]
+    ) -> None:
         """Inputs in clients' regions of a batched request, read into pooled segments.
 
         A batch joins the inputs of several requests into one segment, which the front
@@ -117,4 +119,4 @@ class Intake:
             tensor.region = None
             tensor.located = (lease, 0, nbytes)
             if tensor.datatype == "BYTES":
-                check_size(tensor, lease.buf[:nbytes], element_count(tensor.shape))
+                check_size(tensor, lease.buf[:nbytes], element_count(tensor.shape), model.name)

@@ -108,7 +108,7 @@ class Sequenced(SequenceBatches):
                 placements = await self.intake.decode_in_worker(
                     self.model, placements, owned, deadline
                 )
-            self.intake.copy_regions(placements, owned)
+            self.intake.copy_regions(self.model, placements, owned)
         except BaseException as exc:
             _release(owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
@@ -207,7 +207,7 @@ class Sequenced(SequenceBatches):
                 _release(made)
                 return placements
             step.owned.extend(made)
-        self.intake.copy_regions(placements, step.owned)
+        self.intake.copy_regions(self.model, placements, step.owned)
         return placements
 
     def _sequence_of(self, tag: SequenceTag) -> Seq:

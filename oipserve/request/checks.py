@@ -58,7 +58,7 @@ def check_request(
         tensor, model_shape = inputs[index], specs[index].model_shape
         shape = tensor.shape
         if tensor.image is not None:
-            nbytes, data = image_payload_of(tensor)
+            nbytes, data = image_payload_of(tensor, model.name)
         else:
             if model_shape is not None:
                 shape = reshaped(shape, specs[index].shape, model_shape)

@@ -188,7 +188,7 @@ def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
         return array.nbytes, array
     if tensor.located is not None:
         held, start, size = tensor.located
-        check_size(tensor, held.buf[start : start + size], count)
+        check_size(tensor, held.buf[start : start + size], count, model)
         return size, None
     if tensor.region is not None:
         # NOTE: the front never maps a client's region; BYTES length prefixes there are
@@ -206,35 +206,46 @@ def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
         return nbytes, None
     if tensor.raw is not None:
         raw = memoryview(tensor.raw).cast("B")
-        check_size(tensor, raw, count)
+        check_size(tensor, raw, count, model)
         return len(raw), raw
     raise InvalidInput(f"input '{tensor.name}' carries no data")
 
 
-def image_payload_of(tensor: InputTensor) -> tuple[int, Payload]:
+def image_payload_of(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
     """Like _payload for encoded images: JSON strings are base64 (oipserve.request.images)."""
     if tensor.values is not None:
         count = element_count(tensor.shape)
         blob = image_payload(tensor.name, values_of(tensor, count), count)
         return len(blob), blob
-    return payload(tensor)
+    return payload(tensor, model)
 
 
-def check_size(tensor: InputTensor, data: memoryview, count: int) -> None:
+def check_size(tensor: InputTensor, data: memoryview, count: int, model: str = "") -> None:
+    """InvalidInput unless ``data`` holds the ``count`` elements of ``tensor`` (a BYTES
+    tensor: as many length-prefixed elements), in Triton's words first (core's Normalize
+    and ValidateBytesInputs; qa/L0_input_validation matches them) for model ``model``."""
+    name = tensor.name
     if tensor.datatype == "BYTES":
         try:
             found = len(split_bytes_elements(data))
         except ValueError as exc:
-            raise InvalidInput(f"BYTES data of input '{tensor.name}' is malformed: {exc}") from None
-        if found != count:
+            raise InvalidInput(f"BYTES data of input '{name}' is malformed: {exc}") from None
+        ours = f"input '{name}': its shape holds {count} elements but its BYTES data has {found}"
+        if found > count:  # (Triton stops at the first element past the count)
             raise InvalidInput(
-                f"input '{tensor.name}': its shape holds {count} elements but its BYTES data "
-                f"has {found}"
+                f"unexpected number of string elements {count + 1} for inference input "
+                f"'{name}' for model '{model}', expecting {count}: {ours}"
+            )
+        if found < count:
+            raise InvalidInput(
+                f"expected {count} string elements for inference input '{name}' for model "
+                f"'{model}', got {found}: {ours}"
             )
         return
     expected = ELEMENT_SIZES[tensor.datatype] * count
     if len(data) != expected:
         raise InvalidInput(
-            f"input '{tensor.name}' should have {expected} bytes of data for shape "
-            f"{tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
+            f"{expected}, got {len(data)}: input '{name}' should have {expected} bytes of data "
+            f"for shape {tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
         )

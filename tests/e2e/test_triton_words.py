@@ -158,6 +158,53 @@ def test_input_region_of_the_wrong_size(
         shm.destroy_shared_memory_region(handle)
 
 
+#: (model, datatype, data, the shape claimed, Triton's words): qa/L0_input_validation's
+#: "compromised input shape" cases, binary data over both protocols (until 2026-12 our
+#: words alone: "input 'INPUT0' should have 64 bytes of data ...", "... its BYTES data has 2").
+SIZES = [
+    (
+        "simple",
+        np.arange(15, dtype=np.int32).reshape(1, 15),
+        [1, 16],
+        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60",
+    ),
+    (
+        "identity_bytes",
+        np.array([["a", "b"]], dtype=object),
+        [1, 3],
+        "expected 3 string elements for inference input 'INPUT0' for model 'identity_bytes', got 2",
+    ),
+    (
+        "identity_bytes",
+        np.array([["a", "b", "c", "d"]], dtype=object),
+        [1, 3],
+        "unexpected number of string elements 4 for inference input 'INPUT0' for model "
+        "'identity_bytes', expecting 3",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "data", "shape", "phrase"), SIZES)
+def test_data_of_another_size_than_its_shape(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+    model: str,
+    data: np.ndarray,
+    shape: list[int],
+    phrase: str,
+) -> None:
+    http, rpc = clients
+    bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+    datatype = "BYTES" if data.dtype == object else "INT32"
+    for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+        inputs = [module.InferInput("INPUT0", list(data.shape), datatype)]
+        inputs[0].set_data_from_numpy(data)
+        inputs[0].set_shape(shape)  # (the data kept: another size than the shape holds)
+        if model == "simple":
+            inputs.append(_inputs(module)[1])
+        text = _message(lambda client=client, inputs=inputs: client.infer(model, inputs), status)
+        assert phrase in text, text
+
+
 def test_register_an_invalid_key(
     clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
 ) -> None:
