@@ -78,9 +78,12 @@ class Sequenced(SequenceBatches):
         """Check the request, queue it on its sequence (here, or in the primary's), and
         await its answer."""
         try:
-            self._tag(inference)
+            # (Triton's order: core's checks, the CORRID's datatype last among them, then
+            #  its sequence batcher's batch size and correlation ID)
             placements = self.intake.check(inference)
+            self._check_corrid(inference)
             self._check_batch_size(placements)
+            self._tag(inference)
         except BaseException as exc:
             _release(inference.owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
@@ -180,13 +183,22 @@ class Sequenced(SequenceBatches):
                 f"inference request to model '{self.model.name}' must specify a non-zero or "
                 "non-empty correlation ID"
             )
-        corrid = self.policy.control("CORRID")
-        if isinstance(tag.sequence_id, str) and corrid is not None and corrid.datatype != "BYTES":
-            raise InvalidInput(
-                f"inference request to model '{self.model.name}' has a string sequence id, "
-                f"but its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is {corrid.datatype}"
-            )
         return tag
+
+    def _check_corrid(self, inference: Inference) -> None:
+        """InvalidInput for a string sequence id to a model whose CORRID is a number, in
+        Triton's words first (core's ValidateCorrelationId). (A numeric id to a string
+        CORRID is given as its decimal text here; Triton refuses it.)"""
+        tag, corrid = inference.sequence, self.policy.control("CORRID")
+        if tag is None or corrid is None or corrid.datatype == "BYTES":
+            return
+        if isinstance(tag.sequence_id, str):
+            raise InvalidInput(
+                f"sequence batching control '{corrid.name}' data-type is 'BYTES', but model "
+                f"'{self.model.name}' expects '{corrid.datatype}': the request's sequence id "
+                f"is a string, its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is "
+                f"{corrid.datatype}"
+            )
 
     def _check_batch_size(self, placements: list[Placement]) -> None:
         if not self.batched:

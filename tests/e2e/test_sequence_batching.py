@@ -75,6 +75,12 @@ def _http_infer(
     return int(result.as_numpy("OUTPUT")[0][0])
 
 
+def _http_input(value: int) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    return tensor
+
+
 def _grpc_input(value: int) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[value]], np.int32))
@@ -260,6 +266,32 @@ def test_tritons_errors(server: ServerProcess) -> None:
         with pytest.raises(InferenceServerException) as info:
             _grpc_infer(grpc, "simple_sequence", 1, 77)
         assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_tritons_words_and_order_for_the_sequence_id(server: ServerProcess) -> None:
+    """Triton checks a request (the CORRID's datatype last, core's ValidateCorrelationId),
+    then its sequence batcher the batch size, then the correlation ID; REST and gRPC. A
+    string id to a numeric CORRID had our words; a batch of 2 without an id was refused for
+    its id."""
+    words = (
+        "sequence batching control 'CORRID' data-type is 'BYTES', but model "
+        "'simple_dyna_sequence' expects 'UINT64'"
+    )
+    batch = "inference request to model 'simple_sequence' must specify batch-size 1 due to"
+    with httpclient.InferenceServerClient(server.host_port) as http:
+        with grpcclient.InferenceServerClient(server.grpc_url) as rpc:
+            for client, module in ((http, httpclient), (rpc, grpcclient)):
+                with pytest.raises(InferenceServerException) as info:
+                    client.infer(
+                        "simple_dyna_sequence", [_grpc_input(1) if client is rpc else
+                        _http_input(1)], sequence_id="abc", sequence_start=True,
+                    )  # fmt: skip
+                assert words in str(info.value.message()), info.value
+                tensor = module.InferInput("INPUT", [2, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[1], [2]], np.int32))
+                with pytest.raises(InferenceServerException) as info:
+                    client.infer("simple_sequence", [tensor])
+                assert batch in str(info.value.message()), info.value
 
 
 def test_an_idle_sequence_loses_its_slot_and_state(server: ServerProcess) -> None:
