@@ -102,6 +102,23 @@ class InvalidInput(ServerError):
     kind = ErrorKind.INVALID_INPUT
 
 
+def request_tag(request_id: str | None) -> str:
+    """The head of a refusal Triton's core gives with the request's id (its
+    ``InferenceRequest::LogRequest``): ``[request id: <id>] ``, ``<id_unknown>`` for a
+    request without one (an empty ``id`` too)."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+class RequestRefusal(InvalidInput):
+    """A refusal of a request that Triton's core words with the request's id first
+    (``request_tag``: the checks of an input's datatype, shape, batch size, count, data
+    size, ... in docs/protocol.md's table), raised where the request's id is not known:
+    ``of_request`` puts it first where it is (``dataplane.intake.Intake.check``)."""
+
+    def of_request(self, request_id: str) -> InvalidInput:
+        return InvalidInput(request_tag(request_id) + self.message)
+
+
 class Withdrawn(InvalidInput):
     """The client went away while its request waited (a batcher's queue, a sequence's
     backlog); it never ran. Nobody reads the answer: its kind keeps it out of the warnings."""

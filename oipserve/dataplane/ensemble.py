@@ -50,7 +50,7 @@ from oipserve.dataplane.ensemble_run import EnsembleRun
 from oipserve.dataplane.ensemble_tensors import EnsembleTensor, Held, release_all
 from oipserve.dataplane.intake import Intake
 from oipserve.dataplane.strategies import Strategy
-from oipserve.errors import InvalidInput
+from oipserve.errors import InvalidInput, RequestRefusal
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelVersion
 from oipserve.request.checks import check_inputs, rows_of
@@ -137,7 +137,10 @@ def _client_tensors(
     """The request's inputs as ensemble tensors, checked against the ensemble's inputs and
     outputs as any model's request is (``check_inputs``); their data is checked by the
     steps that read them."""
-    check_inputs(model, inference.inputs, inference.output_names, images=False)
+    try:
+        check_inputs(model, inference.inputs, inference.output_names, images=False)
+    except RequestRefusal as exc:
+        raise exc.of_request(inference.request_id) from None
     return {
         tensor.name: EnsembleTensor(
             tensor.name, tensor.datatype, tensor.shape, client, client=tensor

@@ -204,6 +204,7 @@ class EnsembleRun:
             owned,
             priority=self.inference.priority,
             timeout_us=max(int(remaining * 1e6), 1),
+            request_id=self.inference.request_id,  # (as Triton's steps: their request's id)
         )
         # NOTE: the request's sequence (read when a step is a sequence model) goes to every
         #   step, as Triton passes the correlation id; other models' strategies ignore it.
@@ -262,7 +263,14 @@ class EnsembleRun:
         head = chain.steps[0]
         inputs, owned = self._step_inputs(head)
         first = chain.models[0]
-        request = Inference(first, inputs, chain.outputs, owned, priority=self.inference.priority)
+        request = Inference(
+            first,
+            inputs,
+            chain.outputs,
+            owned,
+            priority=self.inference.priority,
+            request_id=self.inference.request_id,
+        )
         for composing in chain.models:
             composing.in_flight += 1
         try:

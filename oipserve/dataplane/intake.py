@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 
 from oipserve.dataplane.dispatch import Dispatch
+from oipserve.errors import RequestRefusal
 from oipserve.models.registry import ModelVersion
 from oipserve.request import json_offload
 from oipserve.request.checks import check_request
@@ -71,7 +72,10 @@ class Intake:
         """The request checked against its model: one placement per input (InvalidInput
         naming what is wrong otherwise)."""
         model = inference.model
-        placements = check_request(model, inference.inputs, inference.output_names)
+        try:
+            placements = check_request(model, inference.inputs, inference.output_names)
+        except RequestRefusal as exc:
+            raise exc.of_request(inference.request_id) from None
         check_classification(model, inference.classification, inference.into_regions)
         return placements
 
@@ -99,7 +103,7 @@ class Intake:
         ]
 
     def copy_regions(
-        self, model: ModelVersion, placements: list[Placement], owned: list[Lease | RegionUse]
+        self, inference: Inference, placements: list[Placement], owned: list[Lease | RegionUse]
     ) -> None:
         """Inputs in clients' regions of a batched request, read into pooled segments.
 
@@ -119,4 +123,8 @@ class Intake:
             tensor.region = None
             tensor.located = (lease, 0, nbytes)
             if tensor.datatype == "BYTES":
-                check_size(tensor, lease.buf[:nbytes], element_count(tensor.shape), model.name)
+                count = element_count(tensor.shape)
+                try:
+                    check_size(tensor, lease.buf[:nbytes], count, inference.model.name)
+                except RequestRefusal as exc:
+                    raise exc.of_request(inference.request_id) from None

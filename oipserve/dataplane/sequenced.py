@@ -40,7 +40,13 @@ from oipserve.dataplane.intake import Intake, has_deferred
 from oipserve.dataplane.sequence_batches import SequenceBatches
 from oipserve.dataplane.sequence_slots import Seq, SequenceStep
 from oipserve.dataplane.strategies import CheckedQueue
-from oipserve.errors import InvalidInput, Unavailable, Withdrawn, cancelled_by_client
+from oipserve.errors import (
+    InvalidInput,
+    Unavailable,
+    Withdrawn,
+    cancelled_by_client,
+    request_tag,
+)
 from oipserve.models.config.sequence import SequencePolicy
 from oipserve.models.registry import ModelVersion
 from oipserve.request.client_regions import RegionUse
@@ -111,7 +117,7 @@ class Sequenced(SequenceBatches):
                 placements = await self.intake.decode_in_worker(
                     self.model, placements, owned, deadline
                 )
-            self.intake.copy_regions(self.model, placements, owned)
+            self.intake.copy_regions(inference, placements, owned)
         except BaseException as exc:
             _release(owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
@@ -143,7 +149,7 @@ class Sequenced(SequenceBatches):
         if has_deferred(placements) or any(t.region is not None for t, _, _, _ in placements):
             step.ready = False
             try:
-                step.placements = await self._ready_inputs(step, deadline)
+                step.placements = await self._ready_inputs(inference, step, deadline)
             except BaseException as exc:
                 self._withdraw(sequence, step, exc)
             step.ready = True
@@ -194,7 +200,8 @@ class Sequenced(SequenceBatches):
             return
         if isinstance(tag.sequence_id, str):
             raise InvalidInput(
-                f"sequence batching control '{corrid.name}' data-type is 'BYTES', but model "
+                f"{request_tag(inference.request_id)}sequence batching control "
+                f"'{corrid.name}' data-type is 'BYTES', but model "
                 f"'{self.model.name}' expects '{corrid.datatype}': the request's sequence id "
                 f"is a string, its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is "
                 f"{corrid.datatype}"
@@ -209,7 +216,9 @@ class Sequenced(SequenceBatches):
                 "due to requirements of sequence batcher"
             )
 
-    async def _ready_inputs(self, step: SequenceStep, deadline: float) -> list[Placement]:
+    async def _ready_inputs(
+        self, inference: Inference, step: SequenceStep, deadline: float
+    ) -> list[Placement]:
         """Large JSON data decoded by a worker, clients' regions read into segments."""
         placements = step.placements
         if has_deferred(placements):
@@ -219,7 +228,7 @@ class Sequenced(SequenceBatches):
                 _release(made)
                 return placements
             step.owned.extend(made)
-        self.intake.copy_regions(self.model, placements, step.owned)
+        self.intake.copy_regions(inference, placements, step.owned)
         return placements
 
     def _sequence_of(self, tag: SequenceTag) -> Seq:

@@ -191,7 +191,7 @@ class Batched:
             if into:  # NOTE: checked only: the front writes a batched request's outputs there
                 output_targets(model, inference.inputs, into)
             model.check_serving()  # the batcher would otherwise queue it
-            intake.copy_regions(model, placements, owned)
+            intake.copy_regions(inference, placements, owned)
         except BaseException as exc:
             _release(owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from oipserve.errors import InvalidInput
+from oipserve.errors import InvalidInput, RequestRefusal
 from oipserve.models.metadata import TensorSpec, reshaped
 from oipserve.models.registry import ModelVersion
 from oipserve.request.images import image_target
@@ -95,7 +95,7 @@ def check_inputs(
         _check_required(model, inputs, seen)
     # 6. the batch size within max_batch_size (a negative one too: Triton's is unsigned)
     if batch is not None and not 0 <= batch <= model.max_batch_size:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"inference request batch-size must be <= {model.max_batch_size} for "
             f"'{model.name}': input '{inputs[0].name}' has batch size {batch}"
         )
@@ -114,7 +114,7 @@ def _check_added(tensor: InputTensor, seen: set[str]) -> None:
     or whose element count or byte size passes int64, as Triton's fronts refuse them when
     they add it to the request (L0_http test_buffer_size_overflow)."""
     if tensor.name in seen:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"input '{tensor.name}' already exists in request: it is given more than once"
         )
     seen.add(tensor.name)
@@ -143,7 +143,7 @@ def input_spec(model: ModelVersion, tensor: InputTensor) -> TensorSpec:
 
 def check_datatype(model: ModelVersion, tensor: InputTensor, spec: TensorSpec) -> None:
     if tensor.datatype != spec.datatype:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
             f"'{model.name}' expects '{spec.datatype}'"
         )
@@ -156,7 +156,7 @@ def dims_text(dims: Sequence[int]) -> str:
 
 def missing_inputs(
     model: ModelVersion, given: Sequence[str], missing: Sequence[str]
-) -> InvalidInput:
+) -> RequestRefusal:
     """The refusal of a request that leaves out ``missing`` required inputs, in Triton's
     words (its clients and QA tests match them: qa/L0_input_validation)."""
     total = len(model.input_map)
@@ -166,7 +166,7 @@ def missing_inputs(
         if required == total
         else f"expected number of inputs between {required} and {total}"
     )
-    return InvalidInput(
+    return RequestRefusal(
         f"{wanted} but got {len(given)} inputs for model '{model.name}'. Got input(s) "
         f"{_names_text(given)}, but missing required input(s) {_names_text(missing)}. "
         "Please provide all required input(s)."
@@ -212,12 +212,12 @@ def batch_so_far(model: ModelVersion, tensor: InputTensor, batch: int | None) ->
     if model.max_batch_size <= 0:
         return batch
     if not tensor.shape:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"input '{tensor.name}' has no shape but model requires batch dimension for "
             f"'{model.name}'"
         )
     if batch is not None and tensor.shape[0] != batch:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"input '{tensor.name}' batch size does not match other inputs for '{model.name}'"
         )
     return tensor.shape[0]
@@ -237,7 +237,9 @@ def check_output_names(model: ModelVersion, output_names: list[str]) -> None:
     unknown = False
     for name in output_names:
         if name in wanted:
-            raise InvalidInput(f"output '{name}' already exists in request: it is requested twice")
+            raise RequestRefusal(
+                f"output '{name}' already exists in request: it is requested twice"
+            )
         wanted.add(name)
         unknown = unknown or name not in model.output_map
     if unknown:
@@ -307,7 +309,7 @@ def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, 
         for index in range(len(shape)):  # PERF: (mypyc) an indexed loop, not zip
             got, want = shape[index], expected[index]
             if got == -1:
-                raise InvalidInput(
+                raise RequestRefusal(
                     f"All input dimensions should be specified for input '{tensor.name}' for "
                     f"model '{model.name}', got {dims_text(shape)}: -1 stands for any size in "
                     "a model's dims, not in a request's"
@@ -317,7 +319,7 @@ def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, 
                 break
             negative = negative or got < 0
     if not fits:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"unexpected shape for input '{tensor.name}' for model '{model.name}'. Expected "
             f"{dims_text(expected)}, got {dims_text(shape)} (-1 may be any size)"
         )

@@ -110,6 +110,7 @@ class Inference:
         "classification",
         "sequence",
         "deadline",
+        "request_id",
     )
 
     def __init__(
@@ -125,6 +126,7 @@ class Inference:
         into_regions: dict[str, RegionUse] | None = None,
         text_outputs: list[str] | None = None,
         classification: dict[str, int] | None = None,
+        request_id: str = "",
     ) -> None:
         self.model = model
         self.inputs = inputs
@@ -142,6 +144,9 @@ class Inference:
         #: ``grpc-timeout``): the request's deadline is the earliest of this,
         #: ``timeout_us`` and ``--infer-timeout`` (``Intake.deadline``).
         self.deadline: float | None = None
+        #: The request's ``id`` ("" without one): Triton's refusals name it
+        #: (``errors.request_tag``); an ensemble's steps carry their request's.
+        self.request_id = request_id
 
 
 class OutputTensor:

@@ -13,7 +13,7 @@ from functools import partial
 
 import numpy as np
 
-from oipserve.errors import InternalError, InvalidInput
+from oipserve.errors import InternalError, InvalidInput, RequestRefusal
 from oipserve.request import json_offload
 from oipserve.request.images import image_payload
 from oipserve.request.inference import InputTensor
@@ -197,7 +197,7 @@ def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
         if datatype != "BYTES":
             expected = ELEMENT_SIZES[datatype] * count
             if nbytes != expected:
-                raise InvalidInput(
+                raise RequestRefusal(
                     f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
                     f"Expected {expected}, got {nbytes}: input '{tensor.name}' should have "
                     f"{expected} bytes of data for shape {tensor.shape} and datatype "
@@ -232,19 +232,19 @@ def check_size(tensor: InputTensor, data: memoryview, count: int, model: str = "
             raise InvalidInput(f"BYTES data of input '{name}' is malformed: {exc}") from None
         ours = f"input '{name}': its shape holds {count} elements but its BYTES data has {found}"
         if found > count:  # (Triton stops at the first element past the count)
-            raise InvalidInput(
+            raise RequestRefusal(
                 f"unexpected number of string elements {count + 1} for inference input "
                 f"'{name}' for model '{model}', expecting {count}: {ours}"
             )
         if found < count:
-            raise InvalidInput(
+            raise RequestRefusal(
                 f"expected {count} string elements for inference input '{name}' for model "
                 f"'{model}', got {found}: {ours}"
             )
         return
     expected = ELEMENT_SIZES[tensor.datatype] * count
     if len(data) != expected:
-        raise InvalidInput(
+        raise RequestRefusal(
             f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
             f"{expected}, got {len(data)}: input '{name}' should have {expected} bytes of data "
             f"for shape {tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"

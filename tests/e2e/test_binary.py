@@ -512,7 +512,8 @@ _error(
     "simple",
     None,
     b"\0" * 64,
-    expect="Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in",
+    expect="[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+    "deduced but got 2 inputs in",
     headers={"Inference-Header-Content-Length": "0"},
 )
 _error(
@@ -520,8 +521,8 @@ _error(
     "identity_fp32",
     None,
     FP32_4,
-    expect="The shape of the raw input 'INPUT0' can not be deduced because there are more than "
-    "one variable-sized dimension",
+    expect="[request id: <id_unknown>] The shape of the raw input 'INPUT0' can not be deduced "
+    "because there are more than one variable-sized dimension",
     headers={"Inference-Header-Content-Length": "0"},
 )
 _error(
@@ -537,7 +538,8 @@ _error(
     "string_upper",
     None,
     b"raw",
-    expect="For BYTE datatype raw input 'INPUT0', the model must have input shape [1]",
+    expect="[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the model must "
+    "have input shape [1]",
     headers={"Inference-Header-Content-Length": "0"},
 )
 

@@ -121,3 +121,48 @@ def test_shapes_refused_in_tritons_words(server: ServerProcess, case: str) -> No
     model, inputs, words = SHAPES[case]
     for message in refusals(server, model, inputs):
         assert words in message, message
+
+
+#: (inputs, requested outputs, Triton's words, whether core puts the request's id first)
+TAGS = {
+    "a datatype": (
+        [_fp32("INPUT0"), _int32("INPUT1")],
+        [],
+        "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+        True,
+    ),
+    "an input twice": ([_int32("INPUT0"), _int32("INPUT0")], [], "input 'INPUT0' already", True),
+    "the input count": ([_int32("INPUT0")], [], "expected 2 inputs but got 1 inputs", True),
+    "an unknown output (model.cc)": (
+        [_int32("INPUT0"), _int32("INPUT1")],
+        ["OUTPUT9"],
+        "unexpected inference output 'OUTPUT9' for model 'simple'",
+        False,
+    ),
+    "an unknown input (model.cc)": (
+        [_int32("INPUT0"), _int32("NOPE")],
+        [],
+        "unexpected inference input 'NOPE' for model 'simple'",
+        False,
+    ),
+    "an element count past int64 (its HTTP front)": (
+        [tensor("INPUT0", "INT32", [16, 2**60 + 2], [0]), _int32("INPUT1")],
+        [],
+        "invalid shape for input 'INPUT0': shape [16,1152921504606846978] causes total element",
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("request_id", ["req-7", None, ""])
+@pytest.mark.parametrize("case", list(TAGS))
+def test_the_request_id_first_where_triton_puts_it(
+    server: ServerProcess, case: str, request_id: str | None
+) -> None:
+    """Core's refusals of a request start ``[request id: <id>] `` (InferenceRequest::
+    LogRequest; ``<id_unknown>`` without an id, or an empty one); model.cc's and its HTTP
+    front's do not. REST and gRPC alike; until 2026-12 none had it."""
+    inputs, outputs, words, tagged = TAGS[case]
+    head = f"[request id: {request_id or '<id_unknown>'}] " if tagged else ""
+    for message in refusals(server, "simple", inputs, outputs, request_id=request_id):
+        assert message.startswith(head + words), message

@@ -423,6 +423,9 @@ def test_a_request_with_several_faults_is_refused_as_by_any_model(server: Server
     other = tensor("W", "FP32", [1, 3], [0.0, 0.0, 0.0])
     for message in refusals(server, "chain", [wrong, other]):
         assert "expected 1 inputs but got 2 inputs for model 'chain'" in message, message
+    # (Triton's core puts the request's id first, as for any model)
+    for message in refusals(server, "chain", [wrong], request_id="ens-1"):
+        assert message.startswith("[request id: ens-1] inference input 'X' data-type is"), message
 
 
 def test_statistics_count_the_ensemble_and_each_step(http: httpclient.InferenceServerClient):

@@ -244,8 +244,8 @@ def test_batch_too_large(client: httpclient.InferenceServerClient) -> None:
     """Any request's batch size check, in Triton's words (the images are its rows)."""
     png = _encode(".png", _noise(8, 8))
     assert _error(client, "image_rgb_fp32", [png] * 3) == (
-        "inference request batch-size must be <= 2 for 'image_rgb_fp32': input 'image' has "
-        "batch size 3"
+        "[request id: <id_unknown>] inference request batch-size must be <= 2 for "
+        "'image_rgb_fp32': input 'image' has batch size 3"
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 
 import grpc
 import numpy as np
@@ -107,7 +108,9 @@ def test_rest_serves_the_parameters_triton_takes(
 
 # ---- batch sizes -----------------------------------------------------------------------
 
-MISMATCH = "input 'INPUT1' batch size does not match other inputs for 'simple'"
+MISMATCH = (
+    "[request id: <id_unknown>] input 'INPUT1' batch size does not match other inputs for 'simple'"
+)
 
 
 @pytest.mark.parametrize("rows", [(1, 2), (2, 1)])
@@ -116,7 +119,7 @@ def test_inputs_of_different_batch_sizes_are_refused_over_both(
 ) -> None:
     status, answer = post_json(server, "simple", _simple({}, rows))
     assert (status, answer) == (400, {"error": MISMATCH})
-    with pytest.raises(InferenceServerException, match=MISMATCH) as info:
+    with pytest.raises(InferenceServerException, match=re.escape(MISMATCH)) as info:
         _grpc_simple(grpc_client, rows)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
 
@@ -129,7 +132,10 @@ def test_a_dynamically_batched_model_refuses_them_in_the_same_words(server: Serv
         ]
     }
     status, answer = post_json(server, "batched", json.dumps(body).encode())
-    words = "input 'TEXT' batch size does not match other inputs for 'batched'"
+    words = (
+        "[request id: <id_unknown>] input 'TEXT' batch size does not match other inputs for "
+        "'batched'"
+    )
     assert (status, answer) == (400, {"error": words})
 
 

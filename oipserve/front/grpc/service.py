@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from google.protobuf import json_format
 
 from oipserve.dataplane.plane import DataPlane
-from oipserve.errors import InvalidInput
+from oipserve.errors import InvalidInput, request_tag
 from oipserve.front.grpc.codec import InferCall, InferReply
 from oipserve.front.grpc.convert import (
     check_request_parameters,
@@ -198,8 +198,8 @@ class InferenceService:
                 if wanted is not None:
                     if output.name in into_regions:
                         raise InvalidInput(
-                            f"output '{output.name}' already exists in request: "
-                            "it is requested twice"
+                            f"{request_tag(message.id)}output '{output.name}' already exists "
+                            "in request: it is requested twice"
                         )
                     into_regions[output.name] = regions.use(wanted, where)
                 outputs.append(output.name)
@@ -223,7 +223,7 @@ class InferenceService:
         #   withdraws a request still queued in a dynamic batcher.
         inference = Inference(
             model, inputs, outputs, owned, priority=priority, timeout_us=timeout_us,
-            into_regions=into_regions, classification=classes,
+            into_regions=into_regions, classification=classes, request_id=message.id,
         )  # fmt: skip
         inference.sequence = sequence
         inference.deadline = call.deadline

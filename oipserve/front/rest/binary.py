@@ -18,7 +18,7 @@ import re
 
 import msgspec
 
-from oipserve.errors import InvalidInput
+from oipserve.errors import InvalidInput, request_tag
 from oipserve.front.rest.media import HEADER_LENGTH as HEADER
 from oipserve.request.parameters import unsigned
 from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
@@ -180,7 +180,8 @@ def raw_input_shape(
         dims = model_shape[1:] if batched else model_shape
         if -1 in dims or element_count(list(dims)) != 1:
             raise InvalidInput(
-                f"For BYTE datatype raw input '{name}', the model must have input shape [1]: "
+                f"{request_tag(None)}For BYTE datatype raw input '{name}', the model must "
+                "have input shape [1]: "
                 f"a raw request's body is one BYTES element, and the model's dims are "
                 f"{list(dims)}"
             )
@@ -190,8 +191,9 @@ def raw_input_shape(
     known = element_count([d for d in shape if d != -1]) * item
     if len(unknown) > 1:
         raise InvalidInput(
-            f"The shape of the raw input '{name}' can not be deduced because there are more "
-            f"than one variable-sized dimension: model shape {list(model_shape)}"
+            f"{request_tag(None)}The shape of the raw input '{name}' can not be deduced "
+            "because there are more than one variable-sized dimension: model shape "
+            f"{list(model_shape)}"
         )
     if unknown:
         if known == 0 or nbytes % known:

@@ -18,7 +18,7 @@ import msgspec
 
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
-from oipserve.errors import InternalError, InvalidInput
+from oipserve.errors import InternalError, InvalidInput, request_tag
 from oipserve.front.http.extensions import ON_DISCONNECT
 from oipserve.front.rest import binary
 from oipserve.front.rest.body import Body, read_body
@@ -160,7 +160,8 @@ class ModelResource:
                 if request.outputs:  # (an empty list names none: every output, as gRPC's)
                     names = [o.name for o in request.outputs]
                     flags = [
-                        self._output_flag(o, all_binary, into_regions) for o in request.outputs
+                        self._output_flag(o, all_binary, into_regions, request.id)
+                        for o in request.outputs
                     ]
                     text_outputs = [
                         name
@@ -189,6 +190,7 @@ class ModelResource:
         inference = Inference(
             target, inputs, names, owned, priority=priority, timeout_us=timeout_us, watch=watch,
             into_regions=into_regions, text_outputs=text_outputs, classification=classes,
+            request_id=request_id or "",
         )  # fmt: skip
         inference.sequence = sequence
         result = await self.dataplane.infer(inference)
@@ -198,7 +200,11 @@ class ModelResource:
         render_infer(req, resp, result, request_id, flags, all_binary)
 
     def _output_flag(
-        self, output: RequestOutput, all_binary: bool, into_regions: dict[str, RegionUse]
+        self,
+        output: RequestOutput,
+        all_binary: bool,
+        into_regions: dict[str, RegionUse],
+        request_id: str | None,
     ) -> bool:
         """Whether an output goes binary; one in a client's region is held in ``into_regions``."""
         where = f"output '{output.name}'"
@@ -209,7 +215,8 @@ class ModelResource:
             raise InvalidInput(f"{where} cannot be both in shared memory and binary_data")
         if output.name in into_regions:
             raise InvalidInput(
-                f"output '{output.name}' already exists in request: it is requested twice"
+                f"{request_tag(request_id)}output '{output.name}' already exists in request: "
+                "it is requested twice"
             )
         into_regions[output.name] = self.dataplane.regions.use(wanted, where)
         return False
@@ -218,7 +225,8 @@ class ModelResource:
         """The whole body as the model's one input (``Inference-Header-Content-Length: 0``)."""
         if len(target.inputs) != 1:
             raise InvalidInput(
-                f"Raw request must only have 1 input (found 1) to be deduced but got "
+                f"{request_tag(None)}Raw request must only have 1 input (found 1) to be "
+                "deduced but got "
                 f"{len(target.inputs)} inputs in '{target.name}' model configuration: "
                 "a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
                 "exactly one input; it has " + ", ".join(f"'{spec.name}'" for spec in target.inputs)
