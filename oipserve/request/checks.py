@@ -73,9 +73,11 @@ def check_inputs(
     """The request's inputs and requested outputs checked against ``model`` in Triton's
     order, so that a request with several faults is refused for the one Triton names: its
     HTTP and gRPC fronts add each input, then each output, to the request (1, 2), then
-    core's ``InferenceRequest::Normalize`` checks the rest (3 to 6). The specs of the
-    inputs, in the request's order. Every model's checks and an ensemble's
-    (``dataplane.ensemble``: ``images`` False, its inputs are never encoded images).
+    core's ``InferenceRequest::Normalize`` checks the rest (3 to 7; docs/protocol.md has
+    the table). The specs of the inputs, in the request's order. Every model's checks and
+    an ensemble's (``dataplane.ensemble``: ``images`` False, its inputs are never encoded
+    images). The refusals Triton's core gives with the request's id are RequestRefusal:
+    the caller puts the id first (``RequestRefusal.of_request``).
     """
     # 1. each input once, its element count and bytes within int64 (Triton's fronts)
     seen: set[str] = set()
@@ -181,6 +183,7 @@ def _check_count(model: ModelVersion, inputs: list[InputTensor], seen: set[str])
     """InvalidInput, as Triton's ValidateRequestInputs, when the request gives more inputs
     than the model has, or fewer than it requires (``seen``: the request's names)."""
     given, total = len(inputs), len(model.input_map)
+    # PERF: the required inputs counted only when some input is left out
     if given > total or (given < total and given < _required_count(model)):
         _check_required(model, inputs, seen)
         raise missing_inputs(model, [tensor.name for tensor in inputs], [])

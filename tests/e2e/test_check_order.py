@@ -1,7 +1,7 @@
 """A request with several faults is refused for the one Triton names first: Triton's order of
 checks (its fronts add each input and output, then core's InferenceRequest::Normalize:
 requested outputs, the input count, every batch dimension, the batch size, then each input's
-datatype and shape), REST and gRPC alike. Until 2026-12 each input was checked whole before
+datatype and shape), REST and gRPC alike. Until 2026-11-30 each input was checked whole before
 the next, and the outputs last: a request with two faults was refused for another one than
 Triton names.
 """
@@ -84,7 +84,7 @@ def test_the_fault_triton_names_first(server: ServerProcess, case: str) -> None:
 
 #: (model, inputs, what Triton says): the words of core's Normalize for a shape Triton
 #: refuses before looking at the model's dims (a negative batch size: Triton's is unsigned).
-#: Until 2026-12 they were refused as shapes the model does not take, or in our words.
+#: Until 2026-11-30 they were refused as shapes the model does not take, or in our words.
 SHAPES = {
     "no shape for a model that batches": (
         "simple",
@@ -161,7 +161,7 @@ def test_the_request_id_first_where_triton_puts_it(
 ) -> None:
     """Core's refusals of a request start ``[request id: <id>] `` (InferenceRequest::
     LogRequest; ``<id_unknown>`` without an id, or an empty one); model.cc's and its HTTP
-    front's do not. REST and gRPC alike; until 2026-12 none had it."""
+    front's do not. REST and gRPC alike; until 2026-11-30 none had it."""
     inputs, outputs, words, tagged = TAGS[case]
     head = f"[request id: {request_id or '<id_unknown>'}] " if tagged else ""
     for message in refusals(server, "simple", inputs, outputs, request_id=request_id):

@@ -275,7 +275,7 @@ def test_bad_loads_are_400_failed_to_load_and_change_nothing(
 
 #: Triton's QA configs qa/L0_model_config/noautofill_platform/reshape_{nobatch_empty0,
 #: nobatch_empty1, variable3, nobatch_variable3} (as JSON, one each of input and output):
-#: oipserve loaded them until 2026-12; Triton refuses them at load, in these words.
+#: oipserve loaded them until 2026-11-30; Triton refuses them at load, in these words.
 RESHAPES = [
     (0, "input", [1], [], "cannot have empty reshape for non-batching model as scalar tensors"),
     (0, "output", [1], [], "cannot have empty reshape for non-batching model as scalar tensors"),

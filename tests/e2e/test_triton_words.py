@@ -159,7 +159,7 @@ def test_input_region_of_the_wrong_size(
 
 
 #: (model, datatype, data, the shape claimed, Triton's words): qa/L0_input_validation's
-#: "compromised input shape" cases, binary data over both protocols (until 2026-12 our
+#: "compromised input shape" cases, binary data over both protocols (until 2026-11-30 our
 #: words alone: "input 'INPUT0' should have 64 bytes of data ...", "... its BYTES data has 2").
 SIZES = [
     (

@@ -355,7 +355,7 @@ SEMANTIC_ERRORS = [
     (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [4, -2]'), "dims: -2 is invalid"),
     (_tensor_text('name: "x" data_type: TYPE_FP32 dims: [0]'), "dims: 0 is invalid"),
     # reshape: Triton's rules and words (core's ValidateIOShape; qa/L0_model_config's
-    #   reshape_* configs; the last two loaded here until 2026-12)
+    #   reshape_* configs; the last two loaded here until 2026-11-30)
     (
         _tensor_text('name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [3] }'),
         "model input 'x' has different size for dims and reshape (input[0] ('x'): dims [4], "
