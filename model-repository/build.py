@@ -113,11 +113,42 @@ parameters [
 ]
 """
 
-# Serve both versions: Triton's default version policy serves only the latest.
-VERSIONED_CONFIG = """\
-name: "versioned"
-version_policy: { all { } }
+#: Heads the config.pbtxt of each model served without batching (``_unbatched_config``).
+UNBATCHED_NOTE = """\
+# Every input and output listed, no max_batch_size: served without batching, with the
+# graph's own shapes. Without this file, auto-complete (Triton's) would make this graph,
+# whose first dims are all variable, a batching model (max_batch_size 4, dynamic_batching).
 """
+
+Tensors = list[tuple[str, str, list[int]]]
+
+
+def _unbatched_config(inputs: Tensors, outputs: Tensors, extra: str = "") -> str:
+    """config.pbtxt listing every input and output (name, Triton datatype, dims) of a model
+    served without batching; ``extra``: more fields, first. No ``name``: the directory's is
+    taken, so a copy under another name serves as it is (tests and users make such copies)."""
+
+    def block(kind: str, tensors: Tensors) -> str:
+        items = [
+            f'  {{ name: "{n}" data_type: {t} dims: [ {", ".join(str(d) for d in dims)} ] }}'
+            for n, t, dims in tensors
+        ]
+        return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
+
+    return UNBATCHED_NOTE + extra + block("input", inputs) + block("output", outputs)
+
+
+def _triton_type(type_name: str) -> str:
+    """An identity model's suffix as Triton's config datatype (bytes: TYPE_STRING)."""
+    return "TYPE_STRING" if type_name == "bytes" else f"TYPE_{type_name.upper()}"
+
+
+# Serve both versions: Triton's default version policy serves only the latest.
+VERSIONED_CONFIG = _unbatched_config(
+    [("INPUT0", "TYPE_FP32", [-1])],
+    [("OUTPUT0", "TYPE_FP32", [-1])],
+    "version_policy: { all { } }\n",
+)
 
 # Clients send X as [batch, 4] and get Y as [batch, 4]; the graph works on [batch, 2, 2].
 # BIAS is optional: the graph gives it a default (an initializer), a request may override it.
@@ -302,10 +333,11 @@ def make_identity(type_name: str) -> onnx.ModelProto:
 
 
 def build_identity(out: Path, type_name: str) -> str:
-    """Write `identity_<type_name>`."""
+    """Write `identity_<type_name>` and its config.pbtxt (no batching)."""
     name = f"identity_{type_name}"
-    _write(out, name, 1, make_identity(type_name))
-    return name
+    tensor = _triton_type(type_name)
+    config = _unbatched_config([("INPUT0", tensor, [-1, -1])], [("OUTPUT0", tensor, [-1, -1])])
+    return _write_with_config(out, name, make_identity(type_name), config)
 
 
 def make_string_upper() -> onnx.ModelProto:
@@ -333,9 +365,11 @@ def make_string_upper() -> onnx.ModelProto:
 
 
 def build_string_upper(out: Path) -> str:
-    """Write `string_upper`."""
-    _write(out, "string_upper", 1, make_string_upper())
-    return "string_upper"
+    """Write `string_upper` and its config.pbtxt (no batching)."""
+    config = _unbatched_config(
+        [("INPUT0", "TYPE_STRING", [-1])], [("OUTPUT0", "TYPE_STRING", [-1])]
+    )
+    return _write_with_config(out, "string_upper", make_string_upper(), config)
 
 
 def make_versioned(version: int) -> onnx.ModelProto:
@@ -376,9 +410,12 @@ def make_reshape() -> onnx.ModelProto:
 
 
 def build_reshape(out: Path) -> str:
-    """Write `reshape`."""
-    _write(out, "reshape", 1, make_reshape())
-    return "reshape"
+    """Write `reshape` and its config.pbtxt (no batching: SHAPE is a shape, not rows)."""
+    config = _unbatched_config(
+        [("DATA", "TYPE_FP32", [-1]), ("SHAPE", "TYPE_INT64", [-1])],
+        [("OUTPUT0", "TYPE_FP32", [-1, -1])],
+    )
+    return _write_with_config(out, "reshape", make_reshape(), config)
 
 
 def make_reshape_optional() -> onnx.ModelProto:
@@ -475,9 +512,12 @@ def make_image_nhwc_u8() -> onnx.ModelProto:
 
 
 def build_image_nhwc_u8(out: Path) -> str:
-    """Write `image_nhwc_u8`."""
-    _write(out, "image_nhwc_u8", 1, make_image_nhwc_u8())
-    return "image_nhwc_u8"
+    """Write `image_nhwc_u8` and its config.pbtxt (no batching)."""
+    config = _unbatched_config(
+        [("image", "TYPE_UINT8", [-1, 224, 224, 3])],
+        [("mean", "TYPE_FP32", [-1, 3]), ("pixels", "TYPE_UINT8", [-1, 224, 224, 3])],
+    )
+    return _write_with_config(out, "image_nhwc_u8", make_image_nhwc_u8(), config)
 
 
 def make_image_nchw_fp32() -> onnx.ModelProto:
@@ -493,9 +533,12 @@ def make_image_nchw_fp32() -> onnx.ModelProto:
 
 
 def build_image_nchw_fp32(out: Path) -> str:
-    """Write `image_nchw_fp32`."""
-    _write(out, "image_nchw_fp32", 1, make_image_nchw_fp32())
-    return "image_nchw_fp32"
+    """Write `image_nchw_fp32` and its config.pbtxt (no batching)."""
+    config = _unbatched_config(
+        [("image", "TYPE_FP32", [-1, 3, 32, 32])],
+        [("pixels", "TYPE_FP32", [-1, 3, 32, 32])],
+    )
+    return _write_with_config(out, "image_nchw_fp32", make_image_nchw_fp32(), config)
 
 
 def make_image_nhwc_fp32() -> onnx.ModelProto:
@@ -511,9 +554,12 @@ def make_image_nhwc_fp32() -> onnx.ModelProto:
 
 
 def build_image_nhwc_fp32(out: Path) -> str:
-    """Write `image_nhwc_fp32`."""
-    _write(out, "image_nhwc_fp32", 1, make_image_nhwc_fp32())
-    return "image_nhwc_fp32"
+    """Write `image_nhwc_fp32` and its config.pbtxt (no batching)."""
+    config = _unbatched_config(
+        [("image", "TYPE_FP32", [-1, 224, 224, 3])],
+        [("mean", "TYPE_FP32", [-1, 3])],
+    )
+    return _write_with_config(out, "image_nhwc_fp32", make_image_nhwc_fp32(), config)
 
 
 def make_image_rgb_fp32() -> onnx.ModelProto:

@@ -209,7 +209,9 @@ def write_oipserve_repo(
         config = (
             f'name: "{case.name}"\nplatform: "onnxruntime_onnx"\n'
             f"max_batch_size: {case.max_batch_size}\n"
-            + (_io_pbtxt(case) if case.max_batch_size else "")
+            # NOTE: the inputs and outputs always: without them auto-complete made
+            #   identity_fp32 ([-1, -1]) a batching model of 4 rows (Triton's rule).
+            + _io_pbtxt(case)
             + f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
             + _params_pbtxt(ort)
             + (case.dynamic_batching + "\n" if case.dynamic_batching else "")

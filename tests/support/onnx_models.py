@@ -71,13 +71,20 @@ def write_weighty_model(path: Path, layers: int, width: int = 1024) -> None:
 WEIGHTY = "weighty"
 
 
+#: ``WEIGHTY``'s inputs and outputs as its graph has them: served without batching (the tests
+#: send [512, 1024]); auto-complete would make its [-1, 1024] graph a batching model of 4 rows.
+WEIGHTY_TENSORS = """\
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, 1024 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, 1024 ] } ]
+"""
+
+
 def write_weighty_repository(root: Path, layers: int, config: str = "") -> None:
     """A repository at ``root`` holding ``WEIGHTY`` (``write_weighty_model`` of ``layers``),
-    with ``config`` as its config.pbtxt when given."""
+    its config.pbtxt ``WEIGHTY_TENSORS`` and ``config``."""
     (root / WEIGHTY / "1").mkdir(parents=True)
     write_weighty_model(root / WEIGHTY / "1" / "model.onnx", layers)
-    if config:
-        (root / WEIGHTY / "config.pbtxt").write_text(config)
+    (root / WEIGHTY / "config.pbtxt").write_text(WEIGHTY_TENSORS + config)
 
 
 #: The defaults of ``write_all_optional_model``'s inputs A and B.

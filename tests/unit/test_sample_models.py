@@ -119,17 +119,8 @@ EXPECTED: dict[str, tuple[Signature, Signature]] = {
     ),
 }
 
-# Models with a config.pbtxt.
-CONFIGURED = (
-    "simple",
-    "image_rgb_fp32",
-    "versioned",
-    "reshape_optional",
-    "batched",
-    "simple_int8",
-    "simple_string",
-    "simple_identity",
-)
+# Models with a config.pbtxt: all of them.
+CONFIGURED = tuple(EXPECTED)
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +261,28 @@ def test_simple_config_matches_model(built: Path, name: str, data_type: str, ort
         for tensor, arg in zip(tensors, args, strict=True):
             assert tensor.data_type == data_type and arg.type == ort_type
             assert list(tensor.dims) == arg.shape[1:]  # batch dim implied by max_batch_size
+
+
+UNBATCHED = (
+    *(f"identity_{name}" for name in IDENTITY_ORT_TYPES),
+    "string_upper",
+    "versioned",
+    "reshape",
+    "image_nhwc_u8",
+    "image_nchw_fp32",
+    "image_nhwc_fp32",
+)
+
+
+@pytest.mark.parametrize("name", UNBATCHED)
+def test_unbatched_configs_list_the_graph(built: Path, name: str) -> None:
+    """The models served without batching list every input and output as the graph has
+    them: a configuration without them would be completed, and batched (auto-complete)."""
+    text = (built / name / "config.pbtxt").read_text()
+    config = read_model_config(built / name / "config.pbtxt")
+    assert text.startswith(build.UNBATCHED_NOTE) and config.max_batch_size == 0
+    for tensors, signature in zip((config.inputs, config.outputs), EXPECTED[name], strict=True):
+        assert [(t.name, list(t.dims)) for t in tensors] == [(n, s) for n, _, s in signature]
 
 
 @pytest.mark.parametrize("version, addend", [(1, 1.0), (2, 2.0)])
