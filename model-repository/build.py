@@ -267,6 +267,14 @@ def build_simple(out: Path) -> str:
     return _write_with_config(out, "simple", make_simple(), SIMPLE_CONFIG)
 
 
+def build_simple_autofill(out: Path) -> str:
+    """Write `simple_autofill`: `simple`'s graph without a config.pbtxt, served as Triton
+    serves it, its configuration completed from the graph (max_batch_size 4, dynamic
+    batching, dims [16]; docs/model-config.md, "Auto-complete")."""
+    _write(out, "simple_autofill", 1, make_simple("simple_autofill"))
+    return "simple_autofill"
+
+
 def build_simple_int8(out: Path) -> str:
     """Write `simple_int8` (Triton's INT8 `simple`) and its config.pbtxt."""
     return _write_with_config(
@@ -722,6 +730,7 @@ def _builders() -> list[Callable[[Path], str]]:
         build_simple_int8,
         build_simple_string,
         build_simple_identity,
+        build_simple_autofill,
     ]
     return builders
 

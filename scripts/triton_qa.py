@@ -83,6 +83,8 @@ NOT_APPLICABLE: dict[str, str] = {
 }
 
 #: Triton flags that name its own installation or logging: no oipserve equivalent is needed.
+#: (``--backend-config`` too: the suites give the python backend's settings, which oipserve,
+#: taking only ``onnxruntime,default-max-batch-size``, would refuse.)
 DROPPED_FLAGS = ("--backend-directory", "--backend-config", "--log-verbose", "--trace-")
 #: Triton flag -> oipserve flag, where the names differ.
 RENAMED_FLAGS = {"--exit-timeout-secs": "--shutdown-timeout"}

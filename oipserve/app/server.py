@@ -28,7 +28,8 @@ from oipserve.app.startup_report import (
     remove_stale_ready_file,
     status_log,
 )
-from oipserve.config.settings import Settings, deprecation_warnings
+from oipserve.config.backend_config import default_max_batch_size
+from oipserve.config.settings import Settings, auto_complete_enabled, deprecation_warnings
 from oipserve.dataplane.plane import DataPlane
 from oipserve.front.http.h2c import refuse_h2c
 from oipserve.front.http.server import http_server
@@ -37,6 +38,7 @@ from oipserve.front.rest import create_app
 from oipserve.front.rest.admin import add_admin_routes
 from oipserve.front.rest.lane import infer_lane
 from oipserve.management import LoadLimits, Management, startup_models
+from oipserve.models.autofill import DEFAULT_MAX_BATCH_SIZE, AutoComplete
 from oipserve.models.config.parse import ConfigLimits
 from oipserve.models.manager import ModelManager
 from oipserve.models.registry import ModelRegistry
@@ -292,6 +294,10 @@ class Server:
             self.plan.inventory.simulate_gpu_sessions,
             self._cpu_workers_on_demand,
             ConfigLimits(max_priority_levels=self.settings.max_priority_levels),
+            AutoComplete(
+                auto_complete_enabled(self.settings),
+                default_max_batch_size(self.settings.backend_config, DEFAULT_MAX_BATCH_SIZE),
+            ),
         )
         management = Management(
             root,

@@ -320,6 +320,33 @@ def _models_and_access(serve: argparse.ArgumentParser) -> None:
         metavar="N",
         help="most dynamic_batching priority_levels a model configuration may ask for",
     )
+    _auto_complete(serve)
+
+
+def _auto_complete(serve: argparse.ArgumentParser) -> None:
+    """Triton's flags for completing a model's configuration from its ONNX graph."""
+    serve.add_argument(
+        "--disable-auto-complete-config",
+        action="store_const",
+        const="true",
+        help="Triton's flag: take each config.pbtxt as given, never completed from the ONNX "
+        "graph (a model without one is served unbatched, as its graph says); by default a "
+        "missing or partial configuration is completed as Triton does it, see "
+        "docs/model-config.md",
+    )
+    serve.add_argument(
+        "--strict-model-config",
+        metavar="true|false",
+        help="Triton's deprecated spelling: true is --disable-auto-complete-config",
+    )
+    serve.add_argument(
+        "--backend-config",
+        metavar="[onnxruntime,]default-max-batch-size=N",
+        action="append",
+        help="Triton's flag, with the one setting of its ONNX Runtime backend taken here: "
+        "the max_batch_size auto-complete gives a model whose graph can batch (Triton's "
+        "4); the environment separates items with ';'",
+    )
 
 
 def _start_and_compat(serve: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ import msgspec
 
 from hardware.cpus import fronts_for, usable_cpus
 from oipserve.config.access import Restriction, RestrictionError, parse_restrictions
+from oipserve.config.backend_config import BackendConfigError, default_max_batch_size
 from oipserve.config.cache_config import CacheConfigError, cache_bytes
 from oipserve.config.flags import command_line
 from oipserve.config.metrics_config import MetricsConfigError, parse_metrics_config
@@ -32,6 +33,18 @@ ENV_PREFIX = "OIPSERVE_"
 GRPC_PROCESSES_DEPRECATED = (
     "--grpc-processes is deprecated and does nothing: gRPC is served by every HTTP front; "
     "use --http-workers N to scale out"
+)
+
+
+#: Triton's warnings for ``--strict-model-config`` (server's command_line_parser.cc): it is
+#: deprecated, and ``--disable-auto-complete-config`` wins over ``false``.
+STRICT_MODEL_CONFIG_DEPRECATED = (
+    "Warning: '--strict-model-config' has been deprecated! Please use "
+    "'--disable-auto-complete-config' instead."
+)
+STRICT_MODEL_CONFIG_OVERRIDDEN = (
+    "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+    "'--disable-auto-complete-config'!"
 )
 
 
@@ -172,6 +185,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: Most ``dynamic_batching.priority_levels`` a model configuration may ask for; past
     #: it the model is not loaded (400 on a load, not ready at start). Triton has no bound.
     max_priority_levels: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
+    #: Triton's flag: a model's config.pbtxt is taken as given, never completed from its
+    #: ONNX graph (``oipserve.models.autofill``); a model without one is served unbatched.
+    disable_auto_complete_config: bool = False
+    #: Triton's deprecated spelling of the same: true disables auto-complete (and says so
+    #: at start, as Triton does); None: not given.
+    strict_model_config: bool | None = None
+    #: Triton's flag, repeatable: ``onnxruntime,default-max-batch-size=N`` (or without the
+    #: backend), the max_batch_size auto-complete gives a graph that can batch
+    #: (``oipserve.config.backend_config``); checked at start.
+    backend_config: tuple[str, ...] = ()
     #: Triton's flag: clients may register their own POSIX shared memory and name it in
     #: requests (system shared-memory extension). Off: registration answers 403.
     allow_client_shm: bool = False
@@ -214,7 +237,8 @@ def _parser() -> argparse.ArgumentParser:
 def _document_defaults(parser: argparse.ArgumentParser) -> None:
     """Append each flag's Settings default and its OIPSERVE_* variable to its help."""
     fields = {f.name: f for f in msgspec.structs.fields(Settings)}
-    shown = {"grpc_processes": "auto"}  # read as 0 by load_settings
+    # (grpc_processes: read as 0 by load_settings; strict_model_config: None, not given)
+    shown = {"grpc_processes": "auto", "strict_model_config": "false"}
     for action in parser._actions:
         field = fields.get(action.dest)
         if field is None:
@@ -267,6 +291,10 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         values["cache_config"] = _items_checked(
             "cache_config", values["cache_config"], cache_bytes, CacheConfigError
         )
+    if "backend_config" in values:
+        values["backend_config"] = _items_checked(
+            "backend_config", values["backend_config"], _backend_items, BackendConfigError
+        )
     if not str(values.get("model_repository", "")).strip():  # ('' read as the working dir)
         raise SettingsError("--model-repository is required (or set OIPSERVE_MODEL_REPOSITORY)")
     _check_model_control(values.get("model_control_mode"))
@@ -315,9 +343,25 @@ def _instances_auto(values: dict[str, Any]) -> None:
         )
 
 
+def _backend_items(items: list[str]) -> None:
+    default_max_batch_size(items, 0)
+
+
+def auto_complete_enabled(settings: Settings) -> bool:
+    """Whether model configurations are completed from their graphs: not when
+    ``--disable-auto-complete-config`` or ``--strict-model-config=true`` says so."""
+    return not (settings.disable_auto_complete_config or settings.strict_model_config)
+
+
 def deprecation_warnings(settings: Settings) -> list[str]:
-    """What start-up warns about (one WARNING each): flags still accepted that do nothing."""
-    return [GRPC_PROCESSES_DEPRECATED] if settings.grpc_processes else []
+    """What start-up warns about (one WARNING each): flags still accepted that do nothing,
+    and Triton's deprecated spelling, in Triton's words."""
+    warnings = [GRPC_PROCESSES_DEPRECATED] if settings.grpc_processes else []
+    if settings.strict_model_config is not None:
+        warnings.append(STRICT_MODEL_CONFIG_DEPRECATED)
+        if settings.disable_auto_complete_config and not settings.strict_model_config:
+            warnings.append(STRICT_MODEL_CONFIG_OVERRIDDEN)
+    return warnings
 
 
 def _check_model_control(mode: object) -> None:

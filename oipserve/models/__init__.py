@@ -6,7 +6,8 @@
   Triton does); ``composing``: an ensemble's composing models, loaded and unloaded with it.
 - ``repository``: the repository directory and its version policy; ``uploads``: files sent
   with a load.
-- ``metadata``: tensor metadata; ``labels``: an output's label files; ``config_response``:
+- ``metadata``: tensor metadata; ``autofill``: a missing or partial configuration completed
+  from the graph, as Triton does; ``labels``: an output's label files; ``config_response``:
   the config extension's answer.
 - ``config/``: ``config.pbtxt`` parsed against Triton's proto.
 - ``ensemble``: an ensemble's version (ready while its steps' models are) and its load-time

@@ -17,13 +17,14 @@ from pathlib import Path
 
 from hardware import InventoryError, cuda_provider_options
 from oipserve.errors import InvalidInput, ServerError, Unavailable
+from oipserve.models.autofill import AutoComplete, completed_metadata
 from oipserve.models.composing import ComposingLoads
 from oipserve.models.config.parse import ConfigLimits, ModelConfig, ModelConfigError, check_limits
 from oipserve.models.config.session_options import session_options
 from oipserve.models.ensemble import CANNOT_LOAD as ENSEMBLE_CANNOT_LOAD
 from oipserve.models.ensemble import EnsembleVersion, validate
 from oipserve.models.instance_groups import place_groups
-from oipserve.models.metadata import MetadataConflict, merge_metadata
+from oipserve.models.metadata import MetadataConflict
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.models.repository import ModelSource, Repository, read_model
 from oipserve.models.uploads import UploadArea, UploadError, UploadFiles
@@ -63,12 +64,16 @@ class ModelManager:
         simulate_devices: bool = False,
         start_cpu_workers: Callable[[], Awaitable[list[WorkerHandle]]] | None = None,
         config_limits: ConfigLimits | None = None,
+        auto_complete: AutoComplete | None = None,
     ) -> None:
         #: The repository, and the names its models are served under (``--model-name``).
         self.repository = root if isinstance(root, Repository) else Repository(root)
         self.root = self.repository.root
         #: The operator's bounds on configuration numbers (``--max-priority-levels``).
         self.config_limits = config_limits or ConfigLimits()
+        #: Configurations completed from the graph as Triton's ONNX Runtime backend does
+        #: (``--disable-auto-complete-config``, ``--backend-config``; ``models.autofill``).
+        self.auto_complete = auto_complete or AutoComplete()
         self.pool = pool
         self.registry = registry
         #: Starts CPU workers when a KIND_CPU instance group needs them and ``--devices``
@@ -357,7 +362,9 @@ class ModelManager:
         try:
             await self._cpu_workers_on_demand(model)
             loaded = await self._place_everywhere(model)
-            inputs, outputs = merge_metadata(model.config, loaded[0])
+            config, inputs, outputs = completed_metadata(
+                model.config, loaded[0], model.name, self.auto_complete
+            )
         except _CANNOT_LOAD as exc:
             await self._fail_version(model, str(exc))
             return
@@ -367,6 +374,8 @@ class ModelManager:
             log.exception("loading model '%s' version %s failed", model.name, model.version)
             await self._fail_version(model, "internal error while loading (see the log)")
             return
+        model.config = config
+        model.max_batch_size = config.max_batch_size if config is not None else 0
         model.set_metadata(inputs, outputs)
         listed = [t.name for t in outputs]
         if {m.name for m in loaded[0].outputs} - set(listed):

@@ -29,7 +29,8 @@ from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
 
 MODELS = ("simple", "identity_fp32", "batched", "versioned")
 IDENTITY = (SAMPLE_REPOSITORY / "identity_fp32" / "1" / "model.onnx").read_bytes()
-#: A configuration for an uploaded identity model (its inputs come from the ONNX graph).
+#: A configuration for an uploaded identity model: its inputs and outputs come from the ONNX
+#: graph (auto-complete, which batches it: max_batch_size 4; the tests send one row).
 IDENTITY_CONFIG = json.dumps({"max_batch_size": "0"})
 UPLOADS = re.compile(r"loading (/\S+-uploads-\S+?)/\d+/model\.onnx on")
 

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from oipserve.config.settings import load_settings
+from oipserve.config.settings import (
+    STRICT_MODEL_CONFIG_DEPRECATED,
+    STRICT_MODEL_CONFIG_OVERRIDDEN,
+    auto_complete_enabled,
+    deprecation_warnings,
+    load_settings,
+)
 from tests.support.cli import run_cli
 from tests.support.deploy import KSERVE_TRITONSERVER_ARGS, fingerprint
 from tests.support.grpc_health import NOT_SERVING, health_check
@@ -57,7 +63,7 @@ def test_bad_allow_value_names_the_flag() -> None:
         # Triton flags seen in KServe and Triton deployments that oipserve does not implement:
         # refused by name (exit 2), never silently ignored. docs/deploy.md lists them.
         "--log-verbose=1",
-        "--strict-model-config=false",
+        "--model-load-thread-count=4",
         "--strict-readiness=false",
         "--model-control-mode=poll",
     ],
@@ -66,6 +72,34 @@ def test_unimplemented_triton_flags_are_refused_by_name(flag: str) -> None:
     result = run_cli("tritonserver", f"--model-store={SAMPLE_REPOSITORY}", flag)
     assert result.returncode == 2, result.stderr
     assert flag.split("=")[0] in result.stderr or "poll" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "enabled", "warnings"),
+    [
+        ([], True, []),
+        (["--disable-auto-complete-config"], False, []),
+        (["--strict-model-config=true"], False, [STRICT_MODEL_CONFIG_DEPRECATED]),
+        (["--strict-model-config=false"], True, [STRICT_MODEL_CONFIG_DEPRECATED]),
+        (
+            ["--strict-model-config=false", "--disable-auto-complete-config"],
+            False,
+            [STRICT_MODEL_CONFIG_DEPRECATED, STRICT_MODEL_CONFIG_OVERRIDDEN],
+        ),
+    ],
+)
+def test_auto_complete_flags_as_triton_takes_them(
+    flags: list[str], enabled: bool, warnings: list[str]
+) -> None:
+    """Triton's --disable-auto-complete-config and its deprecated --strict-model-config
+    (KServe's older manifests pass the latter), with Triton's warnings."""
+    _, settings = load_settings(["tritonserver", "--model-store=/m", *flags], {})
+    assert auto_complete_enabled(settings) is enabled
+    assert deprecation_warnings(settings) == warnings
+    _, settings = load_settings(
+        ["serve", "--model-store=/m"], {"OIPSERVE_DISABLE_AUTO_COMPLETE_CONFIG": "true"}
+    )
+    assert not auto_complete_enabled(settings)
 
 
 @pytest.mark.parametrize(

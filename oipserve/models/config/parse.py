@@ -58,6 +58,7 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "check_limits",
+    "config_from_message",
     "parse_model_config",
     "parse_model_config_json",
     "read_model_config",
@@ -416,6 +417,13 @@ def _model_filename(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- public API
+
+
+def config_from_message(message: Any) -> ModelConfig:
+    """An ``inference.ModelConfig`` message checked and typed as a config.pbtxt is: the
+    configuration auto-complete made from a partial one and the ONNX graph
+    (``oipserve.models.autofill``)."""
+    return _typed(message)
 
 
 def parse_model_config(text: str) -> ModelConfig:

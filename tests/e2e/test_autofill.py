@@ -1,0 +1,264 @@
+"""Auto-complete over a real server: a model without config.pbtxt, or with a partial one, is
+served as Triton serves it (its ONNX Runtime backend's ``AutoCompleteConfig``): metadata,
+the config response, batch limits, the dynamic batcher; ``--disable-auto-complete-config``
+(and Triton's ``--strict-model-config=true``) keeps each configuration as given;
+``--backend-config`` sets the max_batch_size filled in (docs/model-config.md,
+"Auto-complete")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.model_config_pb2 as mc
+import tritonclient.http as httpclient
+from google.protobuf import text_format
+from tritonclient.utils import InferenceServerException
+
+from tests.support.autofill_models import write_autofill_repository
+from tests.support.cli import run_cli
+from tests.support.http import get, post
+from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
+
+#: Triton's answer for its QA model ``autofill_noplatform_success/onnx/no_config`` (the
+#: same graph: INT32 [-1, 16] in and out), less its GPU instance group and pinned memory.
+TRITON_NO_CONFIG = """
+name: "no_config"
+platform: "onnxruntime_onnx"
+backend: "onnxruntime"
+version_policy { latest { num_versions: 1 } }
+max_batch_size: 4
+input { name: "INPUT0" data_type: TYPE_INT32 dims: 16 }
+input { name: "INPUT1" data_type: TYPE_INT32 dims: 16 }
+output { name: "OUTPUT0" data_type: TYPE_INT32 dims: 16 }
+output { name: "OUTPUT1" data_type: TYPE_INT32 dims: 16 }
+dynamic_batching { preferred_batch_size: 4 }
+default_model_filename: "model.onnx"
+"""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("autofill")
+    write_autofill_repository(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def completing(repository: Path) -> Iterator[ServerProcess]:
+    """The repository with auto-complete on (the default), in explicit mode: loads may
+    give a configuration too."""
+    args = ["--model-control-mode", "explicit", "--load-model", "*", "--http-workers", "1"]
+    proc = ServerProcess(repository, args).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def _inputs(client: object, rows: int, batched: bool = True) -> list[object]:
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    shape = [rows, 16] if batched else [16]
+    data = np.arange(rows * 16 if batched else 16, dtype=np.int32).reshape(shape)
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(name, shape, "INT32")
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    return tensors
+
+
+def _reasons(proc: ServerProcess) -> dict[str, str]:
+    status, body = post(proc, "/v2/repository/index")
+    assert status == 200
+    index = json.loads(body)
+    return {entry["name"]: entry.get("reason", "") for entry in index if entry["state"] != "READY"}
+
+
+def _stripped(config: mc.ModelConfig) -> mc.ModelConfig:
+    copy = mc.ModelConfig()
+    copy.CopyFrom(config)
+    copy.ClearField("instance_group")
+    copy.ClearField("optimization")
+    return copy
+
+
+def test_a_model_without_config_is_served_as_triton_serves_it(completing: ServerProcess) -> None:
+    with grpcclient.InferenceServerClient(completing.grpc_url) as client:
+        config = client.get_model_config("no_config").config
+        assert _stripped(config) == text_format.Parse(TRITON_NO_CONFIG, mc.ModelConfig())
+        metadata = client.get_model_metadata("no_config")
+        assert [list(t.shape) for t in metadata.inputs] == [[-1, 16], [-1, 16]]
+        result = client.infer("no_config", _inputs(client, 4))
+        assert result.as_numpy("OUTPUT0").shape == (4, 16)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("no_config", _inputs(client, 5))
+        assert info.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+        assert "inference request batch-size must be <= 4 for 'no_config'" in str(info.value)
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        document = client.get_model_config("no_config")
+        assert document["max_batch_size"] == 4
+        assert document["dynamic_batching"]["preferred_batch_size"] == [4]
+        # (a [16] without the batch dimension: its first dimension is read as the batch
+        #  size, which Triton checks before the shape)
+        with pytest.raises(InferenceServerException, match=r"batch-size must be <= 4 .* 16$"):
+            client.infer("no_config", _inputs(client, 1, batched=False))
+    assert (
+        "autofilled max_batch_size to 4 for model 'no_config' since batching is supported"
+        in completing.log
+    )
+    # A graph with a fixed first dim (Triton's no_config_no_batch) keeps max_batch_size 0.
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        config = client.get_model_config("no_batch")
+        assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+        assert [t["dims"] for t in config["input"]] == [[16], [16]]
+    assert (
+        "model 'no_batch': configuration auto-completed from the ONNX graph: inputs, outputs"
+        in (completing.log)
+    )
+
+
+def test_a_partial_config_is_completed(completing: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        config = client.get_model_config("partial")
+        assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+        assert [(t["name"], t["dims"]) for t in config["output"]] == [
+            ("OUTPUT0", [16]),
+            ("OUTPUT1", [16]),
+        ]
+        result = client.infer("partial", _inputs(client, 2))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros((2, 16), np.int32))
+
+
+def test_a_tensor_of_one_variable_dim_gets_dims_1(completing: ServerProcess) -> None:
+    """Triton's rule for [-1] with batching: dims [1], reshape [] (the model sees [-1])."""
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        config = client.get_model_config("vector")
+        assert config["input"][0]["dims"] == [1]
+        assert config["input"][0]["reshape"] == {"shape": []}
+        tensor = httpclient.InferInput("INPUT0", [3, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[1], [2], [3]], dtype=np.float32))
+        result = client.infer("vector", [tensor])
+        assert result.get_output("OUTPUT0")["shape"] == [3, 1]
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[2], [3], [4]])
+
+
+def test_an_unbatched_scalar_input_is_dims_1(completing: ServerProcess) -> None:
+    """Triton shows a scalar as dims [1]; requests send [1], the model gets a scalar."""
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        config = client.get_model_config("scalar")
+        assert config["max_batch_size"] == 0 and config["input"][0]["dims"] == [1]
+        tensor = httpclient.InferInput("X", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([2], dtype=np.float32))
+        assert client.infer("scalar", [tensor]).as_numpy("Y").item() == 3
+
+
+def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) -> None:
+    reasons = _reasons(completing)
+    assert set(reasons) == {"batch_dim_given", "bad_max_batch_size"}
+    assert reasons["bad_max_batch_size"] == (
+        "autofill failed for model 'bad_max_batch_size': model does not support "
+        "batching while non-zero max_batch_size is specified"
+    )
+    reason = reasons["batch_dim_given"]
+    assert "config.pbtxt gives input 'INPUT0' shape [-1, -1, 16] but the ONNX graph has" in reason
+    assert "auto-complete set max_batch_size to 4" in reason
+    assert "list every input and output in config.pbtxt" in reason
+
+
+def test_a_load_with_a_partial_config_is_completed(completing: ServerProcess) -> None:
+    given = json.dumps({"max_batch_size": 2})
+    status, body = post(
+        completing, "/v2/repository/models/no_config/load", {"parameters": {"config": given}}
+    )
+    assert status == 200, body
+    status, config = get(completing, "/v2/models/no_config/config")
+    assert status == 200 and isinstance(config, dict)
+    assert config["max_batch_size"] == 2
+    assert config["dynamic_batching"]["preferred_batch_size"] == [2]
+    given = json.dumps(
+        {
+            "max_batch_size": 2,
+            "input": [
+                {"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [-1, 16]},
+                {"name": "INPUT1", "data_type": "TYPE_INT32", "dims": [16]},
+            ],
+        }
+    )
+    status, body = post(
+        completing, "/v2/repository/models/no_config/load", {"parameters": {"config": given}}
+    )
+    assert status == 400
+    assert "config.pbtxt gives input 'INPUT0' shape [-1, -1, 16]" in json.loads(body)["error"]
+    status, config = get(completing, "/v2/models/no_config/config")  # the last load serves
+    assert isinstance(config, dict) and config["max_batch_size"] == 2
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--disable-auto-complete-config"], ["--strict-model-config=true"]],
+    ids=["disable", "strict"],
+)
+def test_without_auto_complete_each_config_is_taken_as_given(
+    repository: Path, flags: list[str]
+) -> None:
+    proc = ServerProcess(repository, [*flags, "--http-workers", "1"]).wait_ready()
+    try:
+        with httpclient.InferenceServerClient(proc.host_port) as client:
+            config = client.get_model_config("no_config")
+            assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+            assert [t["dims"] for t in config["input"]] == [[-1, 16], [-1, 16]]
+            result = client.infer("no_config", _inputs(client, 8))  # no batch limit
+            assert result.as_numpy("OUTPUT0").shape == (8, 16)
+        reasons = _reasons(proc)
+        assert (
+            "config.pbtxt gives input 'INPUT0' shape [16] but the ONNX graph has"
+            in (reasons["partial"])
+        )
+        # (batch_dim_given serves, its dims as given; bad_max_batch_size is refused still)
+        assert set(reasons) == {"partial", "bad_max_batch_size"}
+    finally:
+        assert proc.stop() == 0, proc.log
+    deprecated = "Warning: '--strict-model-config' has been deprecated!"
+    assert (deprecated in proc.log) == (flags[0] != "--disable-auto-complete-config")
+    assert "auto-completed" not in proc.log
+
+
+def test_backend_config_sets_the_max_batch_size_filled_in(tmp_path: Path) -> None:
+    write_autofill_repository(tmp_path)
+    args = ["--backend-config=onnxruntime,default-max-batch-size=8", "--strict-model-config=false"]
+    proc = ServerProcess(tmp_path, [*args, "--http-workers", "1"]).wait_ready()
+    try:
+        with httpclient.InferenceServerClient(proc.host_port) as client:
+            assert client.get_model_config("no_config")["max_batch_size"] == 8
+            assert client.infer("no_config", _inputs(client, 8)).as_numpy("OUTPUT0").shape == (
+                8,
+                16,
+            )
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def test_a_backend_config_oipserve_does_not_take_is_refused() -> None:
+    result = run_cli(
+        "tritonserver",
+        f"--model-store={SAMPLE_REPOSITORY}",
+        "--backend-config=onnxruntime,enable-global-threadpool=1",
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--backend-config" in result.stderr
+    assert "'enable-global-threadpool' is not a setting oipserve takes" in result.stderr
+
+
+def test_the_sample_autofill_model(http: httpclient.InferenceServerClient) -> None:
+    """The sample repository's ``simple_autofill`` (``simple`` without its config.pbtxt)
+    shows it in the session's server; the unbatched samples list their tensors."""
+    config = http.get_model_config("simple_autofill")
+    assert config["max_batch_size"] == 4
+    assert config["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert http.get_model_metadata("simple_autofill")["inputs"][0]["shape"] == [-1, 16]
+    identity = http.get_model_config("identity_fp32")
+    assert identity["max_batch_size"] == 0 and "dynamic_batching" not in identity
