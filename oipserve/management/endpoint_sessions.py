@@ -72,7 +72,7 @@ class EndpointSessions:
             loaded = await self.manager.place(model, worker, threads)
             if not model.inputs and not model.outputs:
                 try:
-                    inputs, outputs = merge_metadata(model.config, loaded)
+                    inputs, outputs = merge_metadata(model.config, loaded, model.name)
                 except ValueError as exc:
                     raise InvalidInput(str(exc)) from None
                 model.set_metadata(inputs, outputs)

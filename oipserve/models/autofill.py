@@ -232,7 +232,7 @@ def completed_metadata(
     include the batch dimension."""
     completed = complete(config, loaded, name, policy)
     try:
-        inputs, outputs = merge_metadata(completed, loaded)
+        inputs, outputs = merge_metadata(completed, loaded, name)
     except MetadataConflict as exc:
         largest = completed.max_batch_size if completed is not None else 0
         if not _batch_dim_given(config, largest, loaded):

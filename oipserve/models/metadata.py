@@ -68,10 +68,13 @@ def _refine(
     defaults: dict[str, TensorSpec] | None = None,
     filled: frozenset[str] = frozenset(),
     flat: frozenset[str] = frozenset(),
+    model: str = "",
 ) -> tuple[TensorSpec, ...]:
     if not declared:
         return tuple(t for t in graph if t.name not in filled)
     by_name = {t.name: t for t in graph}
+    if kind == "input":
+        _check_count(model, by_name, declared, defaults or {}, filled)
     batch = (-1,) if batched else ()
     refined = []
     for entry in declared:
@@ -90,7 +93,9 @@ def _refine(
                     f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
                     "has no input with a default value (an initializer) of that name"
                 )
+            allowed = ", ".join(sorted({*by_name, *(defaults or {})}))
             raise MetadataConflict(
+                f"unexpected inference {kind} '{entry.name}', allowed {kind}s are: {allowed}; "
                 f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
                 f"{sorted(by_name)}"
             )
@@ -110,7 +115,9 @@ def _refine(
         if entry.name in flat:
             seen_by_model = dims
         else:
-            seen_by_model = _merge_dims(kind, entry.name, model_shape or dims, actual.shape)
+            seen_by_model = _merge_dims(
+                kind, entry.name, model_shape or dims, actual.shape, (model, batched)
+            )
         shape = dims if model_shape is not None else seen_by_model
         refined.append(
             TensorSpec(entry.name, entry.data_type, shape, model_shape, optional, entry.labels)
@@ -123,14 +130,74 @@ def _refine(
     return tuple(refined)
 
 
-def _merge_dims(
-    kind: str, name: str, dims: tuple[int, ...], graph: tuple[int, ...]
-) -> tuple[int, ...]:
-    """The config's dims, with the graph's fixed size where the config says -1."""
-    conflict = MetadataConflict(
+def _check_count(
+    model: str,
+    graph: dict[str, TensorSpec],
+    declared: tuple[TensorConfig, ...],
+    defaults: dict[str, TensorSpec],
+    filled: frozenset[str],
+) -> None:
+    """Triton's ONNX Runtime backend counts a configuration's inputs (and the ones its
+    sequence batcher fills) against the graph's required inputs before it looks at any
+    (``ValidateInputs``): a count that differs is refused in its words, then ours. An
+    optional input the graph gives a default for is not a required input: not counted."""
+    counted = [e for e in declared if e.name in graph or not (e.optional and e.name in defaults)]
+    expected = len(counted) + len(filled & graph.keys())
+    if expected == len(graph):
+        return
+    unknown = [e.name for e in counted if e.name not in graph and not e.optional]
+    missing = sorted(set(graph) - {e.name for e in declared} - filled)
+    ours = [
+        f"config.pbtxt declares input '{e.name}' optional, but the ONNX graph has no input "
+        "with a default value (an initializer) of that name"
+        for e in counted
+        if e.name not in graph and e.optional
+    ]
+    if unknown:
+        ours.append(f"config.pbtxt declares inputs {unknown} the ONNX graph does not have")
+    if missing:
+        ours.append(f"config.pbtxt leaves out graph inputs {missing}")
+    raise MetadataConflict(
+        f"unable to load model '{model}', configuration expects {expected} inputs, model "
+        f"provides {len(graph)}; {', and '.join(ours)} (the graph's: {sorted(graph)})"
+    )
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as Triton's ``ShapeToString`` writes it: ``[-1,16]``."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _dims_conflict(
+    kind: str, name: str, dims: tuple[int, ...], graph: tuple[int, ...], whose: tuple[str, bool]
+) -> MetadataConflict:
+    """Triton's words for a shape its backend refuses (``CompareDimsSupported``), then ours;
+    ``whose``: the model's name and whether it batches (``dims`` has the batch dim then)."""
+    model, batched = whose
+    if batched:
+        specified = (
+            f"{len(dims)} dimensions (an initial batch dimension because max_batch_size > 0 "
+            f"followed by the explicit tensor shape, making complete shape {_shape_text(dims)})"
+        )
+    else:
+        specified = f"{len(dims)} dimensions (shape {_shape_text(dims)})"
+    return MetadataConflict(
+        f"model '{model}', tensor '{name}': the model expects {len(graph)} dimensions (shape "
+        f"{_shape_text(graph)}) but the model configuration specifies {specified}; "
         f"config.pbtxt gives {kind} '{name}' shape {list(dims)} but the ONNX graph has "
         f"{list(graph)}"
     )
+
+
+def _merge_dims(
+    kind: str,
+    name: str,
+    dims: tuple[int, ...],
+    graph: tuple[int, ...],
+    whose: tuple[str, bool] = ("", False),
+) -> tuple[int, ...]:
+    """The config's dims, with the graph's fixed size where the config says -1."""
+    conflict = _dims_conflict(kind, name, dims, graph, whose)
     if graph and len(graph) != len(dims):
         raise conflict
     merged = []
@@ -146,7 +213,7 @@ def _merge_dims(
 
 
 def merge_metadata(
-    config: ModelConfig | None, loaded: Loaded
+    config: ModelConfig | None, loaded: Loaded, model: str = ""
 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """Tensor metadata from the graph, refined by config.pbtxt; MetadataConflict if they clash.
 
@@ -194,6 +261,7 @@ def merge_metadata(
             {m.name: _spec(m) for m in loaded.optional_inputs},
             (sequence.input_names if sequence is not None else frozenset()) | made,
             flat_in,
+            model,
         ),
         _refine(
             "output",
@@ -202,5 +270,6 @@ def merge_metadata(
             batched,
             filled=sequence.output_names if sequence is not None else frozenset(),
             flat=flat_out,
+            model=model,
         ),
     )

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.utils import InferenceServerException
 
-from tests.support.autofill_models import write_autofill_repository
+from tests.support.autofill_models import TRITON_REFUSED, write_autofill_repository
 from tests.support.cli import run_cli
 from tests.support.http import get, post
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
@@ -158,7 +158,7 @@ def test_an_unbatched_scalar_input_is_dims_1(completing: ServerProcess) -> None:
 
 def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) -> None:
     reasons = _reasons(completing)
-    assert set(reasons) == {"batch_dim_given", "bad_max_batch_size"}
+    assert set(reasons) == {"batch_dim_given", "bad_max_batch_size", *TRITON_REFUSED}
     assert reasons["bad_max_batch_size"] == (
         "autofill failed for model 'bad_max_batch_size': model does not support "
         "batching while non-zero max_batch_size is specified"
@@ -167,6 +167,22 @@ def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) ->
     assert "config.pbtxt gives input 'INPUT0' shape [-1, -1, 16] but the ONNX graph has" in reason
     assert "auto-complete set max_batch_size to 4" in reason
     assert "list every input and output in config.pbtxt" in reason
+
+
+@pytest.mark.parametrize("case", sorted(TRITON_REFUSED))
+def test_tritons_qa_refusals_lead_with_tritons_words(completing: ServerProcess, case: str) -> None:
+    """Triton's ``autofill_noplatform/onnx`` cases: its words first (what its QA looks
+    for), ours after; REST's index and load, gRPC's load alike."""
+    words = TRITON_REFUSED[case][1]
+    reason = _reasons(completing)[case]
+    assert reason.startswith(words + "; config.pbtxt "), reason
+    status, body = post(completing, f"/v2/repository/models/{case}/load")
+    assert status == 400 and words in json.loads(body)["error"]
+    client = grpcclient.InferenceServerClient(f"localhost:{completing.grpc_port}")
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model(case)
+    assert words in str(info.value.message())
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
 def test_a_load_with_a_partial_config_is_completed(completing: ServerProcess) -> None:
@@ -218,8 +234,8 @@ def test_without_auto_complete_each_config_is_taken_as_given(
             "config.pbtxt gives input 'INPUT0' shape [16] but the ONNX graph has"
             in (reasons["partial"])
         )
-        # (batch_dim_given serves, its dims as given; bad_max_batch_size is refused still)
-        assert set(reasons) == {"partial", "bad_max_batch_size"}
+        # (batch_dim_given serves, its dims as given; the others are refused still)
+        assert set(reasons) == {"partial", "bad_max_batch_size", *TRITON_REFUSED}
     finally:
         assert proc.stop() == 0, proc.log
     deprecated = "Warning: '--strict-model-config' has been deprecated!"

@@ -27,6 +27,53 @@ BATCH_DIM_GIVEN = PARTIAL.replace("dims: [ 16 ]", "dims: [ -1, 16 ]")
 BAD_MAX_BATCH_SIZE = "max_batch_size: 1\n" + PARTIAL
 
 
+def _io(kind: str, tensors: dict[str, list[int]]) -> str:
+    return "".join(
+        f'{kind} {{ name: "{name}" data_type: TYPE_INT32 dims: {dims} }}\n'
+        for name, dims in tensors.items()
+    )
+
+
+_ALL_IN = {"INPUT0": [16], "INPUT1": [16]}
+_ALL_OUT = {"OUTPUT0": [16], "OUTPUT1": [16]}
+
+#: Triton's QA configs ``qa/L0_model_config/autofill_noplatform/onnx/<case>`` over the simple
+#: graph (INT32 [-1, 16] in and out: their outputs are INT32 here, TYPE_INT8 in Triton's
+#: graph), each with the substring of Triton's refusal its ``expected`` file holds.
+TRITON_REFUSED: dict[str, tuple[str, str]] = {
+    "bad_input_dims": (
+        _io("input", {"INPUT0": [16, 1], "INPUT1": [16]}) + _io("output", _ALL_OUT),
+        "model 'bad_input_dims', tensor 'INPUT0': the model expects 2 dimensions (shape "
+        "[-1,16]) but the model configuration specifies 3 dimensions (an initial batch "
+        "dimension because max_batch_size > 0 followed by the explicit tensor shape, making "
+        "complete shape [-1,16,1])",
+    ),
+    "bad_output_dims": (
+        _io("input", _ALL_IN) + _io("output", {"OUTPUT0": [16], "OUTPUT1": [1]}),
+        "model 'bad_output_dims', tensor 'OUTPUT1': the model expects 2 dimensions (shape "
+        "[-1,16]) but the model configuration specifies 2 dimensions (an initial batch "
+        "dimension because max_batch_size > 0 followed by the explicit tensor shape, making "
+        "complete shape [-1,1])",
+    ),
+    "too_few_inputs": (
+        _io("input", {"INPUT1": [16]}) + _io("output", _ALL_OUT),
+        "unable to load model 'too_few_inputs', configuration expects 1 inputs, model provides 2",
+    ),
+    "too_many_inputs": (
+        _io("input", {**_ALL_IN, "INPUT_EXTRA": [16]}) + _io("output", _ALL_OUT),
+        "unable to load model 'too_many_inputs', configuration expects 3 inputs, model provides 2",
+    ),
+    "unknown_input": (
+        _io("input", {"INPUT0": [16], "INPUT_UNKNOWN": [16]}) + _io("output", _ALL_OUT),
+        "unexpected inference input 'INPUT_UNKNOWN', allowed inputs are: INPUT0, INPUT1",
+    ),
+    "unknown_output": (
+        _io("input", _ALL_IN) + _io("output", {"OUTPUT_UNKNOWN": [16]}),
+        "unexpected inference output 'OUTPUT_UNKNOWN', allowed outputs are: OUTPUT0, OUTPUT1",
+    ),
+}
+
+
 def _fixed_graph(path: Path) -> None:
     """INPUT0 + INPUT1 -> OUTPUT0, all INT32 [16]: no variable first dim, no batching."""
     tensors = [
@@ -70,7 +117,7 @@ def write_autofill_repository(root: Path) -> None:
     configuration, with ``PARTIAL``, with ``BATCH_DIM_GIVEN``; ``no_batch`` and
     ``bad_max_batch_size``: the fixed graph without one, with ``BAD_MAX_BATCH_SIZE``;
     ``vector``: versioned's version 1 (FP32 [-1] -> [-1], + 1) without one; ``scalar``: FP32
-    scalars (Y = X + 1) without one."""
+    scalars (Y = X + 1) without one; the ``TRITON_REFUSED`` cases, ``max_batch_size: 1``."""
     _model(root, "no_config", "simple")
     _model(root, "partial", "simple", PARTIAL)
     _model(root, "batch_dim_given", "simple", BATCH_DIM_GIVEN)
@@ -79,3 +126,5 @@ def write_autofill_repository(root: Path) -> None:
     _fixed_graph(root / "bad_max_batch_size" / "1" / "model.onnx")
     (root / "bad_max_batch_size" / "config.pbtxt").write_text(BAD_MAX_BATCH_SIZE)
     _scalar_graph(root / "scalar" / "1" / "model.onnx")
+    for name, (config, _) in TRITON_REFUSED.items():
+        _model(root, name, "simple", "max_batch_size: 1\n" + config)

@@ -142,7 +142,10 @@ def test_a_partial_config_with_the_batch_dim_in_its_dims_is_refused_with_the_way
     missing = parse_model_config('input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }')
     with pytest.raises(MetadataConflict) as info:
         completed_metadata(missing, BATCHABLE, "m", ON)
-    assert str(info.value) == "config.pbtxt leaves out graph inputs ['INPUT1']"
+    assert str(info.value) == (
+        "unable to load model 'm', configuration expects 1 inputs, model provides 2; "
+        "config.pbtxt leaves out graph inputs ['INPUT1'] (the graph's: ['INPUT0', 'INPUT1'])"
+    )
     partial = parse_model_config(
         'input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }\n'
         'input { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }\n'
