@@ -72,8 +72,9 @@ def model_config_document(model: ModelVersion) -> dict[str, object]:
     """REST's answer: the message printed as Triton prints it, every field without
     presence at its default too (a sequence's START control, enum 0, had no ``kind``
     here, and inputs no ``format`` or ``optional``: found by comparing with Triton's QA
-    configs)."""
-    return message_json(model_config_message(model), defaults=True)
+    configs), and Triton's 64-bit fields numbers but the few it leaves as strings
+    (``json_form.TRITON_STRING_INT64``: they were numbers)."""
+    return message_json(model_config_message(model), defaults=True, triton_strings=True)
 
 
 def model_config_message(model: ModelVersion) -> mc.ModelConfig:

@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import ALL_OPTIONAL_DEFAULTS, write_all_optional_repository
+from tests.support.sequence_models import ACCUMULATE, write_accumulate
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
 SCALE = np.array([[1, 0], [0, 2]], dtype=np.float32)
@@ -166,6 +167,48 @@ def test_policies_warnings_and_refusals(tmp_path: Path) -> None:
         "and is ignored" in proc.log
     )
     assert "model 'stateful' is UNAVAILABLE: config.pbtxt:" in proc.log
+
+
+#: ``accumulate`` with an initial state, and the fields this server ignores with a warning
+#: that Triton's answer prints 64-bit integers of.
+STRINGS_AND_NUMBERS = ACCUMULATE.replace(
+    "dims: [ 1 ] }} ]\n}}",
+    'dims: [ 1 ]\n    initial_state {{ name: "zero" data_type: TYPE_INT32 dims: [ 1 ] '
+    "zero_data: true }} }} ]\n}}",
+) + (
+    'optimization {{ cuda {{ graph_spec {{ batch_size: 2 input {{ key: "INPUT" value '
+    "{{ dim: [ 1 ] }} }} }} }} }}\n"
+    'model_warmup {{ name: "w" batch_size: 1 inputs {{ key: "INPUT" value {{ '
+    "data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }} }} }}\n"
+)
+
+
+def test_64_bit_fields_are_numbers_or_strings_as_in_triton(tmp_path: Path) -> None:
+    """Core's ModelConfigToJson makes numbers of the 64-bit fields it knows and leaves the
+    others strings (proto3 JSON): an initial state's dims (its fix-up looks for them in the
+    wrong object), a CUDA graph's input dims; all were numbers here."""
+    write_accumulate(tmp_path / "acc" / "1" / "model.onnx")
+    config = STRINGS_AND_NUMBERS.format(
+        name="acc", max_batch=8, idle_us=5000, strategy="direct { }", count=1
+    )
+    (tmp_path / "acc" / "config.pbtxt").write_text(config)
+    proc = ServerProcess(tmp_path).wait_ready()
+    try:
+        with httpclient.InferenceServerClient(proc.host_port) as client:
+            shown = client.get_model_config("acc")
+        with grpcclient.InferenceServerClient(f"localhost:{proc.grpc_port}") as grpc_client:
+            message = grpc_client.get_model_config("acc").config
+    finally:
+        assert proc.stop() == 0
+    sequence = shown["sequence_batching"]
+    assert shown["input"][0]["dims"] == [1] and sequence["state"][0]["dims"] == [1]
+    assert sequence["max_sequence_idle_microseconds"] == 5000
+    assert sequence["direct"]["max_queue_delay_microseconds"] == 0
+    assert shown["model_warmup"][0]["inputs"]["INPUT"]["dims"] == [1]
+    assert sequence["state"][0]["initial_state"][0]["dims"] == ["1"]
+    graph = shown["optimization"]["cuda"]["graph_spec"][0]
+    assert graph["input"]["INPUT"]["dim"] == ["1"] and graph["batch_size"] == 2
+    assert list(message.sequence_batching.state[0].initial_state[0].dims) == [1]
 
 
 def test_grpc_config_of_unknown_model(grpc_client: grpcclient.InferenceServerClient) -> None:
