@@ -38,7 +38,8 @@ def _placed_groups(model: ModelVersion) -> list[dict[str, object]]:
     """The instance groups of a model without ``instance_group``, as placed: one worker
     process is one instance, on the GPUs by count (a group for each count) and on the
     CPU. Loading them back as its config places it the same (it read KIND_CPU with every
-    worker counted, GPUs included, and such a reload moved the model; found by fuzzing)."""
+    worker counted, GPUs included, and such a reload moved the model; found by fuzzing).
+    The first is named ``<model>``, as Triton names its (it was ``<model>_0``)."""
     per_gpu = Counter(
         int(w.device.partition(":")[2]) for w in model.workers if w.device.startswith("cuda:")
     )
@@ -51,7 +52,11 @@ def _placed_groups(model: ModelVersion) -> list[dict[str, object]]:
     on_cpu = sum(1 for w in model.workers if w.device == "cpu")
     if on_cpu or not groups:
         groups.append({"count": on_cpu or 1, "kind": "KIND_CPU"})
-    return groups
+    # Triton's one group for a config without any is named after the model (core's
+    # NormalizeInstanceGroup); a second one here (GPUs of another count) is <model>_<i>.
+    return [
+        {"name": model.name if i == 0 else f"{model.name}_{i}", **g} for i, g in enumerate(groups)
+    ]
 
 
 def _instance_groups(

@@ -17,7 +17,11 @@ from oipserve.models.config.parse import InstanceGroup
 from oipserve.models.metadata import MetadataConflict
 from oipserve.pool.link import WorkerLink
 
-__all__ = ["place_groups", "resolved_group"]
+__all__ = ["DEFAULT_CPU_COUNT", "place_groups", "resolved_group"]
+
+#: A KIND_CPU group's ``count`` when its config gives none: Triton's for its ONNX Runtime
+#: backend (core's ``SetDefaultInstanceCount``); a group elsewhere gets 1.
+DEFAULT_CPU_COUNT = 2
 
 Worker = TypeVar("Worker", bound=WorkerLink)
 
@@ -37,8 +41,9 @@ def place_groups(
     another (found by comparing with Triton's batcher).
     """
     gpu_devices = sorted({w.device for w in workers if w.device.startswith("cuda:")})
+    on_cpu = sum(1 for w in workers if w.device == "cpu")
     chosen: list[Worker] = []
-    resolved = tuple(resolved_group(group, gpu_devices) for group in groups)
+    resolved = tuple(resolved_group(group, gpu_devices, on_cpu) for group in groups)
     for group in resolved:
         devices = [f"cuda:{g}" for g in group.gpus]
         if not devices:
@@ -68,14 +73,23 @@ def place_groups(
     return chosen, resolved
 
 
-def resolved_group(group: InstanceGroup, gpu_devices: list[str]) -> InstanceGroup:
-    """``group`` as it runs on a server with ``gpu_devices``, as Triton normalises it:
-    ``KIND_AUTO`` is ``KIND_GPU`` when the server runs GPUs, else ``KIND_CPU`` (which cannot
-    name GPUs: refused, as Triton refuses it); a GPU group without ``gpus`` is on every
-    GPU. ``KIND_MODEL`` is left as it is (``place_groups`` places it as KIND_AUTO, and
-    Triton shows it as given). MetadataConflict for a GPU group on a server without GPUs.
+def resolved_group(
+    group: InstanceGroup, gpu_devices: list[str], cpu_workers: int = DEFAULT_CPU_COUNT
+) -> InstanceGroup:
+    """``group`` as it runs on a server with ``gpu_devices`` and ``cpu_workers`` CPU worker
+    processes, as Triton normalises it: ``KIND_AUTO`` is ``KIND_GPU`` when the server runs
+    GPUs, else ``KIND_CPU`` (which cannot name GPUs: refused, as Triton refuses it); a GPU
+    group without ``gpus`` is on every GPU. ``KIND_MODEL`` is left as it is
+    (``place_groups`` places it as KIND_AUTO, and Triton shows it as given). A group
+    without ``count`` gets Triton's: 2 on the CPU (as many as run there when fewer: a
+    second session in one worker runs nothing at the same time, and nobody asked for it, so
+    no warning), else 1. MetadataConflict for a GPU group on a server without GPUs.
     """
     kind = group.kind
+    if not group.count:
+        cpu = kind == "KIND_CPU" or (kind == "KIND_AUTO" and not gpu_devices)
+        count = min(DEFAULT_CPU_COUNT, max(1, cpu_workers)) if cpu else 1
+        group = msgspec.structs.replace(group, count=count)
     if kind == "KIND_MODEL":
         return group
     on_gpus = kind == "KIND_GPU" or (kind == "KIND_AUTO" and bool(gpu_devices))

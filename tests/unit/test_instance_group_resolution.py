@@ -61,3 +61,32 @@ def test_a_count_past_the_devices_workers_is_capped_and_said(
     caplog.clear()
     place_groups([InstanceGroup(kind="KIND_CPU", count=1)], workers, "m")  # type: ignore[type-var]
     assert "instance_group asks" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("group", "gpus", "cpu_workers", "count"),
+    [
+        (InstanceGroup(kind="KIND_CPU", count=0), GPUS, 4, 2),
+        (InstanceGroup(kind="KIND_CPU", count=0), GPUS, 1, 1),  # no second worker for it
+        (InstanceGroup(kind="KIND_AUTO", count=0), [], 2, 2),  # KIND_CPU here
+        (InstanceGroup(kind="KIND_AUTO", count=0), GPUS, 2, 1),  # KIND_GPU here
+        (InstanceGroup(kind="KIND_GPU", count=0), GPUS, 2, 1),
+        (InstanceGroup(kind="KIND_MODEL", count=0), [], 2, 1),
+        (InstanceGroup(kind="KIND_CPU", count=3), [], 1, 3),  # given: as asked
+    ],
+)
+def test_a_group_without_count_gets_tritons_default(
+    group: InstanceGroup, gpus: list[str], cpu_workers: int, count: int
+) -> None:
+    """Triton's SetDefaultInstanceCount: 2 for a KIND_CPU group of its ONNX Runtime backend,
+    1 else; here no more on the CPU than the worker processes there (it was 1 always)."""
+    assert resolved_group(group, gpus, cpu_workers).count == count
+
+
+def test_a_default_count_past_the_cpu_workers_is_not_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    workers = [_Worker("cpu")]
+    chosen, resolved = place_groups([InstanceGroup(kind="KIND_CPU", count=0)], workers, "m")  # type: ignore[type-var]
+    assert chosen == workers and resolved[0].count == 1
+    assert "instance_group asks" not in caplog.text

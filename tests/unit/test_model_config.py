@@ -107,9 +107,9 @@ def test_instance_groups() -> None:
     )
     assert config.instance_groups == (
         InstanceGroup(count=2, kind="KIND_GPU", gpus=(0, 1)),
-        InstanceGroup(count=1, kind="KIND_CPU"),
+        InstanceGroup(count=0, kind="KIND_CPU"),  # not given: Triton's default when placed
         InstanceGroup(count=3, kind="KIND_MODEL"),
-        InstanceGroup(count=1, kind="KIND_AUTO", gpus=(3, 5)),
+        InstanceGroup(count=0, kind="KIND_AUTO", gpus=(3, 5)),
     )
 
 

@@ -128,7 +128,11 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
             H,
             "sessions per device, up to its worker processes (`--instances-per-device`); past "
             "them a warning at the load says how many run (Triton makes `count`; the cap "
-            "went unsaid until 2026-11-30)",
+            "went unsaid until 2026-11-30). None given (or 0): Triton's default (core's "
+            "`SetDefaultInstanceCount`), 2 for a group that runs on the CPU (`KIND_CPU`, or "
+            "`KIND_AUTO` on a server without GPUs), 1 for any other; on the CPU no more than "
+            "its worker processes, without a warning (until 2026-11-30 it was 1: a repository "
+            "moved from Triton ran half its CPU instances)",
         ),
         "rate_limiter": FieldRule(W, "oipserve has no rate limiter"),
         "gpus": FieldRule(H, "the GPUs that get instances"),

@@ -107,6 +107,7 @@ class TensorConfig(msgspec.Struct, frozen=True):
 class InstanceGroup(msgspec.Struct, frozen=True):
     """One ``instance_group`` entry."""
 
+    #: 0: not given, Triton's default then (``instance_groups.resolved_group``).
     count: int = 1
     kind: str = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
@@ -286,7 +287,7 @@ def _instance_group(group: Any, path: str) -> InstanceGroup:
         raise ModelConfigError(f"{path}.gpus: {min(gpus)} is not a GPU index")
     if gpus and kind in ("KIND_CPU", "KIND_MODEL"):
         raise ModelConfigError(f"{path}.gpus cannot be given with {kind}")
-    return InstanceGroup(count=group.count or 1, kind=kind, gpus=gpus)
+    return InstanceGroup(count=group.count, kind=kind, gpus=gpus)
 
 
 def _version_policy(config: Any) -> VersionPolicy:
