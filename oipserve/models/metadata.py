@@ -74,7 +74,7 @@ def _refine(
         return tuple(t for t in graph if t.name not in filled)
     by_name = {t.name: t for t in graph}
     if kind == "input":
-        _check_count(model, by_name, declared, defaults or {}, filled)
+        _check_count(model, by_name, declared, filled)
     batch = (-1,) if batched else ()
     refined = []
     for entry in declared:
@@ -88,16 +88,17 @@ def _refine(
             #   value) apart from the required ones; a request may feed or omit it.
             actual, optional = default, True
         elif actual is None:
-            if entry.optional:
-                raise MetadataConflict(
-                    f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph "
-                    "has no input with a default value (an initializer) of that name"
-                )
             allowed = ", ".join(sorted({*by_name, *(defaults or {})}))
+            ours = (
+                f"config.pbtxt declares input '{entry.name}' optional, but the ONNX graph has "
+                "no input with a default value (an initializer) of that name"
+                if entry.optional
+                else f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
+                f"{sorted(by_name)}"
+            )
             raise MetadataConflict(
                 f"unexpected inference {kind} '{entry.name}', allowed {kind}s are: {allowed}; "
-                f"config.pbtxt declares {kind} '{entry.name}' but the ONNX graph has "
-                f"{sorted(by_name)}"
+                + ours
             )
         elif entry.optional:
             raise MetadataConflict(
@@ -134,24 +135,21 @@ def _check_count(
     model: str,
     graph: dict[str, TensorSpec],
     declared: tuple[TensorConfig, ...],
-    defaults: dict[str, TensorSpec],
     filled: frozenset[str],
 ) -> None:
-    """Triton's ONNX Runtime backend counts a configuration's inputs (and the ones its
-    sequence batcher fills) against the graph's required inputs before it looks at any
-    (``ValidateInputs``): a count that differs is refused in its words, then ours. An
-    optional input the graph gives a default for is not a required input: not counted."""
-    counted = [e for e in declared if e.name in graph or not (e.optional and e.name in defaults)]
-    expected = len(counted) + len(filled & graph.keys())
+    """Triton's ONNX Runtime backend counts a configuration's inputs that are not optional
+    (and the ones its batchers fill) against the graph's required inputs before it looks
+    at any (``ValidateInputs``): a count that differs is refused in its words, then ours."""
+    expected = sum(not e.optional for e in declared) + len(filled & graph.keys())
     if expected == len(graph):
         return
-    unknown = [e.name for e in counted if e.name not in graph and not e.optional]
+    unknown = [e.name for e in declared if e.name not in graph and not e.optional]
     missing = sorted(set(graph) - {e.name for e in declared} - filled)
     ours = [
-        f"config.pbtxt declares input '{e.name}' optional, but the ONNX graph has no input "
-        "with a default value (an initializer) of that name"
-        for e in counted
-        if e.name not in graph and e.optional
+        f"config.pbtxt declares input '{e.name}' optional, but the ONNX graph requires it: "
+        "only a graph input with an initializer (a default value) can be left out"
+        for e in declared
+        if e.name in graph and e.optional
     ]
     if unknown:
         ours.append(f"config.pbtxt declares inputs {unknown} the ONNX graph does not have")
@@ -159,7 +157,8 @@ def _check_count(
         ours.append(f"config.pbtxt leaves out graph inputs {missing}")
     raise MetadataConflict(
         f"unable to load model '{model}', configuration expects {expected} inputs, model "
-        f"provides {len(graph)}; {', and '.join(ours)} (the graph's: {sorted(graph)})"
+        f"provides {len(graph)}; {', and '.join(ours) or 'the graph has others'} (the "
+        f"graph's: {sorted(graph)})"
     )
 
 
