@@ -209,6 +209,7 @@ class EnsembleRun:
         # NOTE: the request's sequence (read when a step is a sequence model) goes to every
         #   step, as Triton passes the correlation id; other models' strategies ignore it.
         request.sequence = self.inference.sequence
+        request.parked = self.inference.parked  # (a sequence step waiting for a slot)
         dispatch: StepDispatch | None = None
         strategy = runner.strategy_of(composing)
         if strategy == runner.unbatched:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from oipserve.request.sequence_params import SequenceTag
 
 __all__ = [
+    "BACKLOG_BYTES",
     "BACKLOG_MAX",
     "BACKLOG_TIMEOUT",
     "LOST_MAX",
@@ -49,9 +50,13 @@ __all__ = [
 
 #: The message of a request still waiting for a slot at its timeout (Triton's).
 BACKLOG_TIMEOUT = "timeout of the corresponding sequence has been expired"
-#: Started sequences that may wait for a slot at once, per model version: past it a START
-#: is refused (503) rather than kept without bound.
+#: Requests that may wait in the backlog at once, per model version (STARTs waiting for a
+#: slot and the later requests of their sequences), and their inputs' bytes (at least one
+#: request, however large): past either a request that would wait there is refused (503)
+#: rather than kept without bound. A stream does not count them against what it may hold
+#: unanswered (``Inference.parked``): this is their bound.
 BACKLOG_MAX = 10_000
+BACKLOG_BYTES = 256 << 20
 #: Sequences remembered as lost with their worker, so that their next request is told
 #: why (503) rather than "must specify the START flag"; the oldest are forgotten past it.
 LOST_MAX = 4096
@@ -65,7 +70,7 @@ class SequenceStep(Step):
 
     __slots__ = (
         "placements", "outputs", "owned", "tag", "start_ns", "stats", "future", "expiry",
-        "ordered", "slot_deadline",
+        "ordered", "slot_deadline", "nbytes", "on_parked", "parked",
     )  # fmt: skip
 
     def __init__(
@@ -91,6 +96,12 @@ class SequenceStep(Step):
         #: In the answers' arrival order (oldest ``preserve_ordering``): from when its
         #: sequence holds a place, as Triton orders what its batcher holds.
         self.ordered = False
+        #: Its inputs' bytes, counted in the backlog's bound while it waits there.
+        self.nbytes = sum(nbytes for _, _, nbytes, _ in placements)
+        #: Told while it waits in the backlog (``Inference.parked``: a stream's request).
+        self.on_parked = inference.parked
+        #: Waiting in the backlog: its sequence has no place yet (``SequenceSlots._park``).
+        self.parked = False
 
     def release_inputs(self) -> None:
         owned, self.owned = self.owned, []
@@ -119,6 +130,9 @@ class SequenceSlots:
         self.sequences: dict[int | str, Seq] = {}
         #: Started sequences waiting for a place on a lane, in order.
         self.backlog: deque[Seq] = deque()
+        #: Requests waiting in the backlog (of the sequences there), and their inputs' bytes.
+        self.parked = 0
+        self.parked_bytes = 0
         self.lanes: dict[int, SeqLane] = {}
         #: Ids of sequences whose worker stopped, until they START again.
         self.lost: dict[int | str, str] = {}
@@ -256,6 +270,8 @@ class SequenceSlots:
             sequence = self.backlog.popleft()
             lane.take(sequence, lane.free_slot())
             self._now_ordered(sequence.queue)
+            for step in sequence.queue:
+                self._unpark(step)
 
     def _retry_backlog_later(self) -> None:
         if self._backlog_retry is None and not self._closed:
@@ -276,25 +292,55 @@ class SequenceSlots:
                 step.ordered = True
                 order.append(step)
 
-    def _start(self, sequence_id: int | str) -> Seq:
-        self._handles += 1
-        sequence: Seq = Sequence(self._handles, sequence_id)
-        self.sequences[sequence_id] = sequence
+    def _start(self, sequence_id: int | str, nbytes: int) -> Seq:
+        """A new sequence for a START of ``nbytes``: on a free place, else in the backlog
+        (503 when the backlog is full)."""
         if self.backlog:  # those waiting are placed first (a place may have come since)
             self._assign_backlog()
         lane = None if self.backlog else self._free_lane()
         if lane is None:
-            if len(self.backlog) >= BACKLOG_MAX:
-                del self.sequences[sequence_id]
-                raise Unavailable(
-                    f"model '{self.model.name}': {BACKLOG_MAX} sequences already wait for a "
-                    "slot; retry",
-                    retry_after=1,
-                )
+            self._check_backlog_room(nbytes)
+        self._handles += 1
+        sequence: Seq = Sequence(self._handles, sequence_id)
+        self.sequences[sequence_id] = sequence
+        if lane is None:
             self.backlog.append(sequence)
         else:
             lane.take(sequence, lane.free_slot())
         return sequence
+
+    def _check_backlog_room(self, nbytes: int) -> None:
+        """Unavailable (503) when a request of ``nbytes`` would pass the backlog's bound."""
+        if self.parked < BACKLOG_MAX and (
+            self.parked_bytes + nbytes <= BACKLOG_BYTES or not self.parked
+        ):
+            return
+        raise Unavailable(
+            f"model '{self.model.name}': {self.parked} requests ({self.parked_bytes} bytes) "
+            f"already wait for a sequence slot (at most {BACKLOG_MAX}, {BACKLOG_BYTES} "
+            "bytes); retry",
+            retry_after=1,
+        )
+
+    def _park(self, step: SequenceStep) -> None:
+        """``step`` waits in the backlog: counted in its bound, its stream told."""
+        if step.parked:
+            return
+        step.parked = True
+        self.parked += 1
+        self.parked_bytes += step.nbytes
+        if step.on_parked is not None:
+            step.on_parked(True, step.nbytes)
+
+    def _unpark(self, step: SequenceStep) -> None:
+        """``step`` no longer waits in the backlog (placed, or answered)."""
+        if not step.parked:
+            return
+        step.parked = False
+        self.parked -= 1
+        self.parked_bytes -= step.nbytes
+        if step.on_parked is not None:
+            step.on_parked(False, step.nbytes)
 
     def _pump_all(self) -> None:
         """Start each lane's batch that is due (``sequence_batches.SequenceBatches``)."""
@@ -310,6 +356,7 @@ class SequenceSlots:
         ran: bool = False,
     ) -> None:
         """The step's answer (or failure), counted once, in arrival order if asked."""
+        self._unpark(step)
         if not step.taken:
             try:
                 sequence.queue.remove(step)

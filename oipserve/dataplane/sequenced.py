@@ -134,16 +134,16 @@ class Sequenced(SequenceBatches):
     ) -> InferResult:
         """A checked request (here, or by another front) queued on its sequence; its
         answer."""
+        future: asyncio.Future[InferResult] = self._loop.create_future()
         try:
             tag = self._tag(inference)
             self.model.check_serving()
-            sequence = self._sequence_of(tag)
+            step = SequenceStep(placements, inference, tag, start, stats, future)
+            sequence = self._sequence_of(tag, step.nbytes)
         except BaseException as exc:
             _release(inference.owned)
             stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
             raise
-        future: asyncio.Future[InferResult] = self._loop.create_future()
-        step = SequenceStep(placements, inference, tag, start, stats, future)
         step.slot_deadline = self._slot_deadline(inference, deadline)
         self._enqueue(sequence, step, deadline)
         if has_deferred(placements) or any(t.region is not None for t, _, _, _ in placements):
@@ -231,8 +231,9 @@ class Sequenced(SequenceBatches):
         self.intake.copy_regions(inference, placements, step.owned)
         return placements
 
-    def _sequence_of(self, tag: SequenceTag) -> Seq:
-        """The live sequence the request joins (a new one at START); 400 / 503 otherwise."""
+    def _sequence_of(self, tag: SequenceTag, nbytes: int) -> Seq:
+        """The live sequence the request (of ``nbytes``) joins (a new one at START); 400 /
+        503 otherwise (503 too when it would wait in a full backlog)."""
         sequence = self.sequences.get(tag.sequence_id)
         if sequence is not None and sequence.lane is not None and not self._alive(sequence.lane):
             self._lane_lost(sequence.lane)
@@ -247,9 +248,9 @@ class Sequenced(SequenceBatches):
                     tag.sequence_id,
                     self.model.name,
                 )
-                return sequence
-            return self._start(tag.sequence_id)
-        if sequence is None:
+            else:
+                return self._start(tag.sequence_id, nbytes)
+        elif sequence is None:
             lost = self.lost.get(tag.sequence_id)
             if lost is not None:
                 raise Unavailable(lost)
@@ -258,6 +259,8 @@ class Sequenced(SequenceBatches):
                 f"'{self.model.name}' must specify the START flag on the first request of "
                 "the sequence"
             )
+        if sequence.lane is None:  # it waits in the backlog
+            self._check_backlog_room(nbytes)
         return sequence
 
     def _enqueue(self, sequence: Seq, step: SequenceStep, deadline: float) -> None:
@@ -268,6 +271,8 @@ class Sequenced(SequenceBatches):
         step.stats.pending += 1
         if sequence.lane is not None:  # (in the backlog: ordered once placed)
             self._now_ordered((step,))
+        else:
+            self._park(step)
         if step.tag.end:  # a later request of this id starts a new sequence
             sequence.ending = True
             if self.sequences.get(sequence.sequence_id) is sequence:

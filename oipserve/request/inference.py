@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 #: Registers a callback to run when the client goes away (REST: the connection closed);
 #: what the callback returns is ignored (``Future.cancel``'s bool, for one).
 Watch = Callable[[Callable[[], object]], None]
+#: Told when a request starts waiting for a place that only another request frees (a
+#: sequence's slot: the sequence batcher's backlog), ``(True, nbytes)``, and when it stops,
+#: ``(False, nbytes)``, before it is answered; ``nbytes`` are its inputs' bytes. A
+#: ModelStreamInfer stream does not count such a request against what it may hold
+#: unanswered, so that it reads on to the request that frees the place.
+Parked = Callable[[bool, int], None]
 
 _EMPTY = memoryview(b"")
 
@@ -34,6 +40,7 @@ __all__ = [
     "InputTensor",
     "Located",
     "OutputTensor",
+    "Parked",
     "client_outputs",
     "region_parameters_of",
 ]
@@ -111,6 +118,7 @@ class Inference:
         "sequence",
         "deadline",
         "request_id",
+        "parked",
     )
 
     def __init__(
@@ -147,6 +155,8 @@ class Inference:
         #: The request's ``id`` ("" without one): Triton's refusals name it
         #: (``errors.request_tag``); an ensemble's steps carry their request's.
         self.request_id = request_id
+        #: Told while the request waits for a sequence slot (a stream's requests: ``Parked``).
+        self.parked: Parked | None = None
 
 
 class OutputTensor:

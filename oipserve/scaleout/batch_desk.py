@@ -23,7 +23,7 @@ from typing import Protocol
 
 from oipserve.errors import ServerError, Unavailable, kind_of
 from oipserve.models.registry import ModelVersion
-from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
+from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor, Parked
 from oipserve.request.placement import Placement
 from oipserve.request.sequence_params import SequenceTag
 from oipserve.scaleout.batch_wire import (
@@ -31,6 +31,7 @@ from oipserve.scaleout.batch_wire import (
     CrossingOutput,
     Enqueue,
     Refusal,
+    SlotWait,
     ToPrimary,
     to_primary_decoder,
 )
@@ -173,7 +174,17 @@ class BatchDesk:
             inference.sequence = SequenceTag(
                 message.sequence_id, message.sequence_start, message.sequence_end
             )
+            if message.parked:
+                inference.parked = self._parked(rid)
         return inference, placements
+
+    def _parked(self, rid: int) -> Parked:
+        """The request's ``parked``: told to the replica, whose stream counts it."""
+
+        def parked(waiting: bool, nbytes: int) -> None:
+            self._protocol.send(SlotWait(rid, waiting, nbytes))
+
+        return parked
 
     def _version(self, message: Enqueue) -> ModelVersion:
         """This front's version the replica checked the request against."""

@@ -26,7 +26,7 @@ from oipserve.errors import (
     cancelled_by_client,
     from_kind,
 )
-from oipserve.request.inference import Inference, InferResult, OutputTensor
+from oipserve.request.inference import Inference, InferResult, OutputTensor, Parked
 from oipserve.request.placement import Placement
 from oipserve.request.tensors import Deferred
 from oipserve.runtime.off_loop import nothing_to_release
@@ -35,6 +35,8 @@ from oipserve.scaleout.batch_wire import (
     CrossingInput,
     Enqueue,
     FromPrimary,
+    Refusal,
+    SlotWait,
     Withdraw,
     from_primary_decoder,
 )
@@ -58,7 +60,11 @@ class PrimaryBatches:
         )
         self._ids = itertools.count(1)
         #: Requests sent and not answered, by id.
-        self._waiting: dict[int, asyncio.Future[FromPrimary]] = {}
+        self._waiting: dict[int, asyncio.Future[Answered | Refusal]] = {}
+        #: Those whose ``Inference.parked`` is told (a stream's), and the bytes of those
+        #: the primary said wait for a sequence slot now (told they stopped when they end).
+        self._parks: dict[int, Parked] = {}
+        self._parked: dict[int, int] = {}
         self._open = False
 
     async def open(self, sock: socket.socket) -> None:
@@ -100,6 +106,7 @@ class PrimaryBatches:
                     sequence_id,
                     first,
                     last,
+                    inference.parked is not None,
                 )
             )
         except BaseException as exc:
@@ -108,10 +115,12 @@ class PrimaryBatches:
         finally:  # NOTE: the message holds a copy of the inputs' bytes
             for held in inference.owned:
                 held.release()
-        future: asyncio.Future[FromPrimary] = self._loop.create_future()
+        future: asyncio.Future[Answered | Refusal] = self._loop.create_future()
         self._waiting[rid] = future
         if inference.watch is not None:
             inference.watch(future.cancel)
+        if inference.parked is not None:
+            self._parks[rid] = inference.parked
         try:
             reply = await future
         except BaseException:
@@ -120,15 +129,44 @@ class PrimaryBatches:
             if cancelled_by_client(future):
                 raise Withdrawn() from None
             raise
+        finally:
+            if inference.parked is not None:
+                self._ended(rid)
         if not isinstance(reply, Answered):
             raise from_kind(reply.kind, reply.message)
         outputs = [OutputTensor(o.name, o.datatype, o.shape, o.data) for o in reply.outputs]
         return InferResult(model, outputs, nothing_to_release)
 
     def _received(self, message: FromPrimary) -> None:
+        if isinstance(message, SlotWait):
+            self._slot_wait(message)
+            return
         future = self._waiting.pop(message.id, None)
         if future is not None and not future.done():
             future.set_result(message)
+
+    def _slot_wait(self, message: SlotWait) -> None:
+        """The primary's word that a request started or stopped waiting for a slot."""
+        rid = message.id
+        parked = self._parks.get(rid)
+        if parked is None:  # (answered, or gone, meanwhile)
+            return
+        if message.waiting:
+            if rid not in self._parked:
+                self._parked[rid] = message.nbytes
+                parked(True, message.nbytes)
+            return
+        nbytes = self._parked.pop(rid, None)
+        if nbytes is not None:
+            parked(False, nbytes)
+
+    def _ended(self, rid: int) -> None:
+        """Request ``rid`` ended: if it still waited for a slot, its stream is told it no
+        longer does (its answer may come without the primary's word: its socket closed)."""
+        parked = self._parks.pop(rid, None)
+        nbytes = self._parked.pop(rid, None)
+        if parked is not None and nbytes is not None:
+            parked(False, nbytes)
 
     def _closed(self) -> None:
         self._open = False

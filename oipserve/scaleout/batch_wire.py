@@ -6,7 +6,8 @@ every client's connection, as in Triton's one process. Each other front (a repli
 checks a request of a batching model as it checks any, then sends it to the primary on a
 socket of its own (a pair made when the replica starts; framed as the control socket is)
 as an ``Enqueue``; the primary answers each with ``Answered`` or ``Refusal`` carrying its
-``id``. A replica whose client went away sends ``Withdraw``.
+``id``. A replica whose client went away sends ``Withdraw``. A request of a stream
+(``Enqueue.parked``) is also told, ``SlotWait``, while it waits for a sequence slot.
 
 The tensors cross as bytes in the messages, both ways: a replica's segments and the
 worker's output segments stay private to the process that owns them, so nothing here
@@ -28,6 +29,7 @@ __all__ = [
     "Enqueue",
     "FromPrimary",
     "Refusal",
+    "SlotWait",
     "ToPrimary",
     "Withdraw",
 ]
@@ -70,6 +72,8 @@ class Enqueue(msgspec.Struct, frozen=True, tag=True, array_like=True):
     sequence_id: int | str | None = None
     sequence_start: bool = False
     sequence_end: bool = False
+    #: The replica wants ``SlotWait`` for it (``Inference.parked``: a stream's request).
+    parked: bool = False
 
 
 class Withdraw(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -98,8 +102,18 @@ class Refusal(msgspec.Struct, frozen=True, tag=True, array_like=True):
     message: str
 
 
+class SlotWait(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Request ``id`` started (``waiting``) or stopped waiting in the primary's backlog for
+    a sequence slot, its inputs ``nbytes`` (``Inference.parked``; the stop comes before its
+    answer)."""
+
+    id: int
+    waiting: bool
+    nbytes: int
+
+
 ToPrimary = Enqueue | Withdraw
-FromPrimary = Answered | Refusal
+FromPrimary = Answered | Refusal | SlotWait
 
 
 def to_primary_decoder() -> msgspec.msgpack.Decoder[ToPrimary]:

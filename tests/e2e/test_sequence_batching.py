@@ -8,7 +8,8 @@ READY * (INPUT + START), ``simple_dyna_sequence`` READY * (INPUT + START + END *
 ``accumulate_*`` the running sum of a sequence's inputs, kept as implicit state by the
 worker; ``one_slot`` is an accumulator with a single slot, for the backlog
 (``unloaded_one_slot`` its twin, for an unload); ``accumulate_ensemble`` an ensemble over
-``accumulate_direct``.
+``accumulate_direct``; ``wide_input`` a single slot whose input is as wide as a request
+makes it (the sum of its elements), ``full_backlog`` its twin, for the backlog's bound.
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from oipserve.dataplane.sequence_slots import BACKLOG_MAX
 from tests.support.memory import proc_status
 from tests.support.raw_http import json_infer, read_response
-from tests.support.sequence_models import WIDE_STATE_ELEMENTS, write_repository, write_wide_state
+from tests.support.sequence_models import (
+    WIDE_STATE_ELEMENTS,
+    write_repository,
+    write_wide_input,
+    write_wide_state,
+)
 from tests.support.server import (
     SAMPLE_REPOSITORY,
     ServerProcess,
+    front_pid,
+    grpc_client_on_front,
     pending,
     socket_to_front,
     steadily,
@@ -52,6 +61,8 @@ IDLE_S = 0.4
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("sequences")
     write_repository(root, idle_us=int(IDLE_S * 1e6))
+    write_wide_input(root)
+    write_wide_input(root, "full_backlog")
     # (a model of any shape, for large requests on a stream among a sequence's)
     shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32", root / "identity_fp32")
     # explicit: a test unloads a model (every one is loaded at start, as without it)
@@ -617,6 +628,116 @@ def test_a_stream_reads_on_past_a_window_of_requests_behind_a_waiting_start(
     np.testing.assert_array_equal(echoed, big)
 
 
+#: A plan of stream requests: (sequence id, its input, START, END).
+Plan = list[tuple[int, np.ndarray, bool, bool]]
+
+
+def _more_sequences_than_slots(first_id: int, count: int) -> Plan:
+    """``count`` STARTs on ``one_slot`` (one slot), then a step of each, then each END."""
+    ids = range(first_id, first_id + count)
+    return [
+        *((i, np.array([[1]], np.int32), True, False) for i in ids),
+        *((i, np.array([[2]], np.int32), False, False) for i in ids),
+        *((i, np.array([[3]], np.int32), False, True) for i in ids),
+    ]
+
+
+def _stream_plan(
+    client: grpcclient.InferenceServerClient, model: str, plan: Plan
+) -> list[tuple[object, object]]:
+    """``plan`` sent on one stream, without waiting; its answers (result, error), in order,
+    each within 20 s (else the stream is cancelled: a stream that stalled is not waited for
+    when it closes)."""
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    got: list[tuple[object, object]] = []
+    try:
+        for n, (sequence_id, values, start, end) in enumerate(plan):
+            tensor = grpcclient.InferInput("INPUT", list(values.shape), "INT32")
+            tensor.set_data_from_numpy(values)
+            client.async_stream_infer(
+                model, [tensor], request_id=str(n), sequence_id=sequence_id,
+                sequence_start=start, sequence_end=end,
+            )  # fmt: skip
+        got = [answers.get(timeout=20) for _ in plan]
+    finally:
+        client.stop_stream(cancel_requests=len(got) < len(plan))
+    return got
+
+
+def _outputs(got: list[tuple[object, object]]) -> list[int]:
+    assert [error for _, error in got] == [None] * len(got)
+    return [int(result.as_numpy("OUTPUT")[0][0]) for result, _ in got]  # type: ignore[attr-defined]
+
+
+def test_a_stream_reads_on_while_more_of_its_sequences_wait_than_there_are_slots(
+    server: ServerProcess,
+) -> None:
+    """One stream starts 100 sequences on ``one_slot`` (one slot), then sends a step of
+    each, then each END: every request is answered, each sequence's sums right. The
+    requests waiting for the slot counted as the stream's requests running: at 64 the
+    stream was read no more, and the END that would free the slot never came, until the
+    sequence holding it expired (found by fuzzing)."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        got = _stream_plan(client, "one_slot", _more_sequences_than_slots(7700, 100))
+    assert _outputs(got) == [1] * 100 + [3] * 100 + [6] * 100
+
+
+def test_a_stream_reads_on_past_a_window_of_requests_waiting_for_a_slot(
+    server: ServerProcess,
+) -> None:
+    """As above with 40 STARTs of 256 KiB each on ``wide_input`` (one slot) behind a first
+    sequence that holds it: 10 MiB waiting for the slot, past what a stream may hold
+    unanswered (4 MiB) and its window (4 MiB more), then the first sequence's END. Their
+    bytes counted until they were answered: the stream's window was not given back, and
+    the END never came."""
+    wide = np.ones((1, 65_536), np.int32)
+    one = np.array([[1]], np.int32)
+    plan: Plan = [(7800, one, True, False)]
+    plan += [(7801 + i, wide, True, False) for i in range(40)]
+    plan += [(7800, one, False, True)]
+    plan += [(7801 + i, one, False, True) for i in range(40)]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        got = _stream_plan(client, "wide_input", plan)
+    assert _outputs(got) == [1, *[65_536] * 40, 1, *[1] * 40]
+
+
+def test_the_backlog_bounds_what_a_stream_leaves_waiting_for_a_slot(
+    server: ServerProcess,
+) -> None:
+    """A stream's requests waiting for a slot no longer count against what the stream may
+    hold: the backlog's bound does (10,000 requests a version). Past it a request that
+    would wait there is refused at once, 503 / UNAVAILABLE; once the stream is cancelled,
+    the backlog is empty and its bound counts nothing again: a START waits in it, and runs
+    once the slot is free."""
+    model, one = "full_backlog", np.array([[1]], np.int32)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        holder = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        holder.set_data_from_numpy(one)
+        client.infer(model, [holder], sequence_id=7600, sequence_start=True)  # holds the slot
+        client.start_stream(callback=lambda result, error: None)
+        try:
+            # (a thousand at a time: 4,096 messages the front has not read yet reset a stream)
+            for first in range(0, BACKLOG_MAX, 1000):
+                for n in range(first, first + 1000):
+                    client.async_stream_infer(
+                        model, [holder], sequence_id=80_000 + n, sequence_start=True
+                    )
+                assert wait_for(lambda: pending(server, model) == first + 1000, timeout=60)  # noqa: B023
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer(model, [holder], sequence_id=7601, sequence_start=True)
+            assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
+            assert "already wait for a sequence slot" in str(refused.value)
+        finally:
+            client.stop_stream(cancel_requests=True)
+        assert wait_for(lambda: pending(server, model) == 0, timeout=60)
+        with ThreadPoolExecutor(1) as waiter:
+            waiting = waiter.submit(_grpc_once, server, model, 1, 7602)
+            assert wait_for(lambda: pending(server, model) == 1)  # in the backlog, not refused
+            client.infer(model, [holder], sequence_id=7600, sequence_end=True)
+            assert waiting.result(timeout=60) == 1
+
+
 def test_a_steps_timeout_bounds_only_its_wait_for_a_slot(server: ServerProcess) -> None:
     """A step with a ``timeout`` queued behind its sequence's running step waits on, as in
     Triton (the request timeout applies to the backlog): it failed at its timeout, and the
@@ -687,5 +808,23 @@ def test_a_sequence_whose_end_never_ran_leaves_no_state_in_its_worker(
             grown = proc_status(worker, "RssAnon") - before
         held = 24 * WIDE_STATE_ELEMENTS * 4
         assert grown < held / 3, f"the worker grew {grown >> 20} MiB"
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def test_a_stream_through_the_other_front_reads_on_while_its_sequences_wait(
+    tmp_path: Path,
+) -> None:
+    """Two fronts: the other front's stream sends its sequences' requests to the primary's
+    sequence batcher, which tells it which wait for the slot (``batch_wire.SlotWait``), so
+    that it reads on as the primary's own streams do. It counted them as running: at 64 the
+    stream was read no more, and the END that would free the slot never came."""
+    write_repository(tmp_path, idle_us=60_000_000)
+    proc = ServerProcess(tmp_path, env={"OIPSERVE_HTTP_WORKERS": "2"}).wait_ready()
+    try:
+        client = grpc_client_on_front(proc, front_pid(proc, "extra front"))
+        with client:
+            got = _stream_plan(client, "one_slot", _more_sequences_than_slots(7900, 100))
+        assert _outputs(got) == [1] * 100 + [3] * 100 + [6] * 100
     finally:
         assert proc.stop() == 0, proc.log

@@ -101,8 +101,10 @@ class FakeService:
         }
         return CallTable(settings, methods, self._answer(STREAM_RPC), self.closing, pool=pool)
 
-    def _answer(self, method: str) -> Callable[[bytes | memoryview], Awaitable[bytes]]:
-        async def answer(request: bytes | memoryview) -> bytes:
+    def _answer(self, method: str) -> Callable[..., Awaitable[bytes]]:
+        """A unary RPC's answer, or a stream's request's (with its ``parked``, not used)."""
+
+        async def answer(request: bytes | memoryview, _parked: object = None) -> bytes:
             lease = getattr(request, "lease", None)
             self.running += 1
             try:

@@ -268,3 +268,43 @@ def write_wide_state(root: Path, name: str = "wide_state") -> None:
     onnx.save(model, path)
     config = WIDE_STATE.format(name=name, elements=WIDE_STATE_ELEMENTS)
     (root / name / "config.pbtxt").write_text(config)
+
+
+WIDE_INPUT = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 1
+sequence_batching {{
+  max_sequence_idle_microseconds: 600000000
+  direct {{ }}
+  control_input [
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+def write_wide_input(root: Path, name: str = "wide_input") -> None:
+    """A sequence model of one slot whose INPUT is as wide as a request makes it:
+    OUTPUT = READY * the sum of INPUT (requests of any size waiting for its slot)."""
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [
+        helper.make_node("ReduceSum", ["INPUT", "axes"], ["sum"], keepdims=1),
+        helper.make_node("Mul", ["READY", "sum"], ["OUTPUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("INPUT", INT32, ["batch", "width"]), _io("READY")],
+        [_io("OUTPUT")],
+        initializer=[axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = root / name / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    (root / name / "config.pbtxt").write_text(WIDE_INPUT.format(name=name))

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_REPOSITORY = ROOT / "model-repository"
@@ -259,6 +260,33 @@ def socket_to_front(
             return sock
         sock.close()
     raise RuntimeError(f"no connection landed on front {pid} in {tries} tries")
+
+
+def grpc_client_on_front(proc: ServerProcess, pid: int, tries: int = 64) -> Any:
+    """A tritonclient gRPC client (``tritonclient.grpc.InferenceServerClient``) whose
+    connection the front ``pid`` holds (``--http-workers``): clients are made, each with
+    a connection of its own, until one's lands on ``pid``, the others closed."""
+    import tritonclient.grpc as grpcclient
+
+    fronts = [proc.process.pid, *proc.http_front_pids()]
+    port = proc.grpc_port
+    for _ in range(tries):
+        before = {ours for ours, theirs in tcp_links(os.getpid()) if theirs == port}
+        client = grpcclient.InferenceServerClient(
+            proc.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        client.is_server_live()
+        mine = {ours for ours, theirs in tcp_links(os.getpid()) if theirs == port} - before
+        holder: list[int] = []
+
+        def held(mine: set[int] = mine, holder: list[int] = holder) -> bool:
+            holder[:] = [f for f in fronts if any((port, m) in tcp_links(f) for m in mine)]
+            return bool(holder)
+
+        if len(mine) == 1 and wait_for(held, timeout=10) and holder == [pid]:
+            return client
+        client.close()
+    raise RuntimeError(f"no gRPC connection landed on front {pid} in {tries} tries")
 
 
 def wait_for(predicate: object, timeout: float = 30, interval: float = 0.05) -> bool:

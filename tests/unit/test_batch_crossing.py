@@ -280,3 +280,46 @@ async def test_a_sequence_request_crosses_with_its_sequence(ends: _Ends) -> None
     assert ends.plane.requests[1][0].sequence is None
     ends.plane.answers.put_nowait(_doubled)
     await asyncio.wait_for(call, 5)
+
+
+async def test_a_streams_request_is_told_while_it_waits_for_a_slot_in_the_primary(
+    ends: _Ends,
+) -> None:
+    """The primary's sequence batcher tells when a request starts and stops waiting for a
+    slot (``Inference.parked``): the replica's stream hears it (``SlotWait``), so that it
+    reads on. A request that ends while the primary said it waits (the primary gone) is
+    told it stopped, so that its stream's count comes back."""
+    told: list[tuple[bool, int]] = []
+
+    def parked(waiting: bool, nbytes: int) -> None:
+        told.append((waiting, nbytes))
+
+    inference, placements, _ = _request()
+    inference.sequence = SequenceTag(7, True, False)
+    inference.parked = parked
+    call = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 1)
+    crossed = ends.plane.requests[0][0]
+    assert crossed.parked is not None
+    crossed.parked(True, 25)
+    crossed.parked(False, 25)
+    ends.plane.answers.put_nowait(_doubled)
+    await asyncio.wait_for(call, 5)
+    assert told == [(True, 25), (False, 25)]
+
+    told.clear()
+    inference, placements, _ = _request()
+    inference.sequence = SequenceTag(8, True, False)
+    inference.parked = parked
+    call = await _send(ends, inference, placements, _Stats())
+    await _reached(ends, 2)
+    second = ends.plane.requests[1][0].parked
+    assert second is not None
+    second(True, 25)
+    async with asyncio.timeout(5):
+        while not told:
+            await asyncio.sleep(0.001)
+    ends.desk.close()  # the primary goes: the request fails, its wait is over
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(call, 5)
+    assert told == [(True, 25), (False, 25)]

@@ -202,7 +202,7 @@ async def test_a_stream_reply_not_read_gives_its_memory_back() -> None:
     segment is viewed): reset past the timeout, and the memory released."""
     replies: list[mmap.mmap] = []
 
-    async def reply(_request: object) -> memoryview:
+    async def reply(_request: object, _parked: object = None) -> memoryview:
         replies.append(mmap.mmap(-1, 1 << 20))
         return memoryview(replies[-1])
 

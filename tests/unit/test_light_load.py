@@ -101,7 +101,7 @@ async def test_a_sequence_batch_says_light_as_a_request_alone_does() -> None:
 
     def send(dispatch: Dispatch, link: WorkerLink) -> Awaitable[object]:
         batches = Sequenced(Intake(inputs, dispatch, 5.0, loop), dispatch, model, SequencePolicy())
-        inference = SimpleNamespace(output_names=[], owned=[])
+        inference = SimpleNamespace(output_names=[], owned=[], parked=None)
         tag = SimpleNamespace(start=True, end=False)
         step = SequenceStep([placement], inference, tag, 0, None, loop.create_future())  # type: ignore[arg-type]
         return batches._execute(link, [Sequence(1, "s1")], [step])

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from oipserve.errors import InvalidInput
 from oipserve.front.grpc.handler_context import Context
+from oipserve.front.grpc.stream_window import StreamWindow
 from oipserve.front.grpc.streaming import ordered_responses
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.runtime.stream_budget import StreamBudget
@@ -81,6 +82,33 @@ async def test_answers_waiting_for_an_earlier_one_do_not_stop_the_reading() -> N
     await stream.aclose()
 
 
+async def test_requests_waiting_for_a_slot_do_not_stop_the_reading() -> None:
+    """100 STARTs wait for the one slot (told ``parked``, as the sequence batcher tells),
+    the END that frees it comes after them: read, and every request answered. The STARTs
+    counted as running: the reading stopped at 64, and the END was never read."""
+    window = StreamWindow(StreamBudget())
+    freed = asyncio.Event()
+
+    async def infer(request: str) -> bytes:
+        if request.startswith("start"):
+            window.parked(True)
+            await freed.wait()
+            window.parked(False)
+        elif request == "end":
+            freed.set()
+        return request.encode()
+
+    names = [*(f"start{i}" for i in range(100)), "end"]
+    stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()), window)  # type: ignore[arg-type]
+
+    async def answers() -> list[bytes]:
+        return [bytes((await anext(stream))[1]) for _ in names]
+
+    assert await asyncio.wait_for(answers(), 5) == [name.encode() for name in names]
+    assert window.running == 0
+    await stream.aclose()
+
+
 async def test_reading_waits_while_64_requests_run() -> None:
     """The bound on what a stream may hold: at most 64 of its requests run at once."""
     release = asyncio.Event()
@@ -112,7 +140,9 @@ async def test_a_connections_streams_share_one_budget() -> None:
 
     names = {key: [f"{key}{i}" for i in range(10)] for key in "ab"}
     streams = [
-        ordered_responses(_requests(names[key]), infer, asyncio.Event(), Context(()), budget)  # type: ignore[arg-type]
+        ordered_responses(
+            _requests(names[key]), infer, asyncio.Event(), Context(()), StreamWindow(budget)
+        )  # type: ignore[arg-type]
         for key in "ab"
     ]
 
@@ -141,7 +171,11 @@ async def test_a_stream_torn_down_gives_its_share_of_the_budget_back() -> None:
         return request.encode()
 
     stream = ordered_responses(
-        _requests([f"r{i}" for i in range(5)]), infer, asyncio.Event(), Context(()), budget
+        _requests([f"r{i}" for i in range(5)]),
+        infer,
+        asyncio.Event(),
+        Context(()),
+        StreamWindow(budget),
     )  # type: ignore[arg-type]
     assert bytes((await anext(stream))[1]) == b"r0"
     for _ in range(20):
@@ -161,7 +195,9 @@ async def test_answers_behind_a_waiting_request_leave_the_connection_room() -> N
 
     names = {"a": ["start", *(f"a{i}" for i in range(20))], "b": ["b0", "end"]}
     streams = {
-        key: ordered_responses(_requests(names[key]), infer, asyncio.Event(), Context(()), budget)  # type: ignore[arg-type]
+        key: ordered_responses(
+            _requests(names[key]), infer, asyncio.Event(), Context(()), StreamWindow(budget)
+        )  # type: ignore[arg-type]
         for key in "ab"
     }
 

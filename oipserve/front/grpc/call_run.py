@@ -24,7 +24,9 @@ from oipserve.front.grpc.handler_context import Context
 from oipserve.front.grpc.inflate import inflate
 from oipserve.front.grpc.rpcs import INFER_RPC, STREAM_RPC
 from oipserve.front.grpc.status import log_failure, status_of
+from oipserve.front.grpc.stream_window import StreamWindow
 from oipserve.front.grpc.streaming import StreamRequestFailed, ordered_responses
+from oipserve.request.inference import Parked
 from oipserve.runtime.off_loop import unmap_off_loop
 
 _OK = grpc.StatusCode.OK.value[0]
@@ -90,15 +92,18 @@ class CallRunner(CallSender):
             left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
         return forward(method or self._name, request, self._metadata, left)
 
-    async def _stream_request(self, message: bytes | memoryview) -> bytes | memoryview:
+    async def _stream_request(
+        self, message: bytes | memoryview, parked: Parked | None
+    ) -> bytes | memoryview:
         """One request of a stream, answered here, or as a ModelInfer by the primary when
-        its model is not this front's (``CallTable.elsewhere``); in-band either way."""
+        its model is not this front's (``CallTable.elsewhere``: no sequence model); in-band
+        either way."""
         if self._table.elsewhere(*model_named(message)):
             try:
                 return await self._forwarded(bytes(message), INFER_RPC)
             except Exception as exc:  # its in-band error names the request, as here
                 raise StreamRequestFailed(exc, request_id(message)) from exc
-        return await self._table.stream_infer(message)
+        return await self._table.stream_infer(message, parked)
 
     async def _run_stream(self) -> None:
         started = False
@@ -106,10 +111,10 @@ class CallRunner(CallSender):
             context = Context(self._metadata)
             table = self._table
             infer = table.stream_infer if table.answers is None else self._stream_request
-            answer = functools.partial(self._answer, infer)
-            budget = self._conn.stream_requests
+            window = StreamWindow(self._conn.stream_requests)
+            answer = functools.partial(self._answer, infer, self._parking(window))
             requests = self._requests()
-            responses = ordered_responses(requests, answer, table.closing, context, budget)
+            responses = ordered_responses(requests, answer, table.closing, context, window)
             async for parts in responses:
                 await self._send(parts, first=not started)
                 started = True
@@ -132,8 +137,27 @@ class CallRunner(CallSender):
             return
         self._end(_OK, "", started)
 
+    def _parking(self, window: StreamWindow) -> Parked:
+        """What the stream's requests tell while one waits for a sequence slot
+        (``Inference.parked``): it leaves what the stream holds unanswered, its count
+        (``window``) and its bytes (``_backlog``, its window given back), until it is
+        placed. Counted, 64 of them stopped the reading, and the request that would free
+        a slot (an END, later on the same stream) was never read (found by fuzzing)."""
+
+        def parked(waiting: bool, nbytes: int) -> None:
+            window.parked(waiting)
+            if waiting:
+                self._answered(nbytes)
+            else:
+                self._backlog += nbytes
+
+        return parked
+
     async def _answer(
-        self, infer: Callable[[Any], Awaitable[bytes | memoryview]], request: tuple[Any, int]
+        self,
+        infer: Callable[[Any, Parked | None], Awaitable[bytes | memoryview]],
+        parked: Parked,
+        request: tuple[Any, int],
     ) -> bytes | memoryview:
         """A stream's request answered (its answer then waits for the earlier ones').
 
@@ -146,7 +170,7 @@ class CallRunner(CallSender):
         """
         message, size = request
         try:
-            return await infer(message)
+            return await infer(message, parked)
         finally:
             unmap_off_loop(message)
             self._answered(size)

@@ -17,6 +17,7 @@ from oipserve.config.settings import Settings
 from oipserve.errors import Forbidden
 from oipserve.front.grpc.rpcs import HEALTH_CHECK, RPCS, SERVICE, STREAM_RPC, Method, rpc_path
 from oipserve.front.http.h2_asgi import RestOverH2
+from oipserve.request.inference import Parked
 from oipserve.wire.shm import BufferPool
 
 __all__ = ["Answers", "CallTable", "Forward"]
@@ -36,14 +37,15 @@ class CallTable:
     service is handed to it as bytes (``--http-workers``: the primary answers them), and
     so is inference of a model this front does not serve (``answers``: worker endpoints'
     models and echo endpoints live in the primary), unary or a stream's request.
-    ``stream_infer`` answers one ModelStreamInfer request message as it came.
+    ``stream_infer`` answers one ModelStreamInfer request message as it came (with what
+    it tells while it waits for a sequence slot: ``Inference.parked``).
     """
 
     def __init__(
         self,
         settings: Settings,
         methods: dict[str, Method],
-        stream_infer: Callable[[Any], Awaitable[bytes | memoryview]],
+        stream_infer: Callable[[Any, Parked | None], Awaitable[bytes | memoryview]],
         closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from oipserve.errors import InvalidInput
 from oipserve.front.grpc.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.request.inference import InferResult, region_parameters_of
+from oipserve.request.inference import InferResult, Parked, region_parameters_of
 from oipserve.runtime.off_loop import copy_into, in_thread
 from oipserve.wire.shm import Lease
 
@@ -43,7 +43,7 @@ class InferCall:
     lease.
     """
 
-    __slots__ = ("message", "raw", "spans", "lease", "deadline")
+    __slots__ = ("message", "raw", "spans", "lease", "deadline", "parked")
 
     def __init__(
         self,
@@ -57,6 +57,8 @@ class InferCall:
         self.lease: Lease | None = None
         #: The call's deadline (loop time; ``grpc-timeout``), if it has one.
         self.deadline: float | None = None
+        #: A stream's request: told while it waits for a sequence slot (``Inference.parked``).
+        self.parked: Parked | None = None
 
     def located(self) -> list[tuple[Lease, int, int]] | None:
         """Each raw entry as (lease, offset, size), when the message lies in a lease."""

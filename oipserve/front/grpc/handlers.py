@@ -26,6 +26,7 @@ from oipserve.front.grpc.service import InferenceService
 from oipserve.front.grpc.streaming import StreamRequestFailed
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.grpc_generated import health_pb2 as health
+from oipserve.request.inference import Parked
 
 _REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 _UNIMPLEMENTED = {
@@ -59,17 +60,19 @@ def unary_methods(service: InferenceService) -> dict[str, Method]:
 
 def stream_infer(
     service: InferenceService,
-) -> Callable[[bytes | memoryview], Awaitable[bytes | memoryview]]:
+) -> Callable[[bytes | memoryview, Parked | None], Awaitable[bytes | memoryview]]:
     """One request message of ModelStreamInfer, answered as a serialized ModelInferResponse:
     a large one gathered in a thread into memory of its own, as a unary reply is
     (``codec.wire_bytes``; the stream unmaps it once it is sent).
 
     The message is parsed here, in the request's own task: one that does not parse fails
-    that request alone, answered in-band as any failed request of a stream is.
+    that request alone, answered in-band as any failed request of a stream is. ``parked``
+    is told while it waits for a sequence slot (``Inference.parked``).
     """
 
-    async def infer(message: bytes | memoryview) -> bytes | memoryview:
+    async def infer(message: bytes | memoryview, parked: Parked | None) -> bytes | memoryview:
         call = parse_infer_request(message)
+        call.parked = parked
         try:
             return await wire_bytes(await service.ModelInfer(call), serialize_infer)
         except Exception as exc:

@@ -227,5 +227,6 @@ class InferenceService:
         )  # fmt: skip
         inference.sequence = sequence
         inference.deadline = call.deadline
+        inference.parked = call.parked
         result = await self.dataplane.infer(inference)
         return InferReply(result, message.id)

@@ -26,7 +26,9 @@ class StreamWindow:
     Answers waiting used to count as running (64 in all): a request that waits long (a
     sequence's START waiting for a slot) with 64 answered behind it stopped the reading,
     and the request that would free the slot (another sequence's END, later on the same
-    stream) was never read until that sequence expired (found by fuzzing).
+    stream) was never read until that sequence expired (found by fuzzing). Requests waiting
+    for a slot (``parked``) counted as running too: 64 of them (more sequences started on
+    the stream than the model has slots) stopped the reading just as well.
 
     What the stream holds is charged to its connection's budget (``_charge``): its running
     requests, and its answers waiting, as the client's while the stream sends (its window
@@ -52,6 +54,14 @@ class StreamWindow:
     def started(self, task: asyncio.Task[bytes | memoryview]) -> None:
         self.running += 1
         task.add_done_callback(self._finished)
+        self._update()
+
+    def parked(self, waiting: bool) -> None:
+        """A running request started (``waiting``) or stopped waiting for a place that only
+        another request frees (a sequence's slot, ``Inference.parked``): while it waits it
+        does not count as running, so that the stream reads on to the request that frees
+        the place (the sequence batcher's backlog bounds those waiting)."""
+        self.running += -1 if waiting else 1
         self._update()
 
     def _finished(self, task: asyncio.Task[bytes | memoryview]) -> None:

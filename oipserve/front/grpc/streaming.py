@@ -17,7 +17,6 @@ from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.stream_window import StreamWindow
 from oipserve.front.grpc.varint import varint_bytes
 from oipserve.grpc_generated import grpc_service_pb2 as pb
-from oipserve.runtime.stream_budget import StreamBudget
 
 Request = TypeVar("Request")
 
@@ -78,11 +77,10 @@ async def ordered_responses(
     infer: Callable[[Request], Awaitable[bytes | memoryview]],
     closing: asyncio.Event,
     context: Context,
-    budget: StreamBudget | None = None,
+    given: StreamWindow | None = None,
 ) -> AsyncIterator[Response]:
     """Requests run concurrently; responses come back in request order; how many is the
-    ``StreamWindow``'s to say, and ``budget``'s, what the stream's connection may hold
-    across its streams (None: no bound).
+    ``StreamWindow``'s to say: ``given`` (by default one without a connection's budget).
 
     A failed request is answered in-band (``error_message``) and the stream goes
     on, as Triton does; a client that sent the ``triton_grpc_error: true`` header
@@ -91,7 +89,7 @@ async def ordered_responses(
     """
     strict = strict_errors(context)
     pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue()
-    window = StreamWindow(budget)
+    window = given if given is not None else StreamWindow(None)
 
     async def read() -> None:
         try:
