@@ -22,10 +22,14 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from oipserve.front.grpc.h2.frames import Frame
 from tests.support.grpc_health import SERVING, health_check
+from tests.support.grpc_peer import grpc_message
+from tests.support.h2_raw import H2Client, grpc_headers
 from tests.support.metrics import scrape
 from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess, wait_for
+from tests.support.sockets import read_by_peer
 from tests.support.tensors import ROUND_TRIP, simple_inputs
 
 #: InferTensorContents field per datatype (the typed, non-raw encoding).
@@ -736,6 +740,42 @@ def test_a_stream_whose_request_runs_at_shutdown_gets_its_answer_then_unavailabl
         _, error = answers.get(timeout=60)
     assert proc.stop() == 0, proc.log
     _ended_unavailable_at_shutdown(error)
+
+
+def _framed_identity_request(request_id: str) -> bytes:
+    """A ModelInferRequest of identity_fp32 as a gRPC message (its 5-byte prefix first)."""
+    request = service_pb2.ModelInferRequest(model_name="identity_fp32", id=request_id)
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    tensor.contents.fp32_contents.extend([1.0, 2.0])
+    return grpc_message(request.SerializeToString())
+
+
+@pytest.mark.parametrize("client_ends", [False, True], ids=["stream-open", "client-ends"])
+def test_a_stream_message_still_uploading_at_shutdown_is_served(
+    tmp_path: Path, client_ends: bool
+) -> None:
+    """SIGTERM while a stream's second message is half in: the client sends the rest after
+    the first GOAWAY, and it is served, as a unary call's message still uploading is. Then
+    the stream ends UNAVAILABLE (its client did not end its side: what it sends later is
+    not served), or OK when that message ended the client's side. It was answered
+    UNAVAILABLE at once, the message not served (found by fuzzing)."""
+    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
+    first, second = _framed_identity_request("A"), _framed_identity_request("B")
+    with H2Client(proc.grpc_port, timeout=30) as h2:
+        h2.handshake()
+        path = "/inference.GRPCInferenceService/ModelStreamInfer"
+        h2.send(h2.headers_frame(1, h2.block(grpc_headers(h2.authority, path))))
+        h2.send(h2.data_frame(1, first + second[:10]))
+        h2.expect(Frame.DATA, 1)  # A's answer: the stream runs, B is half in
+        assert wait_for(lambda: read_by_peer(h2.sock), 10)
+        proc.process.send_signal(signal.SIGTERM)
+        h2.expect(Frame.GOAWAY)
+        h2.send(h2.data_frame(1, second[10:], end_stream=client_ends))
+        messages, trailers = h2.expect_messages(1)
+    assert proc.process.wait(60) == 0, proc.log
+    answers = [service_pb2.ModelStreamInferResponse.FromString(m) for m in messages]
+    assert [(a.error_message, a.infer_response.id) for a in answers] == [("", "B")]
+    assert trailers["grpc-status"] == ("0" if client_ends else "14"), trailers
 
 
 def test_clients_that_keep_calling_do_not_hold_the_shutdown(tmp_path: Path) -> None:

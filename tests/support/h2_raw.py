@@ -320,6 +320,38 @@ class H2Client:
             block = block[5:]
         return {str(name): str(value) for name, value in hpack.Decoder().decode(block)}
 
+    def expect_messages(self, stream: int) -> tuple[list[bytes], dict[str, str]]:
+        """The gRPC messages the server sends on ``stream`` until its trailers, and those
+        trailers, decoded (what passes on other streams is passed over)."""
+        body = bytearray()
+        while True:
+            got = self.expect_any(stream)
+            if got.kind == Frame.DATA:
+                body += got.payload
+            elif got.flags & END_STREAM:
+                break
+        messages = []
+        while body:
+            (length,) = struct.unpack_from(">I", body, 1)
+            messages.append(bytes(body[5 : 5 + length]))
+            del body[: 5 + length]
+        trailers = {str(k): str(v) for k, v in hpack.Decoder().decode(got.payload)}
+        return messages, trailers
+
+    def expect_any(self, stream: int) -> Received:
+        """The next DATA or HEADERS frame on ``stream``."""
+        seen = []
+        try:
+            for got in self.frames():
+                if got is None:
+                    raise Verdict("the connection closed")
+                seen.append(got)
+                if got.stream == stream and got.kind in (Frame.DATA, Frame.HEADERS):
+                    return got
+        except Verdict as exc:
+            raise Verdict(f"expected DATA or HEADERS on stream {stream}; {exc}: {seen}") from None
+        raise AssertionError("unreachable")
+
     def expect_ok(self, stream: int) -> None:
         """The call on ``stream`` was served: grpc-status 0."""
         answer = self.expect_answer(stream)

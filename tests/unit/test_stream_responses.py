@@ -27,7 +27,7 @@ async def _infer(request: str) -> bytes:
 
 
 def _stream(names: list[str]) -> AsyncIterator[list[bytes | memoryview]]:
-    return ordered_responses(_requests(names), _infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
+    return ordered_responses(_requests(names), _infer, Context(()))  # type: ignore[arg-type]
 
 
 def _one_slot() -> Callable[[str], Awaitable[bytes]]:
@@ -73,7 +73,7 @@ async def test_answers_waiting_for_an_earlier_one_do_not_stop_the_reading() -> N
     infer = _one_slot()
 
     names = ["start", *(f"step{i}" for i in range(100)), "end"]
-    stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
+    stream = ordered_responses(_requests(names), infer, Context(()))  # type: ignore[arg-type]
 
     async def answers() -> list[bytes]:
         return [bytes((await anext(stream))[1]) for _ in names]
@@ -99,7 +99,7 @@ async def test_requests_waiting_for_a_slot_do_not_stop_the_reading() -> None:
         return request.encode()
 
     names = [*(f"start{i}" for i in range(100)), "end"]
-    stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()), window)  # type: ignore[arg-type]
+    stream = ordered_responses(_requests(names), infer, Context(()), window)  # type: ignore[arg-type]
 
     async def answers() -> list[bytes]:
         return [bytes((await anext(stream))[1]) for _ in names]
@@ -116,7 +116,7 @@ async def test_reading_waits_while_64_requests_run() -> None:
     infer = _held(release, started)
 
     names = [f"r{i}" for i in range(100)]
-    stream = ordered_responses(_requests(names), infer, asyncio.Event(), Context(()))  # type: ignore[arg-type]
+    stream = ordered_responses(_requests(names), infer, Context(()))  # type: ignore[arg-type]
     first = asyncio.ensure_future(anext(stream))
     for _ in range(50):
         await asyncio.sleep(0)
@@ -140,9 +140,7 @@ async def test_a_connections_streams_share_one_budget() -> None:
 
     names = {key: [f"{key}{i}" for i in range(10)] for key in "ab"}
     streams = [
-        ordered_responses(
-            _requests(names[key]), infer, asyncio.Event(), Context(()), StreamWindow(budget)
-        )  # type: ignore[arg-type]
+        ordered_responses(_requests(names[key]), infer, Context(()), StreamWindow(budget))  # type: ignore[arg-type]
         for key in "ab"
     ]
 
@@ -173,7 +171,6 @@ async def test_a_stream_torn_down_gives_its_share_of_the_budget_back() -> None:
     stream = ordered_responses(
         _requests([f"r{i}" for i in range(5)]),
         infer,
-        asyncio.Event(),
         Context(()),
         StreamWindow(budget),
     )  # type: ignore[arg-type]
@@ -195,9 +192,7 @@ async def test_answers_behind_a_waiting_request_leave_the_connection_room() -> N
 
     names = {"a": ["start", *(f"a{i}" for i in range(20))], "b": ["b0", "end"]}
     streams = {
-        key: ordered_responses(
-            _requests(names[key]), infer, asyncio.Event(), Context(()), StreamWindow(budget)
-        )  # type: ignore[arg-type]
+        key: ordered_responses(_requests(names[key]), infer, Context(()), StreamWindow(budget))  # type: ignore[arg-type]
         for key in "ab"
     }
 

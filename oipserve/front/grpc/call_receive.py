@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from oipserve.front.grpc.call_run import CallRunner
+from oipserve.front.grpc.call_state import LAST_MESSAGE, RUNNING, SHUT, SHUT_ITEM
 from oipserve.front.grpc.h2.frames import MESSAGE_PREFIX, ErrorCode
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
@@ -143,6 +144,8 @@ class CallReceiver(CallRunner):
         if compressed and self._encoding == "identity":
             self._fail(_INTERNAL, "a compressed message without a grpc-encoding")
             return False
+        if self._streaming and self._stopping == RUNNING and self._table.closing.is_set():
+            self._shut()  # begun after the stop began (a stream opened since): not served
         self._compressed = compressed
         self._left = length
         self._filled = 0
@@ -231,6 +234,9 @@ class CallReceiver(CallRunner):
         lease, self._lease = self._lease, None
         mapped, self._mapped = self._mapped, False
         if self._streaming:
+            if self._stopping == SHUT:  # begun after the server's stop began: not served
+                unmap_off_loop(message)
+                return
             queue = self._queue or self._start_stream()
             if queue.qsize() >= MAX_QUEUED:
                 unmap_off_loop(message)
@@ -239,6 +245,8 @@ class CallReceiver(CallRunner):
                 return
             queue.put_nowait((self._compressed, message))
             self._backlog += memoryview(message).nbytes
+            if self._stopping == LAST_MESSAGE:
+                self._shut()
             return
         self._messages.append((self._compressed, message, lease, mapped))
         if len(self._messages) > 1:
@@ -264,11 +272,25 @@ class CallReceiver(CallRunner):
         return queue
 
     def shutting_down(self) -> None:
-        """The server stops: a stream whose handler never started (no message came) ends
-        now with OK, as a started one does once ``closing`` is set and it has answered
-        what it read (``streaming.ordered_responses``)."""
-        if self._streaming and self._task is None and not self._done:
+        """The server stops: a stream serves the messages it received, whole or in part
+        (one still uploading is served, as a unary call's is: its client sent it before
+        it heard of the stop), and ends once they are answered (UNAVAILABLE while its
+        client has not ended its side: what it sends later is not served). Until
+        2026-11-30 a message still uploading was not served (found by fuzzing). A stream
+        that received nothing ends now, with OK."""
+        if not self._streaming or self._done:
+            return
+        if bool(self._prefix) or self._left >= 0 or self._waiting is not None:
+            self._stopping = LAST_MESSAGE  # shut once it is in (``_message_done``)
+        elif self._task is None:
             self._end(_OK, "", False)
+        else:
+            self._shut()
+
+    def _shut(self) -> None:
+        """No later message of the stream is served: its handler ends after those queued."""
+        self._stopping = SHUT
+        (self._queue or self._start_stream()).put_nowait(SHUT_ITEM)
 
     def _run_when_whole(self) -> None:
         """Run a unary call whose client is done sending, once its message is whole."""

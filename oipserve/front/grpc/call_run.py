@@ -114,15 +114,14 @@ class CallRunner(CallSender):
             window = StreamWindow(self._conn.stream_requests)
             answer = functools.partial(self._answer, infer, self._parking(window))
             requests = self._requests()
-            responses = ordered_responses(requests, answer, table.closing, context, window)
+            responses = ordered_responses(requests, answer, context, window)
             async for parts in responses:
                 await self._send(parts, first=not started)
                 started = True
             if not requests.ended:
-                # NOTE: the server is stopping (``closing``) and the client has not ended
-                #   its side: what it sends next (a message still uploading too) is not
-                #   served. UNAVAILABLE says so; it was OK, and a request lost unseen
-                #   (found by fuzzing).
+                # NOTE: the server is stopping (``shutting_down``) and the client has not
+                #   ended its side: what it sends next is not served. UNAVAILABLE says so;
+                #   it was OK, and a request lost unseen (found by fuzzing).
                 self._end(_UNAVAILABLE, SHUTDOWN_STREAM, started)
                 return
         except asyncio.CancelledError:
@@ -180,14 +179,19 @@ class CallRunner(CallSender):
             raise RuntimeError(f"the request stream of {self._name} has no queue")
         return _RequestStream(self, self._queue)
 
-    async def _next_request(self, queue: asyncio.Queue[tuple[bool, Any] | None]) -> tuple[Any, int]:
-        """The stream's next request message (inflated) and its size as received;
+    async def _next_request(
+        self, queue: asyncio.Queue[tuple[bool, Any] | None]
+    ) -> tuple[Any, int] | None:
+        """The stream's next request message (inflated) and its size as received; None
+        once the server stops (no later message is served: ``shutting_down``);
         StopAsyncIteration once the client is done."""
         item = await queue.get()
         if item is None:
             raise StopAsyncIteration
         compressed, message = item
         item = None
+        if message is None:  # ``SHUT_ITEM``
+            return None
         size = memoryview(message).nbytes
         if self._unacked and not self._holding_back():
             self._acknowledge()
@@ -220,7 +224,14 @@ class _RequestStream:
         if self.ended:
             raise StopAsyncIteration
         try:
-            return await self._call._next_request(self._queue)
+            request = await self._call._next_request(self._queue)
         except StopAsyncIteration:
             self.ended = True
             raise
+        if request is None:  # the server stops: the client's end may have come meanwhile
+            try:
+                self.ended = self._queue.get_nowait() is None
+            except asyncio.QueueEmpty:
+                pass
+            raise StopAsyncIteration
+        return request

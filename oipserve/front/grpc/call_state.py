@@ -38,6 +38,11 @@ _QUEUED = 64
 #: queued and 64 more running held ~150 MiB a stream whose client did not read).
 _BACKLOG = STREAM_WINDOW
 
+#: A stream's states at the server's stop (``CallState._stopping``).
+RUNNING, LAST_MESSAGE, SHUT = 0, 1, 2
+#: What a stream's queue holds after the last message it serves at the server's stop.
+SHUT_ITEM: tuple[bool, Any] = (False, None)
+
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
@@ -50,7 +55,7 @@ class CallState:
                  "_done", "_sent_head", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
-                 "_backlog")  # fmt: skip
+                 "_backlog", "_stopping")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -96,6 +101,9 @@ class CallState:
         self._queue: asyncio.Queue[tuple[bool, Any] | None] | None = None
         #: A stream's bytes received whole and not yet answered: ``_holding_back``.
         self._backlog = 0
+        #: A stream at the server's stop: ``RUNNING``, ``LAST_MESSAGE`` (the message being
+        #: received is the last it serves) or ``SHUT`` (``call_receive.shutting_down``).
+        self._stopping = RUNNING
 
     # What the connection drives (``h2.connection_state.Stream``), defined by the layers
     #   above: declared here so that each layer may hand ``self`` to the connection. (Not
@@ -154,7 +162,7 @@ class CallState:
         queue = self._queue
         while queue is not None and not queue.empty():
             item = queue.get_nowait()
-            if item is not None:
+            if item is not None and item[1] is not None:
                 unmap_off_loop(item[1])
 
     def _end(self, code: int, message: str, started: bool) -> None:

@@ -1,10 +1,11 @@
 """The service's RPCs, and a running gRPC server's stop.
 
-``GrpcServer.stop`` tells the streams to end once they have answered what they read
-(``closing``) and stops the server (``front.grpc.listener.H2Server``): it stops
-accepting, sends every connection its two GOAWAYs, lets the calls already opened finish
-(a message still uploading included: its stream is open) and closes each connection as
-its last call ends. See docs/grpc.md, "Shutdown".
+``GrpcServer.stop`` sets ``closing`` (a stream's message begun later is not served) and
+stops the server (``front.grpc.listener.H2Server``): it stops accepting, sends every
+connection its two GOAWAYs, lets the calls already opened finish (a message still
+uploading included, a stream's too: each stream ends once it has answered the messages it
+received, ``call_receive.shutting_down``) and closes each connection as its last call
+ends. See docs/grpc.md, "Shutdown".
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Method(NamedTuple):
 class Calls(Protocol):
     """What a stop reads of the service answering the calls."""
 
-    #: Set at shutdown: streams end once they have nothing left to answer.
+    #: Set at shutdown: a stream's message begun later is not served.
     closing: asyncio.Event
 
 

@@ -3,8 +3,8 @@
 Each handler takes the parsed request (ModelInfer: an ``InferCall`` from
 ``codec``), converts it (``convert``), calls the data plane or ``Management``
 and builds the response; failures are raised as ``ServerError``s and become
-statuses in ``handlers`` / ``status``. Its ``closing`` tells streams at shutdown to end
-once they have answered what they read (``rpcs.GrpcServer.stop``).
+statuses in ``handlers`` / ``status``. Its ``closing``, set at shutdown, tells streams
+not to serve a message begun later (``rpcs.GrpcServer.stop``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class InferenceService:
         self.dataplane = dataplane
         #: The model repository extension; without it those RPCs answer UNIMPLEMENTED.
         self.management = management
-        #: Set at shutdown: streams end once they have nothing left to answer.
+        #: Set at shutdown: a stream's message begun later is not served.
         self.closing = asyncio.Event()
 
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:

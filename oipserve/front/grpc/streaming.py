@@ -75,7 +75,6 @@ def strict_errors(context: Context) -> bool:
 async def ordered_responses(
     requests: AsyncIterator[Request],
     infer: Callable[[Request], Awaitable[bytes | memoryview]],
-    closing: asyncio.Event,
     context: Context,
     given: StreamWindow | None = None,
 ) -> AsyncIterator[Response]:
@@ -84,8 +83,9 @@ async def ordered_responses(
 
     A failed request is answered in-band (``error_message``) and the stream goes
     on, as Triton does; a client that sent the ``triton_grpc_error: true`` header
-    instead gets the failure as the stream's status. Once ``closing`` is set
-    (shutdown) the stream ends when every request read so far is answered.
+    instead gets the failure as the stream's status. The stream ends once ``requests``
+    does (the client is done, or the server stops: ``call_receive.shutting_down``) and
+    every request read is answered.
     """
     strict = strict_errors(context)
     pending: asyncio.Queue[asyncio.Task[bytes | memoryview] | None] = asyncio.Queue()
@@ -113,19 +113,9 @@ async def ordered_responses(
             pending.put_nowait(None)
 
     reader = asyncio.ensure_future(read())
-    closed = asyncio.ensure_future(closing.wait())
-    getter: asyncio.Future[Any] | None = None
     try:
         while True:
-            if closing.is_set() and pending.empty():
-                break  # shutting down, and every request so far is answered
-            getter = asyncio.ensure_future(pending.get())
-            if not closing.is_set():
-                await asyncio.wait((getter, closed), return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    continue
-            task = await getter
+            task = await pending.get()
             if task is None:
                 await reader  # surfaces a broken request stream
                 break
@@ -151,9 +141,6 @@ async def ordered_responses(
         window.close()
         reader.cancel()
         reader.add_done_callback(_forget)
-        closed.cancel()
-        if getter is not None:
-            getter.cancel()  # if still waiting for the next request
         while not pending.empty():
             task = pending.get_nowait()
             if task is not None:
