@@ -13,14 +13,17 @@ then letters, digits and dashes only (no ``/``, no ``..``: never a file outside
 segments with ``Forget``; nobody tells a worker when a peer's output segment goes (its
 owner unlinks it when its pool trims, or when it dies), so those mappings are kept in a
 bounded first-in first-out set instead: at most ``MAX_PEER_MAPPINGS`` stay mapped (one
-still read by the running request stays valid: its views keep the mapping).
+still read by the running request stays valid: its views keep the mapping). A segment
+larger than its owner's pool keeps idle (``idle_cap``) is not kept at all: mapped for the
+request at hand, it goes with its last view, so that its owner's unlink frees it at once
+(``SegmentCache``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from oipserve.wire.shm import NAME_PREFIX, Segment, SegmentCache
+from oipserve.wire.shm import NAME_PREFIX, Segment, SegmentCache, idle_cap
 
 __all__ = ["MAX_PEER_MAPPINGS", "CheckedSegments", "server_prefix"]
 
@@ -39,8 +42,9 @@ def server_prefix(segment_prefix: str) -> str:
 class CheckedSegments(SegmentCache):
     """``SegmentCache`` that maps only this server's segments, peers' in a bounded set."""
 
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
+    def __init__(self, prefix: str, keep_up_to: int | None = None) -> None:
+        """``keep_up_to``: the largest segment kept mapped (the pools' ``idle_cap``)."""
+        super().__init__(idle_cap() if keep_up_to is None else keep_up_to)
         #: ``oipserve-<front pid>-``: every segment of this server starts so.
         self.prefix = prefix
         #: Workers' output segments start so (``oipserve-<front pid>-w<id>-...``).
@@ -59,6 +63,9 @@ class CheckedSegments(SegmentCache):
         if not name.startswith(self.prefix) or not rest or not set(rest) <= _NAME_CHARACTERS:
             raise ValueError(f"segment '{name}' is not one of this server's")
         segment = Segment.attach(name)
+        keep_up_to = self._keep_up_to
+        if keep_up_to is not None and segment.size > keep_up_to:  # never kept idle
+            return segment
         self._segments[name] = segment
         if name.startswith(self._peer_prefix):
             self._peers[name] = None

@@ -60,7 +60,7 @@ from oipserve.runtime.colocation import FrontAffinity
 from oipserve.telemetry.stats import StatsRegistry, refusal_reason
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef
-from oipserve.wire.shm import BufferPool, Lease, SegmentCache
+from oipserve.wire.shm import BufferPool, Lease, SegmentCache, idle_cap
 
 if TYPE_CHECKING:
     from oipserve.config.settings import Settings
@@ -106,7 +106,8 @@ class DataPlane:
         #: Told of each request's start and end: polls at low load (``--busy-poll-us``).
         self.busy_poll = BusyPoll(self._loop, busy_poll_window)
         self.inputs = BufferPool(pool.prefix + "in-", on_drop=self._forget_input)
-        self.outputs = SegmentCache()
+        # (a worker's output segment past its pool's idle cap is mapped per reply: below)
+        self.outputs = SegmentCache(keep_up_to=idle_cap())
         #: Per model version: what the statistics extension and /metrics report.
         self.stats = StatsRegistry(registry)
         dispatch = Dispatch(self.outputs, max_queue)

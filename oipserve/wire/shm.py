@@ -295,16 +295,28 @@ class BufferPool:
 # NOTE: compiled (mypyc), and extended by the workers' ``CheckedSegments``, which is not.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class SegmentCache:
-    """Segments of another process, attached once by name and kept mapped."""
+    """Segments of another process, attached once by name and kept mapped.
 
-    def __init__(self) -> None:
+    With ``keep_up_to`` (the owner's pool's idle cap, ``idle_cap``: the same on both sides
+    of one ``/dev/shm``), a larger segment is mapped for the use at hand only, not kept:
+    its owner never keeps it idle (it unlinks it once it comes back), and its pages are
+    freed only once no process maps it. Kept, the mapping held them until the owner's next
+    word (a worker's output until its next reply, which never came while every request
+    then failed for want of room: with a small ``/dev/shm`` every request after a large
+    one got a 503; found by fuzzing). The mapping goes with the last view of it.
+    """
+
+    def __init__(self, keep_up_to: int | None = None) -> None:
         self._segments: dict[str, Segment] = {}
+        self._keep_up_to = keep_up_to
 
     def get(self, name: str) -> Segment:
         segment = self._segments.get(name)
         if segment is None:
             segment = Segment.attach(name)
-            self._segments[name] = segment
+            keep_up_to = self._keep_up_to
+            if keep_up_to is None or segment.size <= keep_up_to:
+                self._segments[name] = segment
         return segment
 
     def forget(self, name: str) -> None:

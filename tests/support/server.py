@@ -35,10 +35,12 @@ class ServerProcess:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         argv: Sequence[str] | None = None,
+        wrap: Sequence[str] = (),
     ) -> None:
         """``argv``, when given, is the whole command line after ``oipserve`` (a manifest's
-        args, say); ``repository`` and ``args`` are then not used."""
-        self.command = [sys.executable, "-m", "oipserve"]
+        args, say); ``repository`` and ``args`` are then not used. ``wrap`` goes before
+        the command (``small_dev_shm``'s), which it must exec (the server keeps its pid)."""
+        self.command = [*wrap, sys.executable, "-m", "oipserve"]
         if argv is not None:
             self.command += argv
         else:
@@ -260,6 +262,20 @@ def socket_to_front(
             return sock
         sock.close()
     raise RuntimeError(f"no connection landed on front {pid} in {tries} tries")
+
+
+def small_dev_shm(mib: int) -> list[str] | None:
+    """A command prefix for ``ServerProcess(wrap=...)`` that runs the server in a mount
+    namespace of its own whose ``/dev/shm`` is a tmpfs of ``mib`` MiB (its workers too;
+    gone with them); None where this machine does not allow it (not root, no
+    ``unshare``)."""
+    wrap = ["unshare", "-m", "--propagation", "private", "sh", "-c"]
+    script = f'mount -t tmpfs -o size={mib}m tmpfs /dev/shm && exec "$@"'
+    try:
+        probe = subprocess.run([*wrap, script, "sh", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [*wrap, script, "sh"] if probe.returncode == 0 else None
 
 
 def grpc_client_on_front(proc: ServerProcess, pid: int, tries: int = 64) -> Any:

@@ -69,3 +69,15 @@ def test_peer_mappings_are_bounded(peer: BufferPool, monkeypatch: pytest.MonkeyP
     segments.get(leases[0].name)  # mapped again when needed
     assert segments.peer_count == 2
     segments.close()
+
+
+def test_a_segment_its_owner_never_keeps_idle_is_mapped_per_use(peer: BufferPool) -> None:
+    """A front's input (or a peer's output) larger than its pool keeps idle goes with its
+    last view: kept mapped, it held its pages after its owner unlinked it, and with a small
+    /dev/shm the next request found no room."""
+    small, large = peer.acquire(100), peer.acquire(2 << 20)
+    segments = CheckedSegments(PREFIX, keep_up_to=1 << 20)
+    assert segments.get(small.name) is segments.get(small.name)
+    assert segments.get(large.name) is not segments.get(large.name)
+    assert segments.peer_count == 1  # the small one alone
+    segments.close()

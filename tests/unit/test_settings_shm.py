@@ -172,6 +172,27 @@ def test_pool_reuses_and_cleans_up() -> None:
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
 
 
+def test_a_segment_its_owner_never_keeps_idle_is_not_kept_mapped() -> None:
+    """Past ``keep_up_to`` (the owner's idle cap) a segment is mapped for the use at hand:
+    once its owner unlinks it and the last view goes, no page of it is left. A smaller
+    one stays mapped for the next use."""
+    prefix = f"oipserve-{os.getpid()}-once-"
+    pool = BufferPool(prefix, max_idle_bytes=1 << 20)
+    peer = SegmentCache(keep_up_to=1 << 20)
+    try:
+        small, large = pool.acquire(10), pool.acquire(2 << 20)
+        assert peer.get(small.name) is peer.get(small.name)  # kept
+        view = peer.get(large.name).buf
+        assert peer.get(large.name) is not peer.get(large.name)  # mapped each time
+        large.release()  # past the pool's cap: unlinked
+        assert not os.path.exists(f"/dev/shm/{large.name}")
+        del view  # the last view: unmapped (nothing of the peer's holds it)
+        peer.forget(large.name)  # (the owner's word, when it comes: nothing to do)
+    finally:
+        peer.close()
+        pool.close()
+
+
 @pytest.mark.parametrize("in_thread", [False, True])
 def test_a_full_dev_shm_drops_the_idle_segments_and_tries_again(
     monkeypatch: pytest.MonkeyPatch, in_thread: bool
