@@ -248,7 +248,7 @@ class EnsembleRun:
         waited = 0
         if share is not None and not share.take(runner.dispatch.max_share):
             stats = runner.stats_of(chain.models[0])
-            waited = await waited_for_share(share, self.deadline, stats)
+            waited = await waited_for_share(share, self.deadline, stats, runner.dispatch.max_share)
         try:
             worker = self._chain_worker(chain)
         except BaseException:

@@ -128,7 +128,7 @@ class Unbatched:
             connection = WORKER_SHARE.get()
             if connection is not None:
                 if not connection.take(dispatch.max_share):
-                    waited = await waited_for_share(connection, deadline, stats)
+                    waited = await waited_for_share(connection, deadline, stats, dispatch.max_share)
                 share = connection
             worker = dispatch.pick(model)
         except BaseException as exc:
@@ -239,14 +239,17 @@ def sending(owned: list[Lease | RegionUse], lease: Lease | None, stats: ModelSta
     return monotonic_ns()
 
 
-async def waited_for_share(share: WorkerShare, deadline: float, stats: ModelStats) -> int:
-    """A place in its connection's share of the workers' queues, for a request sent alone
-    that has to wait for one (``runtime.worker_share``); when it began to wait
-    (``monotonic_ns``). Pending meanwhile, as a request queued in a batcher is."""
+async def waited_for_share(
+    share: WorkerShare, deadline: float, stats: ModelStats, limit: int
+) -> int:
+    """A place in its connection's share (``limit``) of the workers' queues, for a request
+    sent alone that has to wait for one (``runtime.worker_share``; 503 with ``limit``
+    waiting already); when it began to wait (``monotonic_ns``). Pending meanwhile, as a
+    request queued in a batcher is."""
     began = monotonic_ns()
     stats.pending += 1
     try:
-        await share.wait(deadline)
+        await share.wait(deadline, limit)
     finally:
         stats.pending -= 1
     return began

@@ -8,7 +8,15 @@ streams over h2c) counts the requests of its own that the workers have: sent, an
 answered by the worker (its reply or its death; a request failed at its deadline or
 cancelled in the front still counts while the worker has it). Past its share, half a
 worker's queue (``share_of``), its next request waits in the front, in the order they
-came, until one of its own comes back; other connections are not affected. Requests that
+came, until one of its own comes back; other connections are not affected. At most a
+share's count of requests waits so (``waiting_full``): past them, a request is refused
+503/UNAVAILABLE at once with Retry-After, as every request past the share was before
+there was a wait. A waiting request holds its input (placed in the input pool before it
+waits) and, for a unary gRPC call, the last part of its message against the connection's
+receive window: bounded so, a connection holds at most a worker queue's count of
+requests' inputs, half at the workers, half waiting, as one connection could have at a
+worker's queue before the share; unbounded, one connection's 1,024 calls and 1,024
+stream requests could wait, and their window froze the connection. Requests that
 wait in the front for another reason (a dynamic batch, a sequence's slot) are not counted:
 their batches are not one client's, and never wait here.
 
@@ -28,9 +36,9 @@ import asyncio
 from collections import deque
 from contextvars import ContextVar
 
-from oipserve.errors import DeadlineExceeded
+from oipserve.errors import DeadlineExceeded, Unavailable
 
-__all__ = ["WORKER_SHARE", "WorkerShare", "share_of"]
+__all__ = ["WORKER_SHARE", "WorkerShare", "share_of", "waiting_full"]
 
 #: Where the connection of the task that runs a request counts its requests at the
 #: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
@@ -42,6 +50,15 @@ WAITED_TOO_LONG = (
     "'timeout' parameter): it waited in the front for this connection's earlier requests, "
     "which held its share of the workers' queues (half of --max-queue-per-worker)"
 )
+
+
+def waiting_full(share: int) -> Unavailable:
+    """The 503 of a request past its connection's share when a share's count already waits."""
+    return Unavailable(
+        f"this connection has {share} requests at the workers and {share} more waiting for "
+        "them (half of --max-queue-per-worker each); retry when fewer are in flight",
+        retry_after=1,
+    )
 
 
 def share_of(max_queue: int) -> int:
@@ -76,9 +93,12 @@ class WorkerShare:
             return True
         return False
 
-    async def wait(self, deadline: float) -> None:
+    async def wait(self, deadline: float, limit: int) -> None:
         """A place, after those that waited before (``back`` hands it over); past
-        ``deadline`` (loop time) DeadlineExceeded. Failed or cancelled, it holds none."""
+        ``deadline`` (loop time) DeadlineExceeded. Failed or cancelled, it holds none.
+        With ``limit`` requests waiting already, Unavailable at once (``waiting_full``)."""
+        if len(self._waiting) >= limit:
+            raise waiting_full(limit)
         turn: asyncio.Future[None] = self._loop.create_future()
         self._waiting.append(turn)
         timer = self._loop.call_at(deadline, _too_late, turn)

@@ -4,7 +4,8 @@ A worker takes ``--max-queue-per-worker`` requests (256) before its model answer
 one HTTP/2 connection may run 1,024 calls at once: one client filled the queue, and every
 other client got 503 while it held it. Now a connection has at most half a worker's queue
 (128) at the workers; its next requests wait in the front, in order, until one of its own
-comes back. Here the worker is stopped (SIGSTOP) so that what each connection holds stays
+comes back, a share's count of them at most: past those, it is refused 503/UNAVAILABLE at
+once. Here the worker is stopped (SIGSTOP) so that what each connection holds stays
 put while it is counted: the requests of ``simple`` pending in the front (the metric)
 count both those the worker has and those waiting for their connection's place.
 """
@@ -24,18 +25,28 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.support.grpclib_calls import infer_simple, statistics
+from tests.support.grpclib_calls import (
+    infer,
+    infer_simple,
+    model_ready,
+    statistics,
+    vector_request,
+)
 from tests.support.h2_rest import H2c
 from tests.support.server import ServerProcess, pending, wait_for
 from tests.support.tensors import SIMPLE_JSON
 
 #: Half of ``--max-queue-per-worker``'s default, 256.
 SHARE = 128
+#: ``srv``'s --body-timeout: a message only partly in that long (and a second per 64 KiB
+#: received) fails DEADLINE_EXCEEDED, unless the server is what holds it back.
+BODY_TIMEOUT = 2
 
 
 @pytest.fixture(scope="module")
 def srv() -> Iterator[ServerProcess]:
     args = ["--model-control-mode", "explicit", "--load-model", "simple"]
+    args += ["--load-model", "identity_fp32", "--body-timeout", str(BODY_TIMEOUT)]
     # (the worker is stopped for a while: not for long enough to be declared hung)
     proc = ServerProcess(args=[*args, "--worker-heartbeat-timeout", "300"]).wait_ready()
     yield proc
@@ -56,10 +67,13 @@ async def stopped(srv: ServerProcess) -> AsyncIterator[int]:
         await asyncio.wait_for(asyncio.gather(*_FIRED, return_exceptions=True), 60)
         _FIRED.clear()
         assert await _pending(srv, 0, []), "requests left pending"
+        assert wait_for(lambda: pending(srv, "identity_fp32") == 0), "requests left pending"
 
 
 #: The calls a test fired (``_fire``), awaited by ``stopped`` at its end.
 _FIRED: list[asyncio.Task[pb.ModelInferResponse]] = []
+#: The 503 of a request past its connection's share with a share's count waiting.
+WAITING_FULL = f"{SHARE} requests at the workers and {SHARE} more waiting for them"
 
 
 def _channel(srv: ServerProcess) -> Channel:
@@ -93,18 +107,46 @@ def _fire(channel: Channel, seeds: range) -> list[asyncio.Task[pb.ModelInferResp
     return calls
 
 
+def _fire_vectors(
+    channel: Channel, count: int, size: int
+) -> list[asyncio.Task[pb.ModelInferResponse]]:
+    """``count`` calls of ``identity_fp32`` of ``size`` values each, the n-th all n."""
+    calls = [
+        asyncio.ensure_future(infer(channel, vector_request("identity_fp32", "INPUT0", n, size)))
+        for n in range(count)
+    ]
+    _FIRED.extend(calls)
+    return calls
+
+
+def _refused(calls: list[asyncio.Task[pb.ModelInferResponse]]) -> list[GRPCError]:
+    """The refusals among ``calls`` that ended."""
+    return [
+        call.exception()  # type: ignore[misc]
+        for call in calls
+        if call.done() and isinstance(call.exception(), GRPCError)
+    ]
+
+
 async def test_one_connection_of_600_calls_leaves_half_the_queue_to_the_others(
     srv: ServerProcess, stopped: int
 ) -> None:
     hog, other, third = _channel(srv), _channel(srv), _channel(srv)
     try:
         calls = _fire(hog, range(600))
-        # Every one of them taken: half at the worker, the rest waiting in the front (none
-        # refused: without a share the worker's queue took 256 and the other 344 got 503).
-        assert await _pending(srv, 600, calls), _ended(calls)
+        # Half a queue at the worker, as many waiting in the front, the other 344 refused
+        # at once, saying why (without a share the worker's queue took 256 and the other
+        # 344 got 503 'overloaded'; with no bound on the waiting, all 600 waited).
+        assert await asyncio.to_thread(wait_for, lambda: len(_refused(calls)) == 600 - 2 * SHARE), (
+            _ended(calls)
+        )
+        assert await _pending(srv, 2 * SHARE, calls[: 2 * SHARE]), _ended(calls)
+        for refused in _refused(calls):
+            assert refused.status is Status.UNAVAILABLE, refused
+            assert WAITING_FULL in str(refused.message), refused
         # Another client still has half the queue: its 128 calls are taken too ...
         others = _fire(other, range(1000, 1000 + SHARE))
-        assert await _pending(srv, 600 + SHARE, others), [
+        assert await _pending(srv, 2 * SHARE + SHARE, others), [
             c.exception() for c in others if c.done()
         ][:3]
         # ... and the queue is then full (each holds exactly its share): a third is refused.
@@ -113,9 +155,10 @@ async def test_one_connection_of_600_calls_leaves_half_the_queue_to_the_others(
         assert refused.value.status is Status.UNAVAILABLE, refused.value
         assert "overloaded" in str(refused.value.message)
         os.kill(stopped, signal.SIGCONT)
-        # Every call of both is answered once the worker runs: waiting, not refused.
+        # Every call of both taken is answered once the worker runs.
+        taken = calls[: 2 * SHARE]
         for seed, call in zip(
-            [*range(600), *range(1000, 1000 + SHARE)], [*calls, *others], strict=True
+            [*range(2 * SHARE), *range(1000, 1000 + SHARE)], [*taken, *others], strict=True
         ):
             reply = await asyncio.wait_for(call, 60)
             out = np.frombuffer(reply.raw_output_contents[0], np.int32)
@@ -174,7 +217,8 @@ async def test_a_waiting_call_still_ends_at_its_deadline(srv: ServerProcess, sto
 
 async def test_rest_over_http2_shares_the_bound(srv: ServerProcess, stopped: int) -> None:
     """REST streams over HTTP/2 (h2c on the HTTP port) are served by the same connection
-    code: one connection's 300 requests are all taken, none refused."""
+    code: of one connection's 300 requests 256 are taken (128 at the worker, 128 waiting),
+    the other 44 refused 503 with Retry-After, saying why."""
     body = json.dumps(SIMPLE_JSON).encode()
     with H2c("127.0.0.1", srv.port) as h2:
         streams = [
@@ -183,11 +227,64 @@ async def test_rest_over_http2_shares_the_bound(srv: ServerProcess, stopped: int
             )
             for _ in range(300)
         ]
-        # (without the share: 256 at the worker, 44 answered 503 at once)
-        assert wait_for(lambda: pending(srv, "simple") == 300), pending(srv, "simple")
+        # (without the share: 256 at the worker, 44 answered 503 'overloaded' at once)
+        assert wait_for(lambda: pending(srv, "simple") == 2 * SHARE), pending(srv, "simple")
+        for stream in streams[2 * SHARE :]:
+            answer = h2.wait(stream)
+            assert answer.status == 503 and answer.headers["retry-after"] == "1", answer
+            assert WAITING_FULL in json.loads(answer.body)["error"], bytes(answer.body)
         os.kill(stopped, signal.SIGCONT)
-        for stream in streams:
+        for stream in streams[: 2 * SHARE]:
             answer = h2.wait(stream)
             assert answer.status == 200, bytes(answer.body)
             (output, _) = json.loads(answer.body)["outputs"]
             assert output["data"] == [n + 1 for n in range(16)]
+
+
+async def test_its_other_calls_go_through_while_its_requests_wait(
+    srv: ServerProcess, stopped: int
+) -> None:
+    """A waiting call holds the last part of its message against the connection's receive
+    window (16 MiB) until it ends: with no bound on the waiting, 600 calls of 32 KiB
+    spent it all, and the connection's next call, even one the front answers, could not
+    be sent. Bounded, the calls refused give their window back at once."""
+    hog = _channel(srv)
+    try:
+        calls = _fire_vectors(hog, 600, 8 * 1024)
+        assert await asyncio.to_thread(wait_for, lambda: len(_refused(calls)) == 600 - 2 * SHARE), (
+            _ended(calls)
+        )
+        assert await asyncio.wait_for(model_ready(hog, "simple"), 10)
+        os.kill(stopped, signal.SIGCONT)
+        replies = await asyncio.wait_for(asyncio.gather(*calls[: 2 * SHARE]), 60)
+        for n, reply in enumerate(replies):
+            assert np.frombuffer(reply.raw_output_contents[0], np.float32)[0] == n
+    finally:
+        hog.close()
+
+
+async def test_a_call_the_connections_window_holds_back_is_not_blamed(
+    srv: ServerProcess, stopped: int
+) -> None:
+    """300 calls of 64 KiB: the 255 whole ones (at the worker or waiting for their place)
+    hold the connection's window, and the next is caught half sent. It waits with them,
+    past --body-timeout: the window is the server's to give back (it failed
+    DEADLINE_EXCEEDED 'the request message did not arrive in time' after 3 s)."""
+    hog = _channel(srv)
+    try:
+        calls = _fire_vectors(hog, 300, 16 * 1024)
+        assert await asyncio.to_thread(wait_for, lambda: pending(srv, "identity_fp32") >= 250), (
+            _ended(calls)
+        )
+        # (the half-sent call's upload time: --body-timeout, a second per 64 KiB in)
+        done, _ = await asyncio.wait(calls, timeout=3 * BODY_TIMEOUT + 2)
+        assert not done, _ended(calls)
+        os.kill(stopped, signal.SIGCONT)
+        await asyncio.wait(calls, timeout=60)
+        for call in calls:  # each answered, or refused for its connection's share
+            failure = call.exception()
+            assert failure is None or (
+                isinstance(failure, GRPCError) and failure.status is Status.UNAVAILABLE
+            ), failure
+    finally:
+        hog.close()

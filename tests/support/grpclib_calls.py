@@ -30,15 +30,50 @@ def simple_request(seed: int, timeout_us: int = 0) -> pb.ModelInferRequest:
 
 async def infer_simple(channel: Channel, seed: int, timeout_us: int = 0) -> pb.ModelInferResponse:
     """One ModelInfer call of ``simple_request(seed, timeout_us)``; GRPCError if refused."""
+    return await infer(channel, simple_request(seed, timeout_us))
+
+
+def vector_request(
+    model: str, name: str, seed: int, size: int, timeout_us: int = 0
+) -> pb.ModelInferRequest:
+    """A request of one FP32 row of ``size`` values, all ``seed``, as input ``name`` of
+    ``model`` (``identity_fp32``'s INPUT0, an ensemble's X); with ``timeout_us``, its
+    ``timeout`` parameter."""
+    request = pb.ModelInferRequest(model_name=model, id=f"{model}-{seed}")
+    request.inputs.add(name=name, datatype="FP32", shape=[1, size])
+    request.raw_input_contents.append(np.full(size, seed, np.float32).tobytes())
+    if timeout_us:
+        request.parameters["timeout"].int64_param = timeout_us
+    return request
+
+
+async def infer(channel: Channel, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """One ModelInfer call of ``request``; GRPCError if refused."""
     call = channel.request(
         INFER, Cardinality.UNARY_UNARY, pb.ModelInferRequest, pb.ModelInferResponse
     )
     async with call as stream:
-        await stream.send_message(simple_request(seed, timeout_us), end=True)
+        await stream.send_message(request, end=True)
         reply = await stream.recv_message()
         await stream.recv_trailing_metadata()
     assert reply is not None
     return reply
+
+
+async def model_ready(channel: Channel, model: str) -> bool:
+    """ModelReady of ``model`` on ``channel``'s connection."""
+    call = channel.request(
+        "/inference.GRPCInferenceService/ModelReady",
+        Cardinality.UNARY_UNARY,
+        pb.ModelReadyRequest,
+        pb.ModelReadyResponse,
+    )
+    async with call as stream:
+        await stream.send_message(pb.ModelReadyRequest(name=model), end=True)
+        reply = await stream.recv_message()
+        await stream.recv_trailing_metadata()
+    assert reply is not None
+    return reply.ready
 
 
 def statistics(server: ServerProcess, model: str) -> dict[str, int]:

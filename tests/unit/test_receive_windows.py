@@ -84,3 +84,39 @@ def test_a_closed_streams_data_and_what_it_left_untaken_go_back_to_the_connectio
     assert windows.take(1, half)  # in flight when it closed
     assert updates == [(0, CONNECTION_ACK)]
     assert windows.connection == CONNECTION_WINDOW
+
+
+def _spend(windows: ReceiveWindows, streams: range, each: int, keep: bool) -> None:
+    for stream in streams:
+        windows.open(stream)
+        assert windows.take(stream, each)
+        if keep:
+            windows.keep(stream)
+
+
+def test_a_window_spent_on_whole_requests_is_withheld_by_us() -> None:
+    """The connection's window spent on requests whose message is whole (kept until they
+    end): the client cannot send, and it is not the client's doing."""
+    windows, _ = _windows()
+    each = 64 * 1024
+    count = CONNECTION_WINDOW // each
+    _spend(windows, range(1, 2 * count, 2), each, keep=True)
+    assert windows.connection == 0
+    assert windows.withheld(100_000) and windows.withheld(10)
+    assert not windows.withheld(0)  # (nothing left to send)
+    windows.forget(1)  # a request ended: its window is given back (once 4 MiB are)
+    for stream in range(3, 2 * (CONNECTION_ACK // each) + 3, 2):
+        windows.forget(stream)
+    assert windows.connection >= CONNECTION_ACK and not windows.withheld(100_000)
+
+
+def test_a_window_spent_on_messages_still_arriving_is_the_clients() -> None:
+    """Spent mostly by messages only partly in (each bounded in time), it is not withheld
+    by us: those uploads are timed as usual."""
+    windows, _ = _windows()
+    each = 1024 * 1024 - 1  # (a unary call's window is given back from 1 MiB in)
+    whole = 4
+    _spend(windows, range(1, 2 * whole, 2), each, keep=True)
+    _spend(windows, range(101, 101 + 2 * 12, 2), each, keep=False)
+    assert windows.connection < 16_384
+    assert not windows.withheld(100_000)

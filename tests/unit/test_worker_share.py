@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from oipserve.errors import DeadlineExceeded
+from oipserve.errors import DeadlineExceeded, Unavailable
 from oipserve.runtime.worker_share import WorkerShare, share_of
 
 
@@ -28,7 +28,7 @@ async def test_places_are_handed_on_in_the_order_they_were_asked_for() -> None:
     order: list[int] = []
 
     async def wait(n: int) -> None:
-        await share.wait(asyncio.get_running_loop().time() + 10)
+        await share.wait(asyncio.get_running_loop().time() + 10, 10)
         order.append(n)
 
     waiters = [asyncio.ensure_future(wait(n)) for n in range(3)]
@@ -51,8 +51,8 @@ async def test_a_place_handed_to_a_cancelled_request_goes_to_the_next() -> None:
     share = WorkerShare(asyncio.get_running_loop())
     assert share.take(1)
     deadline = asyncio.get_running_loop().time() + 10
-    first = asyncio.ensure_future(share.wait(deadline))
-    second = asyncio.ensure_future(share.wait(deadline))
+    first = asyncio.ensure_future(share.wait(deadline, 10))
+    second = asyncio.ensure_future(share.wait(deadline, 10))
     await _settle()
     share.back()  # the place to ``first`` ...
     first.cancel()  # ... cancelled in the same iteration, before it ran again
@@ -66,9 +66,9 @@ async def test_a_request_cancelled_or_expired_while_waiting_leaves_the_line() ->
     loop = asyncio.get_running_loop()
     share = WorkerShare(loop)
     assert share.take(1)
-    cancelled = asyncio.ensure_future(share.wait(loop.time() + 10))
-    expired = asyncio.ensure_future(share.wait(loop.time() + 0.05))
-    last = asyncio.ensure_future(share.wait(loop.time() + 10))
+    cancelled = asyncio.ensure_future(share.wait(loop.time() + 10, 10))
+    expired = asyncio.ensure_future(share.wait(loop.time() + 0.05, 10))
+    last = asyncio.ensure_future(share.wait(loop.time() + 10, 10))
     await _settle()
     cancelled.cancel()
     with pytest.raises(DeadlineExceeded, match="waited in the front for this connection"):
@@ -88,8 +88,8 @@ async def test_a_place_given_back_skips_a_request_cancelled_unseen() -> None:
     loop = asyncio.get_running_loop()
     share = WorkerShare(loop)
     assert share.take(1)
-    cancelled = asyncio.ensure_future(share.wait(loop.time() + 10))
-    waiting = asyncio.ensure_future(share.wait(loop.time() + 10))
+    cancelled = asyncio.ensure_future(share.wait(loop.time() + 10, 10))
+    waiting = asyncio.ensure_future(share.wait(loop.time() + 10, 10))
     await _settle()
     cancelled.cancel()
     share.back()
@@ -97,3 +97,26 @@ async def test_a_place_given_back_skips_a_request_cancelled_unseen() -> None:
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     assert (share.held, share.waiting) == (1, 0)
+
+
+async def test_past_a_shares_count_of_waiting_requests_the_next_is_refused_at_once() -> None:
+    """A connection waits with at most ``limit`` requests: the next is a 503 with
+    Retry-After, not a request that holds its input and window for as long as they wait."""
+    loop = asyncio.get_running_loop()
+    share = WorkerShare(loop)
+    assert share.take(2) and share.take(2)
+    waiting = [asyncio.ensure_future(share.wait(loop.time() + 10, 2)) for _ in range(2)]
+    await _settle()
+    with pytest.raises(Unavailable) as refused:
+        await share.wait(loop.time() + 10, 2)
+    assert refused.value.retry_after == 1 and "2 more waiting" in str(refused.value)
+    assert share.waiting == 2
+    share.back()
+    await asyncio.wait_for(waiting[0], 5)
+    again = asyncio.ensure_future(share.wait(loop.time() + 10, 2))  # one waits now: taken
+    await _settle()
+    assert share.waiting == 2 and not again.done()
+    for turn in (waiting[1], again):
+        turn.cancel()
+    await asyncio.gather(waiting[1], again, return_exceptions=True)
+    assert (share.held, share.waiting) == (2, 0)

@@ -111,9 +111,12 @@ class CallReceiver(CallRunner):
         self._upload = None
         if self._done:
             return
-        if self._holding_back() or self._conn.abandoned.holding:
-            # Held back by us (its window not given back, or the connection not read while
-            # its abandoned requests run), not by the client.
+        conn = self._conn
+        if self._holding_back() or conn.abandoned.holding or conn.window_withheld(self._left):
+            # Held back by us (its window not given back, the connection not read while
+            # its abandoned requests run, or the connection's window spent on its requests
+            # that wait or run), not by the client. (Each of those ends: a request by its
+            # deadline, --infer-timeout; the call's own grpc-timeout still ends it.)
             self._upload_timer()
             return
         # NOTE: the bytes received are counted here, at the deadline, not per read: a
@@ -249,6 +252,7 @@ class CallReceiver(CallRunner):
                 self._shut()
             return
         self._messages.append((self._compressed, message, lease, mapped))
+        self._conn.keep_window(self._stream)
         if len(self._messages) > 1:
             self._fail(_INTERNAL, "more than one request message for a unary call")
 

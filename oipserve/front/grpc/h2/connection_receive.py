@@ -396,3 +396,13 @@ class ConnectionReceiver(ConnectionSender):
         """The call took ``nbytes`` of its stream: the peer may send that much more on
         it, and on the connection."""
         self._windows.acknowledge(stream, nbytes)
+
+    def keep_window(self, stream: int) -> None:
+        """The request of ``stream`` is whole: it keeps what it took of the windows until
+        it ends (``ReceiveWindows.keep``)."""
+        self._windows.keep(stream)
+
+    def window_withheld(self, need: int) -> bool:
+        """The client cannot send ``need`` more bytes because of us: the connection's
+        window is spent on requests we hold (``ReceiveWindows.withheld``)."""
+        return self._windows.withheld(need)

@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from oipserve.front.grpc.h2.frames import ErrorCode, ProtocolError, window_update
+from oipserve.front.grpc.h2.frames import (
+    DEFAULT_MAX_FRAME,
+    ErrorCode,
+    ProtocolError,
+    window_update,
+)
 
 __all__ = ["CONNECTION_ACK", "CONNECTION_WINDOW", "STREAM_WINDOW", "ReceiveWindows"]
 
@@ -32,7 +37,7 @@ CONNECTION_ACK = CONNECTION_WINDOW // 4
 class ReceiveWindows:
     """One connection's receive windows: the connection's, and each open stream's."""
 
-    __slots__ = ("connection", "streams", "_credit", "_write")
+    __slots__ = ("connection", "streams", "_credit", "_write", "_kept", "_kept_bytes")
 
     def __init__(self, write: Callable[[bytes], None]) -> None:
         #: What the peer may still send on the connection.
@@ -43,6 +48,10 @@ class ReceiveWindows:
         #: Bytes of the connection's window taken or dropped, not yet given back.
         self._credit = 0
         self._write = write
+        #: Streams whose request is whole and keeps what it took of the windows until it
+        #: ends (``keep``), with those bytes; and their sum.
+        self._kept: dict[int, int] = {}
+        self._kept_bytes = 0
 
     def open(self, stream: int) -> None:
         self.streams[stream] = STREAM_WINDOW
@@ -84,9 +93,29 @@ class ReceiveWindows:
             self._write(window_update(stream, nbytes))
             self.give_back(nbytes)
 
+    def keep(self, stream: int) -> None:
+        """The request of ``stream`` (a unary call's message) is whole: what it took of
+        the windows is given back when it ends, not before (what bounds a connection's
+        requests' memory), and held by us meanwhile, not by the client (``withheld``)."""
+        kept = STREAM_WINDOW - self.streams.get(stream, STREAM_WINDOW)
+        self._kept[stream] = kept
+        self._kept_bytes += kept
+
+    def withheld(self, need: int) -> bool:
+        """Whether the client cannot send ``need`` more bytes (a frame's worth, at most)
+        because of us: the connection's window is spent, at least half of it by requests
+        whole (``keep``: each ends by its deadline) or taken and not yet given back
+        (``CONNECTION_ACK``), not by messages still arriving (each bounded in time)."""
+        if self.connection >= min(need, DEFAULT_MAX_FRAME):
+            return False
+        spent = CONNECTION_WINDOW - self.connection
+        return 2 * (self._kept_bytes + self._credit) >= spent
+
     def forget(self, stream: int) -> None:
         """``stream`` closed on this side: what its call had not taken goes back to the
         connection's window."""
+        if self._kept:
+            self._kept_bytes -= self._kept.pop(stream, 0)
         self._credit += STREAM_WINDOW - self.streams.pop(stream, STREAM_WINDOW)
         if self._credit >= CONNECTION_ACK:
             self.give_back(0)
