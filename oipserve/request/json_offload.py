@@ -22,6 +22,7 @@ its bodies are decoded in the front as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from oipserve.errors import InternalError, InvalidInput, WorkerProtocolError, from_kind
@@ -46,18 +47,30 @@ __all__ = ["DECODE_MIN", "PARSE_MIN", "decode", "parse", "wants_worker"]
 
 
 async def parse(
-    worker: WorkerLink, lease: Lease, start: int, body: memoryview, deadline: float
+    worker: WorkerLink,
+    lease: Lease,
+    start: int,
+    body: memoryview,
+    deadline: float,
+    answered: Callable[[], None] | None = None,
 ) -> tuple[InferRequest, list[tuple[int, int] | None]]:
     """The request's header, and where each input's ``data`` text lies in ``body``.
 
     ``body`` lies at ``start`` in ``lease``. A body that is not a valid inference
-    request is InvalidInput, with the words ``decode_request`` uses.
+    request is InvalidInput, with the words ``decode_request`` uses. ``answered`` is
+    called once the worker answers (or dies), or here if the job cannot be sent.
     """
+    try:
+        waiting = worker.call(
+            lambda rid: ParseJson(rid, lease.name, start, len(body)), answered, deadline
+        )
+    except BaseException:
+        if answered is not None:
+            answered()
+        raise
     worker.loading += 1  # NOTE: the parse holds the GIL: heartbeats may wait (worker_handle)
     try:
-        reply = await worker.call(
-            lambda rid: ParseJson(rid, lease.name, start, len(body)), None, deadline
-        )
+        reply = await waiting
     finally:
         worker.loading -= 1
     if isinstance(reply, Failed):
@@ -100,20 +113,29 @@ async def decode(
     tensors: list[tuple[InputTensor, int]],
     pool: BufferPool,
     deadline: float,
+    done: Callable[[], None] | None = None,
 ) -> Lease:
     """Have ``worker`` decode each tensor's deferred text into one new lease.
 
     ``tensors`` pairs each input with its element count. Afterwards each input is
-    ``located`` in the returned lease, which the caller owns (and releases).
+    ``located`` in the returned lease, which the caller owns (and releases). ``done`` is
+    called once the worker answers (or dies), or here if the job is not sent.
     """
     sizes = [count * ELEMENT_SIZES[tensor.datatype] for tensor, count in tensors]
     offsets, total = layout(sizes)
-    lease = await pool.acquire_async(total)
+    try:
+        lease = await pool.acquire_async(total)
+    except BaseException:
+        if done is not None:
+            done()
+        raise
     texts = []
     for (tensor, count), offset in zip(tensors, offsets, strict=True):
         deferred = tensor.values
         if not isinstance(deferred, Deferred) or deferred.text is None:
             lease.release()
+            if done is not None:
+                done()
             raise InternalError(f"input '{tensor.name}' has no JSON text for a worker to decode")
         held, start, size = deferred.text
         texts.append(
@@ -131,11 +153,15 @@ async def decode(
         replied = True
         if abandoned:
             lease.release()
+        if done is not None:
+            done()
 
     try:
         waiting = worker.call(lambda rid: DecodeJson(rid, texts), answered, deadline)
     except BaseException:
         lease.release()
+        if done is not None:
+            done()
         raise
     worker.loading += 1  # NOTE: as in parse
     try:

@@ -38,7 +38,7 @@ from contextvars import ContextVar
 
 from oipserve.errors import DeadlineExceeded, Unavailable
 
-__all__ = ["WORKER_SHARE", "WorkerShare", "share_of", "waiting_full"]
+__all__ = ["WORKER_SHARE", "WorkerShare", "place_in_share", "share_of", "waiting_full"]
 
 #: Where the connection of the task that runs a request counts its requests at the
 #: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
@@ -122,6 +122,17 @@ class WorkerShare:
                 turn.set_result(None)
                 return
         self.held -= 1
+
+
+async def place_in_share(limit: int, deadline: float) -> WorkerShare | None:
+    """A place in the share (``limit``) of the connection whose task runs this, waited for
+    past it; that share (its ``back`` due once the worker answers), or None without one.
+    For a job a request sends a worker before its inference: a large JSON body's parse,
+    its ``data``'s decode (``json_offload``); the inference takes a place of its own."""
+    share = WORKER_SHARE.get()
+    if share is not None and not share.take(limit):
+        await share.wait(deadline, limit)
+    return share
 
 
 def _too_late(turn: asyncio.Future[None]) -> None:

@@ -25,6 +25,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from tritonclient.grpc import service_pb2 as pb
 
+from tests.support.ensemble_models import write_repository
 from tests.support.grpclib_calls import (
     infer,
     infer_simple,
@@ -288,3 +289,64 @@ async def test_a_call_the_connections_window_holds_back_is_not_blamed(
             ), failure
     finally:
         hog.close()
+
+
+#: The small server's --max-queue-per-worker, and a connection's share of it.
+SMALL_QUEUE, SMALL_SHARE = 8, 4
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A worker's queue of 8 (a connection's share 4), the ensembles' models, ``chain``
+    (add_one then double, run as one chain) loaded."""
+    root = write_repository(tmp_path_factory.mktemp("share-ensembles"), slow_nodes=10)
+    args = ["--model-control-mode", "explicit", "--load-model", "chain"]
+    args += ["--max-queue-per-worker", str(SMALL_QUEUE), "--worker-heartbeat-timeout", "300"]
+    proc = ServerProcess(root, args=args).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log[-4000:]
+    assert "Traceback" not in proc.log, proc.log[-4000:]
+
+
+@pytest.fixture
+def small_stopped(small: ServerProcess) -> Iterator[int]:
+    (worker,) = small.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield worker
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
+async def test_large_json_bodies_over_h2c_take_places_in_the_share(
+    small: ServerProcess, small_stopped: int
+) -> None:
+    """A JSON body of 1 MiB or more is parsed by the model's worker, its large ``data``
+    decoded there: those jobs take a place in the connection's share as its inferences do
+    (sent outside it, one h2c connection's 16 bodies filled the worker's queue of 8 and
+    another client got 503 'overloaded')."""
+    size = 300_000
+    inputs = [{"name": "IN", "datatype": "FP32", "shape": [1, size], "data": [0.5] * size}]
+    body = json.dumps({"inputs": inputs}).encode()
+    headers = [("content-type", "application/json")]
+    other = _channel(small)
+    with H2c("127.0.0.1", small.port) as h2:
+        streams = [h2.start("POST", "/v2/models/add_one/infer", headers, body) for _ in range(16)]
+        # 4 at the worker, 4 waiting for their place, the other 8 refused
+        refused = [h2.wait(stream) for stream in streams[2 * SMALL_SHARE :]]
+        assert all(answer.status == 503 for answer in refused), refused[0]
+        late = asyncio.ensure_future(infer(other, vector_request("add_one", "IN", 1, 4)))
+        try:
+            # another client's request is taken (pending until the worker answers it)
+            assert await asyncio.to_thread(
+                wait_for, lambda: late.done() or pending(small, "add_one") >= 1
+            )
+            assert not late.done(), late.exception()
+        finally:
+            os.kill(small_stopped, signal.SIGCONT)
+            answered = await asyncio.wait_for(asyncio.gather(late, return_exceptions=True), 60)
+            other.close()
+        assert not isinstance(answered[0], BaseException), answered[0]
+        for stream in streams[: 2 * SMALL_SHARE]:
+            answer = h2.wait(stream)
+            assert answer.status == 200, bytes(answer.body)[:200]
