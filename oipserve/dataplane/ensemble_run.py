@@ -28,8 +28,8 @@ from oipserve.models.registry import ModelVersion
 from oipserve.pool.link import WorkerLink
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
-from oipserve.runtime.worker_share import WORKER_SHARE
-from oipserve.telemetry.stats import ModelStats
+from oipserve.runtime.worker_share import WORKER_SHARE, WorkerShare
+from oipserve.telemetry.stats import ModelStats, refusal_reason
 from oipserve.wire.messages import InferDone
 from oipserve.wire.shm import Lease
 
@@ -246,14 +246,23 @@ class EnsembleRun:
         runner = self.runner
         share = WORKER_SHARE.get()
         waited = 0
-        if share is not None and not share.take(runner.dispatch.max_share):
-            stats = runner.stats_of(chain.models[0])
-            waited = await waited_for_share(share, self.deadline, stats, runner.dispatch.max_share)
+        limit = runner.dispatch.max_share
+        held: WorkerShare | None = None
+        began = monotonic_ns()
         try:
+            if share is not None and not share.take(limit):
+                stats = runner.stats_of(chain.models[0])
+                waited = await waited_for_share(share, self.deadline, stats, limit)
+            held = share
             worker = self._chain_worker(chain)
-        except BaseException:
-            if share is not None:
-                share.back()
+        except BaseException as exc:
+            # (counted against its first model, as its failures after are, and a step's
+            #  alone: a chain that failed waiting for its place went uncounted, fuzzing)
+            if held is not None:
+                held.back()
+            runner.stats_of(chain.models[0]).request_failed(
+                refusal_reason(exc), monotonic_ns() - began
+            )
             raise
         if worker is None:
             if share is not None:

@@ -350,3 +350,28 @@ async def test_large_json_bodies_over_h2c_take_places_in_the_share(
         for stream in streams[: 2 * SMALL_SHARE]:
             answer = h2.wait(stream)
             assert answer.status == 200, bytes(answer.body)[:200]
+
+
+async def test_a_chain_failed_waiting_for_its_place_counts_against_its_first_model(
+    small: ServerProcess, small_stopped: int
+) -> None:
+    """An ensemble's chain that ends at its deadline waiting for its connection's place is
+    a failure of its first model (add_one), as a chain failing anywhere else is, and a
+    step run alone; it went uncounted."""
+    before = statistics(small, "add_one")["failed"]
+    hog = _channel(small)
+    try:
+        held = [
+            asyncio.ensure_future(infer(hog, vector_request("chain", "X", n, 4)))
+            for n in range(SMALL_SHARE)
+        ]
+        assert await asyncio.to_thread(wait_for, lambda: pending(small, "add_one") == SMALL_SHARE)
+        for n in range(3):
+            with pytest.raises(GRPCError) as late:
+                await infer(hog, vector_request("chain", "X", n, 4, timeout_us=200_000))
+            assert late.value.status is Status.DEADLINE_EXCEEDED, late.value
+        assert statistics(small, "add_one")["failed"] - before == 3
+        os.kill(small_stopped, signal.SIGCONT)
+        await asyncio.wait_for(asyncio.gather(*held), 60)
+    finally:
+        hog.close()
