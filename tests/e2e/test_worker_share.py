@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
@@ -30,11 +31,12 @@ from tests.support.grpclib_calls import (
     infer,
     infer_simple,
     model_ready,
+    simple_request,
     statistics,
     vector_request,
 )
-from tests.support.h2_rest import H2c
-from tests.support.server import ServerProcess, pending, wait_for
+from tests.support.h2_rest import Answer, H2c
+from tests.support.server import ServerProcess, front_pid, pending, socket_to_front, wait_for
 from tests.support.tensors import SIMPLE_JSON
 
 #: Half of ``--max-queue-per-worker``'s default, 256.
@@ -375,3 +377,64 @@ async def test_a_chain_failed_waiting_for_its_place_counts_against_its_first_mod
         await asyncio.wait_for(asyncio.gather(*held), 60)
     finally:
         hog.close()
+
+
+@pytest.fixture(scope="module")
+def two_fronts() -> Iterator[ServerProcess]:
+    """Two fronts, a worker's queue of 8 (a connection's share 4), and the worker endpoint
+    ``onnxruntime`` serving ``simple``: a model only the primary serves."""
+    args = ["--http-workers", "2", "--model-control-mode", "explicit"]
+    args += ["--max-queue-per-worker", str(SMALL_QUEUE), "--worker-heartbeat-timeout", "300"]
+    proc = ServerProcess(args=args).wait_ready()
+    body = json.dumps({"model": "simple", "device": "cpu"}).encode()
+    load = urllib.request.Request(
+        f"{proc.url}/v2/workers/onnxruntime/load", data=body, method="POST"
+    )
+    with urllib.request.urlopen(load, timeout=120) as answer:
+        assert answer.read() == b"onnxruntime"
+    yield proc
+    assert proc.stop() == 0, proc.log[-4000:]
+    assert "Traceback" not in proc.log, proc.log[-4000:]
+
+
+def _grpc_status(answer: Answer) -> int:
+    return int(answer.trailers.get("grpc-status", answer.headers.get("grpc-status", "-1")))
+
+
+def test_calls_another_front_forwards_to_the_primary_keep_to_their_share(
+    two_fronts: ServerProcess,
+) -> None:
+    """A connection on the other front calling a worker endpoint's model: its calls are
+    forwarded to the primary over its private socket, which counts no one's (one
+    connection of many clients), so they are counted at the front the client is on:
+    4 at the worker, 4 waiting, the other 4 refused, and another client still has its
+    place (without: 8 at the worker, the queue full, the other client refused
+    'overloaded')."""
+    grpc_port = int(two_fronts.grpc_url.rsplit(":", 1)[1])
+    workers = two_fronts.worker_pids()
+    request = simple_request(3)
+    request.model_name = "onnxruntime"  # (the endpoint's name)
+    extra = socket_to_front(two_fronts, front_pid(two_fronts, "extra front"), port=grpc_port)
+    other = socket_to_front(two_fronts, front_pid(two_fronts, "primary"), port=grpc_port)
+    with (
+        H2c("127.0.0.1", grpc_port, sock=extra) as hog,
+        H2c("127.0.0.1", grpc_port, sock=other) as probe,
+    ):
+        assert _grpc_status(hog.wait(hog.grpc("ModelInfer", request.SerializeToString()))) == 0
+        for worker in workers:
+            os.kill(worker, signal.SIGSTOP)
+        try:
+            calls = [hog.grpc("ModelInfer", request.SerializeToString()) for _ in range(12)]
+            for stream in calls[2 * SMALL_SHARE :]:
+                assert _grpc_status(hog.wait(stream)) == Status.UNAVAILABLE.value
+            # Another client's call is taken: it waits at the worker until its deadline.
+            late = pb.ModelInferRequest()
+            late.CopyFrom(request)
+            late.parameters["timeout"].int64_param = 500_000
+            answer = probe.wait(probe.grpc("ModelInfer", late.SerializeToString()))
+            assert _grpc_status(answer) == Status.DEADLINE_EXCEEDED.value, answer
+        finally:
+            for worker in workers:
+                os.kill(worker, signal.SIGCONT)
+        for stream in calls[: 2 * SMALL_SHARE]:
+            assert _grpc_status(hog.wait(stream)) == 0

@@ -54,7 +54,7 @@ class CallRunner(CallSender):
                     and self._name == INFER_RPC
                     and table.elsewhere(request.message.model_name, request.message.model_version)
                 ):  # a model another front serves: its lease stays ours, released below
-                    data = await self._forwarded(bytes(payload))
+                    data = await self._forwarded_infer(bytes(payload))
                 else:
                     if lease is not None:
                         request.lease, lease = lease, None  # the service owns it now
@@ -92,6 +92,27 @@ class CallRunner(CallSender):
             left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
         return forward(method or self._name, request, self._metadata, left)
 
+    async def _forwarded_infer(self, request: bytes, method: str | None = None) -> bytes:
+        """An inference forwarded to the primary (a model only it serves: a worker
+        endpoint's), in this connection's share of the workers' queues until the primary
+        answers: the primary counts none on its private socket, whose one connection
+        carries many clients' calls (with two fronts one connection's calls filled the
+        endpoint worker's queue, fuzzing). Given back at the primary's answer, not at the
+        worker's: a call the primary ended at its deadline frees its place at once."""
+        share = self._conn.worker_share
+        if share is None:
+            return await self._forwarded(request, method)
+        table = self._table
+        if not share.take(table.max_share):
+            deadline = self._deadline_at
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + table.infer_timeout
+            await share.wait(deadline, table.max_share)
+        try:
+            return await self._forwarded(request, method)
+        finally:
+            share.back()
+
     async def _stream_request(
         self, message: bytes | memoryview, parked: Parked | None
     ) -> bytes | memoryview:
@@ -100,7 +121,7 @@ class CallRunner(CallSender):
         either way."""
         if self._table.elsewhere(*model_named(message)):
             try:
-                return await self._forwarded(bytes(message), INFER_RPC)
+                return await self._forwarded_infer(bytes(message), INFER_RPC)
             except Exception as exc:  # its in-band error names the request, as here
                 raise StreamRequestFailed(exc, request_id(message)) from exc
         return await self._table.stream_infer(message, parked)

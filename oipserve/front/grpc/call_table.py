@@ -18,6 +18,7 @@ from oipserve.errors import Forbidden
 from oipserve.front.grpc.rpcs import HEALTH_CHECK, RPCS, SERVICE, STREAM_RPC, Method, rpc_path
 from oipserve.front.http.h2_asgi import RestOverH2
 from oipserve.request.inference import Parked
+from oipserve.runtime.worker_share import share_of
 from oipserve.wire.shm import BufferPool
 
 __all__ = ["Answers", "CallTable", "Forward"]
@@ -76,6 +77,10 @@ class CallTable:
         # A reply the client does not take (its window kept closed) is dropped past this
         # plus a second per ``min_transfer_rate`` bytes the client took of it (``Call._send``).
         self.send_timeout = settings.send_timeout
+        #: A connection's share of the workers' queues, and the deadline of a call without
+        #: one: for the inference forwarded to the primary (``CallRunner._forwarded_infer``).
+        self.max_share = share_of(settings.max_queue_per_worker)
+        self.infer_timeout = settings.infer_timeout
         #: The REST app for the streams that are not gRPC (``listener.H2Server.serve_rest``);
         #: None: they are answered 415 (a GET: RST_STREAM PROTOCOL_ERROR), as before.
         self.rest: RestOverH2 | None = None
