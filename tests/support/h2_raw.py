@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import hpack
@@ -340,16 +340,25 @@ class H2Client:
 
     def expect_any(self, stream: int) -> Received:
         """The next DATA or HEADERS frame on ``stream``."""
+        return self._first_on(
+            stream,
+            lambda got: got.kind in (Frame.DATA, Frame.HEADERS),
+            f"expected DATA or HEADERS on stream {stream}",
+        )
+
+    def _first_on(self, stream: int, wanted: Callable[[Received], bool], what: str) -> Received:
+        """The first frame on ``stream`` that is ``wanted``; Verdict ``what`` (with the
+        frames seen) when the connection closes or a frame breaks the rules first."""
         seen = []
         try:
             for got in self.frames():
                 if got is None:
                     raise Verdict("the connection closed")
                 seen.append(got)
-                if got.stream == stream and got.kind in (Frame.DATA, Frame.HEADERS):
+                if got.stream == stream and wanted(got):
                     return got
         except Verdict as exc:
-            raise Verdict(f"expected DATA or HEADERS on stream {stream}; {exc}: {seen}") from None
+            raise Verdict(f"{what}; {exc}: {seen}") from None
         raise AssertionError("unreachable")
 
     def expect_ok(self, stream: int) -> None:
@@ -360,20 +369,7 @@ class H2Client:
 
     def expect_stream_closed(self, stream: int) -> None:
         """The server ends ``stream``: a frame with END_STREAM, or RST_STREAM NO_ERROR."""
-        seen = []
-        try:
-            for got in self.frames():
-                if got is None:
-                    raise Verdict("the connection closed")
-                seen.append(got)
-                if got.stream != stream:
-                    continue
-                if got.kind in (Frame.HEADERS, Frame.DATA) and got.flags & END_STREAM:
-                    return
-                if got.kind == Frame.RST_STREAM and got.code == ErrorCode.NO_ERROR:
-                    return
-        except Verdict as exc:
-            raise Verdict(f"expected stream {stream} to end; {exc}: {seen}") from None
+        self._first_on(stream, _ends_stream, f"expected stream {stream} to end")
 
     def expect_settings_ack(self) -> None:
         got = self.expect(Frame.SETTINGS)
@@ -449,3 +445,9 @@ def goaway_codes(frames: list[tuple[int, int, int, bytes]]) -> list[ErrorCode]:
         for kind, _flags, _stream, payload in frames
         if kind == Frame.GOAWAY
     ]
+
+
+def _ends_stream(got: Received) -> bool:
+    if got.kind in (Frame.HEADERS, Frame.DATA):
+        return bool(got.flags & END_STREAM)
+    return got.kind == Frame.RST_STREAM and got.code == ErrorCode.NO_ERROR
