@@ -192,20 +192,24 @@ class Sequenced(SequenceBatches):
         return tag
 
     def _check_corrid(self, inference: Inference) -> None:
-        """InvalidInput for a string sequence id to a model whose CORRID is a number, in
-        Triton's words first (core's ValidateCorrelationId). (A numeric id to a string
-        CORRID is given as its decimal text here; Triton refuses it.)"""
+        """InvalidInput for a sequence id of another kind than the model's CORRID (a string
+        id to a numeric CORRID, a numeric id to a TYPE_STRING one), in Triton's words first
+        (core's ValidateCorrelationId). (A numeric id to a string CORRID was given as its
+        decimal text until 2026-11-30; Triton refuses it.)"""
         tag, corrid = inference.sequence, self.policy.control("CORRID")
-        if tag is None or corrid is None or corrid.datatype == "BYTES":
+        if tag is None or corrid is None:
             return
-        if isinstance(tag.sequence_id, str):
-            raise InvalidInput(
-                f"{request_tag(inference.request_id)}sequence batching control "
-                f"'{corrid.name}' data-type is 'BYTES', but model "
-                f"'{self.model.name}' expects '{corrid.datatype}': the request's sequence id "
-                f"is a string, its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is "
-                f"{corrid.datatype}"
-            )
+        string_id = isinstance(tag.sequence_id, str)
+        if string_id == (corrid.datatype == "BYTES"):
+            return
+        given, kind = ("BYTES", "a string") if string_id else ("UINT64", "a number")
+        raise InvalidInput(
+            f"{request_tag(inference.request_id)}sequence batching control "
+            f"'{corrid.name}' data-type is '{given}', but model "
+            f"'{self.model.name}' expects '{corrid.datatype}': the request's sequence id "
+            f"is {kind}, its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is "
+            f"{corrid.datatype}"
+        )
 
     def _check_batch_size(self, placements: list[Placement]) -> None:
         if not self.batched:

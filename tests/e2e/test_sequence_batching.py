@@ -282,11 +282,16 @@ def test_tritons_errors(server: ServerProcess) -> None:
 def test_tritons_words_and_order_for_the_sequence_id(server: ServerProcess) -> None:
     """Triton checks a request (the CORRID's datatype last, core's ValidateCorrelationId),
     then its sequence batcher the batch size, then the correlation ID; REST and gRPC. A
-    string id to a numeric CORRID had our words; a batch of 2 without an id was refused for
-    its id."""
+    string id to a numeric CORRID had our words, a numeric id to a string CORRID was taken as
+    its text; a batch of 2 without an id was refused for its id."""
     words = (
         "[request id: <id_unknown>] sequence batching control 'CORRID' data-type is 'BYTES', "
         "but model 'simple_dyna_sequence' expects 'UINT64'"
+    )
+    # (a numeric id to a TYPE_STRING CORRID was taken as its decimal text until 2026-11-30)
+    numeric_words = (
+        "[request id: <id_unknown>] sequence batching control 'CORRID' data-type is 'UINT64', "
+        "but model 'simple_string_dyna_sequence' expects 'BYTES'"
     )
     batch = "inference request to model 'simple_sequence' must specify batch-size 1 due to"
     with httpclient.InferenceServerClient(server.host_port) as http:
@@ -298,6 +303,12 @@ def test_tritons_words_and_order_for_the_sequence_id(server: ServerProcess) -> N
                         _http_input(1)], sequence_id="abc", sequence_start=True,
                     )  # fmt: skip
                 assert str(info.value.message()).startswith(words), info.value
+                with pytest.raises(InferenceServerException) as info:
+                    client.infer(
+                        "simple_string_dyna_sequence", [_grpc_input(1) if client is rpc else
+                        _http_input(1)], sequence_id=1002, sequence_start=True,
+                    )  # fmt: skip
+                assert str(info.value.message()).startswith(numeric_words), info.value
                 tensor = module.InferInput("INPUT", [2, 1], "INT32")
                 tensor.set_data_from_numpy(np.array([[1], [2]], np.int32))
                 with pytest.raises(InferenceServerException) as info:
