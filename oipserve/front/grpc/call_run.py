@@ -28,6 +28,7 @@ from oipserve.front.grpc.stream_window import StreamWindow
 from oipserve.front.grpc.streaming import StreamRequestFailed, ordered_responses
 from oipserve.request.inference import Parked
 from oipserve.runtime.off_loop import unmap_off_loop
+from oipserve.runtime.worker_share import place_in_share
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
@@ -99,19 +100,16 @@ class CallRunner(CallSender):
         carries many clients' calls (with two fronts one connection's calls filled the
         endpoint worker's queue, fuzzing). Given back at the primary's answer, not at the
         worker's: a call the primary ended at its deadline frees its place at once."""
-        share = self._conn.worker_share
-        if share is None:
-            return await self._forwarded(request, method)
         table = self._table
-        if not share.take(table.max_share):
-            deadline = self._deadline_at
-            if deadline is None:
-                deadline = asyncio.get_running_loop().time() + table.infer_timeout
-            await share.wait(deadline, table.max_share)
+        deadline = self._deadline_at
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + table.infer_timeout
+        share = await place_in_share(table.max_share, deadline)
         try:
             return await self._forwarded(request, method)
         finally:
-            share.back()
+            if share is not None:
+                share.back()
 
     async def _stream_request(
         self, message: bytes | memoryview, parked: Parked | None
