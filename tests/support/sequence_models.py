@@ -227,7 +227,9 @@ def write_repository(root: Path, idle_us: int = 1_000_000, count: int = 1) -> No
 #: ``write_wide_state``'s state: so many INT32 a sequence (4 MiB).
 WIDE_STATE_ELEMENTS = 1 << 20
 
-WIDE_STATE = """
+#: The head of ``WIDE_STATE`` and ``WIDE_INPUT``: a sequence model of one slot, the direct
+#: strategy, READY its one control, its sequence_batching block left open.
+_WIDE_HEAD = """
 name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: 1
@@ -237,13 +239,18 @@ sequence_batching {{
   control_input [
     {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
   ]
-  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32
+"""
+
+WIDE_STATE = (
+    _WIDE_HEAD
+    + """  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32
              dims: [ {elements} ] }} ]
 }}
 input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
+)
 
 
 def write_wide_state(root: Path, name: str = "wide_state") -> None:
@@ -270,21 +277,14 @@ def write_wide_state(root: Path, name: str = "wide_state") -> None:
     (root / name / "config.pbtxt").write_text(config)
 
 
-WIDE_INPUT = """
-name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: 1
-sequence_batching {{
-  max_sequence_idle_microseconds: 600000000
-  direct {{ }}
-  control_input [
-    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
-  ]
-}}
+WIDE_INPUT = (
+    _WIDE_HEAD
+    + """}}
 input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
 output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
+)
 
 
 def write_wide_input(root: Path, name: str = "wide_input") -> None:
