@@ -36,7 +36,14 @@ from tests.support.grpclib_calls import (
     vector_request,
 )
 from tests.support.h2_rest import Answer, H2c
-from tests.support.server import ServerProcess, front_pid, pending, socket_to_front, wait_for
+from tests.support.server import (
+    ServerProcess,
+    front_pid,
+    pending,
+    socket_to_front,
+    stopped_worker,
+    wait_for,
+)
 from tests.support.tensors import SIMPLE_JSON
 
 #: Half of ``--max-queue-per-worker``'s default, 256.
@@ -61,12 +68,10 @@ def srv() -> Iterator[ServerProcess]:
 async def stopped(srv: ServerProcess) -> AsyncIterator[int]:
     """The worker, stopped; continued at the end whatever happened, and every call the
     test left (a failed one's) ended before the next test counts what is pending."""
-    (worker,) = srv.worker_pids()
-    os.kill(worker, signal.SIGSTOP)
     try:
-        yield worker
+        with stopped_worker(srv) as worker:
+            yield worker
     finally:
-        os.kill(worker, signal.SIGCONT)
         await asyncio.wait_for(asyncio.gather(*_FIRED, return_exceptions=True), 60)
         _FIRED.clear()
         assert await _pending(srv, 0, []), "requests left pending"
@@ -312,12 +317,8 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def small_stopped(small: ServerProcess) -> Iterator[int]:
-    (worker,) = small.worker_pids()
-    os.kill(worker, signal.SIGSTOP)
-    try:
+    with stopped_worker(small) as worker:
         yield worker
-    finally:
-        os.kill(worker, signal.SIGCONT)
 
 
 async def test_large_json_bodies_over_h2c_take_places_in_the_share(

@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,18 @@ def tcp_links(pid: int) -> list[tuple[int, int]]:
             if state == ESTABLISHED and inode in inodes:
                 links.append((int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
     return links
+
+
+@contextmanager
+def stopped_worker(proc: ServerProcess) -> Iterator[int]:
+    """The server's one worker, stopped (SIGSTOP) for the block and continued (SIGCONT) at
+    its end, whatever happened in it: what the front sent it stays put meanwhile."""
+    (worker,) = proc.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield worker
+    finally:
+        os.kill(worker, signal.SIGCONT)
 
 
 def front_pid(proc: ServerProcess, which: str) -> int:
