@@ -1,7 +1,7 @@
 """The private parts of uvicorn and Falcon that the HTTP fast path relies on, checked by name.
 
 ``oipserve/front/http/protocol.py`` subclasses uvicorn's ``HttpToolsProtocol`` and
-reads and writes its per-connection and per-request state; ``oipserve/app/server.py``
+reads and writes its per-connection and per-request state; ``oipserve/front/http/server.py``
 overrides ``uvicorn.Server.capture_signals``; ``oipserve/front/rest/app.py``
 subclasses ``falcon.asgi.App`` and relies on how its ``__call__`` reads the
 first body event. None of this is public API. pyproject.toml pins uvicorn,
@@ -335,7 +335,7 @@ def test_the_cycle_the_lane_makes_is_made_as_uvicorn_makes_it() -> None:
     assert SINGLETON_HEADERS >= {"content-length", "host"}, "falcon.constants changed"
 
 
-# ---- uvicorn.Server (oipserve/app/server.py) --------------------------------------------
+# ---- uvicorn.Server (oipserve/front/http/server.py) --------------------------------------
 
 
 def test_server_signal_capture_oipserve_replaces_is_still_used() -> None:
@@ -356,7 +356,7 @@ def test_server_signal_capture_oipserve_replaces_is_still_used() -> None:
     for name in ("started", "should_exit"):
         if not isinstance(getattr(server, name, None), bool):
             problems.append(f"uvicorn.Server.{name} is gone or no longer a bool")
-    assert not problems, _report(problems, "oipserve/app/server.py")
+    assert not problems, _report(problems, "oipserve/front/http/server.py")
 
 
 # ---- falcon.asgi.App (oipserve/front/rest/app.py) -----------------------------------------
