@@ -120,6 +120,10 @@ class ModelSession:
             options.enable_cpu_mem_arena = tuning["enable_mem_arena"] == "1"
         if "enable_mem_pattern" in tuning:
             options.enable_mem_pattern = tuning["enable_mem_pattern"] == "1"
+        if GRAPH_LEVEL in tuning:  # a name the front chose (session_options.GRAPH_LEVELS)
+            options.graph_optimization_level = getattr(
+                ort.GraphOptimizationLevel, tuning[GRAPH_LEVEL]
+            )
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         #: Run options of every run: only set for arena shrinkage (None is ONNX Runtime's default).
         self.run_options = _shrinkage(tuning.get(SHRINKAGE, ""), self.session.get_providers())
@@ -213,6 +217,7 @@ class ModelSession:
 
 
 SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+GRAPH_LEVEL = "graph_optimization_level"
 
 
 def _shrinkage(devices: str, providers: list[str]) -> ort.RunOptions | None:

@@ -297,6 +297,7 @@ class Worker:
                 session.outputs,
                 session.session.get_providers(),
                 session.optional_inputs,
+                session.session.get_session_options().graph_optimization_level.name,
             ),
         )
 

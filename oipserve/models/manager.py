@@ -147,7 +147,8 @@ class ModelManager:
         """
         planned = self.providers_for(worker, model)
         sent = [("CPUExecutionProvider", {})] if self.simulate_devices else planned
-        options = session_options(model.name, model.parameters)
+        level = model.config.graph_level if model.config is not None else 0
+        options = session_options(model.name, model.parameters, level)
         loaded = await worker.load(model.key, model.path, sent, threads, options)
         refusal = gpu_fallback_refusal(
             model.name, model.version, worker.device, [name for name, _ in sent], loaded.providers
@@ -162,6 +163,7 @@ class ModelManager:
             "providers": [[name, options] for name, options in planned],
             "simulated": self.simulate_devices and planned != sent,
             "session_providers": loaded.providers,
+            "graph_optimization_level": loaded.graph_optimization_level,
         }
         model.providers[worker.worker_id] = loaded.providers
         return loaded

@@ -287,6 +287,9 @@ class Loaded(msgspec.Struct, frozen=True, tag=True, array_like=True):
     providers: list[str]
     #: Graph inputs with an initializer (a default value): a request may omit them.
     optional_inputs: list[TensorMeta] = []
+    #: The session's graph optimization level, as ONNX Runtime names it
+    #: (``ORT_ENABLE_ALL``, its default; config.pbtxt ``optimization.graph.level``).
+    graph_optimization_level: str = ""
 
 
 class Unloaded(msgspec.Struct, frozen=True, tag=True, array_like=True):

@@ -1,5 +1,9 @@
 """Triton's ONNX Runtime session parameters in config.pbtxt reach the worker's session.
 
+``optimization { graph { level: N } }`` sets the session's graph optimization level as
+Triton's ONNX Runtime backend maps it (-1 basic, 1 extended, 2 none, else all): the worker
+reads the level back from its session, and ``/v2/hardware`` shows it for each instance.
+
 ``enable_mem_arena: "0"`` lets a worker give back what one large request took; with ONNX
 Runtime's default arena it keeps it (issue #18: large buffers live in memory that is returned
 to the OS). Real server, real
@@ -16,6 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.support.http import get
 from tests.support.memory import MiB, proc_status
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
@@ -26,6 +31,16 @@ MODELS = {
     "arena_shrunk": {"memory.enable_memory_arena_shrinkage": "gpu:0;cpu:0"},
     "arena_bad": {"enable_mem_arena": "yes"},
 }
+#: optimization blocks, and the level each session must get (Triton's backend's table).
+GRAPH_LEVELS = {
+    "graph_basic": ("optimization { graph { level: -1 } }\n", "ORT_ENABLE_BASIC"),
+    "graph_extended": ("optimization { graph { level: 1 } }\n", "ORT_ENABLE_EXTENDED"),
+    "graph_none": (
+        "optimization { graph { level: 2 } priority: PRIORITY_MAX }\n",
+        "ORT_DISABLE_ALL",
+    ),
+    "arena_default": ("", "ORT_ENABLE_ALL"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +50,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32" / "1", root / name / "1")
         config = "".join(_PARAMETER.format(key=k, value=v) for k, v in parameters.items())
         (root / name / "config.pbtxt").write_text(config)
+    for name, (block, _) in GRAPH_LEVELS.items():
+        if name not in MODELS:
+            shutil.copytree(SAMPLE_REPOSITORY / "identity_fp32" / "1", root / name / "1")
+            (root / name / "config.pbtxt").write_text(block)
     proc = ServerProcess(root).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log
@@ -85,3 +104,20 @@ def test_shrinkage_naming_a_gpu_runs_on_a_cpu_session(server: ServerProcess) -> 
     client = httpclient.InferenceServerClient(server.host_port, network_timeout=120)
     for _ in range(2):
         _infer(client, "arena_shrunk", 1024)
+
+
+def test_the_graph_optimization_level_reaches_the_session(server: ServerProcess) -> None:
+    status, hardware = get(server, "/v2/hardware")
+    assert status == 200 and isinstance(hardware, dict)
+    levels = {
+        instance["model"]: instance["graph_optimization_level"]
+        for device in hardware["devices"].values()
+        for instance in device["instances"]
+    }
+    for name, (_, level) in GRAPH_LEVELS.items():
+        assert levels[name] == level, name
+        _infer(httpclient.InferenceServerClient(server.host_port), name, 4)
+    # graph is honoured; the rest of optimization is still ignored, with a warning
+    assert "config.pbtxt field 'optimization.priority' is not supported" in server.log
+    assert "field 'optimization' is" not in server.log
+    assert "field 'optimization.graph' is" not in server.log

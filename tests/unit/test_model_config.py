@@ -20,6 +20,7 @@ from oipserve.models.config.parse import (
     parse_model_config,
     read_model_config,
 )
+from oipserve.models.config.session_options import session_options
 from oipserve.wire.datatypes import DATATYPES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -211,6 +212,7 @@ def test_disposition_table_covers_every_field_of_the_schema() -> None:
         mc.ModelQueuePolicy,
         mc.ModelEnsembling,
         mc.ModelEnsembling.Step,
+        mc.ModelOptimizationPolicy,
     )
     for message in messages:
         descriptor = message.DESCRIPTOR
@@ -225,6 +227,7 @@ def test_disposition_table_covers_every_field_of_the_schema() -> None:
         "inference.ModelQueuePolicy",
         "inference.ModelEnsembling",
         "inference.ModelEnsembling.Step",
+        "inference.ModelOptimizationPolicy",
     }
 
 
@@ -242,7 +245,7 @@ def test_ignored_fields_are_listed_by_path() -> None:
         """
     )
     assert set(config.ignored) == {
-        "optimization",
+        "optimization.execution_accelerators",
         "model_warmup",
         "metric_tags",
         "instance_group[0].host_policy",
@@ -251,6 +254,24 @@ def test_ignored_fields_are_listed_by_path() -> None:
     assert config.response_cache  # honoured: the response cache (docs/cache.md)
     # Defaults do not count as given: a false flag is not an ignored field.
     assert parse_model_config("instance_group { passive: false }").ignored == ()
+
+
+def test_the_graph_optimization_level_is_honoured() -> None:
+    """Triton's ONNX Runtime backend's table: -1 basic, 1 extended, 2 none, any other all."""
+    config = parse_model_config("optimization { graph { level: -1 } priority: PRIORITY_MAX }")
+    assert config.ignored == ("optimization.priority",)
+    assert config.graph_level == -1
+    levels = {
+        level: session_options("m", {}, level).get("graph_optimization_level")
+        for level in (0, -1, 1, 2, 3)
+    }
+    assert levels == {
+        0: None,  # not given: ONNX Runtime's default, which is Triton's (all)
+        -1: "ORT_ENABLE_BASIC",
+        1: "ORT_ENABLE_EXTENDED",
+        2: "ORT_DISABLE_ALL",
+        3: "ORT_ENABLE_ALL",
+    }
 
 
 def test_every_warned_field_is_reported_and_every_refused_one_refused() -> None:

@@ -53,7 +53,7 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "output": FieldRule(H, "see the output fields"),
         "batch_input": FieldRule(H, "tensors made per batch for ragged inputs (docs/scheduler.md)"),
         "batch_output": FieldRule(H, "BATCH_SCATTER_WITH_INPUT_SHAPE: cut by the input's shapes"),
-        "optimization": FieldRule(W, "ONNX Runtime's defaults are used"),
+        "optimization": FieldRule(H, "graph.level honoured, see the optimization fields"),
         "dynamic_batching": FieldRule(H, "the dynamic batcher, see its fields"),
         "sequence_batching": FieldRule(
             H, "direct and oldest strategies, control inputs, implicit state (docs/sequences.md)"
@@ -141,6 +141,16 @@ DISPOSITIONS: dict[str, dict[str, FieldRule]] = {
         "passive": FieldRule(R, "every instance takes requests"),
         "host_policy": FieldRule(W, "oipserve has no host policies"),
     },
+    "inference.ModelOptimizationPolicy": {
+        "graph": FieldRule(H, "level: ONNX Runtime's graph optimization level, as Triton's"),
+        "priority": FieldRule(W, "oipserve has no model priorities"),
+        "cuda": FieldRule(W, "CUDA graphs are TensorRT-only"),
+        "execution_accelerators": FieldRule(W, "ONNX Runtime's CPU or CUDA provider runs it"),
+        "input_pinned_memory": FieldRule(W, "inputs come in shared memory, not pinned"),
+        "output_pinned_memory": FieldRule(W, "outputs go in shared memory, not pinned"),
+        "gather_kernel_buffer_threshold": FieldRule(W, "oipserve has no gather kernel"),
+        "eager_batching": FieldRule(W, "batches form as the dynamic batcher forms them"),
+    },
 }
 
 #: Repeated message fields of ModelConfig whose entries have their own rules above.
@@ -180,6 +190,8 @@ def review(config: mc.ModelConfig) -> Review:
         _review_fields(scheduling, "ensemble_scheduling", out)
         for index, step in enumerate(scheduling.step):
             _review_fields(step, f"ensemble_scheduling.step[{index}]", out)
+    if config.HasField("optimization"):
+        _review_fields(config.optimization, "optimization", out)
     if config.HasField("dynamic_batching"):
         batching = config.dynamic_batching
         _review_fields(batching, "dynamic_batching", out)

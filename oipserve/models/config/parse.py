@@ -163,6 +163,9 @@ class ModelConfig(msgspec.Struct, frozen=True):
     batch_io: BatchIO | None = None
     #: Padded batching (the ``pad_batch`` parameter); None without it (padding_config.py).
     pad_batch: PadBatch | None = None
+    #: ``optimization.graph.level`` (0: not given), ONNX Runtime's graph optimization level
+    #: as Triton's backend maps it (``session_options.graph_optimization``).
+    graph_level: int = 0
 
 
 class ConfigLimits(msgspec.Struct, frozen=True):
@@ -393,6 +396,7 @@ def _typed(config: Any) -> ModelConfig:
         version_policy=_version_policy(config),
         dynamic_batching=batching,
         histogram_buckets=buckets,
+        graph_level=config.optimization.graph.level,
         response_cache=config.response_cache.enable,
         ignored=(*reviewed.ignored, *unused_metrics),
         document=message_json(config),

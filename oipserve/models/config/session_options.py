@@ -16,6 +16,10 @@ Triton's onnxruntime backend takes these as ``parameters { key: ... value: { str
   them). On the CPU it measured no effect (docs/model-config.md): bound a worker's heap
   with ``enable_mem_arena`` "0" instead.
 
+And ``optimization { graph { level: N } }``, which Triton's backend maps to ONNX Runtime's
+graph optimization level (``GRAPH_LEVELS``: -1 basic, 1 extended, 2 none, any other all);
+the worker is given the level's name (``graph_optimization_level``).
+
 The front only checks and forwards them (it never loads ONNX Runtime); the worker applies them.
 """
 
@@ -29,6 +33,12 @@ from oipserve.errors import InvalidInput
 ARENA = "enable_mem_arena"
 PATTERN = "enable_mem_pattern"
 SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+GRAPH_LEVEL = "graph_optimization_level"
+
+#: Triton's ONNX Runtime backend's reading of ``optimization.graph.level``; any other
+#: value (0, not given, included) is ONNX Runtime's default, ``ORT_ENABLE_ALL``.
+GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+DEFAULT_GRAPH_LEVEL = "ORT_ENABLE_ALL"
 
 _SHRINK_ENTRY = re.compile(r"(cpu|gpu):\d+")
 
@@ -36,9 +46,15 @@ _SHRINK_ENTRY = re.compile(r"(cpu|gpu):\d+")
 _BOOLS = {"1": "1", "true": "1", "on": "1", "0": "0", "false": "0", "off": "0"}
 
 
-def session_options(model: str, parameters: Mapping[str, str]) -> dict[str, str]:
-    """The session parameters among a model's ``parameters``, checked; InvalidInput if bad."""
+def session_options(
+    model: str, parameters: Mapping[str, str], graph_level: int = 0
+) -> dict[str, str]:
+    """The session parameters among a model's ``parameters``, checked, and the graph
+    optimization level ``optimization.graph.level`` gives (``GRAPH_LEVELS``, when given);
+    InvalidInput if bad."""
     chosen: dict[str, str] = {}
+    if graph_level:
+        chosen[GRAPH_LEVEL] = GRAPH_LEVELS.get(graph_level, DEFAULT_GRAPH_LEVEL)
     for name in (ARENA, PATTERN):
         value = parameters.get(name)
         if value is None:
