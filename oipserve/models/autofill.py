@@ -26,8 +26,8 @@ Where this server differs, and why: the inputs and outputs the server itself fil
 (sequence controls and states, ragged and padded batching's generated inputs) are not
 listed; Triton lists them, and its load then fails counting the inputs. An unbatched
 scalar input (``dims: [1]`` as Triton shows it) is fed to the model as a scalar, as
-Triton's backend feeds it; an unbatched output without dims (a scalar, or of unknown rank:
-ONNX Runtime reports both so) is answered with the shape the model gives it.
+Triton's backend feeds it; an unbatched output the model makes a scalar is answered with
+its dims, ``[1]``, as Triton's backend answers it (``request.inference._client_shape``).
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ def _filled_by_server(config: ModelConfig | None) -> tuple[frozenset[str], froze
 def _entry(meta: TensorMeta, batched: bool, fed: bool) -> tuple[dict[str, Any], TensorConfig]:
     """One graph tensor as Triton's auto-complete lists it (the JSON entry), and as the
     server reads it: an unbatched input without dims, shown as ``dims: [1]``, is fed as a
-    scalar (``fed``: an input); such an output is answered as the model made it (ONNX
-    Runtime gives an output of unknown rank no dims either)."""
+    scalar (``fed``: an input); such an output is answered as ``[1]`` when the model makes
+    a scalar of it, as the shape the model gives it otherwise (ONNX Runtime gives an output
+    of unknown rank no dims either)."""
     dims = list(meta.shape[1:] if batched else meta.shape)
     entry: dict[str, Any] = {"name": meta.name, "data_type": DATATYPES[meta.datatype].triton}
     reshape: tuple[int, ...] | None = None

@@ -237,9 +237,15 @@ def client_outputs(
 
 
 def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
-    """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape."""
+    """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape, or
+    when the model made a scalar of an unbatched output (its dims are 1s then, ``[1]`` as
+    auto-complete lists it: Triton's ONNX Runtime backend answers a scalar with them)."""
     spec = model.output_map.get(name)
-    if spec is None or spec.model_shape is None:
+    if spec is None:
+        return shape
+    if spec.model_shape is None:
+        if not shape and spec.shape and all(dim == 1 for dim in spec.shape):
+            return list(spec.shape)
         return shape
     try:
         return reshaped(shape, spec.model_shape, spec.shape)

@@ -3,7 +3,7 @@ served as Triton serves it (its ONNX Runtime backend's ``AutoCompleteConfig``): 
 the config response, batch limits, the dynamic batcher; ``--disable-auto-complete-config``
 (and Triton's ``--strict-model-config=true``) keeps each configuration as given;
 ``--backend-config`` sets the max_batch_size filled in (docs/model-config.md,
-"Auto-complete")."""
+"Auto-complete"). An unbatched scalar output is answered as Triton answers it, ``[1]``."""
 
 from __future__ import annotations
 
@@ -154,6 +154,27 @@ def test_an_unbatched_scalar_input_is_dims_1(completing: ServerProcess) -> None:
         tensor = httpclient.InferInput("X", [1], "FP32")
         tensor.set_data_from_numpy(np.array([2], dtype=np.float32))
         assert client.infer("scalar", [tensor]).as_numpy("Y").item() == 3
+
+
+def test_an_unbatched_scalar_output_is_answered_as_dims_1(completing: ServerProcess) -> None:
+    """The model makes Y a scalar; Triton's backend answers it with its config dims, [1]
+    (its scalar_outputs_), REST and gRPC alike, as the metadata says."""
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        assert client.get_model_config("scalar")["output"][0]["dims"] == [1]
+        assert client.get_model_metadata("scalar")["outputs"][0]["shape"] == [1]
+        tensor = httpclient.InferInput("X", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([2], dtype=np.float32))
+        result = client.infer("scalar", [tensor])
+        assert result.get_output("Y")["shape"] == [1]
+        np.testing.assert_array_equal(result.as_numpy("Y"), np.array([3], np.float32))
+        as_json = [httpclient.InferRequestedOutput("Y", binary_data=False)]
+        json_result = client.infer("scalar", [tensor], outputs=as_json)
+        assert json_result.get_output("Y")["shape"] == [1]
+    with grpcclient.InferenceServerClient(completing.grpc_url) as client:
+        given = grpcclient.InferInput("X", [1], "FP32")
+        given.set_data_from_numpy(np.array([2], dtype=np.float32))
+        output = client.infer("scalar", [given]).get_output("Y")
+        assert output is not None and list(output.shape) == [1]
 
 
 def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) -> None:
