@@ -184,7 +184,41 @@ def _dims_conflict(
         f"model '{model}', tensor '{name}': the model expects {len(graph)} dimensions (shape "
         f"{_shape_text(graph)}) but the model configuration specifies {specified}; "
         f"config.pbtxt gives {kind} '{name}' shape {list(dims)} but the ONNX graph has "
-        f"{list(graph)}"
+        f"{list(graph)}{_dims_hint(kind, dims, graph)}"
+    )
+
+
+def _dims_hint(kind: str, dims: tuple[int, ...], graph: tuple[int, ...]) -> str:
+    """What Triton wants of dims of the graph's rank that it refuses."""
+    if len(dims) != len(graph):
+        return ""
+    pairs = list(zip(dims, graph, strict=True))
+    if any(dim == -1 and graph_dim != -1 for dim, graph_dim in pairs):
+        return " (where the graph's dim is fixed, dims must give its size, not -1)"
+    if kind == "output" and any(graph_dim == -1 for _, graph_dim in pairs):
+        return " (an output's dims must be the graph's exactly: -1 where it is variable)"
+    return ""
+
+
+def _scalar_conflict(kind: str, name: str, dims: tuple[int, ...], model: str) -> MetadataConflict:
+    """Triton's words for dims other than 1s over a graph tensor without dims, then ours."""
+    return MetadataConflict(
+        f"unable to load model '{model}', scalar tensor '{name}', should only provide 1 in the "
+        "model configuration when the model doesn't support batching. Model configuration "
+        f"provided: {_shape_text(dims)}.; config.pbtxt gives {kind} '{name}' dims {list(dims)} "
+        "but the ONNX graph gives it no dims (a scalar, or of unknown rank): its dims may "
+        "only be 1s"
+    )
+
+
+def _batch_conflict(kind: str, name: str, graph: tuple[int, ...], model: str) -> MetadataConflict:
+    """Triton's words for batching over a fixed first dimension, then ours."""
+    return MetadataConflict(
+        f"model '{model}', tensor '{name}': for the model to support batching the shape should "
+        "have at least 1 dimension and the first dimension must be -1; but shape expected by "
+        f"the model is {_shape_text(graph)}; config.pbtxt gives max_batch_size > 0 but the "
+        f"ONNX graph's {kind} '{name}' has a fixed first dimension ({list(graph)}): the model "
+        "cannot batch, so leave max_batch_size out (or 0) and give its dims whole"
     )
 
 
@@ -195,20 +229,28 @@ def _merge_dims(
     graph: tuple[int, ...],
     whose: tuple[str, bool] = ("", False),
 ) -> tuple[int, ...]:
-    """The config's dims, with the graph's fixed size where the config says -1."""
-    conflict = _dims_conflict(kind, name, dims, graph, whose)
-    if graph and len(graph) != len(dims):
-        raise conflict
-    merged = []
-    for i, dim in enumerate(dims):
-        graph_dim = graph[i] if graph else -1
-        if dim == -1:
-            merged.append(graph_dim)
-        elif graph_dim not in (-1, dim):
-            raise conflict
-        else:
-            merged.append(dim)
-    return tuple(merged)
+    """The config's dims, checked against the graph's shape as Triton's ONNX Runtime backend
+    checks them (``CompareDimsSupported``): with batching the graph's first dim is variable;
+    the ranks are the same; an input's fixed graph dims are given as they are (a variable
+    one takes any size), an output's every dim is the graph's exactly (-1 where it is
+    variable). A graph tensor without dims (a scalar, or of unknown rank) takes dims of 1s."""
+    model, batched = whose
+    if not graph:
+        given = dims[1:] if batched else dims
+        if any(dim != 1 for dim in given):
+            raise _scalar_conflict(kind, name, given, model)
+        return dims
+    if batched and graph[0] != -1:
+        raise _batch_conflict(kind, name, graph, model)
+    exact = kind == "output"
+    fits = len(graph) == len(dims) and all(
+        dim == graph_dim
+        for dim, graph_dim in zip(dims, graph, strict=False)
+        if exact or graph_dim != -1
+    )
+    if not fits:
+        raise _dims_conflict(kind, name, dims, graph, whose)
+    return dims
 
 
 def merge_metadata(
@@ -217,10 +259,8 @@ def merge_metadata(
     """Tensor metadata from the graph, refined by config.pbtxt; MetadataConflict if they clash.
 
     With ``max_batch_size > 0`` a config's dims exclude the batch dimension
-    (Triton's convention), which becomes -1. A config dim of -1 takes the
-    graph's fixed size when it has one (not under a reshape: clients then see
-    the config's dims as given). The graph is checked against ``reshape`` when
-    there is one, else against ``dims``.
+    (Triton's convention), which becomes -1. The graph is checked against ``reshape``
+    when there is one, else against ``dims``, by Triton's rules (``_merge_dims``).
     """
     graph_inputs = [_spec(m) for m in loaded.inputs]
     graph_outputs = [_spec(m) for m in loaded.outputs]

@@ -3,7 +3,8 @@ served as Triton serves it (its ONNX Runtime backend's ``AutoCompleteConfig``): 
 the config response, batch limits, the dynamic batcher; ``--disable-auto-complete-config``
 (and Triton's ``--strict-model-config=true``) keeps each configuration as given;
 ``--backend-config`` sets the max_batch_size filled in (docs/model-config.md,
-"Auto-complete"). An unbatched scalar output is answered as Triton answers it, ``[1]``."""
+"Auto-complete"). Shapes are checked against the graph by Triton's rules, and an unbatched
+scalar output is answered as Triton answers it, ``[1]``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.utils import InferenceServerException
 
-from tests.support.autofill_models import TRITON_REFUSED, write_autofill_repository
+from tests.support.autofill_models import (
+    REFUSED_OTHER_GRAPHS,
+    TRITON_REFUSED,
+    write_autofill_repository,
+)
 from tests.support.cli import run_cli
 from tests.support.http import get, post
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
@@ -179,7 +184,12 @@ def test_an_unbatched_scalar_output_is_answered_as_dims_1(completing: ServerProc
 
 def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) -> None:
     reasons = _reasons(completing)
-    assert set(reasons) == {"batch_dim_given", "bad_max_batch_size", *TRITON_REFUSED}
+    assert set(reasons) == {
+        "batch_dim_given",
+        "bad_max_batch_size",
+        *TRITON_REFUSED,
+        *REFUSED_OTHER_GRAPHS,
+    }
     assert reasons["bad_max_batch_size"] == (
         "autofill failed for model 'bad_max_batch_size': model does not support "
         "batching while non-zero max_batch_size is specified"
@@ -190,11 +200,16 @@ def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) ->
     assert "list every input and output in config.pbtxt" in reason
 
 
-@pytest.mark.parametrize("case", sorted(TRITON_REFUSED))
+REFUSALS = {**{case: words for case, (_, words) in TRITON_REFUSED.items()}, **REFUSED_OTHER_GRAPHS}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_tritons_qa_refusals_lead_with_tritons_words(completing: ServerProcess, case: str) -> None:
-    """Triton's ``autofill_noplatform/onnx`` cases: its words first (what its QA looks
-    for), ours after; REST's index and load, gRPC's load alike."""
-    words = TRITON_REFUSED[case][1]
+    """Triton's ``autofill_noplatform/onnx`` cases and the rest of its backend's shape
+    rules (a -1 over a fixed dim, batching over a fixed first dim, a scalar's dims): its
+    words first (what its QA looks for), ours after; REST's index and load, gRPC's load
+    alike."""
+    words = REFUSALS[case]
     reason = _reasons(completing)[case]
     assert reason.startswith(words + "; config.pbtxt "), reason
     status, body = post(completing, f"/v2/repository/models/{case}/load")
@@ -256,7 +271,12 @@ def test_without_auto_complete_each_config_is_taken_as_given(
             in (reasons["partial"])
         )
         # (batch_dim_given serves, its dims as given; the others are refused still)
-        assert set(reasons) == {"partial", "bad_max_batch_size", *TRITON_REFUSED}
+        assert set(reasons) == {
+            "partial",
+            "bad_max_batch_size",
+            *TRITON_REFUSED,
+            *REFUSED_OTHER_GRAPHS,
+        }
     finally:
         assert proc.stop() == 0, proc.log
     deprecated = "Warning: '--strict-model-config' has been deprecated!"

@@ -490,7 +490,7 @@ def test_a_chain_runs_in_one_worker_and_answers_as_its_steps_do(
 def test_a_failing_chain_step_fails_as_that_step_alone(
     http: httpclient.InferenceServerClient,
 ) -> None:
-    """six_wide (a Reshape to [1, 6]) fails on 4 values: the chain's answer is the one the
+    """six_wide (a Reshape to [-1, 6]) fails on 4 values: the chain's answer is the one the
     model gives alone for that input, the step counts a failure, the one before a success."""
     x = np.ones((1, 4), np.float32)
     given = httpclient.InferInput("IN", [1, 4], "FP32")

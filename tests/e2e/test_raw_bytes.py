@@ -41,10 +41,14 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for name, (batch, dims, more) in CONFIGS.items():
         (root / name / "1").mkdir(parents=True)
         shutil.copy(graph, root / name / "1" / "model.onnx")
-        tensor = '{ name: "%s" data_type: TYPE_STRING dims: ' + dims + " }"
+        tensor = '{ name: "%s" data_type: TYPE_STRING dims: %s }'
+        # NOTE: the output's dims are the graph's ([batch, n]) exactly, as Triton's
+        #   backend requires of an output; the input's dims are what the test is about.
+        variable = "[ " + ", ".join(["-1"] * (dims.count(",") + 1)) + " ]"
         (root / name / "config.pbtxt").write_text(
             f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {batch}\n'
-            f"input [ {tensor % 'INPUT0'} ]\noutput [ {tensor % 'OUTPUT0'} ]\n{more}\n"
+            f"input [ {tensor % ('INPUT0', dims)} ]\noutput [ {tensor % ('OUTPUT0', variable)} ]\n"
+            f"{more}\n"
         )
     proc = ServerProcess(root, ["--devices", "cpu"]).wait_ready()
     yield proc

@@ -39,8 +39,24 @@ _ALL_OUT = {"OUTPUT0": [16], "OUTPUT1": [16]}
 
 #: Triton's QA configs ``qa/L0_model_config/autofill_noplatform/onnx/<case>`` over the simple
 #: graph (INT32 [-1, 16] in and out: their outputs are INT32 here, TYPE_INT8 in Triton's
-#: graph), each with the substring of Triton's refusal its ``expected`` file holds.
+#: graph), each with the substring of Triton's refusal its ``expected`` file holds; and the
+#: rest of its backend's ``CompareDimsSupported`` (``*_minus_one``: a -1 where the graph's dim
+#: is fixed), in its words.
 TRITON_REFUSED: dict[str, tuple[str, str]] = {
+    "input_minus_one": (
+        _io("input", {"INPUT0": [-1], "INPUT1": [16]}) + _io("output", _ALL_OUT),
+        "model 'input_minus_one', tensor 'INPUT0': the model expects 2 dimensions (shape "
+        "[-1,16]) but the model configuration specifies 2 dimensions (an initial batch "
+        "dimension because max_batch_size > 0 followed by the explicit tensor shape, making "
+        "complete shape [-1,-1])",
+    ),
+    "output_minus_one": (
+        _io("input", _ALL_IN) + _io("output", {"OUTPUT0": [-1], "OUTPUT1": [16]}),
+        "model 'output_minus_one', tensor 'OUTPUT0': the model expects 2 dimensions (shape "
+        "[-1,16]) but the model configuration specifies 2 dimensions (an initial batch "
+        "dimension because max_batch_size > 0 followed by the explicit tensor shape, making "
+        "complete shape [-1,-1])",
+    ),
     "bad_input_dims": (
         _io("input", {"INPUT0": [16, 1], "INPUT1": [16]}) + _io("output", _ALL_OUT),
         "model 'bad_input_dims', tensor 'INPUT0': the model expects 2 dimensions (shape "
@@ -74,12 +90,29 @@ TRITON_REFUSED: dict[str, tuple[str, str]] = {
 }
 
 
-def _fixed_graph(path: Path) -> None:
-    """INPUT0 + INPUT1 -> OUTPUT0, all INT32 [16]: no variable first dim, no batching."""
+#: Refusals of Triton's ONNX Runtime backend over the other graphs here: model -> its words.
+#: ``fixed_first_dim``: a full batching config over a [4, 16] graph; ``scalar_dims``: dims
+#: [2] for a scalar.
+REFUSED_OTHER_GRAPHS = {
+    "fixed_first_dim": (
+        "model 'fixed_first_dim', tensor 'INPUT0': for the model to support batching the "
+        "shape should have at least 1 dimension and the first dimension must be -1; but "
+        "shape expected by the model is [4,16]"
+    ),
+    "scalar_dims": (
+        "unable to load model 'scalar_dims', scalar tensor 'X', should only provide 1 in the "
+        "model configuration when the model doesn't support batching. Model configuration "
+        "provided: [2]."
+    ),
+}
+
+
+def _fixed_graph(path: Path, shape: tuple[int, ...] = (16,)) -> None:
+    """INPUT0 + INPUT1 -> OUTPUT0, all INT32 ``shape`` (fixed): no batching."""
     tensors = [
-        helper.make_tensor_value_info(n, TensorProto.INT32, [16]) for n in ("INPUT0", "INPUT1")
+        helper.make_tensor_value_info(n, TensorProto.INT32, shape) for n in ("INPUT0", "INPUT1")
     ]
-    output = helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, [16])
+    output = helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, shape)
     graph = helper.make_graph(
         [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])], "fixed", tensors, [output]
     )
@@ -117,7 +150,8 @@ def write_autofill_repository(root: Path) -> None:
     configuration, with ``PARTIAL``, with ``BATCH_DIM_GIVEN``; ``no_batch`` and
     ``bad_max_batch_size``: the fixed graph without one, with ``BAD_MAX_BATCH_SIZE``;
     ``vector``: versioned's version 1 (FP32 [-1] -> [-1], + 1) without one; ``scalar``: FP32
-    scalars (Y = X + 1) without one; the ``TRITON_REFUSED`` cases, ``max_batch_size: 1``."""
+    scalars (Y = X + 1) without one; the ``TRITON_REFUSED`` cases, ``max_batch_size: 1``; the
+    ``REFUSED_OTHER_GRAPHS`` ones."""
     _model(root, "no_config", "simple")
     _model(root, "partial", "simple", PARTIAL)
     _model(root, "batch_dim_given", "simple", BATCH_DIM_GIVEN)
@@ -128,3 +162,11 @@ def write_autofill_repository(root: Path) -> None:
     _scalar_graph(root / "scalar" / "1" / "model.onnx")
     for name, (config, _) in TRITON_REFUSED.items():
         _model(root, name, "simple", "max_batch_size: 1\n" + config)
+    _fixed_graph(root / "fixed_first_dim" / "1" / "model.onnx", (4, 16))
+    fixed = _io("input", _ALL_IN) + _io("output", {"OUTPUT0": [16]})
+    (root / "fixed_first_dim" / "config.pbtxt").write_text("max_batch_size: 4\n" + fixed)
+    _scalar_graph(root / "scalar_dims" / "1" / "model.onnx")
+    (root / "scalar_dims" / "config.pbtxt").write_text(
+        'input { name: "X" data_type: TYPE_FP32 dims: [ 2 ] }\n'
+        'output { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }\n'
+    )

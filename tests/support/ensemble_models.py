@@ -122,8 +122,13 @@ def write_step(root: Path, name: str, slow_nodes: int = 400) -> None:
             previous = f"t{i}"
         nodes.append(helper.make_node("Add", [previous, "one"], ["OUT"]))
         _save(path, nodes, [_vector("IN")], [_vector("OUT")], inits)
-    elif name == "six_wide":  # a Reshape to [1, 6]: fails at run time for other sizes
-        shape = numpy_helper.from_array(np.array([1, 6], np.int64), "shape")
+    elif name == "six_wide":  # a Reshape to [-1, 6]: fails at run time for other sizes
+        # NOTE: [-1, 6], not [1, 6]: ONNX Runtime infers the output's shape from it, and
+        #   Triton's rule refuses a batching model whose output's first dim is fixed.
+        config = _step_config(name, ["IN"], []) + (
+            'output { name: "OUT" data_type: TYPE_FP32 dims: [ 6 ] }\n'
+        )
+        shape = numpy_helper.from_array(np.array([-1, 6], np.int64), "shape")
         nodes = [helper.make_node("Reshape", ["IN", "shape"], ["OUT"])]
         _save(path, nodes, [_vector("IN")], [_vector("OUT")], [shape])
     elif name == "plus":

@@ -92,3 +92,80 @@ def test_optional_input_is_checked_against_its_default() -> None:
     )
     with pytest.raises(MetadataConflict, match="input 'BIAS' shape"):
         merge_metadata(parse_model_config(CONFIG), loaded)
+
+
+def _simple(inputs: list[int], outputs: list[int]) -> Loaded:
+    return _loaded([TensorMeta("X", "FP32", inputs)], [TensorMeta("Y", "FP32", outputs)], ())
+
+
+@pytest.mark.parametrize(
+    ("config", "graph", "words"),
+    [
+        # Triton's CompareDimsSupported: an input's -1 over a fixed graph dim
+        (
+            'input { name: "X" data_type: TYPE_FP32 dims: [ -1 ] }\n'
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }',
+            ([4], [4]),
+            "model 'm', tensor 'X': the model expects 1 dimensions (shape [4]) but the model "
+            "configuration specifies 1 dimensions (shape [-1]); config.pbtxt gives input 'X' "
+            "shape [-1] but the ONNX graph has [4] (where the graph's dim is fixed, dims must "
+            "give its size, not -1)",
+        ),
+        # an output's dims are compared exactly: -1 over a fixed dim, a size over -1
+        (
+            'input { name: "X" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }',
+            ([4], [4]),
+            "model 'm', tensor 'Y': the model expects 1 dimensions (shape [4]) but the model "
+            "configuration specifies 1 dimensions (shape [-1])",
+        ),
+        (
+            'input { name: "X" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }',
+            ([-1], [-1]),
+            "model 'm', tensor 'Y': the model expects 1 dimensions (shape [-1]) but the model "
+            "configuration specifies 1 dimensions (shape [4]); config.pbtxt gives output 'Y' "
+            "shape [4] but the ONNX graph has [-1] (an output's dims must be the graph's "
+            "exactly: -1 where it is variable)",
+        ),
+        # batching over a fixed first dim
+        (
+            'max_batch_size: 4\ninput { name: "X" data_type: TYPE_FP32 dims: [ 2 ] }\n'
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }',
+            ([4, 2], [-1, 2]),
+            "model 'm', tensor 'X': for the model to support batching the shape should have at "
+            "least 1 dimension and the first dimension must be -1; but shape expected by the "
+            "model is [4,2]; config.pbtxt gives max_batch_size > 0",
+        ),
+        # a scalar's dims are 1s
+        (
+            'input { name: "X" data_type: TYPE_FP32 dims: [ 1 ] }\n'
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ 1, 2 ] }',
+            ([], []),
+            "unable to load model 'm', scalar tensor 'Y', should only provide 1 in the model "
+            "configuration when the model doesn't support batching. Model configuration "
+            "provided: [1,2].; config.pbtxt gives output 'Y' dims [1, 2]",
+        ),
+    ],
+    ids=["input_minus_one", "output_minus_one", "output_fixed", "fixed_batch", "scalar"],
+)
+def test_tritons_shape_rules(config: str, graph: tuple[list[int], list[int]], words: str) -> None:
+    with pytest.raises(MetadataConflict) as info:
+        merge_metadata(parse_model_config(config), _simple(*graph), "m")
+    assert str(info.value).startswith(words), str(info.value)
+
+
+def test_what_tritons_shape_rules_take() -> None:
+    """An input's fixed size over a variable graph dim, 1s over a scalar, the exact dims."""
+    config = parse_model_config(
+        'input { name: "X" data_type: TYPE_FP32 dims: [ 3, 4 ] }\n'
+        'output { name: "Y" data_type: TYPE_FP32 dims: [ -1, 4 ] }'
+    )
+    inputs, outputs = merge_metadata(config, _simple([-1, 4], [-1, 4]), "m")
+    assert inputs[0].shape == (3, 4) and outputs[0].shape == (-1, 4)
+    config = parse_model_config(
+        'input { name: "X" data_type: TYPE_FP32 dims: [ 1 ] }\n'
+        'output { name: "Y" data_type: TYPE_FP32 dims: [ 1, 1 ] }'
+    )
+    inputs, outputs = merge_metadata(config, _simple([], []), "m")
+    assert inputs[0].shape == (1,) and outputs[0].shape == (1, 1)
