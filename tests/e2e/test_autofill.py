@@ -182,6 +182,34 @@ def test_an_unbatched_scalar_output_is_answered_as_dims_1(completing: ServerProc
         assert output is not None and list(output.shape) == [1]
 
 
+def test_a_sequence_model_is_completed_without_what_the_server_fills(
+    completing: ServerProcess,
+) -> None:
+    """A deliberate difference: Triton's auto-complete lists the control and state inputs
+    too, and its load then fails counting them (``configuration expects 5 inputs, model
+    provides 3``); here the completed configuration lists what clients send and receive,
+    and the model serves its sequences."""
+    with httpclient.InferenceServerClient(completing.host_port) as client:
+        config = client.get_model_config("sequence_partial")
+        assert [(t["name"], t["dims"]) for t in config["input"]] == [("INPUT", [1])]
+        assert [(t["name"], t["dims"]) for t in config["output"]] == [("OUTPUT", [1])]
+        assert config["max_batch_size"] == 8 and "dynamic_batching" not in config
+    with grpcclient.InferenceServerClient(completing.grpc_url) as client:
+        sums = []
+        for step, value in enumerate((1, 2, 3)):
+            given = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            given.set_data_from_numpy(np.array([[value]], np.int32))
+            result = client.infer(
+                "sequence_partial",
+                [given],
+                sequence_id=7,
+                sequence_start=step == 0,
+                sequence_end=step == 2,
+            )
+            sums.append(int(result.as_numpy("OUTPUT").item()))
+        assert sums == [1, 3, 6]
+
+
 def test_conflicts_are_refused_with_a_clear_reason(completing: ServerProcess) -> None:
     reasons = _reasons(completing)
     assert set(reasons) == {

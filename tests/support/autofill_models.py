@@ -11,6 +11,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from tests.support.sequence_models import write_accumulate
 from tests.support.server import SAMPLE_REPOSITORY
 
 #: Every input, without the batch dimension (the rest of the configuration completed).
@@ -106,6 +107,18 @@ REFUSED_OTHER_GRAPHS = {
     ),
 }
 
+#: A sequence model's configuration without inputs or outputs (``write_accumulate``'s graph:
+#: INPUT, READY and ACC_IN in, OUTPUT and ACC_OUT out): auto-complete lists INPUT and OUTPUT.
+SEQUENCE_PARTIAL = """
+max_batch_size: 8
+sequence_batching {
+  control_input [
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+  state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"""
+
 
 def _fixed_graph(path: Path, shape: tuple[int, ...] = (16,)) -> None:
     """INPUT0 + INPUT1 -> OUTPUT0, all INT32 ``shape`` (fixed): no batching."""
@@ -150,8 +163,8 @@ def write_autofill_repository(root: Path) -> None:
     configuration, with ``PARTIAL``, with ``BATCH_DIM_GIVEN``; ``no_batch`` and
     ``bad_max_batch_size``: the fixed graph without one, with ``BAD_MAX_BATCH_SIZE``;
     ``vector``: versioned's version 1 (FP32 [-1] -> [-1], + 1) without one; ``scalar``: FP32
-    scalars (Y = X + 1) without one; the ``TRITON_REFUSED`` cases, ``max_batch_size: 1``; the
-    ``REFUSED_OTHER_GRAPHS`` ones."""
+    scalars (Y = X + 1) without one; ``sequence_partial``: ``SEQUENCE_PARTIAL``; the
+    ``TRITON_REFUSED`` cases, ``max_batch_size: 1``; the ``REFUSED_OTHER_GRAPHS`` ones."""
     _model(root, "no_config", "simple")
     _model(root, "partial", "simple", PARTIAL)
     _model(root, "batch_dim_given", "simple", BATCH_DIM_GIVEN)
@@ -162,6 +175,8 @@ def write_autofill_repository(root: Path) -> None:
     _scalar_graph(root / "scalar" / "1" / "model.onnx")
     for name, (config, _) in TRITON_REFUSED.items():
         _model(root, name, "simple", "max_batch_size: 1\n" + config)
+    write_accumulate(root / "sequence_partial" / "1" / "model.onnx")
+    (root / "sequence_partial" / "config.pbtxt").write_text(SEQUENCE_PARTIAL)
     _fixed_graph(root / "fixed_first_dim" / "1" / "model.onnx", (4, 16))
     fixed = _io("input", _ALL_IN) + _io("output", {"OUTPUT0": [16]})
     (root / "fixed_first_dim" / "config.pbtxt").write_text("max_batch_size: 4\n" + fixed)
