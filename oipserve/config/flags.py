@@ -330,9 +330,9 @@ def _auto_complete(serve: argparse.ArgumentParser) -> None:
         action="store_const",
         const="true",
         help="Triton's flag: take each config.pbtxt as given, never completed from the ONNX "
-        "graph (a model without one is served unbatched, as its graph says); by default a "
-        "missing or partial configuration is completed as Triton does it, see "
-        "docs/model-config.md",
+        "graph (a model without one, or with one that lists no inputs, is not loaded, as in "
+        "Triton); by default a missing or partial configuration is completed as Triton does "
+        "it, see docs/model-config.md",
     )
     serve.add_argument(
         "--strict-model-config",

@@ -186,7 +186,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     #: it the model is not loaded (400 on a load, not ready at start). Triton has no bound.
     max_priority_levels: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
     #: Triton's flag: a model's config.pbtxt is taken as given, never completed from its
-    #: ONNX graph (``oipserve.models.autofill``); a model without one is served unbatched.
+    #: ONNX graph (``oipserve.models.autofill``); a model without one is not loaded, as in
+    #: Triton.
     disable_auto_complete_config: bool = False
     #: Triton's deprecated spelling of the same: true disables auto-complete (and says so
     #: at start, as Triton does); None: not given.

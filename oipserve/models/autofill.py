@@ -28,6 +28,10 @@ listed; Triton lists them, and its load then fails counting the inputs. An unbat
 scalar input (``dims: [1]`` as Triton shows it) is fed to the model as a scalar, as
 Triton's backend feeds it; an unbatched output the model makes a scalar is answered with
 its dims, ``[1]``, as Triton's backend answers it (``request.inference._client_shape``).
+
+With auto-complete off, a model without a configuration is not loaded (the manager, in
+core's words), and one that lists no inputs fails Triton's input count
+(``metadata.merge_metadata``), as in Triton.
 """
 
 from __future__ import annotations

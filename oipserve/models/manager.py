@@ -313,6 +313,8 @@ class ModelManager:
         """``source``, or what it becomes when refused: a config past the limits, an
         ensemble that is its own step, however far down."""
         config = source.config
+        if source.error is None and config is None and not self.auto_complete.enabled:
+            return ModelSource(source.name, source.directory, error=_no_config(source))
         if source.error is not None or config is None:
             return source
         try:
@@ -639,3 +641,15 @@ def _serves_on(model: ModelVersion, worker: WorkerHandle) -> bool:
 def _placement(workers: Sequence[WorkerLink]) -> str:
     """Where a version's sessions are, for the log: ``worker 0 (cpu), worker 1 (cuda:0)``."""
     return ", ".join(f"worker {w.worker_id} ({w.device})" for w in workers) or "no worker"
+
+
+def _no_config(source: ModelSource) -> str:
+    """Why a model without a configuration is not loaded when auto-complete is off: core's
+    words for the config.pbtxt it cannot read (Triton reads it then, and fails), then ours."""
+    path = source.directory / "config.pbtxt"
+    return (
+        f"failed to open text file for read {path}: No such file or directory; the model has "
+        "no config.pbtxt and auto-complete is off (--disable-auto-complete-config or "
+        "--strict-model-config=true): give it a config.pbtxt that lists its inputs and "
+        "outputs, or load it with a configuration, or start the server without the flag"
+    )

@@ -70,11 +70,13 @@ def _refine(
     flat: frozenset[str] = frozenset(),
     model: str = "",
 ) -> tuple[TensorSpec, ...]:
-    if not declared:
-        return tuple(t for t in graph if t.name not in filled)
     by_name = {t.name: t for t in graph}
     if kind == "input":
+        # NOTE: none declared too (auto-complete off, or a graph without inputs): Triton
+        #   counts 0 against the graph's.
         _check_count(model, by_name, declared, filled)
+    if not declared:
+        return tuple(t for t in graph if t.name not in filled)
     batch = (-1,) if batched else ()
     refined = []
     for entry in declared:

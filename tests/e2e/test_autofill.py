@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.model_config_pb2 as mc
 import tritonclient.http as httpclient
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.utils import InferenceServerException
 
 from tests.support.autofill_models import (
@@ -285,26 +285,52 @@ def test_a_load_with_a_partial_config_is_completed(completing: ServerProcess) ->
 def test_without_auto_complete_each_config_is_taken_as_given(
     repository: Path, flags: list[str]
 ) -> None:
-    proc = ServerProcess(repository, [*flags, "--http-workers", "1"]).wait_ready()
+    """As Triton: a model without config.pbtxt is not loaded (core cannot read the file),
+    one whose config.pbtxt lists no inputs fails its backend's count, a partial one is
+    checked as it is; the index shows each reason, a load answers 400 with it."""
+    args = [*flags, "--model-control-mode", "explicit", "--load-model", "*"]
+    proc = ServerProcess(repository, [*args, "--http-workers", "1"]).wait_ready()
     try:
-        with httpclient.InferenceServerClient(proc.host_port) as client:
-            config = client.get_model_config("no_config")
-            assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
-            assert [t["dims"] for t in config["input"]] == [[-1, 16], [-1, 16]]
-            result = client.infer("no_config", _inputs(client, 8))  # no batch limit
-            assert result.as_numpy("OUTPUT0").shape == (8, 16)
         reasons = _reasons(proc)
-        assert (
-            "config.pbtxt gives input 'INPUT0' shape [16] but the ONNX graph has"
-            in (reasons["partial"])
+        for name in ("no_config", "no_batch", "vector", "scalar"):
+            assert reasons[name].startswith(
+                f"failed to open text file for read {repository / name / 'config.pbtxt'}: "
+                "No such file or directory; the model has no config.pbtxt and auto-complete "
+                "is off"
+            ), reasons[name]
+        assert reasons["empty_config"].startswith(
+            "unable to load model 'empty_config', configuration expects 0 inputs, model "
+            "provides 2; config.pbtxt leaves out graph inputs ['INPUT0', 'INPUT1']"
+        )
+        assert reasons["partial"].startswith(
+            "model 'partial', tensor 'INPUT0': the model expects 2 dimensions (shape [-1,16]) "
+            "but the model configuration specifies 1 dimensions (shape [16]); config.pbtxt "
+            "gives input 'INPUT0' shape [16] but the ONNX graph has"
         )
         # (batch_dim_given serves, its dims as given; the others are refused still)
         assert set(reasons) == {
+            "no_config",
+            "no_batch",
+            "vector",
+            "scalar",
+            "empty_config",
             "partial",
             "bad_max_batch_size",
+            "sequence_partial",
             *TRITON_REFUSED,
             *REFUSED_OTHER_GRAPHS,
         }
+        status, body = post(proc, "/v2/repository/models/no_config/load")
+        assert status == 400
+        assert "failed to open text file for read" in json.loads(body)["error"]
+        with grpcclient.InferenceServerClient(proc.grpc_url) as client:
+            with pytest.raises(InferenceServerException) as info:
+                client.load_model("no_config")
+            assert info.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+            assert "failed to open text file for read" in str(info.value.message())
+            given = json_format.MessageToJson(text_format.Parse(TRITON_NO_CONFIG, mc.ModelConfig()))
+            client.load_model("no_config", config=given)  # a configuration given serves
+            assert client.is_model_ready("no_config")
     finally:
         assert proc.stop() == 0, proc.log
     deprecated = "Warning: '--strict-model-config' has been deprecated!"

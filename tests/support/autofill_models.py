@@ -163,7 +163,8 @@ def write_autofill_repository(root: Path) -> None:
     configuration, with ``PARTIAL``, with ``BATCH_DIM_GIVEN``; ``no_batch`` and
     ``bad_max_batch_size``: the fixed graph without one, with ``BAD_MAX_BATCH_SIZE``;
     ``vector``: versioned's version 1 (FP32 [-1] -> [-1], + 1) without one; ``scalar``: FP32
-    scalars (Y = X + 1) without one; ``sequence_partial``: ``SEQUENCE_PARTIAL``; the
+    scalars (Y = X + 1) without one; ``empty_config``: the simple graph with a configuration
+    that gives its name alone; ``sequence_partial``: ``SEQUENCE_PARTIAL``; the
     ``TRITON_REFUSED`` cases, ``max_batch_size: 1``; the ``REFUSED_OTHER_GRAPHS`` ones."""
     _model(root, "no_config", "simple")
     _model(root, "partial", "simple", PARTIAL)
@@ -175,6 +176,7 @@ def write_autofill_repository(root: Path) -> None:
     _scalar_graph(root / "scalar" / "1" / "model.onnx")
     for name, (config, _) in TRITON_REFUSED.items():
         _model(root, name, "simple", "max_batch_size: 1\n" + config)
+    _model(root, "empty_config", "simple", 'name: "empty_config"\n')
     write_accumulate(root / "sequence_partial" / "1" / "model.onnx")
     (root / "sequence_partial" / "config.pbtxt").write_text(SEQUENCE_PARTIAL)
     _fixed_graph(root / "fixed_first_dim" / "1" / "model.onnx", (4, 16))

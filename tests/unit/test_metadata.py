@@ -146,8 +146,15 @@ def _simple(inputs: list[int], outputs: list[int]) -> Loaded:
             "configuration when the model doesn't support batching. Model configuration "
             "provided: [1,2].; config.pbtxt gives output 'Y' dims [1, 2]",
         ),
+        # no inputs given (auto-complete off): Triton's count
+        (
+            'output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }',
+            ([4], [4]),
+            "unable to load model 'm', configuration expects 0 inputs, model provides 1; "
+            "config.pbtxt leaves out graph inputs ['X']",
+        ),
     ],
-    ids=["input_minus_one", "output_minus_one", "output_fixed", "fixed_batch", "scalar"],
+    ids=["input_minus_one", "output_minus_one", "output_fixed", "fixed_batch", "scalar", "none"],
 )
 def test_tritons_shape_rules(config: str, graph: tuple[list[int], list[int]], words: str) -> None:
     with pytest.raises(MetadataConflict) as info:
