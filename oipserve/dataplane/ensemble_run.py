@@ -109,8 +109,12 @@ class EnsembleRun:
         self.deadline = runner.intake.deadline(inference)
         steps = model.plan.steps
         #: Per step: ensemble tensors still missing; readers of its outputs still running.
+        #: An ensemble input the request left out (an optional one: ``check_inputs``) is
+        #: never missing: it is absent, and the steps reading it run without it (Triton's).
+        own = model.input_map
         self.missing = [
-            sum(1 for t in step.input_map.values() if t not in tensors) for step in steps
+            sum(1 for t in step.input_map.values() if t not in tensors and t not in own)
+            for step in steps
         ]
         self.readers = [len(c) for c in model.plan.consumers]
         #: Per step: whether it holds a slot of ``max_inflight_requests``.
@@ -231,7 +235,8 @@ class EnsembleRun:
         Retryable, not the model's fault."""
         step = self.model.plan.steps[index]
         for model_input, name in step.input_map.items():
-            worker = self.tensors[name].held.worker
+            tensor = self.tensors.get(name)
+            worker = tensor.held.worker if tensor is not None else None
             if worker is not None and not worker.alive:
                 raise Unavailable(
                     f"ensemble '{self.model.name}': the worker that made input '{model_input}' "
@@ -334,11 +339,15 @@ class EnsembleRun:
             )
 
     def _step_inputs(self, index: int) -> tuple[list[InputTensor], list[Lease | RegionUse]]:
-        """Step ``index``'s inputs, where they lie, each with a hold on what it lies in."""
+        """Step ``index``'s inputs, where they lie, each with a hold on what it lies in;
+        none for an optional ensemble input the request left out (the step's model then
+        refuses it in its words when it requires that input, as Triton's step does)."""
         inputs = []
         owned: list[Lease | RegionUse] = []
         for model_input, name in self.model.plan.steps[index].input_map.items():
-            tensor = self.tensors[name]
+            tensor = self.tensors.get(name)
+            if tensor is None:
+                continue
             inputs.append(tensor.as_input(model_input))
             owned.append(cast(Lease, tensor.held.part()))  # (see EnsembleTensor.as_input)
         return inputs, owned

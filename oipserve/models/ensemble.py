@@ -233,6 +233,7 @@ def _step_model(registry: ModelRegistry, ensemble: str, step: EnsembleStep) -> S
         model.max_batch_size,
         {t.name: _spec_dims(t) for t in model.inputs},
         {t.name: _spec_dims(t) for t in model.outputs},
+        frozenset(t.name for t in model.inputs if t.optional),
     )
 
 
@@ -264,9 +265,12 @@ def validate(model: EnsembleVersion) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     if config is None:  # an EnsembleVersion is made from a configuration only
         raise EnsembleError(f"ensemble '{model.name}' has no configuration")
     batch = (-1,) if config.max_batch_size > 0 else ()
-    # NOTE: every input of an ensemble is required here (its steps read each one it names;
-    #   Triton passes an optional one left out to them as absent).
-    inputs = tuple(TensorSpec(t.name, t.data_type, (*batch, *t.dims)) for t in config.inputs)
+    # NOTE: an optional one a request leaves out reaches the steps that read it as absent,
+    #   as in Triton (``dataplane.ensemble_run``): a step whose own input is optional runs
+    #   without it, one whose input is required is refused in the step model's words.
+    inputs = tuple(
+        TensorSpec(t.name, t.data_type, (*batch, *t.dims), None, t.optional) for t in config.inputs
+    )
     outputs = tuple(
         TensorSpec(t.name, t.data_type, (*batch, *t.dims), None, False, t.labels)
         for t in config.outputs

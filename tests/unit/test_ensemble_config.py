@@ -175,6 +175,20 @@ def test_refused_against_the_composing_models(models: dict[str, StepModel], mess
     assert message in str(info.value)
 
 
+def test_an_optional_input_may_be_left_unmapped() -> None:
+    """As Triton's ValidateEnsembleConfig allows it (qa/L0_optional_input's pipeline);
+    a required one is refused in its words."""
+    inputs = {"IN": ("FP32", (-1, -1)), "EXTRA": ("FP32", (-1, -1))}
+    outputs = {"OUT": ("FP32", (-1, -1))}
+    optional = StepModel("b", 8, inputs, outputs, frozenset({"EXTRA"}))
+    _check({"a": _model("a"), "b": optional}, CHAIN)
+    with pytest.raises(EnsembleError) as info:
+        _check({"a": _model("a"), "b": StepModel("b", 8, inputs, outputs)}, CHAIN)
+    assert "in ensemble e, input EXTRA in model b is not mapped to any ensemble tensors" in str(
+        info.value
+    )
+
+
 def test_encoded_images_may_feed_an_image_input() -> None:
     """BYTES into a 4-D numeric input: the step's worker decodes them (docs/images.md)."""
     image = StepModel("img", 8, {"IN": ("FP32", (-1, 4, 4, 3))}, {"OUT": ("FP32", (-1, -1))})

@@ -70,6 +70,8 @@ class StepModel(msgspec.Struct, frozen=True):
     #: Input / output name -> (datatype, dims as clients send them, batch dim included).
     inputs: dict[str, tuple[str, tuple[int, ...]]]
     outputs: dict[str, tuple[str, tuple[int, ...]]]
+    #: Its inputs marked ``optional: true``: a step may leave them unmapped (Triton's).
+    optional: frozenset[str] = frozenset()
 
 
 def ensemble_scheduling(config: Any) -> EnsembleConfig | None:
@@ -269,7 +271,8 @@ def _check_maps(ensemble: str, step: EnsembleStep, model: StepModel) -> None:
                 f"input {model_input} in model {model.name}"
             )
     for model_input in model.inputs:
-        if model_input not in step.input_map:
+        # NOTE: an optional one may be left out, as Triton allows: the step runs without it
+        if model_input not in step.input_map and model_input not in model.optional:
             raise EnsembleError(
                 f"in ensemble {ensemble}, input {model_input} in model {model.name} is not "
                 "mapped to any ensemble tensors"

@@ -1,0 +1,147 @@
+"""Optional inputs of ensembles, as Triton's QA qa/L0_optional_input expects them.
+
+An ensemble input marked ``optional: true`` that a request leaves out reaches the steps that
+read it as absent (Triton's ensemble scheduler): a step whose own input is optional runs
+without it, a step may leave an optional input unmapped, and a step whose input is required
+is refused in its model's words. Until 2026-11-30 every ensemble input was required here,
+and a step leaving an optional input unmapped failed the ensemble's load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support.optional_models import BATCH_DELAY_S, write_optional_repository
+from tests.support.server import ServerProcess, pending, wait_for
+
+IDENTITY = "identity_2_float32"
+ENSEMBLE = "ensemble_identity_2_float32"
+DATA = {"INPUT0": np.ones((1, 1), np.float32), "INPUT1": np.zeros((1, 1), np.float32) + 7}
+OUTPUT = {"INPUT0": "OUTPUT0", "INPUT1": "OUTPUT1"}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A fresh server per test: the tests read the models' statistics from zero (Triton's
+    QA restarts its server for every case for the same reason)."""
+    proc = ServerProcess(write_optional_repository(tmp_path)).wait_ready()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.log
+
+
+def _infer(proc: ServerProcess, model: str, given: tuple[str, ...]) -> float:
+    """One gRPC request giving the inputs ``given`` and asking for their outputs; each
+    output checked against its input; its latency in seconds."""
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    inputs = []
+    for name in given:
+        tensor = grpcclient.InferInput(name, [1, 1], "FP32")
+        tensor.set_data_from_numpy(DATA[name])
+        inputs.append(tensor)
+    outputs = [grpcclient.InferRequestedOutput(OUTPUT[name]) for name in given]
+    began = time.monotonic()
+    result = client.infer(model, inputs, outputs=outputs)
+    took = time.monotonic() - began
+    for name in given:
+        np.testing.assert_array_equal(result.as_numpy(OUTPUT[name]), DATA[name])
+    client.close()
+    return took
+
+
+def _batches(proc: ServerProcess, model: str) -> tuple[dict[int, int], int, int]:
+    """A model's executions by batch size, successes and inference count."""
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    (stats,) = client.get_inference_statistics(model, "1").model_stats
+    client.close()
+    batches = {b.batch_size: b.compute_infer.count for b in stats.batch_stats}
+    return batches, stats.inference_stats.success.count, stats.inference_count
+
+
+def _together(proc: ServerProcess, model: str, given: tuple[str, ...]) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(_infer, proc, model, given) for _ in range(2)]:
+            future.result()
+
+
+@pytest.mark.parametrize("given", [("INPUT0", "INPUT1"), ("INPUT1",)], ids=["all", "same"])
+def test_ensemble_passes_a_left_out_optional_input_on_as_absent(
+    server: ServerProcess, given: tuple[str, ...]
+) -> None:
+    """test_ensemble_all_inputs, test_ensemble_optional_same_input: two requests giving the
+    same inputs form one batch of the composing model; the ensemble counts two of 1."""
+    _together(server, ENSEMBLE, given)
+    assert wait_for(lambda: _batches(server, ENSEMBLE)[1] == _batches(server, IDENTITY)[1] == 2)
+    assert _batches(server, IDENTITY) == ({2: 1}, 2, 2)
+    assert _batches(server, ENSEMBLE) == ({1: 2}, 2, 2)
+
+
+@pytest.mark.parametrize("second", [("INPUT1",), ("INPUT0", "INPUT1")], ids=["mix", "mix_2"])
+def test_ensemble_steps_of_other_inputs_are_not_batched_together(
+    server: ServerProcess, second: tuple[str, ...]
+) -> None:
+    """test_ensemble_optional_mix_inputs(_2): a request giving other inputs than the one
+    queued before it sends that one at once (Triton's batcher; it answers in well under
+    the batcher's delay), and each runs alone."""
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_infer, server, ENSEMBLE, ("INPUT0",))
+        assert wait_for(lambda: pending(server, IDENTITY) == 1)
+        last = pool.submit(_infer, server, ENSEMBLE, second)
+        assert first.result() < BATCH_DELAY_S - 1
+        last.result()
+    assert wait_for(lambda: _batches(server, IDENTITY)[1] == 2)
+    assert _batches(server, IDENTITY) == ({1: 2}, 2, 2)
+
+
+def test_a_step_may_leave_an_optional_input_unmapped(server: ServerProcess) -> None:
+    """test_ensemble_optional_pipeline: the second step maps INPUT1 alone; its INPUT0 is
+    absent (zeros here, the graph's default: OUTPUT0 is always zero)."""
+    http = httpclient.InferenceServerClient(server.host_port)
+    inputs = []
+    for name, data in DATA.items():
+        tensor = httpclient.InferInput(name, [1, 1], "FP32")
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    result = http.infer("pipeline_identity_2_float32", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), DATA["INPUT0"])
+    http.close()
+
+
+def test_a_left_out_input_a_step_requires_is_refused_in_its_words(server: ServerProcess) -> None:
+    """Z is optional in the ensemble, B of ``plus`` is not: the step is refused as a direct
+    request to ``plus`` without B would be (core's ValidateRequestInputs), 400 /
+    INVALID_ARGUMENT; with Z the ensemble serves."""
+    x = np.array([[1.0, 2.0]], np.float32)
+    http = httpclient.InferenceServerClient(server.host_port)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
+    words = (
+        "expected 2 inputs but got 1 inputs for model 'plus'. Got input(s) ['A'], but "
+        "missing required input(s) ['B']. Please provide all required input(s)."
+    )
+    for client, module, status in (
+        (http, httpclient, "400"),
+        (rpc, grpcclient, "StatusCode.INVALID_ARGUMENT"),
+    ):
+        given = module.InferInput("X", [1, 2], "FP32")
+        given.set_data_from_numpy(x)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("optional_to_required", [given])
+        assert words in str(info.value.message()), info.value
+        assert info.value.status() == status
+        z = module.InferInput("Z", [1, 2], "FP32")
+        z.set_data_from_numpy(x * 10)
+        result = client.infer("optional_to_required", [given, z])
+        np.testing.assert_array_equal(result.as_numpy("Y"), x * 11)
+    http.close()
+    rpc.close()
