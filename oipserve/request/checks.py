@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from oipserve.errors import InvalidInput, RequestRefusal
+from oipserve.errors import InvalidInput, RequestRefusal, request_tag
 from oipserve.models.metadata import TensorSpec, reshaped
 from oipserve.models.registry import ModelVersion
 from oipserve.request.images import image_target
@@ -35,6 +35,7 @@ __all__ = [
     "check_request",
     "dims_text",
     "output_targets",
+    "output_twice",
     "rows_of",
 ]
 
@@ -107,8 +108,26 @@ def check_inputs(
         tensor.image = image_target(model, spec, tensor) if images else None
         if tensor.image is None:
             check_datatype(model, tensor, spec)
-            _check_shape(model, tensor, spec.shape)
+            _check_shape(model, tensor, spec)
     return specs
+
+
+def output_twice(inputs: list[InputTensor], name: str, request_id: str | None) -> InvalidInput:
+    """The refusal of a request asking for output ``name`` twice into shared memory, which
+    a front finds as it reads the outputs (it holds each one's region): the inputs' own
+    first check (``_check_added``) comes first, as Triton's fronts add every input before
+    any output; then Triton's words for the output (its ``AddRequestedOutput``)."""
+    seen: set[str] = set()
+    try:
+        for tensor in inputs:
+            _check_added(tensor, seen)
+    except RequestRefusal as exc:
+        return exc.of_request(request_id or "")
+    except InvalidInput as exc:
+        return exc
+    return InvalidInput(
+        f"{request_tag(request_id)}output '{name}' already exists in request: it is requested twice"
+    )
 
 
 def _check_added(tensor: InputTensor, seen: set[str]) -> None:
@@ -302,10 +321,12 @@ def _check_apart(into: dict[str, RegionUse]) -> None:
             placed.append((name, key, start, end))
 
 
-def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, ...]) -> None:
+def _check_shape(model: ModelVersion, tensor: InputTensor, spec: TensorSpec) -> None:
     """The input's shape against the model's (-1: any size), as Triton walks it: the first
-    dimension that differs makes it another shape; a -1 before it, a shape not given."""
-    shape = tensor.shape
+    dimension that differs makes it another shape; a -1 before it, a shape not given; a
+    size below -1 where the model takes any size, an invalid dimension (core's byte size
+    of the shape, reshaped: ``_invalid_dimension``)."""
+    shape, expected = tensor.shape, spec.shape
     fits = len(shape) == len(expected)
     negative = False
     if fits:
@@ -327,7 +348,25 @@ def _check_shape(model: ModelVersion, tensor: InputTensor, expected: tuple[int, 
             f"{dims_text(expected)}, got {dims_text(shape)} (-1 may be any size)"
         )
     if negative:
-        raise InvalidInput(f"input '{tensor.name}' has a negative dimension in {list(shape)}")
+        raise _invalid_dimension(tensor, spec)
+
+
+def _invalid_dimension(tensor: InputTensor, spec: TensorSpec) -> InvalidInput:
+    """Triton's words for a size below -1 that the model's shape let through (core's
+    GetByteSize, or for BYTES GetElementCount, of the shape as the model sees it: after
+    ``reshape``; no request id), then ours. Triton's HTTP front never gets that far: it
+    cannot parse a negative size ('Unable to parse 'shape'', a 500)."""
+    shape = dims = list(tensor.shape)
+    if spec.model_shape is not None:
+        try:
+            dims = reshaped(shape, spec.shape, spec.model_shape)
+        except ValueError:  # (a negative size does not divide as a reshape's would)
+            dims = shape
+    where = "in shape " if tensor.datatype == "BYTES" else ""
+    return InvalidInput(
+        f"tensor '{tensor.name}' contains an invalid dimension {where}{dims_text(dims)}: "
+        f"input '{tensor.name}' has a negative dimension in {shape}"
+    )
 
 
 def _check_overflow(tensor: InputTensor, count: int) -> None:

@@ -108,10 +108,11 @@ SHAPES = {
         "unexpected shape for input 'BIAS' for model 'reshape_optional'. Expected [-1,2,2], "
         "got [1,3,-1]",
     ),
-    "another negative size (ours)": (
+    "another negative size": (
         "identity_fp32",
         [tensor("INPUT0", "FP32", [2, -2], [0.0, 0.0])],
-        "input 'INPUT0' has a negative dimension in [2, -2]",
+        "tensor 'INPUT0' contains an invalid dimension [2,-2]: input 'INPUT0' has a negative "
+        "dimension in [2, -2]",
     ),
 }
 

@@ -99,6 +99,32 @@ def test_output_requested_twice(
             assert text.startswith(f"[request id: <id_unknown>] {phrase}"), text
 
 
+def test_an_input_twice_is_named_before_an_output_twice_in_shared_memory(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+    region: tuple[str, str],
+) -> None:
+    """Triton's fronts add every input to the request before any output: an input given
+    twice is refused before an output asked twice into shared memory, as before one asked
+    twice by name. Until 2026-11-30 the front refused the output, which it reads with its
+    region, first."""
+    http, rpc = clients
+    name, key = region
+    http.register_system_shared_memory(name, key, 64)
+    bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+    for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+        ins = _inputs(module)
+        outs = [module.InferRequestedOutput("OUTPUT0") for _ in range(2)]
+        for out in outs:
+            out.set_shared_memory(name, 64)
+        text = _message(
+            lambda client=client, ins=ins, outs=outs: client.infer(
+                "simple", [*ins, ins[0]], outputs=outs, request_id="twice"
+            ),
+            status,
+        )
+        assert text.startswith("[request id: twice] input 'INPUT0' already exists in request"), text
+
+
 def test_region_offsets(
     clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
     region: tuple[str, str],

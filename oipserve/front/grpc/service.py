@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from google.protobuf import json_format
 
 from oipserve.dataplane.plane import DataPlane
-from oipserve.errors import InvalidInput, request_tag
+from oipserve.errors import InvalidInput
 from oipserve.front.grpc.codec import InferCall, InferReply
 from oipserve.front.grpc.convert import (
     check_request_parameters,
@@ -30,6 +30,7 @@ from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.grpc_generated import health_pb2 as health
 from oipserve.models.ensemble import takes_sequence
 from oipserve.request import sequence_params
+from oipserve.request.checks import output_twice
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference
 from oipserve.telemetry.stats_report import model_statistics
@@ -197,10 +198,7 @@ class InferenceService:
                 wanted = region_request(where, output.parameters)
                 if wanted is not None:
                     if output.name in into_regions:
-                        raise InvalidInput(
-                            f"{request_tag(message.id)}output '{output.name}' already exists "
-                            "in request: it is requested twice"
-                        )
+                        raise output_twice(inputs, output.name, message.id)
                     into_regions[output.name] = regions.use(wanted, where)
                 outputs.append(output.name)
                 count = class_count(output)

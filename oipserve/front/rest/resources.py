@@ -28,6 +28,7 @@ from oipserve.front.rest.render import outputs_to_print, print_in_steps, render_
 from oipserve.models.ensemble import takes_sequence
 from oipserve.models.registry import ModelVersion
 from oipserve.request import sequence_params
+from oipserve.request.checks import output_twice
 from oipserve.request.client_regions import RegionUse, region_parameters
 from oipserve.request.inference import Inference, InputTensor
 from oipserve.request.parameters import check_request_parameters, schedule_parameters, unsigned
@@ -160,7 +161,7 @@ class ModelResource:
                 if request.outputs:  # (an empty list names none: every output, as gRPC's)
                     names = [o.name for o in request.outputs]
                     flags = [
-                        self._output_flag(o, all_binary, into_regions, request.id)
+                        self._output_flag(o, all_binary, into_regions, request.id, inputs)
                         for o in request.outputs
                     ]
                     text_outputs = [
@@ -205,6 +206,7 @@ class ModelResource:
         all_binary: bool,
         into_regions: dict[str, RegionUse],
         request_id: str | None,
+        inputs: list[InputTensor],
     ) -> bool:
         """Whether an output goes binary; one in a client's region is held in ``into_regions``."""
         where = f"output '{output.name}'"
@@ -214,10 +216,7 @@ class ModelResource:
         if output.parameters and output.parameters.get("binary_data") is True:
             raise InvalidInput(f"{where} cannot be both in shared memory and binary_data")
         if output.name in into_regions:
-            raise InvalidInput(
-                f"{request_tag(request_id)}output '{output.name}' already exists in request: "
-                "it is requested twice"
-            )
+            raise output_twice(inputs, output.name, request_id)
         into_regions[output.name] = self.dataplane.regions.use(wanted, where)
         return False
 
