@@ -17,14 +17,21 @@ from oipserve.errors import InternalError, InvalidInput, RequestRefusal
 from oipserve.request import json_offload
 from oipserve.request.images import image_payload
 from oipserve.request.inference import InputTensor
-from oipserve.request.tensors import Deferred, array_from_values, bytes_from_values
+from oipserve.request.tensors import (
+    Deferred,
+    array_from_values,
+    bytes_from_values,
+    string_count_words,
+)
 from oipserve.runtime.off_loop import copy_into, in_thread
 from oipserve.wire.datatypes import (
     ELEMENT_SIZES,
+    LENGTH_PREFIX,
     element_count,
     encode_bytes_elements,
     split_bytes_elements,
 )
+from oipserve.wire.json_values import count_words
 from oipserve.wire.messages import TensorDesc
 from oipserve.wire.shm import CREATE_IN_THREAD, BufferPool, Lease, align
 
@@ -143,7 +150,7 @@ def _place_into(placements: list[Placement], lease: Lease | None) -> list[Tensor
     return descs
 
 
-def values_of(tensor: InputTensor, count: int) -> object:
+def values_of(tensor: InputTensor, count: int, model: str = "") -> object:
     """An input's values, decoded now if they were deferred (``tensors.Deferred``).
 
     A declared element count the sent data cannot hold is refused before decoding.
@@ -151,21 +158,43 @@ def values_of(tensor: InputTensor, count: int) -> object:
     values = tensor.values
     if not isinstance(values, Deferred):
         return values
-    _check_most(tensor, values, count)
+    _check_most(tensor, values, count, model)
     return values.load()
 
 
-def _check_most(tensor: InputTensor, values: Deferred, count: int) -> None:
-    """InvalidInput if the deferred text cannot hold ``count`` elements."""
+def _check_most(tensor: InputTensor, values: Deferred, count: int, model: str) -> None:
+    """InvalidInput if the deferred values cannot hold ``count`` elements: a gRPC tensor's
+    contents of another count (``Deferred.exact``) in the words Triton's core gives them
+    (its gRPC front hands it their bytes), JSON text too short in those its HTTP front
+    gives for fewer elements than the shape (BYTES: its core's, once counted)."""
+    if values.exact:
+        if values.most != count:
+            raise _contents_count(tensor, values.most, count, model)
+        return
     if count > values.most:
         # NOTE: the text is short (fewer than 2 characters an element): decoding it costs
         #   little and names what is wrong with it when that is more than its length.
-        values.load()
+        loaded = values.load()
+        if tensor.datatype == "BYTES":
+            bytes_from_values(tensor.name, loaded, count, model)  # (refuses it)
         raise InvalidInput(
-            f"input '{tensor.name}': its shape {list(tensor.shape)} holds {count} elements "
-            f"but the values sent ('data', or a gRPC tensor's contents) can hold at most "
-            f"{values.most}"
+            f"{count_words(0, count)}: input '{tensor.name}': its shape {list(tensor.shape)} "
+            f"holds {count} elements but 'data' can hold at most {values.most}"
         )
+
+
+def _contents_count(tensor: InputTensor, found: int, count: int, model: str) -> RequestRefusal:
+    """Triton's words for a gRPC tensor's typed contents of ``found`` elements where its
+    shape holds ``count`` (core's byte size check; BYTES: its element count), then ours."""
+    name, datatype = tensor.name, tensor.datatype
+    ours = f"input '{name}': its shape holds {count} elements but its contents have {found}"
+    if datatype == "BYTES":
+        return RequestRefusal(f"{string_count_words(name, model, count, found)}: {ours}")
+    size = ELEMENT_SIZES[datatype]
+    return RequestRefusal(
+        f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
+        f"{size * count}, got {size * found}: {ours}"
+    )
 
 
 def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
@@ -178,11 +207,11 @@ def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
         if isinstance(deferred, Deferred) and json_offload.wants_worker(tensor, deferred):
             # NOTE: decoded by a worker before placement (oipserve.request.json_offload); the
             #   Deferred stands for the data until then.
-            _check_most(tensor, deferred, count)
+            _check_most(tensor, deferred, count, model)
             return ELEMENT_SIZES[datatype] * count, deferred
-        values = values_of(tensor, count)
+        values = values_of(tensor, count, model)
         if datatype == "BYTES":
-            blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count))
+            blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count, model))
             return len(blob), blob
         array = array_from_values(tensor.name, datatype, values, count)
         return array.nbytes, array
@@ -215,7 +244,7 @@ def image_payload_of(tensor: InputTensor, model: str = "") -> tuple[int, Payload
     """Like _payload for encoded images: JSON strings are base64 (oipserve.request.images)."""
     if tensor.values is not None:
         count = element_count(tensor.shape)
-        blob = image_payload(tensor.name, values_of(tensor, count), count)
+        blob = image_payload(tensor.name, values_of(tensor, count, model), count)
         return len(blob), blob
     return payload(tensor, model)
 
@@ -226,21 +255,7 @@ def check_size(tensor: InputTensor, data: memoryview, count: int, model: str = "
     and ValidateBytesInputs; qa/L0_input_validation matches them) for model ``model``."""
     name = tensor.name
     if tensor.datatype == "BYTES":
-        try:
-            found = len(split_bytes_elements(data))
-        except ValueError as exc:
-            raise InvalidInput(f"BYTES data of input '{name}' is malformed: {exc}") from None
-        ours = f"input '{name}': its shape holds {count} elements but its BYTES data has {found}"
-        if found > count:  # (Triton stops at the first element past the count)
-            raise RequestRefusal(
-                f"unexpected number of string elements {count + 1} for inference input "
-                f"'{name}' for model '{model}', expecting {count}: {ours}"
-            )
-        if found < count:
-            raise RequestRefusal(
-                f"expected {count} string elements for inference input '{name}' for model "
-                f"'{model}', got {found}: {ours}"
-            )
+        _check_bytes(name, data, count, model)
         return
     expected = ELEMENT_SIZES[tensor.datatype] * count
     if len(data) != expected:
@@ -249,3 +264,53 @@ def check_size(tensor: InputTensor, data: memoryview, count: int, model: str = "
             f"{expected}, got {len(data)}: input '{name}' should have {expected} bytes of data "
             f"for shape {tensor.shape} and datatype {tensor.datatype}, but has {len(data)}"
         )
+
+
+def _check_bytes(name: str, data: memoryview, count: int, model: str) -> None:
+    """``data``'s length-prefixed elements against ``count``, walked as Triton's core walks
+    them (``ValidateBytesInputs``): at each element, a length prefix cut off, then one
+    element past the count, is refused in its words (with the request id), then ours; an
+    element longer than the data left ends the walk, and fewer elements than the count
+    are refused too. Only an element overrunning the end while the count is right is
+    ours alone (Triton's core lets it through to the backend)."""
+    view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
+    total = len(view)
+    pos = found = 0
+    unpack = LENGTH_PREFIX.unpack_from
+    while pos < total:
+        if total - pos < 4:
+            raise RequestRefusal(
+                f"incomplete string length indicator for inference input '{name}' for model "
+                f"'{model}', expecting 4 bytes but only {total - pos} bytes available. Please "
+                "make sure the string length indicator is in one buffer. (BYTES data of input "
+                f"'{name}': the length prefix of element {found} is cut off: {total - pos} of "
+                f"4 bytes at offset {pos})"
+            )
+        found += 1
+        if found > count:
+            ours = _elements_text(name, view, count, found)
+            raise RequestRefusal(
+                f"unexpected number of string elements {found} for inference input '{name}' "
+                f"for model '{model}', expecting {count}: {ours}"
+            )
+        pos += 4 + unpack(view, pos)[0]
+    if found < count:
+        raise RequestRefusal(
+            f"expected {count} string elements for inference input '{name}' for model "
+            f"'{model}', got {found}: {_elements_text(name, view, count, found)}"
+        )
+    if pos > total:
+        try:
+            split_bytes_elements(view)
+        except ValueError as exc:
+            raise InvalidInput(f"BYTES data of input '{name}' is malformed: {exc}") from None
+
+
+def _elements_text(name: str, view: memoryview, count: int, walked: int) -> str:
+    """Ours after Triton's words for BYTES data of another element count than its shape
+    (``walked``: the elements Triton's walk saw)."""
+    try:
+        found = str(len(split_bytes_elements(view)))
+    except ValueError as exc:
+        found = f"{walked} ({exc})"
+    return f"input '{name}': its shape holds {count} elements but its BYTES data has {found}"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from oipserve.errors import InvalidInput
+from oipserve.errors import InvalidInput, RequestRefusal
 from oipserve.wire import json_values as shared
 from oipserve.wire.datatypes import NUMPY_DTYPES, bf16_to_float32, split_bytes_elements
 from oipserve.wire.json_numbers import MAX_JSON_DEPTH
@@ -27,6 +27,7 @@ __all__ = [
     "check_datatype",
     "decode_data",
     "flatten",
+    "string_count_words",
 ]
 
 
@@ -41,20 +42,24 @@ class Deferred:
 
     ``text`` is set when the JSON text lies in a pooled segment (lease, offset, size):
     the data plane may then have a worker decode it (``oipserve.request.json_offload``)
-    instead of calling ``load``.
+    instead of calling ``load``. ``exact``: ``most`` is the element count itself (a gRPC
+    tensor's typed contents), so another count is refused before decoding, in the words
+    Triton's gRPC front leads to (``placement.payload``).
     """
 
-    __slots__ = ("load", "most", "text")
+    __slots__ = ("load", "most", "text", "exact")
 
     def __init__(
         self,
         load: Callable[[], object],
         most: int,
         text: tuple[Lease, int, int] | None = None,
+        exact: bool = False,
     ) -> None:
         self.load = load
         self.most = most
         self.text = text
+        self.exact = exact
 
 
 class _Walk:
@@ -108,16 +113,33 @@ def _ragged(name: str) -> InvalidInput:
     )
 
 
-def bytes_from_values(name: str, values: object, count: int) -> list[bytes]:
+def bytes_from_values(name: str, values: object, count: int, model: str = "") -> list[bytes]:
+    """The elements of a BYTES input's JSON ``data``; another count than ``count`` is
+    refused in the words of Triton's core (its HTTP front sizes BYTES data by the data
+    itself, and core's ValidateBytesInputs counts the elements, for model ``model``),
+    then ours."""
     if not isinstance(values, list):
         raise InvalidInput(f"'data' of input '{name}' must be an array")
     out: list[bytes] = []
     _flatten_strings(name, values, out, _Walk())
     if len(out) != count:
-        raise InvalidInput(
-            f"input '{name}': its shape holds {count} elements but 'data' has {len(out)}"
-        )
+        ours = f"input '{name}': its shape holds {count} elements but 'data' has {len(out)}"
+        raise RequestRefusal(string_count_words(name, model, count, len(out)) + ": " + ours)
     return out
+
+
+def string_count_words(name: str, model: str, count: int, found: int) -> str:
+    """Triton's core's words (ValidateBytesInputs) for BYTES data of ``found`` elements where
+    the shape holds ``count``: it stops at the first element past the count."""
+    if found > count:
+        return (
+            f"unexpected number of string elements {count + 1} for inference input '{name}' "
+            f"for model '{model}', expecting {count}"
+        )
+    return (
+        f"expected {count} string elements for inference input '{name}' for model '{model}', "
+        f"got {found}"
+    )
 
 
 def check_datatype(name: str, datatype: str) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "DataError",
     "array_from_values",
     "bytes_as_text",
+    "count_words",
     "decode_data",
     "flatten",
     "nesting_error",
@@ -42,6 +43,14 @@ __all__ = [
 
 class DataError(ValueError):
     """The ``data`` of an input is not what its datatype and shape say; the text is for clients."""
+
+
+def count_words(found: int, count: int) -> str:
+    """Triton's HTTP front's words for JSON ``data`` of ``found`` numbers where the shape
+    holds ``count`` (its ReadDataFromJson: a 500 there, a 400 here)."""
+    if found > count:
+        return "Unable to parse 'data': Shape does not match true shape of 'data' field"
+    return "Failed to parse 'data' field: shape does not match true shape"
 
 
 def nesting_error(name: str) -> DataError:
@@ -222,7 +231,8 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
         ) from None
     if source.size != count:
         raise DataError(
-            f"input '{name}': its shape holds {count} elements but 'data' has {source.size}"
+            f"{count_words(source.size, count)}: input '{name}': its shape holds {count} "
+            f"elements but 'data' has {source.size}"
         )
     source = source.reshape(-1)
     if count == 0:

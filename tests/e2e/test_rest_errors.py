@@ -92,8 +92,18 @@ CASES = {
         400,
         "inference request batch-size must be <= 8 for 'simple'",
     ),
-    "too few elements": (with_input(0, data=list(range(15))), 400, "16 elements but 'data' has 15"),
-    "too many elements": (with_input(0, data=list(range(17))), 400, "16 elements"),
+    "too few elements": (
+        with_input(0, data=list(range(15))),
+        400,
+        "Failed to parse 'data' field: shape does not match true shape: input 'INPUT0': its "
+        "shape holds 16 elements but 'data' has 15",
+    ),
+    "too many elements": (
+        with_input(0, data=list(range(17))),
+        400,
+        "Unable to parse 'data': Shape does not match true shape of 'data' field: input "
+        "'INPUT0': its shape holds 16 elements but 'data' has 17",
+    ),
     "ragged nesting": (with_input(0, data=[[1] * 9, [1] * 7]), 400, "ragged"),
     "string in INT32": (with_input(0, data=["a"] * 16), 400, "must be integers, got strings"),
     "float in INT32": (with_input(0, data=[1.5] * 16), 400, "must be integers"),

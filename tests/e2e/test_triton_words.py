@@ -342,3 +342,159 @@ def test_an_overflowing_shape(
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
     assert phrase in str(info.value.details()), info.value.details()
+
+
+def _binary_refusal(server: ServerProcess, model: str, tensor: dict, blob: bytes) -> str:
+    """The 400's message for one binary-extension request: ``tensor``'s header, ``blob``."""
+    header = json.dumps({"id": "cut", "inputs": [tensor]}).encode()
+    head = {"Inference-Header-Content-Length": str(len(header))}
+    conn = http_client.HTTPConnection(server.host_port, timeout=10)
+    try:
+        conn.request("POST", f"/v2/models/{model}/infer", header + blob, head)
+        resp = conn.getresponse()
+        status, text = resp.status, json.loads(resp.read())["error"]
+    finally:
+        conn.close()
+    assert status == 400, text
+    return str(text)
+
+
+def _raw_refusal(server: ServerProcess, model: str, shape: list[int], blob: bytes) -> str:
+    """The INVALID_ARGUMENT's details for one gRPC request of a BYTES input in raw bytes."""
+    request = service_pb2.ModelInferRequest(model_name=model, id="cut")
+    request.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
+    request.raw_input_contents.append(blob)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    return str(info.value.details())
+
+
+#: (elements, bytes after them, the shape's count, Triton's words): core's walk over BYTES
+#: data (ValidateBytesInputs) meets a length prefix cut off before it counts the element.
+CUT_OFF = [
+    (
+        [b"ab"],
+        b"\x01\x00",
+        2,
+        "[request id: cut] incomplete string length indicator for inference input 'INPUT0' for "
+        "model 'identity_bytes', expecting 4 bytes but only 2 bytes available. Please make sure "
+        "the string length indicator is in one buffer. (BYTES data of input 'INPUT0': the "
+        "length prefix of element 1 is cut off: 2 of 4 bytes at offset 6)",
+    ),
+    (  # within the count, too: the prefix first
+        [b"ab"],
+        b"\x01",
+        1,
+        "[request id: cut] incomplete string length indicator for inference input 'INPUT0' for "
+        "model 'identity_bytes', expecting 4 bytes but only 1 bytes available.",
+    ),
+    (  # an element past the count before the cut-off prefix after it
+        [b"ab", b"c"],
+        b"\x01",
+        1,
+        "[request id: cut] unexpected number of string elements 2 for inference input "
+        "'INPUT0' for model 'identity_bytes', expecting 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("elements", "tail", "count", "phrase"), CUT_OFF)
+def test_a_bytes_length_prefix_cut_off(
+    shm_server: ServerProcess, elements: list[bytes], tail: bytes, count: int, phrase: str
+) -> None:
+    """Triton's words (with the request's id), then ours, REST binary and gRPC raw. Until
+    2026-11-30 ours alone: "BYTES data of input 'INPUT0' is malformed: ..."."""
+    blob = b"".join(len(e).to_bytes(4, "little") + e for e in elements) + tail
+    shape = [1, count]
+    tensor = {
+        "name": "INPUT0",
+        "shape": shape,
+        "datatype": "BYTES",
+        "parameters": {"binary_data_size": len(blob)},
+    }
+    for text in (
+        _binary_refusal(shm_server, "identity_bytes", tensor, blob),
+        _raw_refusal(shm_server, "identity_bytes", shape, blob),
+    ):
+        assert text.startswith(phrase), text
+
+
+def test_a_negative_size_in_bytes_shape(shm_server: ServerProcess) -> None:
+    """Core's GetElementCount words for BYTES (another phrase than for fixed-size types)."""
+    request = service_pb2.ModelInferRequest(model_name="identity_bytes")
+    given = request.inputs.add(name="INPUT0", datatype="BYTES", shape=[1, -2])
+    given.contents.bytes_contents.append(b"a")
+    with grpc.insecure_channel(shm_server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert str(info.value.details()).startswith(
+        "tensor 'INPUT0' contains an invalid dimension in shape [1,-2]: "
+    ), info.value.details()
+
+
+#: (datatype, values sent, the shape's count, Triton's gRPC words): typed contents of another
+#: count than the shape reach core as bytes (its byte size, or BYTES element, check).
+CONTENTS_COUNT = [
+    (
+        "FP32",
+        [1.0] * 3,
+        2,
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+        "'identity_fp32'. Expected 8, got 12: input 'INPUT0': its shape holds 2 elements but "
+        "its contents have 3",
+    ),
+    (
+        "BYTES",
+        [b"a"],
+        2,
+        "[request id: <id_unknown>] expected 2 string elements for inference input 'INPUT0' "
+        "for model 'identity_bytes', got 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("datatype", "values", "count", "phrase"), CONTENTS_COUNT)
+def test_typed_contents_of_another_count(
+    shm_server: ServerProcess, datatype: str, values: list[object], count: int, phrase: str
+) -> None:
+    model = "identity_bytes" if datatype == "BYTES" else "identity_fp32"
+    request = service_pb2.ModelInferRequest(model_name=model)
+    given = request.inputs.add(name="INPUT0", datatype=datatype, shape=[1, count])
+    field = "bytes_contents" if datatype == "BYTES" else "fp32_contents"
+    getattr(given.contents, field).extend(values)
+    with grpc.insecure_channel(shm_server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert str(info.value.details()).startswith(phrase), info.value.details()
+
+
+@pytest.mark.parametrize(
+    ("data", "phrase"),
+    [
+        (["a", "b"], "expected 3 string elements for inference input 'INPUT0' for model "),
+        (["a"] * 4, "unexpected number of string elements 4 for inference input 'INPUT0' for "),
+    ],
+)
+def test_json_bytes_of_another_count(
+    shm_server: ServerProcess, data: list[str], phrase: str
+) -> None:
+    """Triton's HTTP front sizes BYTES JSON by the data itself: its core counts the elements
+    (with the request's id), then ours. Until 2026-11-30 ours alone."""
+    tensor = {"name": "INPUT0", "shape": [1, 3], "datatype": "BYTES", "data": data}
+    body = json.dumps({"inputs": [tensor]})
+    conn = http_client.HTTPConnection(shm_server.host_port, timeout=10)
+    try:
+        conn.request(
+            "POST", "/v2/models/identity_bytes/infer", body, {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        status, text = resp.status, json.loads(resp.read())["error"]
+    finally:
+        conn.close()
+    assert status == 400, text
+    assert text.startswith(f"[request id: <id_unknown>] {phrase}"), text
+    assert f"its shape holds 3 elements but 'data' has {len(data)}" in text, text

@@ -93,7 +93,7 @@ def input_tensors(
             continue
         contents = typed_contents(tensor)
         # NOTE: converted by the data plane once the shape is checked (Deferred).
-        values = Deferred(partial(list, contents), len(contents))
+        values = Deferred(partial(list, contents), len(contents), exact=True)
         tensors.append(InputTensor(name, datatype, shape, values=values))
     return tensors
 
