@@ -98,7 +98,7 @@ def _step(
     outputs = list(step.outputs)
     try:
         if index == 0:
-            feeds = worker.feeds(message.inputs, session, connection)
+            feeds = worker.feeds(message.inputs, session, connection, step.key)
         else:
             feeds = {name: tensors[source] for name, source in step.inputs.items()}
         rows = _rows(feeds)

@@ -22,7 +22,7 @@ from time import monotonic_ns
 
 import msgspec
 
-from oipserve.wire.datatypes import element_count, split_bytes_elements
+from oipserve.wire.datatypes import bytes_count_fault, element_count, split_bytes_elements
 from oipserve.wire.messages import (
     DecodeJson,
     EndSequences,
@@ -353,7 +353,7 @@ class Worker:
             return
         targets = {t.name: t for t in message.targets}
         try:
-            feeds = self.feeds(message.inputs, session, connection)
+            feeds = self.feeds(message.inputs, session, connection, message.key)
             names = message.outputs or [m.name for m in session.outputs]
             if message.sequence is not None:  # a sequence model: its implicit state
                 names = self.sequences.feed(message.key, message.sequence, feeds, names)
@@ -402,12 +402,17 @@ class Worker:
         self._done(connection, message.rid, segment, descs, started, fed, ran)
 
     def feeds(
-        self, inputs: list[TensorDesc], session: runtime.ModelSession, connection: FrontConnection
+        self,
+        inputs: list[TensorDesc],
+        session: runtime.ModelSession,
+        connection: FrontConnection,
+        key: str,
     ) -> dict[str, object]:
-        """A request's inputs as ONNX Runtime takes them: arrays, or OrtValues (BF16)."""
+        """A request's inputs as ONNX Runtime takes them: arrays, or OrtValues (BF16);
+        ``key``: the model's (``name/version``), for the words of a refusal."""
         feeds: dict[str, object] = {}
         for t in inputs:
-            buf = self._input(t, connection)
+            buf = self._input(t, connection, key)
             if t.image is not None:  # encoded images: decode here, not in the front
                 # NOTE: the front checked that the length prefixes tile the data.
                 parts = split_bytes_elements(buf)
@@ -418,24 +423,19 @@ class Worker:
             del buf
         return feeds
 
-    def _input(self, t: TensorDesc, connection: FrontConnection) -> memoryview:
+    def _input(self, t: TensorDesc, connection: FrontConnection, key: str) -> memoryview:
         """An input's bytes: in a segment of the front's, or in a client's region."""
         if t.region is None:
             return connection.inputs.get(t.segment).buf[t.offset : t.offset + t.nbytes]
         buf = self.regions.view(t.region, t.offset, t.nbytes)
         if t.datatype == "BYTES":
-            # NOTE: the front does not read clients' regions: the prefixes are checked here.
-            try:
-                found = len(split_bytes_elements(buf))
-            except ValueError as exc:
-                raise RegionError(
-                    f"BYTES data of input '{t.name}' in shared memory is malformed: {exc}"
-                ) from None
-            if found != element_count(t.shape):
-                raise RegionError(
-                    f"input '{t.name}': its shape holds {element_count(t.shape)} elements but "
-                    f"its BYTES data in shared memory has {found}"
-                )
+            # NOTE: the front does not read clients' regions: the prefixes are checked here,
+            #   in Triton's words as the front checks its own (without the request's id,
+            #   which the worker does not know).
+            model = key.rpartition("/")[0]
+            fault, _ = bytes_count_fault(t.name, model, buf, element_count(t.shape))
+            if fault:
+                raise RegionError(f"{fault} (a client's shared memory region)")
         return buf
 
     def _done(

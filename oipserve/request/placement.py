@@ -26,10 +26,9 @@ from oipserve.request.tensors import (
 from oipserve.runtime.off_loop import copy_into, in_thread
 from oipserve.wire.datatypes import (
     ELEMENT_SIZES,
-    LENGTH_PREFIX,
+    bytes_count_fault,
     element_count,
     encode_bytes_elements,
-    split_bytes_elements,
 )
 from oipserve.wire.json_values import count_words
 from oipserve.wire.messages import TensorDesc
@@ -267,50 +266,8 @@ def check_size(tensor: InputTensor, data: memoryview, count: int, model: str = "
 
 
 def _check_bytes(name: str, data: memoryview, count: int, model: str) -> None:
-    """``data``'s length-prefixed elements against ``count``, walked as Triton's core walks
-    them (``ValidateBytesInputs``): at each element, a length prefix cut off, then one
-    element past the count, is refused in its words (with the request id), then ours; an
-    element longer than the data left ends the walk, and fewer elements than the count
-    are refused too. Only an element overrunning the end while the count is right is
-    ours alone (Triton's core lets it through to the backend)."""
-    view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
-    total = len(view)
-    pos = found = 0
-    unpack = LENGTH_PREFIX.unpack_from
-    while pos < total:
-        if total - pos < 4:
-            raise RequestRefusal(
-                f"incomplete string length indicator for inference input '{name}' for model "
-                f"'{model}', expecting 4 bytes but only {total - pos} bytes available. Please "
-                "make sure the string length indicator is in one buffer. (BYTES data of input "
-                f"'{name}': the length prefix of element {found} is cut off: {total - pos} of "
-                f"4 bytes at offset {pos})"
-            )
-        found += 1
-        if found > count:
-            ours = _elements_text(name, view, count, found)
-            raise RequestRefusal(
-                f"unexpected number of string elements {found} for inference input '{name}' "
-                f"for model '{model}', expecting {count}: {ours}"
-            )
-        pos += 4 + unpack(view, pos)[0]
-    if found < count:
-        raise RequestRefusal(
-            f"expected {count} string elements for inference input '{name}' for model "
-            f"'{model}', got {found}: {_elements_text(name, view, count, found)}"
-        )
-    if pos > total:
-        try:
-            split_bytes_elements(view)
-        except ValueError as exc:
-            raise InvalidInput(f"BYTES data of input '{name}' is malformed: {exc}") from None
-
-
-def _elements_text(name: str, view: memoryview, count: int, walked: int) -> str:
-    """Ours after Triton's words for BYTES data of another element count than its shape
-    (``walked``: the elements Triton's walk saw)."""
-    try:
-        found = str(len(split_bytes_elements(view)))
-    except ValueError as exc:
-        found = f"{walked} ({exc})"
-    return f"input '{name}': its shape holds {count} elements but its BYTES data has {found}"
+    """``data``'s elements against ``count`` (``bytes_count_fault``): RequestRefusal in
+    Triton's words (the caller puts the request id first), InvalidInput in ours."""
+    fault, tritons = bytes_count_fault(name, model, data, count)
+    if fault:
+        raise RequestRefusal(fault) if tritons else InvalidInput(fault)

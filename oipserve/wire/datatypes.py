@@ -178,6 +178,59 @@ def bytes_elements_from(
     return parts, pos
 
 
+def bytes_count_fault(name: str, model: str, data: memoryview, count: int) -> tuple[str, bool]:
+    """What is wrong with BYTES data ``data`` for a shape of ``count`` elements ("" when
+    nothing), and whether the words are Triton's: the elements walked as Triton's core walks
+    them (``ValidateBytesInputs``, its words for input ``name`` of model ``model``, then
+    ours): at each element, a length prefix cut off, then one element past the count; an
+    element longer than the data left ends the walk, and fewer elements than the count are
+    refused too. Only an element overrunning the end while the count is right is ours
+    alone (Triton's core lets it through to the backend). The front's check of data it
+    holds and a worker's of a client's region (``workers.worker``) both."""
+    view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
+    total = len(view)
+    pos = found = 0
+    unpack = LENGTH_PREFIX.unpack_from
+    while pos < total:
+        if total - pos < 4:
+            return (
+                f"incomplete string length indicator for inference input '{name}' for model "
+                f"'{model}', expecting 4 bytes but only {total - pos} bytes available. Please "
+                "make sure the string length indicator is in one buffer. (BYTES data of input "
+                f"'{name}': the length prefix of element {found} is cut off: {total - pos} of "
+                f"4 bytes at offset {pos})"
+            ), True
+        found += 1
+        if found > count:
+            return (
+                f"unexpected number of string elements {found} for inference input '{name}' "
+                f"for model '{model}', expecting {count}: "
+                f"{_elements_text(name, view, count, found)}"
+            ), True
+        pos += 4 + unpack(view, pos)[0]
+    if found < count:
+        return (
+            f"expected {count} string elements for inference input '{name}' for model "
+            f"'{model}', got {found}: {_elements_text(name, view, count, found)}"
+        ), True
+    if pos > total:
+        try:
+            split_bytes_elements(view)
+        except ValueError as exc:
+            return f"BYTES data of input '{name}' is malformed: {exc}", False
+    return "", False
+
+
+def _elements_text(name: str, view: memoryview, count: int, walked: int) -> str:
+    """Ours after Triton's words for BYTES data of another element count than its shape
+    (``walked``: the elements Triton's walk saw)."""
+    try:
+        found = str(len(split_bytes_elements(view)))
+    except ValueError as exc:
+        found = f"{walked} ({exc})"
+    return f"input '{name}': its shape holds {count} elements but its BYTES data has {found}"
+
+
 # ---- BF16 ----------------------------------------------------------------------
 
 

@@ -498,3 +498,34 @@ def test_json_bytes_of_another_count(
     assert status == 400, text
     assert text.startswith(f"[request id: <id_unknown>] {phrase}"), text
     assert f"its shape holds 3 elements but 'data' has {len(data)}" in text, text
+
+
+def test_a_bytes_length_prefix_cut_off_in_a_region(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+) -> None:
+    """A client's region is read by the worker, which checks it the same way, in Triton's
+    words (without the request's id, which the worker does not know), then ours. Until
+    2026-11-30 ours alone: "BYTES data of input 'INPUT0' in shared memory is malformed"."""
+    http, rpc = clients
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-words-{uuid.uuid4().hex[:12]}"
+    blob = (2).to_bytes(4, "little") + b"ab" + b"\x01\x00"
+    handle = shm.create_shared_memory_region(name, key, len(blob))
+    try:
+        shm.set_shared_memory_region(handle, [np.frombuffer(blob, np.uint8)])
+        http.register_system_shared_memory(name, key, len(blob))
+        phrase = (
+            "incomplete string length indicator for inference input 'INPUT0' for model "
+            "'identity_bytes', expecting 4 bytes but only 2 bytes available."
+        )
+        bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+        for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+            given = module.InferInput("INPUT0", [1, 2], "BYTES")
+            given.set_shared_memory(name, len(blob))
+            text = _message(
+                lambda client=client, given=given: client.infer("identity_bytes", [given]), status
+            )
+            assert text.startswith(phrase), text
+            assert text.endswith("(a client's shared memory region)"), text
+    finally:
+        http.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)

@@ -120,7 +120,7 @@ def test_a_worker_runs_a_chain_in_one_reply(
     """One Infer, one InferDone: the intermediate never reaches the output segment, the
     answer is the steps' bit for bit, and each step has its times."""
     x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
-    monkeypatch.setattr(worker, "feeds", lambda inputs, session, connection: {"IN": x})
+    monkeypatch.setattr(worker, "feeds", lambda inputs, session, connection, key: {"IN": x})
     worker.handle(Infer(5, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
     done = only_reply(worker)
     assert isinstance(done, InferDone) and done.rid == 5
@@ -140,7 +140,9 @@ def test_a_failing_step_says_which_steps_ran(
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        worker, "feeds", lambda inputs, session, connection: {"IN": np.ones((1, 2), np.float32)}
+        worker,
+        "feeds",
+        lambda inputs, session, connection, key: {"IN": np.ones((1, 2), np.float32)},
     )
     del worker.sessions["double/1"]
     worker.handle(Infer(6, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
