@@ -8,7 +8,8 @@ fuzzing). A connection's streams share one budget, as its unary calls share its 
 limit: ``LIMIT`` requests running or answered and held back by the client (its window
 closed), and ``LIMIT_BYTES`` of those answers; besides, ``BEHIND`` answers waiting for an
 earlier request of their stream that still runs (a sequence's START waiting for a slot:
-not the client's doing, and another stream's request may be what frees it). Past any of
+not the client's doing, and another stream's request may be what frees it), and
+``BEHIND_BYTES`` of what they cost (their bytes, and ``ANSWER_COST`` each). Past any of
 them, no stream of the connection reads another request until something leaves.
 
 The HTTP/2 connection (``front.grpc.h2.connection_state``) makes one; the private
@@ -19,39 +20,54 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["BEHIND", "LIMIT", "LIMIT_BYTES", "StreamBudget"]
+__all__ = ["ANSWER_COST", "BEHIND", "BEHIND_BYTES", "LIMIT", "LIMIT_BYTES", "StreamBudget"]
 
 #: A connection's stream requests running, or answered and not yet taken by the client
 #: (its unary calls' bound: the streams it may open, ``MAX_CONCURRENT_STREAMS``).
 LIMIT = 1024
 #: Their answers' bytes (at least one answer, however large).
 LIMIT_BYTES = 64 << 20
-#: Answers waiting for an earlier request of their stream, still running.
-BEHIND = 8 * LIMIT
+#: Answers waiting for an earlier request of their stream, still running; and what they
+#: cost the front, their bytes and ``ANSWER_COST`` each. A stream counts its own only
+#: while none of its requests waits for a sequence slot (``front.grpc.stream_window``):
+#: the slot may be freed only by a request the stream has yet to read, and then their
+#: count stops nothing but this bound, of bytes.
+BEHIND = 64 * LIMIT
+BEHIND_BYTES = 256 << 20
+#: What an answer held costs the front besides its bytes (its finished task, its entry in
+#: the stream's queue): an empty answer is not free.
+ANSWER_COST = 1024
 
 
 class StreamBudget:
     """What a connection's streams hold; room for one more request."""
 
-    __slots__ = ("requests", "behind", "held_bytes", "limit", "limit_bytes", "limit_behind",
-                 "_room")  # fmt: skip
+    __slots__ = ("requests", "behind", "held_bytes", "behind_bytes", "limit", "limit_bytes",
+                 "limit_behind", "limit_behind_bytes", "_room")  # fmt: skip
 
     def __init__(
-        self, limit: int = LIMIT, limit_bytes: int = LIMIT_BYTES, limit_behind: int = BEHIND
+        self,
+        limit: int = LIMIT,
+        limit_bytes: int = LIMIT_BYTES,
+        limit_behind: int = BEHIND,
+        limit_behind_bytes: int = BEHIND_BYTES,
     ) -> None:
         self.requests = 0
         self.behind = 0
         self.held_bytes = 0
+        self.behind_bytes = 0
         self.limit = limit
         self.limit_bytes = limit_bytes
         self.limit_behind = limit_behind
+        self.limit_behind_bytes = limit_behind_bytes
         self._room: asyncio.Event | None = None
 
-    def change(self, requests: int, behind: int, nbytes: int) -> None:
+    def change(self, requests: int, behind: int, nbytes: int, behind_bytes: int = 0) -> None:
         """A stream's charge changed by so much (``front.grpc.stream_window``)."""
         self.requests += requests
         self.behind += behind
         self.held_bytes += nbytes
+        self.behind_bytes += behind_bytes
         if self._room is not None and self._has_room():
             self._room.set()
 
@@ -60,6 +76,7 @@ class StreamBudget:
             self.requests < self.limit
             and self.behind < self.limit_behind
             and (self.held_bytes < self.limit_bytes or self.held_bytes <= 0)
+            and (self.behind_bytes < self.limit_behind_bytes or self.behind <= 1)
         )
 
     async def room(self) -> None:

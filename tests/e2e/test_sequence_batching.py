@@ -713,6 +713,23 @@ def test_a_stream_reads_on_past_a_window_of_requests_waiting_for_a_slot(
     assert _outputs(got) == [1, *[65_536] * 40, 1, *[1] * 40]
 
 
+def test_a_stream_reads_on_past_1024_answers_behind_a_start_waiting_for_a_slot(
+    server: ServerProcess,
+) -> None:
+    """Sequence A holds ``one_slot``'s only slot, B's START waits for it, then 1,100 of A's
+    steps and its END, then B's END: every request is answered, each sequence's sums
+    right. A's steps are answered and their answers wait behind B's (answers leave in
+    order); at 1,024 of them the stream was read no more, and A's END, which would free
+    the slot, was not read until A expired (60 s here): a correct client stalled."""
+    one = np.array([[1]], np.int32)
+    plan: Plan = [(7900, one, True, False), (7901, one * 10, True, False)]
+    plan += [(7900, one, False, False)] * 1100
+    plan += [(7900, one, False, True), (7901, one * 10, False, True)]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        got = _stream_plan(client, "one_slot", plan)
+    assert _outputs(got) == [1, 10, *range(2, 1103), 20]
+
+
 def test_the_backlog_bounds_what_a_stream_leaves_waiting_for_a_slot(
     server: ServerProcess,
 ) -> None:

@@ -109,6 +109,33 @@ async def test_requests_waiting_for_a_slot_do_not_stop_the_reading() -> None:
     await stream.aclose()
 
 
+async def test_answers_behind_a_request_waiting_for_a_slot_do_not_stop_the_reading() -> None:
+    """A START waits for the slot (told ``parked``), 1,100 requests are answered behind it,
+    then the END that frees the slot: read, and every request answered. The stream's
+    1,024 answers waiting stopped the reading there, and the END was never read."""
+    window = StreamWindow(StreamBudget())
+    freed = asyncio.Event()
+
+    async def infer(request: str) -> bytes:
+        if request == "start":
+            window.parked(True)
+            await freed.wait()
+            window.parked(False)
+        elif request == "end":
+            freed.set()
+        return request.encode()
+
+    names = ["start", *(f"step{i}" for i in range(1100)), "end"]
+    stream = ordered_responses(_requests(names), infer, Context(()), window)  # type: ignore[arg-type]
+
+    async def answers() -> list[bytes]:
+        return [bytes((await anext(stream))[1]) for _ in names]
+
+    assert await asyncio.wait_for(answers(), 10) == [name.encode() for name in names]
+    assert (window.running, window.waiting) == (0, 0)
+    await stream.aclose()
+
+
 async def test_reading_waits_while_64_requests_run() -> None:
     """The bound on what a stream may hold: at most 64 of its requests run at once."""
     release = asyncio.Event()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from oipserve.runtime.stream_budget import StreamBudget
+from oipserve.runtime.stream_budget import ANSWER_COST, StreamBudget
 
 __all__ = ["StreamWindow"]
 
@@ -14,6 +14,9 @@ __all__ = ["StreamWindow"]
 _RUNNING = 64
 #: Answers of one stream that may wait for an earlier request's (answers leave in order)
 #: before reading the stream waits: so many, and so many bytes (at least one, however large).
+#: Not while one of the stream's requests waits for a sequence slot and the answers wait
+#: for a request still running (``StreamWindow.behind_a_wait``): the connection's budget
+#: bounds those, by their bytes (``runtime.stream_budget.BEHIND_BYTES``).
 _HELD = 1024
 _HELD_BYTES = 64 << 20
 
@@ -40,14 +43,17 @@ class StreamWindow:
 
     def __init__(self, budget: StreamBudget | None) -> None:
         self.running = 0
+        #: Requests waiting for a sequence slot (``parked``): not counted in ``running``.
+        self.waiting = 0
         self.held = 0
         self.held_bytes = 0
         #: The oldest request, whose answer goes next, is still running.
         self.head_running = False
         self._budget = budget
         #: What is charged to ``budget`` now: requests, answers behind a running head,
-        #: bytes of the answers waiting.
-        self._charged = (0, 0, 0)
+        #: bytes of the answers held back by the client, and what the answers behind a
+        #: running head cost.
+        self._charged = (0, 0, 0, 0)
         self._room = asyncio.Event()
         self._room.set()
 
@@ -62,6 +68,7 @@ class StreamWindow:
         does not count as running, so that the stream reads on to the request that frees
         the place (the sequence batcher's backlog bounds those waiting)."""
         self.running += -1 if waiting else 1
+        self.waiting += 1 if waiting else -1
         self._update()
 
     def _finished(self, task: asyncio.Task[bytes | memoryview]) -> None:
@@ -85,13 +92,26 @@ class StreamWindow:
 
     def close(self) -> None:
         """The stream is over: what it still holds leaves the connection's budget."""
-        self.running = self.held = self.held_bytes = 0
+        self.running = self.waiting = self.held = self.held_bytes = 0
         self._charge()
         self._budget = None
 
+    @property
+    def behind_a_wait(self) -> bool:
+        """The answers wait for a request still running while one of the stream's requests
+        waits for a sequence slot: perhaps the one they wait for, whose slot only a later
+        request frees (an earlier sequence's END, on this stream). Their count does not
+        stop the reading then; the connection's budget bounds their bytes. Stopped at
+        1,024 answers (or 64 MiB), the stream did not read that END, and a client that
+        sent more steps of the running sequence before it stalled until the sequence
+        expired (60 s idle: every step after it failed) or the waiting request's deadline.
+        """
+        return self.head_running and self.waiting > 0
+
     def _update(self) -> None:
         self._charge()
-        if self.running < _RUNNING and self.held < _HELD and self.held_bytes < _HELD_BYTES:
+        held = self.behind_a_wait or (self.held < _HELD and self.held_bytes < _HELD_BYTES)
+        if self.running < _RUNNING and held:
             self._room.set()
         else:
             self._room.clear()
@@ -101,15 +121,18 @@ class StreamWindow:
         if budget is None:
             return
         held = max(self.held, 0)
+        nbytes = max(self.held_bytes, 0)
         if self.head_running:
-            charge = (self.running, held, 0)
+            charge = (self.running, held, 0, nbytes + held * ANSWER_COST)
         else:
-            charge = (self.running + held, 0, max(self.held_bytes, 0))
-        if charge != self._charged:
+            charge = (self.running + held, 0, nbytes, 0)
+        charged = self._charged
+        if charge != charged:
             budget.change(
-                charge[0] - self._charged[0],
-                charge[1] - self._charged[1],
-                charge[2] - self._charged[2],
+                charge[0] - charged[0],
+                charge[1] - charged[1],
+                charge[2] - charged[2],
+                charge[3] - charged[3],
             )
             self._charged = charge
 
