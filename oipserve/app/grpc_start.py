@@ -48,4 +48,4 @@ async def start_grpc(
     port = await own.serve(settings.host, settings.grpc_port, reuse_port=private is not None)
     if private is not None:
         await own.serve_unix(private)
-    return GrpcServer(own, service), port, own
+    return GrpcServer(own), port, own

@@ -342,7 +342,7 @@ class Replica:
         )
         own = H2Server(table, self.settings.header_timeout, ConnectionLimits.of(self.settings))
         own.serve_rest(self.router, self.settings)  # REST over HTTP/2, as the primary's (#39)
-        return own, GrpcServer(own, service)
+        return own, GrpcServer(own)
 
     def close(self) -> None:
         """After serving: the links, the segments and the regions of this front."""

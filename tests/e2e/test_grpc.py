@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from oipserve.front.grpc.h2.frames import Frame
+from oipserve.front.grpc.h2.frames import ACK, Frame, frame
 from tests.support.grpc_health import SERVING, health_check
 from tests.support.grpc_peer import grpc_message
 from tests.support.h2_raw import H2Client, grpc_headers
@@ -776,6 +776,58 @@ def test_a_stream_message_still_uploading_at_shutdown_is_served(
     answers = [service_pb2.ModelStreamInferResponse.FromString(m) for m in messages]
     assert [(a.error_message, a.infer_response.id) for a in answers] == [("", "B")]
     assert trailers["grpc-status"] == ("0" if client_ends else "14"), trailers
+
+
+#: The HTTP/2 path of ModelStreamInfer.
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+@pytest.mark.parametrize("stream", [1, 3], ids=["open-stream", "stream-opened-then"])
+def test_a_stream_message_sent_in_the_first_goaways_round_trip_is_served(
+    tmp_path: Path, stream: int
+) -> None:
+    """SIGTERM; before it answers the first GOAWAY's PING (it has not seen the shutdown
+    yet, as far as the server can know), the client sends a whole message on its open
+    stream, or opens a stream and sends one: it is served, as a unary call opened then is,
+    and the stream ends UNAVAILABLE (its client has not ended its side). The stream was cut
+    at the stop's start, and the message not served (the last session's notes)."""
+    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
+    with H2Client(proc.grpc_port, timeout=30) as h2:
+        h2.handshake()
+        h2.send(h2.headers_frame(1, h2.block(grpc_headers(h2.authority, STREAM_PATH))))
+        h2.send(h2.data_frame(1, _framed_identity_request("A")))
+        h2.expect(Frame.DATA, 1)  # A's answer: the stream runs
+        proc.process.send_signal(signal.SIGTERM)
+        first = h2.expect(Frame.GOAWAY)
+        assert first.payload[:4] == b"\x7f\xff\xff\xff", first  # last stream 2^31-1
+        ping = h2.expect(Frame.PING)
+        if stream != 1:
+            h2.send(h2.headers_frame(stream, h2.block(grpc_headers(h2.authority, STREAM_PATH))))
+        h2.send(h2.data_frame(stream, _framed_identity_request("B")))
+        h2.send(frame(Frame.PING, ACK, 0, ping.payload))
+        messages, trailers = h2.expect_messages(stream)
+    assert proc.process.wait(60) == 0, proc.log
+    answers = [service_pb2.ModelStreamInferResponse.FromString(m) for m in messages]
+    assert [(a.error_message, a.infer_response.id) for a in answers] == [("", "B")]
+    assert trailers["grpc-status"] == "14", trailers
+
+
+def test_a_stream_that_received_nothing_ends_unavailable_at_shutdown(tmp_path: Path) -> None:
+    """SIGTERM while a stream is open and its client has sent nothing on it yet: the stream
+    ends UNAVAILABLE, as one whose requests were answered does (what its client sends
+    next is not served), and as grpc's servers end the calls they cancel at their stop.
+    It ended OK, as if its client had been answered in full (the last session's notes)."""
+    proc = ServerProcess(tmp_path_repo(tmp_path)).wait_ready()
+    with H2Client(proc.grpc_port, timeout=30) as h2:
+        h2.handshake()
+        h2.send(h2.headers_frame(1, h2.block(grpc_headers(h2.authority, STREAM_PATH))))
+        h2.send(frame(Frame.PING, 0, 0, b"streamed"))
+        h2.expect_ping_ack(b"streamed")  # the stream is open at the server
+        proc.process.send_signal(signal.SIGTERM)
+        answer = h2.expect_answer(1)
+    assert proc.process.wait(60) == 0, proc.log
+    assert answer["grpc-status"] == "14", answer
+    assert "later ones are not" in answer["grpc-message"], answer
 
 
 def test_clients_that_keep_calling_do_not_hold_the_shutdown(tmp_path: Path) -> None:

@@ -89,7 +89,6 @@ class FakeService:
     def __init__(self, delay: float = 0.0) -> None:
         self.calls: list[tuple[str, bytes]] = []
         self.arriving: deque[float] = deque()
-        self.closing = asyncio.Event()
         self.delay = delay
         #: Answers still running now.
         self.running = 0
@@ -99,7 +98,7 @@ class FakeService:
         methods = {
             name: Method(_parse, self._answer(name), bytes) for name in RPCS if name != STREAM_RPC
         }
-        return CallTable(settings, methods, self._answer(STREAM_RPC), self.closing, pool=pool)
+        return CallTable(settings, methods, self._answer(STREAM_RPC), pool=pool)
 
     def _answer(self, method: str) -> Callable[..., Awaitable[bytes]]:
         """A unary RPC's answer, or a stream's request's (with its ``parked``, not used)."""

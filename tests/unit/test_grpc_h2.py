@@ -228,14 +228,13 @@ class FakeService:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes]] = []
-        self.closing = asyncio.Event()
 
     def table(self, settings: Settings) -> CallTable:
         """Every unary RPC; messages stay bytes."""
         methods = {
             name: Method(_same, self._answer(name), _same) for name in RPCS if name != STREAM_RPC
         }
-        return CallTable(settings, methods, self._answer(STREAM_RPC), self.closing, pool=None)
+        return CallTable(settings, methods, self._answer(STREAM_RPC), pool=None)
 
     def _answer(self, method: str) -> Callable[[bytes | memoryview], Awaitable[bytes]]:
         async def answer(request: bytes | memoryview) -> bytes:

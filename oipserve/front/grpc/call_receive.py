@@ -17,8 +17,9 @@ from typing import Any
 
 import grpc
 
+from oipserve.errors import SHUTDOWN_STREAM
 from oipserve.front.grpc.call_run import CallRunner
-from oipserve.front.grpc.call_state import LAST_MESSAGE, RUNNING, SHUT, SHUT_ITEM
+from oipserve.front.grpc.call_state import RUNNING, SHUT, SHUT_ITEM
 from oipserve.front.grpc.h2.frames import MESSAGE_PREFIX, ErrorCode
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
@@ -40,10 +41,10 @@ _STREAM_ACK = 1024 * 1024
 #: the front's each; a client pipelining real requests (64 in flight) stays far below.
 MAX_QUEUED = 4096
 
-_OK = grpc.StatusCode.OK.value[0]
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class CallReceiver(CallRunner):
@@ -58,40 +59,49 @@ class CallReceiver(CallRunner):
         if self._ended:
             self._sent_after_end()
             return
-        while data:
+        self._parse(data)
+
+    def _parse(self, data: memoryview) -> int:
+        """Read the messages in ``data``; return the bytes taken: all of them, unless the
+        call ended."""
+        taken = 0
+        while taken < len(data):
             if self._left == 0:  # whole, its segment still being made: a second message
                 self._release()
                 self._fail(_INTERNAL, "more than one request message for a unary call")
-                return
+                return taken
             if self._left < 0:  # the prefix
-                need = 5 - len(self._prefix)
-                self._prefix += bytes(data[:need])
+                need = min(5 - len(self._prefix), len(data) - taken)
+                self._prefix += bytes(data[taken : taken + need])
+                taken += need
+                self._parsed += need
                 # NOTE: the prefix came through the stream's window too: given back with
                 #   the message's bytes, or a long stream's window shrinks 5 bytes a message.
-                self._unacked += min(need, len(data))
-                data = data[need:]
+                self._unacked += need
                 if len(self._prefix) < 5:
-                    return
+                    return taken
                 compressed, length = MESSAGE_PREFIX.unpack(self._prefix)
                 self._prefix = b""
                 if not self._begin(compressed, length):
-                    return
+                    return taken
                 if length == 0:
                     self._message_done()
                     if self._done:
-                        return
+                        return taken
                     continue
-            take = min(self._left, len(data))
-            self._fill(data[:take])
-            data = data[take:]
+            take = min(self._left, len(data) - taken)
+            self._fill(data[taken : taken + take])
+            taken += take
+            self._parsed += take
             self._left -= take
             self._give_back_window()
             if self._left == 0:
                 self._message_done()
                 if self._done:
-                    return
+                    return taken
         if self._left > 0 and self._upload is None:
             self._upload_timer()
+        return taken
 
     def _upload_timer(self) -> None:
         """A message only partly in is bounded in time, as a REST body is: ``--body-timeout``
@@ -147,8 +157,6 @@ class CallReceiver(CallRunner):
         if compressed and self._encoding == "identity":
             self._fail(_INTERNAL, "a compressed message without a grpc-encoding")
             return False
-        if self._streaming and self._stopping == RUNNING and self._table.closing.is_set():
-            self._shut()  # begun after the stop began (a stream opened since): not served
         self._compressed = compressed
         self._left = length
         self._filled = 0
@@ -237,7 +245,7 @@ class CallReceiver(CallRunner):
         lease, self._lease = self._lease, None
         mapped, self._mapped = self._mapped, False
         if self._streaming:
-            if self._stopping == SHUT:  # begun after the server's stop began: not served
+            if self._stopping == SHUT:  # begun after the server's stop cut it: not served
                 unmap_off_loop(message)
                 return
             queue = self._queue or self._start_stream()
@@ -248,7 +256,7 @@ class CallReceiver(CallRunner):
                 return
             queue.put_nowait((self._compressed, message))
             self._backlog += memoryview(message).nbytes
-            if self._stopping == LAST_MESSAGE:
+            if 0 <= self._cut <= self._parsed:  # the last message begun before the cut
                 self._shut()
             return
         self._messages.append((self._compressed, message, lease, mapped))
@@ -276,18 +284,25 @@ class CallReceiver(CallRunner):
         return queue
 
     def shutting_down(self) -> None:
-        """The server stops: a stream serves the messages it received, whole or in part
-        (one still uploading is served, as a unary call's is: its client sent it before
-        it heard of the stop), and ends once they are answered (UNAVAILABLE while its
-        client has not ended its side: what it sends later is not served). Until
-        2026-11-30 a message still uploading was not served (found by fuzzing). A stream
-        that received nothing ends now, with OK."""
-        if not self._streaming or self._done:
+        """The server stops, and its client has had the first GOAWAY (its connection's
+        last went out: ``front.grpc.listener``): the stream is cut where its bytes have
+        come to. It serves the messages begun before, whole or in part (a message still
+        uploading is served once in, as a unary call's is: the client sent it before it
+        could have heard of the stop), and ends once they are answered (UNAVAILABLE while
+        its client has not ended its side: what it sends later is not served). A stream
+        that received nothing ends now, UNAVAILABLE too.
+
+        Until 2026-11-30 the cut came at the stop's start, before the first GOAWAY: a
+        message the client sent in its round trip was not served, where a unary call
+        opened then was; and a stream that received nothing ended OK, as if its client
+        had been answered in full."""
+        if not self._streaming or self._done or self._stopping != RUNNING:
             return
-        if bool(self._prefix) or self._left >= 0 or self._waiting is not None:
-            self._stopping = LAST_MESSAGE  # shut once it is in (``_message_done``)
-        elif self._task is None:
-            self._end(_OK, "", False)
+        self._cut = self._parsed
+        if self._prefix or self._left >= 0:
+            return  # shut at the end of the message begun last (``_message_done``)
+        if self._task is None:
+            self._end(_UNAVAILABLE, SHUTDOWN_STREAM, False)
         else:
             self._shut()
 

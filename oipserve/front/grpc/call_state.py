@@ -39,7 +39,7 @@ _QUEUED = 64
 _BACKLOG = STREAM_WINDOW
 
 #: A stream's states at the server's stop (``CallState._stopping``).
-RUNNING, LAST_MESSAGE, SHUT = 0, 1, 2
+RUNNING, SHUT = 0, 1
 #: What a stream's queue holds after the last message it serves at the server's stop.
 SHUT_ITEM: tuple[bool, Any] = (False, None)
 
@@ -55,7 +55,7 @@ class CallState:
                  "_done", "_sent_head", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
-                 "_backlog", "_stopping")  # fmt: skip
+                 "_backlog", "_stopping", "_parsed", "_cut")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -101,9 +101,14 @@ class CallState:
         self._queue: asyncio.Queue[tuple[bool, Any] | None] | None = None
         #: A stream's bytes received whole and not yet answered: ``_holding_back``.
         self._backlog = 0
-        #: A stream at the server's stop: ``RUNNING``, ``LAST_MESSAGE`` (the message being
-        #: received is the last it serves) or ``SHUT`` (``call_receive.shutting_down``).
+        #: A stream at the server's stop: ``RUNNING``, or ``SHUT`` once no later message is
+        #: served (``call_receive.shutting_down``).
         self._stopping = RUNNING
+        #: A stream's bytes parsed so far (where the next message's prefix starts, between
+        #: messages), and the bytes it had received when the server's stop cut it (-1:
+        #: none yet): a message begun before the cut is served, one begun after is not.
+        self._parsed = 0
+        self._cut = -1
 
     # What the connection drives (``h2.connection_state.Stream``), defined by the layers
     #   above: declared here so that each layer may hand ``self`` to the connection. (Not

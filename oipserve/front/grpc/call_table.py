@@ -8,7 +8,6 @@ may be each way, and where a large ModelInfer message is read to (the input pool
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,7 +46,6 @@ class CallTable:
         settings: Settings,
         methods: dict[str, Method],
         stream_infer: Callable[[Any, Parked | None], Awaitable[bytes | memoryview]],
-        closing: asyncio.Event,
         pool: BufferPool | None,
         forward: Forward | None = None,
         answers: Answers | None = None,
@@ -65,7 +63,6 @@ class CallTable:
                     self.methods[rpc_path(name)] = (name, None)
         self.stream_path = f"/{SERVICE}/{STREAM_RPC}"
         self.stream_infer = stream_infer
-        self.closing = closing
         self.pool = pool
         self.send_limit = settings.grpc_max_message_bytes
         # NOTE: a compressed message is bounded by this once inflated too, like an HTTP body.

@@ -1,10 +1,11 @@
 """The gRPC listener: connections accepted, calls made, and a stop that lets calls end.
 
 ``H2Server.serve`` binds the port (``serve_unix`` a private socket too);
-``front.grpc.rpcs.GrpcServer`` drains the service's calls first, then calls
-``stop``, which stops accepting, sends every connection a GOAWAY in two phases (RFC
-9113, 6.8: clients open new calls elsewhere, and calls sent before they heard it are
-still served), waits up to ``grace`` for those phases and the calls still running, and
+``front.grpc.rpcs.GrpcServer`` calls ``stop``, which stops accepting, sends every
+connection a GOAWAY in two phases (RFC 9113, 6.8: clients open new calls elsewhere, and
+calls sent before they heard it are still served; a stream is cut once the second goes
+out, ``_cut_streams``), waits up to ``grace`` for those phases and the calls still
+running, and
 closes what is left; a connection's socket then lingers, within the same grace, until
 its peer took the last answers (``front.grpc.linger``).
 
@@ -30,6 +31,7 @@ for Knative's single ``h2c`` port); without it such a stream is answered 415 as 
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 
 from oipserve.config.settings import Settings
@@ -58,6 +60,17 @@ class _Refused(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.close()
+
+
+def _cut_streams(connection: Connection) -> None:
+    """The connection's client has had the shutdown's first GOAWAY (its second went out):
+    each ModelStreamInfer stream serves what it received until now and no later message
+    (``call_receive.shutting_down``). Cut at the stop's start instead, a message the
+    client sent in the GOAWAY's round trip was not served, where a unary call it opened
+    then was."""
+    for call in list(connection.streams.values()):
+        if isinstance(call, Call):
+            call.shutting_down()
 
 
 class H2Server:
@@ -175,10 +188,7 @@ class H2Server:
         for listener in self._listeners:
             listener.close()
         for connection in list(self._connections):
-            connection.go_away()
-            for call in list(connection.streams.values()):
-                if isinstance(call, Call):
-                    call.shutting_down()
+            connection.go_away(functools.partial(_cut_streams, connection))
         deadline = loop.time() + (grace or 0.0)
         while any(c.streams or c.announcing for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(_POLL_SECONDS)

@@ -1,16 +1,15 @@
 """The service's RPCs, and a running gRPC server's stop.
 
-``GrpcServer.stop`` sets ``closing`` (a stream's message begun later is not served) and
-stops the server (``front.grpc.listener.H2Server``): it stops accepting, sends every
-connection its two GOAWAYs, lets the calls already opened finish (a message still
-uploading included, a stream's too: each stream ends once it has answered the messages it
-received, ``call_receive.shutting_down``) and closes each connection as its last call
-ends. See docs/grpc.md, "Shutdown".
+``GrpcServer.stop`` stops the server (``front.grpc.listener.H2Server``): it stops
+accepting, sends every connection its two GOAWAYs, lets the calls already opened finish
+(a message still uploading included, a stream's too: each stream ends once it has
+answered the messages begun before its connection's second GOAWAY,
+``call_receive.shutting_down``) and closes each connection as its last call ends. See
+docs/grpc.md, "Shutdown".
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -46,13 +45,6 @@ class Method(NamedTuple):
     serialize: Callable[[Any], bytes]
 
 
-class Calls(Protocol):
-    """What a stop reads of the service answering the calls."""
-
-    #: Set at shutdown: a stream's message begun later is not served.
-    closing: asyncio.Event
-
-
 class Stoppable(Protocol):
     """A gRPC server's own stop (``front.grpc.listener.H2Server``)."""
 
@@ -60,11 +52,10 @@ class Stoppable(Protocol):
 
 
 class GrpcServer:
-    """A running gRPC server and its calls, stopped in the order shutdown needs."""
+    """A running gRPC server, stopped as shutdown needs."""
 
-    def __init__(self, server: Stoppable, calls: Calls) -> None:
+    def __init__(self, server: Stoppable) -> None:
         self.server = server
-        self.calls = calls
 
     async def stop(self, timeout: float) -> None:
         """Refuse new calls, let the running ones finish (up to ``timeout`` in all), close.
@@ -73,7 +64,8 @@ class GrpcServer:
         only once no call ran for five polls in a row, so clients that kept calling were
         served (thousands of calls opened after SIGTERM) until ``--shutdown-timeout``,
         found by fuzzing. The server's own stop already lets every call opened before
-        its second GOAWAY finish, a message still uploading included.
+        its second GOAWAY finish, a message still uploading included. (A stream's
+        messages begun later were told apart by an event set here, at the stop's start,
+        until 2026-11-30: the connection's second GOAWAY cuts them now.)
         """
-        self.calls.closing.set()
         await self.server.stop(timeout)

@@ -3,13 +3,11 @@
 Each handler takes the parsed request (ModelInfer: an ``InferCall`` from
 ``codec``), converts it (``convert``), calls the data plane or ``Management``
 and builds the response; failures are raised as ``ServerError``s and become
-statuses in ``handlers`` / ``status``. Its ``closing``, set at shutdown, tells streams
-not to serve a message begun later (``rpcs.GrpcServer.stop``).
+statuses in ``handlers`` / ``status``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from google.protobuf import json_format
@@ -47,8 +45,6 @@ class InferenceService:
         self.dataplane = dataplane
         #: The model repository extension; without it those RPCs answer UNIMPLEMENTED.
         self.management = management
-        #: Set at shutdown: a stream's message begun later is not served.
-        self.closing = asyncio.Event()
 
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.dataplane.live())

@@ -29,7 +29,6 @@ def in_front_table(
         settings,
         methods,
         stream_infer(service),
-        service.closing,
         dataplane.inputs,
         forward,
         answers,

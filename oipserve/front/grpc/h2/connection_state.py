@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Callable
 from typing import Protocol
 
 from mypy_extensions import mypyc_attr
@@ -190,6 +191,8 @@ class ConnectionState(asyncio.Protocol):
         self.stream_requests = StreamBudget() if one_client else None
         #: The log has said this connection was held (``_hold_reading``: said once).
         self._held_before = False
+        #: Called once a shutdown's first GOAWAY has reached the client (``go_away``).
+        self._told: Callable[[], None] | None = None
 
     # Defined by the top layer (``connection.Connection``), which owns the socket and
     #   knows who made it: declared here for ``abandoned``, which stops and resumes the
@@ -292,12 +295,18 @@ class ConnectionState(asyncio.Protocol):
         self.transport = None
         self._loop.call_soon(self.connection_lost, None)
 
-    def go_away(self) -> None:
+    def go_away(self, told: Callable[[], None] | None = None) -> None:
         """Shutdown, in two phases (RFC 9113, 6.8): a GOAWAY with the last stream 2^31-1
         and a PING; after its answer (or ``GOAWAY_ROUND_TRIP``), a GOAWAY naming the last
         stream taken. Streams opened meanwhile are served; the connection closes once its
-        calls end."""
+        calls end. ``told`` is called once the client has had the first GOAWAY (the
+        second went out; at once where none goes: one went already, or the client's):
+        what it sends later on its open streams it sent knowing."""
+        if told is not None:
+            self._told = told
         if self.going_away or self.announcing or self.transport is None:
+            if not self.announcing:
+                self._tell()
             self._maybe_close()
             return
         if not self._settled:  # not open yet: nothing to announce
@@ -320,7 +329,14 @@ class ConnectionState(asyncio.Protocol):
         if not self.going_away and not self.lost:
             self.going_away = True
             self._write(goaway(self._ids.last, ErrorCode.NO_ERROR))
+        self._tell()
         self._maybe_close()
+
+    def _tell(self) -> None:
+        """The client has had the first GOAWAY: ``go_away``'s ``told``, once."""
+        told, self._told = self._told, None
+        if told is not None:
+            told()
 
     def _maybe_close(self) -> None:
         if self.going_away and not self.streams and not self._ending:
