@@ -745,7 +745,7 @@ def test_the_backlog_bounds_what_a_stream_leaves_waiting_for_a_slot(
         client.infer(model, [holder], sequence_id=7600, sequence_start=True)  # holds the slot
         client.start_stream(callback=lambda result, error: None)
         try:
-            # (a thousand at a time: 4,096 messages the front has not read yet reset a stream)
+            # (a thousand at a time, each wait counted: the backlog's bound is what is tested)
             for first in range(0, BACKLOG_MAX, 1000):
                 for n in range(first, first + 1000):
                     client.async_stream_infer(

@@ -148,6 +148,16 @@ class H2Client:
                     self.settings[key] = value
                 self.send(frame(Frame.SETTINGS, ACK, 0))
 
+    def open_windows(self) -> None:
+        """Let the server send without waiting for WINDOW_UPDATEs: every stream's window
+        and the connection's at their largest (this client reads everything it is sent,
+        but gives nothing back)."""
+        top = 2**31 - 1
+        self.send(
+            self.settings_frame([(Setting.INITIAL_WINDOW_SIZE, top)])
+            + frame(Frame.WINDOW_UPDATE, 0, 0, struct.pack(">I", top - 65_535))
+        )
+
     @staticmethod
     def settings_frame(values: Iterable[tuple[int, int]], stream: int = 0) -> bytes:
         return frame(Frame.SETTINGS, 0, stream, settings_payload(values))

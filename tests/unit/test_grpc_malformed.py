@@ -16,7 +16,7 @@ import hpack
 import pytest
 
 from oipserve.config.settings import Settings
-from oipserve.front.grpc.call_receive import MAX_QUEUED
+from oipserve.front.grpc.call_state import QUEUED
 from oipserve.front.grpc.h2.frames import (
     END_HEADERS,
     END_STREAM,
@@ -26,8 +26,9 @@ from oipserve.front.grpc.h2.frames import (
     frame,
     settings_frame,
 )
+from oipserve.front.grpc.h2.receive_windows import STREAM_WINDOW
 from oipserve.front.header_rules import MalformedRequest, read_call_head
-from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message
+from tests.support.grpc_peer import FakeService, GrpcPeer, grpc_message, until
 
 _PATH = "/inference.GRPCInferenceService/ModelInfer"
 _GOOD = [
@@ -150,23 +151,33 @@ def test_the_header_rules_name_each_malformed_request(headers: list[tuple[str, s
         read_call_head(tuple(headers))
 
 
-async def test_a_stream_cannot_queue_messages_past_its_bound() -> None:
-    """Issue 37, row 2 (the call's part): a ModelStreamInfer client floods messages its
-    handler has not taken (here: a handler that is slow). Within one window it could
-    queue ~800,000 empty ones; past ``MAX_QUEUED`` the stream is reset
-    ENHANCE_YOUR_CALM, its queue and task given back, and the connection goes on."""
-    service = FakeService(delay=30.0)
+async def test_a_stream_burst_waits_unparsed_past_its_bound() -> None:
+    """Issue 37, row 2 (the call's part): a ModelStreamInfer client writes messages faster
+    than its handler takes them (here: a handler that is slow). Within one window it
+    could queue ~800,000 empty ones, ~100 bytes of the front's each; past ``QUEUED``
+    parsed, what comes is kept as it came (its window not given back), so the stream
+    holds at most its window's bytes, whatever their count, and every message is served
+    once the handler takes it. Past 4,096 queued the stream was reset
+    ENHANCE_YOUR_CALM, a client that merely wrote fast included."""
+    count = 4296
+    service = FakeService(delay=0.005)
     peer = GrpcPeer(service.table(Settings(model_repository=".")))
+    top = 2**31 - 1  # the peer reads every answer
+    peer.send(settings_frame({Setting.INITIAL_WINDOW_SIZE: top}))
+    peer.send(frame(Frame.WINDOW_UPDATE, 0, 0, struct.pack(">I", top - 65_535)))
     peer.send(peer.headers(1, "ModelStreamInfer"))
     await asyncio.sleep(0.01)  # the stream's task takes its first messages as they come
-    flood = grpc_message(b"") * (MAX_QUEUED + 200)
+    flood = grpc_message(b"") * count
     for start in range(0, len(flood), 16384):
-        peer.send(frame(Frame.DATA, 0, 1, flood[start : start + 16384]))
-    await asyncio.sleep(0.01)
-    assert _resets(await peer.written(), 1) == [ErrorCode.ENHANCE_YOUR_CALM]
-    assert not peer.connection.streams
-    await asyncio.sleep(0.01)
-    assert service.running == 0  # its running answers were cancelled with it
+        end = END_STREAM if start + 16384 >= len(flood) else 0
+        peer.send(frame(Frame.DATA, end, 1, flood[start : start + 16384]))
+    call = peer.connection.streams[1]
+    assert call._queue is not None and call._queue.qsize() <= QUEUED  # type: ignore[attr-defined]
+    unparsed = call._unparsed  # type: ignore[attr-defined]
+    assert unparsed is not None and len(unparsed) <= STREAM_WINDOW
+    assert await until(lambda: not peer.connection.streams, timeout=30)
+    assert not _resets(await peer.written(), 1)
+    assert len(service.calls) == count and service.running == 0
 
 
 def _zero_window_peer(service: FakeService, stream_reply: object = None) -> GrpcPeer:

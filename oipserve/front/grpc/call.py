@@ -14,9 +14,9 @@ is their ``CallTable`` (``front.grpc.call_table``).
 A call is one object, built in layers, one job a module, each a class over the one below
 (no layer wraps another: a call does what it did as one class): this module reads the
 headers and keeps the deadline; ``call_receive`` reads the messages (``LEASED``,
-``MAPPED``, ``MAX_QUEUED``); ``call_run`` runs the method, unary or stream; ``call_send``
-writes the reply under the windows and the send timeout; ``call_state`` holds the
-call's state, gives the stream's window back, and ends the call.
+``MAPPED``; a stream's ``QUEUED`` ahead of its handler); ``call_run`` runs the method,
+unary or stream; ``call_send`` writes the reply under the windows and the send timeout;
+``call_state`` holds the call's state, gives the stream's window back, and ends the call.
 
 Failures leave as a status (``status.status_of``, the one mapping); a call whose
 deadline passes is cancelled (a queued request leaves its batcher) and answered

@@ -6,7 +6,8 @@ of the input pool, where the worker reads its tensors (as a REST body is), other
 ones into anonymous memory that goes back to the system when freed, small ones joined on
 the heap. A message only partly in is bounded in time as a REST body is. A unary call
 runs once its one message is whole and the client is done; a stream's messages are
-queued for its handler (a bounded count), its window given back as the handler keeps up.
+queued for its handler, its window given back as the handler keeps up; while it is
+``QUEUED`` messages behind, what comes is kept unparsed (the window bounds it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import grpc
 
 from oipserve.errors import SHUTDOWN_STREAM
 from oipserve.front.grpc.call_run import CallRunner
-from oipserve.front.grpc.call_state import RUNNING, SHUT, SHUT_ITEM
+from oipserve.front.grpc.call_state import QUEUED, RUNNING, SHUT, SHUT_ITEM
 from oipserve.front.grpc.h2.frames import MESSAGE_PREFIX, ErrorCode
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.wire.shm import CREATE_IN_THREAD, Lease
@@ -35,11 +36,6 @@ LEASED = 256 * 1024
 MAPPED = 8 * 1024 * 1024
 #: A unary call's stream window is given back once this much of its message is in.
 _STREAM_ACK = 1024 * 1024
-#: The most messages a stream may have queued for its handler: past it, RST_STREAM
-#: ENHANCE_YOUR_CALM. Its bytes are bounded by its window (checked by the connection), but
-#: within one window of 4 MiB a client could queue 800,000 empty messages, ~100 bytes of
-#: the front's each; a client pipelining real requests (64 in flight) stays far below.
-MAX_QUEUED = 4096
 
 _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
@@ -59,11 +55,19 @@ class CallReceiver(CallRunner):
         if self._ended:
             self._sent_after_end()
             return
-        self._parse(data)
+        unparsed = self._unparsed
+        if unparsed is not None:  # the stream's handler is behind: kept as it came
+            unparsed += data
+            return
+        used = self._parse(data)
+        if used < len(data) and not self._done:
+            self._unparsed = bytearray(data[used:])
+            self._unparsed_at = 0
 
     def _parse(self, data: memoryview) -> int:
-        """Read the messages in ``data``; return the bytes taken: all of them, unless the
-        call ended."""
+        """Read the messages in ``data``; return the bytes taken: all of them, unless a
+        stream's handler is ``QUEUED`` messages behind at a message's start (the rest is
+        then kept unparsed: ``_drain`` comes back), or the call ended."""
         taken = 0
         while taken < len(data):
             if self._left == 0:  # whole, its segment still being made: a second message
@@ -71,6 +75,8 @@ class CallReceiver(CallRunner):
                 self._fail(_INTERNAL, "more than one request message for a unary call")
                 return taken
             if self._left < 0:  # the prefix
+                if not self._prefix and self._behind():
+                    return taken
                 need = min(5 - len(self._prefix), len(data) - taken)
                 self._prefix += bytes(data[taken : taken + need])
                 taken += need
@@ -102,6 +108,42 @@ class CallReceiver(CallRunner):
         if self._left > 0 and self._upload is None:
             self._upload_timer()
         return taken
+
+    def _behind(self) -> bool:
+        """A stream's handler is ``QUEUED`` messages behind (its window is not given back
+        meanwhile): what comes is kept unparsed. Parsed, a burst of tiny messages was a
+        queue entry and an object each (~100 bytes of the front for a 5-byte message),
+        which only a count bounded: past 4,096 a well-behaved client that merely wrote
+        faster than the stream was read had its stream reset ENHANCE_YOUR_CALM. Unparsed,
+        they are their bytes, which the stream's window bounds."""
+        if not self._streaming or self._stopping != RUNNING:
+            return False
+        queue = self._queue
+        return queue is not None and queue.qsize() >= QUEUED
+
+    def _drain(self) -> None:
+        """The stream's handler took messages: read on in what was kept unparsed, until
+        it is ``QUEUED`` messages behind again (where the parse stops, no copy is made;
+        the bytes read are let go once they are half the buffer). Once all is read, the
+        client's end, if it came, follows the last message."""
+        unparsed = self._unparsed
+        if unparsed is None:
+            return
+        at = self._unparsed_at
+        with memoryview(unparsed) as view:
+            used = self._parse(view[at:])
+        if self._done:
+            return
+        at += used
+        if at < len(unparsed):
+            if at > len(unparsed) // 2:
+                del unparsed[:at]
+                at = 0
+            self._unparsed_at = at
+            return
+        self._unparsed = None
+        if self._ended:
+            (self._queue or self._start_stream()).put_nowait(None)
 
     def _upload_timer(self) -> None:
         """A message only partly in is bounded in time, as a REST body is: ``--body-timeout``
@@ -248,13 +290,7 @@ class CallReceiver(CallRunner):
             if self._stopping == SHUT:  # begun after the server's stop cut it: not served
                 unmap_off_loop(message)
                 return
-            queue = self._queue or self._start_stream()
-            if queue.qsize() >= MAX_QUEUED:
-                unmap_off_loop(message)
-                self.reset()
-                self._conn.reset_stream(self._stream, ErrorCode.ENHANCE_YOUR_CALM)
-                return
-            queue.put_nowait((self._compressed, message))
+            (self._queue or self._start_stream()).put_nowait((self._compressed, message))
             self._backlog += memoryview(message).nbytes
             if 0 <= self._cut <= self._parsed:  # the last message begun before the cut
                 self._shut()
@@ -272,7 +308,8 @@ class CallReceiver(CallRunner):
         if self._done:
             return
         if self._streaming:
-            (self._queue or self._start_stream()).put_nowait(None)
+            if self._unparsed is None:  # else once what is kept is read (``_drain``)
+                (self._queue or self._start_stream()).put_nowait(None)
         else:
             self._run_when_whole()
 
@@ -287,10 +324,10 @@ class CallReceiver(CallRunner):
         """The server stops, and its client has had the first GOAWAY (its connection's
         last went out: ``front.grpc.listener``): the stream is cut where its bytes have
         come to. It serves the messages begun before, whole or in part (a message still
-        uploading is served once in, as a unary call's is: the client sent it before it
-        could have heard of the stop), and ends once they are answered (UNAVAILABLE while
-        its client has not ended its side: what it sends later is not served). A stream
-        that received nothing ends now, UNAVAILABLE too.
+        uploading is served once in, as a unary call's is; messages kept unparsed too:
+        the client sent them before it could have heard of the stop), and ends once they
+        are answered (UNAVAILABLE while its client has not ended its side: what it sends
+        later is not served). A stream that received nothing ends now, UNAVAILABLE too.
 
         Until 2026-11-30 the cut came at the stop's start, before the first GOAWAY: a
         message the client sent in its round trip was not served, where a unary call
@@ -298,8 +335,10 @@ class CallReceiver(CallRunner):
         had been answered in full."""
         if not self._streaming or self._done or self._stopping != RUNNING:
             return
-        self._cut = self._parsed
-        if self._prefix or self._left >= 0:
+        unparsed = self._unparsed
+        kept = 0 if unparsed is None else len(unparsed) - self._unparsed_at
+        self._cut = self._parsed + kept
+        if kept or self._prefix or self._left >= 0:
             return  # shut at the end of the message begun last (``_message_done``)
         if self._task is None:
             self._end(_UNAVAILABLE, SHUTDOWN_STREAM, False)

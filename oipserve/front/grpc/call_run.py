@@ -18,6 +18,7 @@ import grpc
 
 from oipserve.errors import SHUTDOWN_STREAM
 from oipserve.front.grpc.call_send import CallSender
+from oipserve.front.grpc.call_state import QUEUED
 from oipserve.front.grpc.codec import model_named, request_id, wire_bytes
 from oipserve.front.grpc.h2.frames import TRAILERS_OK
 from oipserve.front.grpc.handler_context import Context
@@ -209,7 +210,12 @@ class CallRunner(CallSender):
             raise StopAsyncIteration
         compressed, message = item
         item = None
-        if message is None:  # ``SHUT_ITEM``
+        if self._unparsed is not None and queue.qsize() <= QUEUED // 2:
+            self._drain()  # the bytes kept while the handler was behind
+            if self._done:  # ended by what was read there (a message over the limit)
+                unmap_off_loop(message)
+                message = None
+        if message is None:  # ``SHUT_ITEM``, or the stream ended
             return None
         size = memoryview(message).nbytes
         if self._unacked and not self._holding_back():

@@ -30,8 +30,10 @@ from oipserve.wire.shm import Lease
 if TYPE_CHECKING:
     from oipserve.front.grpc.h2.headers import Headers
 
-#: A stream's messages read ahead of its handler before its window stops being given back.
-_QUEUED = 64
+#: A stream's messages read ahead of its handler: past them its window stops being given
+#: back, and what comes is kept as it came, unparsed (``call_receive``), until the handler
+#: takes some.
+QUEUED = 64
 #: A stream's bytes received and not yet answered (queued, or running) before its window
 #: stops being given back: with the window the client may still fill, a stream holds at
 #: most two windows of requests, whatever its messages' count (64 messages of 1 MiB each
@@ -55,7 +57,8 @@ class CallState:
                  "_done", "_sent_head", "_ended", "_expired",
                  "_prefix", "_left", "_compressed", "_parts", "_memory", "_mapped", "_filled",
                  "_lease", "_waiting", "_unacked", "_messages", "_streaming", "_queue",
-                 "_backlog", "_stopping", "_parsed", "_cut")  # fmt: skip
+                 "_backlog", "_stopping", "_parsed", "_cut",
+                 "_unparsed", "_unparsed_at")  # fmt: skip
 
     def __init__(self, conn: Connection, stream: int, table: CallTable) -> None:
         self.send_window = 0
@@ -109,6 +112,11 @@ class CallState:
         #: none yet): a message begun before the cut is served, one begun after is not.
         self._parsed = 0
         self._cut = -1
+        #: A stream's bytes received while its handler is ``QUEUED`` messages behind, kept
+        #: as they came (their memory is what the stream's window bounds, not a message
+        #: count: ``call_receive``), and where in them the parse goes on; None: none.
+        self._unparsed: bytearray | None = None
+        self._unparsed_at = 0
 
     # What the connection drives (``h2.connection_state.Stream``), defined by the layers
     #   above: declared here so that each layer may hand ``self`` to the connection. (Not
@@ -123,6 +131,9 @@ class CallState:
     def end_received(self) -> None:
         raise NotImplementedError("call_receive.CallReceiver")
 
+    def _drain(self) -> None:
+        raise NotImplementedError("call_receive.CallReceiver")
+
     # ---- the stream's window ----------------------------------------------------------
 
     def _acknowledge(self) -> None:
@@ -131,9 +142,14 @@ class CallState:
 
     def _holding_back(self) -> bool:
         """A stream's window is not given back while its handler is this far behind: too
-        many messages queued, or too many bytes received and not yet answered."""
+        many messages queued (and so bytes kept unparsed), or too many bytes received and
+        not yet answered."""
         queue = self._queue
-        return self._backlog >= _BACKLOG or (queue is not None and queue.qsize() >= _QUEUED)
+        return (
+            self._backlog >= _BACKLOG
+            or self._unparsed is not None
+            or (queue is not None and queue.qsize() >= QUEUED)
+        )
 
     def _answered(self, size: int) -> None:
         """A stream's message of ``size`` bytes was answered (its answer may wait for
@@ -232,6 +248,7 @@ class CallState:
     def _release(self) -> None:
         """Give back what a message being read holds (a finished call holds nothing)."""
         self._waiting = None
+        self._unparsed = None
         lease, self._lease = self._lease, None
         memory, self._memory = self._memory, None
         mapped, self._mapped = self._mapped, False
