@@ -347,6 +347,31 @@ async def test_empty_data_that_ends_the_stream_is_not_counted() -> None:
     assert _goaway(peer) is None
 
 
+@pytest.mark.parametrize("size", [1, connection_state.MIN_DATA_BYTES - 1])
+async def test_a_flood_of_tiny_data_frames_gets_enhance_your_calm(size: int) -> None:
+    """DATA frames carrying less than any request message, past one sample of them: each
+    costs a frame's work for a byte or a few of the stream's window (only empty ones were
+    counted)."""
+    peer = _opened(Peer())
+    peer.send(peer.headers(1))
+    peer.send(frame(Frame.DATA, 0, 1, b"x" * size) * connection_state.DATA_SAMPLE)
+    assert _goaway(peer) == ErrorCode.ENHANCE_YOUR_CALM
+
+
+async def test_small_data_frames_that_carry_messages_are_read() -> None:
+    """Frames of a gRPC message each, tiny requests (a few dozen bytes), or a message's
+    prefix apart from its payload: on average past the bound, read without end."""
+    peer = _opened(Peer())
+    peer.send(peer.headers(1))
+    message = b"\0\0\0\0\x1b" + b"r" * 27
+    wire = (frame(Frame.DATA, 0, 1, message[:5]) + frame(Frame.DATA, 0, 1, message[5:])) * (
+        2 * connection_state.DATA_SAMPLE
+    )
+    peer.send(wire)
+    assert _goaway(peer) is None
+    assert len(peer.streams[1].data) == 2 * connection_state.DATA_SAMPLE * len(message)
+
+
 # ---- row 5: the preface timeout ----------------------------------------------------
 
 

@@ -23,7 +23,13 @@ import struct
 from mypy_extensions import mypyc_attr
 
 from oipserve.front.grpc.h2.connection_send import ConnectionSender
-from oipserve.front.grpc.h2.connection_state import GOAWAY_PING, MAX_FRAME, MAX_STREAMS, Stream
+from oipserve.front.grpc.h2.connection_state import (
+    DATA_SAMPLE,
+    GOAWAY_PING,
+    MAX_FRAME,
+    MAX_STREAMS,
+    Stream,
+)
 from oipserve.front.grpc.h2.frames import (
     ACK,
     DEFAULT_MAX_FRAME,
@@ -87,8 +93,14 @@ class ConnectionReceiver(ConnectionSender):
             if not self._settled and kind != Frame.SETTINGS:
                 raise ProtocolError("the first frame was not SETTINGS")
             if kind == Frame.DATA and not flags & PADDED:
-                if not length and not flags & END_STREAM:
-                    self._flood("empty DATA")
+                if not flags & END_STREAM:
+                    if not length:
+                        self._flood("empty DATA")
+                    # PERF: two integers a frame; judged once every DATA_SAMPLE frames.
+                    self._data_frames += 1
+                    self._data_bytes += length
+                    if self._data_frames >= DATA_SAMPLE:
+                        self._judge_data_frames()
                 self._data_stream, self._data_left, self._data_flags = stream, length, flags
                 # PERF: the windows' fast path inline (one dict read and write a frame).
                 windows = self._windows
@@ -167,8 +179,13 @@ class ConnectionReceiver(ConnectionSender):
         if padding >= len(payload):
             raise ProtocolError("padding longer than the frame")
         data = payload[1 : len(payload) - padding]
-        if not data and not flags & END_STREAM:
-            self._flood("empty DATA")
+        if not flags & END_STREAM:
+            if not data:
+                self._flood("empty DATA")
+            self._data_frames += 1
+            self._data_bytes += len(payload)
+            if self._data_frames >= DATA_SAMPLE:
+                self._judge_data_frames()
         if payload and not self._take_window(stream, len(payload)):
             return
         self._data_stream, self._data_left, self._data_flags = stream, len(data), flags

@@ -49,6 +49,14 @@ MAX_FRAME = 256 * 1024
 #: burst of 1,000 refilled at 33/s, about this.
 FLOOD_BUDGET = 1000
 FLOOD_INTERVAL = 10.0
+#: DATA frames (those that do not end a stream) judged together, and the fewest bytes
+#: they must carry on average: a request message is its 5-byte prefix and tens of bytes
+#: at least, so a client whose frames carry fewer is dribbling (a frame costs the front
+#: its work whatever it carries, ~1,000 times a 16 KiB frame's a byte), not sending
+#: requests. Counted by bytes a frame, not by messages: many tiny messages in few frames
+#: are a client writing fast (``call_receive`` keeps them unparsed, bounded by the window).
+DATA_SAMPLE = 1024
+MIN_DATA_BYTES = 16
 #: Seconds a client has to send the preface and its SETTINGS (``--header-timeout``'s
 #: default, as an HTTP/1.1 request head has).
 PREFACE_TIMEOUT = 10.0
@@ -138,6 +146,10 @@ class ConnectionState(asyncio.Protocol):
         #: Flood-prone frames counted since ``_flood_since`` (loop time; checked lazily).
         self._flood_count = 0
         self._flood_since = 0.0
+        #: DATA frames not ending a stream, and their bytes, since the last judgement
+        #: (``_judge_data_frames``).
+        self._data_frames = 0
+        self._data_bytes = 0
         #: The DATA frame being streamed: its stream id, bytes left, flags.
         self._data_stream = 0
         self._data_left = 0
@@ -256,6 +268,19 @@ class ConnectionState(asyncio.Protocol):
             raise ProtocolError(f"too many {what} frames", ErrorCode.ENHANCE_YOUR_CALM)
         self._flood_since = now
         self._flood_count = 1
+
+    def _judge_data_frames(self) -> None:
+        """``DATA_SAMPLE`` DATA frames came: they must carry ``MIN_DATA_BYTES`` each on
+        average, or the connection is a flood of tiny frames (RFC 9113, 10.5): GOAWAY
+        ENHANCE_YOUR_CALM. Only empty frames were counted (the flood budget): 1-byte
+        frames cost the front a frame's work for each byte of a stream's window, its
+        refills included."""
+        frames, nbytes = self._data_frames, self._data_bytes
+        self._data_frames = self._data_bytes = 0
+        if nbytes < frames * MIN_DATA_BYTES:
+            raise ProtocolError(
+                f"{frames} DATA frames of {nbytes} bytes in all", ErrorCode.ENHANCE_YOUR_CALM
+            )
 
     # ---- how the connection ends --------------------------------------------------------
 
