@@ -36,8 +36,16 @@ class FakeTransport:
         self.written = bytearray()
         self.closed = False
         self.reading = True
+        #: The connection's writes so far (``write`` or ``writelines`` calls): each is one
+        #: system call on a real socket.
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.written += data
 
     def writelines(self, parts: list[bytes]) -> None:
+        self.writes += 1
         for part in parts:
             self.written += part
 

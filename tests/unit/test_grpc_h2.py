@@ -290,6 +290,47 @@ async def test_a_message_split_over_frames_is_answered_once_whole() -> None:
     assert hpack.Decoder().decode(trailers[0][3]) == [("grpc-status", "0")]
 
 
+def _call(peer: Peer, stream: int) -> bytes:
+    """A ModelInfer call whole: its headers, its message, its end."""
+    message = frame(Frame.DATA, END_STREAM, stream, _message(b"request"))
+    return _grpc_headers(peer, stream, "ModelInfer") + message
+
+
+def _answer(frames: list[tuple[int, int, int, bytes]], stream: int) -> list[tuple[int, int]]:
+    return [(kind, flags & END_STREAM) for kind, flags, at, _ in frames if at == stream]
+
+
+_ANSWERED = [(Frame.HEADERS, 0), (Frame.DATA, 0), (Frame.HEADERS, END_STREAM)]
+
+
+async def test_a_connections_only_call_is_answered_in_one_write_at_once() -> None:
+    """The answer of a connection's only open call (its headers, its message, its
+    trailers) goes to the socket in one write as the call's task ends; it waited for a
+    flush in the next loop iteration (one more iteration, and ``epoll_pwait``, a call at
+    c=1)."""
+    peer, _ = _grpc_peer()
+    await peer.written()  # the server's SETTINGS, and its ACK of the client's
+    writes = peer.transport.writes
+    peer.send(_call(peer, 1))
+    await asyncio.sleep(0)  # the call's task runs once: the answer is out
+    assert _answer(peer.transport.frames(), 1) == _ANSWERED
+    assert peer.transport.writes == writes + 1
+
+
+async def test_calls_answered_in_one_loop_iteration_share_a_write() -> None:
+    """Calls open together still share their loop iteration's write (c=16: one write for
+    the answers its reads brought), the last answered taking the others' frames along."""
+    peer, service = _grpc_peer()
+    await peer.written()
+    writes = peer.transport.writes
+    peer.send(_call(peer, 1) + _call(peer, 3))
+    await asyncio.sleep(0)
+    frames = peer.transport.frames()
+    assert len(service.calls) == 2
+    assert _answer(frames, 1) == _answer(frames, 3) == _ANSWERED
+    assert peer.transport.writes == writes + 1
+
+
 async def test_an_unknown_method_is_unimplemented_before_its_message() -> None:
     peer, service = _grpc_peer()
     peer.send(_grpc_headers(peer, 1, "Nope"))

@@ -73,6 +73,8 @@ class CallRunner(CallSender):
             self._release_message(message, lease, mapped)
             if compressed and payload is not None:
                 unmap_off_loop(payload)
+        if type(data) is bytes and self._answer_at_once(data):
+            return
         try:
             await self._send([data], first=True)
         except (asyncio.CancelledError, ConnectionError):

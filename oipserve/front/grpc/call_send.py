@@ -13,7 +13,12 @@ import asyncio
 
 from oipserve.errors import PayloadTooLarge
 from oipserve.front.grpc.call_state import CallState
-from oipserve.front.grpc.h2.frames import MESSAGE_PREFIX, RESPONSE_HEADERS, ErrorCode
+from oipserve.front.grpc.h2.frames import (
+    MESSAGE_PREFIX,
+    RESPONSE_HEADERS,
+    TRAILERS_OK,
+    ErrorCode,
+)
 from oipserve.runtime.off_loop import unmap_off_loop
 
 #: Replies up to this size are written at once, without waiting on windows.
@@ -31,6 +36,23 @@ class CallSender(CallState):
     """A call's layer that writes its reply's messages (``_send``)."""
 
     __slots__ = ()
+
+    def _answer_at_once(self, data: bytes) -> bool:
+        """A unary call's small reply answered whole: its headers, its message and the OK
+        trailers in one go (``Connection.send_reply``: one write, at once when no other
+        call of the connection is open). False, nothing sent, where the windows or the
+        frame size do not allow it, or the call ended meanwhile: ``_send`` and ``_finish``
+        then answer it as any other."""
+        size = len(data)
+        if self._done or size > _SMALL_REPLY or size > self._table.send_limit:
+            return False
+        message = MESSAGE_PREFIX.pack(0, size) + data
+        if not self._conn.send_reply(self, self._stream, RESPONSE_HEADERS, message, TRAILERS_OK):
+            return False
+        self._sent_head = self._done = True
+        self._stop_timer()
+        self._close_stream()
+        return True
 
     async def _send(self, parts: list[bytes | memoryview], first: bool) -> None:
         """One message, its wire bytes in ``parts``: joined when small, else sent one
