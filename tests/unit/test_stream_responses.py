@@ -82,11 +82,9 @@ async def test_answers_waiting_for_an_earlier_one_do_not_stop_the_reading() -> N
     await stream.aclose()
 
 
-async def test_requests_waiting_for_a_slot_do_not_stop_the_reading() -> None:
-    """100 STARTs wait for the one slot (told ``parked``, as the sequence batcher tells),
-    the END that frees it comes after them: read, and every request answered. The STARTs
-    counted as running: the reading stopped at 64, and the END was never read."""
-    window = StreamWindow(StreamBudget())
+def _slot_model(window: StreamWindow) -> Callable[[str], Awaitable[bytes]]:
+    """A model whose requests named ``start...`` wait for the one slot (told ``parked``, as
+    the sequence batcher tells) until the request ``end`` frees it; each answers its name."""
     freed = asyncio.Event()
 
     async def infer(request: str) -> bytes:
@@ -98,6 +96,15 @@ async def test_requests_waiting_for_a_slot_do_not_stop_the_reading() -> None:
             freed.set()
         return request.encode()
 
+    return infer
+
+
+async def test_requests_waiting_for_a_slot_do_not_stop_the_reading() -> None:
+    """100 STARTs wait for the one slot (told ``parked``, as the sequence batcher tells),
+    the END that frees it comes after them: read, and every request answered. The STARTs
+    counted as running: the reading stopped at 64, and the END was never read."""
+    window = StreamWindow(StreamBudget())
+    infer = _slot_model(window)
     names = [*(f"start{i}" for i in range(100)), "end"]
     stream = ordered_responses(_requests(names), infer, Context(()), window)  # type: ignore[arg-type]
 
@@ -114,17 +121,7 @@ async def test_answers_behind_a_request_waiting_for_a_slot_do_not_stop_the_readi
     then the END that frees the slot: read, and every request answered. The stream's
     1,024 answers waiting stopped the reading there, and the END was never read."""
     window = StreamWindow(StreamBudget())
-    freed = asyncio.Event()
-
-    async def infer(request: str) -> bytes:
-        if request == "start":
-            window.parked(True)
-            await freed.wait()
-            window.parked(False)
-        elif request == "end":
-            freed.set()
-        return request.encode()
-
+    infer = _slot_model(window)
     names = ["start", *(f"step{i}" for i in range(1100)), "end"]
     stream = ordered_responses(_requests(names), infer, Context(()), window)  # type: ignore[arg-type]
 
