@@ -144,11 +144,23 @@ def join(
 
 
 def split(
-    outputs: list[TensorDesc], segment: memoryview, batches: list[int]
+    outputs: list[TensorDesc], segment: memoryview, batches: list[int], left_out: bool = False
 ) -> list[list[tuple[TensorDesc, memoryview]]]:
-    """Per request, each output's descriptor (its own shape) and a view of its rows."""
+    """Per request, each output's descriptor (its own shape) and a view of its rows.
+
+    ``left_out``: the batch's requests leave out an optional input, which the graph's
+    default (an initializer) stands for. An output of other rows than the batch's came
+    from such a default alone (one row, where the batch has more): each request gets it
+    whole, as it would running alone, where it could not be cut (a 500 until 2026-11-30).
+    """
     parts: list[list[tuple[TensorDesc, memoryview]]] = [[] for _ in batches]
+    total = sum(batches)
     for desc in outputs:
+        if left_out and desc.shape and desc.shape[0] != total:
+            whole = segment[desc.offset : desc.offset + desc.nbytes]
+            for part in parts:
+                part.append((desc, whole))
+            continue
         for part, piece in zip(parts, split_rows(desc, segment, batches), strict=True):
             part.append(piece)
     return parts

@@ -367,7 +367,9 @@ class BatchRunner:
             owned.append(lease)
         computed = _outputs(requests)
         done = await self.dispatch.send(worker, model, descs, owned, computed)
-        results = self.dispatch.results(worker, model, done, [r.rows for r in requests])
+        # (requests of one batch give the same inputs, the required ones among them)
+        left_out = len(requests[0].placements) < len(model.input_map)
+        results = self.dispatch.results(worker, model, done, [r.rows for r in requests], left_out)
         if computed is not requests[0].outputs:
             _own_outputs(requests, computed, results)
         _record(requests, entries, done)

@@ -187,17 +187,23 @@ class Dispatch:
         return InferResult(model, outputs, lambda: worker.release_outputs(segment))
 
     def results(
-        self, worker: WorkerLink, model: ModelVersion, done: InferDone, rows: list[int]
+        self,
+        worker: WorkerLink,
+        model: ModelVersion,
+        done: InferDone,
+        rows: list[int],
+        left_out: bool = False,
     ) -> list[InferResult]:
         """The outputs of a batch cut back into one result per request (``rows``: each
-        request's batch size, in the order of its inputs); the segment goes back once
-        every result is released."""
+        request's batch size, in the order of its inputs; ``left_out``: the requests leave
+        out an optional input, ``batch_io.split``); the segment goes back once every result
+        is released."""
         if len(rows) == 1:  # as it came: nothing to cut
             return [self.result(worker, model, done, _NO_REGIONS)]
         segment = done.segment
         shared = SharedRelease(len(rows), lambda: worker.release_outputs(segment))
         try:
-            parts = split(done.outputs, self.outputs.get(segment).buf, rows)
+            parts = split(done.outputs, self.outputs.get(segment).buf, rows, left_out)
             return [
                 InferResult(model, client_outputs(model, part), shared.part()) for part in parts
             ]

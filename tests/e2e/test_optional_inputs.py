@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.optional_models import BATCH_DELAY_S, write_optional_repository
+from tests.support.optional_models import BATCH_DELAY_S, DEFAULT_ROW, write_optional_repository
 from tests.support.server import ServerProcess, pending, wait_for
 
 IDENTITY = "identity_2_float32"
@@ -101,6 +101,33 @@ def test_ensemble_steps_of_other_inputs_are_not_batched_together(
         last.result()
     assert wait_for(lambda: _batches(server, IDENTITY)[1] == 2)
     assert _batches(server, IDENTITY) == ({1: 2}, 2, 2)
+
+
+def _default_row(proc: ServerProcess, value: float) -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    given = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+    given.set_data_from_numpy(np.full((1, 1), value, np.float32))
+    result = client.infer("default_row", [given])
+    client.close()
+    return {name: result.as_numpy(name) for name in ("OUTPUT0", "OUTPUT1")}
+
+
+def test_a_batch_without_an_input_whose_default_is_one_row_answers_each(
+    server: ServerProcess,
+) -> None:
+    """Two requests leaving out INPUT1 (a default of one row) form one batch, as Triton's
+    batcher forms it of requests giving the same inputs; OUTPUT1 is the default's one row,
+    not the batch's two: each request gets it whole, as it would alone (it was a 500, 'the
+    model cannot be batched')."""
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_default_row, server, 1.0)
+        assert wait_for(lambda: pending(server, "default_row") == 1)
+        last = pool.submit(_default_row, server, 2.0)
+        answers = [first.result(), last.result()]
+    for value, answer in zip((1.0, 2.0), answers, strict=True):
+        np.testing.assert_array_equal(answer["OUTPUT0"], np.full((1, 1), value, np.float32))
+        np.testing.assert_array_equal(answer["OUTPUT1"], np.full((1, 1), DEFAULT_ROW, np.float32))
+    assert _batches(server, "default_row") == ({2: 1}, 2, 2)
 
 
 def test_a_step_may_leave_an_optional_input_unmapped(server: ServerProcess) -> None:

@@ -12,6 +12,9 @@
 - ``ensemble_identity_2_float32``: one step over it, both ensemble inputs optional;
 - ``pipeline_identity_2_float32``: two steps, the second mapping only INPUT1 (its optional
   INPUT0 unmapped): OUTPUT0 = 0, OUTPUT1 = INPUT0;
+- ``default_row`` (ours): OUTPUT0 = INPUT0, OUTPUT1 = INPUT1 (Identity), INPUT1 optional
+  with a default of one row (``[1, 1]``, 7), ``max_batch_size: 4``, the identity's batcher:
+  a batch of requests without INPUT1 gets OUTPUT1 of the default's one row, not the batch's.
 - ``optional_to_required`` (ours): X, and an optional Z into ``plus`` (A + B, both
   required): a request without Z is refused in ``plus``'s words, as Triton's step is.
 """
@@ -26,10 +29,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.ensemble_models import write_step
 
-__all__ = ["BATCH_DELAY_S", "write_optional_repository"]
+__all__ = ["BATCH_DELAY_S", "DEFAULT_ROW", "write_optional_repository"]
 
 #: The identity's batcher's max_queue_delay (Triton's QA: 5 s).
 BATCH_DELAY_S = 5
+
+#: ``default_row``'s INPUT1 when a request leaves it out.
+DEFAULT_ROW = 7.0
 
 _OPTIONAL_IO = """
 input [
@@ -79,6 +85,32 @@ def _identity(root: Path) -> None:
     )
 
 
+def _default_row(root: Path) -> None:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"]),
+            helper.make_node("Identity", ["INPUT1"], ["OUTPUT1"]),
+        ],
+        "default_row",
+        [_rows(n) for n in ("INPUT0", "INPUT1")],
+        [_rows(n) for n in ("OUTPUT0", "OUTPUT1")],
+        [numpy_helper.from_array(np.full((1, 1), DEFAULT_ROW, np.float32), "INPUT1")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (root / "default_row" / "1").mkdir(parents=True)
+    onnx.save(model, root / "default_row" / "1" / "model.onnx")
+    (root / "default_row" / "config.pbtxt").write_text(
+        'name: "default_row"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] },\n'
+        '  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },\n'
+        '  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        f"dynamic_batching {{ preferred_batch_size: [ 2 ] "
+        f"max_queue_delay_microseconds: {BATCH_DELAY_S * 1_000_000} }}\n"
+    )
+
+
 def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
     maps = "".join(f'input_map {{ key: "{k}" value: "{v}" }} ' for k, v in inputs.items())
     maps += "".join(f'output_map {{ key: "{k}" value: "{v}" }} ' for k, v in outputs.items())
@@ -96,6 +128,7 @@ def _ensemble(root: Path, name: str, io: str, steps: list[str]) -> None:
 def write_optional_repository(root: Path) -> Path:
     """The models above under ``root``."""
     _identity(root)
+    _default_row(root)
     both = {"INPUT0": "INPUT0", "INPUT1": "INPUT1"}
     outputs = {"OUTPUT0": "OUTPUT0", "OUTPUT1": "OUTPUT1"}
     _ensemble(
