@@ -23,6 +23,7 @@ from oipserve.wire.shm import NO_ROOM
 #: clients retry; docs/security.md).
 STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_INPUT: (400, "INVALID_ARGUMENT"),
+    ErrorKind.REFUSED: (400, "INVALID_ARGUMENT"),
     ErrorKind.NOT_FOUND: (404, "NOT_FOUND"),
     ErrorKind.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
     ErrorKind.FORBIDDEN: (403, "PERMISSION_DENIED"),
@@ -113,7 +114,8 @@ class RequestRefusal(InvalidInput):
     """A refusal of a request that Triton's core words with the request's id first
     (``request_tag``: the checks of an input's datatype, shape, batch size, count, data
     size, ... in docs/protocol.md's table), raised where the request's id is not known:
-    ``of_request`` puts it first where it is (``dataplane.intake.Intake.check``)."""
+    ``of_request`` puts it first where it is (``dataplane.intake.Intake.check``; a
+    worker's, kind REFUSED: ``dataplane.plane.DataPlane.infer``)."""
 
     def of_request(self, request_id: str) -> InvalidInput:
         return InvalidInput(request_tag(request_id) + self.message)
@@ -209,6 +211,7 @@ class WorkerProtocolError(InternalError):
 
 _BY_KIND: dict[ErrorKind, type[ServerError]] = {
     ErrorKind.INVALID_INPUT: InvalidInput,
+    ErrorKind.REFUSED: RequestRefusal,
     ErrorKind.NOT_FOUND: NotFound,
     ErrorKind.ALREADY_EXISTS: AlreadyExists,
     ErrorKind.FORBIDDEN: Forbidden,

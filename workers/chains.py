@@ -21,7 +21,7 @@ from oipserve.wire.messages import ErrorKind, Failed, Infer, OutputTarget, StepT
 from workers import runtime
 from workers.failures import run_failure
 from workers.outputs import write_outputs
-from workers.regions import RegionError
+from workers.regions import RegionError, RegionRefusal
 
 if TYPE_CHECKING:
     from workers.fronts import FrontConnection
@@ -147,7 +147,8 @@ def _write(
             message.text_outputs,
         )
     except (runtime.RequestError, RegionError) as exc:
-        raise _ChainFailed(ErrorKind.INVALID_INPUT, str(exc)) from None
+        kind = ErrorKind.REFUSED if isinstance(exc, RegionRefusal) else ErrorKind.INVALID_INPUT
+        raise _ChainFailed(kind, str(exc)) from None
     except OSError as exc:
         raise _ChainFailed(
             ErrorKind.UNAVAILABLE, f"no shared memory for the outputs: {exc}"

@@ -11,7 +11,7 @@ import logging
 from oipserve.wire.images import ImageError
 from oipserve.wire.messages import ErrorKind
 from workers import runtime
-from workers.regions import RegionError
+from workers.regions import RegionError, RegionRefusal
 
 __all__ = ["SEE_LOG", "run_failure"]
 
@@ -25,6 +25,8 @@ def run_failure(exc: Exception, key: str) -> tuple[ErrorKind, str]:
     """The kind and message of ``exc``, raised while model ``key`` took its inputs or ran:
     the request's fault (a bad input, image or region; an input ONNX Runtime refuses) or
     the server's (logged with its traceback here, a generic message to the client)."""
+    if isinstance(exc, RegionRefusal):  # Triton's words: the front puts the id first
+        return ErrorKind.REFUSED, str(exc)
     if isinstance(exc, (runtime.RequestError, ImageError, RegionError)):
         return ErrorKind.INVALID_INPUT, str(exc)
     if runtime.rejects_input(exc):

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from oipserve.wire.messages import ObjectRef, OutputTarget, TensorDesc
 from oipserve.wire.shm import SHM_DIR
 
-__all__ = ["RegionCache", "RegionError", "overlaps_an_input"]
+__all__ = ["RegionCache", "RegionError", "RegionRefusal", "overlaps_an_input"]
 
 #: Mappings kept at most; the least recently used one is unmapped beyond that.
 MAX_MAPPINGS = 32
@@ -36,6 +36,11 @@ MAX_MAPPINGS = 32
 
 class RegionError(Exception):
     """A client's region cannot be used for this request; the message says why."""
+
+
+class RegionRefusal(RegionError):
+    """A RegionError in Triton's core words, which the front puts the request's id before
+    (kind REFUSED): BYTES data in the region that core's ValidateBytesInputs refuses."""
 
 
 def overlaps_an_input(inputs: Iterable[TensorDesc], targets: Iterable[OutputTarget]) -> bool:

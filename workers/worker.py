@@ -58,7 +58,7 @@ from workers.images import decode_batch, quiet_opencv
 from workers.late import LateRequests
 from workers.outputs import bound_descs, bound_outputs, run_bound, write_outputs
 from workers.peer_segments import CheckedSegments, server_prefix
-from workers.regions import RegionCache, RegionError
+from workers.regions import RegionCache, RegionError, RegionRefusal
 from workers.sequence_state import SequenceStates
 
 log = logging.getLogger("oipserve.worker")
@@ -430,12 +430,13 @@ class Worker:
         buf = self.regions.view(t.region, t.offset, t.nbytes)
         if t.datatype == "BYTES":
             # NOTE: the front does not read clients' regions: the prefixes are checked here,
-            #   in Triton's words as the front checks its own (without the request's id,
-            #   which the worker does not know).
+            #   in Triton's words as the front checks its own; the front puts the request's
+            #   id first, which the worker does not know (RegionRefusal: kind REFUSED).
             model = key.rpartition("/")[0]
-            fault, _ = bytes_count_fault(t.name, model, buf, element_count(t.shape))
+            fault, tritons = bytes_count_fault(t.name, model, buf, element_count(t.shape))
             if fault:
-                raise RegionError(f"{fault} (a client's shared memory region)")
+                refusal = RegionRefusal if tritons else RegionError
+                raise refusal(f"{fault} (a client's shared memory region)")
         return buf
 
     def _done(

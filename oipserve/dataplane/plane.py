@@ -45,7 +45,7 @@ from oipserve.dataplane.strategies import (
     Unbatched,
     answer_in_front,
 )
-from oipserve.errors import InternalError
+from oipserve.errors import InternalError, RequestRefusal
 from oipserve.models.config_response import model_config_document, model_config_message
 from oipserve.models.ensemble import EnsembleVersion
 from oipserve.models.registry import ModelRegistry, ModelVersion
@@ -260,6 +260,8 @@ class DataPlane:
             if inference.into_regions:
                 _deliver(result, inference.into_regions)
             return await classify(result, counts) if counts else result
+        except RequestRefusal as exc:  # a worker's (kind REFUSED): it knows no request id
+            raise exc.of_request(inference.request_id) from None
         finally:
             model.in_flight -= 1
             self.busy_poll.ended(since)

@@ -39,6 +39,9 @@ class ErrorKind(enum.StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     #: A fault of the server or the model; clients get a generic message.
     INTERNAL = "internal"
+    #: INVALID_INPUT in Triton's core words, which put the request's id first: a worker
+    #: does not know it, the front that does adds it (``errors.RequestRefusal``).
+    REFUSED = "refused"
 
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):

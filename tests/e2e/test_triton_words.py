@@ -504,8 +504,9 @@ def test_a_bytes_length_prefix_cut_off_in_a_region(
     clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
 ) -> None:
     """A client's region is read by the worker, which checks it the same way, in Triton's
-    words (without the request's id, which the worker does not know), then ours. Until
-    2026-11-30 ours alone: "BYTES data of input 'INPUT0' in shared memory is malformed"."""
+    words, then ours; the front puts the request's id first, as core does (the worker does
+    not know it: the id was missing until 2026-11-30). Until then too, ours alone: "BYTES
+    data of input 'INPUT0' in shared memory is malformed"."""
     http, rpc = clients
     name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-words-{uuid.uuid4().hex[:12]}"
     blob = (2).to_bytes(4, "little") + b"ab" + b"\x01\x00"
@@ -518,13 +519,21 @@ def test_a_bytes_length_prefix_cut_off_in_a_region(
             "'identity_bytes', expecting 4 bytes but only 2 bytes available."
         )
         bad = str(grpc.StatusCode.INVALID_ARGUMENT)
-        for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+        for module, client, status, rid in (
+            (httpclient, http, "400", "words-7"),
+            (grpcclient, rpc, bad, "words-8"),
+            (httpclient, http, "400", ""),
+            (grpcclient, rpc, bad, ""),
+        ):
             given = module.InferInput("INPUT0", [1, 2], "BYTES")
             given.set_shared_memory(name, len(blob))
             text = _message(
-                lambda client=client, given=given: client.infer("identity_bytes", [given]), status
+                lambda client=client, given=given, rid=rid: client.infer(
+                    "identity_bytes", [given], request_id=rid
+                ),
+                status,
             )
-            assert text.startswith(phrase), text
+            assert text.startswith(f"[request id: {rid or '<id_unknown>'}] {phrase}"), text
             assert text.endswith("(a client's shared memory region)"), text
     finally:
         http.unregister_system_shared_memory(name)
