@@ -49,6 +49,7 @@ from tests.support.server import (
     pending,
     socket_to_front,
     steadily,
+    stopped_worker,
     wait_for,
 )
 from tests.support.sockets import read_by_peer
@@ -534,10 +535,7 @@ def test_a_running_step_past_its_deadline_is_answered_as_it_ran(server: ServerPr
     model = "accumulate_direct"
     with httpclient.InferenceServerClient(server.host_port) as client:
         assert _http_infer(client, model, 100, 7100, start=True) == 100
-        workers = server.worker_pids()
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with stopped_worker(server):
             step = {
                 "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [5]}],
                 "parameters": {"sequence_id": 7100, "timeout": 50_000},
@@ -547,9 +545,6 @@ def test_a_running_step_past_its_deadline_is_answered_as_it_ran(server: ServerPr
             held.sendall(json_infer(model, json.dumps(step).encode()))
             assert wait_for(lambda: read_by_peer(held), 10), "the front did not read the step"
             assert wait_for(lambda: time.monotonic() - sent > 0.2, 5)  # past the deadline
-        finally:
-            for pid in workers:
-                os.kill(pid, signal.SIGCONT)
         with held:
             status, _, body = read_response(held)
         assert status == 200, body
@@ -774,11 +769,8 @@ def test_a_steps_timeout_bounds_only_its_wait_for_a_slot(server: ServerProcess) 
     model = "accumulate_direct"
     with httpclient.InferenceServerClient(server.host_port) as client:
         assert _http_infer(client, model, 100, 7400, start=True) == 100
-        workers = server.worker_pids()
         step = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [5]}]}
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with stopped_worker(server):
             running = socket.create_connection(("127.0.0.1", server.port), timeout=60)
             step["parameters"] = {"sequence_id": 7400}
             running.sendall(json_infer(model, json.dumps(step).encode()))
@@ -788,9 +780,6 @@ def test_a_steps_timeout_bounds_only_its_wait_for_a_slot(server: ServerProcess) 
             queued.sendall(json_infer(model, json.dumps(step).encode()))
             assert wait_for(lambda: pending(server, model) == 2), server.log
             time.sleep(0.3)  # what is tested: the queued step's timeout passes
-        finally:
-            for pid in workers:
-                os.kill(pid, signal.SIGCONT)
         with running, queued:
             answers = [read_response(running), read_response(queued)]
         assert [

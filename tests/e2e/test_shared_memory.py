@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 import uuid
@@ -25,7 +24,14 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.support.http import post
-from tests.support.server import ServerProcess, pending, shm_entries, steadily, wait_for
+from tests.support.server import (
+    ServerProcess,
+    pending,
+    shm_entries,
+    steadily,
+    stopped_worker,
+    wait_for,
+)
 
 SHM = "/dev/shm"
 
@@ -713,8 +719,7 @@ def test_unregister_during_a_request_is_deferred_then_unmaps(
         outcome["unregistered"] = time.monotonic()
         client.close()
 
-    os.kill(worker, signal.SIGSTOP)  # the request waits for the worker
-    try:
+    with stopped_worker(shm_server):  # the request waits for the worker
         first = threading.Thread(target=infer)
         first.start()
         # Without dynamic batching a request is pending from dispatch to its answer.
@@ -726,8 +731,6 @@ def test_unregister_during_a_request_is_deferred_then_unmaps(
         second.join(10)
         assert "unregistered" in outcome and "infer" not in outcome, outcome
         assert _listed(http, region.name)
-    finally:
-        os.kill(worker, signal.SIGCONT)
     first.join(30)
     answer = outcome["infer"]
     assert isinstance(answer, np.ndarray) and (answer == np.arange(1024)).all(), answer
@@ -755,20 +758,18 @@ def test_regions_with_dynamic_batching(shm_server: ServerProcess, regions: list[
             client.register_system_shared_memory(inputs[index].name, inputs[index].key, 16)
             client.register_system_shared_memory(outputs[index].name, outputs[index].key, 16)
         sent = []
-        worker = _worker_pid(shm_server)
-        os.kill(worker, signal.SIGSTOP)  # the first batch holds the instance; the rest queue
-        for index in range(count):
-            inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-            inp.set_shared_memory(inputs[index].name, 16)
-            text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
-            text.set_data_from_numpy(np.array([[b"t%d" % index]], dtype=np.object_))
-            out = httpclient.InferRequestedOutput("OUTPUT0")
-            out.set_shared_memory(outputs[index].name, 16)
-            wanted = [out, httpclient.InferRequestedOutput("ROWS")]
-            sent.append(client.async_infer("batched", [inp, text], outputs=wanted))
-        # Two queued behind the held instance leave in one batch when the worker goes on.
-        assert wait_for(steadily(lambda: pending(shm_server) >= 2), 10), pending(shm_server)
-        os.kill(worker, signal.SIGCONT)
+        with stopped_worker(shm_server):  # the first batch holds the instance; the rest queue
+            for index in range(count):
+                inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+                inp.set_shared_memory(inputs[index].name, 16)
+                text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+                text.set_data_from_numpy(np.array([[b"t%d" % index]], dtype=np.object_))
+                out = httpclient.InferRequestedOutput("OUTPUT0")
+                out.set_shared_memory(outputs[index].name, 16)
+                wanted = [out, httpclient.InferRequestedOutput("ROWS")]
+                sent.append(client.async_infer("batched", [inp, text], outputs=wanted))
+            # Two queued behind the held instance leave in one batch when the worker goes on.
+            assert wait_for(steadily(lambda: pending(shm_server) >= 2), 10), pending(shm_server)
         sizes = [int(p.get_result().as_numpy("ROWS")[0, 0]) for p in sent]
         for index in range(count):
             got = shm.get_contents_as_numpy(outputs[index].handle, np.float32, [1, 4])

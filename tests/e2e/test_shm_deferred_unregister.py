@@ -14,11 +14,8 @@ Regions are real POSIX shared memory made by ``tritonclient.utils.shared_memory`
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
 
 import grpc
 import numpy as np
@@ -35,6 +32,7 @@ from tests.support.server import (
     shm_entries,
     socket_to_front,
     steadily,
+    stopped_worker,
     wait_for,
 )
 from tests.support.tensors import SimpleRegion, simple_region
@@ -63,18 +61,6 @@ def workers_server() -> Iterator[ServerProcess]:
     proc = ServerProcess(args=["--http-workers", "2", *ARGS]).wait_ready()
     yield proc
     assert proc.stop() == 0, proc.log
-
-
-@contextmanager
-def held_worker(server: ServerProcess) -> Iterator[int]:
-    """The server's only worker, stopped: the requests sent to it stay in flight."""
-    (worker,) = server.worker_pids()
-    os.kill(worker, signal.SIGSTOP)
-    try:
-        yield worker
-    finally:
-        with suppress(ProcessLookupError):  # (replaced: the test reports why)
-            os.kill(worker, signal.SIGCONT)
 
 
 def returns_within(call: Callable[[], object], seconds: float) -> bool:
@@ -173,7 +159,7 @@ def test_http_unregister_during_inference_answers_at_once_and_defers(
         client.register_system_shared_memory(idle.name, idle.key, 256)
         clear_outputs(region)
         inputs, outputs = http_request(region)
-        with held_worker(shm_server):
+        with stopped_worker(shm_server):
             first = client.async_infer("simple", inputs, outputs=outputs)
             assert wait_for(steadily(lambda: pending(shm_server, "simple") == 1), 10)
             # Answered at once, although the request that uses it cannot end yet.
@@ -229,7 +215,7 @@ def test_grpc_unregister_during_inference_answers_at_once_and_defers(
         client.register_system_shared_memory(region.name, region.key, 256)
         clear_outputs(region)
         inputs, outputs = grpc_request(region)
-        with held_worker(shm_server):
+        with stopped_worker(shm_server):
             client.async_infer("simple", inputs, callback, outputs=outputs)
             assert wait_for(steadily(lambda: pending(shm_server, "simple") == 1), 10)
             with grpcclient.InferenceServerClient(shm_server.grpc_url) as other:
@@ -281,7 +267,7 @@ def test_a_replicas_request_keeps_the_region_listed(workers_server: ServerProces
         clear_outputs(region)
         sock = socket_to_front(workers_server, replica)
         try:
-            with held_worker(workers_server):
+            with stopped_worker(workers_server):
                 sock.sendall(json_infer("simple", json_request(region)))
                 assert wait_for(steadily(lambda: pending(workers_server, "simple") == 1), 10)
                 assert returns_within(http_unregister(workers_server, None), QUICK)

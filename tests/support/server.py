@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -234,13 +234,15 @@ def tcp_links(pid: int) -> list[tuple[int, int]]:
 @contextmanager
 def stopped_worker(proc: ServerProcess) -> Iterator[int]:
     """The server's one worker, stopped (SIGSTOP) for the block and continued (SIGCONT) at
-    its end, whatever happened in it: what the front sent it stays put meanwhile."""
+    its end, whatever happened in it: what the front sent it stays put meanwhile. A worker
+    gone by then (killed, replaced: the block's test says why) is left alone."""
     (worker,) = proc.worker_pids()
     os.kill(worker, signal.SIGSTOP)
     try:
         yield worker
     finally:
-        os.kill(worker, signal.SIGCONT)
+        with suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
 
 
 def front_pid(proc: ServerProcess, which: str) -> int:
