@@ -20,6 +20,15 @@ stream requests could wait, and their window froze the connection. Requests that
 wait in the front for another reason (a dynamic batch, a sequence's slot) are not counted:
 their batches are not one client's, and never wait here.
 
+Counted in requests, the share still let 128 messages of 128 KiB at a stopped worker
+spend the connection's whole 16 MiB receive window, and its next call, even a ModelReady,
+was never read. So it is counted in bytes as well, where the connection gives them
+(``window_held``: what its whole requests hold of its window): a request goes to a
+worker while they hold at most half the window, waits while at most three quarters, and
+is refused past that, so that a quarter stays the client's for its other calls. A request
+alone at the workers is never refused for its bytes, nor an ensemble's step for the
+waiting (``bounded``): a request must not be refused because of itself.
+
 The HTTP/2 connection (``front.grpc.h2.connection_state``) makes one ``WorkerShare`` and
 runs its streams' tasks in a context where ``WORKER_SHARE`` holds it; the requests sent
 alone (``dataplane.strategies.Unbatched``, an ensemble's steps and chains) take a place
@@ -34,11 +43,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from contextvars import ContextVar
 
 from oipserve.errors import DeadlineExceeded, Unavailable
 
-__all__ = ["WORKER_SHARE", "WorkerShare", "place_in_share", "share_of", "waiting_full"]
+__all__ = [
+    "WORKER_SHARE",
+    "WorkerShare",
+    "bytes_full",
+    "place_in_share",
+    "share_of",
+    "waiting_full",
+]
 
 #: Where the connection of the task that runs a request counts its requests at the
 #: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
@@ -61,6 +78,18 @@ def waiting_full(share: int) -> Unavailable:
     )
 
 
+def bytes_full(held: int, window: int) -> Unavailable:
+    """The 503 of a request past its connection's share when its requests already hold
+    three quarters of its receive window."""
+    mib = 1024 * 1024
+    return Unavailable(
+        f"this connection's requests at the workers and waiting for them hold "
+        f"{held / mib:.1f} MiB of its {window // mib} MiB receive window (at most three "
+        "quarters, so that its other calls can still be sent); retry when fewer are in flight",
+        retry_after=1,
+    )
+
+
 def share_of(max_queue: int) -> int:
     """Requests one connection may have at the workers: half a worker's queue, at least 1."""
     return max(1, max_queue // 2)
@@ -73,32 +102,48 @@ class WorkerShare:
     taken is given back exactly once.
     """
 
-    __slots__ = ("held", "_waiting", "_loop")
+    __slots__ = ("held", "_waiting", "_loop", "_window_held", "_window")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        window_held: Callable[[], int] | None = None,
+        window: int = 0,
+    ) -> None:
         #: Places taken: requests at the workers, or handed a place and on their way there.
         self.held = 0
         #: Requests waiting for a place, the first first.
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._loop = loop
+        #: The bytes of the connection's receive window (``window``) its whole requests
+        #: hold (the asking one's included); None: counted in requests only.
+        self._window_held = window_held
+        self._window = window
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     def take(self, limit: int) -> bool:
-        """A place now, if fewer than ``limit`` are held and nobody waits for one."""
+        """A place now, if fewer than ``limit`` are held, nobody waits for one, and the
+        connection's requests hold at most half its window (or none is held)."""
         if self.held < limit and not self._waiting:
+            held = self._window_held
+            if self.held and held is not None and 2 * held() > self._window:
+                return False
             self.held += 1
             return True
         return False
 
-    async def wait(self, deadline: float, limit: int) -> None:
+    async def wait(self, deadline: float, limit: int, bounded: bool = True) -> None:
         """A place, after those that waited before (``back`` hands it over); past
         ``deadline`` (loop time) DeadlineExceeded. Failed or cancelled, it holds none.
-        With ``limit`` requests waiting already, Unavailable at once (``waiting_full``)."""
-        if len(self._waiting) >= limit:
-            raise waiting_full(limit)
+        With ``limit`` requests waiting already, or the connection's requests holding
+        over three quarters of its window (some at the workers), Unavailable at once
+        (``waiting_full``, ``bytes_full``); never so where not ``bounded`` (the steps of
+        an ensemble's request, which its own place bounds)."""
+        if bounded:
+            self._check_room(limit)
         turn: asyncio.Future[None] = self._loop.create_future()
         self._waiting.append(turn)
         timer = self._loop.call_at(deadline, _too_late, turn)
@@ -112,6 +157,15 @@ class WorkerShare:
             raise
         finally:
             timer.cancel()
+
+    def _check_room(self, limit: int) -> None:
+        if len(self._waiting) >= limit:
+            raise waiting_full(limit)
+        held = self._window_held
+        if self.held and held is not None:  # (a request alone is never refused for bytes)
+            nbytes = held()
+            if 4 * nbytes > 3 * self._window:
+                raise bytes_full(nbytes, self._window)
 
     def back(self) -> None:
         """A place given back: to the first request waiting, else free."""

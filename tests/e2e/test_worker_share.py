@@ -271,29 +271,32 @@ async def test_its_other_calls_go_through_while_its_requests_wait(
         hog.close()
 
 
-async def test_a_call_the_connections_window_holds_back_is_not_blamed(
+async def test_large_calls_leave_the_connections_window_to_its_other_calls(
     srv: ServerProcess, stopped: int
 ) -> None:
-    """300 calls of 64 KiB: the 255 whole ones (at the worker or waiting for their place)
-    hold the connection's window, and the next is caught half sent. It waits with them,
-    past --body-timeout: the window is the server's to give back (it failed
-    DEADLINE_EXCEEDED 'the request message did not arrive in time' after 3 s)."""
+    """300 calls of 128 KiB: 128 of them at the stopped worker held the connection's whole
+    receive window (16 MiB), so its next call, even a ModelReady, was never read. Now its
+    requests hold at most half the window at the workers and three quarters with those
+    waiting: the others are refused at once, saying why, and a ModelReady goes through."""
     hog = _channel(srv)
     try:
-        calls = _fire_vectors(hog, 300, 16 * 1024)
-        assert await asyncio.to_thread(wait_for, lambda: pending(srv, "identity_fp32") >= 250), (
-            _ended(calls)
-        )
-        # (the half-sent call's upload time: --body-timeout, a second per 64 KiB in)
-        done, _ = await asyncio.wait(calls, timeout=3 * BODY_TIMEOUT + 2)
-        assert not done, _ended(calls)
+        calls = _fire_vectors(hog, 300, 32 * 1024)
+        assert await asyncio.to_thread(
+            wait_for, lambda: len(_refused(calls)) + pending(srv, "identity_fp32") == 300
+        ), _ended(calls)
+        taken = pending(srv, "identity_fp32")
+        assert 80 <= taken <= 96, taken  # (12 MiB of 128 KiB messages and their framing)
+        for refused in _refused(calls):
+            assert refused.status is Status.UNAVAILABLE, refused
+            assert "MiB of its 16 MiB receive window" in str(refused.message), refused
+        assert await asyncio.wait_for(model_ready(hog, "simple"), 10)
         os.kill(stopped, signal.SIGCONT)
         await asyncio.wait(calls, timeout=60)
-        for call in calls:  # each answered, or refused for its connection's share
-            failure = call.exception()
-            assert failure is None or (
-                isinstance(failure, GRPCError) and failure.status is Status.UNAVAILABLE
-            ), failure
+        answered = [call for call in calls if call.exception() is None]
+        assert len(answered) == taken, _ended(calls)
+        for call in answered:
+            n = int(call.result().id.rsplit("-", 1)[1])
+            assert np.frombuffer(call.result().raw_output_contents[0], np.float32)[0] == n
     finally:
         hog.close()
 

@@ -120,3 +120,26 @@ def test_a_window_spent_on_messages_still_arriving_is_the_clients() -> None:
     _spend(windows, range(101, 101 + 2 * 12, 2), each, keep=False)
     assert windows.connection < 16_384
     assert not windows.withheld(100_000)
+
+
+def test_below_a_step_of_window_left_what_we_no_longer_hold_goes_back_at_once() -> None:
+    """With less than ``CONNECTION_ACK`` left to the client, the window of a request that
+    ended goes back as it ends: held back for the 4 MiB step, the client could wait for
+    up to 4 MiB we no longer hold (12 MiB kept at a stopped worker and 3.9 MiB of
+    requests refused: none of its calls, even a ModelReady, could be sent)."""
+    windows, updates = _windows()
+    each = 64 * 1024
+    count = CONNECTION_WINDOW // each
+    _spend(windows, range(1, 2 * count, 2), each, keep=True)
+    assert windows.connection == 0
+    windows.forget(1)
+    assert updates == [(0, each)] and windows.connection == each
+    windows.forget(3)  # still below a step: at once again
+    assert updates[1:] == [(0, each)]
+    # Above a step left, in steps again.
+    for stream in range(5, 2 * (CONNECTION_ACK // each) + 5, 2):
+        windows.forget(stream)
+    assert windows.connection >= CONNECTION_ACK
+    sent = len(updates)
+    windows.forget(2 * (CONNECTION_ACK // each) + 5)
+    assert len(updates) == sent

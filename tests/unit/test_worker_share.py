@@ -120,3 +120,32 @@ async def test_past_a_shares_count_of_waiting_requests_the_next_is_refused_at_on
         turn.cancel()
     await asyncio.gather(waiting[1], again, return_exceptions=True)
     assert (share.held, share.waiting) == (2, 0)
+
+
+async def test_a_connections_requests_hold_at_most_three_quarters_of_its_window() -> None:
+    """Counted in bytes too (what the connection's whole requests hold of its receive
+    window): a place at once up to half the window, a wait up to three quarters, past it
+    503; a request alone is never refused for its bytes, nor an ensemble's step (not
+    ``bounded``)."""
+    loop = asyncio.get_running_loop()
+    held = [0]
+    share = WorkerShare(loop, lambda: held[0], 16)
+    held[0] = 20  # more than the window: alone, it is taken
+    assert share.take(100)
+    held[0] = 8
+    assert share.take(100)
+    held[0] = 9
+    assert not share.take(100)
+    waiting = asyncio.ensure_future(share.wait(loop.time() + 10, 100))
+    await _settle()
+    held[0] = 13
+    with pytest.raises(Unavailable) as refused:
+        await share.wait(loop.time() + 10, 100)
+    assert refused.value.retry_after == 1 and "receive window" in str(refused.value)
+    step = asyncio.ensure_future(share.wait(loop.time() + 10, 100, bounded=False))
+    await _settle()
+    assert share.waiting == 2
+    share.back()
+    share.back()
+    await asyncio.wait_for(asyncio.gather(waiting, step), 5)
+    assert (share.held, share.waiting) == (2, 0)

@@ -32,7 +32,7 @@ from oipserve.front.grpc.h2.frames import (
     rst_stream,
 )
 from oipserve.front.grpc.h2.headers import HeaderDecoder, Headers
-from oipserve.front.grpc.h2.receive_windows import ReceiveWindows
+from oipserve.front.grpc.h2.receive_windows import CONNECTION_WINDOW, ReceiveWindows
 from oipserve.front.grpc.h2.stream_ids import StreamIds
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
 from oipserve.runtime.http_io import CorkedTransport
@@ -192,7 +192,13 @@ class ConnectionState(asyncio.Protocol):
         self.abandoned = AbandonedWork(self._hold_reading, self._resume_reading)
         #: This client's requests at the workers, held to a share of a worker's queue
         #: (``runtime.worker_share``; None: a connection of many clients).
-        self.worker_share = WorkerShare(self._loop) if one_client else None
+        #: Its bytes too: what its whole requests hold of the receive window (so that
+        #: requests held at a stopped worker never spend the window its other calls need).
+        self.worker_share = (
+            WorkerShare(self._loop, self._windows.kept_bytes, CONNECTION_WINDOW)
+            if one_client
+            else None
+        )
         #: What the calls' tasks run in (``run``): where ``infer_on`` finds ``abandoned``,
         #: and the requests sent alone ``worker_share``.
         self._context = contextvars.copy_context()

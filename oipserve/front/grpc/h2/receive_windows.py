@@ -5,7 +5,9 @@ connection's window is a connection FLOW_CONTROL_ERROR; past a stream's, a strea
 (the frame's payload is dropped). A stream's window is given back as its call takes the
 data (``acknowledge``); the connection's for what was taken, for what was dropped (a
 closed stream, padding, a stream past its window) and for what a stream that ended had
-not taken, in steps of ``CONNECTION_ACK`` (one WINDOW_UPDATE per 4 MiB, not one a frame).
+not taken, in steps of ``CONNECTION_ACK`` (one WINDOW_UPDATE per 4 MiB, not one a frame)
+while the client has at least that much of it left; below, each as it comes (else the
+client could wait for up to 4 MiB we no longer hold).
 
 ``ReceiveWindows`` does no I/O: the WINDOW_UPDATE frames to send are handed to the
 ``write`` it was made with; the connection (``h2.connection``) judges the frames and
@@ -77,12 +79,14 @@ class ReceiveWindows:
 
     def give_back(self, nbytes: int) -> None:
         """``nbytes`` of the connection's window were taken or dropped: the peer may send
-        them again, given back once ``CONNECTION_ACK`` are."""
-        self._credit += nbytes
-        if self._credit >= CONNECTION_ACK:
-            self.connection += self._credit
-            self._write(window_update(0, self._credit))
-            self._credit = 0
+        them again, given back once ``CONNECTION_ACK`` are, or at once while the peer has
+        less than that left (what we no longer hold is never what stalls it)."""
+        credit = self._credit + nbytes
+        if credit >= CONNECTION_ACK or (credit and self.connection < CONNECTION_ACK):
+            self.connection += credit
+            self._write(window_update(0, credit))
+            credit = 0
+        self._credit = credit
 
     def acknowledge(self, stream: int, nbytes: int) -> None:
         """The call took ``nbytes`` of its open ``stream``: the peer may send that much
@@ -101,6 +105,10 @@ class ReceiveWindows:
         self._kept[stream] = kept
         self._kept_bytes += kept
 
+    def kept_bytes(self) -> int:
+        """What the requests whole and not yet ended hold of the connection's window."""
+        return self._kept_bytes
+
     def withheld(self, need: int) -> bool:
         """Whether the client cannot send ``need`` more bytes (a frame's worth, at most)
         because of us: the connection's window is spent, at least half of it by requests
@@ -116,6 +124,4 @@ class ReceiveWindows:
         connection's window."""
         if self._kept:
             self._kept_bytes -= self._kept.pop(stream, 0)
-        self._credit += STREAM_WINDOW - self.streams.pop(stream, STREAM_WINDOW)
-        if self._credit >= CONNECTION_ACK:
-            self.give_back(0)
+        self.give_back(STREAM_WINDOW - self.streams.pop(stream, STREAM_WINDOW))
