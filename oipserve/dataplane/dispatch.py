@@ -50,7 +50,7 @@ _NO_REGIONS: dict[str, RegionUse] = {}
 class Dispatch:
     """Sends checked, placed requests to workers and maps their replies back."""
 
-    __slots__ = ("outputs", "max_queue", "max_share", "busy_poll", "affinity")
+    __slots__ = ("outputs", "max_queue", "max_share", "share_bounded", "busy_poll", "affinity")
 
     def __init__(self, outputs: SegmentCache, max_queue: int) -> None:
         #: The workers' output segments, mapped once each.
@@ -59,6 +59,9 @@ class Dispatch:
         self.max_queue = max_queue
         #: Requests one client connection may have at the workers (``runtime.worker_share``).
         self.max_share = share_of(max_queue)
+        #: Whether a request waiting for its place may be refused when its connection's
+        #: waiting is full (``WorkerShare.wait``): not an ensemble's step (``StepDispatch``).
+        self.share_bounded = True
         #: The front's busy polling, whose requests in flight say whether an Infer goes out
         #: at light load (``Infer.light``: the worker then does not poll for the next, and
         #: with ``--low-load-colocation`` pins itself beside the front). None: never light.

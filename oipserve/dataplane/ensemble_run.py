@@ -59,6 +59,10 @@ class StepDispatch(Dispatch):
         # NOTE: the front's, as every Infer it sends (``Dispatch.light``, ``.answered``).
         self.busy_poll = parent.busy_poll
         self.affinity = parent.affinity
+        # NOTE: a step waiting for its connection's place is never refused for the waiting
+        #   of others: its request's own steps may be most of them, and a request must
+        #   not be refused because of itself (its place, and the ensemble's, bound them).
+        self.share_bounded = False
         #: The worker of this request's last step (shared by its steps; empty at first).
         self.pin = pin
         self.done: tuple[WorkerLink, InferDone] | None = None
@@ -257,7 +261,7 @@ class EnsembleRun:
         try:
             if share is not None and not share.take(limit):
                 stats = runner.stats_of(chain.models[0])
-                waited = await waited_for_share(share, self.deadline, stats, limit)
+                waited = await waited_for_share(share, self.deadline, stats, limit, False)
             held = share
             worker = self._chain_worker(chain)
         except BaseException as exc:

@@ -128,7 +128,8 @@ class Unbatched:
             connection = WORKER_SHARE.get()
             if connection is not None:
                 if not connection.take(dispatch.max_share):
-                    waited = await waited_for_share(connection, deadline, stats, dispatch.max_share)
+                    limit, bounded = dispatch.max_share, dispatch.share_bounded
+                    waited = await waited_for_share(connection, deadline, stats, limit, bounded)
                 share = connection
             worker = dispatch.pick(model)
         except BaseException as exc:
@@ -240,16 +241,16 @@ def sending(owned: list[Lease | RegionUse], lease: Lease | None, stats: ModelSta
 
 
 async def waited_for_share(
-    share: WorkerShare, deadline: float, stats: ModelStats, limit: int
+    share: WorkerShare, deadline: float, stats: ModelStats, limit: int, bounded: bool = True
 ) -> int:
     """A place in its connection's share (``limit``) of the workers' queues, for a request
     sent alone that has to wait for one (``runtime.worker_share``; 503 with ``limit``
-    waiting already); when it began to wait (``monotonic_ns``). Pending meanwhile, as a
-    request queued in a batcher is."""
+    waiting already, unless not ``bounded``: an ensemble's step); when it began to wait
+    (``monotonic_ns``). Pending meanwhile, as a request queued in a batcher is."""
     began = monotonic_ns()
     stats.pending += 1
     try:
-        await share.wait(deadline, limit)
+        await share.wait(deadline, limit, bounded)
     finally:
         stats.pending -= 1
     return began

@@ -26,7 +26,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.support.ensemble_models import write_repository
+from tests.support.ensemble_models import fan_config, write_ensemble, write_repository
 from tests.support.grpclib_calls import (
     infer,
     infer_simple,
@@ -303,6 +303,9 @@ async def test_large_calls_leave_the_connections_window_to_its_other_calls(
 
 #: The small server's --max-queue-per-worker, and a connection's share of it.
 SMALL_QUEUE, SMALL_SHARE = 8, 4
+#: The steps of ``fan``, all run at once: more than a share at the workers and a share
+#: waiting.
+FAN = 3 * SMALL_SHARE
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +313,8 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A worker's queue of 8 (a connection's share 4), the ensembles' models, ``chain``
     (add_one then double, run as one chain) loaded."""
     root = write_repository(tmp_path_factory.mktemp("share-ensembles"), slow_nodes=10)
-    args = ["--model-control-mode", "explicit", "--load-model", "chain"]
+    write_ensemble(root, "fan", fan_config("fan", FAN))
+    args = ["--model-control-mode", "explicit", "--load-model", "chain", "--load-model", "fan"]
     args += ["--max-queue-per-worker", str(SMALL_QUEUE), "--worker-heartbeat-timeout", "300"]
     proc = ServerProcess(root, args=args).wait_ready()
     yield proc
@@ -381,6 +385,25 @@ async def test_a_chain_failed_waiting_for_its_place_counts_against_its_first_mod
         await asyncio.wait_for(asyncio.gather(*held), 60)
     finally:
         hog.close()
+
+
+async def test_an_ensembles_own_steps_never_refuse_it(small: ServerProcess) -> None:
+    """One request of ``fan``: 12 steps at once, each a request of add_one sent alone,
+    each taking a place in its connection's share (4, 4 more waiting). Its last 4 steps
+    were refused 503 'this connection has 4 requests at the workers and 4 more waiting',
+    and the request with them: refused because of itself. A step waits for its place,
+    never refused for the waiting; the request is answered."""
+    before = statistics(small, "add_one")["failed"]
+    channel = _channel(small)
+    try:
+        reply = await asyncio.wait_for(infer(channel, vector_request("fan", "X", 2, 4)), 60)
+        assert sorted(out.name for out in reply.outputs) == sorted(f"Y{n}" for n in range(FAN))
+        for raw in reply.raw_output_contents:
+            assert np.frombuffer(raw, np.float32).tolist() == [3.0] * 4
+        # (the steps waited in the front, not at the worker: its queue of 8 never overflowed)
+        assert statistics(small, "add_one")["failed"] == before
+    finally:
+        channel.close()
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,7 @@ __all__ = [
     "mapped_output_prefixes",
     "STEPS",
     "ensemble_config",
+    "fan_config",
     "write_ensemble",
     "write_repository",
     "write_step",
@@ -182,6 +183,14 @@ def ensemble_config(
             text += f'    output_map {{ key: "{key}" value: "{value}" }}\n'
         text += "  }\n"
     return text + "}\n"
+
+
+def fan_config(name: str, width: int) -> str:
+    """An ensemble of ``width`` add_one steps all reading its X, run at once: outputs
+    Y0 ... Y<width - 1>, each X + 1."""
+    steps = [("add_one", {"IN": "X"}, {"OUT": f"Y{n}"}) for n in range(width)]
+    outputs = [(f"Y{n}", "TYPE_FP32", "[ -1 ]") for n in range(width)]
+    return ensemble_config(name, steps, _X, outputs)
 
 
 def write_ensemble(root: Path, name: str, config: str) -> None:
