@@ -53,6 +53,15 @@ def _rows(name: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, [f"{name}_rows", 1])
 
 
+def _save(root: Path, graph: onnx.GraphProto, config: str) -> None:
+    """``graph`` as version 1 of the model named after it, with ``config``."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (root / graph.name / "1").mkdir(parents=True)
+    onnx.save(model, root / graph.name / "1" / "model.onnx")
+    (root / graph.name / "config.pbtxt").write_text(config)
+
+
 def _identity(root: Path) -> None:
     # NOTE: rows of their own for each input and output: one may be a default's 1 row
     #   while the other has a batch's.
@@ -74,14 +83,12 @@ def _identity(root: Path) -> None:
             numpy_helper.from_array(np.zeros(1, np.float32), "zero"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    (root / "identity_2_float32" / "1").mkdir(parents=True)
-    onnx.save(model, root / "identity_2_float32" / "1" / "model.onnx")
-    (root / "identity_2_float32" / "config.pbtxt").write_text(
+    _save(
+        root,
+        graph,
         'name: "identity_2_float32"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
         f"{_OPTIONAL_IO}dynamic_batching {{ preferred_batch_size: [ 2 ] "
-        f"max_queue_delay_microseconds: {BATCH_DELAY_S * 1_000_000} }}\n"
+        f"max_queue_delay_microseconds: {BATCH_DELAY_S * 1_000_000} }}\n",
     )
 
 
@@ -96,18 +103,16 @@ def _default_row(root: Path) -> None:
         [_rows(n) for n in ("OUTPUT0", "OUTPUT1")],
         [numpy_helper.from_array(np.full((1, 1), DEFAULT_ROW, np.float32), "INPUT1")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    (root / "default_row" / "1").mkdir(parents=True)
-    onnx.save(model, root / "default_row" / "1" / "model.onnx")
-    (root / "default_row" / "config.pbtxt").write_text(
+    _save(
+        root,
+        graph,
         'name: "default_row"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] },\n'
         '  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },\n'
         '  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         f"dynamic_batching {{ preferred_batch_size: [ 2 ] "
-        f"max_queue_delay_microseconds: {BATCH_DELAY_S * 1_000_000} }}\n"
+        f"max_queue_delay_microseconds: {BATCH_DELAY_S * 1_000_000} }}\n",
     )
 
 
