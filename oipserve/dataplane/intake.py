@@ -27,7 +27,7 @@ from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference
 from oipserve.request.placement import Placement, check_size
 from oipserve.request.tensors import Deferred
-from oipserve.runtime.worker_share import place_in_share
+from oipserve.runtime.worker_share import worker_in_share
 from oipserve.wire.datatypes import element_count
 from oipserve.wire.shm import BufferPool, Lease
 
@@ -99,14 +99,9 @@ class Intake:
         # (a place in its connection's share while the worker has the job, as for the
         #  inference after it: sent outside it, an h2c connection's filled the queue)
         dispatch = self.dispatch
-        share = await place_in_share(dispatch.max_share, deadline)
-        try:
-            worker = dispatch.pick(model)
-        except BaseException:
-            if share is not None:
-                share.back()
-            raise
-        done = None if share is None else share.back
+        worker, done = await worker_in_share(
+            dispatch.max_share, deadline, lambda: dispatch.pick(model)
+        )
         owned.append(await json_offload.decode(worker, texts, self.inputs, deadline, done))
         return [
             (tensor, shape, nbytes, None if isinstance(data, Deferred) else data)

@@ -57,7 +57,7 @@ from oipserve.request.inference import Inference, InferResult
 from oipserve.request.placement import Placement
 from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
-from oipserve.runtime.worker_share import place_in_share, share_of
+from oipserve.runtime.worker_share import share_of, worker_in_share
 from oipserve.telemetry.stats import StatsRegistry, refusal_reason
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef
@@ -368,14 +368,10 @@ class DataPlane:
         deadline = self._loop.time() + self.infer_timeout
         # (a job at the worker of its connection's, as the request's inference is: an h2c
         #  connection's large bodies filled the worker's queue past its share, fuzzing)
-        share = await place_in_share(share_of(self.max_queue), deadline)
-        try:
-            worker = model.pick(self.max_queue)
-        except BaseException:
-            if share is not None:
-                share.back()
-            raise
-        done = None if share is None else share.back
+        max_queue = self.max_queue
+        worker, done = await worker_in_share(
+            share_of(max_queue), deadline, lambda: model.pick(max_queue)
+        )
         return await json_offload.parse(worker, lease, start, body, deadline, done)
 
     def refused(self, model: ModelVersion, exc: BaseException) -> None:

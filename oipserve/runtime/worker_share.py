@@ -45,6 +45,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import TypeVar
 
 from oipserve.errors import DeadlineExceeded, Unavailable
 
@@ -55,7 +56,10 @@ __all__ = [
     "place_in_share",
     "share_of",
     "waiting_full",
+    "worker_in_share",
 ]
+
+_Worker = TypeVar("_Worker")
 
 #: Where the connection of the task that runs a request counts its requests at the
 #: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
@@ -181,12 +185,29 @@ class WorkerShare:
 async def place_in_share(limit: int, deadline: float) -> WorkerShare | None:
     """A place in the share (``limit``) of the connection whose task runs this, waited for
     past it; that share (its ``back`` due once the worker answers), or None without one.
-    For a job a request sends a worker before its inference: a large JSON body's parse,
-    its ``data``'s decode (``json_offload``); the inference takes a place of its own."""
+    For a job a request sends a worker before its inference (a large JSON body's parse,
+    its ``data``'s decode: ``json_offload``, through ``worker_in_share``; the inference
+    takes a place of its own) and an inference another front runs (``call_run``)."""
     share = WORKER_SHARE.get()
     if share is not None and not share.take(limit):
         await share.wait(deadline, limit)
     return share
+
+
+async def worker_in_share(
+    limit: int, deadline: float, pick: Callable[[], _Worker]
+) -> tuple[_Worker, Callable[[], None] | None]:
+    """A place in the share (``place_in_share``), then the worker ``pick`` names for the
+    job: that worker, and what gives the place back once it answers (None without a
+    share). The place goes back at once if ``pick`` fails (no worker to answer)."""
+    share = await place_in_share(limit, deadline)
+    try:
+        worker = pick()
+    except BaseException:
+        if share is not None:
+            share.back()
+        raise
+    return worker, None if share is None else share.back
 
 
 def _too_late(turn: asyncio.Future[None]) -> None:
