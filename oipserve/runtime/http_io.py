@@ -2,10 +2,11 @@
 
 ``CorkedTransport`` holds what a response writes in one loop iteration and hands it
 to the socket in one ``writelines`` (one ``writev``), or at once with what it holds
-(``write_now``) when nothing later in the iteration would join it. ``BodySink`` and ``BodyReader``
-receive a request body into a caller's buffer (a shared-memory segment): the sink
-takes what the parser already has, the reader has the kernel copy the rest out of the
-socket straight into the buffer and gives the socket back when the body is complete.
+(``write_now``) when nothing later in the iteration would join it. ``BodySink`` and
+``BodyReader`` receive a request body into a caller's buffer (a shared-memory segment):
+the sink takes what the parser already has, the reader has the kernel copy the rest out
+of the socket straight into the buffer and gives the socket back when the body is
+complete.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class CallRunner(CallSender):
             raise RuntimeError(f"{self._name} is to be forwarded by a table that cannot forward")
         left = None
         if self._deadline_at is not None:
-            left = max(0.0, self._deadline_at - asyncio.get_running_loop().time())
+            left = max(0.0, self._deadline_at - self._conn.loop.time())
         return forward(method or self._name, request, self._metadata, left)
 
     async def _forwarded_infer(self, request: bytes, method: str | None = None) -> bytes:
@@ -106,7 +106,7 @@ class CallRunner(CallSender):
         table = self._table
         deadline = self._deadline_at
         if deadline is None:
-            deadline = asyncio.get_running_loop().time() + table.infer_timeout
+            deadline = self._conn.loop.time() + table.infer_timeout
         share = await place_in_share(table.max_share, deadline)
         try:
             return await self._forwarded(request, method)

@@ -5,9 +5,8 @@
 connection a GOAWAY in two phases (RFC 9113, 6.8: clients open new calls elsewhere, and
 calls sent before they heard it are still served; a stream is cut once the second goes
 out, ``_cut_streams``), waits up to ``grace`` for those phases and the calls still
-running, and
-closes what is left; a connection's socket then lingers, within the same grace, until
-its peer took the last answers (``front.grpc.linger``).
+running, and closes what is left; a connection's socket then lingers, within the same
+grace, until its peer took the last answers (``front.grpc.linger``).
 
 The public port's connections are bounded (``front.grpc.keepalive``): at most
 ``max_connections`` at once (past it a new one is refused and closed at once, the open
