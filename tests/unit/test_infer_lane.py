@@ -237,6 +237,7 @@ def test_the_head_the_lane_takes() -> None:
     assert lane_request(lane, b"PUT", "1.1", url, fields) is None
     assert lane_request(lane, b"POST", "1.0", url, fields) is None
     assert lane_request(lane, b"POST", "1.1", url + b"?a", fields) is None
+    assert lane_request(lane, b"POST", "1.1", b"/v2/models/m%2Fx/infer", fields) is None
     assert lane_request(lane, b"POST", "1.1", url, [(b"content-length", b"1x")]) is None
     assert (
         lane_request(lane, b"POST", "1.1", url, [(b"content-length", b"%d" % (LIMIT + 1))]) is None

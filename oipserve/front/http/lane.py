@@ -131,6 +131,13 @@ def lane_headers(fields: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | 
     return headers
 
 
+#: A query's and an escape's byte, as ints: ``b"?" in url`` first tries the operand as an
+#: int, raising and formatting a TypeError it then drops (CPython's bytes ``in``), ~1 % of
+#: the front's samples a tiny JSON request at c=1 (perf, 2026-11-30).
+_QUERY = ord("?")
+_ESCAPE = ord("%")
+
+
 def lane_request(
     lane: InferLane,
     method: bytes,
@@ -141,7 +148,7 @@ def lane_request(
     """The path, headers, model and version of a complete request head that the lane
     takes; None when it goes the ASGI way (a request behind a response under way, or with
     ``Expect``, the protocol keeps from the lane itself)."""
-    if method != b"POST" or http_version != "1.1" or b"?" in url or b"%" in url:
+    if method != b"POST" or http_version != "1.1" or _QUERY in url or _ESCAPE in url:
         return None
     path = url.decode("ascii", "replace")
     target = lane.target(path)
