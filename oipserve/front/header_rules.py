@@ -77,6 +77,10 @@ an ASCII value with another byte outside      (gRPC's own clients cannot send ei
 non-ASCII)
 ``-bin`` keys and ``grpc-`` keys              metadata, but not forwarded (no RPC of the
                                               service reads either; ``grpc-`` is gRPC's)
+``oipserve-connection``                       read on the primary's private socket
+                                              alone (which client connection of the
+                                              forwarding front sent an inference); a
+                                              client's own is not forwarded
 ``grpc-timeout``                              ``grpc_timeout``: 1-8 digits and a unit,
                                               else INTERNAL (as grpc-go); longer than
                                               ``MAX_GRPC_TIMEOUT``: no deadline (as gRPC
@@ -99,6 +103,7 @@ __all__ = [
     "HOP_BY_HOP",
     "MAX_GRPC_TIMEOUT",
     "CallHead",
+    "FORWARDED_CONNECTION",
     "MalformedRequest",
     "NOT_FORWARDED",
     "PaddedValue",
@@ -224,16 +229,28 @@ def is_metadata(key: str, value: str) -> bool:
     return key.endswith("-bin") or _GRPC_VALUE.fullmatch(value) is not None
 
 
-def forwarded_metadata(metadata: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+def forwarded_metadata(
+    metadata: Iterable[tuple[str, str]], mark: str = ""
+) -> tuple[tuple[str, str], ...]:
     """What of a call's metadata is forwarded to the primary: all but binary (``-bin``,
     which grpc wants as bytes) and gRPC's reserved ``grpc-`` keys. No RPC the primary
-    answers reads either, so its answer is the same as to the whole metadata."""
-    return tuple(
+    answers reads either, so its answer is the same as to the whole metadata. With a
+    ``mark`` (an inference), ``FORWARDED_CONNECTION`` says which client connection of
+    this front sent it; a client's own value of that key is never forwarded."""
+    kept = tuple(
         (key, value)
         for key, value in metadata
-        if not key.endswith("-bin") and not key.startswith("grpc-")
+        if not key.endswith("-bin") and not key.startswith("grpc-") and key != FORWARDED_CONNECTION
     )
+    return (*kept, (FORWARDED_CONNECTION, mark)) if mark else kept
 
+
+#: The metadata key of an inference another front forwards to the primary: which client
+#: connection of that front it came from (the front's pid and the connection's serial),
+#: whose share of the workers' queues the primary counts it in
+#: (``runtime.worker_share.ForwardedShares``). Read on the primary's private socket
+#: alone; a client's own value is not forwarded (``forwarded_metadata``).
+FORWARDED_CONNECTION = "oipserve-connection"
 
 #: ``grpc-timeout``: TimeoutValue (1 to 8 digits) and TimeoutUnit (PROTOCOL-HTTP2.md).
 _TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")

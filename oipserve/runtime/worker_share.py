@@ -37,11 +37,23 @@ connection, not one per worker: a connection with half a worker's queue at the w
 keeps any of them busy, and nothing per worker is looked up per request. Each front
 process counts its own connections (``--http-workers``: each front has its own queue on
 each worker too).
+
+An inference another front forwards to the primary (a worker endpoint's model, which
+only the primary serves) comes on the primary's private socket, one connection of many
+clients, which has no share of its own. The forwarding front counts it in its client's
+connection's share until the primary answers, and marks it with that connection
+(``WorkerShare.serial``, with the front's pid: ``header_rules.FORWARDED_CONNECTION``);
+the primary counts it in the share it keeps for that mark (``ForwardedShares``) from its
+send to the worker until the worker answers or dies, as its own connections' requests.
+Counted only at the front, a call the primary ended at its deadline gave its place back
+while the worker still had it, and one connection on the other front filled the
+endpoint worker's queue with such calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -51,6 +63,7 @@ from oipserve.errors import DeadlineExceeded, Unavailable
 
 __all__ = [
     "WORKER_SHARE",
+    "ForwardedShares",
     "WorkerShare",
     "bytes_full",
     "place_in_share",
@@ -63,7 +76,8 @@ _Worker = TypeVar("_Worker")
 
 #: Where the connection of the task that runs a request counts its requests at the
 #: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
-#: connection to itself, or a connection of many clients, the private socket's).
+#: connection to itself, or a connection of many clients, the private socket's, whose
+#: call that another front marked sets its client connection's: ``ForwardedShares``).
 WORKER_SHARE: ContextVar[WorkerShare | None] = ContextVar("worker_share", default=None)
 
 WAITED_TOO_LONG = (
@@ -94,6 +108,12 @@ def bytes_full(held: int, window: int) -> Unavailable:
     )
 
 
+#: Where each ``WorkerShare`` of this process gets its ``serial``.
+_SERIALS = itertools.count(1)
+#: Marks ``ForwardedShares`` keeps before it first looks for those to drop.
+_MIN_SWEEP = 64
+
+
 def share_of(max_queue: int) -> int:
     """Requests one connection may have at the workers: half a worker's queue, at least 1."""
     return max(1, max_queue // 2)
@@ -106,7 +126,7 @@ class WorkerShare:
     taken is given back exactly once.
     """
 
-    __slots__ = ("held", "_waiting", "_loop", "_window_held", "_window")
+    __slots__ = ("held", "serial", "_waiting", "_loop", "_window_held", "_window")
 
     def __init__(
         self,
@@ -116,6 +136,9 @@ class WorkerShare:
     ) -> None:
         #: Places taken: requests at the workers, or handed a place and on their way there.
         self.held = 0
+        #: This share among the process's, never reused: what marks its requests that
+        #: another front answers (``ForwardedShares``).
+        self.serial = next(_SERIALS)
         #: Requests waiting for a place, the first first.
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._loop = loop
@@ -180,6 +203,43 @@ class WorkerShare:
                 turn.set_result(None)
                 return
         self.held -= 1
+
+
+class ForwardedShares:
+    """The primary's shares of the other fronts' client connections, by the mark their
+    forwarded calls carry (the forwarding front's pid and the connection's ``serial``).
+
+    A mark's share is made at its first call and dropped once it holds nothing and
+    nobody waits for it: looked for when the marks reach ``_sweep_at`` (then twice those
+    kept, at least ``_MIN_SWEEP``), not when a connection closes, which the primary does
+    not hear of. Dropped so, a share is as one made anew: nothing else remembers it.
+    Counted in requests only: the forwarding front counts their bytes, against its own
+    connection's window.
+    """
+
+    __slots__ = ("_shares", "_sweep_at")
+
+    def __init__(self) -> None:
+        self._shares: dict[str, WorkerShare] = {}
+        self._sweep_at = _MIN_SWEEP
+
+    def __len__(self) -> int:
+        return len(self._shares)
+
+    def of(self, mark: str, loop: asyncio.AbstractEventLoop) -> WorkerShare:
+        """The share of the connection ``mark`` names (made now if it holds none)."""
+        share = self._shares.get(mark)
+        if share is None:
+            if len(self._shares) >= self._sweep_at:
+                self._sweep()
+            share = self._shares[mark] = WorkerShare(loop)
+        return share
+
+    def _sweep(self) -> None:
+        self._shares = {
+            mark: share for mark, share in self._shares.items() if share.held or share.waiting
+        }
+        self._sweep_at = max(_MIN_SWEEP, 2 * len(self._shares))
 
 
 async def place_in_share(limit: int, deadline: float) -> WorkerShare | None:

@@ -465,3 +465,47 @@ def test_calls_another_front_forwards_to_the_primary_keep_to_their_share(
                 os.kill(worker, signal.SIGCONT)
         for stream in calls[: 2 * SMALL_SHARE]:
             assert _grpc_status(hog.wait(stream)) == 0
+
+
+def test_forwarded_calls_ended_at_their_deadline_keep_their_place_until_the_worker_answers(
+    two_fronts: ServerProcess,
+) -> None:
+    """Calls of 300 ms from one connection on the other front, forwarded to the primary,
+    the workers stopped: three rounds of a worker queue's count (8). Each call ends at its
+    deadline while the worker still has it; the primary counts it in that connection's
+    share until the worker answers, as it counts its own connections', so 4 are at the
+    worker whatever the rounds, the others end at their deadline waiting for a place, and
+    another client's call is still taken at the worker. (Counted only at the front until
+    the primary answered, each place went back at the deadline: the second round filled
+    the queue of 8, the third was refused 'overloaded', and so was the other client.)"""
+    grpc_port = int(two_fronts.grpc_url.rsplit(":", 1)[1])
+    workers = two_fronts.worker_pids()
+    request = simple_request(3)
+    request.model_name = "onnxruntime"  # (the endpoint's name)
+    message = request.SerializeToString()
+    extra = socket_to_front(two_fronts, front_pid(two_fronts, "extra front"), port=grpc_port)
+    other = socket_to_front(two_fronts, front_pid(two_fronts, "primary"), port=grpc_port)
+    with (
+        H2c("127.0.0.1", grpc_port, sock=extra) as hog,
+        H2c("127.0.0.1", grpc_port, sock=other) as probe,
+    ):
+        assert _grpc_status(hog.wait(hog.grpc("ModelInfer", message))) == 0
+        for worker in workers:
+            os.kill(worker, signal.SIGSTOP)
+        try:
+            for _ in range(3):
+                calls = [hog.grpc("ModelInfer", message, "300m") for _ in range(SMALL_QUEUE)]
+                ended = [hog.wait(stream) for stream in calls]
+                statuses = [_grpc_status(answer) for answer in ended]
+                assert statuses == [Status.DEADLINE_EXCEEDED.value] * SMALL_QUEUE, ended
+            # Another client's call is taken: it waits at the worker until its deadline.
+            late = pb.ModelInferRequest()
+            late.CopyFrom(request)
+            late.parameters["timeout"].int64_param = 500_000
+            answer = probe.wait(probe.grpc("ModelInfer", late.SerializeToString()))
+            assert _grpc_status(answer) == Status.DEADLINE_EXCEEDED.value, answer
+        finally:
+            for worker in workers:
+                os.kill(worker, signal.SIGCONT)
+        # The worker skips the expired calls; the connection's places are back.
+        assert _grpc_status(hog.wait(hog.grpc("ModelInfer", message))) == 0

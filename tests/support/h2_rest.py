@@ -164,9 +164,12 @@ class H2c:
         """One whole request; its answer."""
         return self.wait(self.start(method, path, headers, body))
 
-    def grpc(self, method: str, message: bytes) -> int:
-        """Open a unary gRPC call with ``message`` (serialized); returns the stream id."""
+    def grpc(self, method: str, message: bytes, timeout: str | None = None) -> int:
+        """Open a unary gRPC call with ``message`` (serialized), and a ``grpc-timeout``
+        (``"300m"``) if given; returns the stream id."""
         headers = [("content-type", "application/grpc"), ("te", "trailers")]
+        if timeout is not None:
+            headers.append(("grpc-timeout", timeout))
         prefixed = struct.pack(">BI", 0, len(message)) + message
         return self.start("POST", GRPC_SERVICE + method, headers, prefixed)
 

@@ -14,6 +14,7 @@ import pytest
 
 from oipserve.errors import InvalidInput
 from oipserve.front.header_rules import (
+    FORWARDED_CONNECTION,
     HOP_BY_HOP,
     MAX_GRPC_TIMEOUT,
     NOT_FORWARDED,
@@ -152,6 +153,16 @@ def test_transport_keys_include_the_hop_by_hop_names() -> None:
 def test_forwarded_metadata_leaves_out_binary_and_reserved_keys() -> None:
     metadata = (("a", "1"), ("x-bin", "AA"), ("grpc-x", "2"), ("b", "3"), ("a", "4"))
     assert forwarded_metadata(metadata) == (("a", "1"), ("b", "3"), ("a", "4"))
+
+
+def test_forwarded_metadata_carries_the_fronts_mark_never_the_clients() -> None:
+    """An inference forwarded to the primary names its client connection
+    (``FORWARDED_CONNECTION``), whose share the primary counts it in: a client's own value
+    of that key is dropped, so that it cannot be counted in another client's share."""
+    metadata = (("a", "1"), (FORWARDED_CONNECTION, "1.1"), ("b", "2"))
+    assert forwarded_metadata(metadata) == (("a", "1"), ("b", "2"))
+    marked = forwarded_metadata(metadata, "42.7")
+    assert marked == (("a", "1"), ("b", "2"), (FORWARDED_CONNECTION, "42.7"))
 
 
 @pytest.mark.parametrize(

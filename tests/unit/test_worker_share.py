@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from oipserve.errors import DeadlineExceeded, Unavailable
-from oipserve.runtime.worker_share import WorkerShare, share_of
+from oipserve.runtime.worker_share import ForwardedShares, WorkerShare, share_of
 
 
 def test_a_connection_has_half_a_workers_queue_and_at_least_one() -> None:
@@ -149,3 +149,26 @@ async def test_a_connections_requests_hold_at_most_three_quarters_of_its_window(
     share.back()
     await asyncio.wait_for(asyncio.gather(waiting, step), 5)
     assert (share.held, share.waiting) == (2, 0)
+
+
+async def test_the_primary_drops_a_forwarded_connections_share_once_it_holds_nothing() -> None:
+    """The primary keeps a share for each mark of another front's client connection
+    (``ForwardedShares``), the same one for each of its calls while it holds a place or a
+    request waits for one; one that holds nothing is dropped when the marks reach their
+    bound (64, then twice those kept), as the primary never hears of the connection's
+    close: the marks of closed connections never pile up."""
+    loop = asyncio.get_running_loop()
+    shares = ForwardedShares()
+    busy = shares.of("7.1", loop)
+    assert busy.take(1) and shares.of("7.1", loop) is busy
+    assert busy.serial != shares.of("7.2", loop).serial
+    for n in range(3, 65):
+        assert shares.of(f"7.{n}", loop).held == 0
+    assert len(shares) == 64
+    shares.of("8.1", loop)  # the bound: those holding nothing go, the busy one stays
+    assert len(shares) == 2 and shares.of("7.1", loop) is busy
+    busy.back()
+    for n in range(2, 64):
+        shares.of(f"8.{n}", loop)
+    shares.of("8.64", loop)
+    assert len(shares) == 1 and shares.of("7.1", loop) is not busy  # made anew

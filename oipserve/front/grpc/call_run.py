@@ -27,9 +27,10 @@ from oipserve.front.grpc.rpcs import INFER_RPC, STREAM_RPC
 from oipserve.front.grpc.status import log_failure, status_of
 from oipserve.front.grpc.stream_window import StreamWindow
 from oipserve.front.grpc.streaming import StreamRequestFailed, ordered_responses
+from oipserve.front.header_rules import FORWARDED_CONNECTION
 from oipserve.request.inference import Parked
 from oipserve.runtime.off_loop import unmap_off_loop
-from oipserve.runtime.worker_share import place_in_share
+from oipserve.runtime.worker_share import WORKER_SHARE, place_in_share
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
@@ -60,8 +61,11 @@ class CallRunner(CallSender):
                 else:
                     if lease is not None:
                         request.lease, lease = lease, None  # the service owns it now
-                    if self._deadline_at is not None and self._name == INFER_RPC:
-                        request.deadline = self._deadline_at  # (workers skip it past that)
+                    if self._name == INFER_RPC:
+                        if self._deadline_at is not None:
+                            request.deadline = self._deadline_at  # (workers skip it past that)
+                        if self._conn.worker_share is None:  # the private socket's
+                            self._count_forwarded()
                     data = await wire_bytes(await method.call(request), method.serialize)
         except asyncio.CancelledError:
             self._cancelled()
@@ -85,34 +89,51 @@ class CallRunner(CallSender):
             return
         self._finish(TRAILERS_OK)
 
-    def _forwarded(self, request: bytes, method: str | None = None) -> Awaitable[bytes]:
+    def _forwarded(
+        self, request: bytes, method: str | None = None, connection: int = 0
+    ) -> Awaitable[bytes]:
         """``request`` answered by the primary front, as ``method`` (this call's own by
-        default), with this call's metadata and what is left of its deadline."""
+        default), with this call's metadata and what is left of its deadline; an
+        inference marked with ``connection``, its connection's share's serial."""
         forward = self._table.forward
         if forward is None:
             raise RuntimeError(f"{self._name} is to be forwarded by a table that cannot forward")
         left = None
         if self._deadline_at is not None:
             left = max(0.0, self._deadline_at - self._conn.loop.time())
-        return forward(method or self._name, request, self._metadata, left)
+        return forward(method or self._name, request, self._metadata, left, connection)
 
     async def _forwarded_infer(self, request: bytes, method: str | None = None) -> bytes:
         """An inference forwarded to the primary (a model only it serves: a worker
         endpoint's), in this connection's share of the workers' queues until the primary
-        answers: the primary counts none on its private socket, whose one connection
-        carries many clients' calls (with two fronts one connection's calls filled the
-        endpoint worker's queue, fuzzing). Given back at the primary's answer, not at the
-        worker's: a call the primary ended at its deadline frees its place at once."""
+        answers (which bounds the bytes its calls hold of the connection's window too),
+        and marked with the connection, so that the primary counts it in the share it
+        keeps for it until the worker answers (``_count_forwarded``): a call the primary
+        ends at its deadline frees its place here at once, but not there while the worker
+        has it (counted here alone, such calls from one connection filled the endpoint
+        worker's queue)."""
         table = self._table
         deadline = self._deadline_at
         if deadline is None:
             deadline = self._conn.loop.time() + table.infer_timeout
         share = await place_in_share(table.max_share, deadline)
         try:
-            return await self._forwarded(request, method)
+            return await self._forwarded(request, method, 0 if share is None else share.serial)
         finally:
             if share is not None:
                 share.back()
+
+    def _count_forwarded(self) -> None:
+        """An inference on the primary's private socket, which another front forwarded
+        from one of its client connections: counted in the share the primary keeps for
+        that connection (``runtime.worker_share.ForwardedShares``), held from its send to
+        the worker until the worker answers, as a connection's of its own; one without the
+        mark is counted by no share. The share is this call's task's alone (its context
+        is a copy of the connection's)."""
+        for key, mark in self._metadata:
+            if key == FORWARDED_CONNECTION:
+                WORKER_SHARE.set(self._table.forwarded.of(mark, self._conn.loop))
+                return
 
     async def _stream_request(
         self, message: bytes | memoryview, parked: Parked | None

@@ -17,15 +17,16 @@ from oipserve.errors import Forbidden
 from oipserve.front.grpc.rpcs import HEALTH_CHECK, RPCS, SERVICE, STREAM_RPC, Method, rpc_path
 from oipserve.front.http.h2_asgi import RestOverH2
 from oipserve.request.inference import Parked
-from oipserve.runtime.worker_share import share_of
+from oipserve.runtime.worker_share import ForwardedShares, share_of
 from oipserve.wire.shm import BufferPool
 
 __all__ = ["Answers", "CallTable", "Forward"]
 
 
 #: Another front that answers what this one does not: (method, request, the call's
-#: metadata, seconds left or None) -> the response message.
-Forward = Callable[[str, bytes, tuple[tuple[str, str], ...], "float | None"], Awaitable[bytes]]
+#: metadata, seconds left or None, the serial of the share of the client connection an
+#: inference is counted in, 0 for another RPC) -> the response message.
+Forward = Callable[[str, bytes, tuple[tuple[str, str], ...], "float | None", int], Awaitable[bytes]]
 #: Whether this front answers inference of (model, version or None) itself.
 Answers = Callable[[str, "str | None"], bool]
 
@@ -78,6 +79,9 @@ class CallTable:
         #: one: for the inference forwarded to the primary (``CallRunner._forwarded_infer``).
         self.max_share = share_of(settings.max_queue_per_worker)
         self.infer_timeout = settings.infer_timeout
+        #: The primary's shares of the other fronts' client connections, for the
+        #: inferences they forward to its private socket (``CallRunner._count_forwarded``).
+        self.forwarded = ForwardedShares()
         #: The REST app for the streams that are not gRPC (``listener.H2Server.serve_rest``);
         #: None: they are answered 415 (a GET: RST_STREAM PROTOCOL_ERROR), as before.
         self.rest: RestOverH2 | None = None
