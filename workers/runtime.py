@@ -26,6 +26,7 @@ from oipserve.wire.datatypes import (
     write_bytes_elements,
 )
 from oipserve.wire.messages import TensorMeta
+from oipserve.wire.session_keys import ARENA, GRAPH_LEVEL, PATTERN, SHRINKAGE
 
 _BF16 = 16  # ONNX TensorProto.BFLOAT16
 
@@ -116,11 +117,11 @@ class ModelSession:
         # PERF: spinning threads steal the core the front process needs; on a
         #   small node an idle wait costs less than the spin.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if "enable_mem_arena" in tuning:
-            options.enable_cpu_mem_arena = tuning["enable_mem_arena"] == "1"
-        if "enable_mem_pattern" in tuning:
-            options.enable_mem_pattern = tuning["enable_mem_pattern"] == "1"
-        if GRAPH_LEVEL in tuning:  # a name the front chose (session_options.GRAPH_LEVELS)
+        if ARENA in tuning:
+            options.enable_cpu_mem_arena = tuning[ARENA] == "1"
+        if PATTERN in tuning:
+            options.enable_mem_pattern = tuning[PATTERN] == "1"
+        if GRAPH_LEVEL in tuning:  # a name the front chose (session_keys.GRAPH_LEVELS)
             options.graph_optimization_level = getattr(
                 ort.GraphOptimizationLevel, tuning[GRAPH_LEVEL]
             )
@@ -214,10 +215,6 @@ class ModelSession:
             array = outputs[name]
             binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
         self.session.run_with_iobinding(binding, self.run_options)
-
-
-SHRINKAGE = "memory.enable_memory_arena_shrinkage"
-GRAPH_LEVEL = "graph_optimization_level"
 
 
 def _shrinkage(devices: str, providers: list[str]) -> ort.RunOptions | None:

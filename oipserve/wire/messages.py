@@ -111,7 +111,8 @@ class LoadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):
     intra_op_threads: int
     #: ONNX Runtime providers in order of preference, each with its options.
     providers: list[tuple[str, dict[str, str]]]
-    #: Triton's session parameters from config.pbtxt (oipserve/models/config/session_options.py).
+    #: Triton's session parameters from config.pbtxt (oipserve/models/config/session_options.py),
+    #: by the keys of oipserve/wire/session_keys.py.
     session_options: dict[str, str] = {}
 
 

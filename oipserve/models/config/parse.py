@@ -164,7 +164,7 @@ class ModelConfig(msgspec.Struct, frozen=True):
     #: Padded batching (the ``pad_batch`` parameter); None without it (padding_config.py).
     pad_batch: PadBatch | None = None
     #: ``optimization.graph.level`` (0: not given), ONNX Runtime's graph optimization level
-    #: as Triton's backend maps it (``session_options.graph_optimization``).
+    #: as Triton's backend maps it (``session_keys.GRAPH_LEVELS``).
     graph_level: int = 0
 
 

@@ -21,6 +21,7 @@ graph optimization level (``GRAPH_LEVELS``: -1 basic, 1 extended, 2 none, any ot
 the worker is given the level's name (``graph_optimization_level``).
 
 The front only checks and forwards them (it never loads ONNX Runtime); the worker applies them.
+Both sides spell the keys and the levels' names from one table, ``oipserve/wire/session_keys.py``.
 """
 
 from __future__ import annotations
@@ -29,16 +30,14 @@ import re
 from collections.abc import Mapping
 
 from oipserve.errors import InvalidInput
-
-ARENA = "enable_mem_arena"
-PATTERN = "enable_mem_pattern"
-SHRINKAGE = "memory.enable_memory_arena_shrinkage"
-GRAPH_LEVEL = "graph_optimization_level"
-
-#: Triton's ONNX Runtime backend's reading of ``optimization.graph.level``; any other
-#: value (0, not given, included) is ONNX Runtime's default, ``ORT_ENABLE_ALL``.
-GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
-DEFAULT_GRAPH_LEVEL = "ORT_ENABLE_ALL"
+from oipserve.wire.session_keys import (
+    ARENA,
+    DEFAULT_GRAPH_LEVEL,
+    GRAPH_LEVEL,
+    GRAPH_LEVELS,
+    PATTERN,
+    SHRINKAGE,
+)
 
 _SHRINK_ENTRY = re.compile(r"(cpu|gpu):\d+")
 
