@@ -17,9 +17,10 @@ An Open Inference Protocol (KServe v2, Triton-compatible) server for ONNX models
 
 EPILOG = """\
 Every flag of `oipserve serve` can also be set as OIPSERVE_<FLAG> (dashes become
-underscores, upper case, e.g. OIPSERVE_HTTP_PORT=9000); flags win over the
-environment. Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT/SIGHUP), 2 for a bad
-flag, 3 when start-up fails. Run `oipserve serve --help` for every flag.
+underscores, upper case, e.g. OIPSERVE_HTTP_PORT=9000); one set empty is not set
+(its default applies); flags win over the environment. Exit codes: 0 after a clean
+shutdown (SIGTERM/SIGINT/SIGHUP), 2 for a bad flag, 3 when start-up fails. Run
+`oipserve serve --help` for every flag.
 """
 
 SERVE_EPILOG = """\

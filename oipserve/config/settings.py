@@ -1,8 +1,8 @@
 """One frozen settings object, built once from defaults < environment < flags.
 
 Every flag of ``oipserve serve`` can also come from ``OIPSERVE_<FLAG>`` (dashes
-become underscores, upper case). The object is passed down explicitly; nothing
-reads the environment after start-up.
+become underscores, upper case); a variable set empty is not set (``_from_environment``).
+The object is passed down explicitly; nothing reads the environment after start-up.
 """
 
 from __future__ import annotations
@@ -269,11 +269,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     """Parse ``argv`` (without the program name) and ``environ`` into (command, Settings)."""
     args = _parser().parse_args(list(argv))
     # Strings (environment) and what argparse made of the flags: msgspec.convert checks them.
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = _from_environment(environ)
     for field in msgspec.structs.fields(Settings):
-        env_value = environ.get(ENV_PREFIX + field.name.upper())
-        if env_value is not None:
-            values[field.name] = env_value
         flag_value = getattr(args, field.name, None)
         if flag_value is not None:
             values[field.name] = flag_value
@@ -317,6 +314,23 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
     if settings.http_workers > 1 and not settings.allow_http:
         raise SettingsError("--http-workers needs HTTP; it cannot go with --allow-http false")
     return args.command, settings
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings the ``OIPSERVE_*`` variables give, by field name.
+
+    A variable set empty (``OIPSERVE_BUSY_POLL_US=``, Docker's ``-e NAME=``, an env file's
+    ``NAME=``, a manifest's ``value: ""``) is not set: its setting keeps its default,
+    whatever its type, as Click (uvicorn's command line) reads its variables. Before, each
+    read it its own way: a number or a boolean stopped the start ("invalid value for
+    --busy-poll-us ..."), a list was empty, a string was refused or taken as ''.
+    """
+    values: dict[str, str] = {}
+    for field in msgspec.structs.fields(Settings):
+        value = environ.get(ENV_PREFIX + field.name.upper())
+        if value:
+            values[field.name] = value
+    return values
 
 
 def _check_ready_file(path: str | None) -> None:

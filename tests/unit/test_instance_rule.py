@@ -61,5 +61,8 @@ def test_a_number_is_kept_for_every_device() -> None:
 def test_neither_a_number_nor_auto_is_refused_by_name(value: str) -> None:
     with pytest.raises(SettingsError, match="--instances-per-device"):
         _instances("--instances-per-device", value)
+    if not value:  # an empty variable is not set: the default, auto (settings._from_environment)
+        assert _instances(instances_per_device=value) is None
+        return
     with pytest.raises(SettingsError, match="OIPSERVE_INSTANCES_PER_DEVICE"):
         _instances(instances_per_device=value)
