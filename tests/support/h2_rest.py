@@ -37,7 +37,8 @@ from oipserve.front.grpc.h2.frames import (
     settings_frame,
 )
 from oipserve.front.header_rules import App
-from oipserve.front.http.h2_asgi import Http2Connection, RestOverH2
+from oipserve.front.http.h2_asgi import RestOverH2
+from oipserve.front.http.h2_connection import Http2Connection
 from oipserve.front.http.limits import ConnectionLimits
 from tests.support.grpc_peer import FakeService, FakeTransport
 

@@ -43,7 +43,8 @@ from oipserve.front.grpc.keepalive import ConnectionLimits, Refusals, Watch
 from oipserve.front.grpc.linger import Lingering
 from oipserve.front.header_rules import App
 from oipserve.front.http import limits as http_limits
-from oipserve.front.http.h2_asgi import Http2Connection, RestOverH2
+from oipserve.front.http.h2_asgi import RestOverH2
+from oipserve.front.http.h2_connection import Http2Connection
 
 _POLL_SECONDS = 0.02
 

@@ -7,5 +7,6 @@ sizes) and ``h2c`` (HTTP/2's preface on the HTTP port). ``extensions``: what the
 fronts give the REST app beyond ASGI. ``server``: the uvicorn servers of the HTTP and
 metrics ports. ``h2_asgi``: the REST app on HTTP/2 streams that are not gRPC (REST over
 h2c, for Knative's single port), with ``h2_head`` (a request's scope and a response's
-header block).
+header block) and ``h2_connection`` (the listener's HTTP/2 connection, which can end such
+a stream with its last DATA).
 """

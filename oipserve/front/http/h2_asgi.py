@@ -51,14 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oipserve.front.grpc.h2.connection import Connection
-from oipserve.front.grpc.h2.connection_state import Stream
-from oipserve.front.grpc.h2.frames import (
-    DEFAULT_MAX_FRAME,
-    END_STREAM,
-    ErrorCode,
-    Frame,
-    frame_header,
-)
+from oipserve.front.grpc.h2.frames import DEFAULT_MAX_FRAME, ErrorCode
 from oipserve.front.grpc.h2.headers import Headers
 from oipserve.front.header_rules import App, HeadChecked, MalformedRequest
 from oipserve.front.http.extensions import (
@@ -68,6 +61,7 @@ from oipserve.front.http.extensions import (
     TOO_LARGE,
     ClientDisconnected,
 )
+from oipserve.front.http.h2_connection import Http2Connection
 from oipserve.front.http.h2_head import (
     JSON,
     Refusal,
@@ -76,7 +70,7 @@ from oipserve.front.http.h2_head import (
 )
 from oipserve.front.http.limits import ConnectionLimits
 
-__all__ = ["Http2Connection", "RestOverH2", "RestStream"]
+__all__ = ["RestOverH2", "RestStream"]
 
 log = logging.getLogger("oipserve.http")
 
@@ -88,49 +82,6 @@ _SEND_STEP = 256 * 1024
 #: WINDOW_UPDATE for a tiny request), a large one's at once, so that bodies waiting on their
 #: answers do not hold the connection's window (16 MiB) from its other streams.
 _ACK_WHEN_ENDED = 64 * 1024
-
-
-class Http2Connection(Connection):
-    """The HTTP/2 connection of the gRPC listener, able to end a stream with its last DATA
-    frame (a REST response; a gRPC call always ends with trailers)."""
-
-    def end_data(self, stream_: Stream, stream: int, data: bytes | memoryview = b"") -> bool:
-        """Send ``data`` as one DATA frame with END_STREAM now, if both windows and the
-        frame size allow (b"" always fits); the stream is then done with on this side."""
-        if self.streams.get(stream) is not stream_:
-            raise ConnectionError("the stream was closed")
-        size = len(data)
-        # NOTE: an empty frame is not flow-controlled (RFC 9113, 6.9.1): it always goes,
-        #   also while a window is negative (SETTINGS lowered it).
-        if size and not self.fits(stream_, size):
-            return False
-        self._send_window -= size
-        stream_.send_window -= size
-        self._write(frame_header(size, Frame.DATA, END_STREAM, stream) + data)
-        self.finished(stream)
-        return True
-
-    def fits(self, stream_: Stream, size: int) -> bool:
-        """Whether one DATA frame of ``size`` bytes may go on ``stream_`` now."""
-        return (
-            size <= self._send_window
-            and size <= stream_.send_window
-            and size <= self._peer_max_frame
-        )
-
-    #: The socket's (peer, own) addresses, read once for the scopes of all its streams.
-    _addresses: tuple[Any, Any] | None = None
-
-    def addresses(self) -> tuple[Any, Any]:
-        if self._addresses is None:
-            transport = self.transport
-            if transport is None:
-                return None, None
-            self._addresses = (
-                transport.get_extra_info("peername"),
-                transport.get_extra_info("sockname"),
-            )
-        return self._addresses
 
 
 class RestOverH2:

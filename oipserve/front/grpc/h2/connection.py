@@ -69,7 +69,8 @@ _SETTINGS = settings_frame(
 ) + window_update(0, CONNECTION_WINDOW - DEFAULT_WINDOW)
 
 
-# NOTE: compiled (mypyc), and extended by ``front.http.h2_asgi.Http2Connection``, which is not.
+# NOTE: compiled (mypyc), and extended by ``front.http.h2_connection.Http2Connection``,
+#   which is not.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Connection(ConnectionReceiver):
     """The HTTP/2 server side of one client connection."""

@@ -63,7 +63,7 @@ _SELF_DEPENDENT = 0x100
 
 
 # NOTE: compiled (mypyc); each layer allows the interpreted subclass that
-#   ``front.http.h2_asgi.Http2Connection`` is of the top one.
+#   ``front.http.h2_connection.Http2Connection`` is of the top one.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionReceiver(ConnectionSender):
     """Every frame the peer sends, handled in order."""

@@ -34,7 +34,7 @@ _KEEPALIVE_PING = b"keepaliv"
 
 
 # NOTE: compiled (mypyc); each layer allows the interpreted subclass that
-#   ``front.http.h2_asgi.Http2Connection`` is of the top one.
+#   ``front.http.h2_connection.Http2Connection`` is of the top one.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionSender(ConnectionState):
     """Header blocks and DATA out; the peer's windows for them."""

@@ -115,7 +115,7 @@ _HANDED_OVER = _HandedOver()
 
 
 # NOTE: compiled (mypyc); each layer allows the interpreted subclass that
-#   ``front.http.h2_asgi.Http2Connection`` is of the top one.
+#   ``front.http.h2_connection.Http2Connection`` is of the top one.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionState(asyncio.Protocol):
     """A connection's state and its ends (the layers above read and write its frames)."""
