@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from hardware import CPU_DEVICE
 from oipserve.errors import InvalidInput
-from oipserve.models.manager import ModelManager, unload_quietly
+from oipserve.models.manager import ModelManager
+from oipserve.models.placement import unload_quietly
 from oipserve.models.registry import ModelVersion, merge_metadata
 from oipserve.pool.handle import WorkerHandle, own_handle
 from oipserve.pool.link import WorkerLink
@@ -69,7 +70,7 @@ class EndpointSessions:
         worker = await self._free_worker(device, model, threads)
         self.busy[worker.worker_id] += 1
         try:
-            loaded = await self.manager.place(model, worker, threads)
+            loaded = await self.manager.placement.place(model, worker, threads)
             if not model.inputs and not model.outputs:
                 try:
                     inputs, outputs = merge_metadata(model.config, loaded, model.name)

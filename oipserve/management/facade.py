@@ -52,7 +52,9 @@ class Management:
         self.limits = limits or LoadLimits()
         #: Repository models being (re)loaded now: their names are taken for endpoints.
         self.repository_loading: Counter[str] = Counter()
-        self.hardware_view = HardwareView(source, pool, registry, manager.simulate_devices)
+        self.hardware_view = HardwareView(
+            source, pool, registry, manager.placement.simulate_devices
+        )
         self.endpoints = WorkerEndpoints(
             root,
             pool,

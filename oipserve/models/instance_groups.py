@@ -1,7 +1,7 @@
 """Where a model's instances go: its config's ``instance_group`` entries, resolved as
 Triton normalises them, on the worker processes this server runs (one per device slot).
 
-``ModelManager.workers_for`` asks ``place_groups``; the resolved groups are what the config
+``Placement.workers_for`` asks ``place_groups``; the resolved groups are what the config
 response shows (``models.config_response``).
 """
 

@@ -1,7 +1,8 @@
 """Models being served: their versions, metadata, state and instances.
 
 The registry answers "which version serves this request, and is it ready". Loading
-versions onto workers is ``oipserve.models.manager``'s job.
+versions onto workers is ``oipserve.models.manager``'s job, placing their sessions
+``oipserve.models.placement``'s.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class ModelVersion:
         #: (an unlisted output was computed, and cut by rows: a 500; found by fuzzing).
         self.run_outputs: list[str] = []
         #: The config's instance groups as placed on this server's devices (kind and GPUs
-        #: resolved, ``ModelManager.workers_for``); () without instance_group.
+        #: resolved, ``Placement.workers_for``); () without instance_group.
         self.instance_groups: tuple[InstanceGroup, ...] = ()
         self.providers: dict[int, list[str]] = {}
         self.platform = PLATFORM

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from tests.support.http import fp32_infer, get, post, request
 from tests.support.server import SAMPLE_REPOSITORY, ServerProcess
 
-#: The refusal for the model placed on the GPU (``ModelManager.place``).
+#: The refusal for the model placed on the GPU (``Placement.place``).
 REFUSAL = (
     "model 'on_gpu' version 1 on cuda:0: ONNX Runtime could not use the GPU "
     "(the session got CPUExecutionProvider only)"

@@ -8,7 +8,8 @@ from typing import Any, cast
 import pytest
 
 from oipserve.errors import InvalidInput
-from oipserve.models.manager import ModelManager, gpu_fallback_refusal
+from oipserve.models.manager import ModelManager
+from oipserve.models.placement import gpu_fallback_refusal
 from oipserve.models.registry import ModelRegistry, ModelVersion
 from oipserve.pool.handle import WorkerHandle
 from oipserve.pool.worker_pool import WorkerPool
@@ -82,7 +83,7 @@ async def test_place_unloads_the_fallen_back_session_and_fails() -> None:
     model.key = "simple/1#1"
     worker = _Worker()
     with pytest.raises(InvalidInput, match="version 1 on cuda:0: ONNX Runtime could not use"):
-        await _manager(simulate=False).place(model, cast(WorkerHandle, worker), None)
+        await _manager(simulate=False).placement.place(model, cast(WorkerHandle, worker), None)
     assert [name for name, _ in worker.sent] == [CUDA, CPU]
     assert worker.unloaded == [model.key] and not worker.models
     assert model.placements == {} and model.providers == {}
@@ -92,7 +93,7 @@ async def test_a_simulated_gpu_session_on_the_cpu_is_what_was_asked() -> None:
     model = ModelVersion("simple", "1", "/models/simple/1/model.onnx", None)
     model.key = "simple/1#1"
     worker = _Worker()
-    await _manager(simulate=True).place(model, cast(WorkerHandle, worker), None)
+    await _manager(simulate=True).placement.place(model, cast(WorkerHandle, worker), None)
     assert [name for name, _ in worker.sent] == [CPU]
     assert worker.unloaded == [] and model.key in worker.models
     assert model.placements[3]["simulated"] is True
