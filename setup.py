@@ -42,6 +42,10 @@ class CompileOrNot(build_ext):
     """Builds the extensions and writes the manifest; a build that fails leaves the
     package as Python (nothing compiled, no manifest) instead of failing the install."""
 
+    #: The sources' hashes as mypyc read them (``extensions``): a source edited while the
+    #: C compiles (minutes) must not be named in the manifest as compiled.
+    translated: dict[str, str] = {}
+
     def run(self) -> None:
         if not self.extensions:
             return
@@ -50,7 +54,7 @@ class CompileOrNot(build_ext):
         except Exception as exc:  # a compiler missing, or failing
             self._as_python(f"{type(exc).__name__}: {exc}")
             return
-        hashes = source_hashes(compiled_sources())
+        hashes = self.translated or source_hashes(compiled_sources())
         self._manifest().write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
 
     def _manifest(self) -> Path:
@@ -84,6 +88,7 @@ def extensions() -> list:
     #   cached by another environment's mypy (the checkout's .mypy_cache) would stand in
     #   for the build environment's packages.
     flags = ["--no-warn-unused-configs", "--cache-dir", os.devnull]
+    CompileOrNot.translated = source_hashes(compiled_sources())
     try:
         return mypycify([*flags, *compiled_sources()], opt_level="3", group_name="oipserve")
     except (SystemExit, Exception) as exc:  # mypy's errors end in SystemExit
