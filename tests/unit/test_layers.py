@@ -129,7 +129,12 @@ def test_another_http_front_loads_no_onnxruntime_and_no_management() -> None:
     """``--http-workers``: the other fronts run the data plane, never models or the manager."""
     loaded = _loaded_after("import oipserve.scaleout.process")
     assert "oipserve.dataplane.plane" in loaded and "oipserve.scaleout.forward" in loaded
-    forbidden = {"oipserve.models.manager", "oipserve.management", "oipserve.pool.worker_pool"}
+    forbidden = {
+        "oipserve.models.manager",
+        "oipserve.models.placement",
+        "oipserve.management",
+        "oipserve.pool.worker_pool",
+    }
     assert not forbidden & loaded, sorted(forbidden & loaded)
     assert not {m for m in loaded if m.partition(".")[0] in FRONT_FORBIDDEN}
 
