@@ -31,7 +31,8 @@ its dims, ``[1]``, as Triton's backend answers it (``request.inference._client_s
 
 With auto-complete off, a model without a configuration is not loaded (the manager, in
 core's words), and one that lists no inputs fails Triton's input count
-(``metadata.merge_metadata``), as in Triton.
+(``metadata.merge_metadata``), as in Triton; one that lists inputs but no outputs is
+refused (``_no_outputs``), where Triton loads it and fails each request.
 """
 
 from __future__ import annotations
@@ -250,4 +251,22 @@ def completed_metadata(
             "auto-completed), or start the server with "
             "--backend-config=onnxruntime,default-max-batch-size=0"
         ) from None
+    if not policy.enabled and completed is not None and not completed.outputs:
+        raise MetadataConflict(_no_outputs(name, loaded))
     return completed, inputs, outputs
+
+
+def _no_outputs(name: str, loaded: Loaded) -> str:
+    """Why a configuration that lists no outputs is refused when auto-complete is off:
+    Triton loads it, but its ONNX Runtime backend runs the outputs the configuration lists
+    (``ModelOutputs``), none, and ONNX Runtime fails every request so; a request that names
+    an output core refuses, as it is not in the configuration."""
+    graph = [meta.name for meta in loaded.outputs]
+    return (
+        f"unable to load model '{name}': config.pbtxt lists no outputs and auto-complete is "
+        "off (--disable-auto-complete-config or --strict-model-config=true), so no output "
+        "could be answered (Triton loads such a model and fails each of its requests: "
+        "'onnx runtime error 2: At least one output should be requested.'); list the "
+        f"outputs clients need (the ONNX graph's: {graph}), or start the server without "
+        "the flag"
+    )

@@ -287,7 +287,8 @@ def test_without_auto_complete_each_config_is_taken_as_given(
 ) -> None:
     """As Triton: a model without config.pbtxt is not loaded (core cannot read the file),
     one whose config.pbtxt lists no inputs fails its backend's count, a partial one is
-    checked as it is; the index shows each reason, a load answers 400 with it."""
+    checked as it is; one that lists inputs but no outputs, which Triton loads to fail each
+    request, is refused; the index shows each reason, a load answers 400 with it."""
     args = [*flags, "--model-control-mode", "explicit", "--load-model", "*"]
     proc = ServerProcess(repository, [*args, "--http-workers", "1"]).wait_ready()
     try:
@@ -307,9 +308,19 @@ def test_without_auto_complete_each_config_is_taken_as_given(
             "but the model configuration specifies 1 dimensions (shape [16]); config.pbtxt "
             "gives input 'INPUT0' shape [16] but the ONNX graph has"
         )
-        # (batch_dim_given serves, its dims as given; the others are refused still)
+        # (batch_dim_given's dims fit the graph as given, but it lists no outputs: Triton
+        #   loads it and fails every request, which answer only the outputs listed)
+        assert reasons["batch_dim_given"] == (
+            "unable to load model 'batch_dim_given': config.pbtxt lists no outputs and "
+            "auto-complete is off (--disable-auto-complete-config or "
+            "--strict-model-config=true), so no output could be answered (Triton loads such "
+            "a model and fails each of its requests: 'onnx runtime error 2: At least one "
+            "output should be requested.'); list the outputs clients need (the ONNX graph's: "
+            "['OUTPUT0', 'OUTPUT1']), or start the server without the flag"
+        )
         assert set(reasons) == {
             "no_config",
+            "batch_dim_given",
             "no_batch",
             "vector",
             "scalar",
