@@ -37,6 +37,7 @@ __all__ = [
     "output_targets",
     "output_twice",
     "rows_of",
+    "unparsed_shape",
 ]
 
 #: Triton's bound on an input's element count and byte size (int64_t).
@@ -127,6 +128,39 @@ def output_twice(inputs: list[InputTensor], name: str, request_id: str | None) -
         return exc
     return InvalidInput(
         f"{request_tag(request_id)}output '{name}' already exists in request: it is requested twice"
+    )
+
+
+def unparsed_shape(
+    before: list[InputTensor], name: str, shape: Sequence[int], request_id: str | None
+) -> InvalidInput | None:
+    """REST: the refusal of input ``name`` when its ``shape`` has a negative size, -1
+    included, or None. Triton's HTTP front reads each size as an unsigned integer as it
+    adds the input, so it refuses such a shape in its own words (a 500 there, a 400
+    here) before core sees the request, after the inputs ``before`` it were added: their
+    own first check (``_check_added``) comes first. gRPC keeps core's words
+    (``_check_shape``)."""
+    for dim in shape:  # PERF: (mypyc) a plain loop: one comparison a size
+        if dim < 0:
+            return _unparsed(before, name, shape, request_id)
+    return None
+
+
+def _unparsed(
+    before: list[InputTensor], name: str, shape: Sequence[int], request_id: str | None
+) -> InvalidInput:
+    seen: set[str] = set()
+    try:
+        for tensor in before:
+            _check_added(tensor, seen)
+    except RequestRefusal as exc:
+        return exc.of_request(request_id or "")
+    except InvalidInput as exc:
+        return exc
+    return InvalidInput(
+        "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+        f"unsigned-integer: input '{name}' has a negative size in its shape {list(shape)} "
+        "(each size of a request's shape is 0 or more; -1, any size, is for a model's dims)"
     )
 
 

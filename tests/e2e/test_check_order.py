@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.refusals import refusals, tensor
+from tests.support.refusals import binary_refusal, refusals, tensor
 from tests.support.server import ServerProcess
 
 ROW = list(range(16))
@@ -117,11 +117,81 @@ SHAPES = {
 }
 
 
+#: Triton's HTTP front reads each size of an input's shape as an unsigned integer, as it
+#: adds the input (http_server.cc), and refuses a negative one, -1 too, in these words
+#: before core sees the request (a 500 there, a 400 here).
+UNPARSED = (
+    "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"
+)
+
+
+def _unparsed(name: str, shape: list[int]) -> str:
+    return (
+        f"{UNPARSED}: input '{name}' has a negative size in its shape {shape} (each size of a "
+        "request's shape is 0 or more; -1, any size, is for a model's dims)"
+    )
+
+
+def _negative(inputs: list[dict[str, object]]) -> dict[str, object] | None:
+    return next((t for t in inputs if min(t["shape"], default=0) < 0), None)  # type: ignore[call-overload]
+
+
 @pytest.mark.parametrize("case", list(SHAPES))
 def test_shapes_refused_in_tritons_words(server: ServerProcess, case: str) -> None:
+    """gRPC: core's words; REST: a negative size is its HTTP front's (until 2026-11-30
+    core's there too)."""
     model, inputs, words = SHAPES[case]
-    for message in refusals(server, model, inputs):
-        assert words in message, message
+    rest, grpc_message = refusals(server, model, inputs)
+    assert words in grpc_message, grpc_message
+    negative = _negative(inputs)
+    if negative is None:
+        assert words in rest, rest
+    else:
+        assert rest == _unparsed(str(negative["name"]), list(negative["shape"])), rest  # type: ignore[call-overload]
+
+
+#: (inputs, what Triton's HTTP front names, what its gRPC front names): its HTTP front reads
+#: each input's shape before it adds the input, after it added the ones before it.
+UNPARSED_ORDER = {
+    "a negative size before its input's second time": (
+        [_int32("INPUT0"), tensor("INPUT0", "INT32", [-1, 16], ROW)],
+        _unparsed("INPUT0", [-1, 16]),
+        "[request id: <id_unknown>] input 'INPUT0' already exists in request",
+    ),
+    "an input twice before a negative size after it": (
+        [_int32("INPUT0"), _int32("INPUT0"), tensor("INPUT1", "INT32", [1, -16], ROW)],
+        "[request id: <id_unknown>] input 'INPUT0' already exists in request",
+        "[request id: <id_unknown>] input 'INPUT0' already exists in request",
+    ),
+    "a negative size before another input's datatype": (
+        [_fp32("INPUT0"), tensor("INPUT1", "INT32", [1, -2], ROW)],
+        _unparsed("INPUT1", [1, -2]),
+        "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'FP32', but model "
+        "'simple' expects 'INT32'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNPARSED_ORDER))
+def test_a_negative_size_where_tritons_http_front_meets_it(
+    server: ServerProcess, case: str
+) -> None:
+    inputs, rest_words, grpc_words = UNPARSED_ORDER[case]
+    rest, grpc_message = refusals(server, "simple", inputs)
+    assert rest.startswith(rest_words), rest
+    assert grpc_message.startswith(grpc_words), grpc_message
+
+
+def test_a_negative_size_of_a_binary_input(server: ServerProcess) -> None:
+    """The binary extension's inputs are read the same way: the front's words, 400."""
+    inputs = [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+    ]
+    for given in inputs:
+        given["parameters"] = {"binary_data_size": 64}
+    message = binary_refusal(server, "simple", inputs, bytes(128))
+    assert message == _unparsed("INPUT1", [-1, 16]), message
 
 
 #: (inputs, requested outputs, Triton's words, whether core puts the request's id first)

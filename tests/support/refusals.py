@@ -4,6 +4,7 @@ INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Sequence
 
@@ -62,3 +63,25 @@ def refusals(
             assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc
             return str(answer["error"]), str(exc.details())
     raise AssertionError(f"gRPC served the request REST refused: {answer}")
+
+
+def binary_refusal(
+    server: ServerProcess, model: str, inputs: Sequence[dict[str, object]], blob: bytes
+) -> str:
+    """The message refusing one binary-extension REST request (``inputs``' JSON header,
+    then ``blob``), checked to be a 400."""
+    header = json.dumps({"inputs": list(inputs)}).encode()
+    conn = http.client.HTTPConnection(server.host_port, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            f"/v2/models/{model}/infer",
+            header + blob,
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
+        response = conn.getresponse()
+        status, answer = response.status, json.loads(response.read())
+    finally:
+        conn.close()
+    assert status == 400, answer
+    return str(answer["error"])

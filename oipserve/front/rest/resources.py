@@ -28,7 +28,7 @@ from oipserve.front.rest.render import outputs_to_print, print_in_steps, render_
 from oipserve.models.ensemble import takes_sequence
 from oipserve.models.registry import ModelVersion
 from oipserve.request import sequence_params
-from oipserve.request.checks import output_twice
+from oipserve.request.checks import output_twice, unparsed_shape
 from oipserve.request.client_regions import RegionUse, region_parameters
 from oipserve.request.inference import Inference, InputTensor
 from oipserve.request.parameters import check_request_parameters, schedule_parameters, unsigned
@@ -156,7 +156,7 @@ class ModelResource:
                 else:
                     request = binary.decode_header(body.data, header_length)
                     texts = None
-                inputs = self._inputs(request.inputs, body, header_length, owned, texts)
+                inputs = self._inputs(request.inputs, body, header_length, owned, texts, request.id)
                 all_binary = _flag(request.parameters, "binary_data_output", False, "the request")
                 if request.outputs:  # (an empty list names none: every output, as gRPC's)
                     names = [o.name for o in request.outputs]
@@ -252,19 +252,25 @@ class ModelResource:
         header_length: int | None,
         owned: list[Lease | RegionUse] | None = None,
         texts: list[tuple[int, int] | None] | None = None,
+        request_id: str | None = None,
     ) -> list[InputTensor]:
         """The request's inputs: binary chunks as spans of the body's lease, JSON as values,
         regions of clients' shared memory (each held in ``owned``).
 
         ``texts`` say where the inputs' ``data`` texts lie in the body (offset, length)
         when a worker parsed it (``json_offload``); the ``data`` of ``inputs`` is then
-        a stand-in."""
+        a stand-in. A negative size in an input's shape is refused as Triton's HTTP front
+        refuses it, as it reads the input (``unparsed_shape``; ``request_id``: the
+        request's ``id``)."""
         if header_length is None:
             spans: list[tuple[int, int] | None] = [None] * len(inputs)
         else:
             spans = binary.chunk_spans(inputs, header_length, len(body.data))
-        tensors = []
+        tensors: list[InputTensor] = []
         for index, (tensor, span) in enumerate(zip(inputs, spans, strict=True)):
+            unparsed = unparsed_shape(tensors, tensor.name, tensor.shape, request_id)
+            if unparsed is not None:
+                raise unparsed
             check_datatype(tensor.name, tensor.datatype)
             where = f"input '{tensor.name}'"
             wanted = region_parameters(where, tensor.parameters)
