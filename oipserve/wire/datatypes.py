@@ -184,12 +184,13 @@ def bytes_count_fault(name: str, model: str, data: memoryview, count: int) -> tu
     them (``ValidateBytesInputs``, its words for input ``name`` of model ``model``, then
     ours): at each element, a length prefix cut off, then one element past the count; an
     element longer than the data left ends the walk, and fewer elements than the count are
-    refused too. Only an element overrunning the end while the count is right is ours
-    alone (Triton's core lets it through to the backend). The front's check of data it
-    holds and a worker's of a client's region (``workers.worker``) both."""
+    refused too. An element overrunning the end while the count is right passes Triton's
+    core, and its ONNX Runtime backend refuses it (backend_common's ``ValidateStringBuffer``,
+    its words without the model's name or the request's id, then ours). The front's check
+    of data it holds and a worker's of a client's region (``workers.worker``) both."""
     view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
     total = len(view)
-    pos = found = 0
+    pos = found = length = 0
     unpack = LENGTH_PREFIX.unpack_from
     while pos < total:
         if total - pos < 4:
@@ -207,17 +208,20 @@ def bytes_count_fault(name: str, model: str, data: memoryview, count: int) -> tu
                 f"for model '{model}', expecting {count}: "
                 f"{_elements_text(name, view, count, found)}"
             ), True
-        pos += 4 + unpack(view, pos)[0]
+        length = unpack(view, pos)[0]
+        pos += 4 + length
     if found < count:
         return (
             f"expected {count} string elements for inference input '{name}' for model "
             f"'{model}', got {found}: {_elements_text(name, view, count, found)}"
         ), True
-    if pos > total:
-        try:
-            split_bytes_elements(view)
-        except ValueError as exc:
-            return f"BYTES data of input '{name}' is malformed: {exc}", False
+    if pos > total:  # the last element walked runs past the end
+        left = total - (pos - length)
+        return (
+            f"incomplete string data for inference input '{name}', expecting string of "
+            f"length {length} but only {left} bytes available (BYTES data of input "
+            f"'{name}': element {found - 1} declares {length} bytes but only {left} remain)"
+        ), False
     return "", False
 
 

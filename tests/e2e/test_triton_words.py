@@ -538,3 +538,74 @@ def test_a_bytes_length_prefix_cut_off_in_a_region(
     finally:
         http.unregister_system_shared_memory(name)
         shm.destroy_shared_memory_region(handle)
+
+
+#: (elements before, the last element's declared length and the bytes sent of it, the
+#: element's index): an element that runs past the data's end while the element count is
+#: right passes Triton's core; its ONNX Runtime backend refuses it (backend_common's
+#: ValidateStringBuffer), without the model's name or the request's id.
+OVERRUNS = [([], 10, b"abc", 0), ([b"ab"], 5, b"xy", 1)]
+
+
+def _overrun(elements: list[bytes], length: int, tail: bytes) -> bytes:
+    blob = b"".join(len(e).to_bytes(4, "little") + e for e in elements)
+    return blob + length.to_bytes(4, "little") + tail
+
+
+def _overrun_words(length: int, left: int, index: int) -> str:
+    return (
+        f"incomplete string data for inference input 'INPUT0', expecting string of length "
+        f"{length} but only {left} bytes available (BYTES data of input 'INPUT0': element "
+        f"{index} declares {length} bytes but only {left} remain)"
+    )
+
+
+@pytest.mark.parametrize(("elements", "length", "tail", "index"), OVERRUNS)
+def test_a_bytes_element_past_the_end(
+    shm_server: ServerProcess, elements: list[bytes], length: int, tail: bytes, index: int
+) -> None:
+    """Triton's backend's words, then ours, REST binary and gRPC raw (until 2026-11-30
+    ours alone: "BYTES data of input 'INPUT0' is malformed: element 0 declares ...")."""
+    blob = _overrun(elements, length, tail)
+    shape = [1, len(elements) + 1]
+    tensor = {
+        "name": "INPUT0",
+        "shape": shape,
+        "datatype": "BYTES",
+        "parameters": {"binary_data_size": len(blob)},
+    }
+    words = _overrun_words(length, len(tail), index)
+    for text in (
+        _binary_refusal(shm_server, "identity_bytes", tensor, blob),
+        _raw_refusal(shm_server, "identity_bytes", shape, blob),
+    ):
+        assert text == words, text
+
+
+def test_a_bytes_element_past_the_end_of_a_region(
+    clients: tuple[httpclient.InferenceServerClient, grpcclient.InferenceServerClient],
+) -> None:
+    """The worker reading a client's region refuses it in the same words, then says where;
+    no request id (Triton's backend puts none)."""
+    http, rpc = clients
+    name, key = f"r{uuid.uuid4().hex[:8]}", f"/oipserve-words-{uuid.uuid4().hex[:12]}"
+    blob = _overrun([], 10, b"abc")
+    handle = shm.create_shared_memory_region(name, key, len(blob))
+    try:
+        shm.set_shared_memory_region(handle, [np.frombuffer(blob, np.uint8)])
+        http.register_system_shared_memory(name, key, len(blob))
+        words = _overrun_words(10, 3, 0) + " (a client's shared memory region)"
+        bad = str(grpc.StatusCode.INVALID_ARGUMENT)
+        for module, client, status in ((httpclient, http, "400"), (grpcclient, rpc, bad)):
+            given = module.InferInput("INPUT0", [1, 1], "BYTES")
+            given.set_shared_memory(name, len(blob))
+            text = _message(
+                lambda client=client, given=given: client.infer(
+                    "identity_bytes", [given], request_id="words-9"
+                ),
+                status,
+            )
+            assert text == words, text
+    finally:
+        http.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)
