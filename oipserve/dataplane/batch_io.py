@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from oipserve.errors import InferenceFailed, InternalError
-from oipserve.request.inference import InputTensor, Located
+from oipserve.request.inference import InputTensor, Located, scalar_rows
 from oipserve.request.placement import Placement
 from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
@@ -171,6 +171,13 @@ def split_rows(
 ) -> list[tuple[TensorDesc, memoryview]]:
     """One output cut into each request's rows (``batches``: its first dimensions)."""
     total = sum(batches)
+    if not desc.shape and len(batches) > 1:
+        # NOTE: a scalar output of a model that batches: Triton's ONNX Runtime backend
+        #   answers the value to a first request of one row and fails the others
+        #   (inference.scalar_rows); here the whole batch fails, in its words for the
+        #   first request it fails.
+        first = batches[0]
+        scalar_rows(desc.name, (), first if first > 1 else first + batches[1])
     if not desc.shape or desc.shape[0] != total:
         raise InferenceFailed(
             f"output '{desc.name}' has shape {desc.shape}, whose first dimension is not "

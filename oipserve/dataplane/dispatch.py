@@ -164,9 +164,11 @@ class Dispatch:
         model: ModelVersion,
         done: InferDone,
         into: Mapping[str, RegionUse],
+        rows: int = 1,
     ) -> InferResult:
         """The outputs of one request that ran alone; ``into`` holds the clients' regions
-        the worker was asked to write outputs into (``send``'s ``targets``)."""
+        the worker was asked to write outputs into (``send``'s ``targets``); ``rows``: its
+        batch size."""
         segment = done.segment
         try:
             # NOTE: no segment when every output went into clients' regions.
@@ -177,6 +179,7 @@ class Dispatch:
                     (d, _EMPTY if d.region is not None else buf[d.offset : d.offset + d.nbytes])
                     for d in done.outputs
                 ],
+                rows,
             )
             for tensor, desc in zip(outputs, done.outputs, strict=True):
                 if desc.region is not None:
@@ -202,7 +205,7 @@ class Dispatch:
         out an optional input, ``batch_io.split``); the segment goes back once every result
         is released."""
         if len(rows) == 1:  # as it came: nothing to cut
-            return [self.result(worker, model, done, _NO_REGIONS)]
+            return [self.result(worker, model, done, _NO_REGIONS, rows[0])]
         segment = done.segment
         shared = SharedRelease(len(rows), lambda: worker.release_outputs(segment))
         try:

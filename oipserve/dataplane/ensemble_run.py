@@ -86,9 +86,10 @@ class StepDispatch(Dispatch):
         model: ModelVersion,
         done: InferDone,
         into: Mapping[str, RegionUse],
+        rows: int = 1,
     ) -> InferResult:
         self.done = (worker, done)
-        return super().result(worker, model, done, into)
+        return super().result(worker, model, done, into, rows)
 
 
 class EnsembleRun:

@@ -149,7 +149,7 @@ class Unbatched:
                 worker, model, inputs, owned, inference.output_names, deadline, targets,
                 inference.text_outputs, stats, batch, share,
             )  # fmt: skip
-            result = dispatch.result(worker, model, done, into)
+            result = dispatch.result(worker, model, done, into, batch)
         except BaseException as exc:
             stats.request_failed(failure_reason(exc), monotonic_ns() - start)
             raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from oipserve.errors import InferenceFailed, InternalError
+from oipserve.errors import InferenceFailed, InternalError, Unsupported
 from oipserve.models.metadata import reshaped
 from oipserve.wire.datatypes import element_count
 from oipserve.wire.images import ImageSpec
@@ -43,6 +43,7 @@ __all__ = [
     "Parked",
     "client_outputs",
     "region_parameters_of",
+    "scalar_rows",
 ]
 
 
@@ -205,6 +206,22 @@ def region_parameters_of(tensor: OutputTensor) -> dict[str, str | int]:
     return params
 
 
+def scalar_rows(name: str, dims: tuple[int, ...], rows: int) -> list[int]:
+    """The shape of a batching model's output that the model made a scalar (its config
+    ``dims``: 1s) for a request of ``rows`` rows, as Triton's ONNX Runtime backend answers
+    it: the dims with the first made the request's batch size, which the one value can
+    only be for a batch of 1; past that Unsupported, in the words of its output responder
+    (``BackendOutputResponder::ProcessTensor``; 501 / UNIMPLEMENTED there and here)."""
+    if rows > 1:
+        raise Unsupported(
+            f"failed to split the output tensor '{name}' in responses: expected batch size of "
+            f"at least {rows} in model output, got 1: the model makes output '{name}' a scalar, "
+            "one value for the whole batch, so only a batch of 1 can be answered (its "
+            "config.pbtxt gives max_batch_size > 0)"
+        )
+    return [rows, *dims[1:]]
+
+
 class InferResult:
     """Outputs that live in a worker's shared memory until ``release``."""
 
@@ -225,26 +242,39 @@ class InferResult:
 
 
 def client_outputs(
-    model: ModelVersion, pieces: list[tuple[TensorDesc, memoryview]]
+    model: ModelVersion, pieces: list[tuple[TensorDesc, memoryview]], rows: int = 1
 ) -> list[OutputTensor]:
-    """The outputs a worker described, as clients see them (config.pbtxt ``dims``)."""
+    """The outputs a worker described, as clients see them (config.pbtxt ``dims``);
+    ``rows``: the request's batch size (one request's outputs)."""
     return [
         OutputTensor(
-            desc.name, desc.datatype, _client_shape(model, desc.name, desc.shape), data, desc.text
+            desc.name,
+            desc.datatype,
+            _client_shape(model, desc.name, desc.shape, rows),
+            data,
+            desc.text,
         )
         for desc, data in pieces
     ]
 
 
-def _client_shape(model: ModelVersion, name: str, shape: list[int]) -> list[int]:
+def _client_shape(model: ModelVersion, name: str, shape: list[int], rows: int) -> list[int]:
     """An output's shape as clients see it: config.pbtxt ``dims`` when it has a reshape, or
-    when the model made a scalar of an unbatched output (its dims are 1s then, ``[1]`` as
-    auto-complete lists it: Triton's ONNX Runtime backend answers a scalar with them)."""
+    when the model made a scalar of an output whose dims are 1s (``[1]`` as auto-complete
+    lists it): Triton's ONNX Runtime backend answers a scalar with them (its
+    ``scalar_outputs_``), the first one the request's batch size for a model that batches
+    (``scalar_rows``)."""
     spec = model.output_map.get(name)
     if spec is None:
         return shape
     if spec.model_shape is None:
-        if not shape and spec.shape and all(dim == 1 for dim in spec.shape):
+        if shape or not spec.shape:
+            return shape
+        if model.max_batch_size > 0:
+            dims = spec.shape[1:]
+            if dims and all(dim == 1 for dim in dims):
+                return scalar_rows(name, dims, rows)
+        elif all(dim == 1 for dim in spec.shape):
             return list(spec.shape)
         return shape
     try:
