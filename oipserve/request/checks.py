@@ -118,14 +118,9 @@ def output_twice(inputs: list[InputTensor], name: str, request_id: str | None) -
     a front finds as it reads the outputs (it holds each one's region): the inputs' own
     first check (``_check_added``) comes first, as Triton's fronts add every input before
     any output; then Triton's words for the output (its ``AddRequestedOutput``)."""
-    seen: set[str] = set()
-    try:
-        for tensor in inputs:
-            _check_added(tensor, seen)
-    except RequestRefusal as exc:
-        return exc.of_request(request_id or "")
-    except InvalidInput as exc:
-        return exc
+    first = _first_added_fault(inputs, request_id)
+    if first is not None:
+        return first
     return InvalidInput(
         f"{request_tag(request_id)}output '{name}' already exists in request: it is requested twice"
     )
@@ -149,19 +144,28 @@ def unparsed_shape(
 def _unparsed(
     before: list[InputTensor], name: str, shape: Sequence[int], request_id: str | None
 ) -> InvalidInput:
-    seen: set[str] = set()
-    try:
-        for tensor in before:
-            _check_added(tensor, seen)
-    except RequestRefusal as exc:
-        return exc.of_request(request_id or "")
-    except InvalidInput as exc:
-        return exc
+    first = _first_added_fault(before, request_id)
+    if first is not None:
+        return first
     return InvalidInput(
         "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
         f"unsigned-integer: input '{name}' has a negative size in its shape {list(shape)} "
         "(each size of a request's shape is 0 or more; -1, any size, is for a model's dims)"
     )
+
+
+def _first_added_fault(inputs: list[InputTensor], request_id: str | None) -> InvalidInput | None:
+    """The refusal of the first of ``inputs`` that its own first check (``_check_added``)
+    refuses, as Triton's fronts refuse it when they add it to the request; None if none."""
+    seen: set[str] = set()
+    try:
+        for tensor in inputs:
+            _check_added(tensor, seen)
+    except RequestRefusal as exc:
+        return exc.of_request(request_id or "")
+    except InvalidInput as exc:
+        return exc
+    return None
 
 
 def _check_added(tensor: InputTensor, seen: set[str]) -> None:

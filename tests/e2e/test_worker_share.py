@@ -424,6 +424,16 @@ def two_fronts() -> Iterator[ServerProcess]:
     assert "Traceback" not in proc.log, proc.log[-4000:]
 
 
+def _another_client_is_taken(probe: H2c, request: pb.ModelInferRequest) -> None:
+    """Another client's call, with the workers stopped, is taken at the worker (not
+    refused for a full queue): it waits there until its 500 ms timeout."""
+    late = pb.ModelInferRequest()
+    late.CopyFrom(request)
+    late.parameters["timeout"].int64_param = 500_000
+    answer = probe.wait(probe.grpc("ModelInfer", late.SerializeToString()))
+    assert _grpc_status(answer) == Status.DEADLINE_EXCEEDED.value, answer
+
+
 def _grpc_status(answer: Answer) -> int:
     return int(answer.trailers.get("grpc-status", answer.headers.get("grpc-status", "-1")))
 
@@ -454,12 +464,7 @@ def test_calls_another_front_forwards_to_the_primary_keep_to_their_share(
             calls = [hog.grpc("ModelInfer", request.SerializeToString()) for _ in range(12)]
             for stream in calls[2 * SMALL_SHARE :]:
                 assert _grpc_status(hog.wait(stream)) == Status.UNAVAILABLE.value
-            # Another client's call is taken: it waits at the worker until its deadline.
-            late = pb.ModelInferRequest()
-            late.CopyFrom(request)
-            late.parameters["timeout"].int64_param = 500_000
-            answer = probe.wait(probe.grpc("ModelInfer", late.SerializeToString()))
-            assert _grpc_status(answer) == Status.DEADLINE_EXCEEDED.value, answer
+            _another_client_is_taken(probe, request)
         finally:
             for worker in workers:
                 os.kill(worker, signal.SIGCONT)
@@ -498,12 +503,7 @@ def test_forwarded_calls_ended_at_their_deadline_keep_their_place_until_the_work
                 ended = [hog.wait(stream) for stream in calls]
                 statuses = [_grpc_status(answer) for answer in ended]
                 assert statuses == [Status.DEADLINE_EXCEEDED.value] * SMALL_QUEUE, ended
-            # Another client's call is taken: it waits at the worker until its deadline.
-            late = pb.ModelInferRequest()
-            late.CopyFrom(request)
-            late.parameters["timeout"].int64_param = 500_000
-            answer = probe.wait(probe.grpc("ModelInfer", late.SerializeToString()))
-            assert _grpc_status(answer) == Status.DEADLINE_EXCEEDED.value, answer
+            _another_client_is_taken(probe, request)
         finally:
             for worker in workers:
                 os.kill(worker, signal.SIGCONT)
