@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,11 +28,13 @@ DATA = {"INPUT0": np.ones((1, 1), np.float32), "INPUT1": np.zeros((1, 1), np.flo
 OUTPUT = {"INPUT0": "OUTPUT0", "INPUT1": "OUTPUT1"}
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A fresh server per test: the tests read the models' statistics from zero (Triton's
-    QA restarts its server for every case for the same reason)."""
-    proc = ServerProcess(write_optional_repository(tmp_path)).wait_ready()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the module: the tests read the models' statistics as differences
+    from what they were before the test (Triton's QA restarts its server for every case
+    to read them from zero), each waiting until its own requests are counted."""
+    proc = ServerProcess(write_optional_repository(tmp_path_factory.mktemp("optional")))
+    proc.wait_ready()
     try:
         yield proc
     finally:
@@ -59,13 +60,23 @@ def _infer(proc: ServerProcess, model: str, given: tuple[str, ...]) -> float:
     return took
 
 
-def _batches(proc: ServerProcess, model: str) -> tuple[dict[int, int], int, int]:
+Counts = tuple[dict[int, int], int, int]
+
+
+def _batches(proc: ServerProcess, model: str) -> Counts:
     """A model's executions by batch size, successes and inference count."""
     client = grpcclient.InferenceServerClient(proc.grpc_url)
     (stats,) = client.get_inference_statistics(model, "1").model_stats
     client.close()
     batches = {b.batch_size: b.compute_infer.count for b in stats.batch_stats}
     return batches, stats.inference_stats.success.count, stats.inference_count
+
+
+def _since(proc: ServerProcess, model: str, before: Counts) -> Counts:
+    """What ``_batches`` counts now that it did not at ``before``."""
+    batches, success, count = _batches(proc, model)
+    grown = {size: n - before[0].get(size, 0) for size, n in batches.items()}
+    return {s: n for s, n in grown.items() if n}, success - before[1], count - before[2]
 
 
 def _together(proc: ServerProcess, model: str, given: tuple[str, ...]) -> None:
@@ -80,10 +91,17 @@ def test_ensemble_passes_a_left_out_optional_input_on_as_absent(
 ) -> None:
     """test_ensemble_all_inputs, test_ensemble_optional_same_input: two requests giving the
     same inputs form one batch of the composing model; the ensemble counts two of 1."""
+    identity, ensemble = _batches(server, IDENTITY), _batches(server, ENSEMBLE)
     _together(server, ENSEMBLE, given)
-    assert wait_for(lambda: _batches(server, ENSEMBLE)[1] == _batches(server, IDENTITY)[1] == 2)
-    assert _batches(server, IDENTITY) == ({2: 1}, 2, 2)
-    assert _batches(server, ENSEMBLE) == ({1: 2}, 2, 2)
+    assert wait_for(
+        lambda: _since(server, ENSEMBLE, ensemble)[1] == _since(server, IDENTITY, identity)[1] == 2
+    )
+    assert _since(server, IDENTITY, identity) == ({2: 1}, 2, 2)
+    assert _since(server, ENSEMBLE, ensemble) == ({1: 2}, 2, 2)
+
+
+#: Inputs given by neither request of the test below: two such requests end its wait.
+OTHERS = ("INPUT0",)
 
 
 @pytest.mark.parametrize("second", [("INPUT1",), ("INPUT0", "INPUT1")], ids=["mix", "mix_2"])
@@ -92,15 +110,19 @@ def test_ensemble_steps_of_other_inputs_are_not_batched_together(
 ) -> None:
     """test_ensemble_optional_mix_inputs(_2): a request giving other inputs than the one
     queued before it sends that one at once (Triton's batcher; it answers in well under
-    the batcher's delay), and each runs alone."""
-    with ThreadPoolExecutor(2) as pool:
+    the batcher's delay), and each runs alone. The second is sent so too, by two requests
+    giving ``OTHERS`` (Triton's QA waits out its delay instead), which form one batch."""
+    before = _batches(server, IDENTITY)
+    with ThreadPoolExecutor(3) as pool:
         first = pool.submit(_infer, server, ENSEMBLE, ("INPUT0",))
         assert wait_for(lambda: pending(server, IDENTITY) == 1)
         last = pool.submit(_infer, server, ENSEMBLE, second)
         assert first.result() < BATCH_DELAY_S - 1
-        last.result()
-    assert wait_for(lambda: _batches(server, IDENTITY)[1] == 2)
-    assert _batches(server, IDENTITY) == ({1: 2}, 2, 2)
+        assert wait_for(lambda: pending(server, IDENTITY) == 1)  # the second, queued
+        pool.submit(_together, server, ENSEMBLE, OTHERS).result()
+        assert last.result() < BATCH_DELAY_S - 1
+    assert wait_for(lambda: _since(server, IDENTITY, before)[1] == 4)
+    assert _since(server, IDENTITY, before) == ({1: 2, 2: 1}, 4, 4)
 
 
 def _default_row(proc: ServerProcess, value: float) -> dict[str, np.ndarray]:
@@ -119,6 +141,7 @@ def test_a_batch_without_an_input_whose_default_is_one_row_answers_each(
     batcher forms it of requests giving the same inputs; OUTPUT1 is the default's one row,
     not the batch's two: each request gets it whole, as it would alone (it was a 500, 'the
     model cannot be batched')."""
+    before = _batches(server, "default_row")
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(_default_row, server, 1.0)
         assert wait_for(lambda: pending(server, "default_row") == 1)
@@ -127,22 +150,36 @@ def test_a_batch_without_an_input_whose_default_is_one_row_answers_each(
     for value, answer in zip((1.0, 2.0), answers, strict=True):
         np.testing.assert_array_equal(answer["OUTPUT0"], np.full((1, 1), value, np.float32))
         np.testing.assert_array_equal(answer["OUTPUT1"], np.full((1, 1), DEFAULT_ROW, np.float32))
-    assert _batches(server, "default_row") == ({2: 1}, 2, 2)
+    assert wait_for(lambda: _since(server, "default_row", before)[1] == 2)
+    assert _since(server, "default_row", before) == ({2: 1}, 2, 2)
+
+
+def _pipeline(proc: ServerProcess, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    http = httpclient.InferenceServerClient(proc.host_port)
+    inputs = []
+    for name, values in data.items():
+        tensor = httpclient.InferInput(name, [1, 1], "FP32")
+        tensor.set_data_from_numpy(values)
+        inputs.append(tensor)
+    result = http.infer("pipeline_identity_2_float32", inputs)
+    http.close()
+    return {name: result.as_numpy(name) for name in ("OUTPUT0", "OUTPUT1")}
 
 
 def test_a_step_may_leave_an_optional_input_unmapped(server: ServerProcess) -> None:
     """test_ensemble_optional_pipeline: the second step maps INPUT1 alone; its INPUT0 is
-    absent (zeros here, the graph's default: OUTPUT0 is always zero)."""
-    http = httpclient.InferenceServerClient(server.host_port)
-    inputs = []
-    for name, data in DATA.items():
-        tensor = httpclient.InferInput(name, [1, 1], "FP32")
-        tensor.set_data_from_numpy(data)
-        inputs.append(tensor)
-    result = http.infer("pipeline_identity_2_float32", inputs)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.zeros((1, 1), np.float32))
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), DATA["INPUT0"])
-    http.close()
+    absent (zeros here, the graph's default: OUTPUT0 is always zero). Two requests sent
+    together, each step's two one batch (one alone would wait out the batcher's delay at
+    each step)."""
+    before = _batches(server, IDENTITY)
+    other = {name: data + 2 for name, data in DATA.items()}
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda data: _pipeline(server, data), (DATA, other)))
+    for data, answer in zip((DATA, other), answers, strict=True):
+        np.testing.assert_array_equal(answer["OUTPUT0"], np.zeros((1, 1), np.float32))
+        np.testing.assert_array_equal(answer["OUTPUT1"], data["INPUT0"])
+    assert wait_for(lambda: _since(server, IDENTITY, before)[1] == 4)
+    assert _since(server, IDENTITY, before) == ({2: 2}, 4, 4)
 
 
 def test_a_left_out_input_a_step_requires_is_refused_in_its_words(server: ServerProcess) -> None:
