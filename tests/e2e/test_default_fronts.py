@@ -127,29 +127,36 @@ def _counts(server: ServerProcess) -> tuple[int, int, int]:
     return success, stats["inference_count"], stats["execution_count"]
 
 
-@pytest.mark.parametrize("first", ["primary", "extra front"])
-def test_a_queue_limit_holds_over_both_fronts(tmp_path: Path, first: str) -> None:
-    """``max_queue_size: 1``: once one request waits, every other is refused (503, as
-    Triton), whichever front took it; formed per front, the other front admitted one
-    (Triton's L0_http ``test_descriptive_status_code``)."""
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """``batched`` with ``max_queue_size: 1`` (the test below, once for each front: its
+    queue is empty again when a run ends, its one request answered)."""
     root = _batching_repository(
-        tmp_path,
+        tmp_path_factory.mktemp("queue-limit"),
         "preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 3000000 "
         "default_queue_policy { max_queue_size: 1 }",
     )
     server = ServerProcess(root, env={"OIPSERVE_HTTP_WORKERS": "auto"}).wait_ready()
-    try:
-        waiting = socket_to_front(server, front_pid(server, first))
-        others = _on_both_fronts(server, 2)
-        with ThreadPoolExecutor(1) as pool:
-            queued = pool.submit(_infer, server, waiting, 1)
-            assert wait_for(steadily(lambda: pending(server) == 1), timeout=2.5), server.log
-            refusals = [_infer(server, sock, 2) for sock in others]
-            status, answer = queued.result(timeout=30)
-        assert status == 200 and _output(answer, "ROWS") == [1], answer
-        assert refusals == [(503, {"error": "Exceeds maximum queue size"})] * 2
-    finally:
-        assert server.stop() == 0, server.log
+    yield server
+    assert server.stop() == 0, server.log
+
+
+@pytest.mark.parametrize("first", ["primary", "extra front"])
+def test_a_queue_limit_holds_over_both_fronts(limited: ServerProcess, first: str) -> None:
+    """``max_queue_size: 1``: once one request waits, every other is refused (503, as
+    Triton), whichever front took it; formed per front, the other front admitted one
+    (Triton's L0_http ``test_descriptive_status_code``)."""
+    server = limited
+    assert wait_for(lambda: pending(server) == 0, timeout=10), server.log
+    waiting = socket_to_front(server, front_pid(server, first))
+    others = _on_both_fronts(server, 2)
+    with ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(_infer, server, waiting, 1)
+        assert wait_for(steadily(lambda: pending(server) == 1), timeout=2.5), server.log
+        refusals = [_infer(server, sock, 2) for sock in others]
+        status, answer = queued.result(timeout=30)
+    assert status == 200 and _output(answer, "ROWS") == [1], answer
+    assert refusals == [(503, {"error": "Exceeds maximum queue size"})] * 2
 
 
 def test_a_front_that_dies_withdraws_what_it_queued_in_the_primary(tmp_path: Path) -> None:
