@@ -15,7 +15,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,66 +163,76 @@ def test_a_hung_worker_is_declared_unhealthy_and_replaced() -> None:
     assert "stopped answering its heartbeat" in proc.log
 
 
-def test_a_run_past_its_requests_deadline_counts_as_an_execution(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def weighty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One worker of ``WEIGHTY`` (~0.3-3 s a run here) for the two tests below, which read
+    its statistics as differences from before each test."""
+    root = tmp_path_factory.mktemp("weighty")
+    write_weighty_repository(root, layers=32)  # [512, 1024] in
+    proc = ServerProcess(root, ["--instances-per-device", "1"]).wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log
+
+
+def _since(before: tuple[int, int, int], now: tuple[int, int, int]) -> tuple[int, ...]:
+    return tuple(n - b for n, b in zip(now, before, strict=True))
+
+
+def test_a_run_past_its_requests_deadline_counts_as_an_execution(weighty: ServerProcess) -> None:
     """The request fails at its deadline while its worker runs it (503, REJECTED); the run
     counts as an execution all the same, as a batched one's does (Triton counts every model
     run). A model without dynamic batching did not count it (found by fuzzing)."""
-    write_weighty_repository(tmp_path, layers=32)  # [512, 1024] in: ~0.3-3 s a run here
-    proc = ServerProcess(tmp_path, ["--instances-per-device", "1"]).wait_ready()
-    try:
-        with httpclient.InferenceServerClient(proc.host_port, network_timeout=60) as client:
+    proc = weighty
+    with httpclient.InferenceServerClient(proc.host_port, network_timeout=60) as client:
 
-            def counts() -> tuple[int, int, int]:
-                (stats,) = client.get_inference_statistics(WEIGHTY)["model_stats"]
-                inference = stats["inference_stats"]
-                return (
-                    inference["success"]["count"], inference["fail"]["count"],
-                    stats["execution_count"],
-                )  # fmt: skip
+        def counts() -> tuple[int, int, int]:
+            (stats,) = client.get_inference_statistics(WEIGHTY)["model_stats"]
+            inference = stats["inference_stats"]
+            return (
+                inference["success"]["count"], inference["fail"]["count"],
+                stats["execution_count"],
+            )  # fmt: skip
 
-            given = httpclient.InferInput("INPUT0", [512, 1024], "FP32")
-            given.set_data_from_numpy(np.ones((512, 1024), np.float32))
-            with pytest.raises(InferenceServerException, match="deadline") as info:
-                client.infer(WEIGHTY, [given], timeout=20_000)  # 20 ms: it is running then
-            assert info.value.status() == "503"
-            assert wait_for(lambda: counts()[2] == 1, 60)  # once the run ends
-            assert counts() == (0, 1, 1)
-    finally:
-        assert proc.stop() == 0, proc.log
+        before = counts()
+        given = httpclient.InferInput("INPUT0", [512, 1024], "FP32")
+        given.set_data_from_numpy(np.ones((512, 1024), np.float32))
+        with pytest.raises(InferenceServerException, match="deadline") as info:
+            client.infer(WEIGHTY, [given], timeout=20_000)  # 20 ms: it is running then
+        assert info.value.status() == "503"
+        assert wait_for(lambda: _since(before, counts())[2] == 1, 60)  # once the run ends
+        assert _since(before, counts()) == (0, 1, 1)
 
 
-def test_a_cancelled_request_its_worker_runs_counts_as_an_execution(tmp_path: Path) -> None:
+def test_a_cancelled_request_its_worker_runs_counts_as_an_execution(weighty: ServerProcess) -> None:
     """A gRPC call cancelled once its worker has it (it is pending from its send on): the
     run the worker makes all the same counts as an execution when it ends, as one past its
     deadline does (Triton counts every model run); the call is a CANCELED failure. It went
     uncounted, so the average batch size and the executions read wrong (found by fuzzing)."""
-    write_weighty_repository(tmp_path, layers=32)
-    proc = ServerProcess(tmp_path, ["--instances-per-device", "1"]).wait_ready()
-    try:
-        client = grpcclient.InferenceServerClient(proc.grpc_url)
+    proc = weighty
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
 
-        def counts() -> tuple[int, int, int]:
-            stats = client.get_inference_statistics(WEIGHTY, as_json=True)["model_stats"][0]
-            inference = stats["inference_stats"]
-            return (
-                int(inference["success"].get("count", 0)),
-                int(inference["fail"].get("count", 0)),
-                int(stats.get("execution_count", 0)),
-            )
+    def counts() -> tuple[int, int, int]:
+        stats = client.get_inference_statistics(WEIGHTY, as_json=True)["model_stats"][0]
+        inference = stats["inference_stats"]
+        return (
+            int(inference["success"].get("count", 0)),
+            int(inference["fail"].get("count", 0)),
+            int(stats.get("execution_count", 0)),
+        )
 
-        def pending() -> float:
-            page = scrape(proc.metrics_url)
-            return page.value("nv_inference_pending_request_count", WEIGHTY)
+    def pending() -> float:
+        page = scrape(proc.metrics_url)
+        return page.value("nv_inference_pending_request_count", WEIGHTY)
 
-        given = grpcclient.InferInput("INPUT0", [512, 1024], "FP32")
-        given.set_data_from_numpy(np.ones((512, 1024), np.float32))
-        ended: list[object] = []
-        call = client.async_infer(WEIGHTY, [given], lambda result, error: ended.append(error))
-        assert wait_for(lambda: pending() == 1, 60)  # sent to the worker
-        call.cancel()
-        assert wait_for(lambda: ended, 30)
-        assert wait_for(lambda: pending() == 0 and counts()[2] == 1, 60)  # once the run ends
-        assert counts() == (0, 1, 1)
-        client.close()
-    finally:
-        assert proc.stop() == 0, proc.log
+    before = counts()
+    given = grpcclient.InferInput("INPUT0", [512, 1024], "FP32")
+    given.set_data_from_numpy(np.ones((512, 1024), np.float32))
+    ended: list[object] = []
+    call = client.async_infer(WEIGHTY, [given], lambda result, error: ended.append(error))
+    assert wait_for(lambda: pending() == 1, 60)  # sent to the worker
+    call.cancel()
+    assert wait_for(lambda: ended, 30)
+    # once the run ends
+    assert wait_for(lambda: pending() == 0 and _since(before, counts())[2] == 1, 60)
+    assert _since(before, counts()) == (0, 1, 1)
+    client.close()
