@@ -175,11 +175,10 @@ def test_load_a_new_model_from_files_over_http_and_grpc(
     assert load(srv, "uploaded", parameters) == (200, "")
     fp32_infer(srv, "uploaded")
     assert get(srv, "/v2/models/uploaded")[1]["versions"] == ["3"]  # type: ignore[index]
-    # Progress in the log: load time and placement, one line per version.
-    assert re.search(
-        r"model 'uploaded' version 3 is READY: loaded in \d+\.\d\ds on worker \d+ \(cpu\)",
-        srv.log,
-    )
+    # Progress in the log: load time and placement, one line per version (read from the
+    #   server's output by a thread of its own: waited for, it may come after the answer).
+    ready = r"model 'uploaded' version 3 is READY: loaded in \d+\.\d\ds on worker \d+ \(cpu\)"
+    assert wait_for(lambda: re.search(ready, srv.log)), srv.log
     # Written under the server's upload directory, never into the repository.
     place = _upload_dir(srv, "uploaded")
     assert (place / "3" / "notes" / "extra.bin").read_bytes() == extra
@@ -195,6 +194,7 @@ def test_load_a_new_model_from_files_over_http_and_grpc(
     assert get(srv, "/v2/models/uploaded")[1]["versions"] == ["4"]  # type: ignore[index]
     fp32_infer(srv, "uploaded")
     assert not place.exists()
+    assert wait_for(lambda: "model 'uploaded' version 4 is READY" in srv.log), srv.log
     place = _upload_dir(srv, "uploaded")
     # A failed reload (a file that is not ONNX) leaves version 4 serving, and its files.
     with pytest.raises(InferenceServerException) as caught:
@@ -204,6 +204,7 @@ def test_load_a_new_model_from_files_over_http_and_grpc(
     assert caught.value.message().startswith("failed to load 'uploaded': version 5:")
     assert get(srv, "/v2/models/uploaded")[1]["versions"] == ["4"]  # type: ignore[index]
     fp32_infer(srv, "uploaded")
+    assert wait_for(lambda: "model 'uploaded' version 5: loading" in srv.log), srv.log
     assert place.exists() and not _upload_dir(srv, "uploaded").exists()
     # Unload removes the files; the model is known and not ready, and the index lists
     # its version unloaded (it went from the index: no directory lists it, fuzzing).
