@@ -44,7 +44,10 @@ def test_missing_repository_flag() -> None:
 
 
 def test_unreadable_repository(tmp_path: Path) -> None:
-    result = run_cli("serve", "--model-repository", str(tmp_path / "nope"), "--http-port", "0")
+    # (free ports: another test's server may hold the default ones; the metrics port is
+    #   free through run_cli's environment)
+    free = ["--http-port", "0", "--grpc-port", "0"]
+    result = run_cli("serve", "--model-repository", str(tmp_path / "nope"), *free)
     assert result.returncode != 0 and "is not a directory" in result.stderr
 
 
@@ -54,9 +57,10 @@ def test_port_in_use() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = run_cli(
-            "serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", str(port)
-        )
-    assert result.returncode != 0 and "cannot listen on 127.0.0.1" in result.stderr
+            "serve", "--model-repository", str(SAMPLE_REPOSITORY), "--http-port", str(port),
+            "--grpc-port", "0",
+        )  # fmt: skip
+    assert result.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
 def test_settings_from_environment_and_flags_win(tmp_path: Path) -> None:

@@ -33,7 +33,10 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 
 
 def serve_args(repository: Path, *args: str) -> list[str]:
-    return ["serve", "--model-repository", str(repository), "--http-port", "0", *args]
+    """Free HTTP and gRPC ports (another test's server may hold the default ones; the
+    metrics port is free through run_cli's environment), then ``args``, which win."""
+    free = ["--http-port", "0", "--grpc-port", "0"]
+    return ["serve", "--model-repository", str(repository), *free, *args]
 
 
 def one_model(root: Path, name: str = "identity_fp32") -> Path:
