@@ -11,6 +11,24 @@ import tritonclient.http as httpclient
 from tests.support.server import ServerProcess, shm_entries
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``-m perf`` runs in one process whatever ``-n`` says (pyproject.toml's addopts
+    give 2): a test timing CPU next to another would time both."""
+    selected = config.option.markexpr or ""
+    if "perf" in selected.replace("not perf", "") and hasattr(config.option, "numprocesses"):
+        config.option.numprocesses = 0
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A parameter that holds this process's pid (a segment name of its own) gets an id
+    without it: pytest-xdist's workers, each its own process, must collect the same ids."""
+    pid = str(os.getpid())
+    if isinstance(val, str) and pid in val:
+        return val.replace(pid, "PID")
+    return None
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
     """The sample repository served once for the whole session (read-only tests)."""
