@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from oipserve.errors import InferenceFailed, InternalError
-from oipserve.request.inference import InputTensor, Located, scalar_rows
+from oipserve.request.inference import InputTensor, Located, scalar_split_refusal
 from oipserve.request.placement import Placement
 from oipserve.wire.datatypes import split_bytes_elements
 from oipserve.wire.messages import TensorDesc
@@ -177,7 +177,7 @@ def split_rows(
         #   (inference.scalar_rows); here the whole batch fails, in its words for the
         #   first request it fails.
         first = batches[0]
-        scalar_rows(desc.name, (), first if first > 1 else first + batches[1])
+        raise scalar_split_refusal(desc.name, first if first > 1 else first + batches[1])
     if not desc.shape or desc.shape[0] != total:
         raise InferenceFailed(
             f"output '{desc.name}' has shape {desc.shape}, whose first dimension is not "

@@ -44,6 +44,7 @@ __all__ = [
     "client_outputs",
     "region_parameters_of",
     "scalar_rows",
+    "scalar_split_refusal",
 ]
 
 
@@ -213,13 +214,19 @@ def scalar_rows(name: str, dims: tuple[int, ...], rows: int) -> list[int]:
     only be for a batch of 1; past that Unsupported, in the words of its output responder
     (``BackendOutputResponder::ProcessTensor``; 501 / UNIMPLEMENTED there and here)."""
     if rows > 1:
-        raise Unsupported(
-            f"failed to split the output tensor '{name}' in responses: expected batch size of "
-            f"at least {rows} in model output, got 1: the model makes output '{name}' a scalar, "
-            "one value for the whole batch, so only a batch of 1 can be answered (its "
-            "config.pbtxt gives max_batch_size > 0)"
-        )
+        raise scalar_split_refusal(name, rows)
     return [rows, *dims[1:]]
+
+
+def scalar_split_refusal(name: str, rows: int) -> Unsupported:
+    """Why output ``name``, one value for the whole run, cannot be answered to a request
+    whose rows end at ``rows`` of the batch (``scalar_rows``)."""
+    return Unsupported(
+        f"failed to split the output tensor '{name}' in responses: expected batch size of "
+        f"at least {rows} in model output, got 1: the model makes output '{name}' a scalar, "
+        "one value for the whole batch, so only a batch of 1 can be answered (its "
+        "config.pbtxt gives max_batch_size > 0)"
+    )
 
 
 class InferResult:
