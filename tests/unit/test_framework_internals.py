@@ -26,6 +26,7 @@ import falcon.asgi
 import httptools
 import uvicorn
 from falcon.constants import SINGLETON_HEADERS
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -34,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.server import ServerState
 
 from oipserve.front.http.extensions import RECEIVE_INTO
+from oipserve.front.http.lane_cycle import LaneCycle
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
 from oipserve.front.rest.app import _App
 from oipserve.front.rest.media import JSON
@@ -83,9 +85,7 @@ PROTOCOL_ATTRIBUTES: dict[str, type] = {
     "connections": set,  # the server's; left at an h2c handover (as its websocket upgrade)
     "timeout_keep_alive": object,  # seconds (a number): kept by our deadline timer
     "tasks": set,  # the server's request tasks (shutdown waits for them): the lane's too
-    "logger": object,  # the lane's cycle is made as uvicorn makes its own
-    "access_logger": object,
-    "access_log": bool,
+    "logger": object,  # what escapes the lane, and what the parser refuses, is logged there
 }
 #: RequestResponseCycle state that ``_receive_into`` and ``on_body`` read or write.
 CYCLE_ATTRIBUTES: dict[str, type] = {
@@ -310,28 +310,86 @@ def test_the_parser_reports_chunk_events_and_the_status_line_table_is_there() ->
     assert isinstance(state.default_headers, list), "ServerState.default_headers is gone"
 
 
-#: RequestResponseCycle's parameters, which the infer lane passes as uvicorn's
-#: on_headers_complete does (front/http/protocol.py, ``_start_lane``).
-CYCLE_PARAMETERS = (
-    "scope", "transport", "flow", "logger", "access_logger", "access_log", "default_headers",
-    "message_event", "expect_100_continue", "keep_alive", "on_response",
+#: uvicorn's HttpToolsProtocol hooks that CorkedHttpToolsProtocol does itself, without calling
+#: them (``_parse``, ``on_message_begin``, ``on_body``, ``on_message_complete``), with every
+#: name each uses: when uvicorn's change, re-read them and bring ours in line.
+UVICORN_HOOKS_DONE_HERE: dict[str, set[str]] = {
+    "data_received": {
+        "HttpParserError", "HttpParserUpgrade", "_should_upgrade", "_unset_keepalive_if_required",
+        "_unsupported_upgrade_warning", "feed_data", "handle_websocket_upgrade", "httptools",
+        "logger", "parser", "send_400_response", "warning",
+    },
+    "on_message_begin": {
+        "app_state", "asgi_version", "client", "copy", "expect_100_continue", "headers",
+        "root_path", "scheme", "scope", "server", "url",
+    },
+    "on_body": {
+        "HIGH_WATER_LIMIT", "_should_upgrade", "body", "cycle", "flow", "len", "message_event",
+        "parser", "pause_reading", "response_complete", "set", "should_upgrade",
+    },
+    "on_message_complete": {
+        "_should_upgrade", "cycle", "message_event", "more_body", "parser", "response_complete",
+        "set", "should_upgrade",
+    },
+}  # fmt: skip
+#: The scope uvicorn's ``on_message_begin`` makes: its keys and the values it writes itself.
+UVICORN_SCOPE_CONSTANTS = {
+    "type", "http", "asgi", "version", "spec_version", "2.3", "http_version", "1.1", "server",
+    "client", "scheme", "root_path", "headers", "state",
+}  # fmt: skip
+#: What uvicorn's callbacks and the protocol read or set of a request's cycle, which the
+#: lane's ``LaneCycle`` keeps by the same names (front/http/lane_cycle.py).
+LANE_CYCLE_NAMES = (
+    "scope", "transport", "flow", "default_headers", "keep_alive", "on_response",
+    "message_event", "disconnected", "waiting_for_100_continue", "body", "more_body",
+    "response_started", "response_complete",
 )  # fmt: skip
 
 
-def test_the_cycle_the_lane_makes_is_made_as_uvicorn_makes_it() -> None:
-    """The lane makes uvicorn's cycle itself, reads its body with ``receive``, answers a
-    stream with ``send`` and what escapes with ``send_500_response`` (front/http/lane.py)."""
-    parameters = tuple(inspect.signature(RequestResponseCycle.__init__).parameters)[1:]
-    assert parameters == CYCLE_PARAMETERS, (
-        f"RequestResponseCycle's parameters changed to {parameters}: front/http/protocol.py "
-        "makes the lane's cycle with the old ones"
-    )
-    made = set(HttpToolsProtocol.on_headers_complete.__code__.co_names)
-    assert {"RequestResponseCycle", "_start_asgi_task", "should_keep_alive"} <= made, (
-        "uvicorn's on_headers_complete no longer makes its cycle as the lane does"
-    )
-    for name in ("receive", "send", "send_500_response"):
-        assert inspect.iscoroutinefunction(getattr(RequestResponseCycle, name, None)), name
+def test_uvicorns_hooks_that_ours_do_themselves_are_unchanged() -> None:
+    problems = []
+    for name, expected in UVICORN_HOOKS_DONE_HERE.items():
+        used = set(getattr(HttpToolsProtocol, name).__code__.co_names)
+        if used != expected:
+            problems.append(
+                f"HttpToolsProtocol.{name} changed (names added: {sorted(used - expected)}, "
+                f"gone: {sorted(expected - used)})"
+            )
+    begin = HttpToolsProtocol.on_message_begin.__code__
+    strings = {value for value in begin.co_consts if isinstance(value, str)}
+    for keys in (value for value in begin.co_consts if isinstance(value, tuple)):
+        strings |= {key for key in keys if isinstance(key, str)}  # (a dict display's keys)
+    if strings != UVICORN_SCOPE_CONSTANTS:
+        problems.append(f"HttpToolsProtocol.on_message_begin's scope changed: {sorted(strings)}")
+    gone = set(LANE_CYCLE_NAMES) - set(RequestResponseCycle.__init__.__code__.co_names)
+    if gone:
+        problems.append(f"RequestResponseCycle no longer keeps {sorted(gone)} (LaneCycle does)")
+    assert not problems, _report(problems, "oipserve/front/http/protocol.py")
+
+
+def test_the_lane_cycle_keeps_what_uvicorns_callbacks_read_of_a_cycle() -> None:
+    """uvicorn's ``connection_lost``, ``shutdown`` and a pipelined request's turn read and
+    set the lane's cycle as they do their own (front/http/lane_cycle.py)."""
+    read = set()
+    for hook in ("connection_lost", "shutdown", "on_headers_complete", "on_body"):
+        read |= set(getattr(HttpToolsProtocol, hook).__code__.co_names)
+    cycle_state = set(RequestResponseCycle.__init__.__code__.co_names)
+    # (the loggers are the protocol's own, which uvicorn's cycle holds too; the lane writes
+    #   no access log: the server runs with it off)
+    expected = (read & cycle_state) - {"logger", "access_log", "access_logger"}
+    assert expected <= set(LANE_CYCLE_NAMES), sorted(expected - set(LANE_CYCLE_NAMES))
+
+    async def made() -> LaneCycle:
+        transport = MemoryTransport()
+        flow = FlowControl(transport)
+        return LaneCycle({}, transport, flow, [], True, lambda: None, asyncio.get_running_loop())
+
+    cycle = asyncio.run(made())
+    missing = [name for name in LANE_CYCLE_NAMES if not hasattr(cycle, name)]
+    assert not missing, missing
+    event = cycle.message_event
+    for method in ("set", "clear", "is_set", "wait"):
+        assert callable(getattr(event, method, None)), method
     assert SINGLETON_HEADERS >= {"content-length", "host"}, "falcon.constants changed"
 
 

@@ -243,3 +243,93 @@ def test_the_head_the_lane_takes() -> None:
         lane_request(lane, b"POST", "1.1", url, [(b"content-length", b"%d" % (LIMIT + 1))]) is None
     )
     assert lane_request(lane, b"POST", "1.1", url, []) == ("/v2/models/m/infer", {}, "m", None)
+
+
+class _StubLane:
+    """An ``InferLane`` that takes every infer route and answers with ``answer``."""
+
+    limit = LIMIT
+
+    def __init__(self, answer: Callable[[LaneResponse], Any]) -> None:
+        self._answer = answer
+
+    def target(self, path: str) -> tuple[str, str | None] | None:
+        return "m", None
+
+    async def serve(
+        self, request: LaneRequest, response: LaneResponse, model: str, version: str | None
+    ) -> None:
+        await self._answer(response)
+
+
+def _written(lane: _StubLane | None, app: Callable, request: bytes) -> tuple[bytes, bool]:
+    """What a connection with ``lane`` (None: none) writes for ``request``, and whether it
+    was closed; the ``date`` field left out."""
+
+    async def main() -> tuple[bytes, bool]:
+        protocol_class = CorkedHttpToolsProtocol.configured(ConnectionLimits(), LIMIT, None, lane)
+        protocol, state, transport = connected(protocol_class, app)
+        protocol.data_received(request)
+        while state.tasks:
+            await asyncio.gather(*state.tasks, return_exceptions=True)
+        written = b"".join(transport.written)
+        lines = [line for line in written.split(b"\r\n") if not line.startswith(b"date: ")]
+        return b"\r\n".join(lines), transport.closing
+
+    return asyncio.run(main())
+
+
+def test_what_escapes_the_lane_is_answered_as_uvicorn_answers_an_app_that_fails() -> None:
+    async def escapes(response: LaneResponse) -> None:
+        raise RuntimeError("an error handler failed")
+
+    async def failing_app(scope: dict, receive: Callable, send: Callable) -> None:
+        raise RuntimeError("an app failed")
+
+    lane = _written(_StubLane(escapes), _app, _post("/v2/models/m/infer"))
+    asgi = _written(None, failing_app, _post("/v2/models/m/infer"))
+    assert lane == asgi
+    assert lane[0].startswith(b"HTTP/1.1 500 Internal Server Error\r\n") and lane[1]
+    assert lane[0].endswith(b"connection: close\r\n\r\nInternal Server Error")
+
+
+class _Parts:
+    """An async iterator over ``parts`` (what render.py sets as a response's stream)."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self._parts = iter(parts)
+
+    def __aiter__(self) -> _Parts:
+        return self
+
+    async def __anext__(self) -> bytes:
+        for part in self._parts:
+            return part
+        raise StopAsyncIteration
+
+
+@pytest.mark.parametrize("length", [None, 7, 6, 8])
+def test_a_streamed_answer_is_framed_as_uvicorn_frames_it(length: int | None) -> None:
+    """By its content-length (the parts must add up to it, else the connection closes
+    after what was sent), chunked without one; as uvicorn's ``send`` for the ASGI way."""
+    fields = [] if length is None else [(b"content-length", b"%d" % length)]
+
+    async def streams(response: LaneResponse) -> None:
+        response.stream = _Parts([b"abc", b"", b"defg"])
+        if length is not None:
+            response.content_length = length
+
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": fields})
+        for part in (b"abc", b"", b"defg"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    lane = _written(_StubLane(streams), _app, _post("/v2/models/m/infer"))
+    asgi = _written(None, app, _post("/v2/models/m/infer"))
+    if length in (None, 7):
+        assert lane == asgi and not lane[1]
+        framed = b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n" if length is None else b"abcdefg"
+        assert lane[0].endswith(b"\r\n\r\n" + framed)
+    else:  # (uvicorn's cycle raises on a wrong length: its app's task fails and closes)
+        assert lane[1] and asgi[1]

@@ -71,28 +71,33 @@ HTTP/2 preface on this port).
    is idle it is re-armed for the exact moment, so the connection closes on time.
 
 8. A plain infer request is answered below the ASGI app, by the ``lane`` (``lane``: which
-   requests, and why): at its complete head the protocol makes uvicorn's cycle for it as
-   uvicorn would (its body, disconnect and keep-alive work unchanged) and runs the lane's
-   responder in a task of the server's, where uvicorn would have run the app.
+   requests, and why): at its complete head the protocol makes a ``LaneCycle`` for it
+   (``lane_cycle``: uvicorn's cycle's state by its names, compiled; its body, disconnect
+   and keep-alive work unchanged) and runs the lane's responder in a task of the server's,
+   where uvicorn would have run the app.
+
+9. uvicorn's ``data_received``, ``on_message_begin``, ``on_body`` and ``on_message_complete``
+   are done here, step for step, rather than called: each was an interpreted call a
+   request (``_parse``).
 
 All lean on uvicorn internals, which is why pyproject.toml caps uvicorn (and
 httptools) at the minor series this was written against: the hooks
 ``connection_made``, ``connection_lost``, ``eof_received``, ``data_received``,
 ``send_400_response``, ``_unsupported_upgrade_warning``, ``on_message_begin``, ``on_url``,
 ``on_header``, ``on_headers_complete``, ``on_body``, ``on_message_complete`` and
-``on_response_complete`` (and httptools' ``on_chunk_header`` and ``on_chunk_complete``);
+``on_response_complete`` (and httptools' ``on_chunk_header`` and ``on_chunk_complete``),
+and the names those of them done here use;
 the protocol's ``transport`` (handed on to each cycle, so our ``CorkedTransport``
 sees every write), ``flow``, ``cycle``, ``scope``, ``parser``, ``url``, ``headers``,
 ``expect_100_continue``,
 ``pipeline``, ``connections`` (left at an h2c handover, as uvicorn's websocket upgrade
 does), ``timeout_keep_alive``, ``timeout_keep_alive_handler``, ``_start_asgi_task``,
-``server_state.total_requests``, ``server_state.default_headers``, ``tasks``, ``logger``,
-``access_logger`` and ``access_log``; ``RequestResponseCycle``'s parameters; and the cycle's
-``receive``, ``send``, ``send_500_response``, ``default_headers``, ``keep_alive``, ``scope``,
-``body``, ``more_body``, ``disconnected``, ``message_event``,
-``waiting_for_100_continue``, ``response_started``, ``response_complete`` and
-``on_response``. ``tests/unit/test_framework_internals.py`` checks each by
-name; when it fails after an upgrade, it says which to re-read.
+``server_state.total_requests``, ``server_state.default_headers``, ``tasks`` and
+``logger``; and the cycle's ``default_headers``, ``keep_alive``, ``scope``, ``body``,
+``more_body``, ``disconnected``, ``message_event``, ``waiting_for_100_continue``,
+``response_started``, ``response_complete`` and ``on_response``, which the lane's cycle
+keeps by the same names. ``tests/unit/test_framework_internals.py`` checks each by name;
+when it fails after an upgrade, it says which to re-read.
 """
 
 from __future__ import annotations
@@ -102,11 +107,12 @@ import functools
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import httptools
 from mypy_extensions import mypyc_attr
 from uvicorn.protocols.http.httptools_impl import (
+    HIGH_WATER_LIMIT,
     HttpToolsProtocol,
     RequestResponseCycle,
 )
@@ -127,14 +133,8 @@ from oipserve.front.http.framing import (
     without_content_length,
 )
 from oipserve.front.http.h2c import H2Handover, PrefaceSniffer
-from oipserve.front.http.lane import (
-    InferLane,
-    LaneRequest,
-    LaneResponse,
-    lane_request,
-    respond,
-    response_head,
-)
+from oipserve.front.http.lane import InferLane, LaneRequest, LaneResponse, lane_request, respond
+from oipserve.front.http.lane_cycle import LaneCycle, response_head
 from oipserve.front.http.limits import (
     ConnectionLimits,
     UnreadResponse,
@@ -144,6 +144,9 @@ from oipserve.front.http.limits import (
     too_many_fields,
 )
 from oipserve.runtime.http_io import BodyReader, BodySink, CorkedTransport
+
+if TYPE_CHECKING:
+    from uvicorn._types import HTTPScope
 
 __all__ = ["CorkedHttpToolsProtocol"]
 
@@ -160,7 +163,12 @@ class _HeadRefused(Exception):
     this port does not speak); the parser stops there."""
 
 
-def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
+#: The request a connection is receiving or answering: uvicorn's cycle (the ASGI way) or
+#: the lane's, which keeps the same state by the same names.
+AnyCycle = RequestResponseCycle | LaneCycle
+
+
+def _forget_extensions(cycle: AnyCycle | None) -> None:
     """Drop our extensions from a finished cycle's scope.
 
     PERF: each holds the cycle (a partial over it), and the cycle holds the scope: a
@@ -174,6 +182,10 @@ def _forget_extensions(cycle: RequestResponseCycle | None) -> None:
         if extensions:
             extensions.pop(RECEIVE_INTO, None)
             extensions.pop(ON_DISCONNECT, None)
+
+
+def _nothing() -> None:
+    """A finished cycle's ``on_response`` (as uvicorn leaves its own)."""
 
 
 def _peer(client: tuple[str, int] | None) -> str:
@@ -212,8 +224,8 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         frame_by_transfer_encoding(self.parser)
         #: The current head has a Transfer-Encoding field.
         self._transfer_encoded = False
-        self._sinks: dict[RequestResponseCycle, BodySink] = {}
-        self._watchers: dict[RequestResponseCycle, list[Callable[[], None]]] = {}
+        self._sinks: dict[AnyCycle, BodySink] = {}
+        self._watchers: dict[AnyCycle, list[Callable[[], None]]] = {}
         self._head_timer: asyncio.TimerHandle | None = None
         #: Loop time the current request head began to arrive; None when no head is due.
         self._head_started: float | None = None
@@ -282,11 +294,32 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self.body_bytes += len(data)
         self._head_began = False
         self._head_pieces = 0
-        super().data_received(data)
+        self._parse(data)
         if self._head_started is not None:
             self._count_head(data)
         if self._chunk_events is not None:
             self._follow_chunks(data)
+
+    def _parse(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, done here (its keep-alive timer, which it cancels
+        first, is never armed: 7. above).
+
+        PERF: here, uvicorn's hooks that ``on_message_begin``, ``on_body`` and
+        ``on_message_complete`` replace are each an interpreted call a request (with the
+        lane's cycle, about a twentieth of the front's CPU a tiny request at c=1, perf,
+        2026-12-01); ``tests/unit/test_framework_internals.py`` says when uvicorn's change.
+        """
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
 
     def _sniff(self, sniffer: PrefaceSniffer, data: bytes) -> bytes:
         """The connection's first bytes: HTTP/2's preface is handed over to ``h2c``.
@@ -408,7 +441,23 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer = loop.call_later(first, self._check_deadlines)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's own steps (_parse's PERF note)
+        self.url = b""
+        self.expect_100_continue = False
+        headers: list[tuple[bytes, bytes]] = []
+        self.headers = headers
+        scope = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+        }
+        self.scope = cast("HTTPScope", scope)
         if self._head_started is None:  # a keep-alive connection's next request
             self._head_started = self._loop.time()
         self._head_bytes = self._head_fields = self._head_pieces = 0
@@ -513,7 +562,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
                 #   complete at the end of this read (``_follow_chunks``).
                 self._chunk_events = _HEAD_READ
 
-    def _extensions(self, cycle: RequestResponseCycle) -> dict[str, Any]:
+    def _extensions(self, cycle: AnyCycle) -> dict[str, Any]:
         """What ``cycle``'s request is given beyond ASGI (``front.http.extensions``), on
         either way; ``_forget_extensions`` drops them when its response is complete."""
         return {
@@ -542,26 +591,25 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         model: str,
         version: str | None,
     ) -> None:
-        """Serve the request on the lane: a cycle of uvicorn's for its body and its
-        response, a task of the server's (shutdown waits for it) for the responder."""
-        cycle = self.cycle = RequestResponseCycle(
-            scope=self.scope,
-            transport=self.transport,
-            flow=self.flow,
-            logger=self.logger,
-            access_logger=self.access_logger,
-            access_log=self.access_log,
-            default_headers=self.server_state.default_headers,
-            message_event=asyncio.Event(),
-            expect_100_continue=False,
-            keep_alive=self.parser.should_keep_alive(),
-            on_response=self.on_response_complete,
-        )
+        """Serve the request on the lane: a ``LaneCycle`` for its body and its response,
+        a task of the server's (shutdown waits for it) for the responder."""
         scope = cast("dict[str, Any]", self.scope)
+        cycle = LaneCycle(
+            scope,
+            self.transport,
+            self.flow,
+            self.server_state.default_headers,
+            self.parser.should_keep_alive(),
+            self.on_response_complete,
+            self._loop,
+        )
+        # NOTE: uvicorn types its cycle as its own class; the lane's keeps the same state by
+        #   the same names, which is all uvicorn's callbacks read of it.
+        self.cycle = cycle  # type: ignore[assignment]
         scope["method"] = "POST"
         scope["path"] = path
         scope["extensions"] = self._extensions(cycle)
-        request = LaneRequest(path, scope, headers, cycle.receive)
+        request = LaneRequest(path, scope, headers, cycle)
         # NOTE: a Task made here, named: the loop's create_task formats a "Task-N" name
         #   for every task (~1 % of the front's samples a tiny request at c=1, perf,
         #   2026-11-30); no task factory is set on the server's loop.
@@ -573,7 +621,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     async def _run_lane(
         self,
         lane: InferLane,
-        cycle: RequestResponseCycle,
+        cycle: LaneCycle,
         request: LaneRequest,
         model: str,
         version: str | None,
@@ -587,11 +635,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         except BaseException as exc:
             self.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not cycle.response_started:
-                await cycle.send_500_response()
+                await cycle.send_failed()
             else:
                 self.transport.close()
         finally:
-            cycle.on_response = lambda: None
+            cycle.on_response = _nothing
 
     def on_chunk_header(self) -> None:
         """httptools: a chunk-size line was parsed (chunked bodies only)."""
@@ -623,7 +671,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         due = self._refusal_due
-        if due is None:
+        if due is None and self.flow.read_paused:  # (an interpreted call saved a request)
             self.flow.resume_reading()
         if self.pipeline:
             waiting, app = self.pipeline.pop()
@@ -638,21 +686,35 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         events = self._chunk_events
         if events is not None and events.open:
             events.since += len(body)
-        sink = self._sinks.get(self.cycle)
+        cycle = self.cycle
+        sink = self._sinks.get(cycle)
         if sink is None:
-            super().on_body(body)
+            # uvicorn's own steps (_parse's PERF note)
+            if not self._body_unwanted(cycle):
+                cycle.body += body
+                if len(cycle.body) > HIGH_WATER_LIMIT:
+                    self.flow.pause_reading()
+                cycle.message_event.set()
             return
         try:
             sink.write(body)
         except ValueError:
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
+            cycle.disconnected = True
+            cycle.message_event.set()
 
     def on_message_complete(self) -> None:
         self._body_started = None
-        super().on_message_complete()
-        self._sinks.pop(self.cycle, None)
+        cycle = self.cycle
+        if not self._body_unwanted(cycle):  # uvicorn's own steps (_parse's PERF note)
+            cycle.more_body = False
+            cycle.message_event.set()
+        self._sinks.pop(cycle, None)
         self._chunks = self._chunk_events = None
+
+    def _body_unwanted(self, cycle: AnyCycle) -> bool:
+        """uvicorn's test: body events go nowhere once the response is complete (or for a
+        WebSocket upgrade, which this port never makes: no WebSocket protocol is set)."""
+        return (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
@@ -663,13 +725,13 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             for callback in callbacks:
                 callback()
 
-    def _on_disconnect(self, cycle: RequestResponseCycle, callback: Callable[[], None]) -> None:
+    def _on_disconnect(self, cycle: AnyCycle, callback: Callable[[], None]) -> None:
         if cycle.disconnected:
             callback()
         else:
             self._watchers.setdefault(cycle, []).append(callback)
 
-    async def _receive_into(self, cycle: RequestResponseCycle, target: memoryview) -> int:
+    async def _receive_into(self, cycle: AnyCycle, target: memoryview) -> int:
         """Receive the rest of ``cycle``'s body into ``target``; returns the byte count."""
         sink = BodySink(target)
         if cycle.body:
