@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 
-from oipserve.wire.messages import FrameSplitter
+from oipserve.wire.framing import FrameSplitter
 from oipserve.wire.shm import BufferPool, SegmentCache
 
 __all__ = ["FRONT_SEND_TIMEOUT", "FrontConnection", "accept_front"]

@@ -23,6 +23,7 @@ from time import monotonic_ns
 import msgspec
 
 from oipserve.wire.datatypes import bytes_count_fault, element_count, split_bytes_elements
+from oipserve.wire.framing import frame
 from oipserve.wire.messages import (
     DecodeJson,
     EndSequences,
@@ -45,7 +46,6 @@ from oipserve.wire.messages import (
     Unloaded,
     UnloadModel,
     WorkerReady,
-    frame,
 )
 from workers import json_text, runtime
 from workers.busy_poll import NextRequestPoll, select_polling

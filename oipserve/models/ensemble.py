@@ -35,7 +35,6 @@ __all__ = [
     "chain_runs",
     "composing_names",
     "ensemble_cycle",
-    "takes_sequence",
     "validate",
 ]
 
@@ -179,18 +178,6 @@ def chain_runs(plan: EnsembleConfig) -> tuple[tuple[int, ...], ...]:
             claimed.update(run)
             runs.append(tuple(run))
     return tuple(runs)
-
-
-def takes_sequence(model: ModelVersion) -> bool:
-    """Whether the fronts read a request's ``sequence_id`` / ``_start`` / ``_end`` for
-    ``model``: a sequence model, or an ensemble with one as a step, or as a step of an
-    ensemble that is its step (docs/sequences.md)."""
-    config = model.config
-    if config is None:
-        return False
-    if config.sequence_batching is not None:
-        return True
-    return isinstance(model, EnsembleVersion) and model.has_sequence_step()
 
 
 def composing_names(config: ModelConfig) -> list[str]:

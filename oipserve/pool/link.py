@@ -18,11 +18,11 @@ from time import monotonic_ns
 import msgspec
 
 from oipserve.errors import DeadlineExceeded, Unavailable, WorkerProtocolError, from_kind
+from oipserve.wire.framing import FrameSplitter, frame
 from oipserve.wire.messages import (
     Failed,
     Forget,
     ForgetRegions,
-    FrameSplitter,
     FromWorker,
     InferDone,
     LoadModel,
@@ -30,7 +30,6 @@ from oipserve.wire.messages import (
     Release,
     Reply,
     WorkerReady,
-    frame,
 )
 
 __all__ = ["AWAY", "WorkerDied", "WorkerLink", "away"]

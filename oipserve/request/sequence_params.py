@@ -1,7 +1,7 @@
 """The sequence parameters of a request: ``sequence_id``, ``sequence_start``, ``sequence_end``.
 
 Taken only by a model with ``sequence_batching``, or an ensemble with such a step (the
-fronts ask ``models.ensemble.takes_sequence``): other models ignore them, as Triton's do,
+fronts ask ``takes_sequence``): other models ignore them, as Triton's do,
 but both fronts check them on any model's request, as Triton's parse them.
 The types and messages are Triton's: REST takes an unsigned integer or a string id and
 JSON booleans ("Unable to parse 'sequence_id'"); gRPC an ``int64_param`` or
@@ -16,8 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from oipserve.errors import InvalidInput, Unsupported
+from oipserve.models.ensemble import EnsembleVersion
+from oipserve.models.registry import ModelVersion
 
-__all__ = ["SEQUENCE_ID_MAX_CHARS", "SequenceTag", "from_grpc", "from_json"]
+__all__ = [
+    "SEQUENCE_ID_MAX_CHARS",
+    "SequenceTag",
+    "from_grpc",
+    "from_json",
+    "takes_sequence",
+]
 
 #: Longest string ``sequence_id`` (Triton's limit, in characters).
 SEQUENCE_ID_MAX_CHARS = 128
@@ -90,3 +98,15 @@ def from_grpc(parameters: Any) -> SequenceTag:
             flag = param.bool_param
         flags.append(flag)
     return SequenceTag(sequence_id, flags[0], flags[1])
+
+
+def takes_sequence(model: ModelVersion) -> bool:
+    """Whether the fronts read a request's ``sequence_id`` / ``_start`` / ``_end`` for
+    ``model``: a sequence model, or an ensemble with one as a step, or as a step of an
+    ensemble that is its step (docs/sequences.md)."""
+    config = model.config
+    if config is None:
+        return False
+    if config.sequence_batching is not None:
+        return True
+    return isinstance(model, EnsembleVersion) and model.has_sequence_step()

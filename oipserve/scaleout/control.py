@@ -1,7 +1,7 @@
 """The control socket between the primary front and one other HTTP front (a replica).
 
 One Unix stream socket pair per replica, framed like the workers' sockets
-(``oipserve.wire.messages.frame``: a length, then msgpack). The primary sends
+(``oipserve.wire.framing.frame``: a length, then msgpack). The primary sends
 requests, each with a ``seq``; the replica answers each with ``Done``, ``StatsRows``
 or ``Refused`` carrying the same ``seq``. Only ``Listening`` comes unasked, once,
 when the replica serves the HTTP port. Nothing here is on an inference's path: the
@@ -16,7 +16,7 @@ import msgspec
 
 from oipserve.models.config.parse import ModelConfig
 from oipserve.models.metadata import TensorSpec
-from oipserve.telemetry.stats import StatsRow
+from oipserve.telemetry.stats_row import StatsRow
 from oipserve.wire.messages import ErrorKind, LoadModel
 
 # ---- what a replica is told ------------------------------------------------------------

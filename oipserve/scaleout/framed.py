@@ -1,6 +1,6 @@
 """Either end of a socket between two fronts: the control socket, a batch socket.
 
-Framed like the workers' sockets (``oipserve.wire.messages.frame``: a length, then
+Framed like the workers' sockets (``oipserve.wire.framing.frame``: a length, then
 msgpack); each end decodes what it receives with the decoder of the messages that side
 gets and hands each to ``on_message``. What one turn of the loop sends goes in one write,
 or, made ``at_once``, each message as it is sent.
@@ -14,7 +14,7 @@ from typing import Generic, TypeVar, cast
 
 import msgspec
 
-from oipserve.wire.messages import FrameSplitter, frame
+from oipserve.wire.framing import FrameSplitter, frame
 
 __all__ = ["FramedProtocol"]
 

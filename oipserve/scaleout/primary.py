@@ -58,7 +58,7 @@ from oipserve.scaleout.control import (
 )
 from oipserve.scaleout.framed import FramedProtocol
 from oipserve.scaleout.supervision import Supervisor
-from oipserve.telemetry.stats import StatsRow
+from oipserve.telemetry.stats_row import StatsRow
 from oipserve.wire.shm import sweep
 
 log = logging.getLogger("oipserve.replicas")

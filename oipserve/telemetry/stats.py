@@ -28,11 +28,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from time import monotonic_ns
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from oipserve.config.metrics_config import parse_metrics_config
 from oipserve.errors import DeadlineExceeded, Unavailable
 from oipserve.telemetry.latency import Histograms, LatencyMetrics, SummaryWindow
+from oipserve.telemetry.stats_row import StatsRow
 
 if TYPE_CHECKING:
     from oipserve.config.settings import Settings
@@ -320,32 +319,6 @@ class ModelStats:
             [self.cache_hit_count, self.cache_hit_ns, self.cache_miss_count, self.cache_miss_ns],
             [self.padded, self.padded_real],
         )
-
-
-class StatsRow(msgspec.Struct, frozen=True, array_like=True):
-    """One version's counters in another HTTP front, by the version's ``serial``."""
-
-    serial: int
-    success_count: int
-    success_ns: int
-    fail_count: int
-    fail_ns: int
-    failures: dict[str, int]
-    queue_ns: int
-    input_ns: int
-    infer_ns: int
-    output_ns: int
-    inference_count: int
-    execution_count: int
-    batches: dict[int, list[int]]
-    pending: int
-    last_success_ns: int
-    #: Per latency histogram family, the counts per bucket (empty when histograms are off).
-    histograms: list[list[int]] = msgspec.field(default_factory=list)
-    #: Response cache hits, their ns, misses, their ns.
-    cache: list[int] = msgspec.field(default_factory=lambda: [0, 0, 0, 0])
-    #: Padded batching's elements with the padding and without.
-    padding: list[int] = msgspec.field(default_factory=lambda: [0, 0])
 
 
 class StatsRegistry:

@@ -3,8 +3,8 @@
 Small frozen msgspec Structs, msgpack-encoded, one tagged union each way.
 They describe tensors (segment name, offset, size, dtype, shape) and never
 carry tensor bytes. Frames on the socket are a 4-byte little-endian length
-followed by the msgpack body; ``frame`` writes them on both sides and
-``FrameSplitter`` reads them on both sides.
+followed by the msgpack body (``oipserve.wire.framing``: ``frame`` writes them on both
+sides and ``FrameSplitter`` reads them on both sides).
 
 A failure crosses the boundary as an ``ErrorKind`` and a message: the worker
 says what went wrong, never which HTTP status or gRPC code it becomes (that
@@ -17,7 +17,6 @@ import enum
 
 import msgspec
 
-from oipserve.wire.datatypes import LENGTH_PREFIX
 from oipserve.wire.images import ImageSpec
 
 
@@ -363,34 +362,3 @@ class Failed(msgspec.Struct, frozen=True, tag=True, array_like=True):
 FromWorker = WorkerReady | Loaded | Unloaded | InferDone | JsonParsed | JsonDecoded | Failed
 #: The replies that answer a request the front made with ``WorkerHandle.call``.
 Reply = Loaded | Unloaded | InferDone | JsonParsed | JsonDecoded | Failed
-
-
-def frame(encoder: msgspec.msgpack.Encoder, message: object) -> bytes:
-    """One message as it goes on the socket: its length, then its msgpack body."""
-    body = encoder.encode(message)
-    return LENGTH_PREFIX.pack(len(body)) + body
-
-
-class FrameSplitter:
-    """Accumulates bytes from a stream and yields complete frame bodies."""
-
-    __slots__ = ("_buffer",)
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._buffer
-        buffer += data
-        frames: list[bytes] = []
-        pos = 0
-        end = len(buffer)
-        while end - pos >= 4:
-            (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
-            if end - pos - 4 < length:
-                break
-            frames.append(bytes(buffer[pos + 4 : pos + 4 + length]))
-            pos += 4 + length
-        if pos:
-            del buffer[:pos]
-        return frames

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import msgspec
 
 from oipserve.pool.link import WorkerLink
-from oipserve.wire.messages import FrameSplitter, ToWorker
+from oipserve.wire.framing import FrameSplitter
+from oipserve.wire.messages import ToWorker
 
 
 class LinkToNoWorker:

@@ -18,6 +18,7 @@ import pytest
 
 from oipserve.errors import InvalidInput, PayloadTooLarge
 from oipserve.front.rest import coding
+from oipserve.front.rest.accept_encoding import choose_encoding
 from oipserve.front.rest.coding import BLOCK, INFLATE_IN_THREAD, STEP, Inflater, compress_stream
 
 MiB = 1024 * 1024
@@ -212,4 +213,4 @@ def test_compress_stream_cancelled_in_a_step_releases_once_the_step_is_done(
     ],
 )
 def test_accept_encoding_by_quality(accept: str | None, chosen: str) -> None:
-    assert coding.choose_encoding(accept) == chosen
+    assert choose_encoding(accept) == chosen

@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 
 from oipserve.scaleout.framed import FramedProtocol
-from oipserve.wire.messages import FrameSplitter
+from oipserve.wire.framing import FrameSplitter
 
 
 class _Transport:

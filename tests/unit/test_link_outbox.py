@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from oipserve.pool.link import LAZY_FLUSH, WorkerLink
-from oipserve.wire.messages import FrameSplitter, Infer, Release, ToWorker
+from oipserve.wire.framing import FrameSplitter
+from oipserve.wire.messages import Infer, Release, ToWorker
 
 
 class _Timer:

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from oipserve.wire.messages import FrameSplitter, FromWorker, Stop, Unloaded, UnloadModel, frame
+from oipserve.wire.framing import FrameSplitter, frame
+from oipserve.wire.messages import FromWorker, Stop, Unloaded, UnloadModel
 from workers.worker import Worker
 
 HIGH = 1500

@@ -13,7 +13,8 @@ from time import monotonic_ns
 import msgspec
 import pytest
 
-from oipserve.wire.messages import ErrorKind, Failed, FromWorker, Infer, frame
+from oipserve.wire.framing import frame
+from oipserve.wire.messages import ErrorKind, Failed, FromWorker, Infer
 from tests.support.worker_replies import only_reply, paired_worker
 from workers import late
 from workers.worker import REPLY_HOLD_NS, Worker

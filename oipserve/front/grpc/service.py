@@ -26,11 +26,11 @@ from oipserve.front.grpc.convert import (
 )
 from oipserve.grpc_generated import grpc_service_pb2 as pb
 from oipserve.grpc_generated import health_pb2 as health
-from oipserve.models.ensemble import takes_sequence
 from oipserve.request import sequence_params
 from oipserve.request.checks import output_twice
 from oipserve.request.client_regions import RegionUse
 from oipserve.request.inference import Inference
+from oipserve.request.sequence_params import takes_sequence
 from oipserve.telemetry.stats_report import model_statistics
 from oipserve.wire.shm import Lease
 

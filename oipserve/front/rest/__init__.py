@@ -4,7 +4,8 @@
   is read) and its routes.
 - ``body``: receiving a request body: into a pooled shared-memory segment for
   binary and large requests, into bytes otherwise.
-- ``coding``: ``Content-Encoding`` / ``Accept-Encoding`` (gzip, deflate).
+- ``coding``: ``Content-Encoding`` (gzip, deflate), both ways; ``accept_encoding``: the
+  coding a response gets from ``Accept-Encoding``.
 - ``resources``: the Falcon resources; the infer route parses the request into
   the data plane's ``InputTensor``s and calls the data plane.
 - ``render``: an ``InferResult`` as a JSON or binary-extension response.

@@ -21,9 +21,9 @@ import falcon.asgi
 import numpy as np
 import orjson
 
+from oipserve.front.rest.accept_encoding import choose_encoding
 from oipserve.front.rest.coding import (
     COMPRESS_ON_LOOP_MAX,
-    choose_encoding,
     compress,
     compress_stream,
 )

@@ -25,7 +25,6 @@ from oipserve.front.rest.body import Body, read_body
 from oipserve.front.rest.encode import ENCODER
 from oipserve.front.rest.media import HEADER_LENGTH
 from oipserve.front.rest.render import outputs_to_print, print_in_steps, render_infer
-from oipserve.models.ensemble import takes_sequence
 from oipserve.models.registry import ModelVersion
 from oipserve.request import sequence_params
 from oipserve.request.checks import output_twice, unparsed_shape
@@ -175,7 +174,9 @@ class ModelResource:
                 request_id = request.id
                 parameters = request.parameters
                 priority, timeout_us = schedule_parameters(parameters)
-                if takes_sequence(target):  # a sequence model, or an ensemble with one
+                if sequence_params.takes_sequence(
+                    target
+                ):  # a sequence model, or an ensemble with one
                     sequence = sequence_params.from_json(parameters)
                 if parameters:
                     check_request_parameters(parameters)
