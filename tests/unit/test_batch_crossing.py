@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -20,6 +20,7 @@ from oipserve.request.sequence_params import SequenceTag
 from oipserve.scaleout.batch_desk import BatchDesk
 from oipserve.scaleout.batch_link import PRIMARY_GONE, PrimaryBatches
 from oipserve.scheduling.scheduler import QueueRejected
+from oipserve.telemetry.stats import ModelStats
 
 
 def _version(serial: int = 7) -> ModelVersion:
@@ -33,12 +34,8 @@ class _Registry:
     models: dict[str, dict[str, ModelVersion]]
 
 
-@dataclass
-class _Stats:
-    failed: list[str] = field(default_factory=list)
-
-    def request_failed(self, reason: object, _ns: int) -> None:
-        self.failed.append(str(reason))
+def _stats() -> ModelStats:
+    return ModelStats("batched", "1")
 
 
 class _Held:
@@ -111,11 +108,9 @@ def _request(
     return inference, [(x, [1, 4], 16, values), (t, [1, 1], 9, text)], held
 
 
-async def _send(ends: _Ends, inference: Inference, placements: list[Placement], stats: _Stats):
+async def _send(ends: _Ends, inference: Inference, placements: list[Placement], stats: ModelStats):
     deadline = asyncio.get_running_loop().time() + 30
-    return asyncio.ensure_future(
-        ends.replica.cross(inference, stats, 1234, placements, deadline)  # type: ignore[arg-type]
-    )
+    return asyncio.ensure_future(ends.replica.cross(inference, stats, 1234, placements, deadline))
 
 
 async def _reached(ends: _Ends, count: int) -> None:
@@ -135,7 +130,7 @@ def _doubled(inference: Inference) -> InferResult:
 
 async def test_a_request_crosses_with_its_bytes_and_its_answer_comes_back(ends: _Ends) -> None:
     inference, placements, held = _request()
-    stats = _Stats()
+    stats = _stats()
     call = await _send(ends, inference, placements, stats)
     await _reached(ends, 1)
     assert held.released == 1  # the message holds a copy: released once sent
@@ -153,7 +148,7 @@ async def test_a_request_crosses_with_its_bytes_and_its_answer_comes_back(ends: 
     (output,) = result.outputs
     assert (output.name, output.datatype, output.shape) == ("OUTPUT0", "FP32", [1, 4])
     assert np.frombuffer(output.data, np.float32).tolist() == [0.0, 2.0, 4.0, 6.0]
-    assert stats.failed == []  # counted where it ran
+    assert stats.fail_count == 0  # counted where it ran
 
 
 @pytest.mark.parametrize(
@@ -175,7 +170,7 @@ async def test_a_refusal_keeps_its_kind_and_message(
         raise raised
 
     inference, placements, _ = _request()
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     ends.plane.answers.put_nowait(refuse)
     with pytest.raises(expected) as caught:
         await asyncio.wait_for(call, 5)
@@ -185,7 +180,7 @@ async def test_a_refusal_keeps_its_kind_and_message(
 async def test_a_client_that_leaves_withdraws_its_request_from_the_primary(ends: _Ends) -> None:
     leaving: list[Callable[[], object]] = []
     inference, placements, _ = _request(watch=leaving.append)
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     await _reached(ends, 1)
     (leave,) = leaving
     leave()
@@ -201,7 +196,7 @@ async def test_a_request_for_a_version_the_primary_replaced_is_refused_retryably
 ) -> None:
     ends.registry.models["batched"]["1"] = _version(serial=8)
     inference, placements, _ = _request()
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     with pytest.raises(Unavailable, match="is being loaded or unloaded; try again"):
         await asyncio.wait_for(call, 5)
     assert ends.plane.requests == []
@@ -211,21 +206,21 @@ async def test_requests_waiting_when_the_primary_goes_fail_and_later_ones_at_onc
     ends: _Ends,
 ) -> None:
     inference, placements, _ = _request()
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     await _reached(ends, 1)
     ends.desk.close()
     with pytest.raises(Unavailable, match=PRIMARY_GONE):
         await asyncio.wait_for(call, 5)
     inference, placements, held = _request()
-    stats = _Stats()
+    stats = _stats()
     with pytest.raises(Unavailable, match=PRIMARY_GONE):
         await asyncio.wait_for(await _send(ends, inference, placements, stats), 5)
-    assert held.released == 1 and len(stats.failed) == 1  # refused here, counted here
+    assert held.released == 1 and stats.fail_count == 1  # refused here, counted here
 
 
 async def test_a_replica_that_goes_withdraws_what_it_sent(ends: _Ends) -> None:
     inference, placements, _ = _request()
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     await _reached(ends, 1)
     transport = ends.replica._protocol.transport  # noqa: SLF001 (the replica's end dies)
     assert transport is not None
@@ -242,13 +237,13 @@ async def test_withdrawals_early_or_late_leave_nothing_behind(ends: _Ends) -> No
     one that crosses its answer is dropped; neither is remembered afterwards."""
     leaving: list[Callable[[], object]] = []
     inference, placements, _ = _request(watch=leaving.append)
-    early = await _send(ends, inference, placements, _Stats())
+    early = await _send(ends, inference, placements, _stats())
     await asyncio.sleep(0)  # sent, not yet received
     leaving.pop()()
     with pytest.raises(Withdrawn):
         await asyncio.wait_for(early, 5)
     inference, placements, _ = _request(watch=leaving.append)
-    late = await _send(ends, inference, placements, _Stats())
+    late = await _send(ends, inference, placements, _stats())
     await _reached(ends, 2)
     ends.plane.answers.put_nowait(_doubled)
     await asyncio.sleep(0)
@@ -267,7 +262,7 @@ async def test_a_sequence_request_crosses_with_its_sequence(ends: _Ends) -> None
     inference.sequence = SequenceTag("client-7", True, False)
     deadline = asyncio.get_running_loop().time() + 30
     call = asyncio.ensure_future(
-        ends.replica.cross(inference, _Stats(), 1234, placements, deadline)  # type: ignore[arg-type]
+        ends.replica.cross(inference, _stats(), 1234, placements, deadline)
     )
     await _reached(ends, 1)
     tag = ends.plane.requests[0][0].sequence
@@ -275,7 +270,7 @@ async def test_a_sequence_request_crosses_with_its_sequence(ends: _Ends) -> None
     ends.plane.answers.put_nowait(_doubled)
     assert len((await asyncio.wait_for(call, 5)).outputs) == 1
     inference, placements, _ = _request()  # no sequence: none crosses
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     await _reached(ends, 2)
     assert ends.plane.requests[1][0].sequence is None
     ends.plane.answers.put_nowait(_doubled)
@@ -297,7 +292,7 @@ async def test_a_streams_request_is_told_while_it_waits_for_a_slot_in_the_primar
     inference, placements, _ = _request()
     inference.sequence = SequenceTag(7, True, False)
     inference.parked = parked
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     await _reached(ends, 1)
     crossed = ends.plane.requests[0][0]
     assert crossed.parked is not None
@@ -311,7 +306,7 @@ async def test_a_streams_request_is_told_while_it_waits_for_a_slot_in_the_primar
     inference, placements, _ = _request()
     inference.sequence = SequenceTag(8, True, False)
     inference.parked = parked
-    call = await _send(ends, inference, placements, _Stats())
+    call = await _send(ends, inference, placements, _stats())
     await _reached(ends, 2)
     second = ends.plane.requests[1][0].parked
     assert second is not None

@@ -18,6 +18,7 @@ import pytest
 from oipserve.dataplane.batched import _Deadlines, _expire, _Queued
 from oipserve.errors import DeadlineExceeded
 from oipserve.scheduling.scheduler import QueueRejected
+from oipserve.telemetry.stats import ModelStats
 
 
 def _failure(queue_due: _Queued | None) -> BaseException | None:
@@ -31,7 +32,7 @@ def _failure(queue_due: _Queued | None) -> BaseException | None:
 
 
 def _queued(taken: bool) -> _Queued:
-    queued = _Queued([], [], [], 1, 0, None)  # type: ignore[arg-type]
+    queued = _Queued([], [], [], 1, 0, ModelStats("batched", "1"))
     queued.taken = taken
     return queued
 

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from oipserve.errors import InvalidInput
 from oipserve.models.labels import read_labels
+from oipserve.models.registry import ModelVersion
 from oipserve.request.classification import (
     MAX_CLASS_STRINGS,
     class_strings,
     classified_outputs,
     top_k,
 )
-from oipserve.request.inference import OutputTensor
+from oipserve.request.inference import InferResult, OutputTensor
 
 
 def test_top_k_is_highest_first_and_ties_keep_the_lower_index() -> None:
@@ -93,9 +93,10 @@ def test_too_many_class_strings_in_one_request_are_refused() -> None:
     rows, per_row = 32, MAX_CLASS_STRINGS // 16
     data = memoryview(np.zeros(rows * per_row, np.float32).tobytes())
     tensor = OutputTensor("OUT", "FP32", [rows, per_row], data)
-    model = SimpleNamespace(max_batch_size=rows, output_map={})
-    result = SimpleNamespace(model=model, outputs=[tensor])
+    model = ModelVersion("classes", "1", "", None)
+    model.max_batch_size = rows
+    result = InferResult(model, [tensor], lambda: None)
     with pytest.raises(InvalidInput, match=f"at most {MAX_CLASS_STRINGS} may be returned"):
-        classified_outputs(result, {"OUT": per_row})  # type: ignore[arg-type]
-    (small,) = classified_outputs(result, {"OUT": 1})  # type: ignore[arg-type]
+        classified_outputs(result, {"OUT": per_row})
+    (small,) = classified_outputs(result, {"OUT": 1})
     assert (small.datatype, small.shape) == ("BYTES", [rows, 1])
