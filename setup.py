@@ -46,6 +46,11 @@ class CompileOrNot(build_ext):
     #: C compiles (minutes) must not be named in the manifest as compiled.
     translated: dict[str, str] = {}
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:  # (the C files on every core this build may use)
+            self.parallel = len(os.sched_getaffinity(0))
+
     def run(self) -> None:
         if not self.extensions:
             return
@@ -90,7 +95,12 @@ def extensions() -> list:
     flags = ["--no-warn-unused-configs", "--cache-dir", os.devnull]
     CompileOrNot.translated = source_hashes(compiled_sources())
     try:
-        return mypycify([*flags, *compiled_sources()], opt_level="3", group_name="oipserve")
+        # PERF: a C file per module (multi_file), compiled side by side: gcc -O3 took ~3 min
+        #   over the one 48 MB file of 60 modules, 1.5 min over theirs, and the front spends
+        #   the same CPU a request (benchmarks/results/2026-12-01-lane-cycle.md).
+        return mypycify(
+            [*flags, *compiled_sources()], opt_level="3", group_name="oipserve", multi_file=True
+        )
     except (SystemExit, Exception) as exc:  # mypy's errors end in SystemExit
         print(f"oipserve: the request path is not compiled (mypyc: {exc!r}); it runs as Python")
         return []
