@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from time import monotonic_ns
+from typing import Final
 
 from oipserve.dataplane.batch_io import SharedRelease, assemble, batch_size
 from oipserve.dataplane.dispatch import Dispatch
@@ -51,11 +52,11 @@ from oipserve.wire.shm import BufferPool, Lease
 __all__ = ["BatchRunner", "batching_policy"]
 
 #: Resolution of the loop's timers (libuv counts milliseconds).
-_TIMER_GRAIN = 0.001
+_TIMER_GRAIN: Final = 0.001
 
 #: The batcher of a ragged-batching model without ``dynamic_batching``: one request per
 #: execution, at once (Triton's default scheduler), so that its batch inputs are made.
-_ONE_AT_A_TIME = BatchPolicy(max_batch_size=0)
+_ONE_AT_A_TIME: Final = BatchPolicy(max_batch_size=0)
 
 
 def batching_policy(config: ModelConfig | None) -> BatchPolicy | None:

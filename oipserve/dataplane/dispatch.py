@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -38,11 +39,11 @@ from oipserve.wire.shm import Lease, SegmentCache
 
 __all__ = ["Dispatch", "drop_reply", "infer_on"]
 
-_EMPTY = memoryview(b"")
+_EMPTY: Final = memoryview(b"")
 # NOTE: shared, never changed: only encoded into Infer messages (no list per request).
-_NO_TARGETS: list[OutputTarget] = []
-_NO_NAMES: list[str] = []
-_NO_REGIONS: dict[str, RegionUse] = {}
+_NO_TARGETS: Final[list[OutputTarget]] = []
+_NO_NAMES: Final[list[str]] = []
+_NO_REGIONS: Final[dict[str, RegionUse]] = {}
 
 
 # NOTE: compiled (mypyc), and extended by ``ensemble_run.StepDispatch``, which is not.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from mypy_extensions import mypyc_attr
 
@@ -33,14 +33,14 @@ __all__ = [
 log = logging.getLogger("oipserve.models")
 
 State = Literal["LOADING", "READY", "UNAVAILABLE", "UNLOADING"]
-PLATFORM = "onnxruntime_onnx"
+PLATFORM: Final = "onnxruntime_onnx"
 
 
 #: Serial numbers of ModelVersion objects: one per load, never reused in this process.
-_SERIALS = itertools.count(1)
+_SERIALS: Final = itertools.count(1)
 
 #: Reasons of versions taken out of service on purpose (``ModelManager._unload_version``).
-GONE = ("unloaded", "replaced by a reload")
+GONE: Final = ("unloaded", "replaced by a reload")
 
 
 def unknown_model(name: str) -> NotFound:

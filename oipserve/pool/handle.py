@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+from typing import Final
 
 from oipserve.errors import InternalError, WorkerProtocolError, from_kind
 from oipserve.pool.link import MessageProtocol, WorkerDied, WorkerLink
@@ -33,15 +34,15 @@ __all__ = ["WorkerDied", "WorkerHandle"]
 log = logging.getLogger("oipserve.pool")  # NOTE: the name operators know
 
 #: Seconds a new worker has to import ONNX Runtime and say it is ready.
-START_TIMEOUT = 120.0
+START_TIMEOUT: Final = 120.0
 #: Seconds a worker whose connection closed may take to exit on its own before it is
 #: declared dead and killed (its exit status tells a requested stop from a death).
-EXIT_GRACE = 1.0
+EXIT_GRACE: Final = 1.0
 #: How often ``reaped`` looks whether a killed process has been reaped, and after how
 #: many seconds it says in the log that one is still not gone (uninterruptible sleep, a
 #: core dump being written): the slot's next process waits for it all the same.
-REAP_POLL = 0.02
-REAP_WARNING = 5.0
+REAP_POLL: Final = 0.02
+REAP_WARNING: Final = 5.0
 
 
 class WorkerHandle(WorkerLink):

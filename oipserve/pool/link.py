@@ -14,6 +14,7 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 from time import monotonic_ns
+from typing import Final
 
 import msgspec
 
@@ -34,15 +35,15 @@ from oipserve.wire.messages import (
 
 __all__ = ["AWAY", "WorkerDied", "WorkerLink", "away"]
 
-_ENCODER = msgspec.msgpack.Encoder()
+_ENCODER: Final = msgspec.msgpack.Encoder()
 
 #: How often a worker's pending requests are checked against their deadlines: a request
 #: fails at most this much after its deadline.
-DEADLINE_SWEEP = 0.05
+DEADLINE_SWEEP: Final = 0.05
 #: Seconds a worker has to greet a front that connected to it.
-CONNECT_TIMEOUT = 10.0
+CONNECT_TIMEOUT: Final = 10.0
 #: Seconds a housekeeping message (Release, Forget) waits for a request to carry it.
-LAZY_FLUSH = 0.002
+LAZY_FLUSH: Final = 0.002
 
 
 #: With ``--http-workers``, what a worker that is not one of a front's own counts as
@@ -51,7 +52,7 @@ LAZY_FLUSH = 0.002
 #: 2 workers, tiny JSON, 2 x c=8, 3 interleaved rounds): fronts sharing every worker
 #: equally (0) served 1.0x one front's requests, at 1.25x its CPU per request (a worker
 #: serving two sockets, a front writing to two workers per loop turn); 8 served 1.18x.
-AWAY = 8
+AWAY: Final = 8
 
 
 def away(worker_id: int, front: int, fronts: int) -> int:
@@ -358,7 +359,7 @@ class WorkerLink:
             self.send(ForgetRegions(objects))
 
 
-_DECODER = msgspec.msgpack.Decoder(FromWorker)
+_DECODER: Final = msgspec.msgpack.Decoder(FromWorker)
 
 
 class MessageProtocol(asyncio.Protocol):

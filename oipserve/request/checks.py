@@ -16,7 +16,7 @@ whichever came last (docs/shared-memory.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from oipserve.errors import InvalidInput, RequestRefusal, request_tag
 from oipserve.models.metadata import TensorSpec, reshaped
@@ -41,9 +41,9 @@ __all__ = [
 ]
 
 #: Triton's bound on an input's element count and byte size (int64_t).
-INT64_MAX = 2**63 - 1
+INT64_MAX: Final = 2**63 - 1
 #: Element counts up to this fit in int64 bytes for every datatype (8 bytes at most).
-OVERFLOW_BOUND = INT64_MAX // max(ELEMENT_SIZES.values())
+OVERFLOW_BOUND: Final = INT64_MAX // max(ELEMENT_SIZES.values())
 
 
 def check_request(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -41,17 +41,17 @@ __all__ = [
 ]
 
 #: Datatypes an output cannot be classified in (as Triton refuses them).
-UNSUPPORTED = frozenset({"BOOL", "FP16", "BF16", "BYTES"})
+UNSUPPORTED: Final = frozenset({"BOOL", "FP16", "BF16", "BYTES"})
 
 #: Most classes one output may be asked for (ImageNet-21k has 21,841): the strings are
 #: made in Python, so their number bounds what a request costs (issue #18).
-MAX_CLASS_COUNT = 65536
+MAX_CLASS_COUNT: Final = 65536
 #: Most class strings one request may get back, over all its rows and outputs.
-MAX_CLASS_STRINGS = 1024 * 1024
+MAX_CLASS_STRINGS: Final = 1024 * 1024
 #: Outputs of more elements than this (over all classified outputs of a request) are
 #: sorted in a thread: numpy sorts without the GIL, and a sort of a few hundred thousand
 #: values would otherwise hold the event loop for milliseconds.
-CLASSIFY_ON_LOOP_MAX = 65536
+CLASSIFY_ON_LOOP_MAX: Final = 65536
 
 
 def check_classification(

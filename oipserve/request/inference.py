@@ -8,7 +8,7 @@ outputs are views of a worker's shared memory until it is released.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from oipserve.errors import InferenceFailed, InternalError, Unsupported
 from oipserve.models.metadata import reshaped
@@ -32,7 +32,7 @@ Watch = Callable[[Callable[[], object]], None]
 #: unanswered, so that it reads on to the request that frees the place.
 Parked = Callable[[bool, int], None]
 
-_EMPTY = memoryview(b"")
+_EMPTY: Final = memoryview(b"")
 
 __all__ = [
     "Inference",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from oipserve.errors import InvalidInput
 
@@ -24,8 +25,8 @@ def unsigned(params: Mapping[str, object] | None, key: str, where: str) -> int |
 #: The ranges gRPC's types give the schedule-policy parameters (``priority`` a
 #: ``uint64_param``, ``timeout`` an ``int64_param``): a REST request is held to the same,
 #: so that both fronts accept the same requests. A JSON integer has no bound of its own.
-PRIORITY_MAX = 2**64 - 1
-TIMEOUT_MAX = 2**63 - 1
+PRIORITY_MAX: Final = 2**64 - 1
+TIMEOUT_MAX: Final = 2**63 - 1
 
 
 def schedule_parameters(params: Mapping[str, object] | None) -> tuple[int, int]:

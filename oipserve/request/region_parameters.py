@@ -9,14 +9,15 @@ input or an output (REST and gRPC alike), read with one set of checks into a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from oipserve.errors import InvalidInput
 
 #: The tensor parameters of the extension (oip-spec.md §10.1).
-REGION = "shared_memory_region"
-BYTE_SIZE = "shared_memory_byte_size"
-OFFSET = "shared_memory_offset"
-PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
+REGION: Final = "shared_memory_region"
+BYTE_SIZE: Final = "shared_memory_byte_size"
+OFFSET: Final = "shared_memory_offset"
+PARAMETERS: Final = (REGION, BYTE_SIZE, OFFSET)
 
 
 class RegionRequest:

@@ -13,7 +13,7 @@ refuses the request (``dataplane.sequenced``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from oipserve.errors import InvalidInput, Unsupported
 from oipserve.models.ensemble import EnsembleVersion
@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 #: Longest string ``sequence_id`` (Triton's limit, in characters).
-SEQUENCE_ID_MAX_CHARS = 128
-_UINT64_MAX = 2**64 - 1
+SEQUENCE_ID_MAX_CHARS: Final = 128
+_UINT64_MAX: Final = 2**64 - 1
 
 
 class SequenceTag:

@@ -44,20 +44,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Final
 
 __all__ = ["MAX_IN_FLIGHT", "NEXT_REQUEST_WINDOW", "BusyPoll"]
 
 #: Requests in flight in one front above which it never polls (see the module's text).
-MAX_IN_FLIGHT = 2
+MAX_IN_FLIGHT: Final = 2
 #: Seconds the loop polls for the client's next request after the last one in flight
 #: ends (at most ``--busy-poll-us``): a client that sends again at once does so within
 #: tens of microseconds.
-NEXT_REQUEST_WINDOW = 150e-6
+NEXT_REQUEST_WINDOW: Final = 150e-6
 #: Weight of the newest request in ``BusyPoll.typical`` and gap in ``BusyPoll.next_within``.
-_NEWEST = 1 / 8
+_NEWEST: Final = 1 / 8
 #: Share of recent gaps within ``next_window`` below which the loop does not poll for the
 #: client's next request.
-_MIN_WITHIN = 0.25
+_MIN_WITHIN: Final = 0.25
 
 
 class BusyPoll:

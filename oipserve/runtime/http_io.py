@@ -12,7 +12,7 @@ complete.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 
 class _Owner(Protocol):
@@ -29,7 +29,7 @@ class _Owner(Protocol):
 
 
 #: How often ``CorkedTransport.sent`` looks at the transport's buffer.
-_SENT_POLL = 0.002
+_SENT_POLL: Final = 0.002
 
 
 class CorkedTransport:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import numpy as np
 
@@ -61,7 +61,7 @@ async def releasing_on_failure(
 
 
 #: Copies from this size go through numpy, which lets go of the GIL while it copies.
-_COPY_WITHOUT_GIL = 1024 * 1024
+_COPY_WITHOUT_GIL: Final = 1024 * 1024
 
 
 def copy_into(

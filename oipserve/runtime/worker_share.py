@@ -57,7 +57,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from oipserve.errors import DeadlineExceeded, Unavailable
 
@@ -78,9 +78,9 @@ _Worker = TypeVar("_Worker")
 #: workers (an HTTP/2 connection of one client's; None: an HTTP/1.1 request, which has its
 #: connection to itself, or a connection of many clients, the private socket's, whose
 #: call that another front marked sets its client connection's: ``ForwardedShares``).
-WORKER_SHARE: ContextVar[WorkerShare | None] = ContextVar("worker_share", default=None)
+WORKER_SHARE: Final[ContextVar[WorkerShare | None]] = ContextVar("worker_share", default=None)
 
-WAITED_TOO_LONG = (
+WAITED_TOO_LONG: Final = (
     "the request did not finish within its deadline (--infer-timeout, or the request's "
     "'timeout' parameter): it waited in the front for this connection's earlier requests, "
     "which held its share of the workers' queues (half of --max-queue-per-worker)"
@@ -109,9 +109,9 @@ def bytes_full(held: int, window: int) -> Unavailable:
 
 
 #: Where each ``WorkerShare`` of this process gets its ``serial``.
-_SERIALS = itertools.count(1)
+_SERIALS: Final = itertools.count(1)
 #: Marks ``ForwardedShares`` keeps before it first looks for those to drop.
-_MIN_SWEEP = 64
+_MIN_SWEEP: Final = 64
 
 
 def share_of(max_queue: int) -> int:

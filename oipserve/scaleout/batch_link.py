@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import socket
 from time import monotonic_ns
+from typing import Final
 
 import numpy as np
 
@@ -46,7 +47,7 @@ from oipserve.telemetry.stats import ModelStats, refusal_reason
 __all__ = ["PrimaryBatches"]
 
 #: What a request waiting on the primary is told when the primary's socket closed.
-PRIMARY_GONE = "the primary front is gone; try again"
+PRIMARY_GONE: Final = "the primary front is gone; try again"
 
 
 class PrimaryBatches:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Generic, TypeVar, cast
+from typing import Final, Generic, TypeVar, cast
 
 import msgspec
 
@@ -18,7 +18,7 @@ from oipserve.wire.framing import FrameSplitter, frame
 
 __all__ = ["FramedProtocol"]
 
-_ENCODER = msgspec.msgpack.Encoder()
+_ENCODER: Final = msgspec.msgpack.Encoder()
 
 
 #: What a socket's end receives (``control.ToReplica`` in a replica, ``control.FromReplica``

@@ -44,7 +44,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -58,7 +58,7 @@ log = logging.getLogger("oipserve.scheduler")
 
 #: How often a batcher with queued requests but no live instance (its worker is being
 #: replaced) looks again.
-_NO_INSTANCE_POLL = 0.1
+_NO_INSTANCE_POLL: Final = 0.1
 
 _QUEUED, _TAKEN, _GONE = 0, 1, 2
 
@@ -150,12 +150,12 @@ class Entry:
 #: The loop's timers count whole milliseconds and round to the nearest (uvloop): one
 #: may fire up to this much early. A timeout found early is set again for what is left,
 #: plus this, so that it fires at or after its time.
-_HALF_MS = 0.0005
+_HALF_MS: Final = 0.0005
 
 #: The last seconds of a queue delay are waited out going round the loop, not asleep:
 #: waking a sleeping process costs tens of µs here (more in a VM), and a batch that
 #: fires late costs every request in it. Measured: docs/scheduler.md.
-SPIN_WINDOW = 100e-6
+SPIN_WINDOW: Final = 100e-6
 
 
 # NOTE: compiled (mypyc); the unit tests extend it to count its walks and looks.

@@ -29,6 +29,7 @@ message's lease or memory, its task and queued messages.
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 import grpc
 
@@ -45,20 +46,20 @@ from oipserve.front.header_rules import (
 )
 from oipserve.front.http.h2_head import is_grpc
 
-_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
-_INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+_DEADLINE: Final = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_INTERNAL: Final = grpc.StatusCode.INTERNAL.value[0]
+_INVALID_ARGUMENT: Final = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+_UNIMPLEMENTED: Final = grpc.StatusCode.UNIMPLEMENTED.value[0]
 
 
 #: ``grpc-timeout`` values read before and the seconds each gives (None: no deadline): a
 #: client sends the same few call after call (grpc's HPACK encoder indexes the value
 #: it sent last while the deadline it stands for is close enough), so a call's is a
 #: lookup: the regular expression's parse was ~1.7 % of a tiny call's front CPU (perf).
-_TIMEOUTS: dict[str, float | None] = {}
-_CACHED_TIMEOUTS = 64
+_TIMEOUTS: Final[dict[str, float | None]] = {}
+_CACHED_TIMEOUTS: Final = 64
 #: ``_TIMEOUTS`` has no such value yet.
-_UNREAD = -1.0
+_UNREAD: Final = -1.0
 
 
 class Call(CallReceiver):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-from typing import Any
+from typing import Any, Final
 
 import grpc
 
@@ -27,20 +27,20 @@ from oipserve.wire.shm import CREATE_IN_THREAD, Lease
 
 #: ModelInfer messages from this size are read into an input segment; other messages from
 #: ``MAPPED`` into anonymous memory of their own.
-LEASED = 256 * 1024
+LEASED: Final = 256 * 1024
 #: Messages from this size (not leased) are read into anonymous mmap of their own: its pages
 #: are zeroed by the kernel as they are first written, never all at once on the loop, and go
 #: back to the system when the message is freed. Smaller ones are joined from the received
 #: chunks on the heap (whose malloc takes blocks of this size from mmap anyway,
 #: ``memory_trim.LARGE_BLOCK``).
-MAPPED = 8 * 1024 * 1024
+MAPPED: Final = 8 * 1024 * 1024
 #: A unary call's stream window is given back once this much of its message is in.
-_STREAM_ACK = 1024 * 1024
+_STREAM_ACK: Final = 1024 * 1024
 
-_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
-_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+_DEADLINE: Final = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_INTERNAL: Final = grpc.StatusCode.INTERNAL.value[0]
+_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+_UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class CallReceiver(CallRunner):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import grpc
 
@@ -32,8 +32,8 @@ from oipserve.request.inference import Parked
 from oipserve.runtime.off_loop import unmap_off_loop
 from oipserve.runtime.worker_share import WORKER_SHARE, place_in_share
 
-_OK = grpc.StatusCode.OK.value[0]
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+_OK: Final = grpc.StatusCode.OK.value[0]
+_UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class CallRunner(CallSender):

@@ -10,6 +10,7 @@ worker's output segment) for the life of its connection.
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 from oipserve.errors import PayloadTooLarge
 from oipserve.front.grpc.call_state import CallState
@@ -22,14 +23,14 @@ from oipserve.front.grpc.h2.frames import (
 from oipserve.runtime.off_loop import unmap_off_loop
 
 #: Replies up to this size are written at once, without waiting on windows.
-_SMALL_REPLY = 64 * 1024
+_SMALL_REPLY: Final = 64 * 1024
 #: A larger reply is handed to the connection in steps of this, each counted as taken by
 #: the client once it is sent: a client reading at ``--min-transfer-rate`` (64 KiB/s)
 #: shows progress every 4 s, well within ``--send-timeout``.
-_SEND_STEP = 256 * 1024
+_SEND_STEP: Final = 256 * 1024
 #: Steps sent between two turns of the loop for others (1 MiB, as the connection's own
 #: ``_SEND_SLICE``: its count starts again with every step).
-_STEPS_A_TURN = 4
+_STEPS_A_TURN: Final = 4
 
 
 class CallSender(CallState):

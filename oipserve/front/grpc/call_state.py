@@ -14,7 +14,7 @@ task and queued messages).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
@@ -33,20 +33,20 @@ if TYPE_CHECKING:
 #: A stream's messages read ahead of its handler: past them its window stops being given
 #: back, and what comes is kept as it came, unparsed (``call_receive``), until the handler
 #: takes some.
-QUEUED = 64
+QUEUED: Final = 64
 #: A stream's bytes received and not yet answered (queued, or running) before its window
 #: stops being given back: with the window the client may still fill, a stream holds at
 #: most two windows of requests, whatever its messages' count (64 messages of 1 MiB each
 #: queued and 64 more running held ~150 MiB a stream whose client did not read).
-_BACKLOG = STREAM_WINDOW
+_BACKLOG: Final = STREAM_WINDOW
 
 #: A stream's states at the server's stop (``CallState._stopping``).
 RUNNING, SHUT = 0, 1
 #: What a stream's queue holds after the last message it serves at the server's stop.
-SHUT_ITEM: tuple[bool, Any] = (False, None)
+SHUT_ITEM: Final[tuple[bool, Any]] = (False, None)
 
-_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+_DEADLINE: Final = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class CallState:

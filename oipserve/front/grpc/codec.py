@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -26,8 +26,9 @@ from oipserve.request.inference import InferResult, Parked, region_parameters_of
 from oipserve.runtime.off_loop import copy_into, in_thread
 from oipserve.wire.shm import Lease
 
-_RAW_KEY = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
-_RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
+_RAW_KEY: Final = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
+#: ModelInferResponse.raw_output_contents, length-delimited.
+_RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])
 
 
 # ---- requests: raw_input_contents without a copy ---------------------------------
@@ -82,8 +83,8 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 
 #: ModelInferRequest.model_name (field 1) and model_version (field 2), length-delimited.
-_NAME_KEY = (1 << 3) | 2
-_VERSION_KEY = (2 << 3) | 2
+_NAME_KEY: Final = (1 << 3) | 2
+_VERSION_KEY: Final = (2 << 3) | 2
 
 
 def model_named(data: bytes | memoryview) -> tuple[str, str]:
@@ -147,7 +148,7 @@ def _string(view: memoryview, pos: int) -> tuple[str, int]:
 
 #: Messages up to this size are parsed whole by protobuf: copying their raw entries
 #: costs less than walking the fields in Python (0.3 us against 3 us for two 64-byte inputs).
-SMALL_MESSAGE = 64 * 1024
+SMALL_MESSAGE: Final = 64 * 1024
 
 
 def split_infer_request(data: bytes | memoryview) -> InferCall:
@@ -290,7 +291,7 @@ class InferReply:
 
 
 #: Replies with this many output bytes or more are written out in a thread.
-WRITE_IN_THREAD = 4 * 1024 * 1024
+WRITE_IN_THREAD: Final = 4 * 1024 * 1024
 
 Written = TypeVar("Written")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from oipserve.errors import InvalidInput
 from oipserve.grpc_generated import grpc_service_pb2 as pb
@@ -22,10 +22,10 @@ from oipserve.wire.datatypes import DATATYPES
 from oipserve.wire.shm import Lease
 
 #: Which ``InferTensorContents`` field carries the typed values of each datatype.
-CONTENTS_FIELD: dict[str, str] = {
+CONTENTS_FIELD: Final[dict[str, str]] = {
     name: row.grpc_contents for name, row in DATATYPES.items() if row.grpc_contents
 }
-_ALL_CONTENTS = sorted(set(CONTENTS_FIELD.values()))
+_ALL_CONTENTS: Final = sorted(set(CONTENTS_FIELD.values()))
 
 
 def region_request(where: str, parameters: Any) -> RegionRequest | None:
@@ -173,13 +173,13 @@ def schedule_parameters(parameters: Any) -> tuple[int, int]:
 
 #: Request parameters with a meaning of their own, checked where they are read
 #: (``schedule_parameters``, ``request.sequence_params.from_grpc``).
-_READ_ELSEWHERE = frozenset(
+_READ_ELSEWHERE: Final = frozenset(
     {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end"}
 )
 #: The ``triton_`` parameters Triton allows a request (its TRITON_RESERVED_REQUEST_PARAMS).
-_TRITON_RESERVED = ("triton_enable_empty_final_response",)
+_TRITON_RESERVED: Final = ("triton_enable_empty_final_response",)
 #: The types Triton takes for any other parameter (passed on to the model).
-_CUSTOM_KINDS = frozenset({"int64_param", "bool_param", "string_param", "double_param"})
+_CUSTOM_KINDS: Final = frozenset({"int64_param", "bool_param", "string_param", "double_param"})
 
 
 def check_request_parameters(parameters: Any) -> None:

@@ -7,20 +7,22 @@ side imports the other for them.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["BODY_REFUSED", "ON_DISCONNECT", "RECEIVE_INTO", "TOO_LARGE", "ClientDisconnected"]
 
 #: ASGI extension: ``scope["extensions"][RECEIVE_INTO](target)`` receives the rest of the
 #: request's body into the writable memoryview ``target`` (sized from Content-Length: a
 #: shared-memory segment) and returns the byte count; the body skips the server's buffers.
-RECEIVE_INTO = "oipserve.receive_into"
+RECEIVE_INTO: Final = "oipserve.receive_into"
 #: ASGI extension: ``scope["extensions"][ON_DISCONNECT](callback)`` calls ``callback``
 #: if the client goes away before the response is complete (a queued request can be
 #: dropped before it runs); at once if it already has.
-ON_DISCONNECT = "oipserve.on_disconnect"
+ON_DISCONNECT: Final = "oipserve.on_disconnect"
 #: Scope key set, to the 413's message, when a chunked body was refused by its declared size.
-BODY_REFUSED = "oipserve.body_refused"
+BODY_REFUSED: Final = "oipserve.body_refused"
 #: The message of every 413 for a body past ``--max-request-bytes``.
-TOO_LARGE = "the request body is larger than the limit of {} bytes"
+TOO_LARGE: Final = "the request body is larger than the limit of {} bytes"
 
 
 class ClientDisconnected(Exception):

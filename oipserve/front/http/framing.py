@@ -8,6 +8,7 @@ it (RFC 9112): the versions it speaks, and the transfer codings it applies.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 import httptools
 
@@ -20,7 +21,7 @@ __all__ = [
 ]
 
 #: The HTTP/1.x versions this port serves (HTTP/2 comes by ``h2c``).
-VERSIONS = frozenset({"1.0", "1.1"})
+VERSIONS: Final = frozenset({"1.0", "1.1"})
 
 
 def frame_by_transfer_encoding(parser: httptools.HttpRequestParser) -> None:

@@ -20,7 +20,7 @@ header rules, Falcon and the REST app answer it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from falcon.constants import SINGLETON_HEADERS
 
@@ -39,11 +39,11 @@ __all__ = [
 
 #: Request headers that send a request the ASGI way: what only Falcon or the REST app's
 #: other layers answer (a compressed body; ``Expect``; framing the lane does not follow).
-LANE_REFUSES = frozenset({b"content-encoding", b"expect", b"transfer-encoding", b"upgrade"})
+LANE_REFUSES: Final = frozenset({b"content-encoding", b"expect", b"transfer-encoding", b"upgrade"})
 
 #: Headers Falcon's request keeps one value of when a request repeats them (the last);
 #: any other repeated header reads as its values joined with ",".
-_SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS)
+_SINGLETONS: Final = frozenset(name.encode() for name in SINGLETON_HEADERS)
 
 
 class LaneRequest:
@@ -131,8 +131,8 @@ def lane_headers(fields: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | 
 #: A query's and an escape's byte, as ints: ``b"?" in url`` first tries the operand as an
 #: int, raising and formatting a TypeError it then drops (CPython's bytes ``in``), ~1 % of
 #: the front's samples a tiny JSON request at c=1 (perf, 2026-11-30).
-_QUERY = ord("?")
-_ESCAPE = ord("%")
+_QUERY: Final = ord("?")
+_ESCAPE: Final = ord("%")
 
 
 def lane_request(

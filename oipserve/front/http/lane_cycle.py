@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Final
 
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
@@ -25,8 +25,11 @@ __all__ = ["BodyEvent", "LaneCycle", "response_head"]
 
 #: What uvicorn answers when an application fails before its response started (and
 #: ``connection: close``, which ``response_head`` adds last, as uvicorn's list has it).
-_FAILED_FIELDS = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")]
-_FAILED_BODY = b"Internal Server Error"
+_FAILED_FIELDS: Final = [
+    (b"content-type", b"text/plain; charset=utf-8"),
+    (b"content-length", b"21"),
+]
+_FAILED_BODY: Final = b"Internal Server Error"
 
 
 def response_head(

@@ -107,7 +107,7 @@ import functools
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 import httptools
 from mypy_extensions import mypyc_attr
@@ -155,7 +155,7 @@ log = logging.getLogger("oipserve.http")
 #: Bodies with at least this many bytes still to come are read from the socket
 #: straight into their target; below it, switching protocols costs more than
 #: the parser's copies it saves.
-DIRECT_READ_MIN = 64 * 1024
+DIRECT_READ_MIN: Final = 64 * 1024
 
 
 class _HeadRefused(Exception):
@@ -193,9 +193,9 @@ def _peer(client: tuple[str, int] | None) -> str:
 
 
 #: ``_chunk_events`` of a request whose head completed in this read, before any chunk event.
-_HEAD_READ = ChunkEvents()
+_HEAD_READ: Final = ChunkEvents()
 #: The name of a lane's task (asyncio's default, "Task-N", is formatted for each).
-_LANE_TASK = "oipserve-lane"
+_LANE_TASK: Final = "oipserve-lane"
 
 
 # NOTE: not a native class when compiled (mypyc): it extends uvicorn's protocol, a Python

@@ -15,6 +15,7 @@ characters".
 from __future__ import annotations
 
 import re
+from typing import Final
 
 import msgspec
 
@@ -25,7 +26,7 @@ from oipserve.wire.datatypes import ELEMENT_SIZES, element_count
 from oipserve.wire.json_request import InferRequest, RequestInput, decode_request
 
 #: msgspec's words for bytes after a complete JSON value (N: just past the first one).
-_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_TRAILING: Final = re.compile(r"trailing characters \(byte (\d+)\)")
 
 
 def parse_header_length(text: str | None, body_size: int) -> int | None:
@@ -132,7 +133,7 @@ def chunk_spans(inputs: list[RequestInput], start: int, end: int) -> list[tuple[
 
 
 #: ``_binary_sizes``' mark of the input that gives neither ``data`` nor a size.
-_UNSIZED = -1
+_UNSIZED: Final = -1
 
 
 def _binary_sizes(inputs: list[RequestInput]) -> list[int | None]:

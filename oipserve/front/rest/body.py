@@ -11,6 +11,7 @@ is read into bytes. ``read_all`` is also the body reader of the management route
 from __future__ import annotations
 
 from functools import partial
+from typing import Final
 
 import falcon.asgi
 
@@ -24,7 +25,7 @@ from oipserve.wire.shm import ALIGNMENT, BufferPool, Lease
 
 #: JSON bodies of this many bytes or more are received like binary ones: straight
 #: into a pooled segment (``app._App`` leaves their first body event to us).
-DIRECT_BODY_MIN = 64 * 1024
+DIRECT_BODY_MIN: Final = 64 * 1024
 
 
 class Body:
@@ -162,7 +163,7 @@ def _joined(parts: Parts) -> memoryview | bytes:
 #: Bodies of this many bytes or more are copied into their lease in a thread (numpy's
 #: copies let go of the GIL): 8 MiB copied on the loop took up to ~5 ms here. Smaller
 #: ones are copied on the loop (about 0.1 ms per MiB).
-COPY_IN_THREAD = 1024 * 1024
+COPY_IN_THREAD: Final = 1024 * 1024
 
 
 async def _into_lease(pool: BufferPool, parts: Parts, pad: int) -> Body:

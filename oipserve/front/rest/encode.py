@@ -9,10 +9,12 @@ of going through Python floats.
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 import orjson
 
-ENCODER = msgspec.json.Encoder()
+ENCODER: Final = msgspec.json.Encoder()
 
 
 def encode_response(response: dict[str, object]) -> bytes:

@@ -11,7 +11,7 @@ guard is Falcon's: those requests go the ASGI way).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import falcon.asgi
 
@@ -25,8 +25,8 @@ from oipserve.front.rest.resources import ModelResource
 
 __all__ = ["RestInferLane", "infer_lane", "infer_route"]
 
-_PREFIX = "/v2/models/"
-_SUFFIX = "/infer"
+_PREFIX: Final = "/v2/models/"
+_SUFFIX: Final = "/infer"
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Iterator
+from typing import Final
 
 import falcon.asgi
 import numpy as np
@@ -37,12 +38,12 @@ from oipserve.wire.json_values import bytes_as_text
 
 #: Below this many binary bytes a response is joined into one buffer: one socket
 #: write costs more than copying a few kilobytes.
-JOIN_LIMIT = 64 * 1024
+JOIN_LIMIT: Final = 64 * 1024
 
 
 #: Elements of an output the front prints at a time, the loop given back in between
 #: (about 1.5 ms of orjson for FP32).
-PRINT_STEP = 65_536
+PRINT_STEP: Final = 65_536
 
 
 def outputs_to_print(
@@ -208,12 +209,12 @@ def render_infer(
         resp.set_header("Content-Encoding", encoding)
 
 
-_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
 
 #: Stands in the encoded header for each output text the worker printed. orjson writes
 #: a Fragment as it is, and never writes a NUL byte of its own (it escapes control
 #: characters in strings), so each NUL in the header marks one text, in order.
-_TEXT_MARK = orjson.Fragment(b"\x00")
+_TEXT_MARK: Final = orjson.Fragment(b"\x00")
 
 
 def _splice(header: bytes, texts: list[list[bytes] | list[memoryview]]) -> list[bytes | memoryview]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
+from typing import Final
 
 import falcon.asgi
 import msgspec
@@ -330,7 +331,7 @@ def _lease_of(body: Body) -> Lease:
 
 #: JSON ``data`` shorter than this is decoded at once: deferring it costs more than
 #: the decoding could waste (its size bounds that, and the body limit bounds the body).
-EAGER_DATA = 4096
+EAGER_DATA: Final = 4096
 
 
 def _flag(params: Mapping[str, object] | None, key: str, default: bool, where: str) -> bool:

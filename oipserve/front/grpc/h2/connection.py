@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -56,9 +56,9 @@ log = logging.getLogger("oipserve.grpc")
 #: Bytes read before the connection lets the loop run others: libuv reads a socket up
 #: to 32 times a wake-up (7.5 MB measured in one turn, 64 MiB uploads), all copied into
 #: their segments while every other client of the loop waited.
-_READ_SLICE = 1024 * 1024
+_READ_SLICE: Final = 1024 * 1024
 
-_SETTINGS = settings_frame(
+_SETTINGS: Final = settings_frame(
     {
         Setting.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
         Setting.INITIAL_WINDOW_SIZE: STREAM_WINDOW,

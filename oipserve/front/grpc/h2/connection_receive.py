@@ -19,6 +19,7 @@ the connection's is a connection FLOW_CONTROL_ERROR, past a stream's a stream on
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -54,12 +55,12 @@ from oipserve.front.grpc.h2.headers import MAX_HEADER_LIST, NO_LENGTH, Headers
 #: nghttp2 stops at 8, python-hyper's h2 at 64; 16 lets a 64 KiB header list through
 #: even in 4 KiB fragments (a client may send ours in one frame up to 256 KiB), and
 #: stops a flood of empty frames before it costs anything.
-MAX_CONTINUATIONS = 16
+MAX_CONTINUATIONS: Final = 16
 #: Entries one SETTINGS frame may carry: RFC 9113 defines 6 (extensions a few more),
 #: and a frame of 256 KiB could hold 43,690.
-MAX_SETTINGS_ENTRIES = 32
+MAX_SETTINGS_ENTRIES: Final = 32
 #: A header block's flags, past the wire's byte: its PRIORITY names its own stream.
-_SELF_DEPENDENT = 0x100
+_SELF_DEPENDENT: Final = 0x100
 
 
 # NOTE: compiled (mypyc); each layer allows the interpreted subclass that

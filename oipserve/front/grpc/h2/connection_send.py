@@ -11,6 +11,7 @@ PING leave here too.
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -28,9 +29,9 @@ from oipserve.front.grpc.h2.frames import (
 )
 
 #: Bytes of DATA frames written before a large send lets the loop run others.
-_SEND_SLICE = 1024 * 1024
+_SEND_SLICE: Final = 1024 * 1024
 #: The payload of a keepalive PING (``front.grpc.keepalive``): any frame back answers it.
-_KEEPALIVE_PING = b"keepaliv"
+_KEEPALIVE_PING: Final = b"keepaliv"
 
 
 # NOTE: compiled (mypyc); each layer allows the interpreted subclass that

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -40,33 +40,34 @@ from oipserve.runtime.stream_budget import StreamBudget
 from oipserve.runtime.worker_share import WORKER_SHARE, WorkerShare
 
 #: Calls one connection may run at once (clients queue the rest).
-MAX_STREAMS = 1024
+MAX_STREAMS: Final = 1024
 #: The largest frame clients may send; DATA frames are streamed, not buffered whole.
-MAX_FRAME = 256 * 1024
+MAX_FRAME: Final = 256 * 1024
 #: Frames that cost us work and carry no request (RST_STREAM, PING, SETTINGS, empty
 #: DATA or HEADERS) a client may send per ``FLOOD_INTERVAL`` before a GOAWAY ENHANCE_YOUR_CALM
 #: (RFC 9113, 10.5; rapid reset, CVE-2023-44487): nghttp2's stream-reset budget is a
 #: burst of 1,000 refilled at 33/s, about this.
-FLOOD_BUDGET = 1000
-FLOOD_INTERVAL = 10.0
+FLOOD_BUDGET: Final = 1000
+FLOOD_INTERVAL: Final = 10.0
 #: DATA frames (those that do not end a stream) judged together, and the fewest bytes
 #: they must carry on average: a request message is its 5-byte prefix and tens of bytes
 #: at least, so a client whose frames carry fewer is dribbling (a frame costs the front
 #: its work whatever it carries, ~1,000 times a 16 KiB frame's a byte), not sending
 #: requests. Counted by bytes a frame, not by messages: many tiny messages in few frames
 #: are a client writing fast (``call_receive`` keeps them unparsed, bounded by the window).
-DATA_SAMPLE = 1024
-MIN_DATA_BYTES = 16
+DATA_SAMPLE: Final = 1024
+MIN_DATA_BYTES: Final = 16
 #: Seconds a client has to send the preface and its SETTINGS (``--header-timeout``'s
 #: default, as an HTTP/1.1 request head has).
-PREFACE_TIMEOUT = 10.0
+PREFACE_TIMEOUT: Final = 10.0
 
 #: Seconds a shutdown's first GOAWAY (last stream 2^31-1) waits for the answer to the
 #: PING sent with it before the second names the real last stream (RFC 9113, 6.8): calls
-#: a client sent before it heard the first are still taken.
+#: a client sent before it heard the first are still taken. (Not ``Final``, which compiled
+#: code would inline: read once a shutdown, and shortened by a test.)
 GOAWAY_ROUND_TRIP = 1.0
 #: The payload of that PING, to know its answer.
-GOAWAY_PING = b"goaway\x00\x00"
+GOAWAY_PING: Final[bytes] = b"goaway\x00\x00"
 
 
 class Stream(Protocol):
@@ -111,7 +112,7 @@ class _HandedOver(asyncio.Transport):
         pass
 
 
-_HANDED_OVER = _HandedOver()
+_HANDED_OVER: Final = _HandedOver()
 
 
 # NOTE: compiled (mypyc); each layer allows the interpreted subclass that

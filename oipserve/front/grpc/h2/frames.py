@@ -11,27 +11,28 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
+from typing import Final
 from urllib.parse import quote
 
 #: The 24 bytes every client connection starts with.
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PREFACE: Final[bytes] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #: Length (24 bits, as 16 + 8), type, flags, stream id (the top bit reserved).
-HEADER = struct.Struct(">HBBBI")
-HEADER_SIZE = HEADER.size
+HEADER: Final = struct.Struct(">HBBBI")
+HEADER_SIZE: Final = HEADER.size
 #: RFC 9113, 4.2: the smallest SETTINGS_MAX_FRAME_SIZE, every peer's until it says more.
-DEFAULT_MAX_FRAME = 16_384
+DEFAULT_MAX_FRAME: Final = 16_384
 #: RFC 9113, 6.9.2: every window starts at this size.
-DEFAULT_WINDOW = 65_535
+DEFAULT_WINDOW: Final = 65_535
 #: The largest a flow-control window may grow.
-MAX_WINDOW = 2**31 - 1
+MAX_WINDOW: Final = 2**31 - 1
 #: The most of ``grpc-message`` (percent-encoded) a failure's trailers carry: a message
 #: may echo client input (an unknown method's path, up to a 64 KiB header list).
-MAX_STATUS_MESSAGE = 1024
+MAX_STATUS_MESSAGE: Final = 1024
 #: A WINDOW_UPDATE's increment, a RST_STREAM's code, a PRIORITY's dependency (31 bits
 #: and a flag).
-U32 = struct.Struct(">I")
+U32: Final = struct.Struct(">I")
 #: The 5-byte prefix of every gRPC message: compressed flag, length.
-MESSAGE_PREFIX = struct.Struct(">BI")
+MESSAGE_PREFIX: Final = struct.Struct(">BI")
 
 
 class Frame(IntEnum):
@@ -48,11 +49,11 @@ class Frame(IntEnum):
 
 
 # Flags (one byte; their meaning depends on the frame type).
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
 
 class Setting(IntEnum):
@@ -140,13 +141,13 @@ def _never_indexed(name: bytes, value: bytes) -> bytes:
 
 #: ``:status: 200`` (static table entry 8), ``content-type: application/grpc`` and the
 #: encodings this server reads.
-RESPONSE_HEADERS = (
+RESPONSE_HEADERS: Final = (
     b"\x88"
     + _never_indexed(b"content-type", b"application/grpc")
     + _never_indexed(b"grpc-accept-encoding", b"identity,deflate,gzip")
 )
 #: The trailers of a call that succeeded.
-TRAILERS_OK = _never_indexed(b"grpc-status", b"0")
+TRAILERS_OK: Final = _never_indexed(b"grpc-status", b"0")
 
 
 def _percent(text: str) -> str:

@@ -20,28 +20,30 @@ against it without reading a call's headers again.
 
 from __future__ import annotations
 
+from typing import Final
+
 from hpack import Decoder, HPACKError
 from hpack.table import HeaderTable
 
 from oipserve.front.grpc.h2.frames import ErrorCode, ProtocolError
 
 #: Decoded blocks remembered per connection; past this, the cache starts again.
-_CACHED_BLOCKS = 64
+_CACHED_BLOCKS: Final = 64
 #: Decoded bytes (names and values) remembered per connection; past this, the cache
 #: starts again, and a header list larger than a quarter of it is never cached.
-_CACHED_BYTES = 32 * 1024
+_CACHED_BYTES: Final = 32 * 1024
 #: The largest decoded header list a client may send (SETTINGS_MAX_HEADER_LIST_SIZE).
-MAX_HEADER_LIST = 64 * 1024
+MAX_HEADER_LIST: Final = 64 * 1024
 
 Headers = tuple[tuple[str, str], ...]
 #: ``HeaderDecoder.content_length`` of a block without one, and of one whose value is no
 #: length (a malformed request).
-NO_LENGTH = -1
-BAD_LENGTH = -2
+NO_LENGTH: Final = -1
+BAD_LENGTH: Final = -2
 
 #: hpack's ``maxsize`` property object, from the class's namespace: mypy does not type
 #: ``HeaderTable.maxsize`` (a property read from its class) as one.
-_HPACK_MAXSIZE: property = vars(HeaderTable)["maxsize"]
+_HPACK_MAXSIZE: Final[property] = vars(HeaderTable)["maxsize"]
 
 
 class _CountingTable(HeaderTable):

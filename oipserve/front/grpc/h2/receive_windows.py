@@ -17,6 +17,7 @@ acts on what it answers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from oipserve.front.grpc.h2.frames import (
     DEFAULT_MAX_FRAME,
@@ -29,11 +30,11 @@ __all__ = ["CONNECTION_ACK", "CONNECTION_WINDOW", "STREAM_WINDOW", "ReceiveWindo
 
 #: What a stream may send before the call takes it; a large message's upload runs at
 #: this window's pace over a slow link.
-STREAM_WINDOW = 4 * 1024 * 1024
+STREAM_WINDOW: Final = 4 * 1024 * 1024
 #: The connection's window: what all its streams may send before it is given back.
-CONNECTION_WINDOW = 16 * 1024 * 1024
+CONNECTION_WINDOW: Final = 16 * 1024 * 1024
 #: A connection's taken bytes are given back once this many are.
-CONNECTION_ACK = CONNECTION_WINDOW // 4
+CONNECTION_ACK: Final = CONNECTION_WINDOW // 4
 
 
 class ReceiveWindows:

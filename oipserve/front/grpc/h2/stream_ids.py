@@ -13,6 +13,7 @@ judges HEADERS on an id that opens nothing (``judge_closed_headers``); the conne
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
 
 from oipserve.front.grpc.h2.frames import ErrorCode, ProtocolError
 
@@ -20,10 +21,10 @@ __all__ = ["StreamIds"]
 
 #: Closed streams whose way of closing is remembered, newest kept: older ones are judged
 #: as streams both sides ended; frames in flight are a round trip's worth, far fewer.
-_CLOSED_REMEMBERED = 256
+_CLOSED_REMEMBERED: Final = 256
 #: Runs of stream ids a client skipped (so never opened), newest kept: HEADERS on one
 #: is a connection error (5.1.1). Clients number streams one after another.
-_GAPS_REMEMBERED = 16
+_GAPS_REMEMBERED: Final = 16
 
 
 class StreamIds:
