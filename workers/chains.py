@@ -15,7 +15,7 @@ that ran before it) has the message that step would have given alone.
 from __future__ import annotations
 
 from time import monotonic_ns
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from oipserve.wire.messages import ErrorKind, Failed, Infer, OutputTarget, StepTimes, TensorDesc
 from workers import runtime
@@ -40,16 +40,6 @@ class _ChainFailed(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
-
-
-class _Written:
-    """What ``write_outputs`` reads of a session (``output_types``), for the tensors of
-    several sessions at once, named by their ensemble names."""
-
-    __slots__ = ("output_types",)
-
-    def __init__(self, output_types: dict[str, str]) -> None:
-        self.output_types = output_types
 
 
 def run_chain(worker: Worker, message: Infer, connection: FrontConnection, started: int) -> None:
@@ -135,12 +125,10 @@ def _write(
     message: Infer,
 ) -> tuple[str, list[TensorDesc]]:
     try:
-        # NOTE: write_outputs reads only ``output_types`` of the session it is given.
-        session = cast(runtime.ModelSession, _Written(types))
         return write_outputs(
             worker.regions,
             connection.outputs,
-            session,
+            types,
             names,
             values,
             _NO_TARGETS,

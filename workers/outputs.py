@@ -135,7 +135,7 @@ def bound_descs(
 def write_outputs(
     regions: RegionCache,
     pool: BufferPool,
-    session: runtime.ModelSession,
+    output_types: dict[str, str],
     names: list[str],
     values: list[object],
     targets: dict[str, OutputTarget],
@@ -143,16 +143,18 @@ def write_outputs(
 ) -> tuple[str, list[TensorDesc]]:
     """Copy the outputs into the worker's own segment, or into the clients' regions.
 
-    A large output in ``text_outputs`` goes into the segment as its JSON text.
+    ``output_types``: each output's datatype (a session's, or an ensemble chain's by
+    their ensemble names). A large output in ``text_outputs`` goes into the segment as
+    its JSON text.
     """
     prepared = []
     sizes = []
     printed = set()
     for name, value in zip(names, values, strict=True):
-        shape, nbytes, ready = runtime.output_size(session.output_types[name], value)
+        shape, nbytes, ready = runtime.output_size(output_types[name], value)
         target = targets.get(name)
         if nbytes >= TEXT_OUTPUT_MIN and name in text_outputs and target is None:
-            text = json_text.print_output(session.output_types[name], ready, nbytes)
+            text = json_text.print_output(output_types[name], ready, nbytes)
             if text is not None:
                 ready, nbytes = text, len(text)
                 printed.add(name)
@@ -170,7 +172,7 @@ def write_outputs(
             view = regions.view(target.region, target.offset, nbytes)
             runtime.write_output(view, 0, nbytes, ready)
             del view
-            datatype = session.output_types[name]
+            datatype = output_types[name]
             descs.append(
                 TensorDesc(name, datatype, shape, "", target.offset, nbytes, None, target.region)
             )
@@ -186,7 +188,7 @@ def write_outputs(
             descs.append(
                 TensorDesc(
                     name,
-                    session.output_types[name],
+                    output_types[name],
                     shape,
                     lease.name,
                     offset,

@@ -19,8 +19,10 @@ import signal
 import socket
 from collections.abc import Callable
 from time import monotonic_ns
+from types import FrameType
 
 import msgspec
+from mypy_extensions import mypyc_attr
 
 from oipserve.wire.datatypes import bytes_count_fault, element_count, split_bytes_elements
 from oipserve.wire.framing import frame
@@ -73,6 +75,8 @@ REPLY_HOLD_NS = 1_000_000
 _NO_STEPS: list[StepTimes] = []
 
 
+# NOTE: tests feed an ensemble chain's first step through a subclass's ``feeds``.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Worker:
     def __init__(
         self,
@@ -382,7 +386,7 @@ class Worker:
             segment, descs = write_outputs(
                 self.regions,
                 connection.outputs,
-                session,
+                session.output_types,
                 names,
                 values,
                 targets,
@@ -471,6 +475,12 @@ class Worker:
         self.sessions.clear()
 
 
+def _through_wakeup_fd(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler: none of its own, ``serve`` reads it from the wakeup fd."""
+    # NOTE: a function, not ``lambda *_: None``: mypyc made C from that lambda that gcc
+    #   refuses (its argument passed as an int).
+
+
 def main(
     sock: socket.socket,
     segment_prefix: str,
@@ -487,7 +497,7 @@ def main(
     #   and then stops the workers. A SIGTERM sent to this pid still drains and exits.
     os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # handled through the wakeup fd
+    signal.signal(signal.SIGTERM, _through_wakeup_fd)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     quiet_opencv()
     import onnxruntime

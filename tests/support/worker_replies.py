@@ -20,11 +20,11 @@ _DECODER = msgspec.msgpack.Decoder(FromWorker)
 
 
 @contextmanager
-def paired_worker(prefix: str) -> Iterator[Worker]:
-    """A ``Worker`` on one end of a socket pair (its segments named ``prefix``...),
-    closed with both ends afterwards."""
+def paired_worker(prefix: str, kind: type[Worker] = Worker) -> Iterator[Worker]:
+    """A ``Worker`` (or a subclass, ``kind``) on one end of a socket pair (its segments
+    named ``prefix``...), closed with both ends afterwards."""
     ours, theirs = socket.socketpair()
-    worker = Worker(theirs, prefix)
+    worker = kind(theirs, prefix)
     try:
         yield worker
     finally:

@@ -38,9 +38,9 @@ def test_the_suite_runs_the_request_path_compiled() -> None:
         assert module.__file__ is not None and module.__file__.endswith(".so"), path
 
 
-def test_every_listed_module_exists_and_is_a_module_of_the_front_or_the_wire() -> None:
+def test_every_listed_module_exists_and_is_a_module_of_the_front_the_wire_or_a_worker() -> None:
     for path in _listed():
-        assert (ROOT / path).is_file() and path.startswith("oipserve/"), path
+        assert (ROOT / path).is_file() and path.startswith(("oipserve/", "workers/")), path
 
 
 def _build(tmp_path: Path, sources: dict[str, bytes]) -> Path:

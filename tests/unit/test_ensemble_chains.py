@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from time import monotonic_ns
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,9 +99,25 @@ def test_a_model_that_does_not_run_alone_cuts_the_chain() -> None:
     assert head.heads[0].messages[1].written == ["x2"]  # read by the step outside the chain
 
 
+class _Fed(Worker):
+    """A worker whose chain's first step is fed ``feeding`` (the test's arrays) instead of
+    its inputs' bytes; ``fed``: each call's arguments. (A subclass: the compiled ``Worker``
+    takes no attribute set on an instance.)"""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.feeding: dict[str, object] = {}
+        self.fed: list[object] = []
+
+    def feeds(self, *args: Any) -> dict[str, object]:
+        self.fed.append(args)
+        return self.feeding
+
+
 @pytest.fixture
-def worker(tmp_path: Path) -> Iterator[Worker]:
-    with paired_worker("oipserve-test-chains-") as worker:
+def worker(tmp_path: Path) -> Iterator[_Fed]:
+    with paired_worker("oipserve-test-chains-", _Fed) as worker:
+        assert isinstance(worker, _Fed)
         for name in ("add_one", "double"):
             write_step(tmp_path, name)
             path = str(tmp_path / name / "1" / "model.onnx")
@@ -114,13 +131,11 @@ _CHAIN = [
 ]
 
 
-def test_a_worker_runs_a_chain_in_one_reply(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_worker_runs_a_chain_in_one_reply(worker: _Fed) -> None:
     """One Infer, one InferDone: the intermediate never reaches the output segment, the
     answer is the steps' bit for bit, and each step has its times."""
     x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
-    monkeypatch.setattr(worker, "feeds", lambda inputs, session, connection, key: {"IN": x})
+    worker.feeding = {"IN": x}
     worker.handle(Infer(5, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
     done = only_reply(worker)
     assert isinstance(done, InferDone) and done.rid == 5
@@ -136,14 +151,8 @@ def test_a_worker_runs_a_chain_in_one_reply(
     assert all(s.infer_ns > 0 for s in done.steps)
 
 
-def test_a_failing_step_says_which_steps_ran(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(
-        worker,
-        "feeds",
-        lambda inputs, session, connection, key: {"IN": np.ones((1, 2), np.float32)},
-    )
+def test_a_failing_step_says_which_steps_ran(worker: _Fed) -> None:
+    worker.feeding = {"IN": np.ones((1, 2), np.float32)}
     del worker.sessions["double/1"]
     worker.handle(Infer(6, "add_one/1", [], ["OUT"], chain=_CHAIN), worker.starter)
     failed = only_reply(worker)
@@ -153,18 +162,14 @@ def test_a_failing_step_says_which_steps_ran(
     assert len(failed.steps) == 1  # the first step ran: the second is the one that failed
 
 
-def test_a_chain_past_its_deadline_runs_no_step(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_chain_past_its_deadline_runs_no_step(worker: _Fed) -> None:
     """A chain the worker comes to after its deadline (``workers.late``) is answered
     DEADLINE_EXCEEDED before its first step, which the front counts as the first's."""
-    fed: list[object] = []
-    monkeypatch.setattr(worker, "feeds", lambda *args: fed.append(args) or {})
     chain = Infer(7, "add_one/1", [], ["OUT"], chain=_CHAIN, expires=monotonic_ns() - 1)
     worker.handle(chain, worker.starter)
     failed = only_reply(worker)
     assert isinstance(failed, Failed) and failed.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert failed.steps == [] and fed == []
+    assert failed.steps == [] and worker.fed == []
 
 
 async def test_a_chain_goes_to_its_worker_with_its_deadline() -> None:

@@ -30,7 +30,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     #   when the module runs interpreted).
     "wire": frozenset({"numpy", "msgspec", "simdjson", "mypy_extensions"}),
     "workers": frozenset(
-        {"numpy", "msgspec", "simdjson", "orjson", "onnxruntime", "cv2", "simplejpeg"}
+        {
+            "numpy",
+            "msgspec",
+            "simdjson",
+            "orjson",
+            "onnxruntime",
+            "cv2",
+            "simplejpeg",
+            "mypy_extensions",
+        }
     ),
     "hardware": frozenset({"msgspec", "psutil", "pynvml"}),
 }

@@ -11,15 +11,16 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from oipserve.wire.messages import ErrorKind, Failed, Infer, LoadModel
 from tests.support.worker_replies import only_reply, paired_worker
+from workers import runtime
 from workers.worker import Worker
 
 
-class _Session:
+class _Session(runtime.ModelSession):
     """Stands in for runtime.ModelSession: its run raises what the test gives it."""
 
-    outputs: list[object] = []
-
     def __init__(self, error: Exception) -> None:
+        # NOTE: no session to load; a subclass, as the compiled worker takes no other.
+        self.outputs = []
         self.error = error
 
     def run(self, names: list[str], feeds: dict[str, object]) -> list[object]:
@@ -39,7 +40,7 @@ def _only_reply(worker: Worker) -> Failed:
 
 
 def _infer_failing_with(worker: Worker, error: Exception) -> Failed:
-    worker.sessions["m/1"] = _Session(error)  # type: ignore[assignment]
+    worker.sessions["m/1"] = _Session(error)
     worker.handle(Infer(7, "m/1", [], ["y"]), worker.starter)
     reply = _only_reply(worker)
     assert reply.rid == 7

@@ -16,18 +16,18 @@ import pytest
 from oipserve.wire.framing import frame
 from oipserve.wire.messages import ErrorKind, Failed, FromWorker, Infer
 from tests.support.worker_replies import only_reply, paired_worker
-from workers import late
+from workers import late, runtime
 from workers.worker import REPLY_HOLD_NS, Worker
 
 _SECOND = 1_000_000_000
 
 
-class _Session:
+class _Session(runtime.ModelSession):
     """Stands in for runtime.ModelSession: counts its runs, and fails them (no model)."""
 
-    outputs: list[object] = []
-
     def __init__(self, run_for: float = 0.0, then: object = None) -> None:
+        # NOTE: no session to load; a subclass, as the compiled worker takes no other.
+        self.outputs = []
         self.runs = 0
         self.run_for = run_for
         self.then = then
@@ -48,7 +48,7 @@ def worker() -> Iterator[Worker]:
 
 def _answer(worker: Worker, expires: int) -> tuple[Failed, int]:
     session = _Session()
-    worker.sessions["m/1"] = session  # type: ignore[assignment]
+    worker.sessions["m/1"] = session
     worker.handle(Infer(3, "m/1", [], ["y"], expires=expires), worker.starter)
     reply = only_reply(worker)
     assert isinstance(reply, Failed) and reply.rid == 3
@@ -130,7 +130,7 @@ def test_a_reply_leaves_before_the_next_long_run_of_the_same_read() -> None:
             seen_while_running.append(b"")
 
     try:
-        worker.sessions["m/1"] = _Session(2 * REPLY_HOLD_NS / 1e9, look)  # type: ignore[assignment]
+        worker.sessions["m/1"] = _Session(2 * REPLY_HOLD_NS / 1e9, look)
         encoder = msgspec.msgpack.Encoder()
         front.sendall(b"".join(frame(encoder, Infer(r, "m/1", [], ["y"])) for r in (1, 2)))
         assert worker.receive(worker.starter, 0)
