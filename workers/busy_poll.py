@@ -43,13 +43,14 @@ from __future__ import annotations
 import os
 import selectors
 from time import monotonic_ns
+from typing import Final
 
 __all__ = ["NextRequestPoll", "select_polling"]
 
 #: Weight of the newest gap in ``NextRequestPoll.within``.
-_NEWEST = 1 / 8
+_NEWEST: Final = 1 / 8
 #: Share of recent gaps within the window below which a worker stops polling.
-_MIN_WITHIN = 0.25
+_MIN_WITHIN: Final = 0.25
 
 
 class NextRequestPoll:

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import struct
+from typing import Final
 
 from oipserve.wire.framing import FrameSplitter
 from oipserve.wire.shm import BufferPool, SegmentCache
@@ -24,7 +25,7 @@ log = logging.getLogger("oipserve.worker")
 
 #: Seconds a reply to another front may wait for room in its socket before that front is
 #: dropped: a front that stopped reading must not wedge the worker for everyone else.
-FRONT_SEND_TIMEOUT = 5.0
+FRONT_SEND_TIMEOUT: Final = 5.0
 
 
 class FrontConnection:

@@ -29,6 +29,7 @@ late), and at DEBUG for each.
 from __future__ import annotations
 
 import logging
+from typing import Final
 
 from oipserve.wire.messages import ErrorKind
 
@@ -37,10 +38,12 @@ __all__ = ["LOG_EVERY", "MESSAGE", "LateRequests"]
 log = logging.getLogger("oipserve.worker")
 
 #: Seconds between two log lines about skipped requests.
-LOG_EVERY = 10.0
+LOG_EVERY: Final = 10.0
 #: What the front is told (its client was answered at the deadline already).
-MESSAGE = "the request could not end by its deadline when the worker came to it; it was not run"
-_KIND = ErrorKind.DEADLINE_EXCEEDED
+MESSAGE: Final = (
+    "the request could not end by its deadline when the worker came to it; it was not run"
+)
+_KIND: Final = ErrorKind.DEADLINE_EXCEEDED
 
 
 class LateRequests:

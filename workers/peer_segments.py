@@ -22,6 +22,7 @@ request at hand, it goes with its last view, so that its owner's unlink frees it
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
 
 from oipserve.wire.shm import NAME_PREFIX, Segment, SegmentCache, idle_cap
 
@@ -30,7 +31,9 @@ __all__ = ["MAX_PEER_MAPPINGS", "CheckedSegments", "server_prefix"]
 #: Workers' output segments kept mapped at most, past the front's own input segments.
 MAX_PEER_MAPPINGS = 64
 
-_NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+_NAME_CHARACTERS: Final = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-"
+)
 
 
 def server_prefix(segment_prefix: str) -> str:

@@ -11,7 +11,7 @@ Outputs that go into clients' regions with shapes known before the run
 from __future__ import annotations
 
 import ctypes
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import numpy as np
 import onnxruntime as ort
@@ -29,12 +29,12 @@ from oipserve.wire.datatypes import (
 from oipserve.wire.messages import TensorMeta
 from oipserve.wire.session_keys import ARENA, GRAPH_LEVEL, PATTERN, SHRINKAGE
 
-_BF16 = 16  # ONNX TensorProto.BFLOAT16
+_BF16: Final = 16  # ONNX TensorProto.BFLOAT16
 
 #: What ONNX Runtime (or our metadata check) raises for a model it cannot load: a
 #: broken or missing file, an unsupported graph, bad provider options. Its message is
 #: the answer; anything else is unexpected.
-LOAD_ERRORS: tuple[type[Exception], ...] = (
+LOAD_ERRORS: Final[tuple[type[Exception], ...]] = (
     ort_errors.Fail,
     ort_errors.InvalidArgument,
     ort_errors.NoSuchFile,
@@ -76,7 +76,9 @@ def rejects_input(exc: Exception) -> bool:
 
 #: The C++ functions ONNX Runtime's Cast reads strings with; an exception from one is
 #: reported as its name alone (``std::invalid_argument("stoll")``).
-_STRING_PARSERS = frozenset({"stoi", "stol", "stoll", "stoul", "stoull", "stof", "stod", "stold"})
+_STRING_PARSERS: Final = frozenset(
+    {"stoi", "stol", "stoll", "stoul", "stoull", "stof", "stod", "stold"}
+)
 
 
 def _dims(shape: list[object] | None) -> list[int]:

@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable
 from time import monotonic_ns
 from types import FrameType
+from typing import Final
 
 import msgspec
 from mypy_extensions import mypyc_attr
@@ -70,9 +71,9 @@ log = logging.getLogger("oipserve.worker")
 #: of long runs would reach its front only after all of them (a model of 39 ms a run, seven
 #: requests in one read: the first answer 230 ms late). Tiny requests (~30 µs a run) still
 #: leave a read's answers in one write; an answer after a run past this leaves at once.
-REPLY_HOLD_NS = 1_000_000
+REPLY_HOLD_NS: Final = 1_000_000
 #: An InferDone's steps when it answers no ensemble chain (shared, never changed).
-_NO_STEPS: list[StepTimes] = []
+_NO_STEPS: Final[list[StepTimes]] = []
 
 
 # NOTE: tests feed an ensemble chain's first step through a subclass's ``feeds``.

@@ -11,7 +11,7 @@ derived from it below, never written out again.
 from __future__ import annotations
 
 import struct
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 import numpy as np
 
@@ -53,7 +53,7 @@ def _row(
 
 
 # fmt: off
-DATATYPES: dict[str, Datatype] = {row.name: row for row in (
+DATATYPES: Final[dict[str, Datatype]] = {row.name: row for row in (
     #    OIP      numpy       ONNX                 config.pbtxt   gRPC contents      JSON   images
     _row("BOOL",   np.bool_,   "tensor(bool)",     "TYPE_BOOL",   "bool_contents",   "bool", False),
     _row("UINT8",  np.uint8,   "tensor(uint8)",    "TYPE_UINT8",  "uint_contents",   "int", True),
@@ -76,21 +76,21 @@ DATATYPES: dict[str, Datatype] = {row.name: row for row in (
 
 # ---- views of the table, for lookups on the hot path ------------------------
 
-NUMPY_DTYPES: dict[str, np.dtype] = {name: row.numpy for name, row in DATATYPES.items()}
+NUMPY_DTYPES: Final[dict[str, np.dtype]] = {name: row.numpy for name, row in DATATYPES.items()}
 #: Bytes per element; BYTES is variable-sized and absent.
-ELEMENT_SIZES: dict[str, int] = {
+ELEMENT_SIZES: Final[dict[str, int]] = {
     name: row.numpy.itemsize for name, row in DATATYPES.items() if row.json != "bytes"
 }
-BY_ONNX: dict[str, Datatype] = {row.onnx: row for row in DATATYPES.values()}
-BY_TRITON: dict[str, Datatype] = {row.triton: row for row in DATATYPES.values()}
-INTEGER_TYPES = frozenset(name for name, row in DATATYPES.items() if row.json == "int")
-FLOAT_TYPES = frozenset(name for name, row in DATATYPES.items() if row.json == "float")
+BY_ONNX: Final[dict[str, Datatype]] = {row.onnx: row for row in DATATYPES.values()}
+BY_TRITON: Final[dict[str, Datatype]] = {row.triton: row for row in DATATYPES.values()}
+INTEGER_TYPES: Final = frozenset(name for name, row in DATATYPES.items() if row.json == "int")
+FLOAT_TYPES: Final = frozenset(name for name, row in DATATYPES.items() if row.json == "float")
 #: Element type names (numpy's) that decoded images can be cast to.
-IMAGE_ELEMENTS = frozenset(row.element for row in DATATYPES.values() if row.image)
+IMAGE_ELEMENTS: Final = frozenset(row.element for row in DATATYPES.values() if row.image)
 
 #: The 4-byte little-endian unsigned length that prefixes each BYTES element (and, in
 #: the same form, each front<->worker message frame: see ``wire.messages``).
-LENGTH_PREFIX = struct.Struct("<I")
+LENGTH_PREFIX: Final = struct.Struct("<I")
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:

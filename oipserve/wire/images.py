@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 import numpy as np
@@ -21,7 +21,7 @@ from oipserve.wire.datatypes import IMAGE_ELEMENTS
 __all__ = ["SUPPORTED_DTYPES", "ImageError", "ImageSpec", "image_spec_for"]
 
 #: Element types an image can be cast to: the list OVMS accepts (others get INVALID_PRECISION).
-SUPPORTED_DTYPES: frozenset[str] = IMAGE_ELEMENTS
+SUPPORTED_DTYPES: Final[frozenset[str]] = IMAGE_ELEMENTS
 
 
 class ImageError(ValueError):
@@ -163,7 +163,7 @@ def _detect_layout(input_name: str, dims: tuple[int, ...]) -> Literal["NHWC", "N
 
 #: The largest value of a pixel of an 8-bit image: ``mean``/``scale`` must keep every such
 #: pixel finite in the model's type (a 16-bit PNG's pixels reach 65535).
-_PIXEL_MAX = 255.0
+_PIXEL_MAX: Final = 255.0
 
 
 def _check_normalised_range(

@@ -26,7 +26,7 @@ rather than a list; ``json_values.array_from_values`` checks both the same way.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import simdjson
@@ -37,23 +37,23 @@ from oipserve.wire.datatypes import DATATYPES
 #: counts the outermost array as depth 0 and refuses any array or value at depth 100, so
 #: a value inside 100 nested arrays is refused and one inside 99 is not
 #: (``json_values.nesting_error``).
-MAX_JSON_DEPTH = 100
+MAX_JSON_DEPTH: Final = 100
 
 #: ``data`` texts shorter than this go to msgspec directly: below it the two-step
 #: decode (simdjson, then msgspec.convert) costs more than it saves (measured:
 #: 1,024 FP32 numbers, 20 KB, 61 us with msgspec and 53 us here; 256, 5 KB, 17 vs 23 us).
-MIN_BODY = 16 * 1024
+MIN_BODY: Final = 16 * 1024
 
 #: ``as_buffer`` element type per OIP datatype: doubles for the float types,
 #: 64-bit integers for the integer types (ranges are checked afterwards by
 #: ``json_values.array_from_values``, exactly as for decoded lists).
-_BUFFER_TYPES = {
+_BUFFER_TYPES: Final = {
     name: "d" if row.json == "float" else "u" if row.numpy == np.uint64 else "i"
     for name, row in DATATYPES.items()
     if row.json in ("int", "float")
 }
-_BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
-_LEFT_BRACKET = ord("[")
+_BUFFER_DTYPES: Final = {"d": np.float64, "i": np.int64, "u": np.uint64}
+_LEFT_BRACKET: Final = ord("[")
 
 
 #: The parser keeps buffers of about twice the largest body it has parsed; after
@@ -61,11 +61,11 @@ _LEFT_BRACKET = ord("[")
 #: hundreds of megabytes in the front for good.
 RETAIN_MAX = 32 * 1024 * 1024
 #: Bytes scanned at a time when counting brackets (bounds the temporary mask).
-_SCAN_STEP = 4 * 1024 * 1024
+_SCAN_STEP: Final = 4 * 1024 * 1024
 
 #: Most arrays a nested ``data`` value may hold for the fast path: checking that
 #: they are regular costs a Python step each (an image [1, 3, 224, 224] has 676).
-MAX_NESTED_ARRAYS = 4096
+MAX_NESTED_ARRAYS: Final = 4096
 
 
 class _NotFast(Exception):

@@ -13,6 +13,7 @@ truncated", which sent clients looking for a short body.
 from __future__ import annotations
 
 import re
+from typing import Final
 
 import msgspec
 import numpy as np
@@ -50,7 +51,7 @@ class InferRequest(msgspec.Struct, frozen=True):
     outputs: list[RequestOutput] | None = None
 
 
-REQUEST_DECODER = msgspec.json.Decoder(InferRequest)
+REQUEST_DECODER: Final = msgspec.json.Decoder(InferRequest)
 
 
 def decode_request(body: bytes | memoryview) -> InferRequest:
@@ -73,9 +74,9 @@ def decode_request(body: bytes | memoryview) -> InferRequest:
 
 
 #: A JSON escape: ``\\uXXXX`` (group 1: the code unit) or a backslash and any one byte.
-_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+_ESCAPE: Final = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
 #: Where msgspec says a syntax error is ("... (byte 57)": the offset just past it).
-_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+_AT_BYTE: Final = re.compile(r"\(byte (\d+)\)")
 
 
 def syntax_error(exc: msgspec.DecodeError, text: bytes | memoryview | msgspec.Raw) -> str:

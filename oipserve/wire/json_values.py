@@ -13,7 +13,7 @@ INVALID_INPUT failure.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import msgspec
 import numpy as np
@@ -77,10 +77,10 @@ def too_deep(values: object) -> bool:
     return False
 
 
-DATA_DECODER = msgspec.json.Decoder()
-_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+DATA_DECODER: Final = msgspec.json.Decoder()
+_RAW_LIST_DECODER: Final = msgspec.json.Decoder(list[msgspec.Raw])
 #: One per process: it keeps its parse buffers between requests (``json_numbers``).
-LARGE_DATA_DECODER = NumberArrayDecoder()
+LARGE_DATA_DECODER: Final = NumberArrayDecoder()
 
 
 def decode_data(name: str, datatype: str, raw: msgspec.Raw | memoryview) -> Any:
@@ -160,7 +160,7 @@ def _bad_utf8_element(text: memoryview) -> int | str:
     return "?" if found is None else found
 
 
-_KIND_WORDS = {
+_KIND_WORDS: Final = {
     "b": "booleans",
     "i": "integers",
     "u": "integers",
@@ -189,12 +189,12 @@ def _exact_ints(values: list[object] | np.ndarray) -> np.ndarray | None:
 
 
 #: Inclusive value ranges of the integer types, as Python ints (cheap to compare).
-_INT_BOUNDS = {
+_INT_BOUNDS: Final = {
     name: (int(np.iinfo(NUMPY_DTYPES[name]).min), int(np.iinfo(NUMPY_DTYPES[name]).max))
     for name in INTEGER_TYPES
 }
 #: Largest finite magnitude of the float types narrower than float64.
-_FLOAT_LIMITS = {
+_FLOAT_LIMITS: Final = {
     name: float(np.finfo(NUMPY_DTYPES[name]).max)
     for name in FLOAT_TYPES
     if name not in ("FP64", "BF16")
@@ -269,7 +269,7 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
 #: value's type and the bounds in Python costs less than ``np.asarray`` and two
 #: reductions: 2.4 against 5.0 us for 16 INT32 values, 3.8 against 5.7 at 32; by 64
 #: the two are nearly even.
-SMALL_FLAT = 32
+SMALL_FLAT: Final = 32
 
 
 def _small_flat(name: str, datatype: str, values: list[object]) -> np.ndarray | None:
@@ -295,7 +295,7 @@ def _small_flat(name: str, datatype: str, values: list[object]) -> np.ndarray | 
 
 
 #: The float types ``_small_flat`` builds directly (BF16 is converted from float32).
-_SMALL_FLOATS = frozenset({"FP16", "FP32", "FP64"})
+_SMALL_FLOATS: Final = frozenset({"FP16", "FP32", "FP64"})
 
 
 def _check_int_range(

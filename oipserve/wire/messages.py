@@ -14,6 +14,7 @@ mapping lives in ``oipserve.errors`` alone).
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 import msgspec
 
@@ -100,7 +101,7 @@ class OutputTarget(msgspec.Struct, frozen=True, array_like=True):
 
 #: Outputs of this many bytes or more that a client gets as JSON are printed by the
 #: worker (about 1.5 ms of orjson's time in the front at this size, growing with it).
-TEXT_OUTPUT_MIN = 256 * 1024
+TEXT_OUTPUT_MIN: Final = 256 * 1024
 
 
 class LoadModel(msgspec.Struct, frozen=True, tag=True, array_like=True):

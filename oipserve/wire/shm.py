@@ -20,16 +20,17 @@ import errno
 import mmap
 import os
 from collections.abc import Callable
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-SHM_DIR = "/dev/shm"
-NAME_PREFIX = "oipserve-"
+SHM_DIR: Final = "/dev/shm"
+NAME_PREFIX: Final = "oipserve-"
 
 #: Smallest segment handed out; tiny requests all share this class.
-MIN_SEGMENT = 64 * 1024
+MIN_SEGMENT: Final = 64 * 1024
 #: Alignment of tensors placed inside one segment (cache line, and enough for any dtype).
-ALIGNMENT = 64
+ALIGNMENT: Final = 64
 
 
 def owner_prefix(front_pid: int) -> str:
@@ -139,11 +140,11 @@ class Lease:
 
 
 #: Segments this large or larger are created in a thread by ``acquire_async``.
-CREATE_IN_THREAD = 4 * 1024 * 1024
+CREATE_IN_THREAD: Final = 4 * 1024 * 1024
 
 
 #: Errors of a segment that ``/dev/shm`` has no room for (``posix_fallocate``).
-NO_ROOM = (errno.ENOSPC, errno.ENOMEM)
+NO_ROOM: Final = (errno.ENOSPC, errno.ENOMEM)
 
 
 def idle_cap(shm_dir: str = SHM_DIR) -> int:
