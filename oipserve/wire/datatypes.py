@@ -89,7 +89,7 @@ FLOAT_TYPES: Final = frozenset(name for name, row in DATATYPES.items() if row.js
 IMAGE_ELEMENTS: Final = frozenset(row.element for row in DATATYPES.values() if row.image)
 
 #: The 4-byte little-endian unsigned length that prefixes each BYTES element (and, in
-#: the same form, each front<->worker message frame: see ``wire.messages``).
+#: the same form, each front<->worker message frame: see ``wire.framing``).
 LENGTH_PREFIX: Final = struct.Struct("<I")
 
 

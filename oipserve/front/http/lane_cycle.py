@@ -172,7 +172,8 @@ class LaneCycle:
             async for part in stream:
                 if part and writing:
                     writing = await self._writable()
-                    left = self._write_part(part, length is None, left) if writing else left
+                    if writing:
+                        left = self._write_part(part, length is None, left)
         if not writing:
             return
         if left:

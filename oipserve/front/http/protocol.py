@@ -304,10 +304,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's ``data_received``, done here (its keep-alive timer, which it cancels
         first, is never armed: 7. above).
 
-        PERF: here, uvicorn's hooks that ``on_message_begin``, ``on_body`` and
-        ``on_message_complete`` replace are each an interpreted call a request (with the
-        lane's cycle, about a twentieth of the front's CPU a tiny request at c=1, perf,
-        2026-12-01); ``tests/unit/test_framework_internals.py`` says when uvicorn's change.
+        PERF: uvicorn's ``data_received``, and its hooks that ``on_message_begin``,
+        ``on_body`` and ``on_message_complete`` now do themselves, were each an interpreted
+        call a request (with the lane's cycle, about a twentieth of the front's CPU a tiny
+        request at c=1, perf, 2026-12-01); ``tests/unit/test_framework_internals.py`` says
+        when uvicorn's change.
         """
         try:
             self.parser.feed_data(data)

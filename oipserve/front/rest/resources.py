@@ -175,9 +175,8 @@ class ModelResource:
                 request_id = request.id
                 parameters = request.parameters
                 priority, timeout_us = schedule_parameters(parameters)
-                if sequence_params.takes_sequence(
-                    target
-                ):  # a sequence model, or an ensemble with one
+                # (a sequence model, or an ensemble with one)
+                if sequence_params.takes_sequence(target):
                     sequence = sequence_params.from_json(parameters)
                 if parameters:
                     check_request_parameters(parameters)
