@@ -11,6 +11,9 @@ the tiny JSON one by default), and medians over rounds are printed.
     git worktree add --detach ../base <commit>
     python benchmarks/cpu_per_request.py ../base . --rounds 8
 
+A build may carry server arguments of its own after ``::`` (``.::--busy-poll-us 0``): one
+tree measured with and without a setting, in the same rounds.
+
 ``--triton`` measures Triton in the same rounds, started as the harness starts it: its
 ``tritonserver`` process counts as the front, its python-backend stubs as the workers.
 ``--rate R`` paces the requests at R a second (a server below saturation: what a
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import urllib.request
@@ -84,10 +88,17 @@ def _counts(url: str, model: str) -> tuple[int, int]:
     )
 
 
-def _start(build: Path, http_workers: int) -> tuple[int, str, Callable[[], None]]:
+def _split_build(spec: str) -> tuple[Path, list[str]]:
+    """A build argument: its source tree, and the server arguments after ``::``."""
+    tree, _, extra = spec.partition("::")
+    return Path(tree).resolve(), shlex.split(extra)
+
+
+def _start(spec: str, http_workers: int) -> tuple[int, str, Callable[[], None]]:
+    build, extra = _split_build(spec)
     args = ["--model-repository", str(WORK / "repos" / "oipserve"), "--http-port", "0",
             "--grpc-port", "0", "--instances-per-device", "2",
-            "--http-workers", str(http_workers)]  # fmt: skip
+            "--http-workers", str(http_workers), *extra]  # fmt: skip
     server = serve_from(build, args)
     return server.proc.pid, server.http, server.stop
 
@@ -133,7 +144,10 @@ def _warm(name: str, server: Server, model: str, body: HttpBody) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("builds", nargs="+", type=Path, help="source trees to compare")
+    parser.add_argument(
+        "builds", nargs="+",
+        help="source trees to compare, each optionally TREE::SERVER-ARGS",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
@@ -149,25 +163,26 @@ def main() -> None:
         help="start every oipserve build again for each round (see the module's text)",
     )  # fmt: skip
     ns = parser.parse_args()
-    # NOTE: servers and rows are keyed by the build's path: one named twice would start a
-    #   second server whose handle replaced the first's, left running after the run.
-    if len({build.resolve() for build in ns.builds}) < len(ns.builds):
-        parser.error("a build is named twice; name each source tree once")
+    # NOTE: servers and rows are keyed by the build's tree and arguments: one named twice
+    #   would start a second server whose handle replaced the first's, left running.
+    keys = {(tree, tuple(extra)) for tree, extra in map(_split_build, ns.builds)}
+    if len(keys) < len(ns.builds):
+        parser.error("a build is named twice; name each tree and its arguments once")
     cases = build_models(WORK / "models")
     model, body = request_body(ns.request, cases)
     (WORK / "scratch").mkdir(parents=True, exist_ok=True)
-    builds = {str(build): build.resolve() for build in ns.builds}
+    builds = list(ns.builds)
     servers: dict[str, Server] = {}
-    names = [*builds, "triton"] if ns.triton else list(builds)
+    names = [*builds, "triton"] if ns.triton else builds
     rows: dict[str, list[Row]] = {name: [] for name in names}
     try:
         if ns.triton:
             servers["triton"] = _start_triton(cases)
             _warm("triton", servers["triton"], model, body)
         for rnd in range(ns.rounds):
-            for name, build in builds.items():
+            for name in builds:
                 if name not in servers:
-                    servers[name] = _start(build, ns.http_workers)
+                    servers[name] = _start(name, ns.http_workers)
                     _warm(name, servers[name], model, body)
             for name in names if rnd % 2 == 0 else names[::-1]:
                 rows[name].append(_measure(name, servers[name], model, body, ns, rnd))
