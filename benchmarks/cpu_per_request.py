@@ -11,8 +11,9 @@ the tiny JSON one by default), and medians over rounds are printed.
     git worktree add --detach ../base <commit>
     python benchmarks/cpu_per_request.py ../base . --rounds 8
 
-A build may carry server arguments of its own after ``::`` (``.::--busy-poll-us 0``): one
-tree measured with and without a setting, in the same rounds.
+A build may carry server arguments of its own after ``::`` (``.::--busy-poll-us 0``; words
+``NAME=VALUE`` before the first option are set in its environment): one tree measured with
+and without a setting, in the same rounds.
 
 ``--triton`` measures Triton in the same rounds, started as the harness starts it: its
 ``tritonserver`` process counts as the front, its python-backend stubs as the workers.
@@ -88,18 +89,24 @@ def _counts(url: str, model: str) -> tuple[int, int]:
     )
 
 
-def _split_build(spec: str) -> tuple[Path, list[str]]:
-    """A build argument: its source tree, and the server arguments after ``::``."""
+def _split_build(spec: str) -> tuple[Path, dict[str, str], list[str]]:
+    """A build argument: its source tree, and the environment and server arguments after
+    ``::``."""
     tree, _, extra = spec.partition("::")
-    return Path(tree).resolve(), shlex.split(extra)
+    words = shlex.split(extra)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return Path(tree).resolve(), env, words
 
 
 def _start(spec: str, http_workers: int) -> tuple[int, str, Callable[[], None]]:
-    build, extra = _split_build(spec)
+    build, env, extra = _split_build(spec)
     args = ["--model-repository", str(WORK / "repos" / "oipserve"), "--http-port", "0",
             "--grpc-port", "0", "--instances-per-device", "2",
             "--http-workers", str(http_workers), *extra]  # fmt: skip
-    server = serve_from(build, args)
+    server = serve_from(build, args, env)
     return server.proc.pid, server.http, server.stop
 
 
@@ -165,7 +172,10 @@ def main() -> None:
     ns = parser.parse_args()
     # NOTE: servers and rows are keyed by the build's tree and arguments: one named twice
     #   would start a second server whose handle replaced the first's, left running.
-    keys = {(tree, tuple(extra)) for tree, extra in map(_split_build, ns.builds)}
+    keys = {
+        (tree, tuple(sorted(env.items())), tuple(extra))
+        for tree, env, extra in map(_split_build, ns.builds)
+    }
     if len(keys) < len(ns.builds):
         parser.error("a build is named twice; name each tree and its arguments once")
     cases = build_models(WORK / "models")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,14 +99,16 @@ class SourceServer:
         self.proc.wait(30)
 
 
-def serve_from(code: Path, args: Sequence[str]) -> SourceServer:
+def serve_from(
+    code: Path, args: Sequence[str], extra_env: Mapping[str, str] | None = None
+) -> SourceServer:
     """``python -P -m oipserve serve ARGS`` with the oipserve of the source tree ``code``
     (first on ``PYTHONPATH``, before the caller's own entries), metrics off, returned once
     its ready line is logged. The rest of its log is read in a thread: a full pipe would
     stall the server."""
     # NOTE: -P: the current directory's oipserve (another build) must not come first.
     path = os.pathsep.join(filter(None, (str(code), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": path, "OIPSERVE_METRICS_PORT": "0"}
+    env = {**os.environ, "PYTHONPATH": path, "OIPSERVE_METRICS_PORT": "0", **(extra_env or {})}
     argv = [sys.executable, "-P", "-m", "oipserve", "serve", *args]
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
