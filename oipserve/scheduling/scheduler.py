@@ -156,6 +156,7 @@ _HALF_MS: Final = 0.0005
 #: waking a sleeping process costs tens of µs here (more in a VM), and a batch that
 #: fires late costs every request in it. Measured: docs/scheduler.md.
 SPIN_WINDOW: Final = 100e-6
+_SPIN_WINDOW_NS: Final = 100_000
 
 
 # NOTE: compiled (mypyc); the unit tests extend it to count its walks and looks.
@@ -203,18 +204,32 @@ class DynamicBatcher:
         self._waiter: asyncio.Future[None] | None = None
         #: Wakes the batcher when a partial batch's queue delay is over (to the µs: the
         #: loop's own timers count whole milliseconds, see precise_timer.py).
-        self._delay_timer = PreciseTimer(self._loop, self._wake)
+        self._delay_timer = PreciseTimer(self._loop, self._timer_fired)
+        #: When the delay timer is set to fire (monotonic ns), 0 when it is not set.
+        self._armed_ns = 0
         self._next_seq = 0
         self._deliver_seq = 0
         self._finished: dict[int, tuple[Entry, Any, BaseException | None]] = {}
         self._dispatches: set[asyncio.Task[None]] = set()
         self._closed = False
         self._closed_error = Unavailable(f"model '{name}' is being unloaded")
+        # PERF: the policy's values a request or a batch reads, read once here: the policy
+        #   is a msgspec Struct, whose methods run interpreted (a call from compiled code
+        #   each, ~4 a request). Its rules are the policy's (level, policy, timeout_ns).
+        self._largest = policy.largest_batch
+        self._delay_ns = policy.max_queue_delay_ns
+        self._preserve = policy.preserve_ordering
+        self._level_count = policy.priority_levels
+        self._default_level = policy.default_priority_level
+        #: No level has a policy of its own, and the default one bounds nothing (no
+        #: timeout, no queue size): a request then reads no queue policy at all.
+        default = policy.default_queue_policy
+        self._unbounded = not (
+            policy.level_policies or default.default_timeout_ns or default.max_queue_size
+        )
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._largest_preferred = (
-            policy.preferred_batch_sizes[-1]
-            if policy.preferred_batch_sizes
-            else policy.largest_batch
+            policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else self._largest
         )
         # (in a context of its own: made at its model's first request, it would carry that
         #  request's, and its batches would count against that client's connection:
@@ -254,16 +269,20 @@ class DynamicBatcher:
         """
         if self._closed:
             raise self._closed_error
-        level = self.policy.level(priority)
-        policy = self.policy.policy(level)
+        # (BatchPolicy.level's rule)
+        level = self._default_level if priority == 0 or priority > self._level_count else priority
         held = self._levels.get(level)
-        if policy.max_queue_size and held is not None and held.queued >= policy.max_queue_size:
-            raise QueueRejected("Exceeds maximum queue size")
+        timeout_ns = 0
+        if not self._unbounded:
+            policy = self.policy.policy(level)
+            size = policy.max_queue_size
+            if size and held is not None and held.queued >= size:
+                raise QueueRejected("Exceeds maximum queue size")
+            timeout_ns = policy.timeout_ns(timeout_us)
         loop = self._loop
         entry = Entry(request, batch, signature, level, loop.create_future(), self._next_seq)
         entry.crossed = crossed
         self._next_seq += 1
-        timeout_ns = policy.timeout_ns(timeout_us)
         if timeout_ns:
             entry.due_ns = entry.enqueued_ns + timeout_ns
             entry.timer = loop.call_later(timeout_ns / 1e9, self._expire, entry)
@@ -334,14 +353,14 @@ class DynamicBatcher:
     # ---- answers, in order when asked to -------------------------------------------
 
     def _answer(self, entry: Entry, result: Any, error: BaseException | None) -> None:
-        if not self.policy.preserve_ordering:
+        if not self._preserve:
             self._settle(entry, result, error)
             return
         self._finished[entry.seq] = (entry, result, error)
         self._flush_in_order()
 
     def _skip_in_order(self, entry: Entry) -> None:
-        if self.policy.preserve_ordering:
+        if self._preserve:
             self._finished[entry.seq] = (entry, None, None)
             self._flush_in_order()
 
@@ -391,7 +410,7 @@ class DynamicBatcher:
         at a request that does not fit, reached the largest preferred size, or the delay
         is 0 or over; otherwise the batcher waits for the oldest request's delay.
         """
-        limit = self.policy.largest_batch
+        limit = self._largest
         largest_preferred = self._largest_preferred
         preferred = self._preferred
         taken: list[Entry] = []
@@ -429,7 +448,7 @@ class DynamicBatcher:
                     break
         if not taken:
             return [], None
-        delay = self.policy.max_queue_delay_ns
+        delay = self._delay_ns
         deadline = min(e.enqueued_ns for e in taken) + delay
         exceeded = delay != 0 and now_ns >= deadline
         if best and not exceeded:
@@ -450,7 +469,7 @@ class DynamicBatcher:
         younger) and the first is within it. With levels or DELAYed requests an older
         one may follow, and the walk goes on, as Triton's.
         """
-        delay = self.policy.max_queue_delay_ns
+        delay = self._delay_ns
         if not delay:
             return True
         if len(self._order) != 1 or self._levels[self._order[0]].delayed:
@@ -465,6 +484,10 @@ class DynamicBatcher:
                 return instance
         return None
 
+    def _timer_fired(self) -> None:
+        self._armed_ns = 0
+        self._wake()
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -474,6 +497,7 @@ class DynamicBatcher:
         loop = self._loop
         while True:
             timeout: float | None = None
+            due = 0
             if self._gauge.pending:
                 instance = self._free_instance()
                 if instance is None:
@@ -486,6 +510,7 @@ class DynamicBatcher:
                         self._start(batch, instance)
                         continue
                     if again is not None:
+                        due = again
                         timeout = (again - now) / 1e9
             # NOTE: nothing can wake the batcher between its look above and this wait:
             #   arrivals and finished batches run while it is suspended here.
@@ -497,15 +522,21 @@ class DynamicBatcher:
             #   task per wait (the batcher waits once per arrival under load), nor the loop's
             #   call_later, which counts whole milliseconds (precise_timer.py). The last
             #   SPIN_WINDOW of a wait it goes round the loop instead.
+            #   The timer stays set across the arrivals that wake the batcher meanwhile
+            #   (set again only when the due time moves): were it set and unset around
+            #   each wait, each would cost two ctypes calls. Left set after a batch that
+            #   filled up first, it wakes the batcher once for nothing, which looks again.
             if timeout <= SPIN_WINDOW:
                 loop.call_soon(self._wake)
                 await waiter
                 continue
-            self._delay_timer.arm(timeout - SPIN_WINDOW)
-            try:
-                await waiter
-            finally:
-                self._delay_timer.disarm()
+            if not due:  # no instance yet: polled
+                due = time.monotonic_ns() + int(timeout * 1e9)
+            due -= _SPIN_WINDOW_NS
+            if due != self._armed_ns:
+                self._delay_timer.arm_at(due)
+                self._armed_ns = due
+            await waiter
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The loop ended: by close(), or by a bug, which must not leave callers waiting."""

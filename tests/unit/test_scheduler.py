@@ -12,6 +12,7 @@ import uvloop
 
 from oipserve.errors import Unavailable
 from oipserve.runtime.abandoned_work import ABANDONED_WORK, AbandonedWork
+from oipserve.scheduling import precise_timer
 from oipserve.scheduling.policy import BatchPolicy, QueuePolicy
 from oipserve.scheduling.scheduler import SPIN_WINDOW, DynamicBatcher, Entry, QueueRejected
 from tests.support.batcher_calls import submit
@@ -148,6 +149,29 @@ async def test_the_delay_waits_for_a_fuller_batch_then_fires_what_it_has() -> No
     assert await asyncio.gather(*futures) == ["done a", "done b"]
     assert h.executed() == [["a", "b"]]
     assert time.monotonic() - started >= 0.055
+
+
+async def test_the_delay_timer_is_set_once_for_a_deadline_not_at_each_arrival(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each arrival wakes the batcher; the partial batch's deadline stays the oldest
+    request's, and the timer set for it stays set (it was set and unset at each wake)."""
+    sets: list[int] = []
+    settime = precise_timer._timerfd_settime
+
+    def counted(fd: int, flags: int, new: Any, old: Any) -> int:
+        sets.append(flags)
+        return settime(fd, flags, new, old)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(precise_timer, "_timerfd_settime", counted)
+    h = Harness(policy(max_queue_delay_ns=60_000_000))
+    futures = []
+    for name in "abcd":
+        futures.append(h.submit(name))
+        await asyncio.sleep(0.005)
+    assert await asyncio.gather(*futures) == ["done a", "done b", "done c", "done d"]
+    assert h.executed() == [["a", "b", "c", "d"]]
+    assert len(sets) == 1, sets
 
 
 async def test_a_preferred_size_fires_at_once_within_the_delay() -> None:
