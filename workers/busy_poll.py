@@ -4,7 +4,7 @@ A worker that has answered everything it received sleeps in ``epoll_wait`` until
 writes again. Waking it costs both sides: the front's write must wake a sleeping task, and
 on a virtual machine a sleeping vCPU (the guest executes HLT) is woken with an interrupt
 that exits to the hypervisor. At low load that happens once a request. So a worker keeps
-polling its sockets (``select`` with no timeout, ``sched_yield`` between polls) for up to
+polling its sockets (``epoll_wait`` with no timeout, ``sched_yield`` between polls) for up to
 ``--worker-busy-poll-us`` (250 us) after its last reply, and only then sleeps. (The front
 polls for a worker's reply the same way: ``oipserve.runtime.busy_poll``.)
 
@@ -41,11 +41,10 @@ the rate (still 1.4x Triton's), c=16 unchanged
 from __future__ import annotations
 
 import os
-import selectors
 from time import monotonic_ns
-from typing import Final
+from typing import Final, Protocol
 
-__all__ = ["NextRequestPoll", "select_polling"]
+__all__ = ["NextRequestPoll", "Poller", "next_events"]
 
 #: Weight of the newest gap in ``NextRequestPoll.within``.
 _NEWEST: Final = 1 / 8
@@ -82,17 +81,29 @@ class NextRequestPoll:
             self._idle_since = 0
 
 
-def select_polling(
-    selector: selectors.BaseSelector, until: int, sleep: float | None = None
-) -> list[tuple[selectors.SelectorKey, int]]:
-    """The selector's next events: polled for, yielding the CPU between polls, until
-    ``until`` (``monotonic_ns``; 0: not at all), then waited for asleep, at most ``sleep``
-    seconds (None: for ever; no events when it ran out)."""
+class Poller(Protocol):
+    """What ``next_events`` polls: a ``select.epoll`` (tests pass a stand-in that counts)."""
+
+    def poll(self, timeout: float | None = None, maxevents: int = -1) -> list[tuple[int, int]]:
+        """The ready fds and their event masks, within ``timeout`` seconds (None: for ever)."""
+        ...
+
+
+def next_events(
+    poller: Poller, until: int, sleep: float | None = None, most: int = 1
+) -> list[tuple[int, int]]:
+    """The poller's next events, ``(fd, epoll mask)``: polled for, yielding the CPU between
+    polls, until ``until`` (``monotonic_ns``; 0: not at all), then waited for asleep, at
+    most ``sleep`` seconds (None: for ever; no events when it ran out). ``most``: how many
+    fds are registered (epoll's ``maxevents``; its default allocates room for 1023 a call).
+    """
+    # PERF: epoll's own list of (fd, mask), not selectors' (SelectorKey, events) pairs that
+    #   its select builds in interpreted Python at every call (every spin of the polling).
     while until:
-        events = selector.select(0)
+        events = poller.poll(0, most)
         if events:
             return events
         if monotonic_ns() >= until:
             break
         os.sched_yield()
-    return selector.select(sleep)
+    return poller.poll(sleep, most)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-import selectors
+import select
 import signal
 import socket
 from collections.abc import Callable
@@ -51,7 +51,7 @@ from oipserve.wire.messages import (
     WorkerReady,
 )
 from workers import json_text, runtime
-from workers.busy_poll import NextRequestPoll, select_polling
+from workers.busy_poll import NextRequestPoll, next_events
 from workers.chains import run_chain
 from workers.colocation import Colocation, pinned_siblings
 from workers.failures import SEE_LOG, run_failure
@@ -101,6 +101,9 @@ class Worker:
         self.connections: list[FrontConnection] = [self.starter]
         #: Where other fronts connect (``--http-workers``), or None.
         self.fronts = fronts
+        #: The connections by fd, as ``serve``'s epoll reports them; the listener's fd.
+        self._by_fd: dict[int, FrontConnection] = {}
+        self._listener = -1
         self._accepted = 0
         #: What each front is told first (the process and its ONNX Runtime).
         self.greeting = WorkerReady(os.getpid(), "")
@@ -125,49 +128,72 @@ class Worker:
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        # PERF: the sockets stay blocking (toggling O_NONBLOCK costs two fcntl calls
-        #   each way per reply); the selector says when a recv will not block, and the
-        #   drain after SIGTERM reads with MSG_DONTWAIT.
-        # NOTE: a selector (epoll), not select(): select() fails with "filedescriptor
-        #   out of range" once an fd number passes 1024, which a worker started by a
-        #   front with many open connections inherits.
-        self.starter.sock.setblocking(True)
-        selector = selectors.DefaultSelector()
-        selector.register(self.starter.sock, selectors.EVENT_READ, self.starter)
-        selector.register(wake_r, selectors.EVENT_READ, None)
-        if self.fronts is not None:
-            self.fronts.setblocking(False)
-            selector.register(self.fronts, selectors.EVENT_READ, self.fronts)
+        poll = self._poll(wake_r)
         try:
             until = 0
             while True:
-                events = select_polling(selector, until, self.colocation.sleep_limit())
+                most = len(self._by_fd) + 2  # the wake pipe, the listener
+                events = next_events(poll, until, self.colocation.sleep_limit(), most)
                 if not events:  # asleep that long while pinned (workers.colocation)
                     self.colocation.idled()
                     until = 0
                     continue
                 self.polling.woken(monotonic_ns())
-                if any(key.fd == wake_r for key, _ in events):
+                if _ready(events, wake_r):
                     os.read(wake_r, 64)
                     # Drain what already arrived, on every connection, then leave.
                     for connection in self.connections:
                         while self.receive(connection, socket.MSG_DONTWAIT):
                             pass
                     return
-                for key, _ in events:
-                    if key.data is self.fronts:
-                        self.accept(selector)
-                    elif not self.receive(key.data, 0):
-                        if key.data is self.starter:
-                            return  # the starting front is gone, or said Stop
-                        self.disconnect(key.data, selector)
+                if not self._serve_events(events, poll):
+                    return  # the starting front is gone, or said Stop
                 self._judge_turn()
                 until = self.polling.idle(monotonic_ns(), light=self._light)
         finally:
-            selector.close()
+            poll.close()
+            self._by_fd.clear()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
+
+    def _poll(self, wake_r: int) -> select.epoll:
+        """The epoll ``serve`` waits in: the starter's socket, the wake pipe, the listener.
+
+        PERF: the sockets stay blocking (toggling O_NONBLOCK costs two fcntl calls each way
+        per reply); epoll says when a recv will not block, and the drain after SIGTERM
+        reads with MSG_DONTWAIT. Epoll itself, not ``selectors``: its ``select`` builds
+        (SelectorKey, events) pairs in interpreted Python at every call.
+        NOTE: epoll, not select(): select() fails with "filedescriptor out of range" once
+        an fd number passes 1024, which a worker started by a front with many open
+        connections inherits.
+        """
+        self.starter.sock.setblocking(True)
+        poll = select.epoll()
+        starter = self.starter.sock.fileno()
+        poll.register(starter, select.EPOLLIN)
+        self._by_fd[starter] = self.starter
+        poll.register(wake_r, select.EPOLLIN)
+        if self.fronts is not None:
+            self.fronts.setblocking(False)
+            self._listener = self.fronts.fileno()
+            poll.register(self._listener, select.EPOLLIN)
+        return poll
+
+    def _serve_events(self, events: list[tuple[int, int]], poll: select.epoll) -> bool:
+        """Accept or read what each ready fd has (any event, a hang-up or error too, is
+        read: its recv tells); False once the starter's connection ended."""
+        for fd, _ in events:
+            if fd == self._listener:
+                self.accept(poll)
+                continue
+            connection = self._by_fd.get(fd)
+            if connection is None or self.receive(connection, 0):
+                continue
+            if connection is self.starter:
+                return False
+            self.disconnect(connection, poll)
+        return True
 
     def _judge_turn(self) -> None:
         """Tell the co-location what this turn carried (``workers.colocation``)."""
@@ -200,9 +226,9 @@ class Worker:
         """The pids of the fronts connected to this worker (known when co-locating)."""
         return {connection.pid for connection in self.connections if connection.pid}
 
-    def accept(self, selector: selectors.BaseSelector) -> None:
+    def accept(self, poll: select.epoll) -> None:
         """Another front of this server connects (``workers.fronts.accept_front``)."""
-        if self.fronts is None:  # serve() selects on the listener only when there is one
+        if self.fronts is None:  # serve() polls the listener only when there is one
             raise RuntimeError("a front connected to a worker without a front listener")
         accepted = accept_front(self.fronts)
         if accepted is None:
@@ -213,16 +239,19 @@ class Worker:
         connection.pid = pid
         connection.inputs = CheckedSegments(server_prefix(self.segment_prefix))
         self.connections.append(connection)
-        selector.register(sock, selectors.EVENT_READ, connection)
+        poll.register(sock.fileno(), select.EPOLLIN)
+        self._by_fd[sock.fileno()] = connection
         self.reply(connection, self.greeting)
         if connection.flush():
             log.info("front pid %d connected", pid)
         else:
-            self.disconnect(connection, selector)
+            self.disconnect(connection, poll)
 
-    def disconnect(self, connection: FrontConnection, selector: selectors.BaseSelector) -> None:
+    def disconnect(self, connection: FrontConnection, poll: select.epoll) -> None:
         """Another front left (or cannot be written to): its output segments go with it."""
-        selector.unregister(connection.sock)
+        fd = connection.sock.fileno()
+        poll.unregister(fd)
+        del self._by_fd[fd]
         self.connections.remove(connection)
         connection.close()
 
@@ -474,6 +503,14 @@ class Worker:
             self.fronts.close()
         self.regions.close()
         self.sessions.clear()
+
+
+def _ready(events: list[tuple[int, int]], fd: int) -> bool:
+    """Whether ``fd`` is among epoll's ``events``."""
+    for ready, _ in events:
+        if ready == fd:
+            return True
+    return False
 
 
 def _through_wakeup_fd(signum: int, frame: FrameType | None) -> None:
