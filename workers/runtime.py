@@ -11,7 +11,6 @@ Outputs that go into clients' regions with shapes known before the run
 from __future__ import annotations
 
 import ctypes
-import logging
 from typing import Any, Final, TypeAlias
 
 import numpy as np
@@ -31,14 +30,12 @@ from oipserve.wire.datatypes import (
 from oipserve.wire.messages import TensorMeta
 from oipserve.wire.session_keys import ARENA, GRAPH_LEVEL, PATTERN, SHRINKAGE
 
-log = logging.getLogger("oipserve.worker")
-
 _BF16: Final = 16  # ONNX TensorProto.BFLOAT16
 #: Where ``run_into`` binds outputs: the host's memory (ONNX Runtime's C++ device).
 _CPU: Final = ort.OrtDevice.make("cpu", 0)._get_c_device()
-#: What ``ModelSession`` uses of ``ort.InferenceSession`` besides its public methods:
-#: the C++ session (``_sess``) and the state of its EPFail fallback (``_run``).
-_PRIVATE: Final = ("_sess", "_enable_fallback", "_fallback_providers")
+#: What ``ModelSession`` uses of ``ort.InferenceSession`` besides its public methods: the
+#: C++ session (``_sess``).
+_PRIVATE: Final = ("_sess",)
 
 #: What ONNX Runtime (or our metadata check) raises for a model it cannot load: a
 #: broken or missing file, an unsupported graph, bad provider options. Its message is
@@ -141,6 +138,7 @@ class ModelSession:
             )
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         _check_private(self.session)
+        _no_fallback(self.session)
         #: Run options of every run: only set for arena shrinkage (None is ONNX Runtime's default).
         self.run_options = _shrinkage(tuning.get(SHRINKAGE, ""), self.session.get_providers())
         self.inputs = _meta(self.session.get_inputs())
@@ -235,28 +233,12 @@ class ModelSession:
     #   here, compiled), builds the output names (``_output_names``), checks WebGPU graph
     #   capture (moot: a session gets CPU or CUDA providers only) and that an OrtValue
     #   fed belongs to no other session (ours belong to none: made from numpy arrays),
-    #   then handles EPFail as ``_run`` does. Calling the C++ session saves ~3-4 us a run.
+    #   and on EPFail makes the session again on the CPU (turned off here, see
+    #   ``_no_fallback``). Calling the C++ session saves ~3-4 us a run.
     def _run(self, method: str, first: object, second: object) -> Any:
         """The C++ session's ``method`` (``run``: names, feeds; ``run_with_ort_values``:
-        feeds, names); on EPFail, what ONNX Runtime's wrapper does: once, if its fallback
-        is on, the session is made again with the fallback providers (the CPU's), the
-        fallback turned off, and the run tried again; else the EPFail is raised."""
-        session = self.session
-        try:
-            return getattr(session._sess, method)(first, second, self.run_options)
-        except ort_errors.EPFail as exc:
-            if not session._enable_fallback:
-                raise
-            log.warning(
-                "ONNX Runtime's run failed in an execution provider of %s (%s); the session "
-                "falls back to %s for good and runs again",
-                session.get_providers(),
-                exc,
-                session._fallback_providers,
-            )
-            session.set_providers(session._fallback_providers)
-            session.disable_fallback()
-        return getattr(session._sess, method)(first, second, self.run_options)
+        feeds, names)."""
+        return getattr(self.session._sess, method)(first, second, self.run_options)
 
     def _check_fed(self, feeds: dict[str, object]) -> None:
         """Every required input fed, or ValueError (as ONNX Runtime's wrapper raises: the
@@ -288,6 +270,19 @@ class ModelSession:
             array = outputs[name]
             binding.bind_output(name, _CPU, array.dtype, list(array.shape), array.ctypes.data)
         native.run_with_iobinding(binding, self.run_options)
+
+
+def _no_fallback(session: ort.InferenceSession) -> None:
+    """A run that fails in its execution provider (EPFail: a CUDA provider on a GPU that
+    faults) fails, as in Triton, and the session keeps its providers.
+
+    ONNX Runtime's Python wrapper would instead make the session again on the CPU for
+    good, on the first such failure: a GPU instance the server still reports on its GPU
+    would run many times slower, as a session whose CUDA provider cannot start at load
+    would, which the front refuses (``oipserve.models.placement.gpu_fallback_refusal``).
+    The run's EPFail is the server's fault (``failures.run_failure``: internal).
+    """
+    session.disable_fallback()
 
 
 def _check_private(session: ort.InferenceSession) -> None:
