@@ -23,6 +23,7 @@ without ``dynamic_batching`` a batcher that runs one request per execution.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from time import monotonic_ns
 from typing import Final
 
@@ -49,7 +50,7 @@ from oipserve.telemetry.stats import FailureReason, ModelStats, failure_reason, 
 from oipserve.wire.messages import InferDone
 from oipserve.wire.shm import BufferPool, Lease
 
-__all__ = ["BatchRunner", "batching_policy"]
+__all__ = ["BatchRunner", "CrossedAnswer", "batching_policy"]
 
 #: Resolution of the loop's timers (libuv counts milliseconds).
 _TIMER_GRAIN: Final = 0.001
@@ -220,6 +221,52 @@ class _Deadlines:
             _expire_queued(queued)
 
 
+#: How a request another front took is answered: its result, or what failed it.
+CrossedAnswer = Callable[[InferResult | None, BaseException | None], None]
+
+
+class _CrossedWait:
+    """A request another front took, waiting for its batcher's answer (``infer_crossed``):
+    what ``infer`` does after its ``await``, as its future's done callback."""
+
+    __slots__ = ("runner", "model", "queued", "entry", "batcher", "expiry", "answer")
+
+    def __init__(
+        self,
+        runner: BatchRunner,
+        model: ModelVersion,
+        queued: _Queued,
+        entry: Entry,
+        batcher: DynamicBatcher,
+        expiry: asyncio.TimerHandle | None,
+        answer: CrossedAnswer,
+    ) -> None:
+        self.runner = runner
+        self.model = model
+        self.queued = queued
+        self.entry = entry
+        self.batcher = batcher
+        self.expiry = expiry
+        self.answer = answer
+
+    def done(self, future: asyncio.Future[InferResult]) -> None:
+        queued = self.queued
+        runner = self.runner
+        error: BaseException | None = None
+        result: InferResult | None = None
+        if future.cancelled():  # (only its client cancels it: nothing awaits it)
+            error = runner._failed(queued, self.entry, self.batcher, asyncio.CancelledError(), True)
+        else:
+            exc = future.exception()
+            if exc is None:
+                result = future.result()
+            else:
+                error = runner._failed(queued, self.entry, self.batcher, exc, False)
+        runner._forget(queued, self.expiry)
+        self.model.in_flight -= 1
+        self.answer(result, error)
+
+
 class BatchRunner:
     """Puts requests into their model version's batcher and runs the batches it forms."""
 
@@ -237,16 +284,67 @@ class BatchRunner:
         start: int,
         placements: list[Placement],
         deadline: float,
-        crossed: bool = False,
     ) -> InferResult:
         """Queue one checked request and wait for its own part of a batch's answer (a
-        ``strategies.CheckedQueue``); ``crossed``: another front took it (its answer goes
-        back there, ``DataPlane.batch_checked``).
+        ``strategies.CheckedQueue``).
 
         The request counts in ``stats`` once: as pending while it waits (the batcher
         keeps that count), then as a success (recorded with its batch, in ``_run_batch``)
         or a failure here.
         """
+        queued, entry, batcher, expiry = self._queue(
+            inference, stats, start, placements, deadline, None
+        )
+        future: asyncio.Future[InferResult] = entry.future
+        try:
+            return await future
+        except BaseException as exc:
+            client_left = isinstance(exc, asyncio.CancelledError) and cancelled_by_client(future)
+            failed = self._failed(queued, entry, batcher, exc, client_left)
+            if failed is exc:
+                raise
+            raise failed from None
+        finally:
+            self._forget(queued, expiry)
+
+    def infer_crossed(
+        self,
+        inference: Inference,
+        stats: ModelStats,
+        start: int,
+        placements: list[Placement],
+        deadline: float,
+        answer: CrossedAnswer,
+        flush: Callable[[], None],
+    ) -> None:
+        """``infer`` for a request another front took (``DataPlane.cross_in``), without a
+        task: it is queued now (what refuses it is raised), and ``answer(result, error)``
+        is called once when it is answered; ``flush`` after its batch's crossed answers,
+        before this front's own (``DynamicBatcher._dispatch``). Its version's
+        ``in_flight`` counts it meanwhile, so that an unload waits for it.
+
+        PERF: a task a request (``Task.__init__`` alone was 1.4 % of the primary's samples
+        on the batched MatMul row, two fronts) and a loop step to start it.
+        """
+        queued, entry, batcher, expiry = self._queue(
+            inference, stats, start, placements, deadline, flush
+        )
+        model = inference.model
+        model.in_flight += 1
+        wait = _CrossedWait(self, model, queued, entry, batcher, expiry, answer)
+        entry.future.add_done_callback(wait.done)
+
+    def _queue(
+        self,
+        inference: Inference,
+        stats: ModelStats,
+        start: int,
+        placements: list[Placement],
+        deadline: float,
+        crossed: Callable[[], None] | None,
+    ) -> tuple[_Queued, Entry, DynamicBatcher, asyncio.TimerHandle | None]:
+        """Queue one checked request in its version's batcher, its deadline watched (the
+        timer of its own, if it has one). (PERF: a tuple of mypyc's, not an object.)"""
         model, output_names, owned = inference.model, inference.output_names, inference.owned
         priority, timeout_us, watch = inference.priority, inference.timeout_us, inference.watch
         try:
@@ -275,29 +373,34 @@ class BatchRunner:
         if entry.due_ns:
             remaining = deadline - self._loop.time()
             queued.queue_due = _queue_due_first(batcher.policy, entry, start, remaining)
-        expiry = self._deadlines.watch(queued)
-        try:
-            return await future
-        except BaseException as exc:
-            batcher.withdraw(entry)
-            failed: BaseException = exc
-            if isinstance(exc, asyncio.CancelledError) and cancelled_by_client(future):
-                failed = Withdrawn()
-            if queued.taken:
-                reason = failure_reason(exc)
-            else:
-                queued.release_inputs()
-                withdrawn = isinstance(exc, asyncio.CancelledError)
-                reason = FailureReason.CANCELED if withdrawn else refusal_reason(exc)
-            stats.request_failed(reason, monotonic_ns() - start)
-            if failed is exc:
-                raise
-            raise failed from None
-        finally:
-            if expiry is None:
-                self._deadlines.forget(queued)
-            else:
-                expiry.cancel()
+        return queued, entry, batcher, self._deadlines.watch(queued)
+
+    def _failed(
+        self,
+        queued: _Queued,
+        entry: Entry,
+        batcher: DynamicBatcher,
+        exc: BaseException,
+        client_left: bool,
+    ) -> BaseException:
+        """A queued request failed with ``exc``: it leaves the queue and counts as failed;
+        what its caller raises (``Withdrawn`` when its client went away)."""
+        batcher.withdraw(entry)
+        if queued.taken:
+            reason = failure_reason(exc)
+        else:
+            queued.release_inputs()
+            withdrawn = isinstance(exc, asyncio.CancelledError)
+            reason = FailureReason.CANCELED if withdrawn else refusal_reason(exc)
+        queued.stats.request_failed(reason, monotonic_ns() - queued.start)
+        return Withdrawn() if client_left else exc
+
+    def _forget(self, queued: _Queued, expiry: asyncio.TimerHandle | None) -> None:
+        """A queued request is answered: its deadline no longer matters."""
+        if expiry is None:
+            self._deadlines.forget(queued)
+        else:
+            expiry.cancel()
 
     def _batcher(self, model: ModelVersion, stats: ModelStats) -> DynamicBatcher:
         """The version's batcher, made at its first request with its policy

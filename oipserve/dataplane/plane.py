@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import monotonic_ns
 from typing import TYPE_CHECKING, Protocol
 
 import oipserve
 from oipserve.config.cache_config import cache_bytes
-from oipserve.dataplane.batched import BatchRunner, batching_policy
+from oipserve.dataplane.batched import BatchRunner, CrossedAnswer, batching_policy
 from oipserve.dataplane.dispatch import Dispatch
 from oipserve.dataplane.ensemble import EnsembleRunner
 from oipserve.dataplane.intake import Intake
@@ -58,7 +58,7 @@ from oipserve.request.placement import Placement
 from oipserve.runtime.busy_poll import BusyPoll
 from oipserve.runtime.colocation import FrontAffinity
 from oipserve.runtime.worker_share import share_of, worker_in_share
-from oipserve.telemetry.stats import StatsRegistry, refusal_reason
+from oipserve.telemetry.stats import ModelStats, StatsRegistry, refusal_reason
 from oipserve.wire.json_request import InferRequest
 from oipserve.wire.messages import ObjectRef
 from oipserve.wire.shm import BufferPool, Lease, SegmentCache, idle_cap
@@ -120,6 +120,8 @@ class DataPlane:
         self._elsewhere: CheckedQueue | None = None
         #: The sequence batcher of each sequence version, made with its strategy.
         self._sequencers: dict[ModelVersion, Sequenced] = {}
+        #: The tasks of sequence requests other fronts sent (``cross_in``), kept until done.
+        self._crossing: set[asyncio.Task[None]] = set()
         #: How every request and batch goes to a worker and comes back (``Dispatch``).
         self.dispatch = dispatch
         #: The response cache (``--cache-config``); None without one (the default).
@@ -294,33 +296,40 @@ class DataPlane:
         self._strategies[model] = strategy
         return strategy
 
-    async def batch_checked(
-        self, inference: Inference, placements: list[Placement], start: int, deadline: float
-    ) -> InferResult:
+    def cross_in(
+        self,
+        inference: Inference,
+        placements: list[Placement],
+        start: int,
+        deadline: float,
+        answer: CrossedAnswer,
+        flush: Callable[[], None],
+    ) -> None:
         """A request another front checked, into this front's batcher of its version (the
         primary's side of ``batch_elsewhere``): its sequence batcher for a sequence model.
         Counted in this front's statistics from ``start`` (its arrival there), answered by
-        ``deadline`` (this loop's time).
+        ``deadline`` (this loop's time). What refuses it at once is raised; otherwise
+        ``answer(result, error)`` is called once, and ``flush`` after its batch's crossed
+        answers (``BatchRunner.infer_crossed``: a dynamic batcher's request takes no task).
 
         (By the model, not by the request: an ensemble's steps all carry its sequence, a
         dynamically batched step too, which ignores it.)"""
         model = inference.model
         stats = self.stats.of(model)
-        model.in_flight += 1
-        try:
-            if model.config is not None and model.config.sequence_batching is not None:
-                sequencer = self._sequencer(model)
-                return await sequencer.run_checked(inference, placements, stats, start, deadline)
-            try:
-                model.check_serving()
-            except BaseException as exc:
-                stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
-                raise
-            return await self._batches.infer(
-                inference, stats, start, placements, deadline, crossed=True
+        if model.config is not None and model.config.sequence_batching is not None:
+            sequencer = self._sequencer(model)
+            task = self._loop.create_task(
+                _sequence_crossed(sequencer, inference, placements, stats, start, deadline, answer)
             )
-        finally:
-            model.in_flight -= 1
+            self._crossing.add(task)
+            task.add_done_callback(self._crossing.discard)
+            return
+        try:
+            model.check_serving()
+        except BaseException as exc:
+            stats.request_failed(refusal_reason(exc), monotonic_ns() - start)
+            raise
+        self._batches.infer_crossed(inference, stats, start, placements, deadline, answer, flush)
 
     def _sequencer(self, model: ModelVersion) -> Sequenced:
         """The sequence batcher of a sequence version (made with its strategy)."""
@@ -381,6 +390,30 @@ class DataPlane:
         never saw it; it counts with 0 ns.
         """
         self.stats.of(model).request_failed(refusal_reason(exc), 0)
+
+
+async def _sequence_crossed(
+    sequencer: Sequenced,
+    inference: Inference,
+    placements: list[Placement],
+    stats: ModelStats,
+    start: int,
+    deadline: float,
+    answer: CrossedAnswer,
+) -> None:
+    """A sequence request another front sent, through its sequence batcher to ``answer``."""
+    model = inference.model
+    model.in_flight += 1
+    try:
+        result = await sequencer.run_checked(inference, placements, stats, start, deadline)
+    except BaseException as exc:
+        model.in_flight -= 1
+        answer(None, exc)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return
+    model.in_flight -= 1
+    answer(result, None)
 
 
 def _deliver(result: InferResult, into: dict[str, RegionUse]) -> None:

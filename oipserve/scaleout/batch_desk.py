@@ -2,7 +2,7 @@
 
 One ``BatchDesk`` per replica (``batch_wire`` has the protocol). Each ``Enqueue`` becomes
 an ``Inference`` of the primary's own version of that model, its inputs' bytes the data
-of the message, and joins the version's batcher through ``DataPlane.batch_checked``, as a
+of the message, and joins the version's batcher through ``DataPlane.cross_in``, as a
 request of this front would: one queue, one queue policy, batches over every front's
 clients. It is counted here, once (the replica counts only what it refused before
 sending). Its outputs go back as bytes; the worker's segment is released as soon as they
@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
-from oipserve.errors import ServerError, Unavailable, kind_of
+from oipserve.errors import InternalError, ServerError, Unavailable, kind_of
 from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor, Parked
 from oipserve.request.placement import Placement
@@ -45,9 +45,15 @@ log = logging.getLogger("oipserve.replicas")
 class CheckedBatches(Protocol):
     """What the desk needs of this front's data plane (``DataPlane``)."""
 
-    async def batch_checked(
-        self, inference: Inference, placements: list[Placement], start: int, deadline: float
-    ) -> InferResult: ...
+    def cross_in(
+        self,
+        inference: Inference,
+        placements: list[Placement],
+        start: int,
+        deadline: float,
+        answer: Callable[[InferResult | None, BaseException | None], None],
+        flush: Callable[[], None],
+    ) -> None: ...
 
 
 class Versions(Protocol):
@@ -67,14 +73,17 @@ class BatchDesk:
         self._registry = registry
         # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
         self._loop = asyncio.get_running_loop()
-        # PERF: each answer is written as it is known, not with the rest of the loop's
-        #   turn: a turn that answers a batch also writes this front's own responses, and
-        #   the replica's clients waited for them. At c=16 over two fronts their next
-        #   requests then came after the batch's delay, and the batches were split
-        #   (docs/scaling.md, "Batches formed across fronts").
         self._protocol: FramedProtocol[ToPrimary] = FramedProtocol(
-            to_primary_decoder(), self._received, self._closed, at_once=True
+            to_primary_decoder(), self._received, self._closed
         )
+        # PERF: a batch's answers are written together as soon as they are queued, before
+        #   this front's own responses of the turn (the batcher calls this flush between
+        #   the two: ``DynamicBatcher._dispatch``), not at the turn's end: the replica's
+        #   clients waited for them, and at c=16 over two fronts their next requests then
+        #   came after the batch's delay, and the batches were split (docs/scaling.md,
+        #   "Batches formed across fronts"). Nor each as it is known: a write and a
+        #   wake-up of the replica an answer.
+        self._flush = self._protocol.flush
         #: Requests not answered yet: what withdraws each (its batcher's future's cancel).
         self._withdraw: dict[int, Callable[[], object]] = {}
         #: Requests received and not answered yet.
@@ -82,8 +91,6 @@ class BatchDesk:
         #: Those withdrawn before they reached their batcher; all once the socket closed.
         self._gone: set[int] = set()
         self._open = True
-        #: Their tasks, kept referenced until they end.
-        self._running: set[asyncio.Task[None]] = set()
 
     async def open(self, sock: socket.socket) -> None:
         """Serve the primary's end of a replica's batch socket."""
@@ -96,15 +103,12 @@ class BatchDesk:
 
     def _received(self, message: ToPrimary) -> None:
         if isinstance(message, Enqueue):
-            self._active.add(message.id)
-            task = self._loop.create_task(self._run(message))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._enqueue(message)
             return
         withdraw = self._withdraw.pop(message.id, None)
         if withdraw is not None:
             withdraw()
-        elif message.id in self._active:  # its task has not queued it yet
+        elif message.id in self._active:  # not queued yet (a sequence's: in its task)
             self._gone.add(message.id)
         # (else it was answered already: the replica drops the answer)
 
@@ -126,26 +130,36 @@ class BatchDesk:
 
         return watch
 
-    async def _run(self, message: Enqueue) -> None:
+    def _enqueue(self, message: Enqueue) -> None:
+        """Queue a request (no task of its own: ``DataPlane.cross_in``)."""
         rid = message.id
+        self._active.add(rid)
         try:
             inference, placements = self._inference(message)
             deadline = self._loop.time() + message.seconds_left
-            result = await self._plane.batch_checked(
-                inference, placements, message.start_ns, deadline
+            self._plane.cross_in(
+                inference, placements, message.start_ns, deadline, self._answer(rid), self._flush
             )
         except BaseException as exc:
-            if not isinstance(exc, ServerError | asyncio.CancelledError):
-                log.exception("a request another front sent to be batched failed")
-            kind, text = kind_of(exc)
+            self._answered(rid, None, exc)
+
+    def _answer(self, rid: int) -> Callable[[InferResult | None, BaseException | None], None]:
+        def answer(result: InferResult | None, error: BaseException | None) -> None:
+            self._answered(rid, result, error)
+
+        return answer
+
+    def _answered(self, rid: int, result: InferResult | None, error: BaseException | None) -> None:
+        """Request ``rid``'s answer or refusal, queued for the replica."""
+        self._withdraw.pop(rid, None)
+        self._gone.discard(rid)
+        self._active.discard(rid)
+        if result is None:
+            if not isinstance(error, ServerError | asyncio.CancelledError):
+                log.error("a request another front sent to be batched failed", exc_info=error)
+            kind, text = kind_of(error if error is not None else InternalError("no answer"))
             self._protocol.send(Refusal(rid, kind, text))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
             return
-        finally:
-            self._withdraw.pop(rid, None)
-            self._gone.discard(rid)
-            self._active.discard(rid)
         try:  # NOTE: encoded (copied) before the worker's segment goes back
             self._protocol.send(Answered(rid, [_output(tensor) for tensor in result.outputs]))
         finally:

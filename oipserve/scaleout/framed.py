@@ -3,7 +3,7 @@
 Framed like the workers' sockets (``oipserve.wire.framing.frame``: a length, then
 msgpack); each end decodes what it receives with the decoder of the messages that side
 gets and hands each to ``on_message``. What one turn of the loop sends goes in one write,
-or, made ``at_once``, each message as it is sent.
+at the turn's end or at an earlier ``flush``.
 """
 
 from __future__ import annotations
@@ -34,22 +34,22 @@ class FramedProtocol(asyncio.Protocol, Generic[Incoming]):
         decoder: msgspec.msgpack.Decoder[Incoming],
         on_message: Callable[[Incoming], None],
         on_closed: Callable[[], None],
-        *,
-        at_once: bool = False,
     ) -> None:
         self._decoder = decoder
-        #: Each message written as it is sent, not with the rest of the loop's turn.
-        self._at_once = at_once
         self._on_message = on_message
         self._on_closed = on_closed
         self._splitter = FrameSplitter()
         self.transport: asyncio.Transport | None = None
         #: Frames sent during this turn of the loop, written together at its end.
         self._outgoing: list[bytes] = []
+        #: Set when the connection is made (made in the loop's thread, no system call).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (asyncio types the hook for every protocol; a stream's transport is a Transport)
         self.transport = cast(asyncio.Transport, transport)
+        # PERF: asyncio.get_running_loop() makes a getpid() system call on each use.
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         for body in self._splitter.feed(data):
@@ -59,28 +59,30 @@ class FramedProtocol(asyncio.Protocol, Generic[Incoming]):
         self._on_closed()
 
     def send(self, message: object) -> None:
-        """Queue ``message``; what is sent during one turn of the loop goes in one write
-        (made ``at_once``: written now).
+        """Queue ``message``; what is sent during one turn of the loop goes in one write,
+        at the turn's end or at ``flush``.
 
         PERF: the batch sockets carry a message per request each way. A replica's
         requests written one by one each woke the primary once, and its batcher took the
         requests of one turn of the replica's loop in as many turns of its own, forming
-        smaller batches. The answers back are written at once (``batch_desk``): there the
-        turn's end came after the primary's own responses (``docs/scaling.md``, "Batches
-        formed across fronts").
+        smaller batches. The answers back are flushed by the batcher as soon as a batch's
+        crossed answers are queued (``batch_desk``): the turn's end came after the
+        primary's own responses (``docs/scaling.md``, "Batches formed across fronts").
         """
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if self._at_once:
-            transport.write(frame(_ENCODER, message))
+        loop = self._loop
+        if transport is None or loop is None or transport.is_closing():
             return
         if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self.flush)
         self._outgoing.append(frame(_ENCODER, message))
 
-    def _flush(self) -> None:
-        outgoing, self._outgoing = self._outgoing, []
+    def flush(self) -> None:
+        """Write what was sent and not written yet, in one write (nothing: no write)."""
+        outgoing = self._outgoing
+        if not outgoing:
+            return
+        self._outgoing = []
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(b"".join(outgoing) if len(outgoing) > 1 else outgoing[0])

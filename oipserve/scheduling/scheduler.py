@@ -143,8 +143,9 @@ class Entry:
         self.timer: asyncio.TimerHandle | None = None
         #: When its queue timeout expires (monotonic ns; 0: it has none).
         self.due_ns = 0
-        #: Another front took it: its answer crosses back there (answered first).
-        self.crossed = False
+        #: Another front took it: the flush of what crosses back there, called once its
+        #: batch's crossed answers are out, before this front's own (``_dispatch``).
+        self.crossed: Callable[[], None] | None = None
 
 
 #: The loop's timers count whole milliseconds and round to the nearest (uvloop): one
@@ -253,13 +254,13 @@ class DynamicBatcher:
         signature: Hashable,
         priority: int,
         timeout_us: int,
-        crossed: bool = False,
+        crossed: Callable[[], None] | None = None,
     ) -> Entry:
         """Queue a request; ``entry.future`` resolves to its result. The caller awaits it
         and calls ``withdraw(entry)`` whenever that await ends in an error (cancelled, or
         failed by the caller's deadline): the request then leaves the queue at once.
-        ``crossed``: another front took the request (``scaleout.batch_desk``); its batch
-        answers it before this front's own (``_dispatch``).
+        ``crossed``: another front took the request (``scaleout.batch_desk``): its batch
+        answers it before this front's own, and then calls ``crossed`` (``_dispatch``).
 
         Raises QueueRejected at once when its level's queue is full.
 
@@ -561,18 +562,23 @@ class DynamicBatcher:
             for entry in batch:
                 self._answer(entry, None, exc)
         else:
-            # NOTE: the answers that cross to another front first: their tasks then run
-            #   first in the loop's next turn and write them at once (``batch_desk``), and
-            #   that front writes to its clients while this one writes to its own. Behind
-            #   this front's responses, at c=16 over two fronts, their next requests came
-            #   too late for the next batch (docs/scaling.md, "Batches formed across
-            #   fronts"; this order alone, with the answers written at the turn's end,
-            #   changed nothing).
+            # NOTE: the answers that cross to another front first: their done callbacks then
+            #   run first in the loop's next turn and queue them (``batch_desk``), the flush
+            #   of each front they cross to runs next and writes them, and that front
+            #   writes to its clients while this one writes to its own. Behind this front's
+            #   responses, at c=16 over two fronts, their next requests came too late for
+            #   the next batch (docs/scaling.md, "Batches formed across fronts").
+            flushes: list[Callable[[], None]] = []
             for entry, result in zip(batch, results, strict=True):
-                if entry.crossed:
+                flush = entry.crossed
+                if flush is not None:
                     self._answer(entry, result, None)
+                    if flush not in flushes:
+                        flushes.append(flush)
+            for flush in flushes:
+                self._loop.call_soon(flush)
             for entry, result in zip(batch, results, strict=True):
-                if not entry.crossed:
+                if entry.crossed is None:
                     self._answer(entry, result, None)
         finally:
             self._busy.discard(id(instance))

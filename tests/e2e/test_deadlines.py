@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,7 +25,7 @@ from tests.support.batching import hold_the_instance
 from tests.support.metrics import scrape
 from tests.support.onnx_models import WEIGHTY, write_weighty_repository
 from tests.support.raw_http import read_response
-from tests.support.server import ServerProcess, wait_for
+from tests.support.server import ServerProcess, failures, wait_for
 
 
 def _simple(module: object) -> list:
@@ -125,15 +124,7 @@ def test_a_grpc_client_deadline_withdraws_its_request(server: ServerProcess) -> 
         os.kill(worker, signal.SIGCONT)
     assert grpc.infer("batched", _batched(grpcclient)).as_numpy("ROWS").tolist() == [[1]]
     # The server saw the call end: the queued request was withdrawn, never run.
-    assert _failures(server, "batched", "CANCELED") == 1
-
-
-def _failures(server: ServerProcess, model: str, reason: str) -> int:
-    with urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    key = f'nv_inference_request_failure{{model="{model}",version="1",reason="{reason}"}} '
-    (line,) = [ln for ln in text.splitlines() if ln.startswith(key)]
-    return int(float(line.split()[-1]))
+    assert failures(server, "CANCELED") == 1
 
 
 def test_a_hung_worker_is_declared_unhealthy_and_replaced() -> None:

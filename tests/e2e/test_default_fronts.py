@@ -30,6 +30,7 @@ from tests.support.sequence_models import ACCUMULATE, save_int32_graph, write_ac
 from tests.support.server import (
     SAMPLE_REPOSITORY,
     ServerProcess,
+    failures,
     front_pid,
     pending,
     socket_to_front,
@@ -117,6 +118,31 @@ def test_requests_on_both_fronts_form_one_batch(batching: ServerProcess) -> None
     # each counted once, where it ran (the primary), the other front's too: one execution
     after = _counts(batching)
     assert [a - b for a, b in zip(after, before, strict=True)] == [CLIENTS, CLIENTS, 1]
+
+
+def test_a_client_of_the_other_front_that_leaves_withdraws_its_request_at_once(
+    batching: ServerProcess,
+) -> None:
+    """Its request leaves the primary's queue when it goes, not at the end of the 30 s
+    delay, and counts once, as canceled, where it was queued (the primary answers such a
+    request from its batcher's future, without a task of its own: ``infer_crossed``)."""
+    server = batching
+    assert wait_for(lambda: pending(server) == 0, timeout=10), server.log
+    before = failures(server, "CANCELED")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.sock = socket_to_front(server, front_pid(server, "extra front"))
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4},
+            {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["leaving"]},
+        ]
+    }
+    connection.request("POST", "/v2/models/batched/infer", json.dumps(body))
+    assert wait_for(steadily(lambda: pending(server) == 1), timeout=10), server.log
+    connection.close()  # the client goes away
+    assert wait_for(lambda: pending(server) == 0, timeout=10), server.log
+    assert wait_for(steadily(lambda: failures(server, "CANCELED") == before + 1), timeout=10)
+    assert "Traceback" not in server.log, server.log
 
 
 def _counts(server: ServerProcess) -> tuple[int, int, int]:

@@ -8,7 +8,7 @@ from a done callback: cancel the future and the request leaves the queue.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from oipserve.scheduling.scheduler import DynamicBatcher
@@ -21,7 +21,7 @@ def submit(
     signature: Hashable,
     priority: int,
     timeout_us: int,
-    crossed: bool = False,
+    crossed: Callable[[], None] | None = None,
 ) -> asyncio.Future[Any]:
     """Queue ``request``; the future resolves to its result (cancel it to withdraw it)."""
     entry = batcher.enqueue(request, batch, signature, priority, timeout_us, crossed)

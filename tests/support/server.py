@@ -367,6 +367,16 @@ def pending(proc: ServerProcess, model: str = "batched") -> int:
     return int(float(line.split()[-1]))
 
 
+def failures(proc: ServerProcess, reason: str, model: str = "batched") -> int:
+    """Failed requests of ``model`` for ``reason`` (``REJECTED``, ``CANCELED``, ...), as
+    the primary front's metrics count them."""
+    with urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    key = f'nv_inference_request_failure{{model="{model}",version="1",reason="{reason}"}} '
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(key)]
+    return int(float(line.split()[-1]))
+
+
 #: Two identity calls of 64 MiB each way, sent from a process of its own: grpc's Python
 #: layer holds the GIL while it copies a message, which would stall this process's probe.
 _SEND_LARGE_GRPC = """

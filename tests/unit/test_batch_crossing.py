@@ -47,17 +47,43 @@ class _Held:
 
 
 class _PrimaryPlane:
-    """The primary's ``batch_checked``: each request waits for the test's answer."""
+    """The primary's ``cross_in``: each request waits for the test's answer."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[Inference, list[Placement], int, float]] = []
         self.answers: asyncio.Queue[Callable[[Inference], InferResult]] = asyncio.Queue()
         self.withdrawn = 0
+        self._waiting: set[asyncio.Task[None]] = set()
 
-    async def batch_checked(
-        self, inference: Inference, placements: list[Placement], start: int, deadline: float
-    ) -> InferResult:
+    def cross_in(
+        self,
+        inference: Inference,
+        placements: list[Placement],
+        start: int,
+        deadline: float,
+        answer: Callable[[InferResult | None, BaseException | None], None],
+        flush: Callable[[], None],
+    ) -> None:
         self.requests.append((inference, placements, start, deadline))
+        task = asyncio.ensure_future(self._answer(inference, answer, flush))
+        self._waiting.add(task)
+        task.add_done_callback(self._waiting.discard)
+
+    async def _answer(
+        self,
+        inference: Inference,
+        answer: Callable[[InferResult | None, BaseException | None], None],
+        flush: Callable[[], None],
+    ) -> None:
+        try:
+            result = await self._wait(inference)
+        except Exception as exc:  # noqa: BLE001 (crosses as a refusal)
+            answer(None, exc)
+        else:
+            answer(result, None)
+        flush()
+
+    async def _wait(self, inference: Inference) -> InferResult:
         future = asyncio.get_running_loop().create_future()
         assert inference.watch is not None
         inference.watch(future.cancel)

@@ -1,5 +1,6 @@
-"""When a socket between two fronts writes what it is sent (``scaleout.framed``): a replica's
-requests together at the end of the loop's turn, the primary's answers each at once."""
+"""When a socket between two fronts writes what it is sent (``scaleout.framed``): what one
+turn sends together, at the turn's end or at an earlier flush (the primary's
+answers of a batch, flushed by its batcher)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ class _Transport:
         return False
 
 
-def _opened(*, at_once: bool) -> tuple[FramedProtocol[int], _Transport]:
+def _opened() -> tuple[FramedProtocol[int], _Transport]:
     protocol: FramedProtocol[int] = FramedProtocol(
-        msgspec.msgpack.Decoder(int), lambda _: None, lambda: None, at_once=at_once
+        msgspec.msgpack.Decoder(int), lambda _: None, lambda: None
     )
     transport = _Transport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
@@ -38,7 +39,7 @@ def _messages(write: bytes) -> list[int]:
 
 
 async def test_what_one_turn_sends_goes_in_one_write_at_its_end() -> None:
-    protocol, transport = _opened(at_once=False)
+    protocol, transport = _opened()
     protocol.send(1)
     protocol.send(2)
     assert transport.writes == []
@@ -46,11 +47,16 @@ async def test_what_one_turn_sends_goes_in_one_write_at_its_end() -> None:
     assert [_messages(write) for write in transport.writes] == [[1, 2]]
 
 
-async def test_at_once_each_message_is_written_as_it_is_sent() -> None:
-    protocol, transport = _opened(at_once=True)
+async def test_a_flush_writes_what_was_sent_at_once_in_one_write() -> None:
+    """The primary's answers of one batch (``batch_desk``): written when the batcher flushes,
+    before the turn's end; what is sent after goes at the turn's end."""
+    protocol, transport = _opened()
     protocol.send(1)
-    assert [_messages(write) for write in transport.writes] == [[1]]
     protocol.send(2)
-    assert [_messages(write) for write in transport.writes] == [[1], [2]]
+    protocol.flush()
+    assert [_messages(write) for write in transport.writes] == [[1, 2]]
+    protocol.flush()  # nothing left: no write
+    protocol.send(3)
+    assert len(transport.writes) == 1
     await asyncio.sleep(0)
-    assert len(transport.writes) == 2  # nothing left for the turn's end
+    assert [_messages(write) for write in transport.writes] == [[1, 2], [3]]
