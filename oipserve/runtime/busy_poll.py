@@ -16,6 +16,14 @@ of a request keeps its loop turning without sleeping (``epoll_wait`` with no tim
   requests typically take no longer than that (``typical``, a moving average): polling for
   a reply that comes later only takes a core from the workers (a MatMul that ONNX Runtime
   runs on every core read 0.91x at c=4 over two fronts when the front polled for it);
+  and only for a request that found the loop awake: polling for the client's next request
+  when it came, or with another request in flight. A front that slept before the request
+  has paid the wake-up already, and polling for its reply bought no latency: behind
+  Python's gRPC client at c=1 (its next call ~320 us after a reply, past the next
+  request's window) the front spent 454 us of CPU a call polling for replies and 362
+  without, p50 0.59 and 0.60 ms (Triton 391 us, 0.56 ms); paced at 2,000 tiny REST
+  requests a second, 386 and 361 us, p50 0.29 and 0.28 ms
+  (``benchmarks/results/2026-12-01-reply-poll-when-awake.md``);
 - for the client's next request, for ``next_window`` seconds once none is in flight, but
   only while that often pays: while at least a quarter of the recent gaps between the
   last request's end and the next one's start (``next_within``, a moving share) were
@@ -85,11 +93,14 @@ class BusyPoll:
     def started(self) -> float:
         """A request started: returns when, for ``ended``."""
         now = time.monotonic()
+        # (the loop awake: polling for this request, or serving another)
+        awake = self.polling or self.in_flight > 0
         if not self.in_flight and self._idle_since:
             hit = 1.0 if now - self._idle_since <= self.next_window else 0.0
             self.next_within += (hit - self.next_within) * _NEWEST
         self.in_flight += 1
-        self._poll_for_reply(now)
+        if awake:
+            self._poll_for_reply(now)
         return now
 
     def ended(self, since: float) -> None:

@@ -38,7 +38,8 @@ def test_a_request_in_flight_keeps_the_loop_polling_until_its_window_ends(
 ) -> None:
     async def scenario() -> None:
         poll = BusyPoll(asyncio.get_running_loop(), 0.05)
-        poll.started()
+        poll.ended(poll.started())  # the loop polls for the next request
+        poll.started()  # which came: its reply is polled for
         await asyncio.sleep(0.01)  # the loop would sleep here; it turns instead
         assert poll.polling
         assert turns[0] >= 5
@@ -73,7 +74,7 @@ def test_more_requests_in_flight_than_the_limit_stop_polling(turns: list[int]) -
         starts = [poll.started() for _ in range(MAX_IN_FLIGHT + 1)]
         await asyncio.sleep(0.01)
         assert not poll.polling
-        assert turns[0] == 0  # the turn scheduled by the first start saw too many and ended
+        assert turns[0] == 0  # the turn scheduled by the second start saw too many and ended
         poll.ended(starts[0])  # back to the limit: polls again
         await asyncio.sleep(0.005)
         assert poll.polling
@@ -105,10 +106,13 @@ def test_a_front_whose_requests_take_longer_than_the_window_polls_only_for_the_n
         assert poll.typical > 0.002
         await asyncio.sleep(0.005)
         seen = turns[0]
-        since = poll.started()
+        first = poll.started()  # woke the loop
+        since = poll.started()  # beside it, to an awake loop
         await asyncio.sleep(0.005)
         assert not poll.polling
-        assert turns[0] == seen  # no polling for this reply
+        assert turns[0] == seen  # no polling for these replies
+        poll.ended(first)
+        assert not poll.polling
         poll.ended(since)
         assert poll.polling  # but for the client's next request
         await asyncio.sleep(0.005)

@@ -95,14 +95,47 @@ def test_polling_for_the_next_request_resumes_when_requests_come_close_again(
     assert poll.next_within >= 0.25
 
 
-def test_the_reply_is_still_polled_for_when_the_next_request_is_not(
-    poll: BusyPoll, clock: Clock
+def _turn_after(loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock, t: float) -> bool:
+    """Whether the loop still polls ``t`` seconds on (one of its turns run then)."""
+    clock.now += t
+    loop.run_until_complete(asyncio.sleep(0))
+    return poll.polling
+
+
+def test_a_request_that_found_the_loop_asleep_is_not_polled_for(
+    loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock
+) -> None:
+    """Behind a slow client the loop sleeps between requests: a request that wakes it has
+    paid the wake-up, and polling for its reply bought no latency (gRPC c=1: 454 against
+    362 us of CPU a call, p50 0.59 against 0.60 ms)."""
+    _behind_a_slow_client(poll, clock)
+    clock.now += SLOW_GAP
+    poll.polling = False
+    poll.started()  # a request of 100 us, its reply within the 400 us window: not polled
+    assert not poll.polling
+
+
+def test_a_request_that_found_the_loop_polling_for_it_polls_for_its_reply(
+    loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock
+) -> None:
+    assert _serve_one(poll, clock, QUICK_GAP)  # polling for the next request
+    clock.now += QUICK_GAP
+    poll.started()
+    # past the next request's 150 us, within the reply's 400 us from the start
+    assert _turn_after(loop, poll, clock, 300e-6)
+    assert not _turn_after(loop, poll, clock, 150e-6)
+
+
+def test_a_request_beside_another_in_flight_polls_for_its_reply(
+    loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock
 ) -> None:
     _behind_a_slow_client(poll, clock)
     clock.now += SLOW_GAP
     poll.polling = False
-    poll.started()
-    assert poll.polling  # a request of 100 us: its reply is within the 400 us window
+    poll.started()  # woke the loop: not polled for
+    assert not poll.polling
+    poll.started()  # the loop is awake, serving the first
+    assert _turn_after(loop, poll, clock, 300e-6)
 
 
 def test_the_reply_ends_the_polling_for_it_when_the_next_request_is_not_polled_for(
@@ -111,8 +144,10 @@ def test_the_reply_ends_the_polling_for_it_when_the_next_request_is_not_polled_f
     _behind_a_slow_client(poll, clock)
     clock.now += SLOW_GAP
     poll.polling = False
-    since = poll.started()  # polls for the reply, up to 400 us from its start
+    first = poll.started()
+    second = poll.started()  # polls for the replies, up to 400 us from its start
     clock.now += REQUEST
-    poll.ended(since)  # the reply came after 100 us; the next request is not polled for
+    poll.ended(first)
+    poll.ended(second)  # the replies came after 100 us; the next request is not polled for
     loop.run_until_complete(asyncio.sleep(0))  # the scheduled turn runs
     assert not poll.polling  # not the 300 us left of the reply's window
