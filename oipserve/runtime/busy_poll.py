@@ -23,7 +23,11 @@ of a request keeps its loop turning without sleeping (``epoll_wait`` with no tim
   request's window) the front spent 454 us of CPU a call polling for replies and 362
   without, p50 0.59 and 0.60 ms (Triton 391 us, 0.56 ms); paced at 2,000 tiny REST
   requests a second, 386 and 361 us, p50 0.29 and 0.28 ms
-  (``benchmarks/results/2026-12-01-reply-poll-when-awake.md``);
+  (``benchmarks/results/2026-12-01-reply-poll-when-awake.md``). But a request that
+  woke the loop after more than ``LONG_SLEEP`` (1 ms) is polled for again, as is the
+  first: paced at 600 a second (1.7 ms apart) polling for each reply cost the front less
+  than not (298 against 315 us a request, p50 0.41 against 0.45 ms), a cold reply costing
+  more the longer the front slept;
 - for the client's next request, for ``next_window`` seconds once none is in flight, but
   only while that often pays: while at least a quarter of the recent gaps between the
   last request's end and the next one's start (``next_within``, a moving share) were
@@ -62,6 +66,9 @@ MAX_IN_FLIGHT: Final = 2
 #: ends (at most ``--busy-poll-us``): a client that sends again at once does so within
 #: tens of microseconds.
 NEXT_REQUEST_WINDOW: Final = 150e-6
+#: Seconds of sleep after which a request's reply is polled for again: measured, see the
+#: module's text.
+LONG_SLEEP: Final = 1e-3
 #: Weight of the newest request in ``BusyPoll.typical`` and gap in ``BusyPoll.next_within``.
 _NEWEST: Final = 1 / 8
 #: Share of recent gaps within ``next_window`` below which the loop does not poll for the
@@ -93,11 +100,16 @@ class BusyPoll:
     def started(self) -> float:
         """A request started: returns when, for ``ended``."""
         now = time.monotonic()
-        # (the loop awake: polling for this request, or serving another)
+        # (the loop awake: polling for this request, or serving another; or it slept long)
         awake = self.polling or self.in_flight > 0
-        if not self.in_flight and self._idle_since:
-            hit = 1.0 if now - self._idle_since <= self.next_window else 0.0
-            self.next_within += (hit - self.next_within) * _NEWEST
+        if not self.in_flight:
+            if self._idle_since:
+                gap = now - self._idle_since
+                hit = 1.0 if gap <= self.next_window else 0.0
+                self.next_within += (hit - self.next_within) * _NEWEST
+                awake = awake or gap >= LONG_SLEEP
+            else:
+                awake = True  # (its first request)
         self.in_flight += 1
         if awake:
             self._poll_for_reply(now)

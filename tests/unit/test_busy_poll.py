@@ -74,7 +74,7 @@ def test_more_requests_in_flight_than_the_limit_stop_polling(turns: list[int]) -
         starts = [poll.started() for _ in range(MAX_IN_FLIGHT + 1)]
         await asyncio.sleep(0.01)
         assert not poll.polling
-        assert turns[0] == 0  # the turn scheduled by the second start saw too many and ended
+        assert turns[0] == 0  # the turn scheduled by the first start saw too many and ended
         poll.ended(starts[0])  # back to the limit: polls again
         await asyncio.sleep(0.005)
         assert poll.polling

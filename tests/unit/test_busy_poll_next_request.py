@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
-from oipserve.runtime.busy_poll import NEXT_REQUEST_WINDOW, BusyPoll
+from oipserve.runtime.busy_poll import LONG_SLEEP, NEXT_REQUEST_WINDOW, BusyPoll
 
 #: What a request takes, start to end: short enough that the loop polls for its reply.
 REQUEST = 100e-6
@@ -151,3 +151,24 @@ def test_the_reply_ends_the_polling_for_it_when_the_next_request_is_not_polled_f
     poll.ended(second)  # the replies came after 100 us; the next request is not polled for
     loop.run_until_complete(asyncio.sleep(0))  # the scheduled turn runs
     assert not poll.polling  # not the 300 us left of the reply's window
+
+
+def test_a_request_after_a_long_sleep_is_polled_for_again(
+    loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock
+) -> None:
+    """Paced at 600 tiny requests a second (1.7 ms apart) a front that polled for each
+    reply spent less CPU a request than one that did not (298 against 315 us), p50 0.41
+    against 0.45 ms: the longer it slept, the more a cold reply costs it."""
+    _behind_a_slow_client(poll, clock)
+    assert SLOW_GAP < LONG_SLEEP
+    clock.now += LONG_SLEEP + SLOW_GAP
+    poll.polling = False
+    poll.started()
+    assert _turn_after(loop, poll, clock, 300e-6)
+
+
+def test_the_first_request_is_polled_for(
+    loop: asyncio.AbstractEventLoop, poll: BusyPoll, clock: Clock
+) -> None:
+    poll.started()
+    assert _turn_after(loop, poll, clock, 300e-6)
