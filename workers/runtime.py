@@ -211,23 +211,6 @@ class ModelSession:
             shapes[name] = shape
         return shapes
 
-    def run(self, output_names: list[str], feeds: dict[str, object]) -> list[object]:
-        names = output_names or self._output_names
-        self._check_fed(feeds)
-        if self.has_bf16:
-            values = {
-                k: (
-                    v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
-                )._get_c_value()
-                for k, v in feeds.items()
-            }
-            results = self._run("run_with_ort_values", values, names)
-            return [
-                ort.OrtValue(r) if r.data_type() == "tensor(bfloat16)" else r.numpy()
-                for r in results
-            ]
-        return self._run("run", names, feeds)
-
     # PERF: ONNX Runtime's ``InferenceSession.run`` is interpreted Python around the C++
     #   session's run: it checks the feed's names against the inputs (``_check_fed``
     #   here, compiled), builds the output names (``_output_names``), checks WebGPU graph
@@ -235,10 +218,23 @@ class ModelSession:
     #   fed belongs to no other session (ours belong to none: made from numpy arrays),
     #   and on EPFail makes the session again on the CPU (turned off here, see
     #   ``_no_fallback``). Calling the C++ session saves ~3-4 us a run.
-    def _run(self, method: str, first: object, second: object) -> Any:
-        """The C++ session's ``method`` (``run``: names, feeds; ``run_with_ort_values``:
-        feeds, names)."""
-        return getattr(self.session._sess, method)(first, second, self.run_options)
+    def run(self, output_names: list[str], feeds: dict[str, object]) -> list[object]:
+        names = output_names or self._output_names
+        self._check_fed(feeds)
+        native: Any = self.session._sess
+        if self.has_bf16:
+            values = {
+                k: (
+                    v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
+                )._get_c_value()
+                for k, v in feeds.items()
+            }
+            results = native.run_with_ort_values(values, names, self.run_options)
+            return [
+                ort.OrtValue(r) if r.data_type() == "tensor(bfloat16)" else r.numpy()
+                for r in results
+            ]
+        return native.run(names, feeds, self.run_options)
 
     def _check_fed(self, feeds: dict[str, object]) -> None:
         """Every required input fed, or ValueError (as ONNX Runtime's wrapper raises: the

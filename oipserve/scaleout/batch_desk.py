@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
+from oipserve.dataplane.batched import CrossedAnswer
 from oipserve.errors import InternalError, ServerError, Unavailable, kind_of
 from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor, Parked
@@ -51,7 +52,7 @@ class CheckedBatches(Protocol):
         placements: list[Placement],
         start: int,
         deadline: float,
-        answer: Callable[[InferResult | None, BaseException | None], None],
+        answer: CrossedAnswer,
         flush: Callable[[], None],
     ) -> None: ...
 
@@ -143,7 +144,7 @@ class BatchDesk:
         except BaseException as exc:
             self._answered(rid, None, exc)
 
-    def _answer(self, rid: int) -> Callable[[InferResult | None, BaseException | None], None]:
+    def _answer(self, rid: int) -> CrossedAnswer:
         def answer(result: InferResult | None, error: BaseException | None) -> None:
             self._answered(rid, result, error)
 

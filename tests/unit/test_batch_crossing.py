@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from oipserve.dataplane.batched import CrossedAnswer
 from oipserve.errors import InvalidInput, ServerError, Unavailable, Withdrawn
 from oipserve.models.registry import ModelVersion
 from oipserve.request.inference import Inference, InferResult, InputTensor, OutputTensor
@@ -61,7 +62,7 @@ class _PrimaryPlane:
         placements: list[Placement],
         start: int,
         deadline: float,
-        answer: Callable[[InferResult | None, BaseException | None], None],
+        answer: CrossedAnswer,
         flush: Callable[[], None],
     ) -> None:
         self.requests.append((inference, placements, start, deadline))
@@ -72,7 +73,7 @@ class _PrimaryPlane:
     async def _answer(
         self,
         inference: Inference,
-        answer: Callable[[InferResult | None, BaseException | None], None],
+        answer: CrossedAnswer,
         flush: Callable[[], None],
     ) -> None:
         try:
