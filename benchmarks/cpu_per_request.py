@@ -89,7 +89,7 @@ def _counts(url: str, model: str) -> tuple[int, int]:
     )
 
 
-def _split_build(spec: str) -> tuple[Path, dict[str, str], list[str]]:
+def split_build(spec: str) -> tuple[Path, dict[str, str], list[str]]:
     """A build argument: its source tree, and the environment and server arguments after
     ``::``."""
     tree, _, extra = spec.partition("::")
@@ -102,7 +102,7 @@ def _split_build(spec: str) -> tuple[Path, dict[str, str], list[str]]:
 
 
 def _start(spec: str, http_workers: int) -> tuple[int, str, Callable[[], None]]:
-    build, env, extra = _split_build(spec)
+    build, env, extra = split_build(spec)
     args = ["--model-repository", str(WORK / "repos" / "oipserve"), "--http-port", "0",
             "--grpc-port", "0", "--instances-per-device", "2",
             "--http-workers", str(http_workers), *extra]  # fmt: skip
@@ -174,7 +174,7 @@ def main() -> None:
     #   would start a second server whose handle replaced the first's, left running.
     keys = {
         (tree, tuple(sorted(env.items())), tuple(extra))
-        for tree, env, extra in map(_split_build, ns.builds)
+        for tree, env, extra in map(split_build, ns.builds)
     }
     if len(keys) < len(ns.builds):
         parser.error("a build is named twice; name each tree and its arguments once")
