@@ -135,8 +135,8 @@ def unparsed_shape(
     here) before core sees the request, after the inputs ``before`` it were added: their
     own first check (``_check_added``) comes first. gRPC keeps core's words
     (``_check_shape``)."""
-    for dim in shape:  # PERF: (mypyc) a plain loop: one comparison a size
-        if dim < 0:
+    for index in range(len(shape)):  # PERF: (mypyc) indexed: no iterator, one comparison a size
+        if shape[index] < 0:
             return _unparsed(before, name, shape, request_id)
     return None
 

@@ -36,7 +36,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from oipserve.errors import AlreadyExists, Forbidden, InvalidInput, NotFound
-from oipserve.request.region_parameters import RegionRequest, region_parameters
+from oipserve.request.region_parameters import (
+    RegionRequest,
+    region_parameters,
+    region_request,
+    wants_region,
+)
 from oipserve.request.region_use import ClientRegion, RegionStatus, RegionUse
 from oipserve.request.shm_objects import object_name, open_object
 from oipserve.wire.messages import ObjectRef
@@ -57,6 +62,8 @@ __all__ = [
     "cuda_refusal",
     "object_name",
     "region_parameters",
+    "region_request",
+    "wants_region",
 ]
 
 #: Registered regions per server unless ``--max-shm-regions`` says otherwise.

@@ -19,8 +19,8 @@ from oipserve.request.images import image_payload
 from oipserve.request.inference import InputTensor
 from oipserve.request.tensors import (
     Deferred,
-    array_from_values,
     bytes_from_values,
+    packed_from_values,
     string_count_words,
 )
 from oipserve.runtime.off_loop import copy_into, in_thread
@@ -46,8 +46,9 @@ __all__ = [
 ]
 
 #: An input's data in this process: encoded BYTES elements or images (bytearray), a view of
-#: the request body (memoryview), decoded JSON or typed values (an array).
-HostData = bytearray | memoryview | np.ndarray
+#: the request body (memoryview), decoded JSON or typed values (an array; a few JSON values
+#: packed: bytes).
+HostData = bytes | bytearray | memoryview | np.ndarray
 #: Where ``payload`` leaves an input's data: host data; JSON text a worker decodes later
 #: (``Deferred``, json_offload); None when it already lies in shared memory.
 Payload = HostData | Deferred | None
@@ -212,8 +213,8 @@ def payload(tensor: InputTensor, model: str = "") -> tuple[int, Payload]:
         if datatype == "BYTES":
             blob = encode_bytes_elements(bytes_from_values(tensor.name, values, count, model))
             return len(blob), blob
-        array = array_from_values(tensor.name, datatype, values, count)
-        return array.nbytes, array
+        packed = packed_from_values(tensor.name, datatype, values, count)
+        return (len(packed) if isinstance(packed, bytes) else packed.nbytes), packed
     if tensor.located is not None:
         held, start, size = tensor.located
         check_size(tensor, held.buf[start : start + size], count, model)

@@ -31,16 +31,29 @@ class RegionRequest:
         self.offset = offset
 
 
+def wants_region(params: Mapping[str, object] | None) -> bool:
+    """Whether ``params`` name any shared-memory parameter (``region_parameters`` checks them).
+
+    PERF: three lookups, not any() over a generator: every REST input and output with
+    parameters (the binary extension's) comes here, in the front's request path."""
+    if not params:
+        return False
+    return REGION in params or BYTE_SIZE in params or OFFSET in params
+
+
 def region_parameters(where: str, params: Mapping[str, object] | None) -> RegionRequest | None:
     """The shared-memory parameters of one input or output, checked; None when absent.
 
     ``shared_memory_region`` and ``shared_memory_byte_size`` come together (Triton's
     rule); ``shared_memory_offset`` is optional (0).
     """
-    # PERF: three lookups, not any() over a generator: every REST input and output with
-    #   parameters (the binary extension's) comes here, in the front's request path.
-    if not params or (REGION not in params and BYTE_SIZE not in params and OFFSET not in params):
+    if params is None or not wants_region(params):
         return None
+    return region_request(where, params)
+
+
+def region_request(where: str, params: Mapping[str, object]) -> RegionRequest:
+    """``region_parameters`` of ``params`` that name one (``wants_region``)."""
     region = params.get(REGION)
     if region is None or BYTE_SIZE not in params:
         raise InvalidInput(

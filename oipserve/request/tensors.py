@@ -27,6 +27,7 @@ __all__ = [
     "check_datatype",
     "decode_data",
     "flatten",
+    "packed_from_values",
     "string_count_words",
 ]
 
@@ -154,6 +155,15 @@ def array_from_values(name: str, datatype: str, values: object, count: int) -> n
     """A flat numpy array of ``datatype`` from JSON values, or InvalidInput saying why not."""
     try:
         return shared.array_from_values(name, datatype, values, count)
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def packed_from_values(name: str, datatype: str, values: object, count: int) -> bytes | np.ndarray:
+    """The bytes (or a flat array) of JSON values of ``datatype`` to place, or InvalidInput
+    saying why not (``wire.json_values.packed_from_values``)."""
+    try:
+        return shared.packed_from_values(name, datatype, values, count)
     except DataError as exc:
         raise InvalidInput(str(exc)) from None
 

@@ -81,9 +81,9 @@ def model_stat(stats: ModelStats) -> dict[str, object]:
         "batch_stats": [
             {
                 "batch_size": size,
-                "compute_input": _duration(row[0], row[1]),
-                "compute_infer": _duration(row[0], row[2]),
-                "compute_output": _duration(row[0], row[3]),
+                "compute_input": _duration(row.executions, row.input_ns),
+                "compute_infer": _duration(row.executions, row.infer_ns),
+                "compute_output": _duration(row.executions, row.output_ns),
             }
             for size, row in sorted(stats.batches.items())
         ],

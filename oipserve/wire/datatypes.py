@@ -95,8 +95,8 @@ LENGTH_PREFIX: Final = struct.Struct("<I")
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
     count = 1
-    for dim in shape:
-        count *= dim
+    for index in range(len(shape)):  # PERF: (mypyc) indexed: iterating made an iterator
+        count *= shape[index]
     return count
 
 

@@ -24,7 +24,6 @@ _FIELDS = (
     "output_ns",
     "inference_count",
     "execution_count",
-    "batches",
 )
 
 
@@ -39,7 +38,9 @@ def _entries(enqueued: list[int]) -> list[Entry]:
 
 
 def _counters(stats: ModelStats) -> dict[str, Any]:
-    return {name: getattr(stats, name) for name in _FIELDS}
+    counters = {name: getattr(stats, name) for name in _FIELDS}
+    counters["batches"] = {size: row.as_list() for size, row in stats.batches.items()}
+    return counters
 
 
 @pytest.mark.parametrize("rows", [[1, 1, 1], [0, 2, 1], [2, 2]])

@@ -41,7 +41,10 @@ def test_requests_and_executions_are_counted_apart() -> None:
         4500,
     )
     assert (stats.inference_count, stats.execution_count) == (5, 2)
-    assert stats.batches == {4: [1, 40, 400, 4000], 1: [1, 5, 50, 500]}
+    assert {s: c.as_list() for s, c in stats.batches.items()} == {
+        4: [1, 40, 400, 4000],
+        1: [1, 5, 50, 500],
+    }
     assert (stats.fail_count, stats.fail_ns) == (3, 100)
     assert stats.failures == {
         FailureReason.REJECTED: 0,
@@ -186,7 +189,10 @@ def test_another_fronts_row_adds_up_with_this_ones() -> None:
     assert total.success_count == 5 and total.success_ns == 5000
     assert total.inference_count == 2 * 1 + 3 * 4 and total.execution_count == 5
     assert total.fail_count == 2 and total.failures[FailureReason.OTHER] == 2
-    assert total.batches == {1: [2, 2, 20, 200], 4: [3, 3, 30, 300]}
+    assert {s: c.as_list() for s, c in total.batches.items()} == {
+        1: [2, 2, 20, 200],
+        4: [3, 3, 30, 300],
+    }
     assert total.pending == 2
     assert total.last_success_ns == max(here.last_success_ns, there.last_success_ns)
     assert model_stat(total)["inference_stats"]["queue"] == {"count": 5, "ns": 25}

@@ -5,7 +5,12 @@ import pytest
 
 from oipserve.errors import InvalidInput
 from oipserve.front.rest.encode import encode_response
-from oipserve.request.tensors import array_from_values, bytes_from_values, json_values
+from oipserve.request.tensors import (
+    array_from_values,
+    bytes_from_values,
+    json_values,
+    packed_from_values,
+)
 from oipserve.wire.datatypes import (
     bf16_to_float32,
     encode_bytes_elements,
@@ -106,6 +111,44 @@ def test_small_flat_lists_match_the_general_path(datatype: str, values: list) ->
         assert isinstance(flat[1], np.ndarray) and isinstance(nested[1], np.ndarray)
         assert flat[1].dtype == nested[1].dtype
         np.testing.assert_array_equal(flat[1], nested[1])
+
+
+#: Floats numpy and struct must round alike (to nearest, ties to even), beside SMALL_CASES.
+ROUNDING_CASES = [
+    ("FP32", [0.1, -0.0, 1e-45, 3.4028235e38, 16777217.0]),
+    ("FP16", [1.0009765625, 1.00048828125, 1.00146484375, 6e-8, -0.0, 65519.0]),
+    ("FP16", [65520.0]),
+    ("FP64", [0.1, 5e-324]),
+    ("UINT16", [0, 65535]),
+    ("INT16", [-32768, 32767, -1]),
+    ("INT16", [-32768, 32767, 32768]),
+    ("UINT8", [0, 255, 7]),
+    ("UINT32", [4294967295]),
+]
+
+
+@pytest.mark.parametrize(("datatype", "values"), SMALL_CASES + ROUNDING_CASES)
+def test_packed_small_lists_are_the_general_paths_bytes(datatype: str, values: list) -> None:
+    """What the front places (``packed_from_values``) is the general path's array's bytes,
+    or its error, whichever path packed it."""
+    try:
+        packed = packed_from_values("x", datatype, values, len(values))
+    except InvalidInput as exc:
+        assert _outcome(datatype, [values], len(values)) == ("error", str(exc))
+        return
+    kind, general = _outcome(datatype, [values], len(values))
+    assert kind == "array", general
+    assert isinstance(general, np.ndarray)
+    got = packed if isinstance(packed, bytes) else packed.tobytes()
+    assert got == general.tobytes()
+
+
+def test_packed_small_lists_are_bytes() -> None:
+    """The small path packs (no array) what it takes; the rest stays an array."""
+    assert packed_from_values("x", "INT32", [1, -2], 2) == b"\x01\0\0\0\xfe\xff\xff\xff"
+    assert isinstance(packed_from_values("x", "FP32", [1.5], 1), bytes)
+    assert isinstance(packed_from_values("x", "FP32", [1, 2.5], 2), np.ndarray)  # mixed
+    assert isinstance(packed_from_values("x", "BOOL", [True], 1), np.ndarray)
 
 
 def test_bytes_values() -> None:

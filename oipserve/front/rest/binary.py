@@ -83,6 +83,8 @@ def _past_the_json(end: int, header_length: int, body_size: int) -> str:
 
 def binary_size(tensor: RequestInput) -> int | None:
     """``parameters.binary_data_size`` of an input, checked, or None if absent."""
+    if not tensor.parameters or "binary_data_size" not in tensor.parameters:
+        return None  # PERF: (the message's words are built only for a value to check)
     return unsigned(
         tensor.parameters, "binary_data_size", f"binary_data_size of input '{tensor.name}'"
     )
