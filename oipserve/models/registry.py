@@ -70,6 +70,9 @@ class ModelVersion:
     def __init__(self, name: str, version: str, path: str, config: ModelConfig | None) -> None:
         self.name = name
         self.version = version
+        #: The version's number, which orders versions (0 for a name that is none: an AMD
+        #: endpoint's ``version`` parameter for a bare .onnx may be any string).
+        self.number = int(version) if version.isascii() and version.isdigit() else 0
         self.key = f"{name}/{version}"
         #: This load of the version, for the other HTTP fronts (``oipserve.scaleout``): their
         #: copies and statistics rows name it, and a reload's new objects get new serials.
@@ -86,6 +89,9 @@ class ModelVersion:
         self.outputs: tuple[TensorSpec, ...] = ()
         self.input_map: dict[str, TensorSpec] = {}
         self.output_map: dict[str, TensorSpec] = {}
+        #: The outputs' names in order, made once (a request's JSON outputs when it names
+        #: none): shared by every such request, so never changed in place.
+        self.output_names: list[str] = []
         self.workers: list[WorkerLink] = []
         #: The outputs a request that names none runs: [] (all the graph's) unless the
         #: graph has outputs config.pbtxt leaves out; then the ones it lists, as Triton
@@ -124,6 +130,7 @@ class ModelVersion:
         self.outputs = outputs
         self.input_map = {t.name: t for t in inputs}
         self.output_map = {t.name: t for t in outputs}
+        self.output_names = [t.name for t in outputs]
 
     def check_serving(self) -> None:
         """NotFound once the version was unloaded; 503 while no worker runs it."""
@@ -242,14 +249,14 @@ class ModelRegistry:
                     f"(versions: {', '.join(versions)})"
                 )
         else:
-            ready = [v for v in versions.values() if v.state == "READY"]
-            if not ready:
+            latest = _latest_ready(versions)
+            if latest is None:
                 any_version = next(iter(versions.values()))
                 raise Unavailable(
                     f"model '{name}' has no ready version"
                     + (f": {any_version.reason}" if any_version.reason else "")
                 )
-            model = max(ready, key=lambda v: int(v.version))
+            model = latest
         if not model.ready:
             raise Unavailable(
                 f"model '{name}' version {model.version} is not ready"
@@ -282,3 +289,16 @@ class ModelRegistry:
             if not versions or not all(v.ready for v in versions.values()):
                 return False
         return True
+
+
+def _latest_ready(versions: dict[str, ModelVersion]) -> ModelVersion | None:
+    """The highest-numbered READY version, None if none is.
+
+    PERF: every request that names no version comes here; one pass and the number each
+    version parsed once (``ModelVersion.number``), not a list, a key function and an
+    ``int()`` of each version's string a request."""
+    latest: ModelVersion | None = None
+    for candidate in versions.values():
+        if candidate.state == "READY" and (latest is None or candidate.number > latest.number):
+            latest = candidate
+    return latest

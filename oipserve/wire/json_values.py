@@ -13,7 +13,7 @@ INVALID_INPUT failure.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 import msgspec
@@ -287,7 +287,7 @@ def packed_from_values(name: str, datatype: str, values: object, count: int) -> 
     if type(values) is list and 0 < len(values) == count <= SMALL_FLAT:
         packers = _PACKERS.get(datatype)
         if packers is not None and _small_checked(name, datatype, values):
-            return packers[count].pack(*values)
+            return packers[count](*values)
     return array_from_values(name, datatype, values, count)
 
 
@@ -343,9 +343,10 @@ _STRUCT_CODES: Final = {
     "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q",
     "FP16": "e", "FP32": "f", "FP64": "d",
 }  # fmt: skip
-#: Per datatype, the packer of each count up to ``SMALL_FLAT`` (index: the count).
-_PACKERS: Final = {
-    datatype: [struct.Struct(f"<{count}{code}") for count in range(SMALL_FLAT + 1)]
+#: Per datatype, the packer of each count up to ``SMALL_FLAT`` (index: the count): a
+#: ``struct.Struct``'s bound ``pack``, kept (a method looked up at each call is a new object).
+_PACKERS: Final[dict[str, list[Callable[..., bytes]]]] = {
+    datatype: [struct.Struct(f"<{count}{code}").pack for count in range(SMALL_FLAT + 1)]
     for datatype, code in _STRUCT_CODES.items()
 }
 

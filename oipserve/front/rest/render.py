@@ -126,7 +126,8 @@ def render_infer(
         outputs: list[dict[str, object]] = []
         chunks: list[memoryview] = []
         texts: list[list[bytes] | list[memoryview]] = []
-        for index, tensor in enumerate(result.outputs):
+        for index in range(len(result.outputs)):  # PERF: (mypyc) indexed: no iterators
+            tensor = result.outputs[index]
             as_binary = flags[index] if flags is not None else all_binary
             entry: dict[str, object] = {
                 "name": tensor.name,
@@ -168,7 +169,9 @@ def render_infer(
         else:
             resp.stream = compress_stream([header], encoding, nothing_to_release)
     else:
-        header_size = sum(len(part) for part in head)
+        header_size = 0
+        for part in head:
+            header_size += len(part)
         if chunks:
             resp.content_type = OCTET_STREAM
             resp.set_header(HEADER_LENGTH, str(header_size))

@@ -176,7 +176,7 @@ class ModelResource:
                     ]
                     classes = {o.name: count for o in request.outputs if (count := _class_count(o))}
                 elif not all_binary:
-                    text_outputs = list(target.output_map)
+                    text_outputs = target.output_names  # (shared: never changed)
                 request_id = request.id
                 parameters = request.parameters
                 priority, timeout_us = schedule_parameters(parameters)
