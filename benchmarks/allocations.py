@@ -13,11 +13,12 @@ missed rows miss"): the memory a request touches is what to cut.
 
 Each build (a source tree, optionally ``TREE::NAME=VALUE --flag value`` as in
 `benchmarks/cpu_per_request.py`) is started with one HTTP front, warmed, then driven by wrk
-at c=1 for ``--seconds`` while ``perf stat`` counts. A probe hit costs a few microseconds,
-so the rate is lower than without them; counts of anything timed (a lazy flush's timer)
-read higher than at full speed, and such differences are not the build's. Needs root (the
-probes are added once, with ``perf probe``), perf, wrk, and a prior `benchmarks/run.py`
-run (benchmarks/.work/).
+at c=1 for ``--seconds`` while ``perf stat`` counts (``--request tiny-grpc``: nghttp2's
+h2load, one stream, posting the tiny ModelInfer as `benchmarks/h2load_grpc.py` does). A
+probe hit costs a few microseconds, so the rate is lower than without them; counts of
+anything timed (a lazy flush's timer) read higher than at full speed, and such differences
+are not the build's. Needs root (the probes are added once, with ``perf probe``), perf, wrk
+(h2load for gRPC), and a prior `benchmarks/run.py` run (benchmarks/.work/).
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ import argparse
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from cpu_per_request import REQUESTS, WORK, request_body, split_build  # noqa: E402
+from h2load_grpc import Target, canned_body, h2load  # noqa: E402
 from oipbench.load import run_wrk  # noqa: E402
-from oipbench.models import build_models  # noqa: E402
-from oipbench.payloads import HttpBody  # noqa: E402
+from oipbench.models import ModelCase, build_models  # noqa: E402
 from oipbench.procs import tree_pids  # noqa: E402
 from oipbench.servers import serve_from  # noqa: E402
 
@@ -76,7 +78,7 @@ def _read(counter: subprocess.Popen[str]) -> dict[str, float]:
     return counts
 
 
-def measure(spec: str, model: str, body: HttpBody, seconds: int) -> dict[str, float]:
+def measure(spec: str, request: str, cases: dict[str, ModelCase], seconds: int) -> dict[str, float]:
     """One build's counts per request: ``front objects``, ``workers syscalls``..."""
     tree, env, extra = split_build(spec)
     args = ["--model-repository", str(WORK / "repos" / "oipserve"), "--http-port", "0",
@@ -84,35 +86,63 @@ def measure(spec: str, model: str, body: HttpBody, seconds: int) -> dict[str, fl
             *extra]  # fmt: skip
     server = serve_from(tree, args, env)
     try:
-        url = f"http://{server.http}/v2/models/{model}/infer"
         front = server.proc.pid
-        run_wrk(spec, "warm-up", 0, url, body, 1, 1, WORK / "scratch", front)
+        drive = _grpc_driver(server.grpc, cases) if request == GRPC else _rest_driver(
+            spec, request, server.http, front, cases
+        )  # fmt: skip
+        drive(1)
         workers = [pid for pid in tree_pids(front) if pid != front]
         counters = {"front": _count([front], seconds), "workers": _count(workers, seconds)}
-        m = run_wrk(spec, "counted", 0, url, body, 1, seconds, WORK / "scratch", front)
-        if not m.ok:
-            raise RuntimeError(f"{spec}: {m.note}")
-        per_request: dict[str, float] = {"requests": float(m.requests)}
+        requests = drive(seconds)
+        per_request: dict[str, float] = {"requests": float(requests)}
         for side, counter in counters.items():
             for what, n in _read(counter).items():
-                per_request[f"{side} {what}"] = n / max(m.requests, 1)
+                per_request[f"{side} {what}"] = n / max(requests, 1)
         return per_request
     finally:
         server.stop()
+
+
+#: ``--request``: gRPC's tiny request (h2load, c=1), besides the REST ones.
+GRPC = "tiny-grpc"
+
+
+def _rest_driver(
+    spec: str, request: str, address: str, front: int, cases: dict[str, ModelCase]
+) -> Callable[[int], int]:
+    """wrk at c=1 for some seconds; the requests it made."""
+    model, body = request_body(request, cases)
+    url = f"http://{address}/v2/models/{model}/infer"
+
+    def drive(seconds: int) -> int:
+        m = run_wrk(spec, "counted", 0, url, body, 1, seconds, WORK / "scratch", front)
+        if not m.ok:
+            raise RuntimeError(f"{spec}: {m.note}")
+        return m.requests
+
+    return drive
+
+
+def _grpc_driver(address: str, cases: dict[str, ModelCase]) -> Callable[[int], int]:
+    """h2load (one connection, one stream) posting the tiny ModelInfer for some seconds."""
+    body = canned_body(cases["simple"], WORK / "payloads" / "simple.grpc")
+    target = Target("oipserve", address, 0, lambda: None)
+    log = WORK / "scratch" / "allocations-h2load.log"
+    return lambda seconds: int(h2load(target, body, "1x1", ["-D", str(seconds)], log)["requests"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="+", help="source trees, each optionally TREE::ARGS")
     parser.add_argument("--seconds", type=int, default=4)
-    parser.add_argument("--request", choices=sorted(REQUESTS), default="tiny-json")
+    parser.add_argument("--request", choices=[*sorted(REQUESTS), GRPC], default="tiny-json")
     ns = parser.parse_args()
     add_probes()
-    model, body = request_body(ns.request, build_models(WORK / "models"))
+    cases = build_models(WORK / "models")
     (WORK / "scratch").mkdir(parents=True, exist_ok=True)
     print(f"{ns.request}, c=1, one HTTP front; per request:")
     for spec in ns.builds:
-        row = measure(spec, model, body, ns.seconds)
+        row = measure(spec, ns.request, cases, ns.seconds)
         figures = "  ".join(f"{k} {v:6.1f}" for k, v in row.items() if k != "requests")
         print(f"{spec:30s} {figures}  ({row['requests']:.0f} requests)", flush=True)
 
