@@ -55,27 +55,29 @@ def input_tensors(
     ``located``: where each raw entry lies in a pooled segment, when the message was
     received into one; those inputs are not copied again.
     """
-    tensors: list[InputTensor] = []
-    wanted = [region_request(f"input '{t.name}'", t.parameters) for t in message.inputs]
-    carried = sum(1 for w in wanted if w is None)
+    # PERF: every read of a protobuf field makes an object (a str, a wrapper, a list):
+    #   each input's fields are read once, here, and the checks below use what was read.
+    read = _read_inputs(message)
+    carried = 0
+    for entry in read:
+        if entry[4] is None:
+            carried += 1
     if raw:
-        with_contents = [t.name for t in message.inputs if t.HasField("contents")]
-        if with_contents:
-            raise InvalidInput(
-                "contents field must not be specified when using raw_input_contents for "
-                f"'{with_contents[0]}' for model '{message.model_name}'"
-            )
+        for entry in read:
+            if entry[0].HasField("contents"):
+                raise InvalidInput(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{entry[1]}' for model '{message.model_name}'"
+                )
         if len(raw) != carried:
             raise InvalidInput(
                 f"the request has {carried} input(s) not in shared memory but {len(raw)} "
                 "raw_input_contents entries; give exactly one per input, in the same order"
             )
-    entries = iter(raw)
-    places = iter(located) if located is not None else None
-    for tensor, region in zip(message.inputs, wanted, strict=True):
-        name, datatype = tensor.name, tensor.datatype
+    tensors: list[InputTensor] = []
+    taken = 0  # raw entries used so far
+    for tensor, name, datatype, shape, region in read:
         check_datatype(name, datatype)
-        shape = list(tensor.shape)
         if region is not None:
             if tensor.HasField("contents"):
                 raise InvalidInput(
@@ -86,16 +88,35 @@ def input_tensors(
             tensors.append(InputTensor(name, datatype, shape, region=use))
             continue
         if raw:
-            if places is not None:
-                tensors.append(InputTensor(name, datatype, shape, located=next(places)))
-                continue
-            tensors.append(InputTensor(name, datatype, shape, raw=next(entries)))
+            if located is not None:
+                tensors.append(InputTensor(name, datatype, shape, located=located[taken]))
+            else:
+                tensors.append(InputTensor(name, datatype, shape, raw=raw[taken]))
+            taken += 1
             continue
         contents = typed_contents(tensor)
         # NOTE: converted by the data plane once the shape is checked (Deferred).
         values = Deferred(partial(list, contents), len(contents), exact=True)
         tensors.append(InputTensor(name, datatype, shape, values=values))
     return tensors
+
+
+#: One input as ``_read_inputs`` read it: the message, name, datatype, shape and the
+#: shared-memory region it names (None: none).
+_Read = tuple[Any, str, str, list[int], RegionRequest | None]
+
+
+def _read_inputs(message: pb.ModelInferRequest) -> list[_Read]:
+    """Each input's fields, read once; its region parameters checked (in input order)."""
+    read: list[_Read] = []
+    inputs = message.inputs
+    for index in range(len(inputs)):
+        tensor = inputs[index]
+        name = tensor.name
+        parameters = tensor.parameters
+        region = region_request(f"input '{name}'", parameters) if parameters else None
+        read.append((tensor, name, tensor.datatype, list(tensor.shape), region))
+    return read
 
 
 def typed_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Collection[object]:

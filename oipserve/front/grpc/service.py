@@ -215,12 +215,13 @@ class InferenceService:
             raise
         # NOTE: a client that cancels or goes away cancels this call's task, which
         #   withdraws a request still queued in a dynamic batcher.
+        request_id = message.id  # (each read of a protobuf string field is a new str)
         inference = Inference(
             model, inputs, outputs, owned, priority=priority, timeout_us=timeout_us,
-            into_regions=into_regions, classification=classes, request_id=message.id,
+            into_regions=into_regions, classification=classes, request_id=request_id,
         )  # fmt: skip
         inference.sequence = sequence
         inference.deadline = call.deadline
         inference.parked = call.parked
         result = await self.dataplane.infer(inference)
-        return InferReply(result, message.id)
+        return InferReply(result, request_id)
