@@ -33,22 +33,44 @@ _SENT_POLL: Final = 0.002
 
 
 class CorkedTransport:
-    """A transport proxy that sends everything written in one loop iteration at once."""
+    """A transport proxy that sends everything written in one loop iteration at once.
 
-    __slots__ = ("_transport", "_pending", "_loop", "written")
+    PERF: it forwards asyncio's ``Transport`` methods one by one rather than through
+    ``__getattr__``: a class with ``__getattr__`` gets a new bound method from every method
+    looked up on it (``write``, ``is_closing``: CPython's method-call shortcut is for
+    classes with the generic attribute lookup only), several objects a request.
+    """
+
+    __slots__ = ("_transport", "_pending", "_spare", "_loop", "_flush", "written")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
+        #: What this iteration wrote, and an empty list that takes over at a flush (PERF:
+        #: the two take turns, rather than a new list a flush).
         self._pending: list[Any] = []
+        self._spare: list[Any] = []
         self._loop = loop
+        #: ``flush``, bound once (PERF: not a new bound method a write that schedules it).
+        self._flush = self.flush
         #: Bytes written so far (less the transport's buffer: what the client took).
         self.written = 0
 
     def write(self, data: Any) -> None:
         if not self._pending:
-            self._loop.call_soon(self.flush)
+            self._loop.call_soon(self._flush)
         self._pending.append(data)
         self.written += data.nbytes if type(data) is memoryview else len(data)
+
+    def write_whole(self, head: bytes, body: bytes) -> None:
+        """A whole response, handed to the socket now with what this iteration wrote
+        before it (one ``writelines``): for a response complete when written, whose end
+        (``on_response_complete``) would flush it at once anyway. PERF: no flush scheduled
+        for it (a handle a response)."""
+        self.written += len(head) + len(body)
+        pending = self._pending
+        pending.append(head)
+        pending.append(body)
+        self.flush()
 
     def writelines(self, lines: Any) -> None:
         for data in lines:
@@ -67,9 +89,15 @@ class CorkedTransport:
             self._transport.write(data)
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending and not self._transport.is_closing():
+        pending = self._pending
+        if not pending:
+            return
+        # NOTE: a write made while the transport takes these (none is known) goes to the
+        #   other list, scheduling its own flush, as before.
+        self._pending, self._spare = self._spare, pending
+        if not self._transport.is_closing():
             self._transport.writelines(pending)
+        pending.clear()
 
     async def sent(self) -> None:
         """Return once everything written so far is in the kernel's hands (or the
@@ -93,8 +121,42 @@ class CorkedTransport:
         self.flush()
         self._transport.write_eof()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+    # asyncio's Transport, forwarded (the class docstring's PERF note)
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def abort(self) -> None:
+        self._transport.abort()
 
 
 class BodySink:

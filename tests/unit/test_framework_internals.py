@@ -382,7 +382,8 @@ def test_the_lane_cycle_keeps_what_uvicorns_callbacks_read_of_a_cycle() -> None:
     async def made() -> LaneCycle:
         transport = MemoryTransport()
         flow = FlowControl(transport)
-        return LaneCycle({}, transport, flow, [], True, lambda: None, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        return LaneCycle({}, CorkedTransport(transport, loop), flow, [], True, lambda: None, loop)
 
     cycle = asyncio.run(made())
     missing = [name for name in LANE_CYCLE_NAMES if not hasattr(cycle, name)]

@@ -21,6 +21,8 @@ from typing import Any, Final
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from oipserve.runtime.http_io import CorkedTransport
+
 __all__ = ["BodyEvent", "LaneCycle", "response_head"]
 
 #: What uvicorn answers when an application fails before its response started (and
@@ -94,7 +96,7 @@ class LaneCycle:
     def __init__(
         self,
         scope: dict[str, Any],
-        transport: asyncio.Transport,
+        transport: CorkedTransport,
         flow: FlowControl,
         default_headers: list[tuple[bytes, bytes]],
         keep_alive: bool,
@@ -144,9 +146,8 @@ class LaneCycle:
         if not await self._writable():
             return
         self.response_started = True
-        transport = self.transport
-        transport.write(response_head(status, self.default_headers, fields, not self.keep_alive))
-        transport.write(data)
+        head = response_head(status, self.default_headers, fields, not self.keep_alive)
+        self.transport.write_whole(head, data)
         self._complete()
 
     async def send_stream(

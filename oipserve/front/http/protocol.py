@@ -597,7 +597,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         scope = cast("dict[str, Any]", self.scope)
         cycle = LaneCycle(
             scope,
-            self.transport,
+            self._corked,
             self.flow,
             self.server_state.default_headers,
             self.parser.should_keep_alive(),
