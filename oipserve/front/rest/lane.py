@@ -27,19 +27,34 @@ __all__ = ["RestInferLane", "infer_lane", "infer_route"]
 
 _PREFIX: Final = "/v2/models/"
 _SUFFIX: Final = "/infer"
+_VERSIONS: Final = "/versions/"
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:
     """The model and version that ``path`` names when it is an infer route
-    (``/v2/models/{model}[/versions/{version}]/infer``); None for any other path."""
+    (``/v2/models/{model}[/versions/{version}]/infer``); None for any other path.
+
+    PERF: found by position, not by splitting the path (a list and a string per segment,
+    about six objects a request).
+    """
     if not path.startswith(_PREFIX) or not path.endswith(_SUFFIX):
         return None
-    parts = path.split("/")
-    if len(parts) == 5 and parts[3]:
-        return parts[3], None
-    if len(parts) == 7 and parts[4] == "versions" and parts[3] and parts[5]:
-        return parts[3], parts[5]
-    return None
+    start = len(_PREFIX)
+    end = len(path) - len(_SUFFIX)
+    if end <= start:
+        return None  # no model (or the prefix and the suffix overlap)
+    slash = path.find("/", start, end)
+    if slash < 0:
+        return path[start:end], None
+    version = slash + len(_VERSIONS)
+    if (
+        slash == start
+        or version >= end
+        or not path.startswith(_VERSIONS, slash)
+        or path.find("/", version, end) >= 0
+    ):
+        return None
+    return path[start:slash], path[version:end]
 
 
 class InferResponder(Protocol):
