@@ -46,6 +46,22 @@ LANE_REFUSES: Final = frozenset({b"content-encoding", b"expect", b"transfer-enco
 _SINGLETONS: Final = frozenset(name.encode() for name in SINGLETON_HEADERS)
 
 
+#: The responder's header names (a handful, from code) as request field names.
+_HEADER_KEYS: Final[dict[str, bytes]] = {}
+_KEYS_KEPT: Final = 256
+
+
+def _header_key(name: str) -> bytes:
+    """``name`` as ``lane_headers`` keys it (lower-case bytes). PERF: made once a name,
+    not twice (lower-cased, encoded) a look-up, three look-ups a request."""
+    key = _HEADER_KEYS.get(name)
+    if key is None:
+        key = name.lower().encode("latin-1")
+        if len(_HEADER_KEYS) < _KEYS_KEPT:
+            _HEADER_KEYS[name] = key
+    return key
+
+
 class LaneRequest:
     """What the infer responder reads of a request, by Falcon's request's names."""
 
@@ -63,7 +79,7 @@ class LaneRequest:
     def get_header(
         self, name: str, required: bool = False, default: str | None = None
     ) -> str | None:
-        value = self._headers.get(name.lower().encode("latin-1"))
+        value = self._headers.get(_header_key(name))
         return default if value is None else value.decode("latin-1")
 
     @property
