@@ -214,12 +214,48 @@ class LaneResponse:
     def set_header(self, name: str, value: str) -> None:
         self._headers[name.lower()] = str(value)
 
+    def lines(self, length: int) -> bytes:
+        """The header lines of a response whose body has ``length`` bytes, as a head
+        writes them: ``content-length`` set to it, in its place or last (where setting
+        it puts it). PERF: one bytes object for them all, the common names and values
+        encoded once (``_latin1``): ``head`` makes two and a tuple a field, and a list."""
+        parts: list[bytes] = []
+        sized = False
+        for name, value in self._headers.items():
+            parts.append(_latin1(name))
+            parts.append(b": ")
+            if name == "content-length":
+                sized = True
+                parts.append(b"%d" % length)
+            else:
+                parts.append(_latin1(value))
+            parts.append(b"\r\n")
+        if not sized:
+            parts.append(b"content-length: %d\r\n" % length)
+        return b"".join(parts)
+
     def head(self) -> list[tuple[bytes, bytes]]:
         """The headers as ASGI carries them."""
         return [
             (name.encode("latin-1"), value.encode("latin-1"))
             for name, value in self._headers.items()
         ]
+
+
+#: Response header names and values (the few the responder sets) encoded, at most
+#: ``_KEYS_KEPT`` of them, none longer than ``_TEXT_KEPT`` characters.
+_ENCODED: Final[dict[str, bytes]] = {}
+_TEXT_KEPT: Final = 64
+
+
+def _latin1(text: str) -> bytes:
+    """``text.encode("latin-1")``, the same object for the strings seen before."""
+    encoded = _ENCODED.get(text)
+    if encoded is None:
+        encoded = text.encode("latin-1")
+        if len(_ENCODED) < _KEYS_KEPT and len(text) <= _TEXT_KEPT:
+            _ENCODED[text] = encoded
+    return encoded
 
 
 class InferLane(Protocol):
@@ -247,8 +283,7 @@ async def respond(cycle: LaneCycle, response: LaneResponse) -> None:
     """
     data = response.data
     if data is not None:
-        response.content_length = len(data)
-        await cycle.send_whole(response.status, response.head(), data)
+        await cycle.send_whole(response.status, response.lines(len(data)), data)
         return
     stream = response.stream
     if stream is None:

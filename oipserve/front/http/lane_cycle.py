@@ -23,15 +23,42 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from oipserve.runtime.http_io import CorkedTransport
 
-__all__ = ["BodyEvent", "LaneCycle", "response_head"]
+__all__ = ["BodyEvent", "LaneCycle", "default_lines", "response_head"]
 
 #: What uvicorn answers when an application fails before its response started (and
-#: ``connection: close``, which ``response_head`` adds last, as uvicorn's list has it).
-_FAILED_FIELDS: Final = [
-    (b"content-type", b"text/plain; charset=utf-8"),
-    (b"content-length", b"21"),
-]
+#: ``connection: close``, which the head adds last, as uvicorn's list has it).
+_FAILED_LINES: Final = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
 _FAILED_BODY: Final = b"Internal Server Error"
+#: The end of a head, with ``connection: close`` or without.
+_END: Final = b"\r\n"
+_CLOSE_END: Final = b"connection: close\r\n\r\n"
+
+
+class _DefaultLines:
+    """The server's default headers as header lines, for the list they were made from.
+
+    PERF: uvicorn makes a new list of them once a second (its ``date``); the lines were
+    made again for every response (a list and a bytes object a field).
+    """
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        self.lines = b""
+
+
+_DEFAULTS: Final = _DefaultLines()
+
+
+def default_lines(default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``default_headers`` (``server``, ``date``) as a head writes them."""
+    cached = _DEFAULTS
+    if cached.headers is not default_headers:
+        parts: list[bytes] = []
+        for name, value in default_headers:
+            parts += [name, b": ", value, b"\r\n"]
+        cached.lines = b"".join(parts)
+        cached.headers = default_headers
+    return cached.lines
 
 
 def response_head(
@@ -42,14 +69,13 @@ def response_head(
 ) -> bytes:
     """A response's status line and header section as uvicorn writes it: its default
     headers (``server``, ``date``), then ``fields``, then ``connection: close`` if asked."""
-    head = [STATUS_LINE[status]]
-    for name, value in default_headers:
-        head += [name, b": ", value, b"\r\n"]
+    head = [STATUS_LINE[status], default_lines(default_headers)]
     for name, value in fields:
-        head += [name, b": ", value, b"\r\n"]
-    if close:
-        head.append(b"connection: close\r\n")
-    head.append(b"\r\n")
+        head.append(name)
+        head.append(b": ")
+        head.append(value)
+        head.append(b"\r\n")
+    head.append(_CLOSE_END if close else _END)
     return b"".join(head)
 
 
@@ -140,13 +166,16 @@ class LaneCycle:
             event.clear()
         return b""
 
-    async def send_whole(self, status: int, fields: list[tuple[bytes, bytes]], data: bytes) -> None:
-        """A response whose body is ``data`` (``fields`` give its length): one write of its
-        head and body, once the transport takes writes (as uvicorn's ``send`` waits)."""
+    async def send_whole(self, status: int, lines: bytes, data: bytes) -> None:
+        """A response whose body is ``data`` (its header ``lines``, encoded, give its
+        length): one write of its head and body, once the transport takes writes (as
+        uvicorn's ``send`` waits)."""
         if not await self._writable():
             return
         self.response_started = True
-        head = response_head(status, self.default_headers, fields, not self.keep_alive)
+        defaults = default_lines(self.default_headers)
+        end = _END if self.keep_alive else _CLOSE_END
+        head = b"".join((STATUS_LINE[status], defaults, lines, end))
         self.transport.write_whole(head, data)
         self._complete()
 
@@ -199,7 +228,7 @@ class LaneCycle:
         """uvicorn's answer to an application that failed before its response started: a
         500 with its text, and the connection closed."""
         self.keep_alive = False
-        await self.send_whole(500, _FAILED_FIELDS, _FAILED_BODY)
+        await self.send_whole(500, _FAILED_LINES, _FAILED_BODY)
 
     async def _writable(self) -> bool:
         """Whether the client is there to write to, once the transport takes writes."""
