@@ -277,6 +277,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: HTTP/2, or it is known), and the raw transport.
         self._sniffer = PrefaceSniffer() if self.h2c is not None else None
         self._raw: asyncio.Transport
+        #: ``on_response_complete``, bound once: each lane cycle's ``on_response``.
+        self._on_response = self.on_response_complete
+        #: The scope's "asgi" entry, one for the connection's requests (PERF: uvicorn
+        #:   makes a dict a request; nothing here writes to it).
+        self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
 
     @classmethod
     def configured(
@@ -467,7 +472,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self.headers = headers
         scope = {
             "type": "http",
-            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "asgi": self._asgi,
             "http_version": "1.1",
             "server": self.server,
             "client": self.client,
@@ -564,9 +569,12 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         both = self._transfer_encoded and without_content_length(self.headers)
         lane = self.lane
         if lane is not None and not self._transfer_encoded:
-            taken = self._lane_request(lane, version)
+            # PERF: module functions, not methods: a method of this (non-native) class
+            #   called from compiled code is a new bound method a call.
+            taken = _lane_request(self, lane, version)
             if taken is not None:
-                self._start_lane(lane, *taken)
+                path, headers, model, model_version = taken
+                _start_lane(self, lane, path, headers, model, model_version)
                 return
         super().on_headers_complete()
         cycle = self.cycle
@@ -575,90 +583,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope is self.scope:
             # (uvicorn types extensions' values as dicts; ours are functions)
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-            extensions.update(self._extensions(cycle))
+            extensions.update(_extensions(self, cycle))
             if self.max_body is not None:
                 # PERF: whether the body is chunked is looked at only if it is not
                 #   complete at the end of this read (``_follow_chunks``).
                 self._chunk_events = _HEAD_READ
-
-    def _extensions(self, cycle: AnyCycle) -> dict[str, Any]:
-        """What ``cycle``'s request is given beyond ASGI (``front.http.extensions``), on
-        either way; ``_forget_extensions`` drops them when its response is complete."""
-        return {
-            RECEIVE_INTO: functools.partial(self._receive_into, cycle),
-            ON_DISCONNECT: functools.partial(self._on_disconnect, cycle),
-        }
-
-    def _lane_request(
-        self, lane: InferLane, version: str
-    ) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
-        """The path, headers, model and version when the lane takes this request (its
-        head is complete); None when it goes the ASGI way (``front.http.lane``)."""
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            return None  # pipelined behind a response under way: uvicorn queues it
-        if self.expect_100_continue:
-            return None
-        head = (self.parser.get_method(), version, self.url, self.scope["headers"])
-        return lane_request(lane, *head)
-
-    def _start_lane(
-        self,
-        lane: InferLane,
-        path: str,
-        headers: dict[bytes, bytes],
-        model: str,
-        version: str | None,
-    ) -> None:
-        """Serve the request on the lane: a ``LaneCycle`` for its body and its response,
-        a task of the server's (shutdown waits for it) for the responder."""
-        scope = cast("dict[str, Any]", self.scope)
-        cycle = LaneCycle(
-            scope,
-            self._corked,
-            self.flow,
-            self.server_state.default_headers,
-            self.parser.should_keep_alive(),
-            self.on_response_complete,
-            self._loop,
-        )
-        # NOTE: uvicorn types its cycle as its own class; the lane's keeps the same state by
-        #   the same names, which is all uvicorn's callbacks read of it.
-        self.cycle = cycle  # type: ignore[assignment]
-        scope["method"] = "POST"
-        scope["path"] = path
-        scope["extensions"] = self._extensions(cycle)
-        request = LaneRequest(path, scope, headers, cycle)
-        # NOTE: a Task made here, named: the loop's create_task formats a "Task-N" name
-        #   for every task (~1 % of the front's samples a tiny request at c=1, perf,
-        #   2026-11-30); no task factory is set on the server's loop.
-        coro = self._run_lane(lane, cycle, request, model, version)
-        task = asyncio.Task(coro, loop=self._loop, name=_LANE_TASK)
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-
-    async def _run_lane(
-        self,
-        lane: InferLane,
-        cycle: LaneCycle,
-        request: LaneRequest,
-        model: str,
-        version: str | None,
-    ) -> None:
-        """The lane's request, answered; what escapes the responder's own error handling
-        is answered as uvicorn answers what escapes an ASGI app (a 500, or a close)."""
-        response = LaneResponse()
-        try:
-            await lane.serve(request, response, model, version)
-            await respond(cycle, response)
-        except BaseException as exc:
-            self.logger.error("Exception in ASGI application\n", exc_info=exc)
-            if not cycle.response_started:
-                await cycle.send_failed()
-            else:
-                self.transport.close()
-        finally:
-            cycle.on_response = _nothing
 
     def on_chunk_header(self) -> None:
         """httptools: a chunk-size line was parsed (chunked bodies only)."""
@@ -862,3 +791,94 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             pass
         frame_by_transfer_encoding(self.parser)
         self.on_message_complete()
+
+
+def _extensions(protocol: CorkedHttpToolsProtocol, cycle: AnyCycle) -> dict[str, Any]:
+    """What ``cycle``'s request is given beyond ASGI (``front.http.extensions``), on
+    either way; ``_forget_extensions`` drops them when its response is complete.
+
+    PERF: partials of the class's functions with the protocol, not of bound methods (a
+    bound method each, a request)."""
+    protocol_class = CorkedHttpToolsProtocol
+    return {
+        RECEIVE_INTO: functools.partial(protocol_class._receive_into, protocol, cycle),
+        ON_DISCONNECT: functools.partial(protocol_class._on_disconnect, protocol, cycle),
+    }
+
+
+def _lane_request(
+    protocol: CorkedHttpToolsProtocol, lane: InferLane, version: str
+) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
+    """The path, headers, model and version when the lane takes ``protocol``'s request
+    (its head is complete); None when it goes the ASGI way (``front.http.lane``)."""
+    cycle = protocol.cycle
+    if cycle is not None and not cycle.response_complete:
+        return None  # pipelined behind a response under way: uvicorn queues it
+    if protocol.expect_100_continue:
+        return None
+    method = protocol.parser.get_method()
+    return lane_request(lane, method, version, protocol.url, protocol.scope["headers"])
+
+
+def _start_lane(
+    protocol: CorkedHttpToolsProtocol,
+    lane: InferLane,
+    path: str,
+    headers: dict[bytes, bytes],
+    model: str,
+    version: str | None,
+) -> None:
+    """Serve the request on the lane: a ``LaneCycle`` for its body and its response,
+    a task of the server's (shutdown waits for it) for the responder."""
+    scope = cast("dict[str, Any]", protocol.scope)
+    loop = protocol._loop
+    cycle = LaneCycle(
+        scope,
+        protocol._corked,
+        protocol.flow,
+        protocol.server_state.default_headers,
+        protocol.parser.should_keep_alive(),
+        protocol._on_response,
+        loop,
+    )
+    # NOTE: uvicorn types its cycle as its own class; the lane's keeps the same state by
+    #   the same names, which is all uvicorn's callbacks read of it.
+    protocol.cycle = cycle  # type: ignore[assignment]
+    scope["method"] = "POST"
+    scope["path"] = path
+    scope["extensions"] = _extensions(protocol, cycle)
+    request = LaneRequest(path, scope, headers, cycle)
+    # NOTE: a Task made here, named: the loop's create_task formats a "Task-N" name
+    #   for every task (~1 % of the front's samples a tiny request at c=1, perf,
+    #   2026-11-30); no task factory is set on the server's loop. It leaves the server's
+    #   tasks as its coroutine ends (``_run_lane``), not by a done callback (PERF: a bound
+    #   method, a handle and its arguments a request).
+    coro = _run_lane(protocol, lane, cycle, request, model, version)
+    protocol.tasks.add(asyncio.Task(coro, loop=loop, name=_LANE_TASK))
+
+
+async def _run_lane(
+    protocol: CorkedHttpToolsProtocol,
+    lane: InferLane,
+    cycle: LaneCycle,
+    request: LaneRequest,
+    model: str,
+    version: str | None,
+) -> None:
+    """The lane's request, answered; what escapes the responder's own error handling
+    is answered as uvicorn answers what escapes an ASGI app (a 500, or a close)."""
+    response = LaneResponse()
+    try:
+        await lane.serve(request, response, model, version)
+        await respond(cycle, response)
+    except BaseException as exc:
+        protocol.logger.error("Exception in ASGI application\n", exc_info=exc)
+        if not cycle.response_started:
+            await cycle.send_failed()
+        else:
+            protocol.transport.close()
+    finally:
+        cycle.on_response = _nothing
+        # NOTE: a task cancelled before its first step (only shutdown cancels, past its
+        #   timeout, when nothing waits for the tasks any more) is left in the set.
+        protocol.tasks.discard(asyncio.current_task(protocol._loop))
