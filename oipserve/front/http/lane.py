@@ -19,7 +19,7 @@ header rules, Falcon and the REST app answer it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Any, Final, Protocol
 
 from falcon.constants import SINGLETON_HEADERS
@@ -122,14 +122,15 @@ class _BodyStream:
         raise StopAsyncIteration
 
 
-def lane_headers(fields: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
+def lane_headers(fields: list[tuple[bytes, bytes]]) -> dict[bytes, bytes] | None:
     """A request's fields by name, repeated ones joined as Falcon's request joins them;
     None when the request goes the ASGI way: a field of ``LANE_REFUSES``, or one the
     header rules act on (``header_rules.check_http_head``: a second Host, a value ending
     in whitespace), which they then answer or strip there.
 
     PERF: one pass, where the header rules' check, the dict and the refusals took three
-    (about 12 us a tiny request on this machine, ``cpu_per_request.py``).
+    (about 12 us a tiny request on this machine, ``cpu_per_request.py``); over a list (the
+    scope's), indexed without an iterator.
     """
     headers: dict[bytes, bytes] = {}
     for name, value in fields:
@@ -156,7 +157,7 @@ def lane_request(
     method: bytes,
     http_version: str,
     url: bytes,
-    fields: Iterable[tuple[bytes, bytes]],
+    fields: list[tuple[bytes, bytes]],
 ) -> tuple[str, dict[bytes, bytes], str, str | None] | None:
     """The path, headers, model and version of a complete request head that the lane
     takes; None when it goes the ASGI way (a request behind a response under way, or with
@@ -214,11 +215,12 @@ class LaneResponse:
     def set_header(self, name: str, value: str) -> None:
         self._headers[name.lower()] = str(value)
 
-    def lines(self, length: int) -> bytes:
-        """The header lines of a response whose body has ``length`` bytes, as a head
-        writes them: ``content-length`` set to it, in its place or last (where setting
-        it puts it). PERF: one bytes object for them all, the common names and values
-        encoded once (``_latin1``): ``head`` makes two and a tuple a field, and a list."""
+    def lines(self, length: int) -> list[bytes]:
+        """The header lines of a response whose body has ``length`` bytes, in parts, as a
+        head writes them: ``content-length`` set to it, in its place or last (where
+        setting it puts it). PERF: the common names and values encoded once
+        (``_latin1``), joined once with the rest of the head (``send_whole``): ``head``
+        makes two bytes objects and a tuple a field."""
         parts: list[bytes] = []
         sized = False
         for name, value in self._headers.items():
@@ -231,8 +233,10 @@ class LaneResponse:
                 parts.append(_latin1(value))
             parts.append(b"\r\n")
         if not sized:
-            parts.append(b"content-length: %d\r\n" % length)
-        return b"".join(parts)
+            parts.append(b"content-length: ")
+            parts.append(b"%d" % length)
+            parts.append(b"\r\n")
+        return parts
 
     def head(self) -> list[tuple[bytes, bytes]]:
         """The headers as ASGI carries them."""

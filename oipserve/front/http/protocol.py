@@ -817,7 +817,8 @@ def _lane_request(
     if protocol.expect_100_continue:
         return None
     method = protocol.parser.get_method()
-    return lane_request(lane, method, version, protocol.url, protocol.scope["headers"])
+    # (the scope's headers: the list ``on_message_begin`` made, which on_header fills)
+    return lane_request(lane, method, version, protocol.url, protocol.headers)
 
 
 def _start_lane(
