@@ -135,6 +135,7 @@ OUR_PROTOCOL_NAMES = (
     "lane",
     "_stop_head_timer",
     "_on_response",
+    "_serve",
     "_asgi",
     "max_body",
     "_chunks",

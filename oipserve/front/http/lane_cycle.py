@@ -146,6 +146,9 @@ class LaneCycle:
         self.more_body = True
         self.response_started = False
         self.response_complete = False
+        #: The task answering it, until its end (the protocol's; it leaves the server's
+        #: tasks then).
+        self.task: asyncio.Task[None] | None = None
 
     async def next_part(self) -> bytes:
         """The body bytes received since the last call, waiting for some; b"" once the body

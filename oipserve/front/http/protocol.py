@@ -184,6 +184,13 @@ def _forget_extensions(cycle: AnyCycle | None) -> None:
             extensions.pop(ON_DISCONNECT, None)
 
 
+async def _no_lane(
+    request: LaneRequest, response: LaneResponse, model: str, version: str | None
+) -> None:
+    """``_serve`` of a protocol without a lane (never called: no request takes it)."""
+    raise RuntimeError("no infer lane on this port")
+
+
 def _nothing() -> None:
     """A finished cycle's ``on_response`` (as uvicorn leaves its own)."""
 
@@ -236,8 +243,10 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         #: the preface is then a bad request, as it always was).
         self.h2c = h2c
         #: Who answers a plain infer request below the ASGI app (None: every request goes
-        #: to the app; ``front.http.lane``).
+        #: to the app; ``front.http.lane``), and its ``serve``, bound once (PERF: a bound
+        #: method a request).
         self.lane = lane
+        self._serve = lane.serve if lane is not None else _no_lane
         super().__init__(*args, **kwargs)
         frame_by_transfer_encoding(self.parser)
         #: The current head has a Transfer-Encoding field.
@@ -574,7 +583,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             taken = _lane_request(self, lane, version)
             if taken is not None:
                 path, headers, model, model_version = taken
-                _start_lane(self, lane, path, headers, model, model_version)
+                _start_lane(self, path, headers, model, model_version)
                 return
         super().on_headers_complete()
         cycle = self.cycle
@@ -823,7 +832,6 @@ def _lane_request(
 
 def _start_lane(
     protocol: CorkedHttpToolsProtocol,
-    lane: InferLane,
     path: str,
     headers: dict[bytes, bytes],
     model: str,
@@ -854,13 +862,13 @@ def _start_lane(
     #   2026-11-30); no task factory is set on the server's loop. It leaves the server's
     #   tasks as its coroutine ends (``_run_lane``), not by a done callback (PERF: a bound
     #   method, a handle and its arguments a request).
-    coro = _run_lane(protocol, lane, cycle, request, model, version)
-    protocol.tasks.add(asyncio.Task(coro, loop=loop, name=_LANE_TASK))
+    coro = _run_lane(protocol, cycle, request, model, version)
+    task = cycle.task = asyncio.Task(coro, loop=loop, name=_LANE_TASK)
+    protocol.tasks.add(task)
 
 
 async def _run_lane(
     protocol: CorkedHttpToolsProtocol,
-    lane: InferLane,
     cycle: LaneCycle,
     request: LaneRequest,
     model: str,
@@ -870,7 +878,7 @@ async def _run_lane(
     is answered as uvicorn answers what escapes an ASGI app (a 500, or a close)."""
     response = LaneResponse()
     try:
-        await lane.serve(request, response, model, version)
+        await protocol._serve(request, response, model, version)
         await respond(cycle, response)
     except BaseException as exc:
         protocol.logger.error("Exception in ASGI application\n", exc_info=exc)
@@ -882,4 +890,9 @@ async def _run_lane(
         cycle.on_response = _nothing
         # NOTE: a task cancelled before its first step (only shutdown cancels, past its
         #   timeout, when nothing waits for the tasks any more) is left in the set.
-        protocol.tasks.discard(asyncio.current_task(protocol._loop))
+        #   (Not asyncio.current_task: interpreted on Python 3.11; and the cycle lets go
+        #   of its task, which holds it: no reference cycle left for the collector.)
+        task = cycle.task
+        cycle.task = None
+        if task is not None:
+            protocol.tasks.discard(task)
