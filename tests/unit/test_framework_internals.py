@@ -526,3 +526,60 @@ def test_a_finished_request_is_freed_by_reference_counting() -> None:
         assert first() is None, "a finished request's cycle is left for the cyclic collector"
     finally:
         gc.enable()
+
+
+# ---- CorkedTransport (oipserve/runtime/http_io.py) ----------------------------------------
+
+
+def test_the_corked_transport_forwards_asyncios_whole_transport_interface() -> None:
+    """It forwards each method itself, without ``__getattr__`` (which made every method
+    looked up on it a new object): a method asyncio's Transport gains must be added."""
+    public = [name for name in vars(asyncio.Transport) if not name.startswith("_")]
+    public += [name for name in vars(asyncio.BaseTransport) if not name.startswith("_")]
+    public += [name for name in vars(asyncio.ReadTransport) if not name.startswith("_")]
+    public += [name for name in vars(asyncio.WriteTransport) if not name.startswith("_")]
+    missing = sorted({name for name in public if name not in vars(CorkedTransport)})
+    assert not missing, f"CorkedTransport does not forward {missing} (runtime/http_io.py)"
+    assert "__getattr__" not in vars(CorkedTransport)
+
+    async def forwarded() -> None:
+        raw = MemoryTransport()
+        corked = CorkedTransport(raw, asyncio.get_running_loop())
+        assert corked.get_write_buffer_size() == 0 and not corked.is_closing()
+        assert corked.get_extra_info("peername", "none") == "none"
+        corked.set_protocol(asyncio.Protocol())
+        assert corked.get_protocol() is raw.protocol
+        corked.close()
+        assert raw.closing and corked.is_closing()
+
+    asyncio.run(forwarded())
+
+
+class _WritesWhileTaking(MemoryTransport):
+    """A transport that, while taking a flush's writes, is written to again (by a callback
+    the write runs): what it writes then must go out with the next flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.corked: CorkedTransport | None = None
+
+    def writelines(self, lines: object) -> None:
+        super().writelines(lines)
+        if self.corked is not None and self.written == [b"head", b"body"]:
+            self.corked.write(b"during")
+
+
+def test_a_write_made_while_a_flush_is_taken_goes_out_after_it() -> None:
+    """The corked transport's two lists take turns (no new list a flush): a write made
+    while the transport takes one list goes to the other and is flushed in its turn."""
+
+    async def written() -> list[bytes]:
+        raw = _WritesWhileTaking()
+        corked = raw.corked = CorkedTransport(raw, asyncio.get_running_loop())
+        corked.write_whole(b"head", b"body")
+        await asyncio.sleep(0)  # the flush the write during it scheduled
+        corked.write(b"next")
+        corked.flush()
+        return raw.written
+
+    assert asyncio.run(written()) == [b"head", b"body", b"during", b"next"]

@@ -16,12 +16,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
 
 from oipserve.errors import InvalidInput
 from oipserve.front.http.lane import LaneRequest, LaneResponse, lane_headers, lane_request
+from oipserve.front.http.lane_cycle import LaneCycle
 from oipserve.front.http.limits import ConnectionLimits
 from oipserve.front.http.protocol import CorkedHttpToolsProtocol
-from oipserve.front.rest.lane import RestInferLane
+from oipserve.front.rest.lane import RestInferLane, infer_route
+from oipserve.runtime.http_io import CorkedTransport
 from tests.support.transport import MemoryTransport, connected
 
 LIMIT = 1000
@@ -333,3 +336,59 @@ def test_a_streamed_answer_is_framed_as_uvicorn_frames_it(length: int | None) ->
         assert lane[0].endswith(b"\r\n\r\n" + framed)
     else:  # (uvicorn's cycle raises on a wrong length: its app's task fails and closes)
         assert lane[1] and asgi[1]
+
+
+def _split_route(path: str) -> tuple[str, str | None] | None:
+    """The route read as the path's segments (as the lane read it before it found it by
+    position): the reference ``infer_route`` must agree with."""
+    if not path.startswith("/v2/models/") or not path.endswith("/infer"):
+        return None
+    parts = path.split("/")
+    if len(parts) == 5 and parts[3]:
+        return parts[3], None
+    if len(parts) == 7 and parts[4] == "versions" and parts[3] and parts[5]:
+        return parts[3], parts[5]
+    return None
+
+
+def test_infer_route_reads_every_path_as_its_segments_read() -> None:
+    pieces = ["/", "m", "versions", "/versions/", "infer", "/infer", ""]
+    middles = [""] + pieces
+    middles += [a + b for a in pieces for b in pieces]
+    middles += [a + b + c for a in pieces for b in pieces for c in pieces]
+    paths = [
+        prefix + middle + suffix
+        for prefix in ("/v2/models/", "/v2/models", "/v2/model/")
+        for middle in middles
+        for suffix in ("/infer", "infer", "")
+    ]
+    wrong = [path for path in paths if infer_route(path) != _split_route(path)]
+    assert not wrong, wrong[:5]
+    assert infer_route("/v2/models/m/versions/3/infer") == ("m", "3")
+    assert infer_route("/v2/models/m/infer") == ("m", None)
+
+
+def test_a_lane_response_carries_the_servers_current_default_headers() -> None:
+    """The default headers' lines are kept for the list uvicorn made (a new one each
+    second, with the new date): a response after a new list carries the new date."""
+
+    async def heads() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        raw = MemoryTransport()
+        written = []
+        for date in (b"one", b"two", b"two"):
+            defaults = [(b"date", date), (b"server", b"oipserve")]
+            corked = CorkedTransport(raw, loop)
+            cycle = LaneCycle({}, corked, FlowControl(raw), defaults, True, _no, loop)
+            await cycle.send_whole(200, [b"content-length: 1\r\n"], b"x")
+            written.append(b"".join(raw.written))
+            raw.written.clear()
+        return written
+
+    one, two, again = asyncio.run(heads())
+    assert one == b"HTTP/1.1 200 OK\r\ndate: one\r\nserver: oipserve\r\ncontent-length: 1\r\n\r\nx"
+    assert two == again == one.replace(b"date: one", b"date: two")
+
+
+def _no() -> None:
+    pass
