@@ -7,9 +7,17 @@ side imports the other for them.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Final
 
-__all__ = ["BODY_REFUSED", "ON_DISCONNECT", "RECEIVE_INTO", "TOO_LARGE", "ClientDisconnected"]
+__all__ = [
+    "BODY_REFUSED",
+    "NO_EXTENSIONS",
+    "ON_DISCONNECT",
+    "RECEIVE_INTO",
+    "TOO_LARGE",
+    "ClientDisconnected",
+]
 
 #: ASGI extension: ``scope["extensions"][RECEIVE_INTO](target)`` receives the rest of the
 #: request's body into the writable memoryview ``target`` (sized from Content-Length: a
@@ -19,6 +27,8 @@ RECEIVE_INTO: Final = "oipserve.receive_into"
 #: if the client goes away before the response is complete (a queued request can be
 #: dropped before it runs); at once if it already has.
 ON_DISCONNECT: Final = "oipserve.on_disconnect"
+#: What a scope without ``extensions`` reads as (one object, not an empty dict a read).
+NO_EXTENSIONS: Final[MappingProxyType[str, object]] = MappingProxyType({})
 #: Scope key set, to the 413's message, when a chunked body was refused by its declared size.
 BODY_REFUSED: Final = "oipserve.body_refused"
 #: The message of every 413 for a body past ``--max-request-bytes``.

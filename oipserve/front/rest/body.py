@@ -16,7 +16,13 @@ from typing import Final
 import falcon.asgi
 
 from oipserve.errors import InvalidInput, PayloadTooLarge, Unsupported
-from oipserve.front.http.extensions import BODY_REFUSED, RECEIVE_INTO, TOO_LARGE, ClientDisconnected
+from oipserve.front.http.extensions import (
+    BODY_REFUSED,
+    NO_EXTENSIONS,
+    RECEIVE_INTO,
+    TOO_LARGE,
+    ClientDisconnected,
+)
 from oipserve.front.http.lane import LaneRequest
 from oipserve.front.rest.coding import Inflater, release_blocks
 from oipserve.request.json_offload import PARSE_MIN
@@ -200,7 +206,7 @@ async def _receive_leased(
     """Receive a body of ``length`` bytes into a new lease, ``pad`` bytes in."""
     lease = await pool.acquire_async(pad + length)
     end = pad + length
-    receive_into = req.scope.get("extensions", {}).get(RECEIVE_INTO)
+    receive_into = req.scope.get("extensions", NO_EXTENSIONS).get(RECEIVE_INTO)
     try:
         if receive_into is not None:
             # PERF: the server copies body bytes straight from its parser into the

@@ -20,7 +20,7 @@ import msgspec
 from oipserve.config.settings import Settings
 from oipserve.dataplane.plane import DataPlane
 from oipserve.errors import InternalError, InvalidInput, request_tag
-from oipserve.front.http.extensions import ON_DISCONNECT
+from oipserve.front.http.extensions import NO_EXTENSIONS, ON_DISCONNECT
 from oipserve.front.rest import binary
 from oipserve.front.rest.body import Body, read_body
 from oipserve.front.rest.encode import ENCODER
@@ -193,7 +193,7 @@ class ModelResource:
             if target is not None:
                 self.dataplane.refused(target, exc)
             raise
-        watch = req.scope.get("extensions", {}).get(ON_DISCONNECT)
+        watch = req.scope.get("extensions", NO_EXTENSIONS).get(ON_DISCONNECT)
         inference = Inference(
             target, inputs, names, owned, priority=priority, timeout_us=timeout_us, watch=watch,
             into_regions=into_regions, text_outputs=text_outputs, classification=classes,
