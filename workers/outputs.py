@@ -147,27 +147,30 @@ def write_outputs(
     their ensemble names). A large output in ``text_outputs`` goes into the segment as
     its JSON text.
     """
+    # PERF: no zip (its strict= keyword alone is a new str a call), no set of the printed.
+    if len(names) != len(values):
+        raise RuntimeError(f"{len(values)} output values for {len(names)} names")
     prepared = []
     sizes = []
-    printed = set()
-    for name, value in zip(names, values, strict=True):
-        shape, nbytes, ready = runtime.output_size(output_types[name], value)
+    for i, name in enumerate(names):
+        shape, nbytes, ready = runtime.output_size(output_types[name], values[i])
         target = targets.get(name)
+        printed = False
         if nbytes >= TEXT_OUTPUT_MIN and name in text_outputs and target is None:
             text = json_text.print_output(output_types[name], ready, nbytes)
             if text is not None:
                 ready, nbytes = text, len(text)
-                printed.add(name)
+                printed = True
         if target is not None and nbytes > target.nbytes:
             raise runtime.RequestError(
                 f"output '{name}' needs {nbytes} bytes but its shared memory region gives "
                 f"{target.nbytes} (shared_memory_byte_size); the model ran"
             )
-        prepared.append((name, shape, nbytes, ready, target))
+        prepared.append((name, shape, nbytes, ready, target, printed))
         if target is None:
             sizes.append(nbytes)
     descs = []
-    for name, shape, nbytes, ready, target in prepared:
+    for name, shape, nbytes, ready, target, _ in prepared:
         if target is not None:
             view = regions.view(target.region, target.offset, nbytes)
             runtime.write_output(view, 0, nbytes, ready)
@@ -181,7 +184,7 @@ def write_outputs(
     offsets, total = layout(sizes)
     lease = pool.acquire(total)
     spots = iter(offsets)
-    for name, shape, nbytes, ready, target in prepared:
+    for name, shape, nbytes, ready, target, printed in prepared:
         if target is None:
             offset = next(spots)
             runtime.write_output(lease.buf, offset, nbytes, ready)
@@ -193,9 +196,10 @@ def write_outputs(
                     lease.name,
                     offset,
                     nbytes,
-                    text=name in printed,
+                    text=printed,
                 )
             )
-    order = {name: i for i, name in enumerate(names)}
-    descs.sort(key=lambda d: order[d.name])
+    if targets:  # (the regions' descs came first)
+        order = {name: i for i, name in enumerate(names)}
+        descs.sort(key=lambda d: order[d.name])
     return lease.name, descs

@@ -167,10 +167,12 @@ class ModelSession:
         if datatype == "BYTES":
             return _decode_strings(name, buf, shape)
         count = element_count(shape)
+        # PERF: frombuffer's arguments by position: each keyword given is looked up by a
+        #   str made from its C name at every call (two new objects a feed).
         if datatype == "BF16":
-            words = np.frombuffer(buf, dtype=np.uint16, count=count).reshape(shape)
+            words = np.frombuffer(buf, np.uint16, count).reshape(shape)
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(words, _BF16)
-        return np.frombuffer(buf, dtype=NUMPY_DTYPES[datatype], count=count).reshape(shape)
+        return np.frombuffer(buf, NUMPY_DTYPES[datatype], count).reshape(shape)
 
     def output_shapes(
         self, output_names: list[str], feeds: dict[str, object]
@@ -354,9 +356,10 @@ def write_output(target: memoryview, offset: int, nbytes: int, prepared: Prepare
         write_bytes_elements(target, offset, prepared)
         return
     if isinstance(prepared, ort.OrtValue):
-        dest = np.frombuffer(target, dtype=np.uint8, count=nbytes, offset=offset)
+        dest = np.frombuffer(target, np.uint8, nbytes, offset)
         ctypes.memmove(dest.ctypes.data, prepared.data_ptr(), nbytes)
         return
     array = prepared
-    dest = np.frombuffer(target, dtype=array.dtype, count=array.size, offset=offset)
-    np.copyto(dest.reshape(array.shape), array, casting="no")
+    # PERF: arguments by position (see ``ModelSession.feed``).
+    dest = np.frombuffer(target, array.dtype, array.size, offset)
+    np.copyto(dest.reshape(array.shape), array, "no")

@@ -146,7 +146,8 @@ class Dispatch:
         ``Infer`` (a mapping kept would pin the segment's memory until the worker dies).
         Co-located (``--low-load-colocation``), the loop follows the worker's CPU.
         """
-        if isinstance(answer, Failed):  # (it says what was dropped too)
+        # PERF: type(), not isinstance: see link._REPLIES (an object a call otherwise).
+        if type(answer) is Failed:  # (it says what was dropped too)
             self.forget(answer.dropped)
         reply = worker.inferred(answer)
         self.forget(reply.dropped)
@@ -182,8 +183,11 @@ class Dispatch:
                 ],
                 rows,
             )
-            for tensor, desc in zip(outputs, done.outputs, strict=True):
+            # PERF: no zip (its strict= keyword is a new str a call, the zip and its
+            #   iterators three objects more); one tensor a desc, in order.
+            for i, desc in enumerate(done.outputs):
                 if desc.region is not None:
+                    tensor = outputs[i]
                     tensor.put_in_region(into[tensor.name], desc.nbytes)
         except BaseException:
             if segment:
