@@ -52,6 +52,12 @@ DEADLINE_SWEEP: Final = 0.05
 CONNECT_TIMEOUT: Final = 10.0
 #: Seconds a housekeeping message (Release, Forget) waits for a request to carry it.
 LAZY_FLUSH: Final = 0.002
+#: Request ids 1 to this are taken again once their reply came, while fewer than half of
+#: them are pending; past that, ids count on from here (never taken again).
+#: PERF: CPython has one object for each int up to 256, and mypyc boxes an int at each use
+#:   as a dict key or an argument: a request's id past 256 was 4-6 new ints a request in
+#:   the front (its dicts, Infer) and more in the worker (decoded, InferDone).
+SMALL_RIDS: Final = 256
 
 
 #: With ``--http-workers``, what a worker that is not one of a front's own counts as
@@ -96,7 +102,9 @@ class WorkerLink:
         self.away = 0
         self.ready = asyncio.Event()
         self.pid: int | None = None
-        self._next_rid = 0
+        #: The last small request id given (``_rid``), and the last past them.
+        self._small_rid = 0
+        self._next_rid = SMALL_RIDS
         self._outbox: list[bytes] = []
         #: A flush is scheduled for this loop iteration.
         self._flush_soon = False
@@ -154,6 +162,17 @@ class WorkerLink:
         return len(self.pending)
 
     def _rid(self) -> int:
+        """A request id no pending request has: the next free one of ``SMALL_RIDS``, or
+        one never given before when many are pending. NOTE: a worker answers a request
+        once, and an id is taken again only after its answer came."""
+        pending = self.pending
+        if len(pending) < SMALL_RIDS // 2:
+            rid = self._small_rid
+            while True:  # (ends: fewer than half are pending)
+                rid = rid % SMALL_RIDS + 1
+                if rid not in pending:
+                    self._small_rid = rid
+                    return rid
         self._next_rid += 1
         return self._next_rid
 
@@ -293,11 +312,15 @@ class WorkerLink:
             self._deadlines[rid] = deadline
             if self._sweep is None:
                 self._sweep = loop.call_later(DEADLINE_SWEEP, self._expire_overdue)
-        self.send(make(rid))
-        if len(self.pending) == 1:
+        message = make(rid)
+        if len(self.pending) == 1 and self.transport is not None:
             # PERF: an idle worker gets its request at once (one loop iteration less
-            #   of latency); a busy one cannot start it sooner, so it is batched.
+            #   of latency); a busy one cannot start it sooner, so it is batched. Written
+            #   here, with no flush scheduled for it as well (a handle, two bound methods).
+            self._outbox.append(frame(_ENCODER, message))
             self._flush()
+        else:
+            self.send(message)
         return future
 
     def expires(self, deadline: float) -> int:

@@ -1,6 +1,7 @@
 """A front's writes to a worker (``WorkerLink.send``): housekeeping messages (Release,
 Forget) ride with the next request, or go alone ``LAZY_FLUSH`` seconds after they were
-queued when none came; never alone while requests keep coming."""
+queued when none came; never alone while requests keep coming. Request ids
+(``WorkerLink.call``) are small and taken again once answered."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from oipserve.pool.link import LAZY_FLUSH, WorkerLink
+from oipserve.pool.link import LAZY_FLUSH, SMALL_RIDS, WorkerLink
 from oipserve.wire.framing import FrameSplitter
-from oipserve.wire.messages import Infer, Release, ToWorker
+from oipserve.wire.messages import Infer, InferDone, Release, ToWorker
 
 
 class _Timer:
@@ -21,6 +22,17 @@ class _Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+class _Future:
+    def __init__(self) -> None:
+        self.result: object = None
+
+    def done(self) -> bool:
+        return self.result is not None
+
+    def set_result(self, result: object) -> None:
+        self.result = result
 
 
 class _Loop:
@@ -38,6 +50,9 @@ class _Loop:
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.soon.append(callback)
+
+    def create_future(self) -> _Future:
+        return _Future()
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
         self.delays.append(delay)
@@ -159,3 +174,28 @@ def test_a_release_that_waited_most_of_the_delay_still_rides_with_the_next_reque
     link.send(_infer(2))
     loop.run_until(LAZY_FLUSH * 3)
     assert writes == [[Release(["out-1"]), _infer(1)], [Release(["out-2"]), _infer(2)]]
+
+
+def _ids(writes: list[list[object]]) -> list[int]:
+    return [m.rid for write in writes for m in write if isinstance(m, Infer)]
+
+
+def test_request_ids_are_taken_again_once_answered() -> None:
+    """An answered request's id is given again (ints up to 256 are no new objects), never
+    one a pending request has; with half of them pending, ids count on past them."""
+    link, loop, writes = _link()
+    link.call(_infer)  # stays pending throughout
+    for _ in range(3 * SMALL_RIDS):
+        link.call(_infer)
+        loop.run_until(0)
+        link.on_message(InferDone(_ids(writes)[-1], "out-1", [], []))
+    ids = _ids(writes)
+    assert max(ids) == SMALL_RIDS
+    assert ids[0] not in ids[1:]
+    for _ in range(SMALL_RIDS):  # none answered
+        link.call(_infer)
+    loop.run_until(0)
+    pending = _ids(writes)[len(ids) :]
+    assert len(set(pending)) == len(pending)
+    assert max(pending[: SMALL_RIDS // 2 - 1]) <= SMALL_RIDS  # (the first one is pending too)
+    assert pending[SMALL_RIDS // 2 - 1 :] == list(range(SMALL_RIDS + 1, SMALL_RIDS * 3 // 2 + 2))
