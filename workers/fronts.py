@@ -41,7 +41,8 @@ class FrontConnection:
         #: This front's input segments, mapped by name (names are unique to one front; a
         #: front that leaves takes its mappings with it).
         self.inputs = SegmentCache()
-        self.replies: list[bytes] = []
+        #: The replies' frames queued for the next send (``wire.framing.frame_into``).
+        self.replies = bytearray()
         #: Output segments the pool dropped since the last reply (the front forgets them).
         self.dropped: list[str] = []
         self.outputs = BufferPool(output_prefix, on_drop=self.dropped.append)
@@ -56,12 +57,12 @@ class FrontConnection:
         """Send the queued replies; False when the front cannot take them (gone, stuck)."""
         if not self.replies:
             return True
-        payload = b"".join(self.replies)
-        self.replies.clear()
         try:
-            self.sock.sendall(payload)
+            self.sock.sendall(self.replies)  # (blocking: done with them when it returns)
         except OSError:  # reset, broken pipe, or (another front) past FRONT_SEND_TIMEOUT
             return False
+        finally:
+            self.replies.clear()
         return True
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ import msgspec
 from mypy_extensions import mypyc_attr
 
 from oipserve.wire.datatypes import bytes_count_fault, element_count, split_bytes_elements
-from oipserve.wire.framing import frame
+from oipserve.wire.framing import frame_into
 from oipserve.wire.messages import (
     DecodeJson,
     EndSequences,
@@ -256,7 +256,7 @@ class Worker:
         connection.close()
 
     def reply(self, connection: FrontConnection, message: object) -> None:
-        connection.replies.append(frame(self.encoder, message))
+        frame_into(self.encoder, message, connection.replies)
 
     def fail(self, connection: FrontConnection, rid: int, kind: ErrorKind, message: str) -> None:
         self.reply(connection, Failed(rid, kind, message, dropped=connection.take_dropped()))

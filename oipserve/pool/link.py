@@ -19,7 +19,7 @@ from typing import Final
 import msgspec
 
 from oipserve.errors import DeadlineExceeded, Unavailable, WorkerProtocolError, from_kind
-from oipserve.wire.framing import FrameSplitter, frame
+from oipserve.wire.framing import FrameSplitter, frame_into
 from oipserve.wire.messages import (
     Failed,
     Forget,
@@ -105,7 +105,8 @@ class WorkerLink:
         #: The last small request id given (``_rid``), and the last past them.
         self._small_rid = 0
         self._next_rid = SMALL_RIDS
-        self._outbox: list[bytes] = []
+        #: The frames queued for the next write (``wire.framing.frame_into``).
+        self._outbox = bytearray()
         #: A flush is scheduled for this loop iteration.
         self._flush_soon = False
         #: The timer that sends housekeeping messages no request came to carry.
@@ -246,7 +247,7 @@ class WorkerLink:
         #   cost a fifth of the front's time under load; coalescing them per event
         #   loop iteration turns many into one. A Release alone also woke the worker
         #   for nothing: under load it now rides with the next Infer.
-        self._outbox.append(frame(_ENCODER, message))
+        frame_into(_ENCODER, message, self._outbox)
         if urgent:
             if not self._flush_soon:
                 self._flush_soon = True
@@ -260,9 +261,14 @@ class WorkerLink:
     def _flush(self) -> None:
         self._flush_soon = False
         self._lazy_since = 0.0
-        outbox, self._outbox = self._outbox, []
-        if self.transport is not None and self.alive and outbox:
-            self.transport.write(b"".join(outbox))
+        outbox = self._outbox
+        if not outbox:
+            return
+        # NOTE: a copy to write: a transport may keep what it could not send at once.
+        payload = bytes(outbox)
+        outbox.clear()
+        if self.transport is not None and self.alive:
+            self.transport.write(payload)
 
     def _flush_lazily(self) -> None:
         """The lazy timer: writes what waits once the oldest of it waited ``LAZY_FLUSH``.
@@ -317,7 +323,7 @@ class WorkerLink:
             # PERF: an idle worker gets its request at once (one loop iteration less
             #   of latency); a busy one cannot start it sooner, so it is batched. Written
             #   here, with no flush scheduled for it as well (a handle, two bound methods).
-            self._outbox.append(frame(_ENCODER, message))
+            frame_into(_ENCODER, message, self._outbox)
             self._flush()
         else:
             self.send(message)

@@ -25,5 +25,5 @@ class LinkToNoWorker:
     def sent(self) -> list[object]:
         """The messages the link sent, and those queued to send, in order."""
         decoder = msgspec.msgpack.Decoder(ToWorker)
-        stream = b"".join(self.written) + b"".join(self.link._outbox)
+        stream = b"".join(self.written) + bytes(self.link._outbox)
         return [decoder.decode(body) for body in FrameSplitter().feed(stream)]

@@ -1,8 +1,8 @@
 """A worker driven in process, on one end of a socket pair: what it answered.
 
 ``Worker.handle`` writes its replies to the front's connection (``worker.starter``), which
-keeps the frames in ``replies`` in the unit tests' workers; each frame is a 4-byte length
-and a msgpack ``FromWorker`` message.
+keeps their frames in ``replies`` (a bytearray) in the unit tests' workers; each frame is
+a 4-byte length and a msgpack ``FromWorker`` message.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import msgspec
 
+from oipserve.wire.framing import FrameSplitter
 from oipserve.wire.messages import FromWorker
 from workers.worker import Worker
 
@@ -35,6 +36,6 @@ def paired_worker(prefix: str, kind: type[Worker] = Worker) -> Iterator[Worker]:
 
 def only_reply(worker: Worker) -> object:
     """The one reply ``worker`` has written since the last call, decoded (and forgotten)."""
-    (frame,) = worker.starter.replies
+    (frame,) = FrameSplitter().feed(bytes(worker.starter.replies))
     worker.starter.replies.clear()
-    return _DECODER.decode(frame[4:])
+    return _DECODER.decode(frame)
