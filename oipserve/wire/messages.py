@@ -14,11 +14,21 @@ mapping lives in ``oipserve.errors`` alone).
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
+from oipserve.wire.datatypes import DATATYPES
 from oipserve.wire.images import ImageSpec
+
+if TYPE_CHECKING:
+    DatatypeName = str
+else:
+    #: A tensor's datatype as ``TensorDesc`` carries it: to msgspec one of ``DATATYPES``.
+    #: PERF: msgspec decodes a Literal as its own str, where a ``str`` field is a new str
+    #:   per tensor each way. mypy sees ``str``; a name not in ``DATATYPES`` is refused by
+    #:   the decoder, and neither side sends one (a model with another type does not load).
+    DatatypeName = Literal[tuple(DATATYPES)]
 
 
 class ErrorKind(enum.StrEnum):
@@ -71,7 +81,7 @@ class TensorDesc(msgspec.Struct, frozen=True, array_like=True):
     """
 
     name: str
-    datatype: str
+    datatype: DatatypeName
     shape: list[int]
     segment: str
     offset: int
