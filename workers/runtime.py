@@ -174,6 +174,31 @@ class ModelSession:
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(words, _BF16)
         return np.frombuffer(buf, NUMPY_DTYPES[datatype], count).reshape(shape)
 
+    def feed_at(
+        self,
+        name: str,
+        datatype: str,
+        shape: list[int],
+        segment: memoryview,
+        offset: int,
+        nbytes: int,
+    ) -> object:
+        """``feed`` of the ``nbytes`` at ``offset`` of ``segment``.
+
+        PERF: a fixed-width input is one array over the segment, made with its shape: a
+        view of its bytes, an array over them and its reshaped view were three objects.
+        """
+        dtype = NUMPY_DTYPES.get(datatype)
+        if (
+            dtype is None
+            or datatype == "BYTES"
+            or datatype == "BF16"
+            or offset + nbytes > len(segment)
+            or element_count(shape) * dtype.itemsize != nbytes
+        ):
+            return self.feed(name, datatype, shape, segment[offset : offset + nbytes])
+        return np.ndarray(shape, dtype, segment, offset)
+
     def output_shapes(
         self, output_names: list[str], feeds: dict[str, object]
     ) -> dict[str, list[int]] | None:
@@ -360,6 +385,6 @@ def write_output(target: memoryview, offset: int, nbytes: int, prepared: Prepare
         ctypes.memmove(dest.ctypes.data, prepared.data_ptr(), nbytes)
         return
     array = prepared
-    # PERF: arguments by position (see ``ModelSession.feed``).
-    dest = np.frombuffer(target, array.dtype, array.size, offset)
-    np.copyto(dest.reshape(array.shape), array, "no")
+    # PERF: arguments by position (see ``ModelSession.feed``); the target array made with
+    #   its shape (``ModelSession.feed_at``).
+    np.copyto(np.ndarray(array.shape, array.dtype, target, offset), array, "no")

@@ -453,6 +453,13 @@ class Worker:
         ``key``: the model's (``name/version``), for the words of a refusal."""
         feeds: dict[str, object] = {}
         for t in inputs:
+            if t.region is None and t.image is None:  # in a segment of the front's
+                segment = connection.inputs.get(t.segment).buf
+                feeds[t.name] = session.feed_at(
+                    t.name, t.datatype, t.shape, segment, t.offset, t.nbytes
+                )
+                del segment
+                continue
             buf = self._input(t, connection, key)
             if t.image is not None:  # encoded images: decode here, not in the front
                 # NOTE: the front checked that the length prefixes tile the data.
