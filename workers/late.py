@@ -46,10 +46,25 @@ MESSAGE: Final = (
 _KIND: Final = ErrorKind.DEADLINE_EXCEEDED
 
 
+class _Pace:
+    """One model's pace (``LateRequests``). PERF: a compiled class's int attributes are
+    kept unboxed: a run's times stored in dicts were two new ints a request."""
+
+    __slots__ = ("typical_ns", "pace_ns")
+
+    def __init__(self, ns: int) -> None:
+        #: The runs' typical time (ns): a moving average, the newest run weighing an eighth.
+        self.typical_ns = ns
+        #: What a run is expected to take (ns): the lower of the typical time and the last
+        #: run's, so that a slow first run (ONNX Runtime's cold start, ten times the next
+        #: ones) does not make the requests after it look late.
+        self.pace_ns = ns
+
+
 class LateRequests:
     """Which requests to skip, and the log's count of them."""
 
-    __slots__ = ("skipped", "_unsaid", "_said_at", "_typical_ns", "_pace_ns")
+    __slots__ = ("skipped", "_unsaid", "_said_at", "_paces")
 
     def __init__(self) -> None:
         #: Requests skipped since the worker started.
@@ -57,30 +72,28 @@ class LateRequests:
         #: Skipped since the last log line.
         self._unsaid = 0
         self._said_at = -int(LOG_EVERY * 1e9)
-        #: Per model key, its runs' typical time (ns): a moving average, the newest run
-        #: weighing an eighth.
-        self._typical_ns: dict[str, int] = {}
-        #: Per model key, what a run is expected to take (ns): the lower of the typical
-        #: time and the last run's, so that a slow first run (ONNX Runtime's cold start,
-        #: ten times the next ones) does not make the requests after it look late.
-        self._pace_ns: dict[str, int] = {}
+        #: Per model key, the pace of its runs.
+        self._paces: dict[str, _Pace] = {}
 
     def too_late(self, key: str, expires: int, now: int) -> bool:
         """Whether a request of model ``key`` that ``expires`` (``monotonic_ns``) cannot end
         by then if it starts ``now``, at the pace of the model's recent runs."""
-        return now + self._pace_ns.get(key, 0) > expires
+        pace = self._paces.get(key)
+        return now + (0 if pace is None else pace.pace_ns) > expires
 
     def ran(self, key: str, ns: int) -> None:
         """A run of model ``key`` took ``ns``."""
-        typical = self._typical_ns.get(key, ns)
-        typical += (ns - typical) // 8
-        self._typical_ns[key] = typical
-        self._pace_ns[key] = min(typical, ns)
+        pace = self._paces.get(key)
+        if pace is None:
+            self._paces[key] = _Pace(ns)
+            return
+        typical = pace.typical_ns + (ns - pace.typical_ns) // 8
+        pace.typical_ns = typical
+        pace.pace_ns = min(typical, ns)
 
     def forget(self, key: str) -> None:
         """Model ``key`` was unloaded."""
-        self._typical_ns.pop(key, None)
-        self._pace_ns.pop(key, None)
+        self._paces.pop(key, None)
 
     def skip(self, rid: int, expires: int, now: int) -> tuple[ErrorKind, str]:
         """Count request ``rid``, which ``expires`` (``Infer.expires``), skipped at ``now``

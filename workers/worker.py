@@ -138,7 +138,8 @@ class Worker:
                     self.colocation.idled()
                     until = 0
                     continue
-                self.polling.woken(monotonic_ns())
+                woken = monotonic_ns()
+                self.polling.woken(woken)
                 if _ready(events, wake_r):
                     os.read(wake_r, 64)
                     # Drain what already arrived, on every connection, then leave.
@@ -146,7 +147,7 @@ class Worker:
                         while self.receive(connection, socket.MSG_DONTWAIT):
                             pass
                     return
-                if not self._serve_events(events, poll):
+                if not self._serve_events(events, poll, woken):
                     return  # the starting front is gone, or said Stop
                 self._judge_turn()
                 until = self.polling.idle(monotonic_ns(), light=self._light)
@@ -180,15 +181,21 @@ class Worker:
             poll.register(self._listener, select.EPOLLIN)
         return poll
 
-    def _serve_events(self, events: list[tuple[int, int]], poll: select.epoll) -> bool:
+    def _serve_events(self, events: list[tuple[int, int]], poll: select.epoll, woken: int) -> bool:
         """Accept or read what each ready fd has (any event, a hang-up or error too, is
-        read: its recv tells); False once the starter's connection ended."""
+        read: its recv tells); False once the starter's connection ended. ``woken``: when
+        epoll answered (``monotonic_ns``)."""
+        since = woken  # PERF: the first read's hold counts from it (a clock read less)
         for fd, _ in events:
             if fd == self._listener:
                 self.accept(poll)
                 continue
             connection = self._by_fd.get(fd)
-            if connection is None or self.receive(connection, 0):
+            if connection is None:
+                continue
+            served = self.receive(connection, 0, since)
+            since = 0
+            if served:
                 continue
             if connection is self.starter:
                 return False
@@ -202,7 +209,7 @@ class Worker:
             self._infers = 0
             self._infers_from = -1
 
-    def receive(self, connection: FrontConnection, flags: int) -> bool:
+    def receive(self, connection: FrontConnection, flags: int, since: int = 0) -> bool:
         """Handle what arrived on one connection; False once it ended (EOF, Stop, a front
         that cannot take its replies) or, with MSG_DONTWAIT, when nothing more is there."""
         try:
@@ -211,7 +218,8 @@ class Worker:
             return False
         if not data:
             return False
-        since = monotonic_ns()
+        if not since:
+            since = monotonic_ns()
         for body in connection.splitter.feed(data):
             if not self.handle(self.decoder.decode(body), connection):
                 connection.flush()
