@@ -29,11 +29,15 @@ of a request keeps its loop turning without sleeping (``epoll_wait`` with no tim
   than not (298 against 315 us a request, p50 0.41 against 0.45 ms), a cold reply costing
   more the longer the front slept;
 - for the client's next request, for ``next_window`` seconds once none is in flight, but
-  only while that often pays: while at least a quarter of the recent gaps between the
-  last request's end and the next one's start (``next_within``, a moving share) were
+  only while that mostly pays: while at least three quarters of the recent gaps between
+  the last request's end and the next one's start (``next_within``, a moving share) were
   within the window. Python's gRPC client at c=1 sends its next call ~320 us after the
-  last ends (wrk: ~72 us), so the loop polled 150 us a call for nothing and slept anyway
-  (the worker's rule, ``workers.busy_poll``, for the same reason). The gaps are measured
+  last ends (wrk: ~72 us), so the loop polled 150 us a call for nothing and slept anyway.
+  Paced at 2,000 tiny REST requests a second the gaps straddle the window (~100-200 us):
+  polling while a quarter came within it (the worker's rule, ``workers.busy_poll``) cost
+  the front 276 against 249 us a request at c=1 paced, and 254 against 235 in wrk's closed
+  loop, where p50 stayed under Triton's (0.284 against 0.337 ms; 8 rounds, 2026-12-01,
+  ``benchmarks/results/2026-12-01-issue40-allocations.md``). The gaps are measured
   while the loop sleeps too, so polling resumes when requests come close together again.
   The reply's window ends with the last reply in flight: polled to its end, it took the
   gRPC client's gap too (``benchmarks/results/2026-11-29-issue40-next-request-poll.md``).
@@ -58,7 +62,7 @@ import os
 import time
 from typing import Final
 
-__all__ = ["MAX_IN_FLIGHT", "NEXT_REQUEST_WINDOW", "BusyPoll"]
+__all__ = ["MAX_IN_FLIGHT", "NEXT_MIN_WITHIN", "NEXT_REQUEST_WINDOW", "BusyPoll"]
 
 #: Requests in flight in one front above which it never polls (see the module's text).
 MAX_IN_FLIGHT: Final = 2
@@ -72,8 +76,8 @@ LONG_SLEEP: Final = 1e-3
 #: Weight of the newest request in ``BusyPoll.typical`` and gap in ``BusyPoll.next_within``.
 _NEWEST: Final = 1 / 8
 #: Share of recent gaps within ``next_window`` below which the loop does not poll for the
-#: client's next request.
-_MIN_WITHIN: Final = 0.25
+#: client's next request: measured, see the module's text.
+NEXT_MIN_WITHIN: Final = 0.75
 
 
 class BusyPoll:
@@ -126,7 +130,7 @@ class BusyPoll:
             # NOTE: the reply's window, counted from the request's start, ends here.
             self._until = now
             self._idle_since = now
-            if self.next_within >= _MIN_WITHIN:
+            if self.next_within >= NEXT_MIN_WITHIN:
                 self._poll(self.next_window, now)
 
     def _poll_for_reply(self, now: float) -> None:
