@@ -29,15 +29,17 @@ of a request keeps its loop turning without sleeping (``epoll_wait`` with no tim
   than not (298 against 315 us a request, p50 0.41 against 0.45 ms), a cold reply costing
   more the longer the front slept;
 - for the client's next request, for ``next_window`` seconds once none is in flight, but
-  only while that mostly pays: while at least three quarters of the recent gaps between
-  the last request's end and the next one's start (``next_within``, a moving share) were
-  within the window. Python's gRPC client at c=1 sends its next call ~320 us after the
-  last ends (wrk: ~72 us), so the loop polled 150 us a call for nothing and slept anyway.
-  Paced at 2,000 tiny REST requests a second the gaps straddle the window (~100-200 us):
-  polling while a quarter came within it (the worker's rule, ``workers.busy_poll``) cost
-  the front 276 against 249 us a request at c=1 paced, and 254 against 235 in wrk's closed
-  loop, where p50 stayed under Triton's (0.284 against 0.337 ms; 8 rounds, 2026-12-01,
-  ``benchmarks/results/2026-12-01-issue40-allocations.md``). The gaps are measured
+  only while that mostly pays: while at least half of the recent gaps between the last
+  request's end and the next one's start (``next_within``, a moving share) were within
+  the window. Python's gRPC client at c=1 sends its next call ~320 us after the last ends
+  (wrk: ~72 us), so the loop polled 150 us a call for nothing and slept anyway. Paced at
+  2,000 tiny REST requests a second the gaps straddle the window (~100-200 us). With a
+  quarter as the bar (the worker's rule, ``workers.busy_poll``), half, and three quarters,
+  6 rounds beside Triton (2026-12-01, ``benchmarks/results/2026-12-01-issue40-allocations.md``),
+  server CPU a request (us) and p50 (ms): wrk's closed loop 331/0.247, 335/0.254, 323/0.264
+  (Triton 309/0.317); paced 2,000/s 362/0.306, 356/0.310, 346/0.334 (335/0.340); binary
+  c=1 340/0.259, 326/0.255, 317/0.317 (308/0.319). Three quarters lost binary c=1's latency
+  in the harness (p50 0.40 against Triton's 0.36 ms); half kept it everywhere. The gaps are measured
   while the loop sleeps too, so polling resumes when requests come close together again.
   The reply's window ends with the last reply in flight: polled to its end, it took the
   gRPC client's gap too (``benchmarks/results/2026-11-29-issue40-next-request-poll.md``).
@@ -77,7 +79,7 @@ LONG_SLEEP: Final = 1e-3
 _NEWEST: Final = 1 / 8
 #: Share of recent gaps within ``next_window`` below which the loop does not poll for the
 #: client's next request: measured, see the module's text.
-NEXT_MIN_WITHIN: Final = 0.75
+NEXT_MIN_WITHIN: Final = 0.5
 
 
 class BusyPoll:
