@@ -146,7 +146,7 @@ class Dispatch:
         ``Infer`` (a mapping kept would pin the segment's memory until the worker dies).
         Co-located (``--low-load-colocation``), the loop follows the worker's CPU.
         """
-        # PERF: type(), not isinstance: see link._REPLIES (an object a call otherwise).
+        # PERF: type(), not isinstance: see messages.REPLIES (an object a call otherwise).
         if type(answer) is Failed:  # (it says what was dropped too)
             self.forget(answer.dropped)
         reply = worker.inferred(answer)

@@ -148,7 +148,7 @@ class WorkerHandle(WorkerLink):
 
     def on_message(self, message: object) -> None:
         super().on_message(message)
-        if type(message) is WorkerReady:  # PERF: (see link._REPLIES)
+        if type(message) is WorkerReady:  # PERF: (see messages.REPLIES)
             self.last_heartbeat = self._loop.time()
 
     def connection_closed(self) -> None:

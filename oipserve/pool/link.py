@@ -21,29 +21,21 @@ import msgspec
 from oipserve.errors import DeadlineExceeded, Unavailable, WorkerProtocolError, from_kind
 from oipserve.wire.framing import FrameSplitter, frame_into
 from oipserve.wire.messages import (
+    REPLIES,
     Failed,
     Forget,
     ForgetRegions,
     FromWorker,
     InferDone,
-    JsonDecoded,
-    JsonParsed,
-    Loaded,
     LoadModel,
     ObjectRef,
     Release,
-    Unloaded,
     WorkerReady,
 )
 
 __all__ = ["AWAY", "WorkerDied", "WorkerLink", "away"]
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
-#: The replies to a request (``messages.Reply``), InferDone first.
-#: PERF: a tuple, not the union: isinstance of a union or of a msgspec Struct class that is
-#:   not the object's own type looks up ``__instancecheck__``, a bound method made a call;
-#:   an object of a tuple's first class matches on its type alone.
-_REPLIES: Final = (InferDone, Failed, JsonParsed, JsonDecoded, Loaded, Unloaded)
 
 #: How often a worker's pending requests are checked against their deadlines: a request
 #: fails at most this much after its deadline.
@@ -181,7 +173,7 @@ class WorkerLink:
         self._death_listeners.append(listener)
 
     def on_message(self, message: object) -> None:
-        if isinstance(message, _REPLIES):
+        if isinstance(message, REPLIES):
             self._deadlines.pop(message.rid, None)
             done = self.on_done.pop(message.rid, None)
             if done is not None:
