@@ -69,14 +69,23 @@ def response_head(
 ) -> bytes:
     """A response's status line and header section as uvicorn writes it: its default
     headers (``server``, ``date``), then ``fields``, then ``connection: close`` if asked."""
-    head = [STATUS_LINE[status], default_lines(default_headers)]
+    lines: list[bytes] = []
     for name, value in fields:
-        head.append(name)
-        head.append(b": ")
-        head.append(value)
-        head.append(b"\r\n")
-    head.append(_CLOSE_END if close else _END)
-    return b"".join(head)
+        lines.append(name)
+        lines.append(b": ")
+        lines.append(value)
+        lines.append(b"\r\n")
+    return head_of(status, default_headers, lines, close)
+
+
+def head_of(
+    status: int, default_headers: list[tuple[bytes, bytes]], lines: list[bytes], close: bool
+) -> bytes:
+    """``response_head`` of header ``lines`` already encoded, in parts (the list is taken)."""
+    lines.insert(0, STATUS_LINE[status])
+    lines.insert(1, default_lines(default_headers))
+    lines.append(_CLOSE_END if close else _END)
+    return b"".join(lines)
 
 
 class BodyEvent:
@@ -177,10 +186,8 @@ class LaneCycle:
         if not await self._writable():
             return
         self.response_started = True
-        lines.insert(0, STATUS_LINE[status])
-        lines.insert(1, default_lines(self.default_headers))
-        lines.append(_END if self.keep_alive else _CLOSE_END)
-        self.transport.write_whole(b"".join(lines), data)
+        head = head_of(status, self.default_headers, lines, not self.keep_alive)
+        self.transport.write_whole(head, data)
         self._complete()
 
     async def send_stream(
