@@ -26,6 +26,7 @@ from falcon.constants import SINGLETON_HEADERS
 
 from oipserve.front.header_rules import OWS
 from oipserve.front.http.lane_cycle import LaneCycle
+from oipserve.runtime.bounded_memo import BoundedMemo
 
 __all__ = [
     "LANE_REFUSES",
@@ -46,20 +47,14 @@ LANE_REFUSES: Final = frozenset({b"content-encoding", b"expect", b"transfer-enco
 _SINGLETONS: Final = frozenset(name.encode() for name in SINGLETON_HEADERS)
 
 
-#: The responder's header names (a handful, from code) as request field names.
-_HEADER_KEYS: Final[dict[str, bytes]] = {}
-_KEYS_KEPT: Final = 256
-
-
 def _header_key(name: str) -> bytes:
-    """``name`` as ``lane_headers`` keys it (lower-case bytes). PERF: made once a name,
-    not twice (lower-cased, encoded) a look-up, three look-ups a request."""
-    key = _HEADER_KEYS.get(name)
-    if key is None:
-        key = name.lower().encode("latin-1")
-        if len(_HEADER_KEYS) < _KEYS_KEPT:
-            _HEADER_KEYS[name] = key
-    return key
+    """``name`` as ``lane_headers`` keys it (lower-case bytes)."""
+    return name.lower().encode("latin-1")
+
+
+#: The responder's header names (a handful, from code) as request field names. PERF: made
+#: once a name, not twice (lower-cased, encoded) a look-up, three look-ups a request.
+_HEADER_KEYS: Final[BoundedMemo[str, bytes]] = BoundedMemo(_header_key)
 
 
 class LaneRequest:
@@ -79,7 +74,7 @@ class LaneRequest:
     def get_header(
         self, name: str, required: bool = False, default: str | None = None
     ) -> str | None:
-        value = self._headers.get(_header_key(name))
+        value = self._headers.get(_HEADER_KEYS.get(name))
         return default if value is None else value.decode("latin-1")
 
     @property
@@ -219,18 +214,18 @@ class LaneResponse:
         """The header lines of a response whose body has ``length`` bytes, in parts, as a
         head writes them: ``content-length`` set to it, in its place or last (where
         setting it puts it). PERF: the common names and values encoded once
-        (``_latin1``), joined once with the rest of the head (``send_whole``): ``head``
+        (``_LATIN1``), joined once with the rest of the head (``send_whole``): ``head``
         makes two bytes objects and a tuple a field."""
         parts: list[bytes] = []
         sized = False
         for name, value in self._headers.items():
-            parts.append(_latin1(name))
+            parts.append(_LATIN1.get(name))
             parts.append(b": ")
             if name == "content-length":
                 sized = True
                 parts.append(b"%d" % length)
             else:
-                parts.append(_latin1(value))
+                parts.append(_LATIN1.get(value))
             parts.append(b"\r\n")
         if not sized:
             parts.append(b"content-length: ")
@@ -246,20 +241,13 @@ class LaneResponse:
         ]
 
 
-#: Response header names and values (the few the responder sets) encoded, at most
-#: ``_KEYS_KEPT`` of them, none longer than ``_TEXT_KEPT`` characters.
-_ENCODED: Final[dict[str, bytes]] = {}
-_TEXT_KEPT: Final = 64
+def _encoded(text: str) -> bytes:
+    return text.encode("latin-1")
 
 
-def _latin1(text: str) -> bytes:
-    """``text.encode("latin-1")``, the same object for the strings seen before."""
-    encoded = _ENCODED.get(text)
-    if encoded is None:
-        encoded = text.encode("latin-1")
-        if len(_ENCODED) < _KEYS_KEPT and len(text) <= _TEXT_KEPT:
-            _ENCODED[text] = encoded
-    return encoded
+#: Response header names and values (the few the responder sets) encoded, the same object
+#: for the strings seen before.
+_LATIN1: Final[BoundedMemo[str, bytes]] = BoundedMemo(_encoded)
 
 
 class InferLane(Protocol):

@@ -143,6 +143,7 @@ from oipserve.front.http.limits import (
     reset,
     too_many_fields,
 )
+from oipserve.runtime.bounded_memo import BoundedMemo
 from oipserve.runtime.http_io import BodyReader, BodySink, CorkedTransport
 
 if TYPE_CHECKING:
@@ -199,22 +200,9 @@ def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-#: Field names as received, lower-cased (``_lowered``): at most ``_NAMES_KEPT`` of them,
-#: none longer than ``_NAME_KEPT`` bytes (whatever names a client sends).
-_LOWER_NAMES: Final[dict[bytes, bytes]] = {}
-_NAMES_KEPT: Final = 256
-_NAME_KEPT: Final = 64
-
-
-def _lowered(name: bytes) -> bytes:
-    """``name.lower()``, the same object for each name seen before. PERF: a field name
-    lower-cased was a new bytes object a field (each request sends the same few)."""
-    lower = _LOWER_NAMES.get(name)
-    if lower is None:
-        lower = name.lower()
-        if len(_LOWER_NAMES) < _NAMES_KEPT and len(name) <= _NAME_KEPT:
-            _LOWER_NAMES[name] = lower
-    return lower
+#: Field names as received, lower-cased. PERF: a field name lower-cased was a new bytes
+#: object a field (each request sends the same few).
+_LOWERED: Final[BoundedMemo[bytes, bytes]] = BoundedMemo(bytes.lower)
 
 
 #: ``_chunk_events`` of a request whose head completed in this read, before any chunk event.
@@ -403,7 +391,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         self._head_pieces += len(name) + len(value)
         if self._head_fields > self.limits.max_header_fields:
             self._refuse_in_parser(431, too_many_fields(self.limits))
-        name = _lowered(name)
+        name = _LOWERED.get(name)
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         elif name == b"transfer-encoding":
